@@ -1,0 +1,160 @@
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "harness/cuda_check.h"
+#include "harness/gpu.h"
+#include "harness/host.h"
+
+#define DSLAB_CUBLAS(call)                                                                                    \
+  do {                                                                                                        \
+    cublasStatus_t st_ = (call);                                                                              \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                                         \
+      throw std::runtime_error(std::string(#call) + " failed: " + cublasGetStatusString(st_));                \
+  } while (0)
+
+namespace dslab {
+
+const GpuInfo& gpu_info() {
+  static const GpuInfo info = [] {
+    GpuInfo g;
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+      g.why_absent = std::string("no GPU: ") + (err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
+      cudaGetLastError();  // clear the sticky error left by a failed probe
+      return g;
+    }
+    cudaDeviceProp p{};
+    DSLAB_CUDA(cudaGetDeviceProperties(&p, 0));
+    g.present = true;
+    g.name = p.name;
+    g.sms = p.multiProcessorCount;
+    DSLAB_CUDA(cudaDeviceGetAttribute(&g.clock_mhz, cudaDevAttrClockRate, 0));
+    g.clock_mhz /= 1000;
+    DSLAB_CUDA(cudaDeviceGetAttribute(&g.memory_clock_mhz, cudaDevAttrMemoryClockRate, 0));
+    g.memory_clock_mhz /= 1000;
+    g.cc_major = p.major;
+    g.cc_minor = p.minor;
+    g.memory_bytes = p.totalGlobalMem;
+    g.l2_bytes = size_t(p.l2CacheSize);
+    DSLAB_CUDA(cudaRuntimeGetVersion(&g.runtime_version));
+    DSLAB_CUDA(cudaDriverGetVersion(&g.driver_version));
+    return g;
+  }();
+  return info;
+}
+
+namespace gpu {
+namespace {
+
+struct Events {
+  cudaEvent_t start{}, stop{};
+  Events() {
+    DSLAB_CUDA(cudaEventCreate(&start));
+    DSLAB_CUDA(cudaEventCreate(&stop));
+  }
+  ~Events() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  template <class F>
+  double seconds(F&& fn) {
+    DSLAB_CUDA(cudaEventRecord(start));
+    fn();
+    DSLAB_CUDA(cudaEventRecord(stop));
+    DSLAB_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    DSLAB_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    return double(ms) * 1e-3;
+  }
+};
+
+__global__ void empty_kernel() {}
+
+}  // namespace
+
+double time_seconds(const std::function<void()>& fn, bool flush_l2) {
+  static Events events;
+  static void* flush_buffer = nullptr;
+  static size_t flush_bytes = 0;
+  if (flush_l2) {
+    if (!flush_buffer) {
+      flush_bytes = std::max<size_t>(gpu_info().l2_bytes * 2, 1 << 20);
+      DSLAB_CUDA(cudaMalloc(&flush_buffer, flush_bytes));
+    }
+    DSLAB_CUDA(cudaMemsetAsync(flush_buffer, flush_bytes & 0xff, flush_bytes));
+  }
+  return events.seconds(fn);
+}
+
+nlohmann::json calibrate() {
+  if (!gpu_info().present) return nullptr;
+  nlohmann::json out;
+  Events ev;
+  auto best_of = [](int n, auto&& once) {
+    double best = 1e30;
+    for (int i = 0; i < n; ++i) best = std::min(best, once());
+    return best;
+  };
+  {  // HBM: device-to-device copy of 2 GiB, counting bytes read plus written.
+    const size_t bytes = size_t(2) << 30;
+    void *a = nullptr, *b = nullptr;
+    DSLAB_CUDA(cudaMalloc(&a, bytes));
+    DSLAB_CUDA(cudaMalloc(&b, bytes));
+    DSLAB_CUDA(cudaMemset(a, 1, bytes));
+    DSLAB_CUDA(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    const double s = best_of(10, [&] { return ev.seconds([&] { DSLAB_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }); });
+    out["hbm_bytes_per_s"] = 2.0 * double(bytes) / s;
+    out["hbm_how"] = "cudaMemcpyAsync device-to-device of 2 GiB, (read+write bytes)/time, best of 10, CUDA events";
+    DSLAB_CUDA(cudaFree(a));
+    DSLAB_CUDA(cudaFree(b));
+  }
+  {  // Tensor cores: cuBLAS bf16 GEMM with fp32 accumulation, 8192^3, random-ish (non-zero) operands.
+    const int n = 8192;
+    const size_t elems = size_t(n) * n;
+    std::vector<__nv_bfloat16> host(elems);
+    for (size_t i = 0; i < elems; ++i) host[i] = __float2bfloat16(float(int((i * 2654435761u) >> 20) % 17 - 8) / 8.0f);
+    __nv_bfloat16 *A, *B, *C;
+    DSLAB_CUDA(cudaMalloc(&A, elems * 2));
+    DSLAB_CUDA(cudaMalloc(&B, elems * 2));
+    DSLAB_CUDA(cudaMalloc(&C, elems * 2));
+    DSLAB_CUDA(cudaMemcpy(A, host.data(), elems * 2, cudaMemcpyHostToDevice));
+    DSLAB_CUDA(cudaMemcpy(B, host.data(), elems * 2, cudaMemcpyHostToDevice));
+    cublasHandle_t h;
+    DSLAB_CUBLAS(cublasCreate(&h));
+    const float alpha = 1, beta = 0;
+    auto gemm = [&] {
+      DSLAB_CUBLAS(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n, &beta, C,
+                                CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    };
+    gemm();
+    DSLAB_CUDA(cudaDeviceSynchronize());
+    const double s = best_of(10, [&] { return ev.seconds(gemm); });
+    out["tensor_bf16_flops"] = 2.0 * double(n) * n * n / s;
+    out["tensor_bf16_how"] = "cublasGemmEx bf16 in/out, fp32 compute, 8192^3, best of 10, CUDA events";
+    cublasDestroy(h);
+    DSLAB_CUDA(cudaFree(A));
+    DSLAB_CUDA(cudaFree(B));
+    DSLAB_CUDA(cudaFree(C));
+  }
+  {  // Launch overhead: back-to-back empty kernels.
+    const int launches = 2000;
+    empty_kernel<<<1, 1>>>();
+    DSLAB_CHECK_LAUNCH();
+    const double s = best_of(5, [&] {
+      return ev.seconds([&] {
+        for (int i = 0; i < launches; ++i) empty_kernel<<<1, 1>>>();
+        DSLAB_CHECK_LAUNCH();
+      });
+    });
+    out["launch_overhead_s"] = s / launches;
+    out["launch_how"] = "2000 back-to-back empty <<<1,1>>> launches on one stream, time/2000, best of 5";
+  }
+  return out;
+}
+
+}  // namespace gpu
+}  // namespace dslab

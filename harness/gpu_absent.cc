@@ -1,0 +1,23 @@
+// Stand-in when dslab is built without CUDA: no GPU, and saying so is the only behaviour.
+#include <stdexcept>
+
+#include "harness/gpu.h"
+#include "harness/host.h"
+
+namespace dslab {
+
+const GpuInfo& gpu_info() {
+  static const GpuInfo info = [] {
+    GpuInfo g;
+    g.why_absent = "no GPU: dslab was built without CUDA (nvcc not found at configure time)";
+    return g;
+  }();
+  return info;
+}
+
+namespace gpu {
+double time_seconds(const std::function<void()>&, bool) { throw std::logic_error("GPU timing in a build without CUDA"); }
+nlohmann::json calibrate() { return nullptr; }
+}  // namespace gpu
+
+}  // namespace dslab

@@ -1,0 +1,32 @@
+// Facts about the machine at hand: CPU model and ISA, cache sizes, AMX permission, GPU presence.
+#pragma once
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace dslab {
+
+struct CpuInfo {
+  std::string model;
+  int logical_cpus = 1;
+  size_t llc_bytes = 0;  // last-level cache, for the cold-cache flush
+  std::vector<std::string> isa;  // the flags dslab cares about, as /proc/cpuinfo spells them
+  bool avx512f = false, avx512_bf16 = false, avx512_vnni = false, amx_bf16 = false, amx_int8 = false;
+};
+const CpuInfo& cpu_info();
+
+// Linux hands out AMX tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM, once per process).
+// Returns "" when granted, else why not.
+std::string request_amx_permission();
+
+struct GpuInfo {
+  bool present = false;
+  std::string why_absent;  // "built without CUDA", "no CUDA device: ..."
+  std::string name;
+  int sms = 0, clock_mhz = 0, memory_clock_mhz = 0, cc_major = 0, cc_minor = 0;
+  size_t memory_bytes = 0, l2_bytes = 0;
+  int runtime_version = 0, driver_version = 0;
+};
+const GpuInfo& gpu_info();
+
+}  // namespace dslab

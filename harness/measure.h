@@ -1,0 +1,33 @@
+// Sampling a variant's run(): warm-up, then samples until the stop rule says enough; summary statistics.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "harness/variant.h"
+
+namespace dslab {
+
+struct StopRule {
+  int min_samples = 5;
+  int max_samples = 10000;
+  double min_time_s = 0.3;  // of summed sample time
+  double max_noise = 0.01;  // relative standard error of the mean: stdev / sqrt(n) / mean
+  double timeout_s = 10;    // wall time for the point, flushes included
+};
+
+struct SampleSet {
+  std::vector<double> seconds;
+  std::string stop_reason;  // converged | timeout | max_samples
+  std::string cache_state;  // hot | flushed (cache overwritten before each sample) | streaming (working set > 4x cache)
+};
+
+struct Stats {
+  double median = 0, p10 = 0, p90 = 0, mean = 0, stdev = 0;
+};
+Stats summarize(std::vector<double> seconds);
+
+// CPU: steady clock around run(). CUDA: events around run(). Cold (unless hot): CPU caches are
+// overwritten before each sample when the working set would fit in them; GPU L2 is always flushed.
+SampleSet measure(Variant& v, Device device, const StopRule& rule, bool hot, double working_set_bytes);
+
+}  // namespace dslab

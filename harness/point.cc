@@ -1,0 +1,120 @@
+#include "harness/point.h"
+
+#include <stdexcept>
+
+#include "harness/errors.h"
+
+namespace dslab {
+
+const std::vector<AxisInfo>& known_axes() {
+  static const std::vector<AxisInfo> axes = {
+      {"batch", AxisKind::positive_int, "requests decoded together"},
+      {"q_len", AxisKind::positive_int, "new tokens per request in this step (1: decode, >1: extend/prefill, causal)"},
+      {"kv_len", AxisKind::nonneg_int, "tokens already cached per request"},
+      {"heads", AxisKind::positive_int, "attention heads on this device (tensor parallelism); 0/absent: the model's"},
+      {"page_size", AxisKind::positive_int, "tokens per KV-cache page"},
+      {"len_dist", AxisKind::text, "per-request length distribution: uniform | mixed"},
+      {"kv_dtype", AxisKind::text, "KV-cache element type: bf16 | int8 | fp8_e4m3"},
+      {"tokens", AxisKind::positive_int, "tokens entering the MoE layer"},
+      {"experts", AxisKind::positive_int, "routed experts instantiated (to fit memory)"},
+      {"threads", AxisKind::positive_int, "CPU threads"},
+      {"routing", AxisKind::text, "expert routing: model | uniform | zipf:S"},
+      {"topk", AxisKind::positive_int, "experts per token"},
+      {"executor", AxisKind::text, "how steps are launched: eager | graph"},
+  };
+  return axes;
+}
+
+const AxisInfo* find_axis(const std::string& name) {
+  for (const auto& a : known_axes())
+    if (a.name == name) return &a;
+  return nullptr;
+}
+
+namespace {
+
+int64_t parse_int(const std::string& s, const std::string& axis, const std::string& where, bool allow_zero) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != s.size() || s.empty() || v < 0 || (v == 0 && !allow_zero))
+    throw bad_field(where, axis, "'" + s + "'", allow_zero ? "a non-negative integer" : "a positive integer");
+  return v;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (size_t i = 0; i <= s.size(); ++i)
+    if (i == s.size() || s[i] == sep) {
+      parts.push_back(s.substr(start, i - start));
+      start = i + 1;
+    }
+  return parts;
+}
+
+}  // namespace
+
+std::vector<AxisValue> parse_axis_values(const std::string& axis, const std::string& spec, const std::string& where) {
+  const AxisInfo* info = find_axis(axis);
+  if (!info) {
+    std::string names;
+    for (const auto& a : known_axes()) names += (names.empty() ? "" : ", ") + a.name;
+    throw BadInput(where + ": axis '" + axis + "': unknown axis (expected one of " + names + ")");
+  }
+  std::vector<AxisValue> values;
+  if (info->kind != AxisKind::text && spec.rfind("pow2:", 0) == 0) {
+    const auto parts = split(spec.substr(5), ':');
+    if (parts.size() != 2) throw bad_field(where, axis, "'" + spec + "'", "pow2:LO:HI (exponents, e.g. pow2:9:14)");
+    const int64_t lo = parse_int(parts[0], axis, where, true), hi = parse_int(parts[1], axis, where, true);
+    if (lo > hi || hi > 40) throw bad_field(where, axis, "'" + spec + "'", "pow2:LO:HI with LO <= HI <= 40");
+    for (int64_t e = lo; e <= hi; ++e) values.push_back({std::to_string(int64_t(1) << e), int64_t(1) << e, true});
+    return values;
+  }
+  for (const auto& item : split(spec, ',')) {
+    if (item.empty()) throw bad_field(where, axis, "'" + spec + "'", "a comma-separated list with no empty items");
+    if (info->kind == AxisKind::text) {
+      values.push_back({item, 0, false});
+    } else {
+      const int64_t v = parse_int(item, axis, where, info->kind == AxisKind::nonneg_int);
+      values.push_back({std::to_string(v), v, true});
+    }
+  }
+  return values;
+}
+
+void Point::set(const std::string& axis, AxisValue v) {
+  for (auto& e : entries_)
+    if (e.first == axis) {
+      e.second = std::move(v);
+      return;
+    }
+  entries_.emplace_back(axis, std::move(v));
+}
+
+bool Point::has(const std::string& axis) const {
+  for (const auto& e : entries_)
+    if (e.first == axis) return true;
+  return false;
+}
+
+const AxisValue& Point::get(const std::string& axis) const {
+  for (const auto& e : entries_)
+    if (e.first == axis) return e.second;
+  throw std::logic_error("point has no axis '" + axis + "'");
+}
+
+int64_t Point::integer(const std::string& axis) const { return get(axis).integer; }
+const std::string& Point::text(const std::string& axis) const { return get(axis).text; }
+
+std::string Point::label() const {
+  std::string s;
+  for (const auto& [k, v] : entries_) s += (s.empty() ? "" : "/") + k + ":" + v.text;
+  return s;
+}
+
+}  // namespace dslab

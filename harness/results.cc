@@ -1,0 +1,197 @@
+#include "harness/results.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "harness/build_info.h"
+#include "harness/errors.h"
+#include "harness/host.h"
+
+namespace dslab {
+namespace {
+
+constexpr double kUsPerS = 1e6;
+
+std::string iso_date() {
+  const std::time_t t = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S%z", std::localtime(&t));
+  return buf;
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string human_time(double s) {
+  if (s >= 1) return fmt("%.3f s", s);
+  if (s >= 1e-3) return fmt("%.3f ms", s * 1e3);
+  return fmt("%.2f us", s * 1e6);
+}
+
+}  // namespace
+
+nlohmann::json run_context(const std::string& command_line) {
+  const CpuInfo& cpu = cpu_info();
+  const GpuInfo& gpu = gpu_info();
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  nlohmann::json c;
+  // Google Benchmark's own context fields.
+  c["date"] = iso_date();
+  c["host_name"] = host;
+  c["executable"] = "dslab";
+  c["num_cpus"] = cpu.logical_cpus;
+  c["mhz_per_cpu"] = 0;
+  c["cpu_scaling_enabled"] = false;
+  c["caches"] = nlohmann::json::array();
+  c["library_build_type"] = std::string(DSLAB_BUILD_TYPE) == "Debug" ? "debug" : "release";
+  // dslab's.
+  c["dslab_version"] = DSLAB_VERSION;
+  c["git_sha"] = DSLAB_GIT_SHA;
+  c["build_type"] = DSLAB_BUILD_TYPE;
+  c["compiler"] = std::string("g++ ") + __VERSION__;
+  c["cpu_model"] = cpu.model;
+  c["cpu_isa"] = cpu.isa;
+  c["llc_bytes"] = cpu.llc_bytes;
+  if (gpu.present) {
+    c["gpu_name"] = gpu.name;
+    c["gpu_sms"] = gpu.sms;
+    c["gpu_clock_mhz"] = gpu.clock_mhz;
+    c["gpu_memory_bytes"] = gpu.memory_bytes;
+    c["cuda_runtime"] = gpu.runtime_version;
+    c["cuda_driver"] = gpu.driver_version;
+  } else {
+    c["gpu_name"] = nullptr;
+    c["gpu_absent_reason"] = gpu.why_absent;
+  }
+  c["command_line"] = command_line;
+  return c;
+}
+
+nlohmann::json results_to_json(const nlohmann::json& context, const std::vector<PointResult>& results) {
+  nlohmann::json out;
+  out["context"] = context;
+  out["benchmarks"] = nlohmann::json::array();
+  out["skipped"] = nlohmann::json::array();
+  int family = 0;
+  for (const auto& r : results) {
+    nlohmann::json axes = nlohmann::json::object();
+    for (const auto& [k, v] : r.point.entries()) axes[k] = v.is_integer ? nlohmann::json(v.integer) : nlohmann::json(v.text);
+    if (!r.ran()) {
+      out["skipped"].push_back({{"name", r.name()}, {"variant", r.variant}, {"suite", r.suite}, {"model", r.model},
+                                {"axes", axes}, {"reason", r.skip_reason.empty() ? "error: " + r.error : r.skip_reason}});
+      continue;
+    }
+    const Stats st = summarize(r.samples.seconds);
+    nlohmann::json b;
+    b["name"] = r.name();
+    b["family_index"] = family;
+    b["per_family_instance_index"] = 0;
+    b["run_name"] = r.name();
+    b["run_type"] = "iteration";
+    b["repetitions"] = 1;
+    b["repetition_index"] = 0;
+    b["threads"] = 1;
+    b["iterations"] = r.samples.seconds.size();
+    b["real_time"] = st.median * kUsPerS;
+    b["cpu_time"] = st.median * kUsPerS;
+    b["time_unit"] = "us";
+    b["variant"] = r.variant;
+    b["suite"] = r.suite;
+    b["model"] = r.model;
+    b["device"] = device_name(r.device);
+    b["axes"] = axes;
+    b["median_time"] = st.median * kUsPerS;
+    b["p10_time"] = st.p10 * kUsPerS;
+    b["p90_time"] = st.p90 * kUsPerS;
+    b["mean_time"] = st.mean * kUsPerS;
+    b["stdev_time"] = st.stdev * kUsPerS;
+    b["samples"] = r.samples.seconds.size();
+    nlohmann::json sample_times = nlohmann::json::array();
+    for (double s : r.samples.seconds) sample_times.push_back(s * kUsPerS);
+    b["sample_times"] = sample_times;
+    b["stop_reason"] = r.samples.stop_reason;
+    b["cache_state"] = r.samples.cache_state;
+    b["flops"] = r.cost.flops;
+    b["bytes"] = r.cost.bytes;
+    b["arithmetic_intensity"] = r.cost.bytes > 0 ? r.cost.flops / r.cost.bytes : 0.0;
+    b["achieved_flops_per_s"] = r.cost.flops / st.median;
+    b["achieved_bytes_per_s"] = r.cost.bytes / st.median;
+    if (r.compute_ceiling && r.bandwidth_ceiling) {
+      const double floor_s = std::max(r.cost.flops / *r.compute_ceiling, r.cost.bytes / *r.bandwidth_ceiling);
+      b["roofline_floor_time"] = floor_s * kUsPerS;
+      b["roofline_fraction"] = floor_s / st.median;
+      b["roofline_bound"] = r.cost.flops / *r.compute_ceiling >= r.cost.bytes / *r.bandwidth_ceiling ? "compute" : "memory";
+    }
+    if (r.verification) {
+      b["verify_rel_err"] = r.verification->rel_err;
+      b["verify_threshold"] = r.verification->threshold;
+      b["verify_pass"] = r.verification->pass();
+    } else {
+      b["verify_rel_err"] = nullptr;
+      b["verify_pass"] = nullptr;
+    }
+    out["benchmarks"].push_back(b);
+    ++family;
+  }
+  return out;
+}
+
+void write_json_atomically(const std::string& path, const nlohmann::json& j) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  if (target.has_parent_path()) fs::create_directories(target.parent_path());
+  const fs::path tmp = target.string() + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream f(tmp);
+    if (!f) throw BadInput(tmp.string() + ": cannot write (expected a writable output folder)");
+    f << j.dump(2) << "\n";
+    if (!f) throw std::runtime_error(tmp.string() + ": write failed");
+  }
+  fs::rename(tmp, target);
+}
+
+std::string results_table(const std::vector<PointResult>& results) {
+  std::ostringstream os;
+  char line[512];
+  std::snprintf(line, sizeof line, "%-16s %-40s %12s %21s %9s %9s %7s %9s %-7s %s\n", "variant", "point", "median",
+                "p10 .. p90", "GFLOP/s", "GB/s", "roofl.", "rel.err", "verify", "stop");
+  os << line;
+  std::string last_point;
+  for (const auto& r : results) {
+    const std::string pt = r.model + "/" + r.point.label();
+    if (!last_point.empty() && pt != last_point) os << "\n";
+    last_point = pt;
+    if (!r.ran()) {
+      std::snprintf(line, sizeof line, "%-16s %-40s skipped: %s\n", r.variant.c_str(), pt.c_str(),
+                    (r.skip_reason.empty() ? r.error : r.skip_reason).c_str());
+      os << line;
+      continue;
+    }
+    const Stats st = summarize(r.samples.seconds);
+    std::string roof = "-", err = "-", verdict = "off";
+    if (r.compute_ceiling && r.bandwidth_ceiling)
+      roof = fmt("%.2f", std::max(r.cost.flops / *r.compute_ceiling, r.cost.bytes / *r.bandwidth_ceiling) / st.median);
+    if (r.verification) {
+      err = fmt("%.2e", r.verification->rel_err);
+      verdict = r.verification->pass() ? "PASS" : "FAIL";
+    }
+    std::snprintf(line, sizeof line, "%-16s %-40s %12s %10s..%-10s %9.1f %9.2f %7s %9s %-7s %s\n", r.variant.c_str(),
+                  pt.c_str(), human_time(st.median).c_str(), human_time(st.p10).c_str(), human_time(st.p90).c_str(),
+                  r.cost.flops / st.median * 1e-9, r.cost.bytes / st.median * 1e-9, roof.c_str(), err.c_str(),
+                  verdict.c_str(), r.samples.stop_reason.c_str());
+    os << line;
+  }
+  return os.str();
+}
+
+}  // namespace dslab

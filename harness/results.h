@@ -1,0 +1,42 @@
+// results.json: Google Benchmark's JSON schema (context + benchmarks[], readable by its tools/compare.py)
+// with dslab's fields added to each entry and to the context. Consumers ignore fields they don't know.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/measure.h"
+#include "harness/point.h"
+#include "harness/variant.h"
+
+namespace dslab {
+
+struct PointResult {
+  std::string variant, suite, model;
+  Device device = Device::cpu;
+  Point point;
+  std::string skip_reason;  // non-empty: not run
+  std::string error;        // non-empty: run() or prepare() failed at run time
+  SampleSet samples;
+  Cost cost;
+  std::optional<Verification> verification;   // absent with --no-verify
+  std::optional<double> compute_ceiling, bandwidth_ceiling;  // from the machine file
+
+  bool ran() const { return skip_reason.empty() && error.empty(); }
+  std::string name() const { return variant + "/" + point.label(); }
+};
+
+// Context common to every results file: build, host, GPU, command line.
+nlohmann::json run_context(const std::string& command_line);
+
+nlohmann::json results_to_json(const nlohmann::json& context, const std::vector<PointResult>& results);
+
+// Temp file + rename: a reader never sees half a file, and a failed run leaves none.
+void write_json_atomically(const std::string& path, const nlohmann::json& j);
+
+// The console table printed at the end of a run.
+std::string results_table(const std::vector<PointResult>& results);
+
+}  // namespace dslab

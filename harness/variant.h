@@ -1,0 +1,94 @@
+// The variant contract. A variant is one implementation of one piece of DeepSeek math, registered by one
+// line next to its definition:
+//
+//   DSLAB_REGISTER_VARIANT(MlaCdCpu, "mla/cd/cpu", dslab::Device::cpu, "CacheDecompressed: cached K/V, plain MHA");
+//
+// The harness constructs variants cheaply to ask what they support and cost, then calls prepare() (untimed),
+// run() (the only timed call) and verify() (against variants/reference on the same inputs).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness/point.h"
+
+namespace dslab {
+
+enum class Device { cpu, cuda };
+const char* device_name(Device d);
+
+// A model as the harness sees it: a resolved config.json, not yet interpreted (that is the variants' job).
+struct ModelFile {
+  std::string name;  // file stem
+  std::string path;
+  nlohmann::json config;
+};
+
+struct Support {
+  bool ok = true;
+  std::string reason;  // why not, in the user's terms: "needs AMX", "kv cache 48 GiB exceeds memory"
+  static Support no(std::string why) { return {false, std::move(why)}; }
+};
+
+// Analytic work of one run(): what the algorithm must compute and move, not what an implementation happens to.
+struct Cost {
+  double flops = 0;
+  double bytes = 0;  // weights + caches + activations read and written, each once
+};
+
+struct Verification {
+  double rel_err = 0;    // ||out - ref|| / ||ref||
+  double threshold = 0;  // fp32 1e-5, bf16 1e-2
+  bool pass() const { return rel_err <= threshold; }
+};
+
+// A tensor for --dump (safetensors dtype names: "BF16", "F32", "F64", "I32").
+struct DumpTensor {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t nbytes = 0;
+};
+
+class Variant {
+ public:
+  virtual ~Variant() = default;
+  // Axes this variant reads with their defaults, in the order they appear in result names. An empty
+  // default leaves the axis out of the point unless a sweep sets it (the model's own value applies).
+  virtual std::vector<std::pair<std::string, std::string>> axes() const = 0;
+  // Whether this machine can run it at all ("needs AMX"); device presence is the harness's check.
+  virtual Support available() const { return {}; }
+  // Whether it can run this point; may throw BadInput for an invalid model config.
+  virtual Support supports(const ModelFile& model, const Point& point) const = 0;
+  virtual Cost cost(const ModelFile& model, const Point& point) const = 0;
+  // Machine-file ceiling its arithmetic runs on (e.g. "cpu.amx_bf16_flops"); bandwidth follows the device.
+  virtual std::string compute_ceiling() const = 0;
+
+  virtual void prepare(const ModelFile& model, const Point& point, uint64_t seed) = 0;
+  virtual void run() = 0;
+  virtual Verification verify() = 0;
+  virtual std::vector<DumpTensor> tensors() const { return {}; }
+};
+
+struct VariantEntry {
+  std::string name;  // family/algorithm/backend
+  Device device;
+  std::string summary;
+  std::function<std::unique_ptr<Variant>()> make;
+};
+
+bool register_variant(VariantEntry entry);
+const std::vector<VariantEntry>& registered_variants();  // sorted by name
+const VariantEntry* find_variant(const std::string& name);
+
+}  // namespace dslab
+
+#define DSLAB_REGISTER_VARIANT(Class, name, device, summary)           \
+  static const bool dslab_registered_##Class = ::dslab::register_variant( \
+      {name, device, summary, [] { return std::unique_ptr<::dslab::Variant>(new Class()); }})

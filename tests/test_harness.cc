@@ -1,0 +1,211 @@
+// Harness: axis syntax, sweep expansion and overrides, results round trip, and bad input through the CLI.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "harness/errors.h"
+#include "harness/results.h"
+#include "harness/sweep.h"
+
+namespace dslab {
+namespace {
+namespace fs = std::filesystem;
+
+TEST(Axes, ListsRangesAndText) {
+  auto v = parse_axis_values("kv_len", "pow2:9:12", "t");
+  ASSERT_EQ(v.size(), 4u);
+  EXPECT_EQ(v[0].integer, 512);
+  EXPECT_EQ(v[3].integer, 4096);
+  v = parse_axis_values("batch", "1,8,64", "t");
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_EQ(v[2].integer, 64);
+  v = parse_axis_values("len_dist", "uniform,mixed", "t");
+  EXPECT_EQ(v[1].text, "mixed");
+  EXPECT_FALSE(v[1].is_integer);
+  EXPECT_EQ(parse_axis_values("kv_len", "0", "t")[0].integer, 0);
+}
+
+TEST(Axes, BadValuesAreBadInput) {
+  EXPECT_THROW(parse_axis_values("batch", "0", "t"), BadInput);
+  EXPECT_THROW(parse_axis_values("batch", "-1", "t"), BadInput);
+  EXPECT_THROW(parse_axis_values("batch", "1,,2", "t"), BadInput);
+  EXPECT_THROW(parse_axis_values("batch", "two", "t"), BadInput);
+  EXPECT_THROW(parse_axis_values("kv_len", "pow2:12:9", "t"), BadInput);
+  EXPECT_THROW(parse_axis_values("kvlen", "1", "t"), BadInput);
+}
+
+Sweep two_suite_sweep() {
+  return parse_sweep(nlohmann::json::parse(R"({
+    "name": "s", "model": "tiny",
+    "suites": [
+      {"name": "decode", "variants": ["mla/cd/cpu", "mla/a_cc_me/cpu"], "axes": {"batch": [1, 2], "kv_len": "pow2:4:6"}},
+      {"name": "extend", "model": "deepseek-v2-lite", "variants": ["mla/cc/cpu"], "axes": {"q_len": 4}}
+    ]})"),
+                     "s.json", "s");
+}
+
+TEST(Sweep, ExpandsCartesianPointMajorWithDefaults) {
+  const Plan plan = expand(two_suite_sweep());
+  ASSERT_EQ(plan.points.size(), 2u * 3u * 2u + 1u);
+  // Point-major: both variants at one point, then the next point.
+  EXPECT_EQ(plan.points[0].entry->name, "mla/cd/cpu");
+  EXPECT_EQ(plan.points[1].entry->name, "mla/a_cc_me/cpu");
+  EXPECT_EQ(plan.points[0].point.label(), plan.points[1].point.label());
+  EXPECT_EQ(plan.points[0].point.label(), "batch:1/q_len:1/kv_len:16");
+  EXPECT_EQ(plan.points[11].point.label(), "batch:2/q_len:1/kv_len:64");
+  const auto& extend = plan.points.back();
+  EXPECT_EQ(extend.model->name, "deepseek-v2-lite");
+  EXPECT_EQ(extend.point.label(), "batch:1/q_len:4/kv_len:4096");  // defaults fill what the suite leaves out
+}
+
+TEST(Sweep, OverridesReplaceOrAddAxesEverywhere) {
+  Sweep s = two_suite_sweep();
+  apply_axis_override(s, "kv_len=100");
+  apply_axis_override(s, "heads=2");
+  const Plan plan = expand(s);
+  ASSERT_EQ(plan.points.size(), 2u * 2u + 1u);
+  EXPECT_EQ(plan.points[0].point.label(), "batch:1/q_len:1/kv_len:100/heads:2");
+  EXPECT_EQ(plan.points.back().point.label(), "batch:1/q_len:4/kv_len:100/heads:2");
+  restrict_variants(s, {"mla/cc/cpu"});
+  ASSERT_EQ(s.suites.size(), 1u);
+  EXPECT_THROW(apply_axis_override(s, "kv_len"), BadInput);
+  EXPECT_THROW(apply_axis_override(s, "bogus=1"), BadInput);
+}
+
+TEST(Sweep, AxisAVariantDoesNotReadIsBadInput) {
+  Sweep s = two_suite_sweep();
+  apply_axis_override(s, "tokens=8");
+  EXPECT_THROW(expand(s), BadInput);
+}
+
+TEST(Results, RoundTripKeepsTheContract) {
+  PointResult r;
+  r.variant = "mla/a_cc_me/cpu";
+  r.suite = "decode";
+  r.model = "tiny";
+  r.point.set("batch", {"1", 1, true});
+  r.point.set("kv_len", {"4096", 4096, true});
+  r.samples.seconds = {1e-3, 2e-3, 3e-3};
+  r.samples.stop_reason = "converged";
+  r.samples.cache_state = "flushed";
+  r.cost = {2e9, 1e8};
+  r.verification = Verification{1e-3, 1e-2};
+  r.compute_ceiling = 1e12;
+  r.bandwidth_ceiling = 1e10;
+  PointResult skipped = r;
+  skipped.skip_reason = "needs AMX";
+  const auto dir = fs::temp_directory_path() / "dslab_results_roundtrip";
+  fs::remove_all(dir);
+  write_json_atomically((dir / "results.json").string(), results_to_json(run_context("dslab run x"), {r, skipped}));
+  std::ifstream f(dir / "results.json");
+  const auto j = nlohmann::json::parse(f);
+  ASSERT_EQ(j["benchmarks"].size(), 1u);
+  const auto& b = j["benchmarks"][0];
+  EXPECT_EQ(b["name"], "mla/a_cc_me/cpu/batch:1/kv_len:4096");
+  EXPECT_EQ(b["run_type"], "iteration");
+  EXPECT_EQ(b["time_unit"], "us");
+  EXPECT_DOUBLE_EQ(b["real_time"].get<double>(), 2000.0);
+  EXPECT_DOUBLE_EQ(b["cpu_time"].get<double>(), 2000.0);
+  EXPECT_EQ(b["variant"], "mla/a_cc_me/cpu");
+  EXPECT_EQ(b["axes"]["kv_len"], 4096);
+  EXPECT_DOUBLE_EQ(b["flops"].get<double>(), 2e9);
+  EXPECT_DOUBLE_EQ(b["bytes"].get<double>(), 1e8);
+  EXPECT_DOUBLE_EQ(b["arithmetic_intensity"].get<double>(), 20);
+  EXPECT_DOUBLE_EQ(b["verify_rel_err"].get<double>(), 1e-3);
+  EXPECT_EQ(b["verify_pass"], true);
+  EXPECT_EQ(b["stop_reason"], "converged");
+  // floor = max(2e9/1e12, 1e8/1e10) = 0.01 s against a 2 ms median.
+  EXPECT_DOUBLE_EQ(b["roofline_fraction"].get<double>(), 0.01 / 2e-3);
+  EXPECT_EQ(j["skipped"][0]["reason"], "needs AMX");
+  for (const char* k : {"git_sha", "build_type", "compiler", "cpu_model", "cpu_isa", "dslab_version", "command_line"})
+    EXPECT_TRUE(j["context"].contains(k)) << k;
+  for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().filename(), "results.json");  // no temp left
+}
+
+// ---- bad input through the command line: exit 2, one line on stderr, no results.json ----
+
+struct CliRun {
+  int status;
+  std::string err;
+};
+
+// ctest runs tests in parallel: every file a test touches is named after the test.
+std::string test_name() { return ::testing::UnitTest::GetInstance()->current_test_info()->name(); }
+
+CliRun run_cli(const std::string& args, const fs::path& out) {
+  const fs::path err_file = fs::temp_directory_path() / ("dslab_cli_err_" + test_name() + ".txt");
+  const std::string cmd = std::string(DSLAB_BINARY) + " " + args + " --out " + out.string() + " >/dev/null 2>" + err_file.string();
+  const int rc = std::system(cmd.c_str());
+  std::ifstream f(err_file);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, ss.str()};
+}
+
+void expect_bad_input(const std::string& args, const std::string& expect_in_message) {
+  const fs::path out = fs::temp_directory_path() / ("dslab_cli_out_" + test_name());
+  fs::remove_all(out);
+  const CliRun r = run_cli(args, out);
+  EXPECT_EQ(r.status, 2) << args << "\n" << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line: " << r.err;
+  EXPECT_NE(r.err.find(expect_in_message), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out / "results.json")) << args;
+}
+
+fs::path write_temp(const std::string& name, const std::string& text) {
+  const fs::path p = fs::temp_directory_path() / name;
+  std::ofstream(p) << text;
+  return p;
+}
+
+TEST(CliBadInput, UnknownModel) { expect_bad_input("run --model deepseek-v9 --variant mla/cd/cpu", "deepseek-v9"); }
+TEST(CliBadInput, UnknownVariant) { expect_bad_input("run --model tiny --variant mla/xx/cpu", "mla/xx/cpu"); }
+TEST(CliBadInput, UnknownAxis) { expect_bad_input("run --model tiny --variant mla/cd/cpu --axis kvlen=4", "kvlen"); }
+TEST(CliBadInput, NonPositiveAxisValue) { expect_bad_input("run --model tiny --variant mla/cd/cpu --axis batch=0", "batch"); }
+TEST(CliBadInput, UnknownOption) { expect_bad_input("run --model tiny --variant mla/cd/cpu --fast", "--fast"); }
+TEST(CliBadInput, MalformedSweepJson) {
+  const auto p = write_temp("dslab_bad_sweep.json", "{\"suites\": [ {\"variants\": [\"mla/cd/cpu\"] ");
+  expect_bad_input("run " + p.string(), "malformed JSON");
+}
+TEST(CliBadInput, SweepWithUnknownField) {
+  const auto p = write_temp("dslab_bad_sweep2.json", R"({"model": "tiny", "suites": [{"variants": ["mla/cd/cpu"], "axis": {}}]})");
+  expect_bad_input("run " + p.string(), "'axis'");
+}
+TEST(CliBadInput, ModelWithNonPositiveField) {
+  std::ifstream f(std::string(DSLAB_SOURCE_DIR) + "/workloads/models/tiny.json");
+  auto j = nlohmann::json::parse(f);
+  j["kv_lora_rank"] = -1;
+  const auto p = write_temp("dslab_bad_model.json", j.dump());
+  expect_bad_input("run --model " + p.string() + " --variant mla/cd/cpu", "kv_lora_rank");
+}
+TEST(CliBadInput, ModelWithMissingField) {
+  std::ifstream f(std::string(DSLAB_SOURCE_DIR) + "/workloads/models/tiny.json");
+  auto j = nlohmann::json::parse(f);
+  j.erase("hidden_size");
+  const auto p = write_temp("dslab_bad_model2.json", j.dump());
+  expect_bad_input("run --model " + p.string() + " --variant mla/cd/cpu", "hidden_size");
+}
+
+TEST(Cli, SmallRunWritesVerifiedResults) {
+  const fs::path out = fs::temp_directory_path() / "dslab_cli_ok";
+  fs::remove_all(out);
+  const CliRun r = run_cli("run --model tiny --variant mla/cd/cpu --variant mla/a_cc_me/cpu --axis kv_len=32,64 "
+                           "--min-samples 2 --min-time 0 --timeout 1 --dump " + (out / "dump").string(), out);
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::ifstream f(out / "results.json");
+  const auto j = nlohmann::json::parse(f);
+  ASSERT_EQ(j["benchmarks"].size(), 4u);
+  for (const auto& b : j["benchmarks"]) {
+    EXPECT_EQ(b["verify_pass"], true) << b["name"];
+    EXPECT_GT(b["real_time"].get<double>(), 0);
+  }
+  EXPECT_NE(r.err.find("[4/4]"), std::string::npos) << "progress line: " << r.err;
+  EXPECT_TRUE(fs::exists(out / "dump" / "mla_cd_cpu_batch_1_q_len_1_kv_len_32.safetensors"));
+}
+
+}  // namespace
+}  // namespace dslab

@@ -1,0 +1,147 @@
+// The reference layer: RoPE/YaRN against hand-computed values, routing on hand-checked cases, and the
+// absorption identity (all MLA forms give the same layer output) in fp64.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tests/test_util.h"
+#include "variants/reference/reference.h"
+
+namespace dslab {
+namespace {
+
+ModelConfig rope_config(double mscale, double mscale_all_dim) {
+  ModelConfig m = test::model("tiny");  // qk_nope 16, qk_rope 8
+  m.rope_theta = 10000;
+  m.rope_scaling = {true, 4, 16, 32, 1, mscale, mscale_all_dim};
+  return m;
+}
+
+TEST(Rope, YarnInverseFrequenciesByHand) {
+  // dim 8, base 1e4, factor 4, original context 16: the correction range is [0, 1]
+  // (8 ln(16/(32·2π)) / (2 ln 1e4) = -1.099 -> 0;  8 ln(16/(1·2π)) / (2 ln 1e4) = 0.406 -> 1),
+  // so only frequency 0 keeps its original value and 1..3 are divided by the factor.
+  const auto inv = ref::rope_inv_freq(rope_config(0.707, 0.707));
+  ASSERT_EQ(inv.size(), 4u);
+  EXPECT_NEAR(inv[0], 1.0, 1e-15);
+  EXPECT_NEAR(inv[1], 0.1 / 4, 1e-15);
+  EXPECT_NEAR(inv[2], 0.01 / 4, 1e-15);
+  EXPECT_NEAR(inv[3], 0.001 / 4, 1e-15);
+}
+
+TEST(Rope, RotatesInterleavedPairsIntoHalves) {
+  const ModelConfig m = rope_config(0.707, 0.707);
+  double x[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  ref::apply_rope(m, 2, x);
+  // pair (1,2) at angle 2·1: (1 cos2 - 2 sin2, 2 cos2 + 1 sin2) lands at indices 0 and 4.
+  EXPECT_NEAR(x[0], -2.2347416, 1e-6);
+  EXPECT_NEAR(x[4], 0.0770029, 1e-6);
+  // pair (3,4) at angle 2·0.025 = 0.05 lands at indices 1 and 5.
+  EXPECT_NEAR(x[1], 2.7963341, 1e-6);
+  EXPECT_NEAR(x[5], 4.1449385, 1e-6);
+}
+
+TEST(Rope, MscaleCorrections) {
+  // Equal mscale and mscale_all_dim: cos/sin unscaled; the softmax scale carries mscale(all_dim)^2.
+  EXPECT_DOUBLE_EQ(ref::rope_mscale(rope_config(0.707, 0.707)), 1.0);
+  const double m = 0.1 * 0.707 * std::log(4.0) + 1;  // 1.0980
+  EXPECT_NEAR(rope_config(0.707, 0.707).softmax_scale(), m * m / std::sqrt(24.0), 1e-12);
+  // mscale 1 vs all_dim 0.707: (0.1 ln4 + 1) / (0.0707 ln4 + 1)
+  EXPECT_NEAR(ref::rope_mscale(rope_config(1.0, 0.707)), 1.1386294 / 1.0980112, 1e-6);
+}
+
+ModelConfig routing_config(const std::string& method, const std::string& scoring, int64_t groups, int64_t topk_group) {
+  ModelConfig m;
+  m.n_routed_experts = 8;
+  m.num_experts_per_tok = 2;
+  m.topk_method = method;
+  m.scoring_func = scoring;
+  m.n_group = groups;
+  m.topk_group = topk_group;
+  return m;
+}
+
+TEST(Routing, GreedySoftmax) {
+  ModelConfig m = routing_config("greedy", "softmax", 1, 1);
+  m.routed_scaling_factor = 16;  // V2: no normalisation, scaled
+  const auto r = ref::route(m, {0, 1, 2, 3, 0, 0, 0, 0}, {}, 1);
+  ASSERT_EQ(r.expert, (std::vector<int>{3, 2}));
+  const double sum = 5 + std::exp(1.0) + std::exp(2.0) + std::exp(3.0);  // five experts at logit 0: 35.1929
+  EXPECT_NEAR(r.weight[0], 16 * std::exp(3.0) / sum, 1e-12);
+  EXPECT_NEAR(r.weight[1], 16 * std::exp(2.0) / sum, 1e-12);
+}
+
+TEST(Routing, GroupLimitedGreedyKeepsToTheBestGroup) {
+  // Groups of two: g0 = {5, 0}, g1 = {4.8, 4.8}. Greedy would take experts 0 and 2; with one group
+  // allowed only g0 (max 5) remains, so the second choice is expert 1 despite its low score.
+  const ModelConfig m = routing_config("group_limited_greedy", "softmax", 4, 1);
+  const auto r = ref::route(m, {5, 0, 4.8, 4.8, 0, 0, 4.5, 0}, {}, 1);
+  EXPECT_EQ(r.expert, (std::vector<int>{0, 1}));
+  const auto g = ref::route(routing_config("greedy", "softmax", 1, 1), {5, 0, 4.8, 4.8, 0, 0, 4.5, 0}, {}, 1);
+  EXPECT_EQ(g.expert, (std::vector<int>{0, 2}));
+}
+
+TEST(Routing, NoauxTcChoosesByBiasWeighsWithout) {
+  ModelConfig m = routing_config("noaux_tc", "sigmoid", 4, 2);
+  m.norm_topk_prob = true;
+  m.routed_scaling_factor = 2.5;
+  // sigmoid: 0.5 everywhere but expert 7 (logit ln 3 -> 0.75). Biased group scores (sum of best two):
+  // g0 1.0, g1 0.8+0.6 = 1.4, g2 1.0, g3 0.95+0.5 = 1.45 -> groups 3 and 1; best biased there: 7 (0.95), 2 (0.8).
+  const std::vector<float> bias = {0, 0, 0.3f, 0.1f, 0, 0, 0, 0.2f};
+  const auto r = ref::route(m, {0, 0, 0, 0, 0, 0, 0, std::log(3.0)}, bias, 1);
+  ASSERT_EQ(r.expert, (std::vector<int>{7, 2}));
+  // Weights from unbiased scores 0.75 and 0.5, normalised (0.6, 0.4), times 2.5.
+  EXPECT_NEAR(r.weight[0], 1.5, 1e-6);
+  EXPECT_NEAR(r.weight[1], 1.0, 1e-6);
+}
+
+double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+void expect_forms_agree(const ModelConfig& m, int64_t layer) {
+  const uint64_t seed = test::fresh_seed();
+  const auto p = ref::make_layer_params(m, layer, seed);
+  const auto in = ref::make_mla_inputs(m, 2, 3, 11, seed);
+  const auto base = ref::decoder_layer(m, layer, p, in, ref::MlaForm::decompressed);
+  for (double v : base) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_LE(rel_diff(ref::decoder_layer(m, layer, p, in, ref::MlaForm::absorbed_concat), base), 1e-10);
+  EXPECT_LE(rel_diff(ref::decoder_layer(m, layer, p, in, ref::MlaForm::absorbed_split), base), 1e-10);
+  // Sanity: the attention output is not negligible next to the residual, so the identity says something.
+  const auto attn = ref::mla_attention(m, p.attn, in, ref::MlaForm::decompressed);
+  double norm = 0;
+  for (double v : attn) norm += v * v;
+  EXPECT_GT(norm / double(attn.size()), 1e-3);
+}
+
+TEST(AbsorptionIdentity, AllFormsGiveTheSameLayerOutputDenseLayer) { expect_forms_agree(test::model("tiny"), 0); }
+TEST(AbsorptionIdentity, AllFormsGiveTheSameLayerOutputMoeLayer) { expect_forms_agree(test::model("tiny"), 1); }
+TEST(AbsorptionIdentity, PlainQProjection) {
+  ModelConfig m = test::model("tiny");
+  m.q_lora_rank.reset();  // V2-Lite style
+  expect_forms_agree(m, 1);
+}
+
+TEST(Reference, GeneratorIsDeterministicPerSeedAndName) {
+  const auto a = ref::random_bf16(7, "w", 1000, 1.0f), b = ref::random_bf16(7, "w", 1000, 1.0f);
+  const auto c = ref::random_bf16(8, "w", 1000, 1.0f), d = ref::random_bf16(7, "v", 1000, 1.0f);
+  int same_ab = 0, same_ac = 0, same_ad = 0, zeros = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    same_ab += a[i].bits == b[i].bits;
+    same_ac += a[i].bits == c[i].bits;
+    same_ad += a[i].bits == d[i].bits;
+    zeros += to_float(a[i]) == 0.0f;
+  }
+  EXPECT_EQ(same_ab, 1000);
+  EXPECT_LT(same_ac, 50);
+  EXPECT_LT(same_ad, 50);
+  EXPECT_LT(zeros, 5);
+}
+
+}  // namespace
+}  // namespace dslab

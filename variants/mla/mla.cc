@@ -1,0 +1,347 @@
+#include "variants/mla/mla.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <map>
+#include <mutex>
+
+#include "harness/host.h"
+
+namespace dslab::mla {
+
+Shape shape_of(const ModelConfig& m, const Point& p) {
+  Shape s;
+  s.heads = p.has("heads") ? p.integer("heads") : m.num_attention_heads;
+  s.batch = p.integer("batch");
+  s.q_len = p.integer("q_len");
+  s.kv_len = p.integer("kv_len");
+  return s;
+}
+
+std::vector<std::pair<std::string, std::string>> axes() {
+  return {{"batch", "1"}, {"q_len", "1"}, {"kv_len", "4096"}, {"heads", ""}};
+}
+
+namespace {
+
+double weight_elements(const ModelConfig& m, int64_t H) {
+  const double hid = double(m.hidden_size), qhd = double(m.q_head_dim()), r = double(m.kv_lora_rank);
+  const double q = m.q_lora_rank ? hid * double(*m.q_lora_rank) + double(*m.q_lora_rank) * double(H) * qhd : hid * double(H) * qhd;
+  return q + hid * (r + double(m.qk_rope_head_dim)) + r * double(H) * double(m.qk_nope_head_dim + m.v_head_dim) +
+         double(H) * double(m.v_head_dim) * hid;
+}
+
+double cache_bytes_per_token(const ModelConfig& m, Algo algo, int64_t H) {
+  if (algo == Algo::cd) return 2.0 * double(H) * double(m.q_head_dim() + m.v_head_dim);
+  return 2.0 * double(m.kv_lora_rank + m.qk_rope_head_dim);
+}
+
+// FLOPs of one (query, key) pair across all heads.
+double pair_flops(const ModelConfig& m, Algo algo, int64_t H) {
+  if (algo == Algo::cd || algo == Algo::cc) return 2.0 * double(H) * double(m.q_head_dim() + m.v_head_dim);
+  return 2.0 * double(H) * double(2 * m.kv_lora_rank + m.qk_rope_head_dim);
+}
+
+double decompress_flops(const ModelConfig& m, int64_t H) {
+  return 2.0 * double(m.kv_lora_rank) * double(H) * double(m.qk_nope_head_dim + m.v_head_dim);
+}
+
+}  // namespace
+
+Cost cost_per_cached_token(const ModelConfig& m, Algo algo, int64_t heads) {
+  Cost c;
+  c.flops = pair_flops(m, algo, heads) + (algo == Algo::cc ? decompress_flops(m, heads) : 0.0);
+  c.bytes = cache_bytes_per_token(m, algo, heads);
+  return c;
+}
+
+Cost cost(const ModelConfig& m, Algo algo, const Shape& s) {
+  const double H = double(s.heads), T = double(s.tokens()), hid = double(m.hidden_size), r = double(m.kv_lora_rank);
+  const double S = double(s.q_len), L = double(s.kv_len);
+  const double pairs = double(s.batch) * (S * L + S * (S + 1) / 2);  // causal among the new tokens
+  const double proj = 2.0 * weight_elements(m, s.heads) - decompress_flops(m, s.heads);  // kv_b_proj counted per form
+  Cost c;
+  c.flops = T * proj + pairs * pair_flops(m, algo, s.heads);
+  switch (algo) {
+    case Algo::cd: c.flops += T * decompress_flops(m, s.heads); break;  // new tokens into the K/V cache
+    case Algo::cc: c.flops += double(s.batch) * double(s.keys()) * decompress_flops(m, s.heads); break;
+    default: c.flops += T * 2.0 * H * r * double(m.qk_nope_head_dim + m.v_head_dim); break;  // W_UK into q, W_UV out
+  }
+  const double cache_tok = cache_bytes_per_token(m, algo, s.heads);
+  c.bytes = 2.0 * weight_elements(m, s.heads) + double(s.batch) * double(s.keys()) * cache_tok + T * cache_tok +
+            T * hid * 2 /* bf16 in */ + T * hid * 4 /* fp32 out */;
+  return c;
+}
+
+double cpu_memory_bytes(const ModelConfig& m, Algo algo, const Shape& s) {
+  const double H = double(s.heads), N = double(s.keys()), B = double(s.batch), S = double(s.q_len);
+  const double r = double(m.kv_lora_rank), rope = double(m.qk_rope_head_dim);
+  double bytes = 3 * 2.0 * weight_elements(m, s.heads)  // generated, packed, and the problem's copy
+                 + 2 * B * N * (r + rope) * 2.0         // the problem's cache and the variant's
+                 + H * S * N * 6.0;                      // scores (fp32) and probabilities (bf16) of one request
+  switch (algo) {
+    case Algo::cd: bytes += B * N * H * double(m.q_head_dim() + m.v_head_dim) * 2; break;
+    case Algo::cc: bytes += N * H * double(m.qk_nope_head_dim + m.v_head_dim + m.q_head_dim()) * 2; break;
+    case Algo::a_cc: bytes += H * N * (r + rope) * 2; break;
+    case Algo::a_cc_me: break;
+  }
+  return bytes;
+}
+
+const std::vector<double>& Problem::reference() const {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (reference_.empty()) reference_ = ref::mla_attention(model, params, inputs, ref::MlaForm::absorbed_split);
+  return reference_;
+}
+
+std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uint64_t seed) {
+  // Variants at one point run back to back: keep the last problem so they share weights and reference.
+  static std::mutex mu;
+  static std::shared_ptr<Problem> last;
+  std::lock_guard<std::mutex> lock(mu);
+  if (last && last->model.source == m.source && last->seed == seed && last->shape.heads == s.heads &&
+      last->shape.batch == s.batch && last->shape.q_len == s.q_len && last->shape.kv_len == s.kv_len)
+    return last;
+  last.reset();  // free the old one before generating the new one
+  auto p = std::make_shared<Problem>();
+  p->model = m;
+  p->shape = s;
+  p->seed = seed;
+  p->params = ref::make_mla_params(m, s.heads, seed);
+  p->inputs = ref::make_mla_inputs(m, s.batch, s.q_len, s.kv_len, seed);
+  last = p;
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+
+Support CpuVariant::supports(const ModelFile& model, const Point& point) const {
+  const ModelConfig m = parse_model_config(model.config, model.name, model.path);
+  const Shape s = shape_of(m, point);
+  const double need = cpu_memory_bytes(m, algo_, s);
+  const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (need > 0.7 * have)
+    return Support::no("needs ~" + std::to_string(int64_t(need / double(1 << 30))) + " GiB, this machine has " +
+                       std::to_string(int64_t(have / double(1 << 30))) + " GiB");
+  return {};
+}
+
+Cost CpuVariant::cost(const ModelFile& model, const Point& point) const {
+  const ModelConfig m = parse_model_config(model.config, model.name, model.path);
+  return mla::cost(m, algo_, shape_of(m, point));
+}
+
+std::string CpuVariant::compute_ceiling() const {
+  return cpu_info().amx_bf16 ? "cpu.amx_bf16_flops" : "cpu.avx512_bf16_flops";
+}
+
+void CpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
+  m_ = parse_model_config(model.config, model.name, model.path);
+  s_ = shape_of(m_, point);
+  problem_ = problem(m_, s_, seed);
+  nh_ = s_.heads;
+  nope_ = m_.qk_nope_head_dim;
+  rope_ = m_.qk_rope_head_dim;
+  qhd_ = m_.q_head_dim();
+  vd_ = m_.v_head_dim;
+  r_ = m_.kv_lora_rank;
+  hid_ = m_.hidden_size;
+  scale_ = float(m_.softmax_scale());
+  const int64_t T = s_.tokens(), B = s_.batch, L = s_.kv_len, N = s_.keys();
+  const auto& p = problem_->params;
+  using onednn::dt;
+  if (m_.q_lora_rank) {
+    const int64_t ql = *m_.q_lora_rank;
+    q_a_ = onednn::Linear(T, hid_, ql, p.q_a_proj.data(), dt::f32);
+    q_b_ = onednn::Linear(T, ql, nh_ * qhd_, p.q_b_proj.data(), dt::f32);
+    qa_f32_.resize(size_t(T * ql));
+    qa_.resize(size_t(T * ql));
+  } else {
+    q_proj_ = onednn::Linear(T, hid_, nh_ * qhd_, p.q_proj.data(), dt::f32);
+  }
+  kv_a_ = onednn::Linear(T, hid_, r_ + rope_, p.kv_a_proj_with_mqa.data(), dt::f32);
+  o_proj_ = onednn::Linear(T, nh_ * vd_, hid_, p.o_proj.data(), dt::f32);
+  q_f32_.resize(size_t(T * nh_ * qhd_));
+  kv_f32_.resize(size_t(T * (r_ + rope_)));
+  q_.resize(size_t(T * nh_ * qhd_));
+  attn_.resize(size_t(T * nh_ * vd_));
+  out_.assign(size_t(T * hid_), std::nanf(""));  // poisoned: verification fails if run() leaves any unwritten
+  // The caches, with room for this step's tokens after each request's kv_len cached ones.
+  ckv_cache_.resize(size_t(B * N * r_));
+  kpe_cache_.resize(size_t(B * N * rope_));
+  const auto& in = problem_->inputs;
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy_n(in.ckv_cache.begin() + b * L * r_, L * r_, ckv_cache_.begin() + b * N * r_);
+    std::copy_n(in.kpe_cache.begin() + b * L * rope_, L * rope_, kpe_cache_.begin() + b * N * rope_);
+  }
+  const auto inv_freq = ref::rope_inv_freq(m_);
+  const double ms = ref::rope_mscale(m_);
+  cos_.resize(size_t(s_.q_len * rope_ / 2));
+  sin_.resize(cos_.size());
+  for (int64_t s = 0; s < s_.q_len; ++s)
+    for (int64_t i = 0; i < rope_ / 2; ++i) {
+      const double angle = double(L + s) * inv_freq[size_t(i)];
+      cos_[size_t(s * rope_ / 2 + i)] = float(std::cos(angle) * ms);
+      sin_[size_t(s * rope_ / 2 + i)] = float(std::sin(angle) * ms);
+    }
+  prepare_form();
+}
+
+namespace {
+
+void rms_norm_to_bf16(const float* x, const bf16* w, int64_t n, double eps, bf16* y) {
+  float ss = 0;
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float inv = 1.0f / std::sqrt(ss / float(n) + float(eps));
+  for (int64_t i = 0; i < n; ++i) y[i] = to_bf16(x[i] * inv * to_float(w[i]));
+}
+
+// DeepSeek's RoPE (see ref::apply_rope): rotate interleaved pairs, store de-interleaved.
+void rope_to_bf16(const float* x, const float* cos, const float* sin, int64_t d, bf16* y) {
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[2 * i], b = x[2 * i + 1];
+    y[i] = to_bf16(a * cos[i] - b * sin[i]);
+    y[i + half] = to_bf16(b * cos[i] + a * sin[i]);
+  }
+}
+
+}  // namespace
+
+void CpuVariant::project() {
+  const int64_t T = s_.tokens(), S = s_.q_len, L = s_.kv_len, N = s_.keys();
+  const auto& p = problem_->params;
+  const bf16* x = problem_->inputs.hidden_states.data();
+  if (m_.q_lora_rank) {
+    const int64_t ql = *m_.q_lora_rank;
+    q_a_.run(x, qa_f32_.data());
+    for (int64_t t = 0; t < T; ++t)
+      rms_norm_to_bf16(&qa_f32_[size_t(t * ql)], p.q_a_layernorm.data(), ql, m_.rms_norm_eps, &qa_[size_t(t * ql)]);
+    q_b_.run(qa_.data(), q_f32_.data());
+  } else {
+    q_proj_.run(x, q_f32_.data());
+  }
+  kv_a_.run(x, kv_f32_.data());
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t b = t / S, s = t % S;
+    const float* cs = &cos_[size_t(s * rope_ / 2)];
+    const float* sn = &sin_[size_t(s * rope_ / 2)];
+    for (int64_t h = 0; h < nh_; ++h) {
+      const float* qf = &q_f32_[size_t((t * nh_ + h) * qhd_)];
+      bf16* q = &q_[size_t((t * nh_ + h) * qhd_)];
+      for (int64_t d = 0; d < nope_; ++d) q[d] = to_bf16(qf[d]);
+      rope_to_bf16(qf + nope_, cs, sn, rope_, q + nope_);
+    }
+    // This step's token enters the cache at position kv_len + s of its request.
+    const float* kv = &kv_f32_[size_t(t * (r_ + rope_))];
+    rms_norm_to_bf16(kv, p.kv_a_layernorm.data(), r_, m_.rms_norm_eps, &ckv_cache_[size_t((b * N + L + s) * r_)]);
+    rope_to_bf16(kv + r_, cs, sn, rope_, &kpe_cache_[size_t((b * N + L + s) * rope_)]);
+  }
+}
+
+void CpuVariant::run() {
+  project();
+  attend();
+  o_proj_.run(attn_.data(), out_.data());
+}
+
+onednn::Linear CpuVariant::decompressor(int64_t rows) const {
+  return onednn::Linear(rows, r_, nh_ * (nope_ + vd_), problem_->params.kv_b_proj.data(), onednn::dt::bf16);
+}
+
+void CpuVariant::softmax(const float* scores, bf16* probs, int64_t rows, int64_t div) const {
+  const int64_t N = s_.keys(), S = s_.q_len, L = s_.kv_len;
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t visible = L + (row / div) % S + 1;
+    const float* x = scores + row * N;
+    bf16* y = probs + row * N;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < visible; ++j) mx = std::max(mx, x[j]);
+    float sum = 0;
+    for (int64_t j = 0; j < visible; ++j) sum += std::exp((x[j] - mx) * scale_);
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j < visible; ++j) y[j] = to_bf16(std::exp((x[j] - mx) * scale_) * inv);
+    for (int64_t j = visible; j < N; ++j) y[j] = bf16{};  // masked: future tokens of this step
+  }
+}
+
+void CpuVariant::prepare_mha(int64_t v_head_stride, int64_t v_token_stride) {
+  using onednn::dt;
+  const int64_t S = s_.q_len, N = s_.keys();
+  scores_.resize(size_t(nh_ * S * N));
+  probs_.resize(scores_.size());
+  const onednn::View q{nh_, S, qhd_, qhd_, nh_ * qhd_, 1, dt::bf16};
+  const onednn::View k_t{nh_, qhd_, N, qhd_, 1, nh_ * qhd_, dt::bf16};
+  const onednn::View v{nh_, N, vd_, v_head_stride, v_token_stride, 1, dt::bf16};
+  const onednn::View out{nh_, S, vd_, vd_, nh_ * vd_, 1, dt::bf16};
+  mha_qk_ = onednn::Matmul(q, k_t, onednn::dense(S, N, dt::f32, nh_));
+  mha_pv_ = onednn::Matmul(onednn::dense(S, N, dt::bf16, nh_), v, out);
+}
+
+void CpuVariant::attend_mha(int64_t request, const bf16* k, const bf16* v) {
+  const int64_t S = s_.q_len;
+  mha_qk_.run(&q_[size_t(request * S * nh_ * qhd_)], k, scores_.data());
+  softmax(scores_.data(), probs_.data(), nh_ * S, 1);
+  mha_pv_.run(probs_.data(), v, &attn_[size_t(request * S * nh_ * vd_)]);
+}
+
+void CpuVariant::prepare_absorbed() {
+  using onednn::dt;
+  const int64_t T = s_.tokens(), w = r_ + rope_, head_rows = (nope_ + vd_) * r_;
+  q_abs_.resize(size_t(T * nh_ * w));
+  o_lat_.resize(size_t(T * nh_ * r_));
+  const onednn::View q_nope{nh_, T, nope_, qhd_, nh_ * qhd_, 1, dt::bf16};
+  const onednn::View w_uk{nh_, nope_, r_, head_rows, r_, 1, dt::bf16};
+  const onednn::View q_abs{nh_, T, r_, w, nh_ * w, 1, dt::bf16};
+  absorb_q_ = onednn::Matmul(q_nope, w_uk, q_abs);
+  const onednn::View o_lat{nh_, T, r_, r_, nh_ * r_, 1, dt::bf16};
+  const onednn::View w_uv_t{nh_, r_, vd_, head_rows, 1, r_, dt::bf16};
+  const onednn::View out{nh_, T, vd_, vd_, nh_ * vd_, 1, dt::bf16};
+  absorb_o_ = onednn::Matmul(o_lat, w_uv_t, out);
+}
+
+void CpuVariant::absorb_query() {
+  const int64_t T = s_.tokens(), w = r_ + rope_;
+  absorb_q_.run(q_.data(), problem_->params.kv_b_proj.data(), q_abs_.data());
+  for (int64_t th = 0; th < T * nh_; ++th) std::copy_n(&q_[size_t(th * qhd_ + nope_)], rope_, &q_abs_[size_t(th * w + r_)]);
+}
+
+void CpuVariant::absorb_output() {
+  absorb_o_.run(o_lat_.data(), problem_->params.kv_b_proj.data() + nope_ * r_, attn_.data());
+}
+
+Verification CpuVariant::verify() {
+  const auto& ref = problem_->reference();
+  return {ref::relative_l2_error(out_.data(), ref.data(), ref.size()), 1e-2};
+}
+
+std::vector<DumpTensor> CpuVariant::tensors() const {
+  std::vector<DumpTensor> t;
+  auto bf = [&](const std::string& name, const std::vector<bf16>& v, std::vector<int64_t> shape) {
+    if (!v.empty()) t.push_back({name, "BF16", std::move(shape), v.data(), v.size() * 2});
+  };
+  const auto& p = problem_->params;
+  const auto& in = problem_->inputs;
+  const int64_t ql = m_.q_lora_rank.value_or(0);
+  bf("q_a_proj.weight", p.q_a_proj, {ql, hid_});
+  bf("q_a_layernorm.weight", p.q_a_layernorm, {ql});
+  bf("q_b_proj.weight", p.q_b_proj, {nh_ * qhd_, ql});
+  bf("q_proj.weight", p.q_proj, {nh_ * qhd_, hid_});
+  bf("kv_a_proj_with_mqa.weight", p.kv_a_proj_with_mqa, {r_ + rope_, hid_});
+  bf("kv_a_layernorm.weight", p.kv_a_layernorm, {r_});
+  bf("kv_b_proj.weight", p.kv_b_proj, {nh_ * (nope_ + vd_), r_});
+  bf("o_proj.weight", p.o_proj, {hid_, nh_ * vd_});
+  bf("hidden_states", in.hidden_states, {s_.batch, s_.q_len, hid_});
+  bf("ckv_cache", in.ckv_cache, {s_.batch, s_.kv_len, r_});
+  bf("kpe_cache", in.kpe_cache, {s_.batch, s_.kv_len, rope_});
+  t.push_back({"output", "F32", {s_.batch, s_.q_len, hid_}, out_.data(), out_.size() * 4});
+  const auto& ref = problem_->reference();
+  t.push_back({"reference_output", "F64", {s_.batch, s_.q_len, hid_}, ref.data(), ref.size() * 8});
+  return t;
+}
+
+}  // namespace dslab::mla

@@ -1,0 +1,111 @@
+// The MLA family: shapes, the analytic cost of each form, the shared generated problem (weights, caches,
+// reference output) and the CPU base class that all four CPU forms build on.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "harness/variant.h"
+#include "variants/common/model_config.h"
+#include "variants/common/onednn.h"
+#include "variants/reference/reference.h"
+
+namespace dslab::mla {
+
+// cd = CacheDecompressed, cc = CacheCompressed, a_cc = Absorbed_CacheCompressed,
+// a_cc_me = Absorbed_CacheCompressed_MoveElision.
+enum class Algo { cd, cc, a_cc, a_cc_me };
+
+struct Shape {
+  int64_t heads = 0, batch = 0, q_len = 0, kv_len = 0;
+  int64_t tokens() const { return batch * q_len; }
+  int64_t keys() const { return kv_len + q_len; }  // per request, after this step's tokens are written
+};
+Shape shape_of(const ModelConfig& m, const Point& p);
+
+// Work of one step: projections, cache writes, attention, o_proj. Bytes: weights, cache and activations once.
+Cost cost(const ModelConfig& m, Algo algo, const Shape& s);
+// What one cached token costs a decode query (the per-token figures the MADSys benchmark publishes).
+Cost cost_per_cached_token(const ModelConfig& m, Algo algo, int64_t heads);
+// Peak host memory of a CPU implementation, for supports().
+double cpu_memory_bytes(const ModelConfig& m, Algo algo, const Shape& s);
+
+// Weights and inputs of one point, generated once and shared by every variant run at that point.
+struct Problem {
+  ModelConfig model;
+  Shape shape;
+  uint64_t seed = 0;
+  ref::MlaParams params;
+  ref::MlaInputs inputs;
+  // The fp64 reference output [tokens][hidden] (absorbed_split form: the identity test shows all forms agree).
+  const std::vector<double>& reference() const;
+
+ private:
+  mutable std::vector<double> reference_;
+};
+std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uint64_t seed);
+
+// Axes every MLA variant reads.
+std::vector<std::pair<std::string, std::string>> axes();
+
+// The CPU forms share everything but attention: bf16 weights and caches, fp32 accumulation, oneDNN
+// matmuls (AMX where present). run() = projections + cache write + attend() + o_proj.
+class CpuVariant : public Variant {
+ public:
+  explicit CpuVariant(Algo algo) : algo_(algo) {}
+  std::vector<std::pair<std::string, std::string>> axes() const override { return mla::axes(); }
+  Support supports(const ModelFile& model, const Point& point) const override;
+  Cost cost(const ModelFile& model, const Point& point) const override;
+  std::string compute_ceiling() const override;
+  void prepare(const ModelFile& model, const Point& point, uint64_t seed) override;
+  void run() override;
+  Verification verify() override;
+  std::vector<DumpTensor> tensors() const override;
+
+ protected:
+  // Form-specific set-up after the common buffers exist (cd builds its K/V cache here).
+  virtual void prepare_form() {}
+  // Reads q_ and the caches (new tokens already written), writes attn_ [tokens][heads][v_head_dim].
+  virtual void attend() = 0;
+
+  // Decompression of latent rows into [rows][heads][nope + v] with kv_b_proj (cd in prepare and run, cc in run).
+  onednn::Linear decompressor(int64_t rows) const;
+  // Row-wise causal softmax of scale*scores: row r is query s = (r / div) % S, which sees keys [0, kv_len + s].
+  void softmax(const float* scores, bf16* probs, int64_t rows, int64_t div) const;
+
+  // Multi-head attention for cd and cc: K is [keys][heads][q_head_dim]; V is addressed by its head and
+  // token strides so cc can read it straight out of the decompressed rows.
+  void prepare_mha(int64_t v_head_stride, int64_t v_token_stride);
+  void attend_mha(int64_t request, const bf16* k, const bf16* v);
+
+  // The absorbed forms: q_abs_ [tokens][heads][kv_lora_rank + rope] = [q_nope·W_UK ‖ q_pe], and
+  // attn_ = o_lat_·W_UV^T per head, with o_lat_ [tokens][heads][kv_lora_rank].
+  void prepare_absorbed();
+  void absorb_query();
+  void absorb_output();
+  std::vector<bf16> q_abs_, o_lat_;
+
+  std::vector<float> scores_;  // one request's scores
+  std::vector<bf16> probs_;
+
+  Algo algo_;
+  ModelConfig m_;
+  Shape s_;
+  std::shared_ptr<const Problem> problem_;
+  int64_t nh_ = 0, nope_ = 0, rope_ = 0, qhd_ = 0, vd_ = 0, r_ = 0, hid_ = 0;
+  float scale_ = 0;
+  // Caches with room for this step's tokens: [batch][keys][kv_lora_rank] and [batch][keys][rope].
+  std::vector<bf16> ckv_cache_, kpe_cache_;
+  std::vector<bf16> q_;     // [tokens][heads][q_head_dim], rope applied
+  std::vector<bf16> attn_;  // [tokens][heads][v_head_dim]
+  std::vector<float> out_;  // [tokens][hidden]
+
+ private:
+  void project();
+  onednn::Linear q_a_, q_b_, q_proj_, kv_a_, o_proj_;
+  onednn::Matmul mha_qk_, mha_pv_, absorb_q_, absorb_o_;
+  std::vector<float> qa_f32_, q_f32_, kv_f32_;
+  std::vector<bf16> qa_;
+  std::vector<float> cos_, sin_;  // [q_len][rope/2], YaRN-scaled
+};
+
+}  // namespace dslab::mla
