@@ -59,7 +59,7 @@ options:
   --min-samples N       stop rule: at least N samples (default 5)
   --min-time S          stop rule: at least S seconds of samples (default 0.3)
   --max-noise F         stop rule: stop once stdev/sqrt(n)/mean <= F (default 0.01)
-  --timeout S           stop rule: give up converging after S seconds per point (default 10)
+  --timeout S           stop rule: give up converging after S seconds per point (default 5)
 
 exit status: 0 all verified; 1 a verification failed or a point errored; 2 bad input (nothing written).
 axes: )";

@@ -12,7 +12,7 @@ struct StopRule {
   int max_samples = 10000;
   double min_time_s = 0.3;  // of summed sample time
   double max_noise = 0.01;  // relative standard error of the mean: stdev / sqrt(n) / mean
-  double timeout_s = 10;    // wall time for the point, flushes included
+  double timeout_s = 5;     // wall time for the point, flushes included
 };
 
 struct SampleSet {
