@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include "harness/build_info.h"
+#include "harness/command.h"
 #include "harness/errors.h"
 #include "harness/host.h"
 #include "harness/machine.h"
@@ -27,10 +28,7 @@ const char* kMainHelp = R"(dslab: benchmark and verify DeepSeek inference layers
 usage: dslab COMMAND [options]
 
 commands:
-  list        the registered variants, their device, and whether they can run here
-  run         run a sweep file or an ad-hoc set of variants and axes; verify; write results.json
-  calibrate   measure this machine's ceilings (AMX/AVX-512 bf16, DRAM, GPU HBM/GEMM/launch)
-  help CMD    help for one command (same as `dslab CMD --help`)
+%s  help CMD    help for one command (same as `dslab CMD --help`)
 
 examples:
   dslab list
@@ -80,66 +78,6 @@ Prints every registered variant: name (family/algorithm/backend), device, whethe
 machine (or why not), and what it is.
 )";
 
-struct Args {
-  std::vector<std::string> positional;
-  std::multimap<std::string, std::string> options;
-  bool has(const std::string& k) const { return options.count(k) > 0; }
-  std::vector<std::string> all(const std::string& k) const {
-    std::vector<std::string> v;
-    for (auto [it, end] = options.equal_range(k); it != end; ++it) v.push_back(it->second);
-    return v;
-  }
-  std::string one(const std::string& k, const std::string& fallback = "") const {
-    auto v = all(k);
-    if (v.size() > 1) throw BadInput("command line: " + k + " given " + std::to_string(v.size()) + " times (expected once)");
-    return v.empty() ? fallback : v[0];
-  }
-};
-
-Args parse_args(int argc, char** argv, int first, const std::vector<std::string>& flags,
-                const std::vector<std::string>& valued) {
-  Args a;
-  for (int i = first; i < argc; ++i) {
-    std::string s = argv[i];
-    if (s.rfind("--", 0) != 0) {
-      a.positional.push_back(s);
-      continue;
-    }
-    std::string value;
-    const auto eq = s.find('=');
-    std::string key = s.substr(0, eq);
-    const bool is_flag = std::find(flags.begin(), flags.end(), key) != flags.end();
-    const bool is_valued = std::find(valued.begin(), valued.end(), key) != valued.end();
-    if (!is_flag && !is_valued) throw BadInput("command line: option '" + key + "': unknown option (see --help)");
-    if (is_valued) {
-      if (eq != std::string::npos && key != "--axis") {
-        value = s.substr(eq + 1);
-      } else if (eq != std::string::npos) {
-        value = s.substr(eq + 1);  // --axis=kv_len=4096
-      } else {
-        if (i + 1 >= argc) throw BadInput("command line: option '" + key + "': missing value (see --help)");
-        value = argv[++i];
-      }
-    }
-    a.options.emplace(key, value);
-  }
-  return a;
-}
-
-double number_option(const Args& a, const std::string& key, double fallback, double min) {
-  const std::string v = a.one(key);
-  if (v.empty()) return fallback;
-  size_t used = 0;
-  double d = 0;
-  try {
-    d = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != v.size() || !(d >= min)) throw BadInput("command line: " + key + " '" + v + "': expected a number >= " + std::to_string(min));
-  return d;
-}
-
 std::string joined_command_line(int argc, char** argv) {
   std::string s;
   for (int i = 0; i < argc; ++i) {
@@ -156,7 +94,8 @@ std::string file_safe(std::string s) {
   return s;
 }
 
-int cmd_list() {
+int cmd_list(int argc, char** argv) {
+  if (argc > 2) throw BadInput(std::string("command line: unexpected argument '") + argv[2] + "' (see dslab list --help)");
   std::printf("%-22s %-6s %-11s %s\n", "variant", "device", "here", "what");
   for (const auto& e : registered_variants()) {
     std::string here = "yes";
@@ -170,10 +109,9 @@ int cmd_list() {
 }
 
 int cmd_calibrate(int argc, char** argv) {
-  const Args a = parse_args(argc, argv, 2, {"--help"}, {"--out", "--threads"});
-  if (a.has("--help")) return std::fputs(kCalibrateHelp, stdout), 0;
+  const Args a = parse_args(argc, argv, 2, {}, {"--out", "--threads"});
   if (!a.positional.empty()) throw BadInput("command line: unexpected argument '" + a.positional[0] + "' (see dslab calibrate --help)");
-  const int threads = int(number_option(a, "--threads", omp_get_max_threads(), 1));
+  const int threads = int(a.number("--threads", omp_get_max_threads(), 1));
   const std::string out = a.one("--out", default_machine_path());
   std::fprintf(stderr, "calibrating with %d CPU threads%s ...\n", threads, gpu_info().present ? (" and " + gpu_info().name).c_str() : "");
   const nlohmann::json m = calibrate_machine(threads);
@@ -184,15 +122,9 @@ int cmd_calibrate(int argc, char** argv) {
 }
 
 int cmd_run(int argc, char** argv) {
-  const Args a = parse_args(argc, argv, 2, {"--help", "--hot", "--no-verify"},
+  const Args a = parse_args(argc, argv, 2, {"--hot", "--no-verify"},
                             {"--model", "--variant", "--axis", "--out", "--dump", "--seed", "--machine", "--min-samples",
                              "--min-time", "--max-noise", "--timeout"});
-  if (a.has("--help")) {
-    std::fputs(kRunHelp, stdout);
-    for (const auto& ax : known_axes()) std::printf("\n  %-10s %s", ax.name.c_str(), ax.help.c_str());
-    std::printf("\n");
-    return 0;
-  }
   if (a.positional.size() > 1) throw BadInput("command line: expected at most one sweep file, got '" + a.positional[1] + "'");
   Sweep sweep;
   if (a.positional.empty()) {
@@ -204,11 +136,11 @@ int cmd_run(int argc, char** argv) {
   }
   for (const auto& ov : a.all("--axis")) apply_axis_override(sweep, ov);
   StopRule rule;
-  rule.min_samples = int(number_option(a, "--min-samples", rule.min_samples, 1));
-  rule.min_time_s = number_option(a, "--min-time", rule.min_time_s, 0);
-  rule.max_noise = number_option(a, "--max-noise", rule.max_noise, 0);
-  rule.timeout_s = number_option(a, "--timeout", rule.timeout_s, 0);
-  const uint64_t seed = uint64_t(number_option(a, "--seed", 1, 0));
+  rule.min_samples = int(a.number("--min-samples", rule.min_samples, 1));
+  rule.min_time_s = a.number("--min-time", rule.min_time_s, 0);
+  rule.max_noise = a.number("--max-noise", rule.max_noise, 0);
+  rule.timeout_s = a.number("--timeout", rule.timeout_s, 0);
+  const uint64_t seed = uint64_t(a.number("--seed", 1, 0));
   const bool hot = a.has("--hot"), verify = !a.has("--no-verify");
   const std::string out_dir = a.one("--out", "results/" + sweep.name);
   const std::string dump_dir = a.one("--dump");
@@ -290,28 +222,53 @@ int cmd_run(int argc, char** argv) {
   return failures || errors ? 1 : 0;
 }
 
+std::string main_help() {
+  std::string list;
+  for (const auto& c : registered_commands()) {
+    char line[256];
+    std::snprintf(line, sizeof line, "  %-11s %s\n", c.name.c_str(), c.summary.c_str());
+    list += line;
+  }
+  char buf[4096];
+  std::snprintf(buf, sizeof buf, kMainHelp, list.c_str());
+  return buf;
+}
+
+const Command* find_command(const std::string& name) {
+  for (const auto& c : registered_commands())
+    if (c.name == name) return &c;
+  return nullptr;
+}
+
+std::string run_help() {
+  std::string h = kRunHelp;
+  for (const auto& ax : known_axes()) h += "\n  " + ax.name + std::string(ax.name.size() < 10 ? 10 - ax.name.size() : 1, ' ') + ax.help;
+  return h + "\n";
+}
+
+DSLAB_REGISTER_COMMAND(list, "list", "the registered variants, their device, and whether they can run here", kListHelp, cmd_list);
+DSLAB_REGISTER_COMMAND(run, "run", "run a sweep file or ad-hoc variants and axes; verify; write results.json", run_help(), cmd_run);
+DSLAB_REGISTER_COMMAND(calibrate, "calibrate", "measure this machine's ceilings (AMX/AVX-512 bf16, DRAM; GPU HBM, GEMM, launch)",
+                       kCalibrateHelp, cmd_calibrate);
+
 int dispatch(int argc, char** argv) {
   const std::string cmd = argc > 1 ? argv[1] : "--help";
-  if (cmd == "--help" || cmd == "-h") return std::fputs(kMainHelp, stdout), 0;
+  if (cmd == "--help" || cmd == "-h") return std::fputs(main_help().c_str(), stdout), 0;
   if (cmd == "--version") return std::printf("dslab %s (%s)\n", DSLAB_VERSION, DSLAB_GIT_SHA), 0;
   if (cmd == "help") {
-    const std::string topic = argc > 2 ? argv[2] : "";
-    if (topic == "run") {
-      char help[] = "--help";
-      char* args[] = {argv[0], argv[1], help};
-      return cmd_run(3, args);
-    }
-    std::fputs(topic == "calibrate" ? kCalibrateHelp : topic == "list" ? kListHelp : kMainHelp, stdout);
+    const Command* c = argc > 2 ? find_command(argv[2]) : nullptr;
+    std::fputs(c ? c->help.c_str() : main_help().c_str(), stdout);
     return 0;
   }
-  if (cmd == "list") {
-    if (argc > 2 && std::strcmp(argv[2], "--help") == 0) return std::fputs(kListHelp, stdout), 0;
-    if (argc > 2) throw BadInput(std::string("command line: unexpected argument '") + argv[2] + "' (see dslab list --help)");
-    return cmd_list();
+  const Command* c = find_command(cmd);
+  if (!c) {
+    std::string names;
+    for (const auto& k : registered_commands()) names += (names.empty() ? "" : ", ") + k.name;
+    throw BadInput("command line: unknown command '" + cmd + "' (expected one of " + names + ", help)");
   }
-  if (cmd == "run") return cmd_run(argc, argv);
-  if (cmd == "calibrate") return cmd_calibrate(argc, argv);
-  throw BadInput("command line: unknown command '" + cmd + "' (expected list, run, calibrate or help)");
+  for (int i = 2; i < argc; ++i)
+    if (std::strcmp(argv[i], "--help") == 0) return std::fputs(c->help.c_str(), stdout), 0;
+  return c->run(argc, argv);
 }
 
 }  // namespace

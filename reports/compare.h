@@ -1,0 +1,40 @@
+// `dslab compare BASE.json NEW.json`: per matched run (variant + model + axes) the median ratio, a
+// Mann-Whitney U test on the samples and a verdict. With --normalize VARIANT every run is first divided
+// by that variant's median at the same point in the same file: on shared, noisy machines the ratio of
+// two variants measured in one run is what stays put.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "reports/results_file.h"
+
+namespace dslab::reports {
+
+enum class Verdict { faster, slower, same, noisy };
+const char* verdict_name(Verdict v);
+
+struct CompareOptions {
+  double threshold = 0.05;  // a change smaller than this is SAME
+  double alpha = 0.05;      // significance of the U test
+  std::string normalize;    // reference variant, or empty
+};
+
+struct Comparison {
+  std::string name;
+  double base_median = 0, new_median = 0;  // (normalized) medians
+  double ratio = 1;                        // new / base: > 1 is slower
+  double p_value = 1;
+  Verdict verdict = Verdict::same;
+};
+
+struct CompareReport {
+  std::vector<Comparison> rows;
+  std::vector<std::string> unmatched;  // in one file only, or missing their normalizing reference
+  double geomean_ratio = 1;
+  bool regression() const;
+};
+
+Verdict decide(double ratio, double p_value, const CompareOptions& o);
+CompareReport compare(const ResultsFile& base, const ResultsFile& next, const CompareOptions& o);
+
+}  // namespace dslab::reports

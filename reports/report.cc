@@ -1,0 +1,172 @@
+// `dslab report RESULTS.json [...] --out DIR`: a Markdown report per suite.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "harness/command.h"
+#include "harness/errors.h"
+#include "reports/results_file.h"
+#include "reports/stats.h"
+
+namespace dslab::reports {
+namespace {
+
+const char* kReportHelp = R"(usage: dslab report RESULTS.json [RESULTS.json ...] --out DIR [--baseline VARIANT]
+
+Writes DIR/report.md: for each results file, its context (device, commit, command line, ceilings), then
+per suite: median time per variant per point, speedup against the baseline variant (default: the
+suite's first variant), achieved TFLOP/s and GB/s with arithmetic intensity and roofline fraction,
+verification error and verdict, stop reason; and the points that were skipped, with why.
+Plots: scripts/plot.py RESULTS.json --out DIR.
+)";
+
+std::string num(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+std::string time_str(double us) {
+  if (us >= 1e6) return num("%.3g s", us * 1e-6);
+  if (us >= 1e3) return num("%.3g ms", us * 1e-3);
+  return num("%.3g us", us);
+}
+
+std::string axes_label(const nlohmann::json& axes) {
+  std::string s;
+  for (const auto& [k, v] : axes.items()) s += (s.empty() ? "" : " ") + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
+  return s;
+}
+
+void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostringstream& md) {
+  const auto& c = f.context;
+  md << "## " << f.path << "\n\n";
+  md << "| | |\n|---|---|\n";
+  md << "| CPU | " << c.value("cpu_model", "?") << " (" << c.value("num_cpus", 0) << " threads) |\n";
+  if (c.contains("gpu_name") && c["gpu_name"].is_string())
+    md << "| GPU | " << c["gpu_name"].get<std::string>() << " (" << c.value("gpu_sms", 0) << " SMs) |\n";
+  md << "| commit | " << c.value("git_sha", "?") << " (" << c.value("build_type", "?") << ") |\n";
+  md << "| date | " << c.value("date", "?") << " |\n";
+  md << "| command | `" << c.value("command_line", "?") << "` |\n";
+  if (c.contains("machine") && c["machine"].is_object()) {
+    const auto& m = c["machine"];
+    auto ceiling = [&](const char* sec, const char* key, double scale, const char* unit) {
+      if (m.contains(sec) && m[sec].is_object() && m[sec].contains(key) && m[sec][key].is_number())
+        md << "| " << sec << "." << key << " | " << num("%.3g ", m[sec][key].get<double>() * scale) << unit << " |\n";
+    };
+    ceiling("cpu", "amx_bf16_flops", 1e-12, "TFLOP/s");
+    ceiling("cpu", "avx512_bf16_flops", 1e-12, "TFLOP/s");
+    ceiling("cpu", "dram_read_bytes_per_s", 1e-9, "GB/s");
+    ceiling("gpu", "hbm_bytes_per_s", 1e-9, "GB/s");
+    ceiling("gpu", "tensor_bf16_flops", 1e-12, "TFLOP/s");
+    ceiling("gpu", "launch_overhead_s", 1e6, "us");
+  }
+  md << "\n";
+  // Suites in order of appearance; within each, points and variants in order of appearance.
+  std::vector<std::string> suites;
+  for (const auto& e : f.entries)
+    if (std::find(suites.begin(), suites.end(), e.suite) == suites.end()) suites.push_back(e.suite);
+  for (const auto& suite : suites) {
+    std::vector<std::string> variants, points;
+    std::map<std::pair<std::string, std::string>, const Entry*> at;
+    std::string model;
+    for (const auto& e : f.entries) {
+      if (e.suite != suite) continue;
+      model = e.model;
+      const std::string p = axes_label(e.axes);
+      if (std::find(variants.begin(), variants.end(), e.variant) == variants.end()) variants.push_back(e.variant);
+      if (std::find(points.begin(), points.end(), p) == points.end()) points.push_back(p);
+      at[{e.variant, p}] = &e;
+    }
+    const std::string baseline =
+        std::find(variants.begin(), variants.end(), baseline_opt) != variants.end() ? baseline_opt : variants.front();
+    md << "### suite " << (suite.empty() ? "(unnamed)" : suite) << " — " << model << "\n\n";
+    md << "Median time (p10..p90):\n\n| point |";
+    for (const auto& v : variants) md << " " << v << " |";
+    md << "\n|---|";
+    for (size_t i = 0; i < variants.size(); ++i) md << "---:|";
+    md << "\n";
+    for (const auto& p : points) {
+      md << "| " << p << " |";
+      for (const auto& v : variants) {
+        const auto it = at.find({v, p});
+        if (it == at.end()) {
+          md << " — |";
+          continue;
+        }
+        const auto& r = it->second->raw;
+        md << " " << time_str(it->second->median_us);
+        if (r.contains("p10_time")) md << " (" << time_str(r["p10_time"].get<double>()) << ".." << time_str(r["p90_time"].get<double>()) << ")";
+        md << " |";
+      }
+      md << "\n";
+    }
+    md << "\nSpeedup against " << baseline << " (its time / the variant's; > 1 is faster):\n\n| point |";
+    for (const auto& v : variants) md << " " << v << " |";
+    md << "\n|---|";
+    for (size_t i = 0; i < variants.size(); ++i) md << "---:|";
+    md << "\n";
+    for (const auto& p : points) {
+      md << "| " << p << " |";
+      const auto base = at.find({baseline, p});
+      for (const auto& v : variants) {
+        const auto it = at.find({v, p});
+        md << " " << (it == at.end() || base == at.end() ? "—" : num("%.2fx", base->second->median_us / it->second->median_us)) << " |";
+      }
+      md << "\n";
+    }
+    md << "\n| variant | point | TFLOP/s | GB/s | FLOP/byte | roofline | bound | rel. err | verify | stop | samples |\n";
+    md << "|---|---|---:|---:|---:|---:|---|---:|---|---|---:|\n";
+    for (const auto& p : points)
+      for (const auto& v : variants) {
+        const auto it = at.find({v, p});
+        if (it == at.end()) continue;
+        const auto& r = it->second->raw;
+        auto get = [&](const char* k) { return r.contains(k) && r[k].is_number() ? r[k].get<double>() : NAN; };
+        const bool verified = r.contains("verify_pass") && r["verify_pass"].is_boolean();
+        md << "| " << v << " | " << p << " | " << num("%.3g", get("achieved_flops_per_s") * 1e-12) << " | "
+           << num("%.3g", get("achieved_bytes_per_s") * 1e-9) << " | " << num("%.3g", get("arithmetic_intensity")) << " | "
+           << (r.contains("roofline_fraction") ? num("%.2f", get("roofline_fraction")) : "—") << " | "
+           << r.value("roofline_bound", "—") << " | " << (verified ? num("%.2e", get("verify_rel_err")) : "—") << " | "
+           << (verified ? (r["verify_pass"].get<bool>() ? "PASS" : "**FAIL**") : "off") << " | " << r.value("stop_reason", "—")
+           << " | " << r.value("samples", 0) << " |\n";
+      }
+    md << "\n";
+  }
+  if (!f.skipped.empty()) {
+    md << "Skipped:\n\n";
+    for (const auto& s : f.skipped) md << "- " << s.value("name", "?") << ": " << s.value("reason", "?") << "\n";
+    md << "\n";
+  }
+}
+
+int cmd_report(int argc, char** argv) {
+  const Args a = parse_args(argc, argv, 2, {}, {"--out", "--baseline"});
+  if (a.positional.empty()) throw BadInput("command line: expected at least one RESULTS.json (see dslab report --help)");
+  const std::string out = a.one("--out");
+  if (out.empty()) throw BadInput("command line: --out: missing (expected the folder for report.md)");
+  std::vector<ResultsFile> files;
+  for (const auto& p : a.positional) files.push_back(load_results(p));  // all read before anything is written
+  std::ostringstream md;
+  md << "# dslab report\n\n";
+  for (const auto& f : files) write_file(f, a.one("--baseline"), md);
+  std::filesystem::create_directories(out);
+  const std::string path = out + "/report.md", tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << md.str();
+    if (!f) throw std::runtime_error(tmp + ": write failed");
+  }
+  std::filesystem::rename(tmp, path);
+  std::printf("report: %s\n", path.c_str());
+  return 0;
+}
+
+}  // namespace
+
+DSLAB_REGISTER_COMMAND(report, "report", "Markdown report of results files: times, speedups, roofline, verification",
+                       kReportHelp, cmd_report);
+
+}  // namespace dslab::reports

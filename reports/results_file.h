@@ -1,0 +1,29 @@
+// Reading results.json files back (ours, or any Google Benchmark JSON with the fields we need).
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dslab::reports {
+
+struct Entry {
+  std::string name, variant, model, suite, device;
+  nlohmann::json axes;              // object
+  std::vector<double> samples_us;   // sample_times, or the one real_time
+  double median_us = 0;
+  nlohmann::json raw;               // the whole entry, for fields a report prints
+  std::string key() const { return variant + "|" + model + "|" + axes.dump(); }  // variant + axes (+ model)
+};
+
+struct ResultsFile {
+  std::string path;
+  nlohmann::json context;
+  std::vector<Entry> entries;
+  nlohmann::json skipped;
+};
+
+// BadInput (file, field, what was expected) when the file is missing, malformed or not benchmark JSON.
+ResultsFile load_results(const std::string& path);
+
+}  // namespace dslab::reports

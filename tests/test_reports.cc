@@ -1,0 +1,96 @@
+// Reports: the U test against scipy's values, verdicts, normalization, matching by variant and axes.
+#include <gtest/gtest.h>
+
+#include "reports/compare.h"
+#include "reports/stats.h"
+
+namespace dslab::reports {
+namespace {
+
+TEST(MannWhitneyU, MatchesScipyExact) {
+  // scipy.stats.mannwhitneyu([1,2,3,4,5], [6,7,8,9,10]) -> U 0, p 0.007936507936507936 (exact)
+  auto r = stats::mann_whitney_u({1, 2, 3, 4, 5}, {6, 7, 8, 9, 10});
+  EXPECT_TRUE(r.exact);
+  EXPECT_DOUBLE_EQ(r.u, 0);
+  EXPECT_NEAR(r.p_value, 0.007936507936507936, 1e-12);
+  // ([1.1,2.2,3.3,4.4], [2.5,3.5,6,7,8,9]) -> U 3, p 0.06666666666666667
+  r = stats::mann_whitney_u({1.1, 2.2, 3.3, 4.4}, {2.5, 3.5, 6, 7, 8, 9});
+  EXPECT_DOUBLE_EQ(r.u, 3);
+  EXPECT_NEAR(r.p_value, 0.06666666666666667, 1e-12);
+}
+
+TEST(MannWhitneyU, MatchesScipyAsymptoticWithTies) {
+  // x=[10,12,11,14,13,15,16,12.5,11.5,10.5], y=[14,15,13,17,18,16,19,14.5,16.5,17.5] -> U 10, p 0.0027859446415680706
+  auto r = stats::mann_whitney_u({10, 12, 11, 14, 13, 15, 16, 12.5, 11.5, 10.5}, {14, 15, 13, 17, 18, 16, 19, 14.5, 16.5, 17.5});
+  EXPECT_FALSE(r.exact);
+  EXPECT_DOUBLE_EQ(r.u, 10);
+  EXPECT_NEAR(r.p_value, 0.0027859446415680706, 1e-12);
+  // x=[1,2,2,3,3,3,4,5,6,7], y=[3,4,4,5,5,6,7,8,8,9] -> U 19.5, p 0.022208730897883666
+  r = stats::mann_whitney_u({1, 2, 2, 3, 3, 3, 4, 5, 6, 7}, {3, 4, 4, 5, 5, 6, 7, 8, 8, 9});
+  EXPECT_DOUBLE_EQ(r.u, 19.5);
+  EXPECT_NEAR(r.p_value, 0.022208730897883666, 1e-12);
+}
+
+TEST(Verdict, ThresholdThenSignificance) {
+  const CompareOptions o;  // 5%, alpha 0.05
+  EXPECT_EQ(decide(1.03, 0.001, o), Verdict::same);    // real but small
+  EXPECT_EQ(decide(1.20, 0.001, o), Verdict::slower);
+  EXPECT_EQ(decide(0.80, 0.001, o), Verdict::faster);
+  EXPECT_EQ(decide(1.20, 0.30, o), Verdict::noisy);    // large but indistinguishable
+  EXPECT_EQ(decide(0.99, 0.90, o), Verdict::same);
+}
+
+Entry entry(const std::string& variant, int kv_len, std::vector<double> samples) {
+  Entry e;
+  e.variant = variant;
+  e.model = "tiny";
+  e.axes = {{"batch", 1}, {"kv_len", kv_len}};
+  e.name = variant + "/batch:1/kv_len:" + std::to_string(kv_len);
+  e.samples_us = samples;
+  e.median_us = stats::median(samples);
+  return e;
+}
+
+std::vector<double> around(double center, int n = 12) {
+  std::vector<double> v;
+  for (int i = 0; i < n; ++i) v.push_back(center * (1 + 0.01 * ((i * 7) % 5 - 2)));
+  return v;
+}
+
+TEST(Compare, MatchesByVariantAndAxesAndFlagsTheDoubledOne) {
+  ResultsFile base{"base.json", {}, {entry("a", 64, around(100)), entry("b", 64, around(50)), entry("a", 128, around(200))}, {}};
+  ResultsFile next{"new.json", {}, {entry("a", 128, around(200)), entry("b", 64, around(100)), entry("a", 64, around(100)),
+                                    entry("c", 64, around(1))}, {}};
+  const auto rep = compare(base, next, {});
+  ASSERT_EQ(rep.rows.size(), 3u);
+  for (const auto& r : rep.rows) {
+    if (r.name.find("b/") == 0) {
+      EXPECT_EQ(r.verdict, Verdict::slower) << r.name;
+      EXPECT_NEAR(r.ratio, 2.0, 1e-9);
+    } else {
+      EXPECT_EQ(r.verdict, Verdict::same) << r.name;
+    }
+  }
+  EXPECT_TRUE(rep.regression());
+  ASSERT_EQ(rep.unmatched.size(), 1u);  // c exists only in the new file
+  EXPECT_NEAR(rep.geomean_ratio, std::cbrt(2.0), 1e-9);
+}
+
+TEST(Compare, NormalizationCancelsAMachineThatGotSlower) {
+  // Everything twice as slow in the new run (a busier machine): raw says SLOWER, normalized says SAME.
+  ResultsFile base{"base.json", {}, {entry("ref", 64, around(10)), entry("a", 64, around(100))}, {}};
+  ResultsFile next{"new.json", {}, {entry("ref", 64, around(20)), entry("a", 64, around(200))}, {}};
+  EXPECT_TRUE(compare(base, next, {}).regression());
+  CompareOptions o;
+  o.normalize = "ref";
+  const auto rep = compare(base, next, o);
+  ASSERT_EQ(rep.rows.size(), 1u);  // the reference itself is not compared
+  EXPECT_EQ(rep.rows[0].verdict, Verdict::same);
+  EXPECT_NEAR(rep.rows[0].base_median, 10.0, 1e-9);
+  // A real regression relative to the reference survives normalization.
+  next.entries[1] = entry("a", 64, around(400));
+  EXPECT_EQ(compare(base, next, o).rows[0].verdict, Verdict::slower);
+}
+
+}  // namespace
+}  // namespace dslab::reports
