@@ -51,6 +51,8 @@ options:
   --out DIR             where results.json goes (default: results/<sweep name>)
   --hot                 do not flush caches before each sample (default: cold)
   --no-verify           skip verification against the reference (default: verify every point)
+  --sequential          measure one variant at a time (default: the variants at one point are prepared
+                        together and sampled round-robin, so machine drift moves them alike)
   --dump DIR            write each point's weights, inputs and outputs as DIR/<point>.safetensors
   --seed N              seed of the generated weights and inputs (default 1)
   --machine FILE        ceilings from `dslab calibrate` (default: $DSLAB_MACHINE or ~/.cache/dslab/machine.json)
@@ -122,7 +124,7 @@ int cmd_calibrate(int argc, char** argv) {
 }
 
 int cmd_run(int argc, char** argv) {
-  const Args a = parse_args(argc, argv, 2, {"--hot", "--no-verify"},
+  const Args a = parse_args(argc, argv, 2, {"--hot", "--no-verify", "--sequential"},
                             {"--model", "--variant", "--axis", "--out", "--dump", "--seed", "--machine", "--min-samples",
                              "--min-time", "--max-noise", "--timeout"});
   if (a.positional.size() > 1) throw BadInput("command line: expected at most one sweep file, got '" + a.positional[1] + "'");
@@ -141,7 +143,7 @@ int cmd_run(int argc, char** argv) {
   rule.max_noise = a.number("--max-noise", rule.max_noise, 0);
   rule.timeout_s = a.number("--timeout", rule.timeout_s, 0);
   const uint64_t seed = uint64_t(a.number("--seed", 1, 0));
-  const bool hot = a.has("--hot"), verify = !a.has("--no-verify");
+  const bool hot = a.has("--hot"), verify = !a.has("--no-verify"), sequential = a.has("--sequential");
   const std::string out_dir = a.one("--out", "results/" + sweep.name);
   const std::string dump_dir = a.one("--dump");
 
@@ -155,49 +157,90 @@ int cmd_run(int argc, char** argv) {
   std::vector<PointResult> results;
   int failures = 0, errors = 0;
   const size_t total = plan.points.size();
-  for (size_t i = 0; i < total; ++i) {
-    const PlannedPoint& pp = plan.points[i];
-    PointResult r;
-    r.variant = pp.entry->name;
-    r.suite = pp.suite;
-    r.model = pp.model->name;
-    r.device = pp.entry->device;
-    r.point = pp.point;
-    std::fprintf(stderr, "[%zu/%zu] %-16s %s/%s ", i + 1, total, r.variant.c_str(), r.model.c_str(), r.point.label().c_str());
-    if (!pp.support.ok) {
-      r.skip_reason = pp.support.reason;
-      std::fprintf(stderr, "skipped: %s\n", r.skip_reason.c_str());
-      results.push_back(std::move(r));
-      continue;
+  // The variants at one point are prepared together and sampled round-robin (see measure_interleaved).
+  for (size_t first = 0; first < total;) {
+    size_t last = first + 1;
+    while (!sequential && last < total && plan.points[last].suite == plan.points[first].suite &&
+           plan.points[last].model == plan.points[first].model && plan.points[last].point.label() == plan.points[first].point.label())
+      ++last;
+    std::vector<PointResult> group;
+    std::vector<std::unique_ptr<Variant>> variants;
+    for (size_t i = first; i < last; ++i) {
+      const PlannedPoint& pp = plan.points[i];
+      PointResult r;
+      r.variant = pp.entry->name;
+      r.suite = pp.suite;
+      r.model = pp.model->name;
+      r.device = pp.entry->device;
+      r.point = pp.point;
+      std::unique_ptr<Variant> v;
+      if (!pp.support.ok) {
+        r.skip_reason = pp.support.reason;
+      } else {
+        try {
+          v = pp.entry->make();
+          r.cost = v->cost(*pp.model, pp.point);
+          if (machine) {
+            r.compute_ceiling = machine_ceiling(*machine, v->compute_ceiling());
+            r.bandwidth_ceiling = machine_ceiling(*machine, r.device == Device::cpu ? "cpu.dram_read_bytes_per_s" : "gpu.hbm_bytes_per_s");
+          }
+          v->prepare(*pp.model, pp.point, seed);
+        } catch (const BadInput&) {
+          throw;
+        } catch (const std::exception& e) {
+          r.error = std::string("prepare: ") + e.what();
+          v.reset();
+        }
+      }
+      group.push_back(std::move(r));
+      variants.push_back(std::move(v));
     }
+    std::vector<Subject> subjects;
+    std::vector<size_t> measured;
+    for (size_t k = 0; k < group.size(); ++k)
+      if (variants[k]) {
+        subjects.push_back({variants[k].get(), group[k].device, group[k].cost.bytes});
+        measured.push_back(k);
+      }
+    std::vector<SampleSet> samples;
     try {
-      auto v = pp.entry->make();
-      r.cost = v->cost(*pp.model, pp.point);
-      if (machine) {
-        r.compute_ceiling = machine_ceiling(*machine, v->compute_ceiling());
-        r.bandwidth_ceiling = machine_ceiling(*machine, r.device == Device::cpu ? "cpu.dram_read_bytes_per_s" : "gpu.hbm_bytes_per_s");
-      }
-      v->prepare(*pp.model, pp.point, seed);
-      r.samples = measure(*v, r.device, rule, hot, r.cost.bytes);
-      if (verify) r.verification = v->verify();
-      if (!dump_dir.empty())
-        write_safetensors(dump_dir + "/" + file_safe(r.name()) + ".safetensors", v->tensors(),
-                          {{"variant", r.variant}, {"model", r.model}, {"point", r.point.label()}, {"seed", std::to_string(seed)}});
-      const Stats st = summarize(r.samples.seconds);
-      std::fprintf(stderr, "%.4g ms (%zu samples, %s)", st.median * 1e3, r.samples.seconds.size(), r.samples.stop_reason.c_str());
-      if (r.verification) {
-        std::fprintf(stderr, " verify %s %.2e", r.verification->pass() ? "PASS" : "FAIL", r.verification->rel_err);
-        failures += !r.verification->pass();
-      }
-      std::fprintf(stderr, "\n");
-    } catch (const BadInput&) {
-      throw;
+      samples = measure_interleaved(subjects, rule, hot);
     } catch (const std::exception& e) {
-      r.error = e.what();
-      ++errors;
-      std::fprintf(stderr, "error: %s\n", e.what());
+      for (size_t k : measured) group[k].error = std::string("run: ") + e.what();
+      measured.clear();
     }
-    results.push_back(std::move(r));
+    for (size_t m = 0; m < measured.size(); ++m) group[measured[m]].samples = std::move(samples[m]);
+    for (size_t k = 0; k < group.size(); ++k) {
+      PointResult& r = group[k];
+      std::fprintf(stderr, "[%zu/%zu] %-16s %s/%s ", first + k + 1, total, r.variant.c_str(), r.model.c_str(), r.point.label().c_str());
+      if (!r.skip_reason.empty()) {
+        std::fprintf(stderr, "skipped: %s\n", r.skip_reason.c_str());
+      } else if (!r.error.empty()) {
+        ++errors;
+        std::fprintf(stderr, "error: %s\n", r.error.c_str());
+      } else {
+        try {
+          if (verify) r.verification = variants[k]->verify();
+          if (!dump_dir.empty())
+            write_safetensors(dump_dir + "/" + file_safe(r.name()) + ".safetensors", variants[k]->tensors(),
+                              {{"variant", r.variant}, {"model", r.model}, {"point", r.point.label()}, {"seed", std::to_string(seed)}});
+        } catch (const std::exception& e) {
+          r.error = std::string("verify: ") + e.what();
+          ++errors;
+          std::fprintf(stderr, "error: %s\n", r.error.c_str());
+          continue;
+        }
+        const Stats st = summarize(r.samples.seconds);
+        std::fprintf(stderr, "%.4g ms (%zu samples, %s)", st.median * 1e3, r.samples.seconds.size(), r.samples.stop_reason.c_str());
+        if (r.verification) {
+          std::fprintf(stderr, " verify %s %.2e", r.verification->pass() ? "PASS" : "FAIL", r.verification->rel_err);
+          failures += !r.verification->pass();
+        }
+        std::fprintf(stderr, "\n");
+      }
+      results.push_back(std::move(r));
+    }
+    first = last;
   }
 
   nlohmann::json context = run_context(joined_command_line(argc, argv));
@@ -205,6 +248,7 @@ int cmd_run(int argc, char** argv) {
   context["sweep_source"] = sweep.source;
   context["seed"] = seed;
   context["hot"] = hot;
+  context["interleaved"] = !sequential;
   context["verify"] = verify;
   context["stop_rule"] = {{"min_samples", rule.min_samples}, {"min_time_s", rule.min_time_s},
                           {"max_noise", rule.max_noise}, {"timeout_s", rule.timeout_s}};

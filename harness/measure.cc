@@ -44,46 +44,53 @@ Stats summarize(std::vector<double> s) {
   return st;
 }
 
-SampleSet measure(Variant& v, Device device, const StopRule& rule, bool hot, double working_set_bytes) {
-  SampleSet out;
-  const bool gpu = device == Device::cuda;
-  const bool flush = !hot && (gpu || working_set_bytes < 4.0 * double(cpu_info().llc_bytes));
-  out.cache_state = hot ? "hot" : (flush ? "flushed" : "streaming");
-  auto one_sample = [&] {
-    if (gpu) return gpu::time_seconds([&] { v.run(); }, flush);
-    if (flush) flush_cpu_caches();
+std::vector<SampleSet> measure_interleaved(const std::vector<Subject>& subjects, const StopRule& rule, bool hot) {
+  const size_t n = subjects.size();
+  std::vector<SampleSet> out(n);
+  std::vector<bool> flush(n);
+  for (size_t i = 0; i < n; ++i) {
+    const bool gpu = subjects[i].device == Device::cuda;
+    flush[i] = !hot && (gpu || subjects[i].working_set_bytes < 4.0 * double(cpu_info().llc_bytes));
+    out[i].cache_state = hot ? "hot" : (flush[i] ? "flushed" : "streaming");
+  }
+  auto one_sample = [&](size_t i) {
+    Variant& v = *subjects[i].variant;
+    if (subjects[i].device == Device::cuda) return gpu::time_seconds([&] { v.run(); }, flush[i]);
+    if (flush[i]) flush_cpu_caches();
     const double start = now_s();
     v.run();
     return now_s() - start;
   };
-  // Warm-up: first-touch, lazy initialisation, frequency ramp. At least one call and 50 ms.
-  const double warm_start = now_s();
-  do one_sample();
-  while (now_s() - warm_start < 0.05);
-
+  // Warm-up: first-touch, lazy initialisation, frequency ramp. At least one call and 50 ms each.
+  for (size_t i = 0; i < n; ++i) {
+    const double warm_start = now_s();
+    do one_sample(i);
+    while (now_s() - warm_start < 0.05);
+  }
+  std::vector<double> sum(n, 0), sum_sq(n, 0);
+  size_t running = n;
   const double start = now_s();
-  double sum = 0, sum_sq = 0;
-  for (;;) {
-    const double s = one_sample();
-    out.seconds.push_back(s);
-    sum += s;
-    sum_sq += s * s;
-    const double n = double(out.seconds.size());
-    if (out.seconds.size() >= size_t(rule.min_samples) && sum >= rule.min_time_s) {
-      const double mean = sum / n, var = std::max(0.0, (sum_sq - n * mean * mean) / (n - 1));
-      if (std::sqrt(var / n) <= rule.max_noise * mean) {
-        out.stop_reason = "converged";
-        break;
+  while (running > 0) {
+    for (size_t i = 0; i < n; ++i) {
+      if (!out[i].stop_reason.empty()) continue;
+      const double s = one_sample(i);
+      out[i].seconds.push_back(s);
+      sum[i] += s;
+      sum_sq[i] += s * s;
+      const double k = double(out[i].seconds.size());
+      if (out[i].seconds.size() >= size_t(rule.min_samples) && sum[i] >= rule.min_time_s) {
+        const double mean = sum[i] / k, var = std::max(0.0, (sum_sq[i] - k * mean * mean) / (k - 1));
+        if (std::sqrt(var / k) <= rule.max_noise * mean) out[i].stop_reason = "converged";
       }
+      if (out[i].stop_reason.empty() && out[i].seconds.size() >= size_t(rule.max_samples)) out[i].stop_reason = "max_samples";
+      running -= !out[i].stop_reason.empty();
     }
-    if (out.seconds.size() >= size_t(rule.max_samples)) {
-      out.stop_reason = "max_samples";
-      break;
-    }
-    if (now_s() - start >= rule.timeout_s && out.seconds.size() >= 2) {
-      out.stop_reason = "timeout";
-      break;
-    }
+    if (now_s() - start >= rule.timeout_s * double(n))
+      for (size_t i = 0; i < n; ++i)
+        if (out[i].stop_reason.empty() && out[i].seconds.size() >= 2) {
+          out[i].stop_reason = "timeout";
+          --running;
+        }
   }
   return out;
 }

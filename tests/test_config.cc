@@ -54,7 +54,7 @@ TEST(ModelConfig, Tiny) {
 }
 
 TEST(ModelConfig, ModelByPath) {
-  const ModelFile f = load_model_file(std::string(DSLAB_SOURCE_DIR) + "/workloads/models/tiny.json");
+  const ModelFile f = load_model_file("workloads/models/tiny.json");  // tests run from the project root
   EXPECT_EQ(f.name, "tiny");
 }
 

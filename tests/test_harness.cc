@@ -136,9 +136,15 @@ struct CliRun {
 // ctest runs tests in parallel: every file a test touches is named after the test.
 std::string test_name() { return ::testing::UnitTest::GetInstance()->current_test_info()->name(); }
 
+// The dslab binary: $DSLAB_BINARY (on the device machine, the bundled one), else the one built beside the tests.
+std::string dslab_binary() {
+  const char* env = std::getenv("DSLAB_BINARY");
+  return env ? env : DSLAB_BINARY;
+}
+
 CliRun run_cli(const std::string& args, const fs::path& out) {
   const fs::path err_file = fs::temp_directory_path() / ("dslab_cli_err_" + test_name() + ".txt");
-  const std::string cmd = std::string(DSLAB_BINARY) + " " + args + " --out " + out.string() + " >/dev/null 2>" + err_file.string();
+  const std::string cmd = dslab_binary() + " " + args + " --out " + out.string() + " >/dev/null 2>" + err_file.string();
   const int rc = std::system(cmd.c_str());
   std::ifstream f(err_file);
   std::stringstream ss;
@@ -176,14 +182,14 @@ TEST(CliBadInput, SweepWithUnknownField) {
   expect_bad_input("run " + p.string(), "'axis'");
 }
 TEST(CliBadInput, ModelWithNonPositiveField) {
-  std::ifstream f(std::string(DSLAB_SOURCE_DIR) + "/workloads/models/tiny.json");
+  std::ifstream f("workloads/models/tiny.json");
   auto j = nlohmann::json::parse(f);
   j["kv_lora_rank"] = -1;
   const auto p = write_temp("dslab_bad_model.json", j.dump());
   expect_bad_input("run --model " + p.string() + " --variant mla/cd/cpu", "kv_lora_rank");
 }
 TEST(CliBadInput, ModelWithMissingField) {
-  std::ifstream f(std::string(DSLAB_SOURCE_DIR) + "/workloads/models/tiny.json");
+  std::ifstream f("workloads/models/tiny.json");
   auto j = nlohmann::json::parse(f);
   j.erase("hidden_size");
   const auto p = write_temp("dslab_bad_model2.json", j.dump());

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Everything one device-machine call does, from the project root after `source .device/env.sh`:
+# machine facts, calibration, the test binary (GPU tests run there), and the sweeps whose numbers we
+# report. Logs and results go under $OUT (at most 8 files come back, 2 folders deep).
+# Usage: scripts/device_run.sh [STEP...]   steps: facts calibrate tests default v2 mla-cpu (default: all)
+set -uo pipefail
+OUT=${OUT:-results/device}
+mkdir -p "$OUT"
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(facts calibrate tests default v2 mla-cpu)
+log="$OUT/run.log"
+machine="$OUT/machine.json"
+step() { printf '\n=== %s (%s)\n' "$1" "$(date +%T)" | tee -a "$log"; }
+for s in "${steps[@]}"; do
+  case $s in
+    facts)
+      step facts
+      { nvidia-smi -L; nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total,driver_version --format=csv
+        lscpu | grep -E 'Model name|^CPU\(s\)|Thread|Socket|L3|Flags' | cut -c1-300; dslab list; } >>"$log" 2>&1 ;;
+    calibrate)
+      step calibrate
+      timeout 120 dslab calibrate --out "$machine" >>"$log" 2>&1 || echo "calibrate failed: $?" | tee -a "$log" ;;
+    tests)
+      step tests
+      DSLAB_BINARY=$(command -v dslab) timeout 240 dslab_tests --gtest_brief=1 >"$OUT/tests.log" 2>&1
+      echo "dslab_tests exit $?" | tee -a "$log"; tail -3 "$OUT/tests.log" | tee -a "$log" ;;
+    default)
+      step default
+      timeout 200 dslab run workloads/sweeps/default.json --machine "$machine" --out "$OUT/default" >>"$log" 2>&1
+      echo "exit $?" | tee -a "$log" ;;
+    v2)
+      step "v2 acceptance point"
+      timeout 120 dslab run --model deepseek-v2 --variant mla/cd/cpu --variant mla/cc/cpu --variant mla/a_cc/cpu \
+        --variant mla/a_cc_me/cpu --axis batch=1 --axis q_len=1 --axis kv_len=4096 --machine "$machine" --out "$OUT/v2" >>"$log" 2>&1
+      echo "exit $?" | tee -a "$log" ;;
+    mla-cpu)
+      step mla-cpu
+      timeout 300 dslab run workloads/sweeps/mla-cpu.json --timeout 3 --machine "$machine" --out "$OUT/mla-cpu" >>"$log" 2>&1
+      echo "exit $?" | tee -a "$log" ;;
+    *) echo "unknown step '$s' (expected facts calibrate tests default v2 mla-cpu)" >&2; exit 2 ;;
+  esac
+done
+grep -E '^(mla|moe|variant|results)' "$log" | tail -60

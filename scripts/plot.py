@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Comparison plots from dslab results files.
+
+usage: scripts/plot.py RESULTS.json [RESULTS.json ...] --out DIR [--baseline VARIANT]
+
+Per suite: latency against the swept axis, one line per variant (log axes for power-of-two axes), one
+panel per combination of the other axes; speedup bars against the baseline variant (default: the
+suite's first). Per device: a roofline chart with the calibrated roofs from the run's machine file and
+each (variant, point) placed by arithmetic intensity and achieved FLOP/s. Each figure as PNG and SVG.
+Exit status 2 on bad input.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+from collections import OrderedDict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+AXIS_PREFERENCE = ["kv_len", "tokens", "batch", "q_len", "heads", "page_size", "threads", "experts", "topk"]
+
+
+def fail(msg):
+    print(f"plot.py: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as e:
+        fail(f"{path}: cannot open ({e.strerror})")
+    except json.JSONDecodeError as e:
+        fail(f"{path}: malformed JSON ({e.msg} at line {e.lineno})")
+    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
+        fail(f"{path}: field 'benchmarks': missing: expected dslab results (Google Benchmark JSON)")
+    for i, b in enumerate(data["benchmarks"]):
+        for field in ("variant", "axes", "real_time"):
+            if field not in b:
+                fail(f"{path}: benchmarks[{i}]: field '{field}': missing: expected a dslab results entry")
+    return data
+
+
+def seconds(b, field="real_time"):
+    scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}[b.get("time_unit", "ns")]
+    return b[field] * scale
+
+
+def is_pow2_axis(values):
+    ints = [v for v in values if isinstance(v, int)]
+    return len(ints) == len(values) and len(values) > 2 and all(v > 0 and v & (v - 1) == 0 for v in ints)
+
+
+def save(fig, out, stem):
+    for ext in ("png", "svg"):
+        fig.savefig(os.path.join(out, f"{stem}.{ext}"), dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    print(f"wrote {os.path.join(out, stem)}.png/.svg")
+
+
+def suites(data):
+    groups = OrderedDict()
+    for b in data["benchmarks"]:
+        groups.setdefault((b.get("suite", ""), b.get("model", "")), []).append(b)
+    return groups
+
+
+def swept_axis(entries):
+    values = {}
+    for b in entries:
+        for k, v in b["axes"].items():
+            values.setdefault(k, set()).add(v)
+    swept = [k for k, v in values.items() if len(v) > 1]
+    if not swept:
+        return None, values
+    swept.sort(key=lambda k: AXIS_PREFERENCE.index(k) if k in AXIS_PREFERENCE else len(AXIS_PREFERENCE))
+    return swept[0], values
+
+
+def plot_latency(entries, title, out, stem):
+    x_axis, values = swept_axis(entries)
+    variants = list(OrderedDict.fromkeys(b["variant"] for b in entries))
+    def facet_of(b):
+        return tuple((k, v) for k, v in sorted(b["axes"].items()) if k != x_axis and len(values[k]) > 1)
+    facets = list(OrderedDict.fromkeys(facet_of(b) for b in entries))
+    cols = min(3, len(facets))
+    rows = math.ceil(len(facets) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
+    for ax, facet in zip(axes.flat, facets):
+        for v in variants:
+            pts = sorted(((b["axes"].get(x_axis, 0), seconds(b), seconds(b, "p10_time") if "p10_time" in b else None,
+                           seconds(b, "p90_time") if "p90_time" in b else None)
+                          for b in entries if b["variant"] == v and facet_of(b) == facet), key=lambda p: p[0])
+            if not pts:
+                continue
+            xs = [p[0] for p in pts]
+            ys = [p[1] * 1e3 for p in pts]
+            ax.plot(xs, ys, marker="o", label=v)
+            if all(p[2] is not None for p in pts):
+                ax.fill_between(xs, [p[2] * 1e3 for p in pts], [p[3] * 1e3 for p in pts], alpha=0.15)
+        if x_axis and is_pow2_axis(sorted(values[x_axis])):
+            ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(x_axis or "point")
+        ax.set_ylabel("median time (ms), p10..p90 shaded")
+        ax.set_title(", ".join(f"{k}={v}" for k, v in facet) or title, fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(facets):]:
+        ax.axis("off")
+    fig.suptitle(f"{title}: latency")
+    save(fig, out, stem)
+
+
+def plot_speedup(entries, title, baseline, out, stem):
+    variants = list(OrderedDict.fromkeys(b["variant"] for b in entries))
+    base = baseline if baseline in variants else variants[0]
+    points = list(OrderedDict.fromkeys(json.dumps(b["axes"], sort_keys=True) for b in entries))
+    time = {(b["variant"], json.dumps(b["axes"], sort_keys=True)): seconds(b) for b in entries}
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(points) * len(variants) / 2), 4))
+    width = 0.8 / len(variants)
+    for i, v in enumerate(variants):
+        ys = [time[(base, p)] / time[(v, p)] if (v, p) in time and (base, p) in time else 0 for p in points]
+        ax.bar(np.arange(len(points)) + i * width, ys, width, label=v)
+    ax.axhline(1, color="black", lw=0.8)
+    ax.set_xticks(np.arange(len(points)) + 0.4 - width / 2)
+    ax.set_xticklabels(["\n".join(f"{k}={v}" for k, v in json.loads(p).items()) for p in points], fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel(f"speedup vs {base} (x, log)")
+    ax.set_title(f"{title}: speedup against {base}")
+    ax.legend(fontsize=7)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    save(fig, out, stem)
+
+
+def plot_roofline(data, device, out, stem):
+    machine = data["context"].get("machine") or {}
+    section = machine.get("cpu" if device == "cpu" else "gpu") or {}
+    if device == "cpu":
+        roofs = [(section.get("amx_bf16_flops"), "AMX bf16"), (section.get("avx512_bf16_flops"), "AVX-512 bf16")]
+        bandwidth, bw_label = section.get("dram_read_bytes_per_s"), "DRAM read"
+    else:
+        roofs = [(section.get("tensor_bf16_flops"), "tensor bf16 (cuBLAS)")]
+        bandwidth, bw_label = section.get("hbm_bytes_per_s"), "HBM copy"
+    entries = [b for b in data["benchmarks"] if b.get("device") == device and b.get("bytes")]
+    if not entries:
+        return
+    fig, ax = plt.subplots(figsize=(7, 5))
+    ai = np.array([b["arithmetic_intensity"] for b in entries])
+    lo, hi = max(min(ai) / 4, 1e-2), max(ai) * 4
+    xs = np.logspace(math.log10(lo), math.log10(hi), 200)
+    if bandwidth:
+        for peak, label in roofs:
+            if peak:
+                ax.plot(xs, np.minimum(peak, xs * bandwidth), lw=1.5, label=f"{label} {peak / 1e12:.3g} TFLOP/s, {bw_label} {bandwidth / 1e9:.3g} GB/s")
+    else:
+        ax.text(0.02, 0.95, "no machine file: run `dslab calibrate` for roofs", transform=ax.transAxes, fontsize=8)
+    for v in OrderedDict.fromkeys(b["variant"] for b in entries):
+        pts = [b for b in entries if b["variant"] == v]
+        ax.scatter([b["arithmetic_intensity"] for b in pts], [b["flops"] / seconds(b) for b in pts], label=v, s=22)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("achieved FLOP/s")
+    name = data["context"].get("cpu_model") if device == "cpu" else data["context"].get("gpu_name")
+    ax.set_title(f"roofline: {name}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    save(fig, out, stem)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("results", nargs="+", help="results.json files from `dslab run`")
+    p.add_argument("--out", required=True, help="folder for the PNG and SVG files")
+    p.add_argument("--baseline", default="", help="variant the speedups are against (default: each suite's first)")
+    args = p.parse_args()
+    datasets = [load(r) for r in args.results]  # all checked before anything is written
+    os.makedirs(args.out, exist_ok=True)
+    for n, data in enumerate(datasets):
+        prefix = f"{n}-" if len(datasets) > 1 else ""
+        for (suite, model), entries in suites(data).items():
+            stem = f"{prefix}{suite or 'suite'}-{model}".replace("/", "_")
+            title = f"{suite} ({model})"
+            plot_latency(entries, title, args.out, f"{stem}-latency")
+            if len(set(b["variant"] for b in entries)) > 1:
+                plot_speedup(entries, title, args.baseline, args.out, f"{stem}-speedup")
+        for device in ("cpu", "cuda"):
+            plot_roofline(data, device, args.out, f"{prefix}roofline-{device}")
+
+
+if __name__ == "__main__":
+    main()
