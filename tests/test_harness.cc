@@ -215,3 +215,48 @@ TEST(Cli, SmallRunWritesVerifiedResults) {
 
 }  // namespace
 }  // namespace dslab
+
+namespace dslab {
+namespace {
+
+// dslab compare end to end: an unchanged pair exits 0; a copy with one variant's times doubled exits 1
+// and names that variant SLOWER.
+TEST(CliCompare, DoubledVariantIsSlowerAndFailsTheGate) {
+  const fs::path dir = fs::temp_directory_path() / "dslab_cli_compare";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string run = dslab_binary() + " run --model tiny --variant mla/cd/cpu --variant mla/a_cc_me/cpu --axis kv_len=64 "
+                          "--min-samples 12 --min-time 0 --timeout 1 --out " + (dir / "a").string() + " >/dev/null 2>&1";
+  ASSERT_EQ(std::system(run.c_str()), 0);
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(dir / "a" / "results.json"));
+  std::ofstream(dir / "same.json") << j.dump();
+  for (auto& b : j["benchmarks"])
+    if (b["variant"] == "mla/cd/cpu") {
+      for (const char* k : {"real_time", "cpu_time", "median_time", "p10_time", "p90_time", "mean_time"}) b[k] = b[k].get<double>() * 2;
+      for (auto& s : b["sample_times"]) s = s.get<double>() * 2;
+    }
+  std::ofstream(dir / "doubled.json") << j.dump();
+  const std::string base = (dir / "a" / "results.json").string();
+  auto compare = [&](const std::string& other, const std::string& extra) {
+    const std::string cmd = dslab_binary() + " compare " + base + " " + (dir / other).string() + extra + " > " + (dir / "out.txt").string() + " 2>&1";
+    const int rc = std::system(cmd.c_str());
+    std::stringstream ss;
+    ss << std::ifstream(dir / "out.txt").rdbuf();
+    return std::make_pair(WEXITSTATUS(rc), ss.str());
+  };
+  auto [rc_same, out_same] = compare("same.json", "");
+  EXPECT_EQ(rc_same, 0) << out_same;
+  auto [rc_doubled, out_doubled] = compare("doubled.json", "");
+  EXPECT_EQ(rc_doubled, 1) << out_doubled;
+  const auto line = out_doubled.find("mla/cd/cpu/batch:1/q_len:1/kv_len:64");
+  ASSERT_NE(line, std::string::npos) << out_doubled;
+  EXPECT_NE(out_doubled.substr(line, out_doubled.find('\n', line) - line).find("SLOWER"), std::string::npos) << out_doubled;
+  // Normalized by the unchanged variant, the doubled one still stands out.
+  auto [rc_norm, out_norm] = compare("doubled.json", " --normalize mla/a_cc_me/cpu");
+  EXPECT_EQ(rc_norm, 1) << out_norm;
+  auto [rc_bad, out_bad] = compare("missing.json", "");
+  EXPECT_EQ(rc_bad, 2) << out_bad;
+}
+
+}  // namespace
+}  // namespace dslab
