@@ -14,6 +14,8 @@ double amx_bf16_flops_per_thread(int64_t iterations) {
     cfg[16 + 2 * t] = 64;  // bytes per row
     cfg[48 + t] = 16;      // rows
   }
+  // ldtilecfg's asm operand names only the first 8 bytes: without this barrier GCC drops the other stores.
+  __asm__ __volatile__("" : : "r"(cfg) : "memory");
   _tile_loadconfig(cfg);
   alignas(64) uint16_t operand[16 * 32];
   for (int i = 0; i < 16 * 32; ++i) operand[i] = uint16_t(0x3f80 + (i % 61));  // ~1.0..1.5, never zero

@@ -10,7 +10,7 @@ namespace {
 // P(U >= k) under H0 for sample sizes m, n: counts of rank arrangements with each U, by recursion
 // c(m, n, u) = c(m-1, n, u-n) + c(m, n-1, u).
 double exact_sf(int m, int n, int k) {
-  std::vector<std::vector<std::vector<double>>> c(size_t(m + 1), std::vector<std::vector<double>>(size_t(n + 1)));
+  std::vector<std::vector<std::vector<double>>> c(static_cast<size_t>(m + 1), std::vector<std::vector<double>>(size_t(n + 1)));
   for (int i = 0; i <= m; ++i)
     for (int j = 0; j <= n; ++j) {
       auto& cur = c[size_t(i)][size_t(j)];

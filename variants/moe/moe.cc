@@ -1,0 +1,408 @@
+#include "variants/moe/moe.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <mutex>
+
+#include "harness/errors.h"
+#include "harness/host.h"
+#include "variants/common/rng.h"
+#include "variants/moe/cpu/kernels.h"
+
+namespace dslab::moe {
+
+std::vector<std::pair<std::string, std::string>> axes() {
+  return {{"tokens", "1"}, {"experts", ""}, {"threads", ""}, {"routing", "model"}};
+}
+
+Shape shape_of(const ModelConfig& m, const Point& p) {
+  Shape s;
+  s.tokens = p.integer("tokens");
+  s.experts = p.has("experts") ? p.integer("experts") : m.n_routed_experts;
+  s.topk = m.num_experts_per_tok;
+  s.threads = p.has("threads") ? p.integer("threads") : omp_get_max_threads();
+  s.routing = p.text("routing");
+  return s;
+}
+
+namespace {
+
+double zipf_exponent(const std::string& routing) {  // "zipf:S" -> S; BadInput otherwise
+  size_t used = 0;
+  double s = -1;
+  try {
+    s = std::stod(routing.substr(5), &used);
+  } catch (const std::exception&) {
+  }
+  if (used != routing.size() - 5 || !(s > 0)) throw BadInput("axis 'routing': value '" + routing + "': expected zipf:S with S > 0");
+  return s;
+}
+
+void check_routing(const std::string& r) {
+  if (r == "model" || r == "uniform") return;
+  if (r.rfind("zipf:", 0) == 0) {
+    zipf_exponent(r);
+    return;
+  }
+  throw BadInput("axis 'routing': value '" + r + "': expected model | uniform | zipf:S");
+}
+
+double uniform01(uint64_t stream, uint64_t i) { return (double(uniform_pm1(stream, i)) + 1.0) / 2.0; }
+
+// Synthetic routing: each token draws topk distinct experts with popularity p_e (uniform, or Zipf by id).
+ref::Routing synthetic_routing(const ModelConfig& m, const Shape& s, uint64_t seed) {
+  std::vector<double> popularity(static_cast<size_t>(s.experts), 1.0);
+  if (s.routing != "uniform") {
+    const double a = zipf_exponent(s.routing);
+    for (int64_t e = 0; e < s.experts; ++e) popularity[size_t(e)] = 1.0 / std::pow(double(e + 1), a);
+  }
+  const uint64_t stream = stream_id(seed, "routing." + s.routing);
+  ref::Routing r;
+  r.tokens = s.tokens;
+  r.topk = s.topk;
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    std::vector<double> left = popularity;
+    std::vector<double> w;
+    for (int64_t k = 0; k < s.topk; ++k) {
+      double total = 0;
+      for (double p : left) total += p;
+      double u = uniform01(stream, uint64_t(t * 128 + k)) * total;
+      int64_t e = 0;
+      while (e + 1 < s.experts && (u -= left[size_t(e)]) > 0) ++e;
+      while (left[size_t(e)] == 0) e = (e + 1) % s.experts;  // rounding landed on a taken expert
+      left[size_t(e)] = 0;
+      r.expert.push_back(int(e));
+      w.push_back(0.1 + uniform01(stream, uint64_t(t * 128 + 64 + k)));
+    }
+    double sum = 0;
+    for (double v : w) sum += v;
+    for (double v : w) r.weight.push_back(v / sum * m.routed_scaling_factor);
+  }
+  return r;
+}
+
+}  // namespace
+
+std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uint64_t seed) {
+  static std::mutex mu;
+  static std::shared_ptr<Problem> last;
+  std::lock_guard<std::mutex> lock(mu);
+  if (last && last->model.source == m.source && last->seed == seed && last->shape.tokens == s.tokens &&
+      last->shape.experts == s.experts && last->shape.routing == s.routing)
+    return last;
+  last.reset();
+  auto p = std::make_shared<Problem>();
+  p->model = m;
+  p->shape = s;
+  p->seed = seed;
+  for (int64_t e = 0; e < s.experts; ++e)
+    p->experts.push_back(ref::make_mlp_params(m, m.moe_intermediate_size, seed, "experts." + std::to_string(e)));
+  p->x = ref::random_bf16(seed, "moe_hidden_states", size_t(s.tokens * m.hidden_size), std::sqrt(3.0f));
+  if (s.routing == "model") {  // the model's own gate (same tensors as ref::make_moe_params) on these inputs
+    const auto gate = ref::random_bf16(seed, "gate", size_t(m.n_routed_experts * m.hidden_size), std::sqrt(3.0f / float(m.hidden_size)));
+    std::vector<float> bias;
+    if (m.topk_method == "noaux_tc")
+      for (auto b : ref::random_bf16(seed, "e_score_correction_bias", size_t(m.n_routed_experts), 0.1f)) bias.push_back(to_float(b));
+    std::vector<double> xt(static_cast<size_t>(m.hidden_size)), logits(static_cast<size_t>(s.tokens * m.n_routed_experts));
+    for (int64_t t = 0; t < s.tokens; ++t) {
+      for (int64_t i = 0; i < m.hidden_size; ++i) xt[size_t(i)] = to_float(p->x[size_t(t * m.hidden_size + i)]);
+      ref::matvec(gate.data(), m.n_routed_experts, m.hidden_size, xt.data(), &logits[size_t(t * m.n_routed_experts)]);
+    }
+    p->routing = ref::route(m, logits, bias, s.tokens);
+  } else {
+    p->routing = synthetic_routing(m, s, seed);
+  }
+  p->rows.assign(size_t(s.experts), {});
+  for (int64_t t = 0; t < s.tokens; ++t)
+    for (int64_t k = 0; k < s.topk; ++k) p->rows[size_t(p->routing.expert[size_t(t * s.topk + k)])].push_back(int(t));
+  const int64_t n = std::min(s.tokens, Problem::kVerifiedTokens);
+  for (int64_t i = 0; i < n; ++i) p->verified_tokens.push_back(n == 1 ? 0 : i * (s.tokens - 1) / (n - 1));
+  last = p;
+  return p;
+}
+
+const std::vector<double>& Problem::reference() const {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!reference_.empty()) return reference_;
+  const int64_t H = model.hidden_size, K = shape.topk;
+  reference_.assign(verified_tokens.size() * size_t(H), 0.0);
+  for (size_t i = 0; i < verified_tokens.size(); ++i) {
+    const int64_t t = verified_tokens[i];
+    std::vector<double> xt(static_cast<size_t>(H));
+    for (int64_t j = 0; j < H; ++j) xt[size_t(j)] = to_float(x[size_t(t * H + j)]);
+    for (int64_t k = 0; k < K; ++k) {
+      const auto y = ref::mlp(model, experts[size_t(routing.expert[size_t(t * K + k)])], xt, 1);
+      for (int64_t j = 0; j < H; ++j) reference_[i * size_t(H) + size_t(j)] += routing.weight[size_t(t * K + k)] * y[size_t(j)];
+    }
+  }
+  return reference_;
+}
+
+Cost cost(const ModelConfig& m, const Problem& p) {
+  const double H = double(m.hidden_size), I = double(m.moe_intermediate_size), T = double(p.shape.tokens);
+  Cost c;
+  double active = 0;
+  for (const auto& rows : p.rows) active += !rows.empty();
+  c.flops = T * double(p.shape.topk) * 6.0 * H * I;              // gate, up, down: 2*H*I each per (token, expert)
+  c.bytes = active * 3.0 * H * I * 2.0 + T * H * 2.0 + T * H * 4.0;  // active experts' weights, x in, out
+  return c;
+}
+
+Packed pack(const bf16* w, int64_t n, int64_t k) {
+  Packed p;
+  p.n_blocks = (n + 31) / 32 * 2;  // whole pairs of 16-column blocks: kernels take two at a time
+  p.k_blocks = (k + 31) / 32;
+  p.data.assign(size_t(p.n_blocks * p.k_blocks * 512), bf16{});
+  for (int64_t nb = 0; nb < p.n_blocks; ++nb)
+    for (int64_t kb = 0; kb < p.k_blocks; ++kb) {
+      bf16* tile = p.data.data() + (nb * p.k_blocks + kb) * 512;
+      for (int64_t r = 0; r < 16; ++r)
+        for (int64_t c = 0; c < 16; ++c)
+          for (int64_t q = 0; q < 2; ++q) {
+            const int64_t row = nb * 16 + c, col = kb * 32 + 2 * r + q;
+            if (row < n && col < k) tile[r * 32 + 2 * c + q] = w[row * k + col];
+          }
+    }
+  return p;
+}
+
+// ------------------------------------------------------------------------------------------------------
+
+Support Base::supports(const ModelFile& model, const Point& point) const {
+  const ModelConfig m = parse_model_config(model.config, model.name, model.path);
+  const Shape s = shape_of(m, point);
+  check_routing(s.routing);
+  if (s.experts > m.n_routed_experts || s.experts < s.topk)
+    throw BadInput("axis 'experts': value " + std::to_string(s.experts) + ": expected between num_experts_per_tok (" +
+                   std::to_string(s.topk) + ") and n_routed_experts (" + std::to_string(m.n_routed_experts) + ")");
+  if (s.routing == "model" && s.experts != m.n_routed_experts)
+    return Support::no("routing=model routes over all " + std::to_string(m.n_routed_experts) + " experts (use routing=uniform or zipf:S with fewer)");
+  const double weights = double(s.experts) * 3.0 * double(m.hidden_size) * double(m.moe_intermediate_size) * 2.0;
+  const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (2.2 * weights > 0.7 * have)  // generated + packed copies
+    return Support::no("expert weights " + std::to_string(int64_t(weights / double(1 << 30))) + " GiB twice exceed memory (" +
+                       std::to_string(int64_t(have / double(1 << 30))) + " GiB); reduce the experts axis");
+  return {};
+}
+
+Cost Base::cost(const ModelFile& model, const Point& point) const {
+  const ModelConfig m = parse_model_config(model.config, model.name, model.path);
+  return moe::cost(m, *problem(m, shape_of(m, point), 1));  // routing-dependent: active experts
+}
+
+std::string Base::compute_ceiling() const { return cpu_info().amx_bf16 ? "cpu.amx_bf16_flops" : "cpu.avx512_bf16_flops"; }
+
+void Base::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
+  m_ = parse_model_config(model.config, model.name, model.path);
+  const Shape s = shape_of(m_, point);
+  p_ = problem(m_, s, seed);
+  threads_ = int(s.threads);
+  std::vector<int> next_row(static_cast<size_t>(s.experts), 0);
+  slot_.assign(size_t(s.tokens), std::vector<int>(size_t(s.topk)));
+  for (int64_t t = 0; t < s.tokens; ++t)
+    for (int64_t k = 0; k < s.topk; ++k) slot_[size_t(t)][size_t(k)] = next_row[size_t(p_->routing.expert[size_t(t * s.topk + k)])]++;
+  out_.assign(size_t(s.tokens * m_.hidden_size), std::nanf(""));  // poisoned until run() writes it
+}
+
+Verification Base::verify() {
+  const auto& ref = p_->reference();
+  const int64_t H = m_.hidden_size;
+  std::vector<float> got;
+  for (int64_t t : p_->verified_tokens) got.insert(got.end(), out_.begin() + t * H, out_.begin() + (t + 1) * H);
+  return {ref::relative_l2_error(got.data(), ref.data(), ref.size()), 1e-2};
+}
+
+std::vector<DumpTensor> Base::tensors() const {
+  std::vector<DumpTensor> t;
+  const int64_t H = m_.hidden_size, I = m_.moe_intermediate_size, T = p_->shape.tokens, K = p_->shape.topk;
+  for (size_t e = 0; e < p_->experts.size(); ++e) {
+    const auto& x = p_->experts[e];
+    const std::string n = "experts." + std::to_string(e);
+    t.push_back({n + ".gate_proj.weight", "BF16", {I, H}, x.gate_proj.data(), x.gate_proj.size() * 2});
+    t.push_back({n + ".up_proj.weight", "BF16", {I, H}, x.up_proj.data(), x.up_proj.size() * 2});
+    t.push_back({n + ".down_proj.weight", "BF16", {H, I}, x.down_proj.data(), x.down_proj.size() * 2});
+  }
+  t.push_back({"hidden_states", "BF16", {T, H}, p_->x.data(), p_->x.size() * 2});
+  t.push_back({"topk_weight", "F64", {T, K}, p_->routing.weight.data(), p_->routing.weight.size() * 8});
+  t.push_back({"topk_idx", "I32", {T, K}, p_->routing.expert.data(), p_->routing.expert.size() * 4});
+  t.push_back({"output", "F32", {T, H}, out_.data(), out_.size() * 4});
+  return t;
+}
+
+// ------------------------------------------------------------------------------------------------------
+
+Support Engine::available() const {
+  const CpuInfo& c = cpu_info();
+  if (!c.avx512_bf16) return Support::no("needs AVX512_BF16");
+  if (kernel_ != Kernel::avx512) {
+    if (!c.amx_bf16) return Support::no("needs AMX");
+    if (std::string why = request_amx_permission(); !why.empty()) return Support::no(why);
+  }
+  return {};
+}
+
+void Engine::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
+  Base::prepare(model, point, seed);
+  const int64_t H = m_.hidden_size, I = m_.moe_intermediate_size, E = p_->shape.experts;
+  h_pad_ = (H + 31) / 32 * 32;
+  i_pad_ = (I + 31) / 32 * 32;
+  gate_.resize(size_t(E));
+  up_.resize(size_t(E));
+  down_.resize(size_t(E));
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t e = 0; e < E; ++e) {  // packed once: the tile/VNNI order both kernels read
+    const auto& x = p_->experts[size_t(e)];
+    gate_[size_t(e)] = pack(x.gate_proj.data(), I, H);
+    up_[size_t(e)] = pack(x.up_proj.data(), I, H);
+    down_[size_t(e)] = pack(x.down_proj.data(), H, I);
+  }
+  const int64_t crossover = kernel_ == Kernel::choose ? amx_crossover(H, I, threads_) : 0;
+  use_amx_.assign(size_t(E), 0);
+  a_.assign(size_t(E), {});
+  h_.assign(size_t(E), {});
+  y_.assign(size_t(E), {});
+  gate_up_tasks_.clear();
+  down_tasks_.clear();
+  max_rows_ = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t m = int64_t(p_->rows[size_t(e)].size());
+    if (m == 0) continue;  // an expert no token chose costs nothing
+    const int64_t rows = padded_rows(m);
+    max_rows_ = std::max(max_rows_, rows);
+    use_amx_[size_t(e)] = kernel_ == Kernel::amx || (kernel_ == Kernel::choose && m >= crossover);
+    a_[size_t(e)].assign(size_t(rows * h_pad_), bf16{});
+    h_[size_t(e)].assign(size_t(rows * i_pad_), bf16{});
+    y_[size_t(e)].assign(size_t(rows * h_pad_), 0.0f);
+    for (int64_t nb = 0; nb < gate_[size_t(e)].n_blocks; ++nb) gate_up_tasks_.push_back({int32_t(e), int32_t(nb)});
+    for (int64_t nb = 0; nb < down_[size_t(e)].n_blocks; nb += 2) down_tasks_.push_back({int32_t(e), int32_t(nb)});
+  }
+  scratch_.assign(size_t(threads_), std::vector<float>(size_t(std::max<int64_t>(max_rows_, 16) * 32)));
+}
+
+namespace {
+inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
+}  // namespace
+
+void Engine::run() {
+  const int64_t H = m_.hidden_size, T = p_->shape.tokens, K = p_->shape.topk, E = p_->shape.experts;
+  std::atomic<int64_t> next_gate_up{0}, next_down{0};
+  const bool any_amx = std::find(use_amx_.begin(), use_amx_.end(), 1) != use_amx_.end();
+#pragma omp parallel num_threads(threads_)
+  {
+    float* c0 = scratch_[size_t(omp_get_thread_num())].data();
+    float* c1 = c0 + std::max<int64_t>(max_rows_, 16) * 16;
+    if (any_amx) kernels::amx_configure();
+#pragma omp for schedule(dynamic)
+    for (int64_t e = 0; e < E; ++e) {  // pack activations: each expert's tokens, contiguous
+      const auto& rows = p_->rows[size_t(e)];
+      for (size_t r = 0; r < rows.size(); ++r)
+        std::copy_n(&p_->x[size_t(rows[r]) * size_t(H)], H, &a_[size_t(e)][r * size_t(h_pad_)]);
+    }
+    // Gate and up of the same 16 columns in one pass over the expert's activations; SiLU(gate)*up on the way out.
+    for (int64_t i; (i = next_gate_up.fetch_add(1, std::memory_order_relaxed)) < int64_t(gate_up_tasks_.size());) {
+      const Task t = gate_up_tasks_[size_t(i)];
+      const int64_t m = int64_t(p_->rows[size_t(t.expert)].size());
+      const Packed &g = gate_[size_t(t.expert)], &u = up_[size_t(t.expert)];
+      const bf16* a = a_[size_t(t.expert)].data();
+      if (use_amx_[size_t(t.expert)])
+        kernels::amx_two_blocks(a, padded_rows(m), h_pad_, g.block(t.block), u.block(t.block), g.k_blocks, c0, c1, 16);
+      else
+        kernels::avx512_two_blocks(a, m, h_pad_, g.block(t.block), u.block(t.block), g.k_blocks, c0, c1, 16);
+      bf16* h = h_[size_t(t.expert)].data() + t.block * 16;
+      for (int64_t r = 0; r < m; ++r)
+        for (int c = 0; c < 16; ++c) h[r * i_pad_ + c] = to_bf16(silu(c0[r * 16 + c]) * c1[r * 16 + c]);
+    }
+#pragma omp barrier
+    for (int64_t i; (i = next_down.fetch_add(1, std::memory_order_relaxed)) < int64_t(down_tasks_.size());) {
+      const Task t = down_tasks_[size_t(i)];
+      const int64_t m = int64_t(p_->rows[size_t(t.expert)].size());
+      const Packed& d = down_[size_t(t.expert)];
+      float* y = y_[size_t(t.expert)].data() + t.block * 16;
+      if (use_amx_[size_t(t.expert)])
+        kernels::amx_two_blocks(h_[size_t(t.expert)].data(), padded_rows(m), i_pad_, d.block(t.block), d.block(t.block + 1),
+                                d.k_blocks, y, y + 16, h_pad_);
+      else
+        kernels::avx512_two_blocks(h_[size_t(t.expert)].data(), m, i_pad_, d.block(t.block), d.block(t.block + 1), d.k_blocks,
+                                   y, y + 16, h_pad_);
+    }
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {  // weighted combine of the token's experts
+      float* o = &out_[size_t(t * H)];
+      for (int64_t k = 0; k < K; ++k) {
+        const auto w = float(p_->routing.weight[size_t(t * K + k)]);
+        const float* y = &y_[size_t(p_->routing.expert[size_t(t * K + k)])][size_t(slot_[size_t(t)][size_t(k)]) * size_t(h_pad_)];
+        if (k == 0)
+          for (int64_t j = 0; j < H; ++j) o[j] = w * y[j];
+        else
+          for (int64_t j = 0; j < H; ++j) o[j] += w * y[j];
+      }
+    }
+    if (any_amx) kernels::amx_release();
+  }
+}
+
+int64_t amx_crossover(int64_t hidden, int64_t intermediate, int threads) {
+  static std::mutex mu;
+  static std::map<std::tuple<int64_t, int64_t, int>, int64_t> measured;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(hidden, intermediate, threads);
+  if (auto it = measured.find(key); it != measured.end()) return it->second;
+  // One synthetic expert of this shape; both kernels run it at growing token counts until AMX wins.
+  const int64_t h_pad = (hidden + 31) / 32 * 32, i_pad = (intermediate + 31) / 32 * 32;
+  const float scale = 0.05f;
+  const auto gw = ref::random_bf16(11, "crossover.gate", size_t(intermediate * hidden), scale);
+  const auto dw = ref::random_bf16(11, "crossover.down", size_t(hidden * intermediate), scale);
+  const Packed gate = pack(gw.data(), intermediate, hidden), down = pack(dw.data(), hidden, intermediate);
+  auto step_seconds = [&](bool amx, int64_t m) {
+    const int64_t rows = padded_rows(m);
+    const auto a = ref::random_bf16(11, "crossover.a", size_t(rows * h_pad), 1.0f);
+    std::vector<bf16> h(static_cast<size_t>(rows * i_pad), to_bf16(0.5f));
+    std::vector<float> y(static_cast<size_t>(rows * h_pad)), c(static_cast<size_t>(threads) * size_t(rows) * 32);
+    double best = 1e30;
+    for (int rep = 0; rep < 5; ++rep) {
+      const auto start = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads)
+      {
+        float* c0 = &c[size_t(omp_get_thread_num()) * size_t(rows) * 32];
+        if (amx) kernels::amx_configure();
+#pragma omp for schedule(dynamic)
+        for (int64_t nb = 0; nb < gate.n_blocks; ++nb)  // gate and up read the same layout: gate twice stands in
+          amx ? kernels::amx_two_blocks(a.data(), rows, h_pad, gate.block(nb), gate.block(nb), gate.k_blocks, c0, c0 + rows * 16, 16)
+              : kernels::avx512_two_blocks(a.data(), m, h_pad, gate.block(nb), gate.block(nb), gate.k_blocks, c0, c0 + rows * 16, 16);
+#pragma omp for schedule(dynamic)
+        for (int64_t nb = 0; nb < down.n_blocks; nb += 2)
+          amx ? kernels::amx_two_blocks(h.data(), rows, i_pad, down.block(nb), down.block(nb + 1), down.k_blocks, &y[size_t(nb * 16)], &y[size_t(nb * 16 + 16)], h_pad)
+              : kernels::avx512_two_blocks(h.data(), m, i_pad, down.block(nb), down.block(nb + 1), down.k_blocks, &y[size_t(nb * 16)], &y[size_t(nb * 16 + 16)], h_pad);
+        if (amx) kernels::amx_release();
+      }
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return best;
+  };
+  int64_t crossover = int64_t(1) << 40;  // never, unless measured
+  std::string trace;
+  for (int64_t m : {1, 2, 4, 8, 16, 32, 64, 128}) {
+    const double t_amx = step_seconds(true, m), t_avx = step_seconds(false, m);
+    trace += " " + std::to_string(m) + ":" + std::to_string(int(t_avx / t_amx * 100)) + "%";
+    if (t_amx <= t_avx) {
+      crossover = m;
+      break;
+    }
+  }
+  std::fprintf(stderr, "moe: AMX beats AVX-512 from %lld tokens per expert (hidden %lld, intermediate %lld, %d threads; "
+               "AVX-512/AMX time by tokens:%s)\n", static_cast<long long>(crossover), static_cast<long long>(hidden),
+               static_cast<long long>(intermediate), threads, trace.c_str());
+  measured[key] = crossover;
+  return crossover;
+}
+
+}  // namespace dslab::moe

@@ -1,0 +1,107 @@
+// The MoE family: the routed experts of one DeepSeek MoE layer. Input: tokens x hidden with each
+// token's top-k experts and weights; output: tokens x hidden, the weighted sum of the experts' SwiGLU
+// outputs (shared experts and the gate are the GPU's in KTransformers' split, and not timed here).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/variant.h"
+#include "variants/common/model_config.h"
+#include "variants/reference/reference.h"
+
+namespace dslab::moe {
+
+struct Shape {
+  int64_t tokens = 0, experts = 0, topk = 0, threads = 0;
+  std::string routing;  // model | uniform | zipf:S
+};
+Shape shape_of(const ModelConfig& m, const Point& p);
+std::vector<std::pair<std::string, std::string>> axes();
+
+// Routes and weights of one point, generated once and shared by the variants run there.
+struct Problem {
+  ModelConfig model;
+  Shape shape;
+  uint64_t seed = 0;
+  std::vector<ref::MlpParams> experts;  // `experts` of them, HF names experts.{e}.{gate,up,down}_proj
+  std::vector<bf16> x;                  // [tokens][hidden]
+  ref::Routing routing;                 // [tokens][topk] expert ids and weights
+  std::vector<std::vector<int>> rows;   // per expert: the tokens routed to it, in token order
+  // fp64 reference of up to kVerifiedTokens tokens spread over the batch (the reference costs
+  // tokens*topk*3*hidden*intermediate MACs in fp64): which tokens, and their outputs.
+  static constexpr int64_t kVerifiedTokens = 48;
+  std::vector<int64_t> verified_tokens;
+  const std::vector<double>& reference() const;  // [verified_tokens][hidden]
+
+ private:
+  mutable std::vector<double> reference_;
+};
+std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uint64_t seed);
+
+Cost cost(const ModelConfig& m, const Problem& p);
+
+// Weights packed once for the AMX and AVX-512 kernels: for each 16-column block and 32-deep K block,
+// a 16 x 32 bf16 tile whose row r holds the K pair (2r, 2r+1) of each of the 16 columns (VNNI order):
+// exactly an AMX B tile, and for AVX-512 one zmm per K pair across 16 columns.
+struct Packed {
+  int64_t n_blocks = 0, k_blocks = 0;
+  std::vector<bf16> data;  // [n_blocks][k_blocks][16][32]
+  const bf16* block(int64_t nb) const { return data.data() + nb * k_blocks * 512; }
+};
+Packed pack(const bf16* w, int64_t n, int64_t k);  // w: nn.Linear weight [n][k]
+
+// What every CPU MoE variant shares: axes, support checks, cost, the problem, verification.
+class Base : public Variant {
+ public:
+  std::vector<std::pair<std::string, std::string>> axes() const override { return moe::axes(); }
+  Support supports(const ModelFile& model, const Point& point) const override;
+  Cost cost(const ModelFile& model, const Point& point) const override;
+  std::string compute_ceiling() const override;
+  void prepare(const ModelFile& model, const Point& point, uint64_t seed) override;
+  Verification verify() override;
+  std::vector<DumpTensor> tensors() const override;
+
+ protected:
+  ModelConfig m_;
+  std::shared_ptr<const Problem> p_;
+  int threads_ = 1;
+  std::vector<std::vector<int>> slot_;  // [token][k]: the token's row within its k-th expert's batch
+  std::vector<float> out_;              // [tokens][hidden]
+};
+
+// The engine KTransformers runs on the CPU, with a per-expert kernel choice: AMX tiles or AVX-512
+// vector-matrix, over the same packed weights. run(): gather each expert's tokens; fused gate/up with
+// SiLU(gate)*up over all (expert, column block) tasks; down over all (expert, column-block pair) tasks;
+// weighted combine per token. Tasks are taken from a shared atomic counter in small grains, so a hot
+// expert's blocks spread over every thread instead of idling the rest.
+class Engine : public Base {
+ public:
+  enum class Kernel { amx, avx512, choose };
+  explicit Engine(Kernel k) : kernel_(k) {}
+  Support available() const override;
+  void prepare(const ModelFile& model, const Point& point, uint64_t seed) override;
+  void run() override;
+
+ private:
+  struct Task {
+    int32_t expert, block;
+  };
+  Kernel kernel_;
+  int64_t h_pad_ = 0, i_pad_ = 0, max_rows_ = 0;
+  std::vector<Packed> gate_, up_, down_;
+  std::vector<char> use_amx_;               // per expert
+  std::vector<std::vector<bf16>> a_, h_;    // per expert: gathered tokens [m_pad][h_pad], SwiGLU [m_pad][i_pad]
+  std::vector<std::vector<float>> y_;       // per expert: down output [m_pad][h_pad]
+  std::vector<Task> gate_up_tasks_, down_tasks_;
+  std::vector<std::vector<float>> scratch_;  // per thread: two [max_rows][16] fp32 blocks
+};
+
+// Rows of an expert padded to the AMX tile height.
+inline int64_t padded_rows(int64_t m) { return (m + 15) / 16 * 16; }
+
+// Smallest tokens-per-expert at which AMX beats AVX-512 for this expert shape and thread count,
+// measured on this machine the first time it is asked (and remembered for the process).
+int64_t amx_crossover(int64_t hidden, int64_t intermediate, int threads);
+
+}  // namespace dslab::moe
