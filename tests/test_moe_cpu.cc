@@ -1,0 +1,106 @@
+// Every CPU MoE variant against the fp64 reference on random inputs and routings: experts no token
+// chose, one hot expert, token counts that are not multiples of any tile, odd thread counts.
+#include <gtest/gtest.h>
+
+#include "harness/errors.h"
+#include "harness/host.h"
+#include "harness/variant.h"
+#include "tests/test_util.h"
+#include "variants/moe/moe.h"
+
+namespace dslab {
+namespace {
+
+struct MoeCase {
+  const char* model;
+  int64_t tokens;
+  const char* routing;
+  int64_t experts;  // 0: the model's
+  int64_t threads;
+};
+
+Point moe_point(const MoeCase& c) {
+  Point p;
+  p.set("tokens", {std::to_string(c.tokens), c.tokens, true});
+  if (c.experts) p.set("experts", {std::to_string(c.experts), c.experts, true});
+  p.set("threads", {std::to_string(c.threads), c.threads, true});
+  p.set("routing", {c.routing, 0, false});
+  return p;
+}
+
+class MoeCpu : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MoeCpu, MatchesReference) {
+  auto v = find_variant(GetParam())->make();
+  if (Support s = v->available(); !s.ok) GTEST_SKIP() << s.reason;
+  const uint64_t seed = test::fresh_seed();
+  for (const MoeCase& c : {MoeCase{"tiny", 1, "model", 0, 2},           // decode: most experts idle
+                           MoeCase{"tiny", 37, "model", 0, 3},          // odd tokens, odd threads
+                           MoeCase{"tiny", 50, "zipf:3", 0, 2},         // one hot expert, a long tail of empty ones
+                           MoeCase{"deepseek-v2-lite", 3, "uniform", 16, 2},
+                           MoeCase{"deepseek-v2-lite", 70, "zipf:1.2", 12, 3},
+                           MoeCase{"deepseek-v3", 2, "uniform", 8, 2}}) {
+    SCOPED_TRACE(std::string(c.model) + " tokens " + std::to_string(c.tokens) + " routing " + c.routing);
+    const ModelFile model = load_model_file(c.model);
+    const Point p = moe_point(c);
+    ASSERT_TRUE(v->supports(model, p).ok);
+    v->prepare(model, p, seed);
+    v->run();
+    v->run();  // reruns must not accumulate
+    const double err = v->verify().rel_err;
+    EXPECT_LE(err, 1e-2);
+    EXPECT_GT(err, 0.0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllKernels, MoeCpu, ::testing::Values("moe/amx/cpu", "moe/avx512/cpu", "moe/auto/cpu", "moe/onednn/cpu"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (auto& ch : n)
+                             if (ch == '/') ch = '_';
+                           return n;
+                         });
+
+TEST(MoeRouting, ZipfMakesOneHotExpertAndIdleOnes) {
+  const ModelConfig m = test::model("deepseek-v2-lite");
+  moe::Shape s{256, 64, m.num_experts_per_tok, 2, "zipf:2"};
+  const auto p = moe::problem(m, s, 5);
+  size_t hottest = 0, idle = 0;
+  for (const auto& r : p->rows) {
+    hottest = std::max(hottest, r.size());
+    idle += r.empty();
+  }
+  EXPECT_EQ(p->rows[0].size(), hottest);
+  EXPECT_GT(hottest, 200u);  // expert 0 is in most tokens' top-k
+  EXPECT_GT(idle, 0u);
+  for (int64_t t = 0; t < s.tokens; ++t)  // distinct experts per token
+    for (int64_t a = 0; a < s.topk; ++a)
+      for (int64_t b = a + 1; b < s.topk; ++b) EXPECT_NE(p->routing.expert[size_t(t * s.topk + a)], p->routing.expert[size_t(t * s.topk + b)]);
+}
+
+TEST(MoeRouting, ModelRoutingNeedsAllExpertsAndBadValuesAreBadInput) {
+  auto v = find_variant("moe/onednn/cpu")->make();
+  const ModelFile model = load_model_file("tiny");
+  EXPECT_FALSE(v->supports(model, moe_point({"tiny", 4, "model", 8, 1})).ok);
+  EXPECT_THROW(v->supports(model, moe_point({"tiny", 4, "zipf:x", 0, 1})), BadInput);
+  EXPECT_THROW(v->supports(model, moe_point({"tiny", 4, "skewed", 0, 1})), BadInput);
+  EXPECT_THROW(v->supports(model, moe_point({"tiny", 4, "uniform", 999, 1})), BadInput);
+}
+
+TEST(MoePack, TilesHoldKPairsOfSixteenColumns) {
+  // w[n][k] = n * 100 + k: tile (nb, kb), row r, lane 2c+q holds w[16nb + c][32kb + 2r + q]; padding is zero.
+  std::vector<bf16> w;
+  for (int n = 0; n < 20; ++n)
+    for (int k = 0; k < 40; ++k) w.push_back(to_bf16(float(n * 100 + k)));
+  const moe::Packed p = moe::pack(w.data(), 20, 40);
+  EXPECT_EQ(p.n_blocks, 2);
+  EXPECT_EQ(p.k_blocks, 2);
+  auto at = [&](int n, int k) { return w[size_t(n * 40 + k)].bits; };
+  EXPECT_EQ(p.block(1)[1 * 512 + 3 * 32 + 2 * 2 + 1].bits, at(16 + 2, 32 + 6 + 1));
+  EXPECT_EQ(p.block(0)[0 * 512 + 5 * 32 + 2 * 7 + 0].bits, at(7, 10));
+  EXPECT_EQ(to_float(p.block(1)[0 * 512 + 0 * 32 + 2 * 4]), 0.0f);  // column 20 does not exist
+  EXPECT_EQ(to_float(p.block(0)[1 * 512 + 4 * 32 + 0]), 0.0f);      // k = 40 does not exist
+}
+
+}  // namespace
+}  // namespace dslab
