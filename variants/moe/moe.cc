@@ -252,8 +252,9 @@ Support Engine::available() const {
 void Engine::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
   Base::prepare(model, point, seed);
   const int64_t H = m_.hidden_size, I = m_.moe_intermediate_size, E = p_->shape.experts;
-  h_pad_ = (H + 31) / 32 * 32;
-  i_pad_ = (I + 31) / 32 * 32;
+  hidden_blocks_ = (H + 31) / 32;
+  inter_blocks_ = (I + 31) / 32;
+  y_stride_ = hidden_blocks_ * 32 + 16;  // not a multiple of 4 KiB: rows would share L1 sets
   gate_.resize(size_t(E));
   up_.resize(size_t(E));
   down_.resize(size_t(E));
@@ -278,18 +279,14 @@ void Engine::prepare(const ModelFile& model, const Point& point, uint64_t seed) 
     const int64_t rows = padded_rows(m);
     max_rows_ = std::max(max_rows_, rows);
     use_amx_[size_t(e)] = kernel_ == Kernel::amx || (kernel_ == Kernel::choose && m >= crossover);
-    a_[size_t(e)].assign(size_t(rows * h_pad_), bf16{});
-    h_[size_t(e)].assign(size_t(rows * i_pad_), bf16{});
-    y_[size_t(e)].assign(size_t(rows * h_pad_), 0.0f);
+    a_[size_t(e)].assign(size_t(rows * hidden_blocks_ * 32), bf16{});
+    h_[size_t(e)].assign(size_t(rows * inter_blocks_ * 32), bf16{});
+    y_[size_t(e)].assign(size_t(rows * y_stride_), 0.0f);
     for (int64_t nb = 0; nb < gate_[size_t(e)].n_blocks; ++nb) gate_up_tasks_.push_back({int32_t(e), int32_t(nb)});
     for (int64_t nb = 0; nb < down_[size_t(e)].n_blocks; nb += 2) down_tasks_.push_back({int32_t(e), int32_t(nb)});
   }
   scratch_.assign(size_t(threads_), std::vector<float>(size_t(std::max<int64_t>(max_rows_, 16) * 32)));
 }
-
-namespace {
-inline float silu(float v) { return v / (1.0f + std::exp(-v)); }
-}  // namespace
 
 void Engine::run() {
   const int64_t H = m_.hidden_size, T = p_->shape.tokens, K = p_->shape.topk, E = p_->shape.experts;
@@ -301,10 +298,13 @@ void Engine::run() {
     float* c1 = c0 + std::max<int64_t>(max_rows_, 16) * 16;
     if (any_amx) kernels::amx_configure();
 #pragma omp for schedule(dynamic)
-    for (int64_t e = 0; e < E; ++e) {  // pack activations: each expert's tokens, contiguous
+    for (int64_t e = 0; e < E; ++e) {  // pack activations: each expert's tokens into 16 x 32 tiles
       const auto& rows = p_->rows[size_t(e)];
-      for (size_t r = 0; r < rows.size(); ++r)
-        std::copy_n(&p_->x[size_t(rows[r]) * size_t(H)], H, &a_[size_t(e)][r * size_t(h_pad_)]);
+      for (size_t r = 0; r < rows.size(); ++r) {
+        const bf16* x = &p_->x[size_t(rows[r]) * size_t(H)];
+        bf16* dst = &a_[size_t(e)][(r / 16) * size_t(hidden_blocks_ * 512) + (r % 16) * 32];
+        for (int64_t kb = 0; kb < hidden_blocks_; ++kb) std::copy_n(x + kb * 32, std::min<int64_t>(32, H - kb * 32), dst + kb * 512);
+      }
     }
     // Gate and up of the same 16 columns in one pass over the expert's activations; SiLU(gate)*up on the way out.
     for (int64_t i; (i = next_gate_up.fetch_add(1, std::memory_order_relaxed)) < int64_t(gate_up_tasks_.size());) {
@@ -313,12 +313,10 @@ void Engine::run() {
       const Packed &g = gate_[size_t(t.expert)], &u = up_[size_t(t.expert)];
       const bf16* a = a_[size_t(t.expert)].data();
       if (use_amx_[size_t(t.expert)])
-        kernels::amx_two_blocks(a, padded_rows(m), h_pad_, g.block(t.block), u.block(t.block), g.k_blocks, c0, c1, 16);
+        kernels::amx_two_blocks(a, padded_rows(m), g.block(t.block), u.block(t.block), g.k_blocks, c0, c1, 16);
       else
-        kernels::avx512_two_blocks(a, m, h_pad_, g.block(t.block), u.block(t.block), g.k_blocks, c0, c1, 16);
-      bf16* h = h_[size_t(t.expert)].data() + t.block * 16;
-      for (int64_t r = 0; r < m; ++r)
-        for (int c = 0; c < 16; ++c) h[r * i_pad_ + c] = to_bf16(silu(c0[r * 16 + c]) * c1[r * 16 + c]);
+        kernels::avx512_two_blocks(a, m, g.block(t.block), u.block(t.block), g.k_blocks, c0, c1, 16);
+      kernels::swiglu_block(c0, c1, m, h_[size_t(t.expert)].data() + (t.block / 2) * 512 + (t.block % 2) * 16, inter_blocks_ * 512);
     }
 #pragma omp barrier
     for (int64_t i; (i = next_down.fetch_add(1, std::memory_order_relaxed)) < int64_t(down_tasks_.size());) {
@@ -327,11 +325,11 @@ void Engine::run() {
       const Packed& d = down_[size_t(t.expert)];
       float* y = y_[size_t(t.expert)].data() + t.block * 16;
       if (use_amx_[size_t(t.expert)])
-        kernels::amx_two_blocks(h_[size_t(t.expert)].data(), padded_rows(m), i_pad_, d.block(t.block), d.block(t.block + 1),
-                                d.k_blocks, y, y + 16, h_pad_);
+        kernels::amx_two_blocks(h_[size_t(t.expert)].data(), padded_rows(m), d.block(t.block), d.block(t.block + 1), d.k_blocks, y,
+                                y + 16, y_stride_);
       else
-        kernels::avx512_two_blocks(h_[size_t(t.expert)].data(), m, i_pad_, d.block(t.block), d.block(t.block + 1), d.k_blocks,
-                                   y, y + 16, h_pad_);
+        kernels::avx512_two_blocks(h_[size_t(t.expert)].data(), m, d.block(t.block), d.block(t.block + 1), d.k_blocks, y, y + 16,
+                                   y_stride_);
     }
 #pragma omp barrier
 #pragma omp for schedule(static)
@@ -339,7 +337,7 @@ void Engine::run() {
       float* o = &out_[size_t(t * H)];
       for (int64_t k = 0; k < K; ++k) {
         const auto w = float(p_->routing.weight[size_t(t * K + k)]);
-        const float* y = &y_[size_t(p_->routing.expert[size_t(t * K + k)])][size_t(slot_[size_t(t)][size_t(k)]) * size_t(h_pad_)];
+        const float* y = &y_[size_t(p_->routing.expert[size_t(t * K + k)])][size_t(slot_[size_t(t)][size_t(k)]) * size_t(y_stride_)];
         if (k == 0)
           for (int64_t j = 0; j < H; ++j) o[j] = w * y[j];
         else
@@ -357,7 +355,7 @@ int64_t amx_crossover(int64_t hidden, int64_t intermediate, int threads) {
   const auto key = std::make_tuple(hidden, intermediate, threads);
   if (auto it = measured.find(key); it != measured.end()) return it->second;
   // One synthetic expert of this shape; both kernels run it at growing token counts until AMX wins.
-  const int64_t h_pad = (hidden + 31) / 32 * 32, i_pad = (intermediate + 31) / 32 * 32;
+  const int64_t h_pad = (hidden + 31) / 32 * 32, i_pad = (intermediate + 31) / 32 * 32;  // packed A: rows x K, zero padded
   const float scale = 0.05f;
   const auto gw = ref::random_bf16(11, "crossover.gate", size_t(intermediate * hidden), scale);
   const auto dw = ref::random_bf16(11, "crossover.down", size_t(hidden * intermediate), scale);
@@ -376,12 +374,12 @@ int64_t amx_crossover(int64_t hidden, int64_t intermediate, int threads) {
         if (amx) kernels::amx_configure();
 #pragma omp for schedule(dynamic)
         for (int64_t nb = 0; nb < gate.n_blocks; ++nb)  // gate and up read the same layout: gate twice stands in
-          amx ? kernels::amx_two_blocks(a.data(), rows, h_pad, gate.block(nb), gate.block(nb), gate.k_blocks, c0, c0 + rows * 16, 16)
-              : kernels::avx512_two_blocks(a.data(), m, h_pad, gate.block(nb), gate.block(nb), gate.k_blocks, c0, c0 + rows * 16, 16);
+          amx ? kernels::amx_two_blocks(a.data(), rows, gate.block(nb), gate.block(nb), gate.k_blocks, c0, c0 + rows * 16, 16)
+              : kernels::avx512_two_blocks(a.data(), m, gate.block(nb), gate.block(nb), gate.k_blocks, c0, c0 + rows * 16, 16);
 #pragma omp for schedule(dynamic)
         for (int64_t nb = 0; nb < down.n_blocks; nb += 2)
-          amx ? kernels::amx_two_blocks(h.data(), rows, i_pad, down.block(nb), down.block(nb + 1), down.k_blocks, &y[size_t(nb * 16)], &y[size_t(nb * 16 + 16)], h_pad)
-              : kernels::avx512_two_blocks(h.data(), m, i_pad, down.block(nb), down.block(nb + 1), down.k_blocks, &y[size_t(nb * 16)], &y[size_t(nb * 16 + 16)], h_pad);
+          amx ? kernels::amx_two_blocks(h.data(), rows, down.block(nb), down.block(nb + 1), down.k_blocks, &y[size_t(nb * 16)], &y[size_t(nb * 16 + 16)], h_pad)
+              : kernels::avx512_two_blocks(h.data(), m, down.block(nb), down.block(nb + 1), down.k_blocks, &y[size_t(nb * 16)], &y[size_t(nb * 16 + 16)], h_pad);
         if (amx) kernels::amx_release();
       }
       best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

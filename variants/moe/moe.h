@@ -88,11 +88,12 @@ class Engine : public Base {
     int32_t expert, block;
   };
   Kernel kernel_;
-  int64_t h_pad_ = 0, i_pad_ = 0, max_rows_ = 0;
+  int64_t hidden_blocks_ = 0, inter_blocks_ = 0;  // K blocks (32) of hidden and intermediate
+  int64_t y_stride_ = 0, max_rows_ = 0;
   std::vector<Packed> gate_, up_, down_;
   std::vector<char> use_amx_;               // per expert
-  std::vector<std::vector<bf16>> a_, h_;    // per expert: gathered tokens [m_pad][h_pad], SwiGLU [m_pad][i_pad]
-  std::vector<std::vector<float>> y_;       // per expert: down output [m_pad][h_pad]
+  std::vector<std::vector<bf16>> a_, h_;    // per expert, packed (kernels.h): gathered tokens, SwiGLU output
+  std::vector<std::vector<float>> y_;       // per expert: down output [m_pad][y_stride_]
   std::vector<Task> gate_up_tasks_, down_tasks_;
   std::vector<std::vector<float>> scratch_;  // per thread: two [max_rows][16] fp32 blocks
 };
