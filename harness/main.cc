@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <omp.h>
+#include <unistd.h>
 
 #include "harness/build_info.h"
 #include "harness/command.h"
@@ -46,6 +47,7 @@ options:
   --model NAME|PATH     model config (workloads/models/NAME.json or a path to a HF config.json);
                         with a sweep file, replaces every suite's model
   --variant NAME        a variant to run (repeatable); with a sweep file, keeps only these
+  --suite NAME          with a sweep file, run only this suite (repeatable)
   --axis NAME=VALUES    set or override an axis in every suite (repeatable);
                         VALUES: 1,8,64 | pow2:9:14 (2^9..2^14) | uniform,mixed
   --out DIR             where results.json goes (default: results/<sweep name>)
@@ -125,7 +127,7 @@ int cmd_calibrate(int argc, char** argv) {
 
 int cmd_run(int argc, char** argv) {
   const Args a = parse_args(argc, argv, 2, {"--hot", "--no-verify", "--sequential"},
-                            {"--model", "--variant", "--axis", "--out", "--dump", "--seed", "--machine", "--min-samples",
+                            {"--model", "--variant", "--suite", "--axis", "--out", "--dump", "--seed", "--machine", "--min-samples",
                              "--min-time", "--max-noise", "--timeout"});
   if (a.positional.size() > 1) throw BadInput("command line: expected at most one sweep file, got '" + a.positional[1] + "'");
   Sweep sweep;
@@ -135,6 +137,7 @@ int cmd_run(int argc, char** argv) {
     sweep = load_sweep(a.positional[0]);
     override_model(sweep, a.one("--model"));
     restrict_variants(sweep, a.all("--variant"));
+    restrict_suites(sweep, a.all("--suite"));
   }
   for (const auto& ov : a.all("--axis")) apply_axis_override(sweep, ov);
   StopRule rule;
@@ -157,11 +160,18 @@ int cmd_run(int argc, char** argv) {
   std::vector<PointResult> results;
   int failures = 0, errors = 0;
   const size_t total = plan.points.size();
-  // The variants at one point are prepared together and sampled round-robin (see measure_interleaved).
+  // The variants at one point are prepared together and sampled round-robin (see measure_interleaved),
+  // as many at a time as fit in 60% of the host's memory.
+  const double memory_budget = 0.6 * double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  auto host_memory = [](const PlannedPoint& pp) {
+    return pp.support.ok ? pp.entry->make()->host_memory_bytes(*pp.model, pp.point) : 0.0;
+  };
   for (size_t first = 0; first < total;) {
     size_t last = first + 1;
+    double memory = host_memory(plan.points[first]);
     while (!sequential && last < total && plan.points[last].suite == plan.points[first].suite &&
-           plan.points[last].model == plan.points[first].model && plan.points[last].point.label() == plan.points[first].point.label())
+           plan.points[last].model == plan.points[first].model && plan.points[last].point.label() == plan.points[first].point.label() &&
+           (memory += host_memory(plan.points[last])) <= memory_budget)
       ++last;
     std::vector<PointResult> group;
     std::vector<std::unique_ptr<Variant>> variants;
@@ -220,6 +230,7 @@ int cmd_run(int argc, char** argv) {
         std::fprintf(stderr, "error: %s\n", r.error.c_str());
       } else {
         try {
+          r.counters = variants[k]->counters();
           if (verify) r.verification = variants[k]->verify();
           if (!dump_dir.empty())
             write_safetensors(dump_dir + "/" + file_safe(r.name()) + ".safetensors", variants[k]->tensors(),

@@ -132,6 +132,7 @@ nlohmann::json results_to_json(const nlohmann::json& context, const std::vector<
       b["roofline_fraction"] = floor_s / st.median;
       b["roofline_bound"] = r.cost.flops / *r.compute_ceiling >= r.cost.bytes / *r.bandwidth_ceiling ? "compute" : "memory";
     }
+    if (!r.counters.empty()) b["counters"] = r.counters;
     if (r.verification) {
       b["verify_rel_err"] = r.verification->rel_err;
       b["verify_threshold"] = r.verification->threshold;

@@ -1,6 +1,7 @@
 // results.json: Google Benchmark's JSON schema (context + benchmarks[], readable by its tools/compare.py)
 // with dslab's fields added to each entry and to the context. Consumers ignore fields they don't know.
 #pragma once
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@ struct PointResult {
   Cost cost;
   std::optional<Verification> verification;   // absent with --no-verify
   std::optional<double> compute_ceiling, bandwidth_ceiling;  // from the machine file
+  std::map<std::string, double> counters;                   // Variant::counters()
 
   bool ran() const { return skip_reason.empty() && error.empty(); }
   std::string name() const { return variant + "/" + point.label(); }

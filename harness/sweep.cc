@@ -1,5 +1,6 @@
 #include "harness/sweep.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -131,6 +132,19 @@ void restrict_variants(Sweep& sweep, const std::vector<std::string>& variants) {
     }
   }
   if (kept.empty()) throw BadInput(sweep.source + ": no suite runs any of the --variant names given");
+  sweep.suites = kept;
+}
+
+void restrict_suites(Sweep& sweep, const std::vector<std::string>& suites) {
+  if (suites.empty()) return;
+  std::vector<Suite> kept;
+  std::string names;
+  for (const auto& s : sweep.suites) {
+    names += (names.empty() ? "" : ", ") + s.name;
+    if (std::find(suites.begin(), suites.end(), s.name) != suites.end()) kept.push_back(s);
+  }
+  if (kept.size() != suites.size())
+    throw BadInput(sweep.source + ": --suite: no such suite among " + names);
   sweep.suites = kept;
 }
 

@@ -43,6 +43,8 @@ void apply_axis_override(Sweep& sweep, const std::string& assignment);
 // With a sweep file, --variant keeps only the named variants; --model replaces every suite's model.
 void restrict_variants(Sweep& sweep, const std::vector<std::string>& variants);
 void override_model(Sweep& sweep, const std::string& model);
+// --suite keeps only the named suites.
+void restrict_suites(Sweep& sweep, const std::vector<std::string>& suites);
 
 // name: stem in ./workloads/models, $DSLAB_MODELS or the source tree's workloads/models; or a path.
 ModelFile load_model_file(const std::string& name_or_path);

@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -67,6 +68,9 @@ class Variant {
   // Whether it can run this point; may throw BadInput for an invalid model config.
   virtual Support supports(const ModelFile& model, const Point& point) const = 0;
   virtual Cost cost(const ModelFile& model, const Point& point) const = 0;
+  // Host memory prepare() will hold (an estimate): the harness prepares the variants of a point together
+  // only while their sum fits, so interleaving never runs a machine out of memory.
+  virtual double host_memory_bytes(const ModelFile&, const Point&) const { return 0; }
   // Machine-file ceiling its arithmetic runs on (e.g. "cpu.amx_bf16_flops"); bandwidth follows the device.
   virtual std::string compute_ceiling() const = 0;
 
@@ -74,6 +78,9 @@ class Variant {
   virtual void run() = 0;
   virtual Verification verify() = 0;
   virtual std::vector<DumpTensor> tensors() const { return {}; }
+  // Named facts of the prepared point that explain its time (tokens per expert, kernel choices); they
+  // travel into the results entry as "counters".
+  virtual std::map<std::string, double> counters() const { return {}; }
 };
 
 struct VariantEntry {

@@ -117,8 +117,8 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
       }
       md << "\n";
     }
-    md << "\n| variant | point | TFLOP/s | GB/s | FLOP/byte | roofline | bound | rel. err | verify | stop | samples |\n";
-    md << "|---|---|---:|---:|---:|---:|---|---:|---|---|---:|\n";
+    md << "\n| variant | point | TFLOP/s | GB/s | FLOP/byte | roofline | bound | rel. err | verify | stop | samples | counters |\n";
+    md << "|---|---|---:|---:|---:|---:|---|---:|---|---|---:|---|\n";
     for (const auto& p : points)
       for (const auto& v : variants) {
         const auto it = at.find({v, p});
@@ -131,7 +131,10 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
            << (r.contains("roofline_fraction") ? num("%.2f", get("roofline_fraction")) : "—") << " | "
            << r.value("roofline_bound", "—") << " | " << (verified ? num("%.2e", get("verify_rel_err")) : "—") << " | "
            << (verified ? (r["verify_pass"].get<bool>() ? "PASS" : "**FAIL**") : "off") << " | " << r.value("stop_reason", "—")
-           << " | " << r.value("samples", 0) << " |\n";
+           << " | " << r.value("samples", 0) << " | ";
+        if (r.contains("counters") && r["counters"].is_object())
+          for (const auto& [k, cv] : r["counters"].items()) md << k << "=" << num("%.4g", cv.get<double>()) << " ";
+        md << "|\n";
       }
     md << "\n";
   }

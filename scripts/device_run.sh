@@ -2,7 +2,8 @@
 # Everything one device-machine call does, from the project root after `source .device/env.sh`:
 # machine facts, calibration, the test binary (GPU tests run there), and the sweeps whose numbers we
 # report. Logs and results go under $OUT (at most 8 files come back, 2 folders deep).
-# Usage: scripts/device_run.sh [STEP...]   steps: facts calibrate tests default v2 mla-cpu (default: all)
+# Usage: scripts/device_run.sh [STEP...]
+#   steps: facts calibrate tests default v2 mla-cpu moe-v2-lite moe-v3 (default: facts calibrate tests default v2 mla-cpu)
 set -uo pipefail
 OUT=${OUT:-results/device}
 mkdir -p "$OUT"
@@ -37,7 +38,12 @@ for s in "${steps[@]}"; do
       step mla-cpu
       timeout 300 dslab run workloads/sweeps/mla-cpu.json --timeout 3 --machine "$machine" --out "$OUT/mla-cpu" >>"$log" 2>&1
       echo "exit $?" | tee -a "$log" ;;
-    *) echo "unknown step '$s' (expected facts calibrate tests default v2 mla-cpu)" >&2; exit 2 ;;
+    moe-v2-lite|moe-v3)
+      step "$s"
+      suite=$([ "$s" = moe-v3 ] && echo moe-v3-64-experts || echo moe-v2-lite)
+      timeout 420 dslab run workloads/sweeps/moe-cpu.json --suite "$suite" --timeout 2 --machine "$machine" --out "$OUT/$s" >>"$log" 2>&1
+      echo "exit $?" | tee -a "$log" ;;
+    *) echo "unknown step '$s' (expected facts calibrate tests default v2 mla-cpu moe-v2-lite moe-v3)" >&2; exit 2 ;;
   esac
 done
-grep -E '^(mla|moe|variant|results)' "$log" | tail -60
+grep -E '^(mla|moe|variant|results)' "$log" | tail -70

@@ -133,6 +133,11 @@ Cost CpuVariant::cost(const ModelFile& model, const Point& point) const {
   return mla::cost(m, algo_, shape_of(m, point));
 }
 
+double CpuVariant::host_memory_bytes(const ModelFile& model, const Point& point) const {
+  const ModelConfig m = parse_model_config(model.config, model.name, model.path);
+  return cpu_memory_bytes(m, algo_, shape_of(m, point));
+}
+
 std::string CpuVariant::compute_ceiling() const {
   return cpu_info().amx_bf16 ? "cpu.amx_bf16_flops" : "cpu.avx512_bf16_flops";
 }

@@ -55,6 +55,7 @@ class CpuVariant : public Variant {
   std::vector<std::pair<std::string, std::string>> axes() const override { return mla::axes(); }
   Support supports(const ModelFile& model, const Point& point) const override;
   Cost cost(const ModelFile& model, const Point& point) const override;
+  double host_memory_bytes(const ModelFile& model, const Point& point) const override;
   std::string compute_ceiling() const override;
   void prepare(const ModelFile& model, const Point& point, uint64_t seed) override;
   void run() override;

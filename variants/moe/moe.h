@@ -24,7 +24,9 @@ struct Problem {
   ModelConfig model;
   Shape shape;
   uint64_t seed = 0;
-  std::vector<ref::MlpParams> experts;  // `experts` of them, HF names experts.{e}.{gate,up,down}_proj
+  // `experts` of them, HF names experts.{e}.{gate,up,down}_proj; shared across token counts (the
+  // largest tensors here: 22.5 GB for all of DeepSeek-V3's).
+  std::shared_ptr<const std::vector<ref::MlpParams>> experts;
   std::vector<bf16> x;                  // [tokens][hidden]
   ref::Routing routing;                 // [tokens][topk] expert ids and weights
   std::vector<std::vector<int>> rows;   // per expert: the tokens routed to it, in token order
@@ -57,10 +59,12 @@ class Base : public Variant {
   std::vector<std::pair<std::string, std::string>> axes() const override { return moe::axes(); }
   Support supports(const ModelFile& model, const Point& point) const override;
   Cost cost(const ModelFile& model, const Point& point) const override;
+  double host_memory_bytes(const ModelFile& model, const Point& point) const override;
   std::string compute_ceiling() const override;
   void prepare(const ModelFile& model, const Point& point, uint64_t seed) override;
   Verification verify() override;
   std::vector<DumpTensor> tensors() const override;
+  std::map<std::string, double> counters() const override;
 
  protected:
   ModelConfig m_;
@@ -82,12 +86,14 @@ class Engine : public Base {
   Support available() const override;
   void prepare(const ModelFile& model, const Point& point, uint64_t seed) override;
   void run() override;
+  std::map<std::string, double> counters() const override;
 
  private:
   struct Task {
     int32_t expert, block;
   };
   Kernel kernel_;
+  int64_t crossover_ = 0;  // Kernel::choose: AMX from this many tokens per expert
   int64_t hidden_blocks_ = 0, inter_blocks_ = 0;  // K blocks (32) of hidden and intermediate
   int64_t y_stride_ = 0, max_rows_ = 0;
   std::vector<Packed> gate_, up_, down_;

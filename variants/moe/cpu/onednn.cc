@@ -19,7 +19,7 @@ class MoeOnednnCpu : public Base {
     for (int64_t e = 0; e < E; ++e) {
       const int64_t m = int64_t(p_->rows[size_t(e)].size());
       if (m == 0) continue;
-      const auto& w = p_->experts[size_t(e)];
+      const auto& w = (*p_->experts)[size_t(e)];
       std::vector<bf16> gate_up(w.gate_proj);  // [2I][H]: gate rows then up rows, one matmul for both
       gate_up.insert(gate_up.end(), w.up_proj.begin(), w.up_proj.end());
       Expert x;
