@@ -55,15 +55,14 @@ double avx512_bf16_flops_per_thread(int64_t iterations) {
 }
 
 float read_sum(const float* data, int64_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  // Eight independent accumulators: enough loads in flight that the probe, not the add chain, waits on DRAM.
+  __m512 acc[8];
+  for (auto& a : acc) a = _mm512_setzero_ps();
   int64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    a0 = _mm512_add_ps(a0, _mm512_load_ps(data + i));
-    a1 = _mm512_add_ps(a1, _mm512_load_ps(data + i + 16));
-    a2 = _mm512_add_ps(a2, _mm512_load_ps(data + i + 32));
-    a3 = _mm512_add_ps(a3, _mm512_load_ps(data + i + 48));
-  }
-  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  for (; i + 128 <= n; i += 128)
+    for (int j = 0; j < 8; ++j) acc[j] = _mm512_add_ps(acc[j], _mm512_load_ps(data + i + 16 * j));
+  for (int j = 1; j < 8; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+  float s = _mm512_reduce_add_ps(acc[0]);
   for (; i < n; ++i) s += data[i];
   return s;
 }
