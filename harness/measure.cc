@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <random>
 
 #include "harness/gpu.h"
 #include "harness/host.h"
@@ -70,8 +71,14 @@ std::vector<SampleSet> measure_interleaved(const std::vector<Subject>& subjects,
   std::vector<double> sum(n, 0), sum_sq(n, 0);
   size_t running = n;
   const double start = now_s();
+  // Each round visits the subjects in a fresh order: a subject that leaves the machine in a state (clock
+  // license after AMX or AVX-512, cache contents) must not always precede the same neighbour.
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::mt19937 shuffle_rng(12345);
   while (running > 0) {
-    for (size_t i = 0; i < n; ++i) {
+    std::shuffle(order.begin(), order.end(), shuffle_rng);
+    for (size_t i : order) {
       if (!out[i].stop_reason.empty()) continue;
       const double s = one_sample(i);
       out[i].seconds.push_back(s);

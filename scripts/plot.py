@@ -130,7 +130,8 @@ def plot_speedup(entries, title, baseline, out, stem):
         ax.bar(np.arange(len(points)) + i * width, ys, width, label=v)
     ax.axhline(1, color="black", lw=0.8)
     ax.set_xticks(np.arange(len(points)) + 0.4 - width / 2)
-    ax.set_xticklabels(["\n".join(f"{k}={v}" for k, v in json.loads(p).items()) for p in points], fontsize=7)
+    varying = {k for k in json.loads(points[0]) if len({json.dumps(json.loads(p).get(k)) for p in points}) > 1}
+    ax.set_xticklabels(["\n".join(f"{k}={v}" for k, v in json.loads(p).items() if k in varying) for p in points], fontsize=7)
     ax.set_yscale("log")
     ax.set_ylabel(f"speedup vs {base} (x, log)")
     ax.set_title(f"{title}: speedup against {base}")
@@ -183,16 +184,17 @@ def main():
     args = p.parse_args()
     datasets = [load(r) for r in args.results]  # all checked before anything is written
     os.makedirs(args.out, exist_ok=True)
-    for n, data in enumerate(datasets):
-        prefix = f"{n}-" if len(datasets) > 1 else ""
+    for path, data in zip(args.results, datasets):
+        # Several files: name their rooflines after the folder each results.json sits in.
+        tag = "-" + os.path.basename(os.path.dirname(os.path.abspath(path))) if len(datasets) > 1 else ""
         for (suite, model), entries in suites(data).items():
-            stem = f"{prefix}{suite or 'suite'}-{model}".replace("/", "_")
+            stem = f"{suite or 'suite'}-{model}".replace("/", "_")
             title = f"{suite} ({model})"
             plot_latency(entries, title, args.out, f"{stem}-latency")
             if len(set(b["variant"] for b in entries)) > 1:
                 plot_speedup(entries, title, args.baseline, args.out, f"{stem}-speedup")
         for device in ("cpu", "cuda"):
-            plot_roofline(data, device, args.out, f"{prefix}roofline-{device}")
+            plot_roofline(data, device, args.out, f"roofline-{device}{tag}")
 
 
 if __name__ == "__main__":
