@@ -15,12 +15,17 @@ namespace {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-// Overwrites a buffer twice the last-level cache so the next run() starts with its data in DRAM
-// (nvbench's cold-L2 memset, done on the CPU side).
+// Reads a buffer twice the last-level cache so the next run() starts with its data in DRAM (nvbench's
+// cold-L2 flush, done on the CPU side). Reading, not writing: a written buffer leaves the cache full of
+// dirty lines whose write-back the timed run would then pay for.
 void flush_cpu_caches() {
-  static std::vector<unsigned char> buffer(cpu_info().llc_bytes * 2);
-  static unsigned char round = 1;
-  std::memset(buffer.data(), ++round, buffer.size());
+  static const std::vector<uint64_t> buffer(cpu_info().llc_bytes * 2 / sizeof(uint64_t), 1);
+  static volatile uint64_t sink = 0;
+  uint64_t sum = 0;
+  const int64_t n = int64_t(buffer.size());
+#pragma omp parallel for reduction(+ : sum) schedule(static)
+  for (int64_t i = 0; i < n; i += 8) sum += buffer[size_t(i)];  // one word per 64-byte line
+  sink = sink + sum;
 }
 
 double quantile(const std::vector<double>& sorted, double q) {

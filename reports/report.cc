@@ -83,11 +83,15 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
     const std::string baseline =
         std::find(variants.begin(), variants.end(), baseline_opt) != variants.end() ? baseline_opt : variants.front();
     md << "### suite " << (suite.empty() ? "(unnamed)" : suite) << " — " << model << "\n\n";
-    md << "Median time (p10..p90):\n\n| point |";
-    for (const auto& v : variants) md << " " << v << " |";
-    md << "\n|---|";
-    for (size_t i = 0; i < variants.size(); ++i) md << "---:|";
-    md << "\n";
+    // A table with one row per point and one column per variant.
+    auto variant_columns = [&](const std::string& caption) {
+      md << caption << "\n\n| point |";
+      for (const auto& v : variants) md << " " << v << " |";
+      md << "\n|---|";
+      for (size_t i = 0; i < variants.size(); ++i) md << "---:|";
+      md << "\n";
+    };
+    variant_columns("Median time (p10..p90):");
     for (const auto& p : points) {
       md << "| " << p << " |";
       for (const auto& v : variants) {
@@ -103,11 +107,7 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
       }
       md << "\n";
     }
-    md << "\nSpeedup against " << baseline << " (its time / the variant's; > 1 is faster):\n\n| point |";
-    for (const auto& v : variants) md << " " << v << " |";
-    md << "\n|---|";
-    for (size_t i = 0; i < variants.size(); ++i) md << "---:|";
-    md << "\n";
+    variant_columns("\nSpeedup against " + baseline + " (its time / the variant's; > 1 is faster):");
     for (const auto& p : points) {
       md << "| " << p << " |";
       const auto base = at.find({baseline, p});
