@@ -189,12 +189,12 @@ int cmd_run(int argc, char** argv) {
       } else {
         try {
           v = pp.entry->make();
-          r.cost = v->cost(*pp.model, pp.point);
+          v->prepare(*pp.model, pp.point, seed);
+          r.cost = v->cost(*pp.model, pp.point);  // after prepare: a routing-dependent cost sees this seed's routing
           if (machine) {
             r.compute_ceiling = machine_ceiling(*machine, v->compute_ceiling());
             r.bandwidth_ceiling = machine_ceiling(*machine, r.device == Device::cpu ? "cpu.dram_read_bytes_per_s" : "gpu.hbm_bytes_per_s");
           }
-          v->prepare(*pp.model, pp.point, seed);
         } catch (const BadInput&) {
           throw;
         } catch (const std::exception& e) {

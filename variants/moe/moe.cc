@@ -208,8 +208,9 @@ double Base::host_memory_bytes(const ModelFile& model, const Point& point) const
 }
 
 Cost Base::cost(const ModelFile& model, const Point& point) const {
+  if (p_) return moe::cost(m_, *p_);  // prepared: this seed's routing decides which experts are active
   const ModelConfig m = parse_model_config(model.config, model.name, model.path);
-  return moe::cost(m, *problem(m, shape_of(m, point), 1));  // routing-dependent: active experts
+  return moe::cost(m, *problem(m, shape_of(m, point), 1));
 }
 
 std::string Base::compute_ceiling() const { return cpu_info().amx_bf16 ? "cpu.amx_bf16_flops" : "cpu.avx512_bf16_flops"; }
