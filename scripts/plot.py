@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Comparison plots from dslab results files.
 
-usage: scripts/plot.py RESULTS.json [RESULTS.json ...] --out DIR [--baseline VARIANT]
+usage: scripts/plot.py RESULTS.json [RESULTS.json ...] --out DIR [--baseline VARIANT] [--offload OFFLOAD.json]
 
 Per suite: latency against the swept axis, one line per variant (log axes for power-of-two axes), one
 panel per combination of the other axes; speedup bars against the baseline variant (default: the
 suite's first). Per device: a roofline chart with the calibrated roofs from the run's machine file and
-each (variant, point) placed by arithmetic intensity and achieved FLOP/s. Each figure as PNG and SVG.
+each (variant, point) placed by arithmetic intensity and achieved FLOP/s. With --offload (from `dslab
+offload`): the placement chart, each op by arithmetic intensity and CPU time / GPU time, coloured by
+where it was placed. Each figure as PNG and SVG.
 Exit status 2 on bad input.
 """
 import argparse
@@ -176,13 +178,55 @@ def plot_roofline(data, device, out, stem):
     save(fig, out, stem)
 
 
+def plot_offload(path, out, stem):
+    plan = load_offload(path)
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for device, color in (("cpu", "tab:blue"), ("gpu", "tab:green")):
+        for measured, marker in ((True, "o"), (False, "^")):
+            ops = [o for o in plan["ops"] if o["placement"] == device and o["cpu_time_s"] > 0 and o["gpu_time_s"] > 0
+                   and o["gpu_source"].startswith("measured") == measured]
+            if ops:
+                ax.scatter([o["arithmetic_intensity"] for o in ops], [o["cpu_time_s"] / o["gpu_time_s"] for o in ops],
+                           c=color, marker=marker, s=30,
+                           label=f"placed on {device.upper()} (GPU time {'measured' if measured else 'estimated'})")
+    ax.axhline(1, color="black", lw=0.8)
+    for device, style in (("cpu", ":"), ("gpu", "--")):
+        ridge = plan[device]["ridge_flop_per_byte"]
+        if ridge:
+            ax.axvline(ridge, color="gray", ls=style, lw=1, label=f"{device.upper()} ridge {ridge:.3g} FLOP/byte")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("CPU time / GPU time (> 1: the GPU is faster)")
+    ax.set_title(f"offload placement: {plan['cpu']['name']} + {plan['gpu']['name']}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    save(fig, out, stem)
+
+
+def load_offload(path):
+    try:
+        with open(path) as f:
+            plan = json.load(f)
+    except OSError as e:
+        fail(f"{path}: cannot open ({e.strerror})")
+    except json.JSONDecodeError as e:
+        fail(f"{path}: malformed JSON ({e.msg} at line {e.lineno})")
+    if not isinstance(plan, dict) or not isinstance(plan.get("ops"), list):
+        fail(f"{path}: field 'ops': missing: expected an offload plan from `dslab offload`")
+    return plan
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("results", nargs="+", help="results.json files from `dslab run`")
     p.add_argument("--out", required=True, help="folder for the PNG and SVG files")
     p.add_argument("--baseline", default="", help="variant the speedups are against (default: each suite's first)")
+    p.add_argument("--offload", default="", help="an offload plan from `dslab offload`: adds the placement chart")
     args = p.parse_args()
     datasets = [load(r) for r in args.results]  # all checked before anything is written
+    if args.offload:
+        load_offload(args.offload)
     os.makedirs(args.out, exist_ok=True)
     for path, data in zip(args.results, datasets):
         # Several files: name their rooflines after the folder each results.json sits in.
@@ -195,6 +239,8 @@ def main():
                 plot_speedup(entries, title, args.baseline, args.out, f"{stem}-speedup")
         for device in ("cpu", "cuda"):
             plot_roofline(data, device, args.out, f"roofline-{device}{tag}")
+    if args.offload:
+        plot_offload(args.offload, args.out, "offload-placement")
 
 
 if __name__ == "__main__":

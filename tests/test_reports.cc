@@ -94,3 +94,52 @@ TEST(Compare, NormalizationCancelsAMachineThatGotSlower) {
 
 }  // namespace
 }  // namespace dslab::reports
+
+#include "reports/offload.h"
+
+namespace dslab::reports {
+namespace {
+
+Entry op_entry(const std::string& variant, const std::string& device, int tokens, double us, double flops, double bytes) {
+  Entry e;
+  e.variant = variant;
+  e.device = device;
+  e.model = "m";
+  e.axes = {{"tokens", tokens}};
+  e.name = variant + "/tokens:" + std::to_string(tokens);
+  e.samples_us = {us};
+  e.median_us = us;
+  e.raw = {{"flops", flops}, {"bytes", bytes}};
+  return e;
+}
+
+TEST(Offload, MemoryBoundExpertsStayOnTheCpuComputeBoundOnesCrossPcie) {
+  ResultsFile f;
+  f.path = "r.json";
+  f.context["machine"] = {{"cpu_model", "cpu"},
+                          {"cpu", {{"amx_bf16_flops", 10e12}, {"dram_read_bytes_per_s", 100e9}}},
+                          {"gpu", {{"name", "gpu"}, {"tensor_bf16_flops", 800e12}, {"hbm_bytes_per_s", 4e12}}}};
+  f.entries = {op_entry("moe/amx/cpu", "cpu", 1, 1e3, 1e8, 1e8),       // 1 ms; GPU: 100 MB over PCIe = 4 ms
+               op_entry("moe/amx/cpu", "cpu", 4096, 1e6, 1e13, 1e9),   // 1 s; GPU: 40 ms PCIe + 12.5 ms
+               op_entry("mla/a_cc_me/cpu", "cpu", 1, 1e4, 1e9, 3e8),   // GPU-resident: 75 us on the GPU roofline
+               op_entry("mla/cd/cpu", "cpu", 1, 3e4, 5e8, 2e9)};
+  const OffloadPlan plan = plan_offload({f}, {});
+  ASSERT_EQ(plan.ops.size(), 3u);
+  EXPECT_DOUBLE_EQ(plan.cpu_ridge, 100);
+  EXPECT_DOUBLE_EQ(plan.gpu_ridge, 200);
+  EXPECT_EQ(plan.ops[0].device, "cpu");
+  EXPECT_NEAR(plan.ops[0].gpu_s, 1e8 / 25e9 + 1e8 / 4e12, 1e-12);
+  EXPECT_EQ(plan.ops[1].device, "gpu");
+  EXPECT_NEAR(plan.ops[1].gpu_s, 1e9 / 25e9 + 1e13 / 800e12, 1e-9);
+  EXPECT_EQ(plan.ops[2].device, "gpu");
+  EXPECT_EQ(plan.ops[2].cpu_source, "measured: mla/a_cc_me/cpu");  // the faster of the two measured ways
+  EXPECT_NEAR(plan.ops[2].gpu_s, 3e8 / 4e12, 1e-12);               // the way the GPU roofline favours
+  // A measured GPU run replaces the estimate.
+  f.entries.push_back(op_entry("mla/fused/cuda", "cuda", 1, 20e3, 1e9, 3e8));
+  const OffloadPlan measured = plan_offload({f}, {});
+  EXPECT_EQ(measured.ops[2].gpu_source, "measured: mla/fused/cuda");
+  EXPECT_EQ(measured.ops[2].device, "cpu");  // 10 ms on the CPU beats a measured 20 ms
+}
+
+}  // namespace
+}  // namespace dslab::reports
