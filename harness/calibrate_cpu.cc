@@ -41,6 +41,39 @@ double amx_bf16_flops_per_thread(int64_t iterations) {
   return double(iterations) * 4 * (16.0 * 16 * 32 * 2);
 }
 
+double amx_int8_ops_per_thread(int64_t iterations) {
+  alignas(64) unsigned char cfg[64] = {};
+  cfg[0] = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg[16 + 2 * t] = 64;
+    cfg[48 + t] = 16;
+  }
+  __asm__ __volatile__("" : : "r"(cfg) : "memory");  // see amx_bf16_flops_per_thread
+  _tile_loadconfig(cfg);
+  alignas(64) int8_t operand[16 * 64];
+  for (int i = 0; i < 16 * 64; ++i) operand[i] = int8_t(i % 13 - 6 + (i % 13 == 6));  // never zero
+  alignas(64) int32_t acc[16 * 16] = {};
+  _tile_loadd(4, operand, 64);
+  _tile_loadd(5, operand, 64);
+  _tile_loadd(6, operand, 64);
+  _tile_loadd(7, operand, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t i = 0; i < iterations; ++i) {
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 7);
+    _tile_dpbssd(2, 5, 6);
+    _tile_dpbssd(3, 5, 7);
+  }
+  _tile_stored(0, acc, 64);
+  _tile_release();
+  volatile int32_t sink = acc[0];
+  (void)sink;
+  return double(iterations) * 4 * (16.0 * 16 * 64 * 2);
+}
+
 double avx512_bf16_flops_per_thread(int64_t iterations) {
   __m512 acc[12];
   for (auto& a : acc) a = _mm512_setzero_ps();

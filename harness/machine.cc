@@ -51,6 +51,8 @@ nlohmann::json calibrate_machine(int threads) {
     calibrate::amx_bf16_flops_per_thread(1000);  // warm: tile state allocation, frequency ramp
     c["amx_bf16_flops"] = parallel_rate(threads, 2'000'000, 3, calibrate::amx_bf16_flops_per_thread);
     c["amx_bf16_how"] = "TDPBF16PS on 4 independent 16x16 fp32 tiles from registers, all threads, best of 3";
+    c["amx_int8_ops"] = parallel_rate(threads, 2'000'000, 3, calibrate::amx_int8_ops_per_thread);
+    c["amx_int8_how"] = "TDPBSSD on 4 independent 16x16 int32 tiles from registers, all threads, best of 3";
   } else {
     c["amx_bf16_flops"] = nullptr;
     c["amx_bf16_how"] = cpu.amx_bf16 ? request_amx_permission() : "no AMX on this CPU";

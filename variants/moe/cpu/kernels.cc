@@ -22,6 +22,7 @@ void amx_configure() {
 
 void amx_release() { _tile_release(); }
 
+
 namespace {
 
 // The first row chunk is the first to touch this column block's weights, which come from DRAM: tile
@@ -159,6 +160,84 @@ void swiglu_block(const float* g, const float* u, int64_t rows, bf16* h, int64_t
     const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
     bf16* dst = h + (r / 16) * row_tile_stride + (r % 16) * 32;
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(silu, uv)));
+  }
+}
+
+void amx_i8_two_blocks(const int8_t* a, int64_t rows, const int8_t* b0, const int8_t* b1, int64_t k_blocks, int32_t* c0,
+                       int32_t* c1, int64_t ldc) {
+  const int64_t c_stride = ldc * 4;
+  for (int64_t m = 0; m < rows; m += 32) {
+    const int8_t* a0 = a + (m / 16) * k_blocks * 1024;
+    if (m + 16 < rows) {
+      const int8_t* a1 = a0 + k_blocks * 1024;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t kb = 0; kb < k_blocks; ++kb) {
+        _tile_loadd(4, a0 + kb * 1024, 64);
+        _tile_loadd(5, a1 + kb * 1024, 64);
+        _tile_loadd(6, b0 + kb * 1024, 64);
+        _tile_loadd(7, b1 + kb * 1024, 64);
+        _tile_dpbssd(0, 4, 6);
+        _tile_dpbssd(1, 4, 7);
+        _tile_dpbssd(2, 5, 6);
+        _tile_dpbssd(3, 5, 7);
+      }
+      _tile_stored(0, c0 + m * ldc, c_stride);
+      _tile_stored(1, c1 + m * ldc, c_stride);
+      _tile_stored(2, c0 + (m + 16) * ldc, c_stride);
+      _tile_stored(3, c1 + (m + 16) * ldc, c_stride);
+    } else {
+      _tile_zero(0);
+      _tile_zero(1);
+      for (int64_t kb = 0; kb < k_blocks; ++kb) {
+        _tile_loadd(4, a0 + kb * 1024, 64);
+        _tile_loadd(6, b0 + kb * 1024, 64);
+        _tile_loadd(7, b1 + kb * 1024, 64);
+        _tile_dpbssd(0, 4, 6);
+        _tile_dpbssd(1, 4, 7);
+      }
+      _tile_stored(0, c0 + m * ldc, c_stride);
+      _tile_stored(1, c1 + m * ldc, c_stride);
+    }
+  }
+}
+
+void vnni_two_blocks(const int8_t* a, int64_t rows, const int8_t* b0, const int8_t* b1, int64_t k_blocks,
+                     const int32_t* colsum0, const int32_t* colsum1, int32_t* c0, int32_t* c1, int64_t ldc) {
+  const __m512i offset = _mm512_set1_epi32(int32_t(0x80808080u));  // s8 -> u8: + 128 on each byte
+  const __m512i corr0 = _mm512_slli_epi32(_mm512_loadu_si512(colsum0), 7), corr1 = _mm512_slli_epi32(_mm512_loadu_si512(colsum1), 7);
+  for (int64_t m = 0; m < rows; ++m) {
+    const int8_t* x = a + (m / 16) * k_blocks * 1024 + (m % 16) * 64;
+    __m512i e0 = _mm512_setzero_si512(), e1 = e0, o0 = e0, o1 = e0;  // two chains per block hide the latency
+    for (int64_t kb = 0; kb < k_blocks; ++kb)
+      for (int r = 0; r < 16; r += 2) {
+        int32_t qe, qo;
+        std::memcpy(&qe, x + kb * 1024 + 4 * r, 4);
+        std::memcpy(&qo, x + kb * 1024 + 4 * r + 4, 4);
+        const __m512i xe = _mm512_xor_si512(_mm512_set1_epi32(qe), offset), xo = _mm512_xor_si512(_mm512_set1_epi32(qo), offset);
+        const int8_t* w0 = b0 + kb * 1024 + r * 64;
+        const int8_t* w1 = b1 + kb * 1024 + r * 64;
+        e0 = _mm512_dpbusd_epi32(e0, xe, _mm512_loadu_si512(w0));
+        e1 = _mm512_dpbusd_epi32(e1, xe, _mm512_loadu_si512(w1));
+        o0 = _mm512_dpbusd_epi32(o0, xo, _mm512_loadu_si512(w0 + 64));
+        o1 = _mm512_dpbusd_epi32(o1, xo, _mm512_loadu_si512(w1 + 64));
+      }
+    _mm512_storeu_si512(c0 + m * ldc, _mm512_sub_epi32(_mm512_add_epi32(e0, o0), corr0));
+    _mm512_storeu_si512(c1 + m * ldc, _mm512_sub_epi32(_mm512_add_epi32(e1, o1), corr1));
+  }
+}
+
+void swiglu_i32_block(const int32_t* cg, const int32_t* cu, int64_t rows, const float* row_scale, const float* gate_scale,
+                      const float* up_scale, float* h, int64_t ldh) {
+  const __m512 one = _mm512_set1_ps(1.0f), gs = _mm512_loadu_ps(gate_scale), us = _mm512_loadu_ps(up_scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512 rs = _mm512_set1_ps(row_scale[r]);
+    const __m512 g = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(cg + r * 16)), gs), rs);
+    const __m512 u = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(cu + r * 16)), us), rs);
+    const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+    _mm512_storeu_ps(h + r * ldh, _mm512_mul_ps(silu, u));
   }
 }
 
