@@ -41,7 +41,7 @@ for s in "${steps[@]}"; do
     moe-v2-lite|moe-v3)
       step "$s"
       suite=$([ "$s" = moe-v3 ] && echo moe-v3-64-experts || echo moe-v2-lite)
-      timeout 420 dslab run workloads/sweeps/moe-cpu.json --suite "$suite" --timeout 2 --machine "$machine" --out "$OUT/$s" >>"$log" 2>&1
+      timeout 540 dslab run workloads/sweeps/moe-cpu.json --suite "$suite" --timeout "${MOE_TIMEOUT:-2}" --machine "$machine" --out "$OUT/$s" >>"$log" 2>&1
       echo "exit $?" | tee -a "$log" ;;
     *) echo "unknown step '$s' (expected facts calibrate tests default v2 mla-cpu moe-v2-lite moe-v3)" >&2; exit 2 ;;
   esac
