@@ -5,9 +5,10 @@
 #include <cstring>
 
 namespace dslab::calibrate {
+namespace {
 
-double amx_bf16_flops_per_thread(int64_t iterations) {
-  // Tile config: palette 1; tmm0-3 accumulators 16x16 fp32, tmm4-5 A 16x32 bf16, tmm6-7 B (VNNI) 16x32 pairs.
+// Palette 1, all eight tiles 16 rows x 64 bytes: tmm0-3 accumulators, tmm4-5 A, tmm6-7 B.
+void configure_tiles() {
   alignas(64) unsigned char cfg[64] = {};
   cfg[0] = 1;
   for (int t = 0; t < 8; ++t) {
@@ -17,6 +18,12 @@ double amx_bf16_flops_per_thread(int64_t iterations) {
   // ldtilecfg's asm operand names only the first 8 bytes: without this barrier GCC drops the other stores.
   __asm__ __volatile__("" : : "r"(cfg) : "memory");
   _tile_loadconfig(cfg);
+}
+
+}  // namespace
+
+double amx_bf16_flops_per_thread(int64_t iterations) {
+  configure_tiles();
   alignas(64) uint16_t operand[16 * 32];
   for (int i = 0; i < 16 * 32; ++i) operand[i] = uint16_t(0x3f80 + (i % 61));  // ~1.0..1.5, never zero
   alignas(64) float acc[16 * 16] = {};
@@ -42,14 +49,7 @@ double amx_bf16_flops_per_thread(int64_t iterations) {
 }
 
 double amx_int8_ops_per_thread(int64_t iterations) {
-  alignas(64) unsigned char cfg[64] = {};
-  cfg[0] = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg[16 + 2 * t] = 64;
-    cfg[48 + t] = 16;
-  }
-  __asm__ __volatile__("" : : "r"(cfg) : "memory");  // see amx_bf16_flops_per_thread
-  _tile_loadconfig(cfg);
+  configure_tiles();
   alignas(64) int8_t operand[16 * 64];
   for (int i = 0; i < 16 * 64; ++i) operand[i] = int8_t(i % 13 - 6 + (i % 13 == 6));  // never zero
   alignas(64) int32_t acc[16 * 16] = {};

@@ -32,14 +32,18 @@ def fail(msg):
     sys.exit(2)
 
 
-def load(path):
+def read_json(path):
     try:
         with open(path) as f:
-            data = json.load(f)
+            return json.load(f)
     except OSError as e:
         fail(f"{path}: cannot open ({e.strerror})")
     except json.JSONDecodeError as e:
         fail(f"{path}: malformed JSON ({e.msg} at line {e.lineno})")
+
+
+def load(path):
+    data = read_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
         fail(f"{path}: field 'benchmarks': missing: expected dslab results (Google Benchmark JSON)")
     for i, b in enumerate(data["benchmarks"]):
@@ -205,13 +209,7 @@ def plot_offload(path, out, stem):
 
 
 def load_offload(path):
-    try:
-        with open(path) as f:
-            plan = json.load(f)
-    except OSError as e:
-        fail(f"{path}: cannot open ({e.strerror})")
-    except json.JSONDecodeError as e:
-        fail(f"{path}: malformed JSON ({e.msg} at line {e.lineno})")
+    plan = read_json(path)
     if not isinstance(plan, dict) or not isinstance(plan.get("ops"), list):
         fail(f"{path}: field 'ops': missing: expected an offload plan from `dslab offload`")
     return plan
