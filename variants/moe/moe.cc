@@ -322,18 +322,18 @@ void Engine::prepare(const ModelFile& model, const Point& point, uint64_t seed) 
     for (int64_t nb = 0; nb < gate_[size_t(e)].n_blocks; ++nb) gate_up_tasks_.push_back({int32_t(e), int32_t(nb)});
     for (int64_t nb = 0; nb < down_[size_t(e)].n_blocks; nb += 2) down_tasks_.push_back({int32_t(e), int32_t(nb)});
   }
+  any_amx_ = std::find(use_amx_.begin(), use_amx_.end(), 1) != use_amx_.end();
   scratch_.assign(size_t(threads_), std::vector<float>(size_t(std::max<int64_t>(max_rows_, 16) * 32)));
 }
 
 void Engine::run() {
-  const int64_t H = m_.hidden_size, T = p_->shape.tokens, K = p_->shape.topk, E = p_->shape.experts;
+  const int64_t H = m_.hidden_size, E = p_->shape.experts;
   std::atomic<int64_t> next_gate_up{0}, next_down{0};
-  const bool any_amx = std::find(use_amx_.begin(), use_amx_.end(), 1) != use_amx_.end();
 #pragma omp parallel num_threads(threads_)
   {
     float* c0 = scratch_[size_t(omp_get_thread_num())].data();
     float* c1 = c0 + std::max<int64_t>(max_rows_, 16) * 16;
-    if (any_amx) kernels::amx_configure();
+    if (any_amx_) kernels::amx_configure();
 #pragma omp for schedule(dynamic)
     for (int64_t e = 0; e < E; ++e) {  // pack activations: each expert's tokens into 16 x 32 tiles
       const auto& rows = p_->rows[size_t(e)];
@@ -369,19 +369,8 @@ void Engine::run() {
                                    y_stride_);
     }
 #pragma omp barrier
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {  // weighted combine of the token's experts
-      float* o = &out_[size_t(t * H)];
-      for (int64_t k = 0; k < K; ++k) {
-        const auto w = float(p_->routing.weight[size_t(t * K + k)]);
-        const float* y = &y_[size_t(p_->routing.expert[size_t(t * K + k)])][size_t(slot_[size_t(t)][size_t(k)]) * size_t(y_stride_)];
-        if (k == 0)
-          for (int64_t j = 0; j < H; ++j) o[j] = w * y[j];
-        else
-          for (int64_t j = 0; j < H; ++j) o[j] += w * y[j];
-      }
-    }
-    if (any_amx) kernels::amx_release();
+    combine([&](int expert, int slot) { return &y_[size_t(expert)][size_t(slot) * size_t(y_stride_)]; });
+    if (any_amx_) kernels::amx_release();
   }
 }
 

@@ -67,6 +67,22 @@ class Base : public Variant {
   std::map<std::string, double> counters() const override;
 
  protected:
+  // out[t] = sum over k of weight[t][k] * row_of(expert[t][k], slot[t][k]): the weighted combine every
+  // variant ends with. An orphaned `omp for`: run it inside the variant's parallel region.
+  template <class RowOf>
+  void combine(RowOf row_of) {
+    const int64_t H = m_.hidden_size, T = p_->shape.tokens, K = p_->shape.topk;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      float* o = &out_[size_t(t * H)];
+      for (int64_t k = 0; k < K; ++k) {
+        const auto w = float(p_->routing.weight[size_t(t * K + k)]);
+        const float* y = row_of(p_->routing.expert[size_t(t * K + k)], slot_[size_t(t)][size_t(k)]);
+        for (int64_t j = 0; j < H; ++j) o[j] = (k == 0 ? 0.0f : o[j]) + w * y[j];
+      }
+    }
+  }
+
   ModelConfig m_;
   std::shared_ptr<const Problem> p_;
   int threads_ = 1;
@@ -98,6 +114,7 @@ class Engine : public Base {
   int64_t y_stride_ = 0, max_rows_ = 0;
   std::vector<Packed> gate_, up_, down_;
   std::vector<char> use_amx_;               // per expert
+  bool any_amx_ = false;                    // some expert uses AMX: threads configure tiles
   std::vector<std::vector<bf16>> a_, h_;    // per expert, packed (kernels.h): gathered tokens, SwiGLU output
   std::vector<std::vector<float>> y_;       // per expert: down output [m_pad][y_stride_]
   std::vector<Task> gate_up_tasks_, down_tasks_;

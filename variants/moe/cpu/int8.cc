@@ -109,26 +109,26 @@ class MoeAmxInt8Cpu : public Base {
       for (int64_t nb = 0; nb < gate_[size_t(e)].n_blocks; ++nb) gate_up_tasks_.push_back({int32_t(e), int32_t(nb)});
       for (int64_t nb = 0; nb < down_[size_t(e)].n_blocks; nb += 2) down_tasks_.push_back({int32_t(e), int32_t(nb)});
     }
+    any_amx_ = std::find(use_amx_.begin(), use_amx_.end(), 1) != use_amx_.end();
     scratch_.assign(size_t(threads_), std::vector<int32_t>(size_t(max_rows_ * 32)));
+    x_float_.assign(size_t(threads_), std::vector<float>(size_t(H)));
   }
 
   void run() override {
-    const int64_t H = m_.hidden_size, I = m_.moe_intermediate_size, T = p_->shape.tokens, K = p_->shape.topk,
-                  E = p_->shape.experts;
+    const int64_t H = m_.hidden_size, I = m_.moe_intermediate_size, E = p_->shape.experts;
     std::atomic<int64_t> next_gate_up{0}, next_down{0};
-    const bool any_amx = std::find(use_amx_.begin(), use_amx_.end(), 1) != use_amx_.end();
 #pragma omp parallel num_threads(threads_)
     {
       int32_t* c0 = scratch_[size_t(omp_get_thread_num())].data();
       int32_t* c1 = c0 + max_rows_ * 16;
-      if (any_amx) kernels::amx_configure();
-      std::vector<float> xf(static_cast<size_t>(H));
+      if (any_amx_) kernels::amx_configure();
+      float* xf = x_float_[size_t(omp_get_thread_num())].data();
 #pragma omp for schedule(dynamic)
       for (int64_t e = 0; e < E; ++e) {  // gather and quantize each expert's tokens
         const auto& rows = p_->rows[size_t(e)];
         for (size_t r = 0; r < rows.size(); ++r) {
-          for (int64_t j = 0; j < H; ++j) xf[size_t(j)] = to_float(p_->x[size_t(rows[r]) * size_t(H) + size_t(j)]);
-          a_scale_[size_t(e)][r] = quantize_row(xf.data(), H, &a_[size_t(e)][(r / 16) * size_t(hk_ * 1024) + (r % 16) * 64]);
+          for (int64_t j = 0; j < H; ++j) xf[j] = to_float(p_->x[size_t(rows[r]) * size_t(H) + size_t(j)]);
+          a_scale_[size_t(e)][r] = quantize_row(xf, H, &a_[size_t(e)][(r / 16) * size_t(hk_ * 1024) + (r % 16) * 64]);
         }
       }
       for (int64_t i; (i = next_gate_up.fetch_add(1, std::memory_order_relaxed)) < int64_t(gate_up_tasks_.size());) {
@@ -172,16 +172,8 @@ class MoeAmxInt8Cpu : public Base {
         }
       }
 #pragma omp barrier
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < T; ++t) {
-        float* o = &out_[size_t(t * H)];
-        for (int64_t k = 0; k < K; ++k) {
-          const auto w = float(p_->routing.weight[size_t(t * K + k)]);
-          const float* y = &y_[size_t(p_->routing.expert[size_t(t * K + k)])][size_t(slot_[size_t(t)][size_t(k)]) * size_t(y_stride_)];
-          for (int64_t j = 0; j < H; ++j) o[j] = (k == 0 ? 0.0f : o[j]) + w * y[j];
-        }
-      }
-      if (any_amx) kernels::amx_release();
+      combine([&](int expert, int slot) { return &y_[size_t(expert)][size_t(slot) * size_t(y_stride_)]; });
+      if (any_amx_) kernels::amx_release();
     }
   }
 
@@ -218,6 +210,8 @@ class MoeAmxInt8Cpu : public Base {
   int64_t crossover_ = 0, hk_ = 0, ik_ = 0, h_stride_ = 0, y_stride_ = 0, max_rows_ = 16;
   std::vector<PackedI8> gate_, up_, down_;
   std::vector<char> use_amx_;
+  bool any_amx_ = false;
+  std::vector<std::vector<float>> x_float_;  // per thread: one token in fp32 before quantization
   std::vector<std::vector<int8_t>> a_, h_;
   std::vector<std::vector<float>> a_scale_, h_scale_, hf_, y_;
   std::vector<Task> gate_up_tasks_, down_tasks_;

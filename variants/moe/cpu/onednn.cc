@@ -37,7 +37,7 @@ class MoeOnednnCpu : public Base {
   }
 
   void run() override {
-    const int64_t H = m_.hidden_size, I = m_.moe_intermediate_size, T = p_->shape.tokens, K = p_->shape.topk;
+    const int64_t H = m_.hidden_size, I = m_.moe_intermediate_size;
     const int saved = omp_get_max_threads();
     omp_set_num_threads(threads_);  // oneDNN's OpenMP runtime takes its team size from here
     for (auto& x : experts_) {
@@ -53,16 +53,8 @@ class MoeOnednnCpu : public Base {
         }
       x.down.run(x.h.data(), x.y.data());
     }
-#pragma omp parallel for num_threads(threads_) schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
-      float* o = &out_[size_t(t * H)];
-      for (int64_t k = 0; k < K; ++k) {
-        const auto w = float(p_->routing.weight[size_t(t * K + k)]);
-        const Expert& x = experts_[size_t(index_[size_t(p_->routing.expert[size_t(t * K + k)])])];
-        const float* y = &x.y[size_t(slot_[size_t(t)][size_t(k)]) * size_t(H)];
-        for (int64_t j = 0; j < H; ++j) o[j] = (k == 0 ? 0.0f : o[j]) + w * y[j];
-      }
-    }
+#pragma omp parallel num_threads(threads_)
+    combine([&](int expert, int slot) { return &experts_[size_t(index_[size_t(expert)])].y[size_t(slot) * size_t(H)]; });
     omp_set_num_threads(saved);
   }
 
