@@ -380,35 +380,51 @@ int64_t amx_crossover(int64_t hidden, int64_t intermediate, int threads) {
   std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_tuple(hidden, intermediate, threads);
   if (auto it = measured.find(key); it != measured.end()) return it->second;
-  // One synthetic expert of this shape; both kernels run it at growing token counts until AMX wins.
+  // Synthetic experts of this shape, with distinct gate, up and down weights, as many copies as it takes to
+  // stream twice the LLC: the layer's decision is made with weights coming from DRAM, and a probe run on
+  // cache-resident weights put the crossover too low (AMX won at 2 tokens hot but lost at 3 cold).
   const int64_t h_pad = (hidden + 31) / 32 * 32, i_pad = (intermediate + 31) / 32 * 32;  // packed A: rows x K, zero padded
+  const double expert_bytes = 3.0 * double(hidden) * double(intermediate) * 2.0;
+  const int copies = int(std::clamp(std::ceil(2.0 * double(cpu_info().llc_bytes) / expert_bytes), 1.0, 64.0));
+  struct Expert {
+    Packed gate, up, down;
+  };
+  std::vector<Expert> experts(static_cast<size_t>(copies));
   const float scale = 0.05f;
-  const auto gw = ref::random_bf16(11, "crossover.gate", size_t(intermediate * hidden), scale);
-  const auto dw = ref::random_bf16(11, "crossover.down", size_t(hidden * intermediate), scale);
-  const Packed gate = pack(gw.data(), intermediate, hidden), down = pack(dw.data(), hidden, intermediate);
-  auto step_seconds = [&](bool amx, int64_t m) {
+  for (int i = 0; i < copies; ++i) {
+    const std::string tag = "crossover." + std::to_string(i);
+    const auto gw = ref::random_bf16(11, tag + ".gate", size_t(intermediate * hidden), scale);
+    const auto uw = ref::random_bf16(11, tag + ".up", size_t(intermediate * hidden), scale);
+    const auto dw = ref::random_bf16(11, tag + ".down", size_t(hidden * intermediate), scale);
+    experts[size_t(i)] = {pack(gw.data(), intermediate, hidden), pack(uw.data(), intermediate, hidden), pack(dw.data(), hidden, intermediate)};
+  }
+  auto step_seconds = [&](bool amx, int64_t m) {  // seconds per expert, best of three passes over all copies
     const int64_t rows = padded_rows(m);
     const auto a = ref::random_bf16(11, "crossover.a", size_t(rows * h_pad), 1.0f);
     std::vector<bf16> h(static_cast<size_t>(rows * i_pad), to_bf16(0.5f));
     std::vector<float> y(static_cast<size_t>(rows * h_pad)), c(static_cast<size_t>(threads) * size_t(rows) * 32);
     double best = 1e30;
-    for (int rep = 0; rep < 5; ++rep) {
+    for (int rep = 0; rep < 3; ++rep) {
       const auto start = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(threads)
       {
         float* c0 = &c[size_t(omp_get_thread_num()) * size_t(rows) * 32];
         if (amx) kernels::amx_configure();
+        for (const Expert& x : experts) {
 #pragma omp for schedule(dynamic)
-        for (int64_t nb = 0; nb < gate.n_blocks; ++nb)  // gate and up read the same layout: gate twice stands in
-          amx ? kernels::amx_two_blocks(a.data(), rows, gate.block(nb), gate.block(nb), gate.k_blocks, c0, c0 + rows * 16, 16)
-              : kernels::avx512_two_blocks(a.data(), m, gate.block(nb), gate.block(nb), gate.k_blocks, c0, c0 + rows * 16, 16);
+          for (int64_t nb = 0; nb < x.gate.n_blocks; ++nb)
+            amx ? kernels::amx_two_blocks(a.data(), rows, x.gate.block(nb), x.up.block(nb), x.gate.k_blocks, c0, c0 + rows * 16, 16)
+                : kernels::avx512_two_blocks(a.data(), m, x.gate.block(nb), x.up.block(nb), x.gate.k_blocks, c0, c0 + rows * 16, 16);
 #pragma omp for schedule(dynamic)
-        for (int64_t nb = 0; nb < down.n_blocks; nb += 2)
-          amx ? kernels::amx_two_blocks(h.data(), rows, down.block(nb), down.block(nb + 1), down.k_blocks, &y[size_t(nb * 16)], &y[size_t(nb * 16 + 16)], h_pad)
-              : kernels::avx512_two_blocks(h.data(), m, down.block(nb), down.block(nb + 1), down.k_blocks, &y[size_t(nb * 16)], &y[size_t(nb * 16 + 16)], h_pad);
+          for (int64_t nb = 0; nb < x.down.n_blocks; nb += 2)
+            amx ? kernels::amx_two_blocks(h.data(), rows, x.down.block(nb), x.down.block(nb + 1), x.down.k_blocks, &y[size_t(nb * 16)],
+                                          &y[size_t(nb * 16 + 16)], h_pad)
+                : kernels::avx512_two_blocks(h.data(), m, x.down.block(nb), x.down.block(nb + 1), x.down.k_blocks, &y[size_t(nb * 16)],
+                                             &y[size_t(nb * 16 + 16)], h_pad);
+        }
         if (amx) kernels::amx_release();
       }
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / copies);
     }
     return best;
   };
@@ -423,8 +439,8 @@ int64_t amx_crossover(int64_t hidden, int64_t intermediate, int threads) {
     }
   }
   std::fprintf(stderr, "moe: AMX beats AVX-512 from %lld tokens per expert (hidden %lld, intermediate %lld, %d threads; "
-               "AVX-512/AMX time by tokens:%s)\n", static_cast<long long>(crossover), static_cast<long long>(hidden),
-               static_cast<long long>(intermediate), threads, trace.c_str());
+               "%d cold copies; AVX-512/AMX time by tokens:%s)\n", static_cast<long long>(crossover),
+               static_cast<long long>(hidden), static_cast<long long>(intermediate), threads, copies, trace.c_str());
   measured[key] = crossover;
   return crossover;
 }
