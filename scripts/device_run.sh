@@ -3,7 +3,9 @@
 # machine facts, calibration, the test binary (GPU tests run there), and the sweeps whose numbers we
 # report. Logs and results go under $OUT (at most 8 files come back, 2 folders deep).
 # Usage: scripts/device_run.sh [STEP...]
-#   steps: facts calibrate tests default v2 mla-cpu moe-v2-lite moe-v3 (default: facts calibrate tests default v2 mla-cpu)
+#   steps: facts calibrate tests gpu-tests default v2 mla-cpu moe-v2-lite moe-v3 mla-decode:SUITE[,SUITE...]
+#   (default: facts calibrate tests default v2 mla-cpu). mla-decode:a,b runs those suites of
+#   workloads/sweeps/mla-decode.json into $OUT/mla-decode-a/results.json; GPU_TIMEOUT caps each point (default 1 s).
 set -uo pipefail
 OUT=${OUT:-results/device}
 mkdir -p "$OUT"
@@ -23,8 +25,20 @@ for s in "${steps[@]}"; do
       timeout 120 dslab calibrate --out "$machine" >>"$log" 2>&1 || echo "calibrate failed: $?" | tee -a "$log" ;;
     tests)
       step tests
-      DSLAB_BINARY=$(command -v dslab) timeout 240 dslab_tests --gtest_brief=1 >"$OUT/tests.log" 2>&1
+      DSLAB_BINARY=$(command -v dslab) timeout 240 dslab_tests --gtest_brief=1 --gtest_filter='-Gpu*' >"$OUT/tests.log" 2>&1
       echo "dslab_tests exit $?" | tee -a "$log"; tail -3 "$OUT/tests.log" | tee -a "$log" ;;
+    gpu-tests)
+      step gpu-tests
+      DSLAB_BINARY=$(command -v dslab) timeout 540 dslab_tests --gtest_filter='Gpu*' >"$OUT/gpu-tests.log" 2>&1
+      echo "dslab_tests (GPU) exit $?" | tee -a "$log"; grep -E '^\[  (FAILED|PASSED|SKIPPED)' "$OUT/gpu-tests.log" | tail -12 | tee -a "$log" ;;
+    mla-decode:*)
+      suites=${s#mla-decode:}
+      step "mla-decode $suites"
+      args=()
+      for x in ${suites//,/ }; do args+=(--suite "$x"); done
+      timeout 570 dslab run workloads/sweeps/mla-decode.json "${args[@]}" --timeout "${GPU_TIMEOUT:-1}" --machine "$machine" \
+        --out "$OUT/mla-decode-${suites%%,*}" >>"$log" 2>&1
+      echo "exit $?" | tee -a "$log" ;;
     default)
       step default
       timeout 200 dslab run workloads/sweeps/default.json --machine "$machine" --out "$OUT/default" >>"$log" 2>&1
@@ -43,7 +57,7 @@ for s in "${steps[@]}"; do
       suite=$([ "$s" = moe-v3 ] && echo moe-v3-64-experts || echo moe-v2-lite)
       timeout 540 dslab run workloads/sweeps/moe-cpu.json --suite "$suite" --timeout "${MOE_TIMEOUT:-2}" --machine "$machine" --out "$OUT/$s" >>"$log" 2>&1
       echo "exit $?" | tee -a "$log" ;;
-    *) echo "unknown step '$s' (expected facts calibrate tests default v2 mla-cpu moe-v2-lite moe-v3)" >&2; exit 2 ;;
+    *) echo "unknown step '$s' (expected facts calibrate tests gpu-tests default v2 mla-cpu moe-v2-lite moe-v3 mla-decode:SUITE)" >&2; exit 2 ;;
   esac
 done
 grep -E '^(mla|moe|variant|results)' "$log" | tail -70

@@ -5,7 +5,12 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <numeric>
+#include <random>
 
+#include "variants/common/rng.h"
+
+#include "harness/errors.h"
 #include "harness/host.h"
 
 namespace dslab::mla {
@@ -16,7 +21,23 @@ Shape shape_of(const ModelConfig& m, const Point& p) {
   s.batch = p.integer("batch");
   s.q_len = p.integer("q_len");
   s.kv_len = p.integer("kv_len");
+  if (p.has("kv_dtype")) s.kv_dtype = parse_kv_dtype(p.text("kv_dtype"));
   return s;
+}
+
+KvDtype parse_kv_dtype(const std::string& text) {
+  if (text == "bf16") return KvDtype::bf16;
+  if (text == "int8") return KvDtype::int8;
+  if (text == "fp8_e4m3") return KvDtype::fp8_e4m3;
+  throw BadInput("axis kv_dtype: '" + text + "' is not a KV-cache type (expected bf16, int8 or fp8_e4m3)");
+}
+
+const char* kv_dtype_name(KvDtype d) {
+  switch (d) {
+    case KvDtype::int8: return "int8";
+    case KvDtype::fp8_e4m3: return "fp8_e4m3";
+    default: return "bf16";
+  }
 }
 
 std::vector<std::pair<std::string, std::string>> axes() {
@@ -32,9 +53,11 @@ double weight_elements(const ModelConfig& m, int64_t H) {
          double(H) * double(m.v_head_dim) * hid;
 }
 
-double cache_bytes_per_token(const ModelConfig& m, Algo algo, int64_t H) {
+double cache_bytes_per_token(const ModelConfig& m, Algo algo, int64_t H, KvDtype kv = KvDtype::bf16) {
   if (algo == Algo::cd) return 2.0 * double(H) * double(m.q_head_dim() + m.v_head_dim);
-  return 2.0 * double(m.kv_lora_rank + m.qk_rope_head_dim);
+  const double width = double(m.kv_lora_rank + m.qk_rope_head_dim);
+  if (kv == KvDtype::bf16) return 2.0 * width;
+  return width + 4.0 * std::ceil(width / double(kQuantGroup));  // one byte each plus the fp32 group scales
 }
 
 // FLOPs of one (query, key) pair across all heads.
@@ -68,7 +91,7 @@ Cost cost(const ModelConfig& m, Algo algo, const Shape& s) {
     case Algo::cc: c.flops += double(s.batch) * double(s.keys()) * decompress_flops(m, s.heads); break;
     default: c.flops += T * 2.0 * H * r * double(m.qk_nope_head_dim + m.v_head_dim); break;  // W_UK into q, W_UV out
   }
-  const double cache_tok = cache_bytes_per_token(m, algo, s.heads);
+  const double cache_tok = cache_bytes_per_token(m, algo, s.heads, s.kv_dtype);
   c.bytes = 2.0 * weight_elements(m, s.heads) + double(s.batch) * double(s.keys()) * cache_tok + T * cache_tok +
             T * hid * 2 /* bf16 in */ + T * hid * 4 /* fp32 out */;
   return c;
@@ -87,6 +110,28 @@ double cpu_memory_bytes(const ModelConfig& m, Algo algo, const Shape& s) {
     case Algo::a_cc_me: break;
   }
   return bytes;
+}
+
+std::vector<int64_t> request_lengths(const std::string& len_dist, int64_t batch, int64_t kv_len, uint64_t seed) {
+  if (len_dist == "uniform") return std::vector<int64_t>(static_cast<size_t>(batch), kv_len);
+  if (len_dist != "mixed")
+    throw BadInput("axis len_dist: '" + len_dist + "' is not a length distribution (expected uniform or mixed)");
+  // Log-normal weights (sigma 1: a few long requests, many short ones), scaled so the batch caches exactly
+  // batch * kv_len tokens: the cost is that of the uniform point, only its distribution differs.
+  std::mt19937_64 gen(splitmix64(seed ^ 0x1e2d3c4b5a697887ull));
+  std::lognormal_distribution<double> dist(0.0, 1.0);
+  std::vector<double> w(static_cast<size_t>(batch));
+  for (double& x : w) x = dist(gen);
+  const double total = double(batch) * double(kv_len), sum = std::accumulate(w.begin(), w.end(), 0.0);
+  std::vector<int64_t> len(static_cast<size_t>(batch));
+  int64_t assigned = 0;
+  for (size_t i = 0; i < len.size(); ++i) {
+    len[i] = std::max<int64_t>(1, int64_t(std::llround(w[i] / sum * total)));
+    assigned += len[i];
+  }
+  auto longest = std::max_element(len.begin(), len.end());
+  *longest = std::max<int64_t>(1, *longest + int64_t(total) - assigned);
+  return len;
 }
 
 const std::vector<double>& Problem::reference() const {

@@ -15,8 +15,16 @@ namespace dslab::mla {
 // a_cc_me = Absorbed_CacheCompressed_MoveElision.
 enum class Algo { cd, cc, a_cc, a_cc_me };
 
+// Latent-cache element type (kv_dtype axis). int8 and fp8_e4m3 store each token's 576 values in groups
+// of kQuantGroup with one fp32 scale per group, as PPL's KeyValueCache quant groups do.
+enum class KvDtype { bf16, int8, fp8_e4m3 };
+constexpr int64_t kQuantGroup = 64;
+KvDtype parse_kv_dtype(const std::string& text);  // BadInput for anything else
+const char* kv_dtype_name(KvDtype d);
+
 struct Shape {
   int64_t heads = 0, batch = 0, q_len = 0, kv_len = 0;
+  KvDtype kv_dtype = KvDtype::bf16;  // the latent cache's (cd caches bf16 K/V)
   int64_t tokens() const { return batch * q_len; }
   int64_t keys() const { return kv_len + q_len; }  // per request, after this step's tokens are written
 };
@@ -43,6 +51,10 @@ struct Problem {
   mutable std::vector<double> reference_;
 };
 std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uint64_t seed);
+
+// Per-request cached lengths for the len_dist axis: uniform (all kv_len) or mixed (log-normal, a few long
+// requests and many short ones, the same total as uniform so the point's cost is unchanged); BadInput otherwise.
+std::vector<int64_t> request_lengths(const std::string& len_dist, int64_t batch, int64_t kv_len, uint64_t seed);
 
 // Axes every MLA variant reads.
 std::vector<std::pair<std::string, std::string>> axes();
