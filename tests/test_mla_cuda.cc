@@ -1,0 +1,145 @@
+// GPU MLA variants against the fp64 reference on fresh random inputs, over page sizes, length distributions
+// and cache types (ctest label `gpu`). Without a GPU, or in a build without CUDA, they skip and say why.
+// Also here (no GPU needed): the len_dist generator.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "harness/errors.h"
+#include "harness/host.h"
+#include "harness/variant.h"
+#include "tests/test_util.h"
+#include "variants/mla/mla.h"
+
+namespace dslab {
+namespace {
+
+struct GpuCase {
+  const char* model;
+  int64_t heads, batch, q_len, kv_len, page_size;
+  const char* len_dist;
+  const char* kv_dtype;
+};
+
+std::string describe(const GpuCase& c) {
+  return std::string(c.model) + " heads " + std::to_string(c.heads) + " batch " + std::to_string(c.batch) + " q_len " +
+         std::to_string(c.q_len) + " kv_len " + std::to_string(c.kv_len) + " page_size " + std::to_string(c.page_size) + " " +
+         c.len_dist + " " + c.kv_dtype;
+}
+
+Point point_of(const GpuCase& c) {
+  Point p;
+  p.set("batch", {std::to_string(c.batch), c.batch, true});
+  p.set("q_len", {std::to_string(c.q_len), c.q_len, true});
+  p.set("kv_len", {std::to_string(c.kv_len), c.kv_len, true});
+  p.set("heads", {std::to_string(c.heads), c.heads, true});
+  p.set("page_size", {std::to_string(c.page_size), c.page_size, true});
+  p.set("len_dist", {c.len_dist, 0, false});
+  p.set("kv_dtype", {c.kv_dtype, 0, false});
+  return p;
+}
+
+// Skips the calling test unless the variant was built and a GPU is present.
+#define REQUIRE_GPU_VARIANT(name)                                                           \
+  const VariantEntry* entry = find_variant(name);                                          \
+  if (!entry) GTEST_SKIP() << name << " is not built (no CUDA toolkit at configure time)"; \
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent
+
+// Runs two decode steps (the second rewrites the same cache slots) and returns the verification.
+Verification run_case(const VariantEntry& e, const GpuCase& c, uint64_t seed) {
+  const ModelFile model = load_model_file(c.model);
+  const Point p = point_of(c);
+  auto v = e.make();
+  const Support s = v->supports(model, p);
+  EXPECT_TRUE(s.ok) << s.reason;
+  if (!s.ok) return {1, 0};
+  v->prepare(model, p, seed);
+  v->run();
+  v->run();
+  return v->verify();
+}
+
+class GpuMla : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuMla, MatchesReferenceOverPagesLengthsAndCacheTypes) {
+  REQUIRE_GPU_VARIANT(GetParam());
+  const bool fused = GetParam() == "mla/fused/cuda";
+  const bool quantised_ok = fused || GetParam() == "mla/a_cc_me/cuda";
+  const uint64_t seed = test::fresh_seed();
+  std::vector<GpuCase> cases;
+  for (int64_t page : {1, 16, 64, 256})
+    for (const char* dist : {"uniform", "mixed"})
+      for (const char* kv : {"bf16", "int8", "fp8_e4m3"}) {
+        if (std::string(kv) != "bf16" && !quantised_ok) continue;
+        cases.push_back({"deepseek-v2-lite", 16, 3, 1, 150, page, dist, kv});
+      }
+  cases.push_back({"deepseek-v2-lite", 16, 2, 2, 130, 16, "mixed", "bf16"});  // MTP: two new tokens, causal between them
+  cases.push_back({"deepseek-v3", 128, 2, 1, 200, 64, "uniform", "bf16"});    // all heads of one GPU: 64-row tiles
+  cases.push_back({"deepseek-v3", 16, 3, 2, 333, 64, "mixed", "bf16"});      // 32-row tiles
+  cases.push_back({"deepseek-v2-lite", 16, 1, 1, 0, 16, "uniform", "bf16"});  // empty cache: the new token only
+  if (!fused) {
+    cases.push_back({"deepseek-v2-lite", 16, 2, 5, 70, 16, "uniform", "bf16"});  // extend: causal among 5 new tokens
+    cases.push_back({"tiny", 4, 3, 3, 37, 16, "mixed", "bf16"});                // narrow latent, odd sizes
+  }
+  for (const GpuCase& c : cases) {
+    SCOPED_TRACE(describe(c));
+    const Verification v = run_case(*entry, c, seed);
+    EXPECT_LE(v.rel_err, v.threshold);
+    EXPECT_GT(v.rel_err, 0.0) << "bf16 arithmetic cannot match fp64 exactly: is the output really computed?";
+    if (std::string(c.kv_dtype) == "bf16") EXPECT_LE(v.rel_err, 1e-2);
+    std::printf("%-18s %-70s rel_err %.3e\n", GetParam().c_str(), describe(c).c_str(), v.rel_err);
+  }
+}
+
+TEST_P(GpuMla, LongSplitCacheMatchesReference) {
+  // Long enough that the fused kernel splits every request across several CTAs and combines them.
+  REQUIRE_GPU_VARIANT(GetParam());
+  const Verification v = run_case(*entry, {"deepseek-v3", 16, 2, 1, 5000, 64, "mixed", "bf16"}, test::fresh_seed());
+  EXPECT_LE(v.rel_err, 1e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuMla,
+                         ::testing::Values("mla/cd/cuda", "mla/cc/cuda", "mla/a_cc/cuda", "mla/a_cc_me/cuda", "mla/fused/cuda"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '/', '_');
+                           return n;
+                         });
+
+TEST(GpuMlaVerify, UnwrittenOutputFails) {
+  REQUIRE_GPU_VARIANT("mla/fused/cuda");
+  const ModelFile model = load_model_file("deepseek-v2-lite");
+  auto v = entry->make();
+  v->prepare(model, point_of({"deepseek-v2-lite", 16, 1, 1, 64, 16, "uniform", "bf16"}), 5);
+  EXPECT_FALSE(v->verify().pass());  // the output is NaN until run() writes it
+}
+
+TEST(GpuMlaSupport, FusedKernelNeedsRowsInSixteens) {
+  REQUIRE_GPU_VARIANT("mla/fused/cuda");
+  const ModelFile model = load_model_file("deepseek-v2-lite");
+  EXPECT_FALSE(entry->make()->supports(model, point_of({"deepseek-v2-lite", 8, 1, 1, 64, 16, "uniform", "bf16"})).ok);
+  EXPECT_FALSE(entry->make()->supports(model, point_of({"deepseek-v2-lite", 16, 1, 4, 64, 16, "uniform", "bf16"})).ok);
+}
+
+// ---- no GPU needed -------------------------------------------------------------------------------------------
+
+TEST(RequestLengths, MixedIsSkewedWithTheUniformTotal) {
+  const auto len = mla::request_lengths("mixed", 64, 4096, 7);
+  ASSERT_EQ(len.size(), 64u);
+  EXPECT_EQ(std::accumulate(len.begin(), len.end(), int64_t(0)), 64 * 4096);
+  EXPECT_GT(*std::max_element(len.begin(), len.end()), 3 * 4096);
+  EXPECT_LT(*std::min_element(len.begin(), len.end()), 4096 / 2);
+  EXPECT_EQ(mla::request_lengths("uniform", 3, 10, 7), (std::vector<int64_t>{10, 10, 10}));
+  EXPECT_EQ(mla::request_lengths("mixed", 1, 100, 7), std::vector<int64_t>{100});
+  EXPECT_THROW(mla::request_lengths("zipf", 3, 10, 7), BadInput);
+}
+
+TEST(KvDtype, ParsesTheThreeCacheTypes) {
+  EXPECT_EQ(mla::parse_kv_dtype("fp8_e4m3"), mla::KvDtype::fp8_e4m3);
+  EXPECT_EQ(mla::parse_kv_dtype("int8"), mla::KvDtype::int8);
+  EXPECT_THROW(mla::parse_kv_dtype("fp16"), BadInput);
+}
+
+}  // namespace
+}  // namespace dslab

@@ -1,0 +1,303 @@
+// The four unfused MLA forms on the GPU, written as the seed benchmark's PyTorch forms are: cuBLAS for every
+// matmul, small kernels between them. They read the paged cache by gathering each request's pages into a
+// contiguous buffer first (cuBLAS cannot follow a page table); that copy is part of their timed step.
+#include <algorithm>
+
+#include "variants/mla/cuda/kernels.cuh"
+#include "variants/mla/cuda/mla_cuda.h"
+
+namespace dslab::mla::cuda {
+namespace {
+
+void gemm_batched(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k, const void** a,
+                  int64_t lda, const void** b, int64_t ldb, void** c, cudaDataType c_type, int64_t ldc, int64_t batch) {
+  const float alpha = 1.0f, beta = 0.0f;
+  DSLAB_CUBLAS_CALL(cublasGemmBatchedEx(h, op_a, op_b, int(m), int(n), int(k), &alpha, a, CUDA_R_16BF, int(lda), b, CUDA_R_16BF,
+                                        int(ldb), &beta, c, c_type, int(ldc), int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// K of head h for every (request, key): [k_nope (from the decompressed rows) ‖ k_pe (shared by all heads)].
+// decompressed: [rows][heads][nope + vd]; latent: [rows][width] (rope at r); k: [rows][heads][nope + rope].
+__global__ void concat_key_kernel(const __nv_bfloat16* decompressed, const __nv_bfloat16* latent, int64_t rows, int64_t heads,
+                                  int64_t nope, int64_t vd, int64_t rope, int64_t r, int64_t width, __nv_bfloat16* k) {
+  const int64_t qhd = nope + rope, total = rows * heads * qhd;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / (heads * qhd), h = (i / qhd) % heads, d = i % qhd;
+    k[i] = d < nope ? decompressed[(row * heads + h) * (nope + vd) + d] : latent[row * width + r + d - nope];
+  }
+}
+
+// a_cc's per-head copy of the [latent ‖ rope] key: [batch][heads][keys][width] from [batch][keys][width].
+__global__ void broadcast_heads_kernel(const uint4* latent, int64_t keys_x_width16, int64_t heads, int64_t batch, uint4* out) {
+  const int64_t total = batch * heads * keys_x_width16;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b = i / (heads * keys_x_width16), e = i % keys_x_width16;
+    out[i] = latent[b * keys_x_width16 + e];
+  }
+}
+
+// cd's cache: decompressed K [slot][heads][qhd] and V [slot][heads][vd] in the latent cache's pages. Row `row`
+// of `decompressed`/`latent` is token j = row % rows_per_request of request b = row / rows_per_request; with
+// new_tokens it sits at position lengths[b] + j, else at j (only j < lengths[b] are stored).
+__global__ void store_decompressed_kernel(const __nv_bfloat16* decompressed, const __nv_bfloat16* latent, int64_t latent_ld,
+                                          int64_t rows, int64_t rows_per_request, bool new_tokens, CacheView pages,
+                                          const int32_t* lengths, int64_t heads, int64_t nope, int64_t vd, int64_t rope, int64_t r,
+                                          __nv_bfloat16* k_pool, __nv_bfloat16* v_pool) {
+  const int64_t qhd = nope + rope, per_row = heads * (qhd + vd);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * per_row; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / per_row, e = i % per_row, b = row / rows_per_request, j = row % rows_per_request;
+    if (!new_tokens && j >= lengths[b]) continue;
+    const int64_t slot = pages.slot(b, new_tokens ? lengths[b] + j : j);
+    if (e < heads * qhd) {
+      const int64_t h = e / qhd, d = e % qhd;
+      k_pool[slot * heads * qhd + e] = d < nope ? decompressed[(row * heads + h) * (nope + vd) + d] : latent[row * latent_ld + r + d - nope];
+    } else {
+      const int64_t h = (e - heads * qhd) / vd, d = (e - heads * qhd) % vd;
+      v_pool[slot * heads * vd + h * vd + d] = decompressed[(row * heads + h) * (nope + vd) + nope + d];
+    }
+  }
+}
+
+// cd's pages -> contiguous [batch][max_keys][heads][qhd] and [..][vd].
+__global__ void gather_decompressed_kernel(CacheView pages, const int32_t* lengths, int64_t q_len, int64_t max_keys, int64_t k_row16,
+                                           int64_t v_row16, const uint4* k_pool, const uint4* v_pool, uint4* k, uint4* v) {
+  const int64_t b = blockIdx.y;
+  for (int64_t token = blockIdx.x; token < lengths[b] + q_len; token += gridDim.x) {
+    const int64_t slot = pages.slot(b, token), dst = b * max_keys + token;
+    for (int64_t e = threadIdx.x; e < k_row16; e += blockDim.x) k[dst * k_row16 + e] = k_pool[slot * k_row16 + e];
+    for (int64_t e = threadIdx.x; e < v_row16; e += blockDim.x) v[dst * v_row16 + e] = v_pool[slot * v_row16 + e];
+  }
+}
+
+unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256, 132 * 32)); }
+
+// cd and cc: multi-head attention over contiguous per-request K [keys][heads][qhd] and V (token stride v_ld,
+// head stride v_head), cuBLAS batched over (request, head) through pointer arrays built once.
+class MhaForm : public GpuVariant {
+ public:
+  using GpuVariant::GpuVariant;
+
+ protected:
+  void prepare_mha(const __nv_bfloat16* k, const __nv_bfloat16* v, int64_t v_ld, int64_t v_head, int64_t v_request) {
+    const int64_t B = s_.batch, S = s_.q_len, N = p_->max_keys;
+    scores_.resize(size_t(B * nh_ * S * N));
+    probs_.resize(scores_.size());
+    probs_.zero();
+    std::vector<const void*> k_ptr, q_ptr, v_ptr, p_ptr;
+    std::vector<const void*> s_ptr, o_ptr;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < nh_; ++h) {
+        k_ptr.push_back(k + (b * N * nh_ + h) * qhd_);
+        q_ptr.push_back(q_.get() + (b * S * nh_ + h) * qhd_);
+        s_ptr.push_back(scores_.get() + (b * nh_ + h) * S * N);
+        v_ptr.push_back(v + b * v_request + h * v_head);
+        p_ptr.push_back(probs_.get() + (b * nh_ + h) * S * N);
+        o_ptr.push_back(attn_.get() + (b * S * nh_ + h) * vd_);
+      }
+    k_ptrs_ = pointer_array(k_ptr);
+    q_ptrs_ = pointer_array(q_ptr);
+    s_ptrs_ = pointer_array(s_ptr);
+    v_ptrs_ = pointer_array(v_ptr);
+    p_ptrs_ = pointer_array(p_ptr);
+    o_ptrs_ = pointer_array(o_ptr);
+    v_ld_ = v_ld;
+  }
+  void attend_mha() {
+    const int64_t B = s_.batch, S = s_.q_len, N = p_->max_keys;
+    // scores[b][h] [S x N] = q[b][h] [S x qhd] · K[b][h]^T
+    gemm_batched(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, S, qhd_, k_ptrs_, nh_ * qhd_, q_ptrs_, nh_ * qhd_, const_cast<void**>(s_ptrs_),
+                 CUDA_R_32F, N, B * nh_);
+    softmax(scores_.get(), probs_.get(), B * nh_ * S, nh_ * S, 1);
+    // attn[b][h] [S x vd] = P [S x N] · V [N x vd]
+    gemm_batched(blas_, CUBLAS_OP_N, CUBLAS_OP_N, vd_, S, N, v_ptrs_, v_ld_, p_ptrs_, N, const_cast<void**>(o_ptrs_), CUDA_R_16BF,
+                 nh_ * vd_, B * nh_);
+  }
+  DeviceArray<float> scores_;
+  DeviceArray<__nv_bfloat16> probs_;
+
+ private:
+  const void **k_ptrs_ = nullptr, **q_ptrs_ = nullptr, **s_ptrs_ = nullptr, **v_ptrs_ = nullptr, **p_ptrs_ = nullptr, **o_ptrs_ = nullptr;
+  int64_t v_ld_ = 0;
+};
+
+class CdCuda final : public MhaForm {
+ public:
+  CdCuda() : MhaForm(Algo::cd) {}
+
+ protected:
+  void prepare_form() override {
+    const int64_t B = s_.batch, N = p_->max_keys, T = s_.tokens(), dec = nh_ * (nope_ + vd_);
+    const int64_t slots = int64_t(p_->cache.values.size() / p_->cache.element_bytes()) / width_;
+    k_pool_.resize(size_t(slots * nh_ * qhd_));
+    v_pool_.resize(size_t(slots * nh_ * vd_));
+    {  // The cached tokens' K and V, decompressed once from the problem's latent cache.
+      DeviceArray<__nv_bfloat16> latent(size_t(B * N * width_)), decompressed(size_t(B * N * dec));
+      latent.zero();
+      gather_latent(latent.get());
+      gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, B * N, r_, p_->kv_b.get(), r_, 0, latent.get(), width_, 0, decompressed.get(),
+           CUDA_R_16BF, dec, 0, 1);
+      store_decompressed_kernel<<<grid_for(B * N * nh_ * (qhd_ + vd_)), 256>>>(
+          decompressed.get(), latent.get(), width_, B * N, N, false, cache_view(p_->cache), p_->lengths_dev.get(), nh_, nope_, vd_,
+          rope_, r_, k_pool_.get(), v_pool_.get());
+      DSLAB_CHECK_LAUNCH();
+      DSLAB_CUDA(cudaDeviceSynchronize());
+    }
+    kv_new_.resize(size_t(T * width_));
+    new_decompressed_.resize(size_t(T * dec));
+    k_.resize(size_t(B * N * nh_ * qhd_));
+    v_.resize(size_t(B * N * nh_ * vd_));
+    k_.zero();
+    v_.zero();
+    prepare_mha(k_.get(), v_.get(), nh_ * vd_, vd_, N * nh_ * vd_);
+  }
+  void attend() override {
+    const int64_t B = s_.batch, T = s_.tokens(), dec = nh_ * (nope_ + vd_);
+    // This step's tokens decompressed into the K/V pages, then every request's pages gathered for cuBLAS.
+    gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, T, r_, p_->kv_b.get(), r_, 0, kv_new_.get(), width_, 0, new_decompressed_.get(),
+         CUDA_R_16BF, dec, 0, 1);
+    store_decompressed_kernel<<<grid_for(T * nh_ * (qhd_ + vd_)), 256>>>(new_decompressed_.get(), kv_new_.get(), width_, T, s_.q_len,
+                                                                          true, cache_view(p_->cache), p_->lengths_dev.get(), nh_,
+                                                                          nope_, vd_, rope_, r_, k_pool_.get(), v_pool_.get());
+    DSLAB_CHECK_LAUNCH();
+    gather_decompressed_kernel<<<dim3(unsigned(std::min<int64_t>(p_->max_keys, 4096)), unsigned(B)), 128>>>(
+        cache_view(p_->cache), p_->lengths_dev.get(), s_.q_len, p_->max_keys, nh_ * qhd_ / 8, nh_ * vd_ / 8,
+        reinterpret_cast<const uint4*>(k_pool_.get()), reinterpret_cast<const uint4*>(v_pool_.get()),
+        reinterpret_cast<uint4*>(k_.get()), reinterpret_cast<uint4*>(v_.get()));
+    DSLAB_CHECK_LAUNCH();
+    attend_mha();
+  }
+
+ private:
+  DeviceArray<__nv_bfloat16> k_pool_, v_pool_, new_decompressed_, k_, v_;
+};
+
+class CcCuda final : public MhaForm {
+ public:
+  CcCuda() : MhaForm(Algo::cc) {}
+
+ protected:
+  void prepare_form() override {
+    const int64_t B = s_.batch, N = p_->max_keys, dec = nh_ * (nope_ + vd_);
+    latent_.resize(size_t(B * N * width_));
+    latent_.zero();
+    decompressed_.resize(size_t(B * N * dec));
+    decompressed_.zero();
+    k_.resize(size_t(B * N * nh_ * qhd_));
+    prepare_mha(k_.get(), decompressed_.get() + nope_, dec, nope_ + vd_, N * dec);
+  }
+  void attend() override {
+    const int64_t B = s_.batch, N = p_->max_keys, dec = nh_ * (nope_ + vd_);
+    gather_latent(latent_.get());
+    // Every cached token decompressed again, every step: [B*N][heads*(nope+vd)] = latent · kv_b_proj^T.
+    gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, B * N, r_, p_->kv_b.get(), r_, 0, latent_.get(), width_, 0, decompressed_.get(),
+         CUDA_R_16BF, dec, 0, 1);
+    concat_key_kernel<<<grid_for(B * N * nh_ * qhd_), 256>>>(decompressed_.get(), latent_.get(), B * N, nh_, nope_, vd_, rope_, r_,
+                                                              width_, k_.get());
+    DSLAB_CHECK_LAUNCH();
+    attend_mha();
+  }
+
+ private:
+  DeviceArray<__nv_bfloat16> latent_, decompressed_, k_;
+};
+
+class ACcCuda final : public GpuVariant {
+ public:
+  ACcCuda() : GpuVariant(Algo::a_cc) {}
+
+ protected:
+  void prepare_form() override {
+    const int64_t B = s_.batch, S = s_.q_len, N = p_->max_keys, T = s_.tokens();
+    latent_.resize(size_t(B * N * width_));
+    latent_.zero();
+    k_cat_.resize(size_t(B * nh_ * N * width_));
+    q_cat_.resize(size_t(T * nh_ * width_));
+    o_lat_.resize(size_t(T * nh_ * r_));
+    scores_.resize(size_t(B * nh_ * S * N));
+    probs_.resize(scores_.size());
+    std::vector<const void*> k, q, sc, pr, o;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < nh_; ++h) {
+        k.push_back(k_cat_.get() + (b * nh_ + h) * N * width_);
+        q.push_back(q_cat_.get() + (b * S * nh_ + h) * width_);
+        sc.push_back(scores_.get() + (b * nh_ + h) * S * N);
+        pr.push_back(probs_.get() + (b * nh_ + h) * S * N);
+        o.push_back(o_lat_.get() + (b * S * nh_ + h) * r_);
+      }
+    k_ptrs_ = pointer_array(k);
+    q_ptrs_ = pointer_array(q);
+    s_ptrs_ = pointer_array(sc);
+    p_ptrs_ = pointer_array(pr);
+    o_ptrs_ = pointer_array(o);
+  }
+  void attend() override {
+    const int64_t B = s_.batch, S = s_.q_len, N = p_->max_keys;
+    gather_latent(latent_.get());
+    // The concatenated [latent ‖ rope] key materialised once per head, as the unfused absorbed form does.
+    broadcast_heads_kernel<<<grid_for(B * nh_ * N * width_ / 8), 256>>>(reinterpret_cast<const uint4*>(latent_.get()), N * width_ / 8,
+                                                                         nh_, B, reinterpret_cast<uint4*>(k_cat_.get()));
+    DSLAB_CHECK_LAUNCH();
+    concat_query(q_cat_.get());
+    gemm_batched(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, S, width_, k_ptrs_, width_, q_ptrs_, nh_ * width_, const_cast<void**>(s_ptrs_),
+                 CUDA_R_32F, N, B * nh_);
+    softmax(scores_.get(), probs_.get(), B * nh_ * S, nh_ * S, 1);
+    gemm_batched(blas_, CUBLAS_OP_N, CUBLAS_OP_N, r_, S, N, k_ptrs_, width_, p_ptrs_, N, const_cast<void**>(o_ptrs_), CUDA_R_16BF,
+                 nh_ * r_, B * nh_);
+    absorb_output(o_lat_.get());
+  }
+
+ private:
+  DeviceArray<__nv_bfloat16> latent_, k_cat_, q_cat_, o_lat_, probs_;
+  DeviceArray<float> scores_;
+  const void **k_ptrs_ = nullptr, **q_ptrs_ = nullptr, **s_ptrs_ = nullptr, **p_ptrs_ = nullptr, **o_ptrs_ = nullptr;
+};
+
+class ACcMeCuda final : public GpuVariant {
+ public:
+  ACcMeCuda() : GpuVariant(Algo::a_cc_me) {}
+
+ protected:
+  bool supports_kv_dtype(KvDtype) const override { return true; }
+  void prepare_form() override {
+    const int64_t B = s_.batch, N = p_->max_keys, T = s_.tokens();
+    latent_.resize(size_t(B * N * width_));
+    latent_.zero();
+    q_abs_.resize(size_t(T * nh_ * r_));
+    o_lat_.resize(size_t(T * nh_ * r_));
+    scores_.resize(size_t(T * nh_ * N));
+    probs_.resize(scores_.size());
+  }
+  void attend() override {
+    // One request's heads and new tokens are the rows M = q_len*heads of an MQA over its shared latent.
+    const int64_t B = s_.batch, N = p_->max_keys, M = s_.q_len * nh_;
+    gather_latent(latent_.get());  // int8/fp8 caches are dequantised here
+    absorb_query(q_abs_.get(), r_);
+    // scores[b] [M x N] = q_abs[b] · c_kv[b]^T + q_pe[b] · k_pe[b]^T: two sums, no concatenated key.
+    gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, r_, latent_.get(), width_, N * width_, q_abs_.get(), r_, M * r_, scores_.get(),
+         CUDA_R_32F, N, M * N, B);
+    gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, rope_, latent_.get() + r_, width_, N * width_, q_.get() + nope_, qhd_, M * qhd_,
+         scores_.get(), CUDA_R_32F, N, M * N, B, 1.0f);
+    softmax(scores_.get(), probs_.get(), B * M, M, nh_);
+    // o_lat[b] [M x r] = P[b] · c_kv[b]
+    gemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, r_, M, N, latent_.get(), width_, N * width_, probs_.get(), N, M * N, o_lat_.get(),
+         CUDA_R_16BF, r_, M * r_, B);
+    absorb_output(o_lat_.get());
+  }
+
+ private:
+  DeviceArray<__nv_bfloat16> latent_, q_abs_, o_lat_, probs_;
+  DeviceArray<float> scores_;
+};
+
+}  // namespace
+
+DSLAB_REGISTER_VARIANT(CdCuda, "mla/cd/cuda", dslab::Device::cuda,
+                       "CacheDecompressed on the GPU: paged K/V, gathered, cuBLAS batched MHA");
+DSLAB_REGISTER_VARIANT(CcCuda, "mla/cc/cuda", dslab::Device::cuda,
+                       "CacheCompressed on the GPU: the whole latent cache re-decompressed by cuBLAS every step");
+DSLAB_REGISTER_VARIANT(ACcCuda, "mla/a_cc/cuda", dslab::Device::cuda,
+                       "Absorbed on the GPU: [latent ‖ rope] key materialised per head, cuBLAS batched");
+DSLAB_REGISTER_VARIANT(ACcMeCuda, "mla/a_cc_me/cuda", dslab::Device::cuda,
+                       "Absorbed + MoveElision on the GPU: MQA over the gathered latent, two-sum scores, cuBLAS");
+
+}  // namespace dslab::mla::cuda

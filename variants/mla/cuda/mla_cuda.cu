@@ -1,0 +1,519 @@
+#include "variants/mla/cuda/mla_cuda.h"
+
+#include <cuda_fp8.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <numeric>
+#include <random>
+
+#include "harness/errors.h"
+#include "harness/host.h"
+#include "variants/common/rng.h"
+#include "variants/mla/cuda/kernels.cuh"
+
+namespace dslab::mla::cuda {
+
+namespace {
+
+struct NvtxRange {  // one named range per op, for Nsight timelines
+  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
+  ~NvtxRange() { nvtxRangePop(); }
+};
+
+const float kUnitScale = std::sqrt(3.0f);  // unit-variance uniform values, as ref::make_mla_inputs uses
+
+// ---- kernels -------------------------------------------------------------------------------------------
+
+// One warp per cached token: generate its latent and rope key with the CPU's counter-based generator and
+// store them (quantised if asked) into the token's page slot.
+__global__ void fill_cache_kernel(CacheView cache, const int32_t* lengths, const uint64_t* streams, int64_t r, float scale) {
+  const int64_t b = blockIdx.y;
+  const int64_t token = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (token >= lengths[b]) return;
+  const int lane = threadIdx.x % 32;
+  float v[kMaxValuesPerLane];
+  for (int k = 0; k < kMaxValuesPerLane; ++k) {
+    const int64_t i = lane + 32 * k;
+    if (i >= cache.width) break;
+    const bool latent = i < r;
+    const uint64_t stream = streams[2 * b + (latent ? 0 : 1)];
+    const uint64_t index = latent ? uint64_t(token * r + i) : uint64_t(token * (cache.width - r) + i - r);
+    v[k] = __bfloat162float(__float2bfloat16_rn(scale * uniform_pm1(stream, index)));
+  }
+  store_token(cache, cache.slot(b, token), v, lane);
+}
+
+// Per new token: q to bf16 with RoPE on its rope part; the latent RMS-normalised, the rope key rotated, both
+// written into the cache at the token's position (and, bf16, to kv_new for the forms that decompress it).
+__global__ void finish_projection_kernel(const float* q_f32, const float* kv_f32, const __nv_bfloat16* kv_norm,
+                                         const float* cos_table, const float* sin_table, CacheView cache,
+                                         const int32_t* lengths, int64_t q_len, int64_t heads, int64_t nope, int64_t rope,
+                                         int64_t r, float eps, __nv_bfloat16* q, __nv_bfloat16* kv_new) {
+  const int64_t t = blockIdx.x, b = t / q_len, s = t % q_len, qhd = nope + rope, half = rope / 2;
+  const float* cs = cos_table + t * half;
+  const float* sn = sin_table + t * half;
+  for (int64_t i = threadIdx.x; i < heads * qhd; i += blockDim.x) {
+    const int64_t h = i / qhd, d = i % qhd;
+    const float* qf = q_f32 + (t * heads + h) * qhd;
+    float y;
+    if (d < nope) {
+      y = qf[d];
+    } else {  // DeepSeek RoPE: interleaved pairs in, de-interleaved out
+      const int64_t j = d - nope, p = j % half;
+      const float a = qf[nope + 2 * p], c = qf[nope + 2 * p + 1];
+      y = j < half ? a * cs[p] - c * sn[p] : c * cs[p] + a * sn[p];
+    }
+    q[(t * heads + h) * qhd + d] = __float2bfloat16_rn(y);
+  }
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  const float* kv = kv_f32 + t * (r + rope);
+  float v[kMaxValuesPerLane];
+  float ss = 0;
+  for (int k = 0; k < kMaxValuesPerLane; ++k) {
+    const int64_t i = lane + 32 * k;
+    if (i < r) {
+      v[k] = kv[i];
+      ss += v[k] * v[k];
+    }
+  }
+  for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float inv = rsqrtf(ss / float(r) + eps);
+  for (int k = 0; k < kMaxValuesPerLane; ++k) {
+    const int64_t i = lane + 32 * k;
+    if (i >= cache.width) break;
+    if (i < r) {
+      v[k] = __bfloat162float(__float2bfloat16_rn(v[k] * inv * __bfloat162float(kv_norm[i])));
+    } else {
+      const int64_t j = i - r, p = j % half;
+      const float a = kv[r + 2 * p], c = kv[r + 2 * p + 1];
+      v[k] = __bfloat162float(__float2bfloat16_rn(j < half ? a * cs[p] - c * sn[p] : c * cs[p] + a * sn[p]));
+    }
+    if (kv_new) kv_new[t * cache.width + i] = __float2bfloat16_rn(v[k]);
+  }
+  store_token(cache, cache.slot(b, lengths[b] + s), v, lane);
+}
+
+// y = rmsnorm(x) * w in bf16, one block per row.
+__global__ void rms_norm_kernel(const float* x, const __nv_bfloat16* w, int64_t n, float eps, __nv_bfloat16* y) {
+  const float* row = x + int64_t(blockIdx.x) * n;
+  float ss = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += row[i] * row[i];
+  ss = block_sum(ss);
+  const float inv = rsqrtf(ss / float(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    y[int64_t(blockIdx.x) * n + i] = __float2bfloat16_rn(row[i] * inv * __bfloat162float(w[i]));
+}
+
+// Paged cache -> contiguous [batch][max_keys][width] bf16, one warp per token.
+__global__ void gather_kernel(CacheView cache, const int32_t* lengths, int64_t q_len, int64_t max_keys, __nv_bfloat16* out) {
+  const int64_t b = blockIdx.y;
+  const int64_t token = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (token >= lengths[b] + q_len) return;
+  const int lane = threadIdx.x % 32;
+  float v[kMaxValuesPerLane];
+  load_token(cache, cache.slot(b, token), v, lane);
+  __nv_bfloat16* dst = out + (b * max_keys + token) * cache.width;
+  for (int k = 0; k < kMaxValuesPerLane && lane + 32 * k < cache.width; ++k) dst[lane + 32 * k] = __float2bfloat16_rn(v[k]);
+}
+
+__global__ void softmax_kernel(const float* scores, __nv_bfloat16* probs, int64_t n, float scale, const int32_t* lengths,
+                               int64_t rows_per_request, int64_t div, int64_t q_len) {
+  const int64_t row = blockIdx.x, b = row / rows_per_request, s = (row / div) % q_len;
+  const int64_t visible = lengths[b] + s + 1;
+  const float* x = scores + row * n;
+  __nv_bfloat16* y = probs + row * n;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) mx = fmaxf(mx, x[j]);
+  mx = block_max(mx);
+  float sum = 0;
+  for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) sum += __expf((x[j] - mx) * scale);
+  const float inv = 1.0f / block_sum(sum);
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+    y[j] = __float2bfloat16_rn(j < visible ? __expf((x[j] - mx) * scale) * inv : 0.0f);
+}
+
+// q_cat[t][h] = [q_abs (already there) ‖ q_pe]: the rope part of q copied behind the absorbed part.
+__global__ void copy_q_pe_kernel(const __nv_bfloat16* q, int64_t rows, int64_t qhd, int64_t nope, int64_t rope, int64_t r,
+                                 __nv_bfloat16* q_cat) {
+  const int64_t total = rows * rope;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / rope, d = i % rope;
+    q_cat[row * (r + rope) + r + d] = q[row * qhd + nope + d];
+  }
+}
+
+}  // namespace
+
+// ---- GEMM ------------------------------------------------------------------------------------------------
+
+void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k, const void* a,
+          int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* c, cudaDataType c_type, int64_t ldc,
+          int64_t stride_c, int64_t batch, float beta) {
+  const float alpha = 1.0f;
+  DSLAB_CUBLAS_CALL(cublasGemmStridedBatchedEx(h, op_a, op_b, int(m), int(n), int(k), &alpha, a, CUDA_R_16BF, int(lda), stride_a, b,
+                                               CUDA_R_16BF, int(ldb), stride_b, &beta, c, c_type, int(ldc), stride_c, int(batch),
+                                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out, void* y,
+            cudaDataType y_type) {
+  // Column-major view: y^T [out x rows] = w [in x out]^T · x^T [in x rows].
+  gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, 0, x, in, 0, y, y_type, out, 0, 1);
+}
+
+// ---- the problem -----------------------------------------------------------------------------------------
+
+uint64_t GpuProblem::ckv_stream(int64_t request) const { return stream_id(seed, "ckv_cache.r" + std::to_string(request)); }
+uint64_t GpuProblem::kpe_stream(int64_t request) const { return stream_id(seed, "kpe_cache.r" + std::to_string(request)); }
+
+std::vector<bf16> host_latent(const GpuProblem& p, int64_t request) {
+  const int64_t r = p.model.kv_lora_rank, rope = p.model.qk_rope_head_dim, L = p.lengths[size_t(request)];
+  const uint64_t ckv = p.ckv_stream(request), kpe = p.kpe_stream(request);
+  std::vector<bf16> out(static_cast<size_t>(L * (r + rope)));
+  for (int64_t j = 0; j < L; ++j) {
+    for (int64_t i = 0; i < r; ++i) out[size_t(j * (r + rope) + i)] = to_bf16(kUnitScale * uniform_pm1(ckv, uint64_t(j * r + i)));
+    for (int64_t i = 0; i < rope; ++i)
+      out[size_t(j * (r + rope) + r + i)] = to_bf16(kUnitScale * uniform_pm1(kpe, uint64_t(j * rope + i)));
+  }
+  return out;
+}
+
+std::vector<float> download_latent(const GpuProblem& p, int64_t request) {
+  const int64_t keys = p.lengths[size_t(request)] + p.shape.q_len, width = p.cache.width;
+  DeviceArray<__nv_bfloat16> one(size_t(keys * width));
+  DeviceArray<int32_t> len(1);
+  const int32_t l = int32_t(p.lengths[size_t(request)]);
+  DSLAB_CUDA(cudaMemcpy(len.get(), &l, 4, cudaMemcpyHostToDevice));
+  CacheView view = cache_view(p.cache);
+  view.page_table += request * p.cache.pages_per_request;
+  gather_kernel<<<dim3(unsigned((keys + 7) / 8), 1), 256>>>(view, len.get(), p.shape.q_len, keys, one.get());
+  DSLAB_CHECK_LAUNCH();
+  std::vector<bf16> host(one.size());
+  DSLAB_CUDA(cudaMemcpy(host.data(), one.get(), host.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> out(host.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = to_float(host[i]);
+  return out;
+}
+
+const std::vector<double>& GpuProblem::reference(int64_t request) const {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (reference_.empty()) reference_.resize(lengths.size());
+  auto& out = reference_[size_t(request)];
+  if (out.empty()) {
+    // Requests are independent: the reference of one is a batch-1 step over its own cache.
+    const int64_t S = shape.q_len, hid = model.hidden_size, r = model.kv_lora_rank, rope = model.qk_rope_head_dim;
+    ref::MlaInputs in;
+    in.batch = 1;
+    in.q_len = S;
+    in.kv_len = lengths[size_t(request)];
+    in.hidden_states.assign(hidden.begin() + request * S * hid, hidden.begin() + (request + 1) * S * hid);
+    const auto latent = host_latent(*this, request);
+    in.ckv_cache.resize(size_t(in.kv_len * r));
+    in.kpe_cache.resize(size_t(in.kv_len * rope));
+    for (int64_t j = 0; j < in.kv_len; ++j) {
+      std::copy_n(&latent[size_t(j * (r + rope))], r, &in.ckv_cache[size_t(j * r)]);
+      std::copy_n(&latent[size_t(j * (r + rope) + r)], rope, &in.kpe_cache[size_t(j * rope)]);
+    }
+    out = ref::mla_attention(model, params, in, ref::MlaForm::absorbed_split);
+  }
+  return out;
+}
+
+std::shared_ptr<GpuProblem> gpu_problem(const ModelConfig& m, const Shape& s, int64_t page_size, const std::string& len_dist,
+                                        uint64_t seed) {
+  static std::mutex mu;
+  static std::shared_ptr<GpuProblem> last;
+  std::lock_guard<std::mutex> lock(mu);
+  if (last && last->model.source == m.source && last->seed == seed && last->shape.heads == s.heads && last->shape.batch == s.batch &&
+      last->shape.q_len == s.q_len && last->shape.kv_len == s.kv_len && last->shape.kv_dtype == s.kv_dtype &&
+      last->page_size == page_size && last->len_dist == len_dist)
+    return last;
+  last.reset();  // free the old point's device memory first
+  NvtxRange range("mla.problem");
+  auto p = std::make_shared<GpuProblem>();
+  p->model = m;
+  p->shape = s;
+  p->seed = seed;
+  p->page_size = page_size;
+  p->len_dist = len_dist;
+  p->lengths = request_lengths(len_dist, s.batch, s.kv_len, seed);
+  const int64_t B = s.batch, S = s.q_len, T = s.tokens(), r = m.kv_lora_rank, rope = m.qk_rope_head_dim, width = r + rope;
+  p->max_keys = *std::max_element(p->lengths.begin(), p->lengths.end()) + S;
+  p->params = ref::make_mla_params(m, s.heads, seed);
+  p->hidden = ref::random_bf16(seed, "hidden_states", size_t(T * m.hidden_size), kUnitScale);
+  p->q_a.upload(p->params.q_a_proj);
+  p->q_a_norm.upload(p->params.q_a_layernorm);
+  p->q_b.upload(p->params.q_b_proj);
+  p->q_proj.upload(p->params.q_proj);
+  p->kv_a.upload(p->params.kv_a_proj_with_mqa);
+  p->kv_a_norm.upload(p->params.kv_a_layernorm);
+  p->kv_b.upload(p->params.kv_b_proj);
+  p->o_proj.upload(p->params.o_proj);
+  p->x.upload(p->hidden);
+
+  // Pages: each request gets the pages its cached and new tokens need, drawn in shuffled order from one pool
+  // so consecutive pages of a request are scattered, as in a long-running server.
+  PagedLatentCache& c = p->cache;
+  c.dtype = s.kv_dtype;
+  c.page_size = page_size;
+  c.width = width;
+  c.groups = (width + kQuantGroup - 1) / kQuantGroup;
+  c.pages_per_request = (p->max_keys + page_size - 1) / page_size;
+  int64_t pages = 0;
+  for (int64_t L : p->lengths) pages += (L + S + page_size - 1) / page_size;
+  std::vector<int32_t> order(static_cast<size_t>(pages));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(splitmix64(seed ^ 0x9a6e5ull)));
+  c.host_page_table.assign(size_t(B * c.pages_per_request), 0);
+  size_t next = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < (p->lengths[size_t(b)] + S + page_size - 1) / page_size; ++i)
+      c.host_page_table[size_t(b * c.pages_per_request + i)] = order[next++];
+  c.page_table.upload(c.host_page_table);
+  c.values.resize(size_t(pages * page_size * width) * c.element_bytes());
+  c.values.zero();
+  if (c.dtype != KvDtype::bf16) {
+    c.scales.resize(size_t(pages * page_size * c.groups));
+    c.scales.zero();
+  }
+  std::vector<int32_t> len32(p->lengths.begin(), p->lengths.end());
+  p->lengths_dev.upload(len32);
+  std::vector<uint64_t> streams(static_cast<size_t>(2 * B));
+  for (int64_t b = 0; b < B; ++b) {
+    streams[size_t(2 * b)] = p->ckv_stream(b);
+    streams[size_t(2 * b + 1)] = p->kpe_stream(b);
+  }
+  DeviceArray<uint64_t> streams_dev;
+  streams_dev.upload(streams);
+  const int64_t max_len = p->max_keys - S;
+  if (max_len > 0) {
+    fill_cache_kernel<<<dim3(unsigned((max_len + 7) / 8), unsigned(B)), 256>>>(cache_view(c), p->lengths_dev.get(), streams_dev.get(), r,
+                                                                               kUnitScale);
+    DSLAB_CHECK_LAUNCH();
+  }
+  // RoPE tables at each new token's own position (requests differ in length).
+  const auto inv_freq = ref::rope_inv_freq(m);
+  const double ms = ref::rope_mscale(m);
+  std::vector<float> cs(static_cast<size_t>(T * rope / 2)), sn(cs.size());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < rope / 2; ++i) {
+      const double angle = double(p->lengths[size_t(t / S)] + t % S) * inv_freq[size_t(i)];
+      cs[size_t(t * rope / 2 + i)] = float(std::cos(angle) * ms);
+      sn[size_t(t * rope / 2 + i)] = float(std::sin(angle) * ms);
+    }
+  p->rope_cos.upload(cs);
+  p->rope_sin.upload(sn);
+  // Verify every request unless the fp64 reference of all of them would take minutes: then the first, the
+  // last and the longest, which cover the page-table ends and the longest softmax.
+  const double budget = double(1 << 24);  // (key, head) pairs of fp64 reference work
+  double work = 0;
+  std::vector<int64_t> candidates = {0, B - 1, int64_t(std::max_element(p->lengths.begin(), p->lengths.end()) - p->lengths.begin())};
+  for (int64_t b = 1; b < B - 1; ++b) candidates.push_back(b);
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const int64_t b = candidates[i];
+    const double w = double(p->lengths[size_t(b)] + S) * double(s.heads);
+    if (std::find(p->verified_requests.begin(), p->verified_requests.end(), b) != p->verified_requests.end()) continue;
+    if (i >= 3 && work + w > budget) break;
+    p->verified_requests.push_back(b);
+    work += w;
+  }
+  DSLAB_CUDA(cudaDeviceSynchronize());
+  last = p;
+  return p;
+}
+
+double device_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t page_size, const std::string& len_dist, bool fused) {
+  const double B = double(s.batch), H = double(s.heads), S = double(s.q_len), T = double(s.tokens());
+  // Unfused forms pad every request to the longest; mixed lengths put the longest at a few times kv_len.
+  const double N = double(s.kv_len) * (len_dist == "mixed" && s.batch > 1 ? 4 : 1) + S;
+  const double r = double(m.kv_lora_rank), w = r + double(m.qk_rope_head_dim);
+  const double total_keys = B * (double(s.kv_len) + S + double(page_size));
+  double bytes = total_keys * w * 2 + 2 * 2.0 * double(m.hidden_size) * H * 400;  // cache, weights (rough upper bound)
+  if (fused) return bytes + T * H * w * 4 * 8;                                       // q, o_lat, split partials
+  const double padded = B * N;
+  bytes += padded * w * 2;                          // gathered latent
+  bytes += padded * H * S * 6;                      // scores fp32 + probabilities bf16
+  switch (algo) {
+    case Algo::cd: bytes += 2 * total_keys * H * double(m.q_head_dim() + m.v_head_dim) * 2; break;  // pool + gathered
+    case Algo::cc: bytes += padded * H * double(m.qk_nope_head_dim + m.v_head_dim + m.q_head_dim()) * 2; break;
+    case Algo::a_cc: bytes += padded * H * w * 2; break;
+    case Algo::a_cc_me: break;
+  }
+  return bytes;
+}
+
+// ---- the base variant --------------------------------------------------------------------------------------
+
+GpuVariant::~GpuVariant() {
+  if (blas_) cublasDestroy(blas_);
+}
+
+std::vector<std::pair<std::string, std::string>> GpuVariant::axes() const {
+  return {{"batch", "1"}, {"q_len", "1"}, {"kv_len", "4096"}, {"heads", ""}, {"page_size", "64"}, {"len_dist", "uniform"},
+          {"kv_dtype", "bf16"}};
+}
+
+Support GpuVariant::supports(const ModelFile& model, const Point& point) const {
+  const ModelConfig m = parse_model_config(model.config, model.name, model.path);
+  const Shape s = shape_of(m, point);
+  request_lengths(point.text("len_dist"), 1, 1, 0);  // validates the name
+  if (!supports_kv_dtype(s.kv_dtype)) return Support::no(std::string("kv_dtype ") + kv_dtype_name(s.kv_dtype) + " not implemented by this form");
+  if (fused_ && (s.heads * s.q_len) % 16) return Support::no("decode kernel: heads x q_len must be a multiple of 16");
+  if (fused_ && s.q_len > 2) return Support::no("decode kernel: q_len 1 or 2 (MTP); extend runs on the unfused forms");
+  if (m.kv_lora_rank + m.qk_rope_head_dim != 576 && fused_) return Support::no("fused kernel is built for a 512+64 latent");
+  const GpuInfo& g = gpu_info();
+  if (!g.present) return Support::no(g.why_absent);
+  const double need = device_bytes(m, algo_, s, point.integer("page_size"), point.text("len_dist"), fused_);
+  if (need > 0.85 * double(g.memory_bytes))
+    return Support::no("needs ~" + std::to_string(int64_t(need / double(1 << 30))) + " GiB of GPU memory, " + g.name + " has " +
+                       std::to_string(int64_t(double(g.memory_bytes) / double(1 << 30))) + " GiB");
+  return {};
+}
+
+Cost GpuVariant::cost(const ModelFile& model, const Point& point) const {
+  const ModelConfig m = parse_model_config(model.config, model.name, model.path);
+  return mla::cost(m, algo_, shape_of(m, point));  // mixed lengths cache the same total, so the same cost
+}
+
+double GpuVariant::host_memory_bytes(const ModelFile& model, const Point& point) const {
+  const ModelConfig m = parse_model_config(model.config, model.name, model.path);
+  const Shape s = shape_of(m, point);
+  return 2.0 * double(m.hidden_size) * double(s.heads) * 400 + double(s.tokens()) * double(m.hidden_size) * 16;
+}
+
+void GpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
+  m_ = parse_model_config(model.config, model.name, model.path);
+  s_ = shape_of(m_, point);
+  p_ = gpu_problem(m_, s_, point.integer("page_size"), point.text("len_dist"), seed);
+  nh_ = s_.heads;
+  nope_ = m_.qk_nope_head_dim;
+  rope_ = m_.qk_rope_head_dim;
+  qhd_ = m_.q_head_dim();
+  vd_ = m_.v_head_dim;
+  r_ = m_.kv_lora_rank;
+  hid_ = m_.hidden_size;
+  width_ = r_ + rope_;
+  scale_ = float(m_.softmax_scale());
+  if (!blas_) {
+    DSLAB_CUBLAS_CALL(cublasCreate(&blas_));
+    DSLAB_CUBLAS_CALL(cublasSetStream(blas_, 0));  // the harness times the default stream
+  }
+  const int64_t T = s_.tokens();
+  if (m_.q_lora_rank) {
+    qa_f32_.resize(size_t(T * *m_.q_lora_rank));
+    qa_.resize(size_t(T * *m_.q_lora_rank));
+  }
+  q_f32_.resize(size_t(T * nh_ * qhd_));
+  kv_f32_.resize(size_t(T * width_));
+  q_.resize(size_t(T * nh_ * qhd_));
+  attn_.resize(size_t(T * nh_ * vd_));
+  out_.resize(size_t(T * hid_));
+  DSLAB_CUDA(cudaMemset(out_.get(), 0xff, out_.size() * 4));  // NaN: verification fails if run() leaves any unwritten
+  pointer_arrays_.clear();
+  prepare_form();
+  DSLAB_CUDA(cudaDeviceSynchronize());
+}
+
+void GpuVariant::project() {
+  NvtxRange range("mla.project");
+  const int64_t T = s_.tokens();
+  if (m_.q_lora_rank) {
+    const int64_t ql = *m_.q_lora_rank;
+    linear(blas_, p_->x.get(), T, hid_, p_->q_a.get(), ql, qa_f32_.get(), CUDA_R_32F);
+    rms_norm_kernel<<<unsigned(T), 256>>>(qa_f32_.get(), p_->q_a_norm.get(), ql, float(m_.rms_norm_eps), qa_.get());
+    DSLAB_CHECK_LAUNCH();
+    linear(blas_, qa_.get(), T, ql, p_->q_b.get(), nh_ * qhd_, q_f32_.get(), CUDA_R_32F);
+  } else {
+    linear(blas_, p_->x.get(), T, hid_, p_->q_proj.get(), nh_ * qhd_, q_f32_.get(), CUDA_R_32F);
+  }
+  linear(blas_, p_->x.get(), T, hid_, p_->kv_a.get(), width_, kv_f32_.get(), CUDA_R_32F);
+  finish_projection_kernel<<<unsigned(T), 256>>>(q_f32_.get(), kv_f32_.get(), p_->kv_a_norm.get(), p_->rope_cos.get(),
+                                                  p_->rope_sin.get(), cache_view(p_->cache), p_->lengths_dev.get(), s_.q_len, nh_,
+                                                  nope_, rope_, r_, float(m_.rms_norm_eps), q_.get(), kv_new_.get());
+  DSLAB_CHECK_LAUNCH();
+}
+
+void GpuVariant::run() {
+  project();
+  {
+    NvtxRange range("mla.attend");
+    attend();
+  }
+  NvtxRange range("mla.o_proj");
+  linear(blas_, attn_.get(), s_.tokens(), nh_ * vd_, p_->o_proj.get(), hid_, out_.get(), CUDA_R_32F);
+}
+
+void GpuVariant::gather_latent(__nv_bfloat16* out) const {
+  gather_kernel<<<dim3(unsigned((p_->max_keys + 7) / 8), unsigned(s_.batch)), 256>>>(cache_view(p_->cache), p_->lengths_dev.get(),
+                                                                                     s_.q_len, p_->max_keys, out);
+  DSLAB_CHECK_LAUNCH();
+}
+
+void GpuVariant::softmax(const float* scores, __nv_bfloat16* probs, int64_t rows, int64_t rows_per_request, int64_t div) const {
+  softmax_kernel<<<unsigned(rows), 256>>>(scores, probs, p_->max_keys, scale_, p_->lengths_dev.get(), rows_per_request, div, s_.q_len);
+  DSLAB_CHECK_LAUNCH();
+}
+
+void GpuVariant::absorb_query(__nv_bfloat16* q_abs, int64_t ld) const {
+  // Per head h: q_abs[t][h][0..r) = q_nope[t][h] · W_UK[h] (W_UK[h]: rows h*(nope+vd) .. +nope of kv_b_proj, [nope][r]).
+  gemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, r_, s_.tokens(), nope_, p_->kv_b.get(), r_, (nope_ + vd_) * r_, q_.get(), nh_ * qhd_, qhd_,
+       q_abs, CUDA_R_16BF, nh_ * ld, ld, nh_);
+}
+
+void GpuVariant::concat_query(__nv_bfloat16* q_cat) const {
+  absorb_query(q_cat, width_);
+  const int64_t rows = s_.tokens() * nh_;
+  copy_q_pe_kernel<<<unsigned(std::min<int64_t>((rows * rope_ + 255) / 256, 4096)), 256>>>(q_.get(), rows, qhd_, nope_, rope_, r_, q_cat);
+  DSLAB_CHECK_LAUNCH();
+}
+
+void GpuVariant::absorb_output(const __nv_bfloat16* o_lat) const {
+  // Per head h: attn[t][h] = o_lat[t][h] · W_UV[h]^T (W_UV[h]: [vd][r] after the W_UK rows).
+  gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, vd_, s_.tokens(), r_, p_->kv_b.get() + nope_ * r_, r_, (nope_ + vd_) * r_, o_lat, nh_ * r_, r_,
+       attn_.get(), CUDA_R_16BF, nh_ * vd_, vd_, nh_);
+}
+
+const void** GpuVariant::pointer_array(const std::vector<const void*>& host) {
+  pointer_arrays_.emplace_back();
+  pointer_arrays_.back().upload(host);
+  return pointer_arrays_.back().get();
+}
+
+Verification GpuVariant::verify() {
+  host_out_.resize(out_.size());
+  DSLAB_CUDA(cudaDeviceSynchronize());
+  DSLAB_CUDA(cudaMemcpy(host_out_.data(), out_.get(), out_.size() * 4, cudaMemcpyDeviceToHost));
+  const int64_t rows = s_.q_len * hid_;
+  std::vector<float> out;
+  std::vector<double> ref;
+  for (int64_t b : p_->verified_requests) {
+    const auto& r = p_->reference(b);
+    out.insert(out.end(), host_out_.begin() + b * rows, host_out_.begin() + (b + 1) * rows);
+    ref.insert(ref.end(), r.begin(), r.end());
+  }
+  // bf16 caches hold the reference's own values; int8 and fp8 caches add their quantisation error.
+  const double threshold = s_.kv_dtype == KvDtype::bf16 ? 1e-2 : s_.kv_dtype == KvDtype::int8 ? 3e-2 : 8e-2;
+  return {ref::relative_l2_error(out.data(), ref.data(), ref.size()), threshold};
+}
+
+std::map<std::string, double> GpuVariant::counters() const {
+  std::map<std::string, double> c;
+  c["verified_requests"] = double(p_->verified_requests.size());
+  c["longest_request"] = double(p_->max_keys - s_.q_len);
+  c["shortest_request"] = double(*std::min_element(p_->lengths.begin(), p_->lengths.end()));
+  return c;
+}
+
+std::vector<DumpTensor> GpuVariant::tensors() const {
+  std::vector<DumpTensor> t;
+  if (!host_out_.empty()) t.push_back({"output", "F32", {s_.batch, s_.q_len, hid_}, host_out_.data(), host_out_.size() * 4});
+  t.push_back({"hidden_states", "BF16", {s_.batch, s_.q_len, hid_}, p_->hidden.data(), p_->hidden.size() * 2});
+  return t;
+}
+
+}  // namespace dslab::mla::cuda

@@ -1,0 +1,175 @@
+// The MLA family on the GPU: the problem as a serving engine holds it (a page pool with a page table per
+// request, per-request lengths, a bf16 / int8 / fp8 latent cache) and the base class every GPU form shares
+// (projections, the new token's cache write, o_proj, verification). Compiled by nvcc only.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/cuda_check.h"
+#include "harness/variant.h"
+#include "variants/mla/mla.h"
+
+#define DSLAB_CUBLAS_CALL(call)                                                                               \
+  do {                                                                                                        \
+    cublasStatus_t dslab_st_ = (call);                                                                        \
+    if (dslab_st_ != CUBLAS_STATUS_SUCCESS)                                                                   \
+      throw std::runtime_error(std::string(#call) + " failed at " __FILE__ ":" + std::to_string(__LINE__) +   \
+                               ": " + cublasGetStatusString(dslab_st_));                                      \
+  } while (0)
+
+namespace dslab::mla::cuda {
+
+// Owning device allocation.
+template <class T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  explicit DeviceArray(size_t n) { resize(n); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  DeviceArray(DeviceArray&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  DeviceArray& operator=(DeviceArray&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  ~DeviceArray() { cudaFree(p_); }
+  void resize(size_t n) {
+    cudaFree(p_);
+    p_ = nullptr;
+    n_ = n;
+    if (n) DSLAB_CUDA(cudaMalloc(&p_, n * sizeof(T)));
+  }
+  void zero() {
+    if (n_) DSLAB_CUDA(cudaMemset(p_, 0, n_ * sizeof(T)));
+  }
+  template <class U>
+  void upload(const std::vector<U>& host) {
+    static_assert(sizeof(U) == sizeof(T));
+    resize(host.size());
+    if (n_) DSLAB_CUDA(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// The paged latent cache: token slot = page * page_size + offset; each slot holds [c_kv (kv_lora_rank) ‖ k_pe
+// (rope)] in the kv_dtype, plus (int8/fp8) one fp32 scale per kQuantGroup values.
+struct PagedLatentCache {
+  KvDtype dtype = KvDtype::bf16;
+  int64_t page_size = 0, width = 0, groups = 0, pages_per_request = 0;
+  DeviceArray<uint8_t> values;  // [pages][page_size][width] elements of dtype
+  DeviceArray<float> scales;    // [pages][page_size][groups] (quantised dtypes only)
+  DeviceArray<int32_t> page_table;  // [batch][pages_per_request]
+  std::vector<int32_t> host_page_table;
+  size_t element_bytes() const { return dtype == KvDtype::bf16 ? 2 : 1; }
+};
+
+// One point's weights, inputs and cache, generated once and shared by every GPU variant at that point
+// (each variant's run() writes the same new-token values into the same cache slots).
+struct GpuProblem {
+  ModelConfig model;
+  Shape shape;
+  uint64_t seed = 0;
+  int64_t page_size = 0;
+  std::string len_dist;
+  std::vector<int64_t> lengths;  // cached tokens per request before this step
+  int64_t max_keys = 0;          // max over requests of lengths + q_len
+  ref::MlaParams params;         // host copies: the reference and --dump read them
+  std::vector<bf16> hidden;      // [tokens][hidden]
+  // Device copies.
+  DeviceArray<__nv_bfloat16> q_a, q_a_norm, q_b, q_proj, kv_a, kv_a_norm, kv_b, o_proj, x;
+  PagedLatentCache cache;
+  DeviceArray<int32_t> lengths_dev;  // int32 [batch]
+  DeviceArray<float> rope_cos, rope_sin;  // [tokens][rope/2], YaRN-scaled, at each new token's position
+  uint64_t ckv_stream(int64_t request) const;  // counter-based streams of request b's cached latent / rope key
+  uint64_t kpe_stream(int64_t request) const;
+  // Which requests verify() compares (all, unless the fp64 reference of all would take too long) and their
+  // reference output rows [q_len][hidden] each.
+  std::vector<int64_t> verified_requests;
+  const std::vector<double>& reference(int64_t request) const;
+
+ private:
+  mutable std::vector<std::vector<double>> reference_;
+};
+std::shared_ptr<GpuProblem> gpu_problem(const ModelConfig& m, const Shape& s, int64_t page_size, const std::string& len_dist,
+                                        uint64_t seed);
+// The cached values of request b as the CPU generates them (the GPU fill must match bit for bit).
+std::vector<bf16> host_latent(const GpuProblem& p, int64_t request);  // [lengths[b]][width], bf16 before any quantisation
+// Reads request b's cache back from the device, dequantised to float: [lengths[b] + q_len][width].
+std::vector<float> download_latent(const GpuProblem& p, int64_t request);
+
+// Device bytes a point needs beyond the shared problem, per form, for supports().
+double device_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t page_size, const std::string& len_dist, bool fused);
+
+// cuBLAS column-major GEMM over a strided batch with fp32 accumulation; every MLA matmul goes through here.
+void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k,
+          const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* c,
+          cudaDataType c_type, int64_t ldc, int64_t stride_c, int64_t batch, float beta = 0.0f);
+// Row-major nn.Linear: y[rows][out] = x[rows][in] · w[out][in]^T.
+void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out,
+            void* y, cudaDataType y_type);
+
+// Base of every GPU MLA variant: run() = project() (q, new latent into the paged cache), attend(), o_proj.
+class GpuVariant : public Variant {
+ public:
+  explicit GpuVariant(Algo algo, bool fused = false) : algo_(algo), fused_(fused) {}
+  ~GpuVariant() override;
+  std::vector<std::pair<std::string, std::string>> axes() const override;
+  Support supports(const ModelFile& model, const Point& point) const override;
+  Cost cost(const ModelFile& model, const Point& point) const override;
+  double host_memory_bytes(const ModelFile& model, const Point& point) const override;
+  std::string compute_ceiling() const override { return "gpu.tensor_bf16_flops"; }
+  void prepare(const ModelFile& model, const Point& point, uint64_t seed) override;
+  void run() override;
+  Verification verify() override;
+  std::vector<DumpTensor> tensors() const override;
+  std::map<std::string, double> counters() const override;
+
+ protected:
+  virtual bool supports_kv_dtype(KvDtype d) const { return d == KvDtype::bf16; }
+  virtual void prepare_form() {}
+  // Reads q_ (rope applied) and the cache (new tokens written); writes attn_ [tokens][heads][v_head_dim].
+  virtual void attend() = 0;
+
+  // Pieces the forms share.
+  void gather_latent(__nv_bfloat16* out) const;  // paged cache -> [batch][max_keys][width] bf16 (padding untouched)
+  // Row-wise causal softmax of scale*scores over each request's visible keys, zeros beyond:
+  // row r belongs to request r / rows_per_request and to new token (r / div) % q_len.
+  void softmax(const float* scores, __nv_bfloat16* probs, int64_t rows, int64_t rows_per_request, int64_t div) const;
+  void absorb_query(__nv_bfloat16* q_abs, int64_t ld) const;  // q_nope·W_UK per head into q_abs[t][h][0..r)
+  void concat_query(__nv_bfloat16* q_cat) const;               // [q_nope·W_UK ‖ q_pe] per (token, head), width wide
+  void absorb_output(const __nv_bfloat16* o_lat) const;         // attn = o_lat·W_UV^T per head
+  // Device pointer array for cublasGemmBatchedEx, built once in prepare.
+  const void** pointer_array(const std::vector<const void*>& host);
+
+  Algo algo_;
+  bool fused_;
+  ModelConfig m_;
+  Shape s_;
+  std::shared_ptr<GpuProblem> p_;
+  cublasHandle_t blas_ = nullptr;
+  int64_t nh_ = 0, nope_ = 0, rope_ = 0, qhd_ = 0, vd_ = 0, r_ = 0, hid_ = 0, width_ = 0;
+  float scale_ = 0;
+  DeviceArray<__nv_bfloat16> q_;     // [tokens][heads][q_head_dim], rope applied
+  DeviceArray<__nv_bfloat16> attn_;  // [tokens][heads][v_head_dim]
+  DeviceArray<float> out_;           // [tokens][hidden]
+  DeviceArray<__nv_bfloat16> kv_new_;  // [tokens][width]: this step's latent rows, bf16, if a form allocates it
+  std::vector<float> host_out_;
+
+ private:
+  void project();
+  DeviceArray<float> qa_f32_, q_f32_, kv_f32_;
+  DeviceArray<__nv_bfloat16> qa_;
+  std::vector<DeviceArray<const void*>> pointer_arrays_;
+};
+
+}  // namespace dslab::mla::cuda
