@@ -155,11 +155,11 @@ class CdCuda final : public MhaForm {
     // This step's tokens decompressed into the K/V pages, then every request's pages gathered for cuBLAS.
     gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, T, r_, p_->kv_b.get(), r_, 0, kv_new_.get(), width_, 0, new_decompressed_.get(),
          CUDA_R_16BF, dec, 0, 1);
-    store_decompressed_kernel<<<grid_for(T * nh_ * (qhd_ + vd_)), 256>>>(new_decompressed_.get(), kv_new_.get(), width_, T, s_.q_len,
+    store_decompressed_kernel<<<grid_for(T * nh_ * (qhd_ + vd_)), 256, 0, stream_>>>(new_decompressed_.get(), kv_new_.get(), width_, T, s_.q_len,
                                                                           true, cache_view(p_->cache), p_->lengths_dev.get(), nh_,
                                                                           nope_, vd_, rope_, r_, k_pool_.get(), v_pool_.get());
     DSLAB_CHECK_LAUNCH();
-    gather_decompressed_kernel<<<dim3(unsigned(std::min<int64_t>(p_->max_keys, 4096)), unsigned(B)), 128>>>(
+    gather_decompressed_kernel<<<dim3(unsigned(std::min<int64_t>(p_->max_keys, 4096)), unsigned(B)), 128, 0, stream_>>>(
         cache_view(p_->cache), p_->lengths_dev.get(), s_.q_len, p_->max_keys, nh_ * qhd_ / 8, nh_ * vd_ / 8,
         reinterpret_cast<const uint4*>(k_pool_.get()), reinterpret_cast<const uint4*>(v_pool_.get()),
         reinterpret_cast<uint4*>(k_.get()), reinterpret_cast<uint4*>(v_.get()));
@@ -191,7 +191,7 @@ class CcCuda final : public MhaForm {
     // Every cached token decompressed again, every step: [B*N][heads*(nope+vd)] = latent · kv_b_proj^T.
     gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, B * N, r_, p_->kv_b.get(), r_, 0, latent_.get(), width_, 0, decompressed_.get(),
          CUDA_R_16BF, dec, 0, 1);
-    concat_key_kernel<<<grid_for(B * N * nh_ * qhd_), 256>>>(decompressed_.get(), latent_.get(), B * N, nh_, nope_, vd_, rope_, r_,
+    concat_key_kernel<<<grid_for(B * N * nh_ * qhd_), 256, 0, stream_>>>(decompressed_.get(), latent_.get(), B * N, nh_, nope_, vd_, rope_, r_,
                                                               width_, k_.get());
     DSLAB_CHECK_LAUNCH();
     attend_mha();
@@ -234,7 +234,7 @@ class ACcCuda final : public GpuVariant {
     const int64_t B = s_.batch, S = s_.q_len, N = p_->max_keys;
     gather_latent(latent_.get());
     // The concatenated [latent ‖ rope] key materialised once per head, as the unfused absorbed form does.
-    broadcast_heads_kernel<<<grid_for(B * nh_ * N * width_ / 8), 256>>>(reinterpret_cast<const uint4*>(latent_.get()), N * width_ / 8,
+    broadcast_heads_kernel<<<grid_for(B * nh_ * N * width_ / 8), 256, 0, stream_>>>(reinterpret_cast<const uint4*>(latent_.get()), N * width_ / 8,
                                                                          nh_, B, reinterpret_cast<uint4*>(k_cat_.get()));
     DSLAB_CHECK_LAUNCH();
     concat_query(q_cat_.get());

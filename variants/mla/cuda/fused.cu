@@ -65,9 +65,10 @@ struct Params {
   const __nv_bfloat16* q;  // [tokens][heads][576]: [q_nope·W_UK ‖ q_pe]
   CacheView cache;
   const int32_t* lengths;
-  const int4* work;        // per CTA column: request, first key, end key, -
-  float* o_partial;        // [work items][rows][512], each split normalised by its own sum
-  float* lse_partial;      // [work items][rows], log2 domain
+  const int4* segments;       // request, first key, end key, -: pieces of requests, in request order
+  const int2* part_segments;  // per CTA column: first segment, count
+  float* o_partial;           // [segments][rows][512], each normalised by its own sum
+  float* lse_partial;         // [segments][rows], log2 domain
   int rows, heads, q_len;  // rows = q_len * heads
   float scale_log2;        // softmax scale * log2(e)
 };
@@ -84,64 +85,73 @@ struct Layout {
 };
 
 template <int ROWS, KvDtype KV>
-__global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(Params p) {
+struct Smem {
   using L = Layout<ROWS, KV>;
-  extern __shared__ __align__(128) uint8_t smem[];
-  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem);
-  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem + L::q_bytes);
-  __nv_bfloat16* sP = reinterpret_cast<__nv_bfloat16*>(smem + L::q_bytes + L::k_bytes);
-  float* sMax = reinterpret_cast<float*>(smem + L::q_bytes + L::k_bytes + L::p_bytes);
-  float* sSum = sMax + L::kWarpsN * ROWS;
-  uint8_t* sRaw = smem + L::q_bytes + L::k_bytes + L::p_bytes + L::red_bytes;
-  float* sScale = reinterpret_cast<float*>(sRaw + kBlockKeys * kWidth);
+  __nv_bfloat16 *q, *k, *p;
+  float *max, *sum, *scale;
+  uint8_t* raw;
+  __device__ explicit Smem(uint8_t* base)
+      : q(reinterpret_cast<__nv_bfloat16*>(base)),
+        k(reinterpret_cast<__nv_bfloat16*>(base + L::q_bytes)),
+        p(reinterpret_cast<__nv_bfloat16*>(base + L::q_bytes + L::k_bytes)),
+        max(reinterpret_cast<float*>(base + L::q_bytes + L::k_bytes + L::p_bytes)),
+        sum(max + L::kWarpsN * ROWS),
+        scale(reinterpret_cast<float*>(base + L::q_bytes + L::k_bytes + L::p_bytes + L::red_bytes + kBlockKeys * kWidth)),
+        raw(base + L::q_bytes + L::k_bytes + L::p_bytes + L::red_bytes) {}
+};
 
-  const int4 work = p.work[blockIdx.x];
-  const int b = work.x, k_begin = work.y, k_end = work.z;
-  const int row0 = blockIdx.y * ROWS;
+// One segment: rows row0 .. row0+ROWS of request b against its keys [k_begin, k_end); writes the segment's
+// normalised partial output and log-sum-exp.
+template <int ROWS, KvDtype KV>
+__device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b, int k_begin, int k_end, int seg, int row0) {
+  using L = Layout<ROWS, KV>;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wm = warp % L::kWarpsM, wn = warp / L::kWarpsM;
   const int length = p.lengths[b];
+  const int32_t* page_table = p.cache.page_table + int64_t(b) * p.cache.pages_per_request;
+  const int page_size = int(p.cache.page_size);
 
-  // Q tile: rows row0.. of request b.
   const __nv_bfloat16* q = p.q + (int64_t(b) * p.rows + row0) * kWidth;
   for (int c = tid; c < ROWS * kChunks; c += kThreads) {
     const int row = c / kChunks, col = (c % kChunks) * 8;
-    cp_async16(sQ + swz(row, col, kWidth), q + int64_t(row) * kWidth + col, true);
+    cp_async16(sm.q + swz(row, col, kWidth), q + int64_t(row) * kWidth + col, true);
   }
-  auto key_slot = [&](int key) { return p.cache.slot(b, key); };
+  // Four threads per key: each thread looks its key's page up once per block, in 32-bit arithmetic.
+  const int my_key = tid / 4, my_part = tid % 4;
   auto load_block = [&](int key0, int stage) {  // bf16: straight into the K tile; quantised: into the staging area
+    const int key = key0 + my_key;
+    const bool valid = key < k_end;
+    const int64_t slot = valid ? int64_t(page_table[key / page_size]) * page_size + key % page_size : 0;
     if constexpr (KV == KvDtype::bf16) {
-      const __nv_bfloat16* values = reinterpret_cast<const __nv_bfloat16*>(p.cache.values);
-      __nv_bfloat16* dst = sK + stage * kBlockKeys * kWidth;
-      for (int c = tid; c < kBlockKeys * kChunks; c += kThreads) {
-        const int k = c / kChunks, col = (c % kChunks) * 8, key = key0 + k;
-        const bool valid = key < k_end;
-        cp_async16(dst + swz(k, col, kWidth), values + (valid ? key_slot(key) * kWidth + col : 0), valid);
+      const __nv_bfloat16* src = reinterpret_cast<const __nv_bfloat16*>(p.cache.values) + slot * kWidth;
+      __nv_bfloat16* dst = sm.k + stage * kBlockKeys * kWidth;
+#pragma unroll
+      for (int j = 0; j < kChunks / 4; ++j) {
+        const int col = (my_part + 4 * j) * 8;
+        cp_async16(dst + swz(my_key, col, kWidth), src + col, valid);
       }
     } else {
-      for (int c = tid; c < kBlockKeys * (kWidth / 16); c += kThreads) {
-        const int k = c / (kWidth / 16), col = (c % (kWidth / 16)) * 16, key = key0 + k;
-        const bool valid = key < k_end;
-        cp_async16(sRaw + k * kWidth + col, p.cache.values + (valid ? key_slot(key) * kWidth + col : 0), valid);
+      const uint8_t* src = p.cache.values + slot * kWidth;
+#pragma unroll
+      for (int j = 0; j < kWidth / 16 / 4; ++j) {
+        const int col = (my_part + 4 * j) * 16;
+        cp_async16(sm.raw + my_key * kWidth + col, src + col, valid);
       }
-      for (int c = tid; c < kBlockKeys * kGroups; c += kThreads) {
-        const int k = c / kGroups, g = c % kGroups, key = key0 + k;
-        const bool valid = key < k_end;
-        cp_async4(sScale + c, p.cache.scales + (valid ? key_slot(key) * kGroups + g : 0), valid);
-      }
+      for (int g = my_part; g < kGroups; g += 4) cp_async4(sm.scale + my_key * kGroups + g, p.cache.scales + slot * kGroups + g, valid);
     }
     cp_async_commit();
   };
   auto dequantize_block = [&]() {  // staging -> K tile (bf16), 16 values per thread step
     for (int c = tid; c < kBlockKeys * (kWidth / 16); c += kThreads) {
       const int k = c / (kWidth / 16), col = (c % (kWidth / 16)) * 16;
-      const float scale = sScale[k * kGroups + col / kQuantGroup];
-      const uint4 raw = *reinterpret_cast<const uint4*>(sRaw + k * kWidth + col);
+      const float scale = sm.scale[k * kGroups + col / kQuantGroup];
+      const uint4 raw = *reinterpret_cast<const uint4*>(sm.raw + k * kWidth + col);
       const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&raw);
       __align__(16) __nv_bfloat16 out[16];
+#pragma unroll
       for (int i = 0; i < 16; ++i) out[i] = __float2bfloat16_rn(dequantize(KV, bytes[i], scale));
-      *reinterpret_cast<uint4*>(sK + swz(k, col, kWidth)) = *reinterpret_cast<const uint4*>(out);
-      *reinterpret_cast<uint4*>(sK + swz(k, col + 8, kWidth)) = *reinterpret_cast<const uint4*>(out + 8);
+      *reinterpret_cast<uint4*>(sm.k + swz(k, col, kWidth)) = *reinterpret_cast<const uint4*>(out);
+      *reinterpret_cast<uint4*>(sm.k + swz(k, col + 8, kWidth)) = *reinterpret_cast<const uint4*>(out + 8);
     }
   };
 
@@ -150,6 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(Params p) {
   const int last_lo = length + (row0 + r_lo) / p.heads, last_hi = length + (row0 + r_hi) / p.heads;  // causal among new tokens
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0, l_hi = 0;
   float o[L::kColsPerWarp / 8][4];
+#pragma unroll
   for (auto& t : o) t[0] = t[1] = t[2] = t[3] = 0;
 
   const int blocks = (k_end - k_begin + kBlockKeys - 1) / kBlockKeys;
@@ -173,32 +184,49 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(Params p) {
       __syncthreads();
       if (i + 1 < blocks) load_block(key0 + kBlockKeys, 0);  // lands in the staging area while this block computes
     }
-    const __nv_bfloat16* K = sK + stage * kBlockKeys * kWidth;
+    const __nv_bfloat16* K = sm.k + stage * kBlockKeys * kWidth;
 
-    // S = Q K^T for this warp's 16 rows x kKeysPerWarp keys.
-    constexpr int kTiles = L::kKeysPerWarp / 8;
-    float s[kTiles][4];
-    for (auto& t : s) t[0] = t[1] = t[2] = t[3] = 0;
-    const int kbase = wn * L::kKeysPerWarp;
-#pragma unroll 4
-    for (int ks = 0; ks < kWidth / 16; ++ks) {
-      uint32_t a[4];
-      ldmatrix_x4(a, sQ + swz(wm * 16 + lane % 16, ks * 16 + (lane / 16) * 8, kWidth));
-      if constexpr (kTiles == 1) {
-        uint32_t bb[2];
-        ldmatrix_x2(bb, K + swz(kbase + (lane & 7), ks * 16 + ((lane >> 3) & 1) * 8, kWidth));
-        mma(s[0], a, bb[0], bb[1]);
-      } else {
+    // S = Q K^T for this warp's 16 rows x kKeysPerWarp keys. Few key tiles per warp would make one long chain
+    // of dependent MMAs: the k loop then runs kChains independent accumulators, summed at the end.
+    constexpr int kTiles = L::kKeysPerWarp / 8, kChains = kTiles >= 4 ? 1 : 4 / kTiles;
+    float acc[kChains][kTiles][4];
 #pragma unroll
-        for (int np = 0; np < kTiles / 2; ++np) {
-          uint32_t bb[4];
-          ldmatrix_x4(bb, K + swz(kbase + np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 16 + ((lane >> 3) & 1) * 8, kWidth));
-          mma(s[2 * np], a, bb[0], bb[1]);
-          mma(s[2 * np + 1], a, bb[2], bb[3]);
+    for (auto& c : acc)
+#pragma unroll
+      for (auto& t : c) t[0] = t[1] = t[2] = t[3] = 0;
+    const int kbase = wn * L::kKeysPerWarp;
+#pragma unroll 2
+    for (int ks0 = 0; ks0 < kWidth / 16; ks0 += kChains) {
+#pragma unroll
+      for (int ch = 0; ch < kChains; ++ch) {
+        const int ks = ks0 + ch;
+        uint32_t a[4];
+        ldmatrix_x4(a, sm.q + swz(wm * 16 + lane % 16, ks * 16 + (lane / 16) * 8, kWidth));
+        if constexpr (kTiles == 1) {
+          uint32_t bb[2];
+          ldmatrix_x2(bb, K + swz(kbase + (lane & 7), ks * 16 + ((lane >> 3) & 1) * 8, kWidth));
+          mma(acc[ch][0], a, bb[0], bb[1]);
+        } else {
+#pragma unroll
+          for (int np = 0; np < kTiles / 2; ++np) {
+            uint32_t bb[4];
+            ldmatrix_x4(bb, K + swz(kbase + np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 16 + ((lane >> 3) & 1) * 8, kWidth));
+            mma(acc[ch][2 * np], a, bb[0], bb[1]);
+            mma(acc[ch][2 * np + 1], a, bb[2], bb[3]);
+          }
         }
       }
     }
-    // Mask keys past the split or past the row's own position, then the block's row maxima.
+    float s[kTiles][4];
+#pragma unroll
+    for (int t = 0; t < kTiles; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[t][e] = acc[0][t][e];
+#pragma unroll
+        for (int ch = 1; ch < kChains; ++ch) s[t][e] += acc[ch][t][e];
+      }
+    // Mask keys past the segment or past the row's own position, then the block's row maxima.
     float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
     for (int t = 0; t < kTiles; ++t)
@@ -215,15 +243,15 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(Params p) {
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
     }
     if (lane % 4 == 0) {
-      sMax[wn * ROWS + r_lo] = mx_lo;
-      sMax[wn * ROWS + r_hi] = mx_hi;
+      sm.max[wn * ROWS + r_lo] = mx_lo;
+      sm.max[wn * ROWS + r_hi] = mx_hi;
     }
     __syncthreads();
     float new_lo = m_lo, new_hi = m_hi;
 #pragma unroll
     for (int w = 0; w < L::kWarpsN; ++w) {
-      new_lo = fmaxf(new_lo, sMax[w * ROWS + r_lo]);
-      new_hi = fmaxf(new_hi, sMax[w * ROWS + r_hi]);
+      new_lo = fmaxf(new_lo, sm.max[w * ROWS + r_lo]);
+      new_hi = fmaxf(new_hi, sm.max[w * ROWS + r_hi]);
     }
     // A row that has seen no key yet keeps m = -inf: its probabilities are 0 and its rescale factor 1.
     const float base_lo = new_lo == -INFINITY ? 0.0f : new_lo * p.scale_log2;
@@ -242,8 +270,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(Params p) {
       l_lo += __low2float(lo) + __high2float(lo);
       l_hi += __low2float(hi) + __high2float(hi);
       const int col = kbase + t * 8 + (lane % 4) * 2;
-      *reinterpret_cast<__nv_bfloat162*>(sP + swz(r_lo, col, kBlockKeys)) = lo;
-      *reinterpret_cast<__nv_bfloat162*>(sP + swz(r_hi, col, kBlockKeys)) = hi;
+      *reinterpret_cast<__nv_bfloat162*>(sm.p + swz(r_lo, col, kBlockKeys)) = lo;
+      *reinterpret_cast<__nv_bfloat162*>(sm.p + swz(r_hi, col, kBlockKeys)) = hi;
     }
 #pragma unroll
     for (auto& t : o) {
@@ -258,7 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(Params p) {
 #pragma unroll
     for (int ks = 0; ks < kBlockKeys / 16; ++ks) {
       uint32_t a[4];
-      ldmatrix_x4(a, sP + swz(wm * 16 + lane % 16, ks * 16 + (lane / 16) * 8, kBlockKeys));
+      ldmatrix_x4(a, sm.p + swz(wm * 16 + lane % 16, ks * 16 + (lane / 16) * 8, kBlockKeys));
 #pragma unroll
       for (int np = 0; np < L::kColsPerWarp / 16; ++np) {
         uint32_t bb[4];
@@ -276,17 +304,18 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(Params p) {
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
   }
   if (lane % 4 == 0) {
-    sSum[wn * ROWS + r_lo] = l_lo;
-    sSum[wn * ROWS + r_hi] = l_hi;
+    sm.sum[wn * ROWS + r_lo] = l_lo;
+    sm.sum[wn * ROWS + r_hi] = l_hi;
   }
   __syncthreads();
   float sum_lo = 0, sum_hi = 0;
   for (int w = 0; w < L::kWarpsN; ++w) {
-    sum_lo += sSum[w * ROWS + r_lo];
-    sum_hi += sSum[w * ROWS + r_hi];
+    sum_lo += sm.sum[w * ROWS + r_lo];
+    sum_hi += sm.sum[w * ROWS + r_hi];
   }
+  __syncthreads();  // the next segment reuses sum, max, Q and K
   const float inv_lo = sum_lo > 0 ? 1.0f / sum_lo : 0.0f, inv_hi = sum_hi > 0 ? 1.0f / sum_hi : 0.0f;
-  float* out = p.o_partial + (int64_t(blockIdx.x) * p.rows + row0) * kLatent;
+  float* out = p.o_partial + (int64_t(seg) * p.rows + row0) * kLatent;
   const int cbase = wn * L::kColsPerWarp;
 #pragma unroll
   for (int t = 0; t < L::kColsPerWarp / 8; ++t) {
@@ -295,16 +324,29 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(Params p) {
     *reinterpret_cast<float2*>(out + r_hi * kLatent + col) = make_float2(o[t][2] * inv_hi, o[t][3] * inv_hi);
   }
   if (wn == 0 && lane % 4 == 0) {
-    float* lse = p.lse_partial + int64_t(blockIdx.x) * p.rows + row0;
+    float* lse = p.lse_partial + int64_t(seg) * p.rows + row0;
     lse[r_lo] = sum_lo > 0 ? m_lo * p.scale_log2 + log2f(sum_lo) : -INFINITY;
     lse[r_hi] = sum_hi > 0 ? m_hi * p.scale_log2 + log2f(sum_hi) : -INFINITY;
   }
 }
 
-// Merge a request's splits: o = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max). One block per (row, request).
-__global__ void combine_kernel(const float* o_partial, const float* lse_partial, const int2* splits, int rows, __nv_bfloat16* o_lat) {
+// One CTA per (part, row tile): a part is a contiguous run of the batch's key blocks, equal for every part,
+// which may finish one request and start the next (FlashMLA's scheduling: one wave, no tail).
+template <int ROWS, KvDtype KV>
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(Params p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const Smem<ROWS, KV> sm(smem);
+  const int2 mine = p.part_segments[blockIdx.x];
+  for (int seg = mine.x; seg < mine.x + mine.y; ++seg) {
+    const int4 s = p.segments[seg];
+    attend_segment<ROWS, KV>(p, sm, s.x, s.y, s.z, seg, int(blockIdx.y) * ROWS);
+  }
+}
+
+// Merge a request's segments: o = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max). One block per (row, request).
+__global__ void combine_kernel(const float* o_partial, const float* lse_partial, const int2* request_segments, int rows, __nv_bfloat16* o_lat) {
   const int row = blockIdx.x, b = blockIdx.y;
-  const int2 range = splits[b];  // first work item, count
+  const int2 range = request_segments[b];  // first segment, count
   float mx = -INFINITY;
   for (int i = 0; i < range.y; ++i) mx = fmaxf(mx, lse_partial[int64_t(range.x + i) * rows + row]);
   float total = 0;
@@ -321,32 +363,33 @@ __global__ void combine_kernel(const float* o_partial, const float* lse_partial,
 }
 
 template <int ROWS, KvDtype KV>
-void launch_decode(const Params& params, int work_items, int row_tiles) {
+void launch_decode(const Params& params, int parts, int row_tiles, cudaStream_t stream) {
   using L = Layout<ROWS, KV>;
   static bool configured = false;
   if (!configured) {
     DSLAB_CUDA(cudaFuncSetAttribute(mla_decode_kernel<ROWS, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::total)));
     configured = true;
   }
-  mla_decode_kernel<ROWS, KV><<<dim3(unsigned(work_items), unsigned(row_tiles)), kThreads, L::total>>>(params);
+  mla_decode_kernel<ROWS, KV><<<dim3(unsigned(parts), unsigned(row_tiles)), kThreads, L::total, stream>>>(params);
   DSLAB_CHECK_LAUNCH();
 }
 
 template <int ROWS>
-void launch_decode(KvDtype kv, const Params& params, int work_items, int row_tiles) {
+void launch_decode(KvDtype kv, const Params& params, int parts, int row_tiles, cudaStream_t stream) {
   switch (kv) {
-    case KvDtype::bf16: return launch_decode<ROWS, KvDtype::bf16>(params, work_items, row_tiles);
-    case KvDtype::int8: return launch_decode<ROWS, KvDtype::int8>(params, work_items, row_tiles);
-    case KvDtype::fp8_e4m3: return launch_decode<ROWS, KvDtype::fp8_e4m3>(params, work_items, row_tiles);
+    case KvDtype::bf16: return launch_decode<ROWS, KvDtype::bf16>(params, parts, row_tiles, stream);
+    case KvDtype::int8: return launch_decode<ROWS, KvDtype::int8>(params, parts, row_tiles, stream);
+    case KvDtype::fp8_e4m3: return launch_decode<ROWS, KvDtype::fp8_e4m3>(params, parts, row_tiles, stream);
   }
 }
 
 class FusedCuda final : public GpuVariant {
  public:
-  FusedCuda() : GpuVariant(Algo::a_cc_me, /*fused=*/true) {}
+  FusedCuda() : GpuVariant(Algo::a_cc_me, /*fused=*/true, /*graph=*/true) {}
   std::map<std::string, double> counters() const override {
     auto c = GpuVariant::counters();
-    c["splits"] = double(work_items_);
+    c["segments"] = double(segments_);
+    c["ctas"] = double(parts_ * row_tiles_);
     c["rows_per_cta"] = double(rows_per_cta_);
     return c;
   }
@@ -358,50 +401,61 @@ class FusedCuda final : public GpuVariant {
     if (M % 16) throw BadInput("mla/fused/cuda: heads x q_len must be a multiple of 16, got " + std::to_string(M));
     rows_per_cta_ = M % 64 == 0 ? 64 : M % 32 == 0 ? 32 : 16;
     row_tiles_ = int(M / rows_per_cta_);
-    // Split-KV: cut the batch's key blocks into about two CTAs per SM, each request into equal splits.
-    const int sms = gpu_info().sms;
-    int64_t total_blocks = 0;
-    for (int64_t L : p_->lengths) total_blocks += (L + s_.q_len + kBlockKeys - 1) / kBlockKeys;
-    const int64_t target = std::max<int64_t>(1, 2 * sms / row_tiles_);
-    const int64_t chunk = std::max<int64_t>(1, (total_blocks + target - 1) / target);
-    std::vector<int4> work;
-    std::vector<int2> splits(static_cast<size_t>(B));
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t keys = p_->lengths[size_t(b)] + s_.q_len, blocks = (keys + kBlockKeys - 1) / kBlockKeys;
-      const int64_t n = std::max<int64_t>(1, (blocks + chunk - 1) / chunk);
-      splits[size_t(b)] = make_int2(int(work.size()), int(n));
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t first = blocks * i / n * kBlockKeys, end = std::min(keys, blocks * (i + 1) / n * kBlockKeys);
-        work.push_back(make_int4(int(b), int(first), int(end), 0));
+    // Split-KV, balanced: the batch's key blocks in request order are cut into one equal run per CTA (a CTA
+    // per SM and row tile); a run may end one request and begin the next. Each (run, request) piece is a
+    // segment with its own partial output, merged per request by the combine kernel.
+    parts_ = std::max(1, gpu_info().sms / row_tiles_);
+    std::vector<int64_t> first_block(static_cast<size_t>(B) + 1, 0);
+    for (int64_t b = 0; b < B; ++b)
+      first_block[size_t(b) + 1] = first_block[size_t(b)] + (p_->lengths[size_t(b)] + s_.q_len + kBlockKeys - 1) / kBlockKeys;
+    const int64_t total = first_block.back(), per_part = (total + parts_ - 1) / parts_;
+    std::vector<int4> segments;
+    std::vector<int2> part_segments(static_cast<size_t>(parts_)), request_segments(static_cast<size_t>(B), make_int2(0, 0));
+    int64_t b = 0;
+    for (int part = 0; part < parts_; ++part) {
+      const int64_t lo = std::min(total, part * per_part), hi = std::min(total, lo + per_part);
+      part_segments[size_t(part)] = make_int2(int(segments.size()), 0);
+      for (int64_t g = lo; g < hi;) {
+        while (first_block[size_t(b) + 1] <= g) ++b;
+        const int64_t end = std::min(hi, first_block[size_t(b) + 1]), keys = p_->lengths[size_t(b)] + s_.q_len;
+        if (request_segments[size_t(b)].y == 0) request_segments[size_t(b)].x = int(segments.size());
+        ++request_segments[size_t(b)].y;
+        segments.push_back(make_int4(int(b), int((g - first_block[size_t(b)]) * kBlockKeys),
+                                     int(std::min(keys, (end - first_block[size_t(b)]) * kBlockKeys)), 0));
+        ++part_segments[size_t(part)].y;
+        g = end;
       }
     }
-    work_items_ = int(work.size());
-    work_.upload(work);
-    splits_.upload(splits);
+    segments_ = int(segments.size());
+    segments_dev_.upload(segments);
+    part_segments_.upload(part_segments);
+    request_segments_.upload(request_segments);
     q_cat_.resize(size_t(T * nh_ * width_));
     o_lat_.resize(size_t(T * nh_ * r_));
-    o_partial_.resize(size_t(work_items_) * size_t(M) * kLatent);
-    lse_partial_.resize(size_t(work_items_) * size_t(M));
+    o_partial_.resize(size_t(segments_) * size_t(M) * kLatent);
+    lse_partial_.resize(size_t(segments_) * size_t(M));
   }
   void attend() override {
     const int M = int(s_.q_len * nh_);
     concat_query(q_cat_.get());
-    Params params{q_cat_.get(), cache_view(p_->cache), p_->lengths_dev.get(), work_.get(), o_partial_.get(), lse_partial_.get(),
+    Params params{q_cat_.get(),         cache_view(p_->cache), p_->lengths_dev.get(), segments_dev_.get(),
+                  part_segments_.get(), o_partial_.get(),     lse_partial_.get(),
                   M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E)};
     switch (rows_per_cta_) {
-      case 64: launch_decode<64>(s_.kv_dtype, params, work_items_, row_tiles_); break;
-      case 32: launch_decode<32>(s_.kv_dtype, params, work_items_, row_tiles_); break;
-      default: launch_decode<16>(s_.kv_dtype, params, work_items_, row_tiles_); break;
+      case 64: launch_decode<64>(s_.kv_dtype, params, parts_, row_tiles_, stream_); break;
+      case 32: launch_decode<32>(s_.kv_dtype, params, parts_, row_tiles_, stream_); break;
+      default: launch_decode<16>(s_.kv_dtype, params, parts_, row_tiles_, stream_); break;
     }
-    combine_kernel<<<dim3(unsigned(M), unsigned(s_.batch)), 128>>>(o_partial_.get(), lse_partial_.get(), splits_.get(), M, o_lat_.get());
+    combine_kernel<<<dim3(unsigned(M), unsigned(s_.batch)), 128, 0, stream_>>>(o_partial_.get(), lse_partial_.get(),
+                                                                             request_segments_.get(), M, o_lat_.get());
     DSLAB_CHECK_LAUNCH();
     absorb_output(o_lat_.get());
   }
 
  private:
-  int rows_per_cta_ = 64, row_tiles_ = 1, work_items_ = 0;
-  DeviceArray<int4> work_;
-  DeviceArray<int2> splits_;
+  int rows_per_cta_ = 64, row_tiles_ = 1, parts_ = 1, segments_ = 0;
+  DeviceArray<int4> segments_dev_;
+  DeviceArray<int2> part_segments_, request_segments_;
   DeviceArray<__nv_bfloat16> q_cat_, o_lat_;
   DeviceArray<float> o_partial_, lse_partial_;
 };

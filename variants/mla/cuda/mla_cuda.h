@@ -121,7 +121,9 @@ void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, 
 // Base of every GPU MLA variant: run() = project() (q, new latent into the paged cache), attend(), o_proj.
 class GpuVariant : public Variant {
  public:
-  explicit GpuVariant(Algo algo, bool fused = false) : algo_(algo), fused_(fused) {}
+  // fused: the FlashMLA-style kernel (decode only); graph: run() replays one CUDA graph of the whole step,
+  // captured in prepare(), as serving engines do per batch size.
+  explicit GpuVariant(Algo algo, bool fused = false, bool graph = false) : algo_(algo), fused_(fused), graph_(graph) {}
   ~GpuVariant() override;
   std::vector<std::pair<std::string, std::string>> axes() const override;
   Support supports(const ModelFile& model, const Point& point) const override;
@@ -152,7 +154,8 @@ class GpuVariant : public Variant {
   const void** pointer_array(const std::vector<const void*>& host);
 
   Algo algo_;
-  bool fused_;
+  bool fused_, graph_;
+  cudaStream_t stream_ = 0;  // every launch goes here: the default stream, or the capture stream while capturing
   ModelConfig m_;
   Shape s_;
   std::shared_ptr<GpuProblem> p_;
@@ -167,6 +170,10 @@ class GpuVariant : public Variant {
 
  private:
   void project();
+  void step();  // project, attend, o_proj
+  void capture_graph();
+  cudaGraphExec_t graph_exec_ = nullptr;
+  DeviceArray<uint8_t> blas_workspace_;
   DeviceArray<float> qa_f32_, q_f32_, kv_f32_;
   DeviceArray<__nv_bfloat16> qa_;
   std::vector<DeviceArray<const void*>> pointer_arrays_;
