@@ -211,7 +211,8 @@ class ACcCuda final : public GpuVariant {
     latent_.resize(size_t(B * N * width_));
     latent_.zero();
     k_cat_.resize(size_t(B * nh_ * N * width_));
-    q_cat_.resize(size_t(T * nh_ * width_));
+    q_cat_buffer_.resize(size_t(T * nh_ * width_));
+    q_cat_ = q_cat_buffer_.get();
     o_lat_.resize(size_t(T * nh_ * r_));
     scores_.resize(size_t(B * nh_ * S * N));
     probs_.resize(scores_.size());
@@ -219,7 +220,7 @@ class ACcCuda final : public GpuVariant {
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < nh_; ++h) {
         k.push_back(k_cat_.get() + (b * nh_ + h) * N * width_);
-        q.push_back(q_cat_.get() + (b * S * nh_ + h) * width_);
+        q.push_back(q_cat_ + (b * S * nh_ + h) * width_);
         sc.push_back(scores_.get() + (b * nh_ + h) * S * N);
         pr.push_back(probs_.get() + (b * nh_ + h) * S * N);
         o.push_back(o_lat_.get() + (b * S * nh_ + h) * r_);
@@ -237,7 +238,7 @@ class ACcCuda final : public GpuVariant {
     broadcast_heads_kernel<<<grid_for(B * nh_ * N * width_ / 8), 256, 0, stream_>>>(reinterpret_cast<const uint4*>(latent_.get()), N * width_ / 8,
                                                                          nh_, B, reinterpret_cast<uint4*>(k_cat_.get()));
     DSLAB_CHECK_LAUNCH();
-    concat_query(q_cat_.get());
+    concat_query();
     gemm_batched(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, S, width_, k_ptrs_, width_, q_ptrs_, nh_ * width_, const_cast<void**>(s_ptrs_),
                  CUDA_R_32F, N, B * nh_);
     softmax(scores_.get(), probs_.get(), B * nh_ * S, nh_ * S, 1);
@@ -247,7 +248,7 @@ class ACcCuda final : public GpuVariant {
   }
 
  private:
-  DeviceArray<__nv_bfloat16> latent_, k_cat_, q_cat_, o_lat_, probs_;
+  DeviceArray<__nv_bfloat16> latent_, k_cat_, q_cat_buffer_, o_lat_, probs_;
   DeviceArray<float> scores_;
   const void **k_ptrs_ = nullptr, **q_ptrs_ = nullptr, **s_ptrs_ = nullptr, **p_ptrs_ = nullptr, **o_ptrs_ = nullptr;
 };

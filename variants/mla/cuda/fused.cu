@@ -76,7 +76,10 @@ struct Params {
 template <int ROWS, KvDtype KV>
 struct Layout {
   static constexpr int kWarpsM = ROWS / 16, kWarpsN = 8 / kWarpsM;
-  static constexpr int kKeysPerWarp = kBlockKeys / kWarpsN, kColsPerWarp = kLatent / kWarpsN;
+  static constexpr int kKeysPerWarp = kBlockKeys / kWarpsN;
+  // P·V has its own warp grid: 32-row warp tiles where there are 32 rows halve the V fragments each warp loads.
+  static constexpr int kPvTilesM = ROWS >= 32 ? 2 : 1, kPvWarpsM = ROWS / (16 * kPvTilesM), kPvWarpsN = 8 / kPvWarpsM;
+  static constexpr int kColsPerWarp = kLatent / kPvWarpsN;
   static constexpr int kStages = KV == KvDtype::bf16 ? 2 : 1;  // quantised: the raw staging buffer is the second stage
   static constexpr size_t q_bytes = size_t(ROWS) * kWidth * 2, k_bytes = size_t(kStages) * kBlockKeys * kWidth * 2;
   static constexpr size_t p_bytes = size_t(ROWS) * kBlockKeys * 2, red_bytes = size_t(2) * kWarpsN * ROWS * 4;
@@ -159,9 +162,16 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
   const int r_lo = wm * 16 + lane / 4, r_hi = r_lo + 8;
   const int last_lo = length + (row0 + r_lo) / p.heads, last_hi = length + (row0 + r_hi) / p.heads;  // causal among new tokens
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0, l_hi = 0;
-  float o[L::kColsPerWarp / 8][4];
+  // The P·V warp grid owns other rows: o_row(pm, half) = pv_row0 + 16 pm + lane/4 + 8 half, with its own running max.
+  const int pv_wm = warp % L::kPvWarpsM, pv_wn = warp / L::kPvWarpsM, pv_row0 = pv_wm * 16 * L::kPvTilesM;
+  float m_o[L::kPvTilesM][2];
+  float o[L::kPvTilesM][L::kColsPerWarp / 8][4];
 #pragma unroll
-  for (auto& t : o) t[0] = t[1] = t[2] = t[3] = 0;
+  for (int pm = 0; pm < L::kPvTilesM; ++pm) {
+    m_o[pm][0] = m_o[pm][1] = -INFINITY;
+#pragma unroll
+    for (auto& t : o[pm]) t[0] = t[1] = t[2] = t[3] = 0;
+  }
 
   const int blocks = (k_end - k_begin + kBlockKeys - 1) / kBlockKeys;
   load_block(k_begin, 0);
@@ -273,26 +283,41 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
       *reinterpret_cast<__nv_bfloat162*>(sm.p + swz(r_lo, col, kBlockKeys)) = lo;
       *reinterpret_cast<__nv_bfloat162*>(sm.p + swz(r_hi, col, kBlockKeys)) = hi;
     }
+    // Rescale this thread's output rows by their own max's change (the same maxima the S rows saw).
 #pragma unroll
-    for (auto& t : o) {
-      t[0] *= alpha_lo;
-      t[1] *= alpha_lo;
-      t[2] *= alpha_hi;
-      t[3] *= alpha_hi;
-    }
+    for (int pm = 0; pm < L::kPvTilesM; ++pm)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = pv_row0 + 16 * pm + lane / 4 + 8 * half;
+        float m_new = m_o[pm][half];
+#pragma unroll
+        for (int w = 0; w < L::kWarpsN; ++w) m_new = fmaxf(m_new, sm.max[w * ROWS + row]);
+        const float alpha = exp2f(m_o[pm][half] * p.scale_log2 - (m_new == -INFINITY ? 0.0f : m_new * p.scale_log2));
+        m_o[pm][half] = m_new;
+#pragma unroll
+        for (auto& t : o[pm]) {
+          t[2 * half] *= alpha;
+          t[2 * half + 1] *= alpha;
+        }
+      }
     __syncthreads();
-    // O += P V: this warp's 16 rows x kColsPerWarp latent columns over the block's 64 keys.
-    const int cbase = wn * L::kColsPerWarp;
+    // O += P V: this warp's kPvTilesM x 16 rows x kColsPerWarp latent columns over the block's 64 keys.
+    const int cbase = pv_wn * L::kColsPerWarp;
 #pragma unroll
     for (int ks = 0; ks < kBlockKeys / 16; ++ks) {
-      uint32_t a[4];
-      ldmatrix_x4(a, sm.p + swz(wm * 16 + lane % 16, ks * 16 + (lane / 16) * 8, kBlockKeys));
+      uint32_t a[L::kPvTilesM][4];
+#pragma unroll
+      for (int pm = 0; pm < L::kPvTilesM; ++pm)
+        ldmatrix_x4(a[pm], sm.p + swz(pv_row0 + 16 * pm + lane % 16, ks * 16 + (lane / 16) * 8, kBlockKeys));
 #pragma unroll
       for (int np = 0; np < L::kColsPerWarp / 16; ++np) {
         uint32_t bb[4];
         ldmatrix_x4_trans(bb, K + swz(ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, cbase + np * 16 + (lane >> 4) * 8, kWidth));
-        mma(o[2 * np], a, bb[0], bb[1]);
-        mma(o[2 * np + 1], a, bb[2], bb[3]);
+#pragma unroll
+        for (int pm = 0; pm < L::kPvTilesM; ++pm) {
+          mma(o[pm][2 * np], a[pm], bb[0], bb[1]);
+          mma(o[pm][2 * np + 1], a[pm], bb[2], bb[3]);
+        }
       }
     }
     if constexpr (KV == KvDtype::bf16) __syncthreads();  // this stage is refilled by the next iteration's prefetch
@@ -308,21 +333,28 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
     sm.sum[wn * ROWS + r_hi] = l_hi;
   }
   __syncthreads();
-  float sum_lo = 0, sum_hi = 0;
+  float sum_lo = 0, sum_hi = 0;  // of the S rows, for the log-sum-exp
   for (int w = 0; w < L::kWarpsN; ++w) {
     sum_lo += sm.sum[w * ROWS + r_lo];
     sum_hi += sm.sum[w * ROWS + r_hi];
   }
-  __syncthreads();  // the next segment reuses sum, max, Q and K
-  const float inv_lo = sum_lo > 0 ? 1.0f / sum_lo : 0.0f, inv_hi = sum_hi > 0 ? 1.0f / sum_hi : 0.0f;
   float* out = p.o_partial + (int64_t(seg) * p.rows + row0) * kLatent;
-  const int cbase = wn * L::kColsPerWarp;
+  const int cbase = pv_wn * L::kColsPerWarp;
 #pragma unroll
-  for (int t = 0; t < L::kColsPerWarp / 8; ++t) {
-    const int col = cbase + t * 8 + (lane % 4) * 2;
-    *reinterpret_cast<float2*>(out + r_lo * kLatent + col) = make_float2(o[t][0] * inv_lo, o[t][1] * inv_lo);
-    *reinterpret_cast<float2*>(out + r_hi * kLatent + col) = make_float2(o[t][2] * inv_hi, o[t][3] * inv_hi);
-  }
+  for (int pm = 0; pm < L::kPvTilesM; ++pm)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = pv_row0 + 16 * pm + lane / 4 + 8 * half;
+      float sum = 0;
+      for (int w = 0; w < L::kWarpsN; ++w) sum += sm.sum[w * ROWS + row];
+      const float inv = sum > 0 ? 1.0f / sum : 0.0f;
+#pragma unroll
+      for (int t = 0; t < L::kColsPerWarp / 8; ++t) {
+        const int col = cbase + t * 8 + (lane % 4) * 2;
+        *reinterpret_cast<float2*>(out + row * kLatent + col) = make_float2(o[pm][t][2 * half] * inv, o[pm][t][2 * half + 1] * inv);
+      }
+    }
+  __syncthreads();  // the next segment reuses sum, max, Q and K
   if (wn == 0 && lane % 4 == 0) {
     float* lse = p.lse_partial + int64_t(seg) * p.rows + row0;
     lse[r_lo] = sum_lo > 0 ? m_lo * p.scale_log2 + log2f(sum_lo) : -INFINITY;
@@ -430,15 +462,16 @@ class FusedCuda final : public GpuVariant {
     segments_dev_.upload(segments);
     part_segments_.upload(part_segments);
     request_segments_.upload(request_segments);
-    q_cat_.resize(size_t(T * nh_ * width_));
+    q_cat_buffer_.resize(size_t(T * nh_ * width_));
+    q_cat_ = q_cat_buffer_.get();
     o_lat_.resize(size_t(T * nh_ * r_));
     o_partial_.resize(size_t(segments_) * size_t(M) * kLatent);
     lse_partial_.resize(size_t(segments_) * size_t(M));
   }
   void attend() override {
     const int M = int(s_.q_len * nh_);
-    concat_query(q_cat_.get());
-    Params params{q_cat_.get(),         cache_view(p_->cache), p_->lengths_dev.get(), segments_dev_.get(),
+    concat_query();
+    Params params{q_cat_,         cache_view(p_->cache), p_->lengths_dev.get(), segments_dev_.get(),
                   part_segments_.get(), o_partial_.get(),     lse_partial_.get(),
                   M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E)};
     switch (rows_per_cta_) {
@@ -456,7 +489,7 @@ class FusedCuda final : public GpuVariant {
   int rows_per_cta_ = 64, row_tiles_ = 1, parts_ = 1, segments_ = 0;
   DeviceArray<int4> segments_dev_;
   DeviceArray<int2> part_segments_, request_segments_;
-  DeviceArray<__nv_bfloat16> q_cat_, o_lat_;
+  DeviceArray<__nv_bfloat16> q_cat_buffer_, o_lat_;
   DeviceArray<float> o_partial_, lse_partial_;
 };
 

@@ -46,12 +46,13 @@ __global__ void fill_cache_kernel(CacheView cache, const int32_t* lengths, const
   store_token(cache, cache.slot(b, token), v, lane);
 }
 
-// Per new token: q to bf16 with RoPE on its rope part; the latent RMS-normalised, the rope key rotated, both
-// written into the cache at the token's position (and, bf16, to kv_new for the forms that decompress it).
+// Per new token: q to bf16 with RoPE on its rope part (also behind the absorbed part of q_cat, if given);
+// the latent RMS-normalised, the rope key rotated, both written into the cache at the token's position (and,
+// bf16, to kv_new for the forms that decompress it).
 __global__ void finish_projection_kernel(const float* q_f32, const float* kv_f32, const __nv_bfloat16* kv_norm,
                                          const float* cos_table, const float* sin_table, CacheView cache,
                                          const int32_t* lengths, int64_t q_len, int64_t heads, int64_t nope, int64_t rope,
-                                         int64_t r, float eps, __nv_bfloat16* q, __nv_bfloat16* kv_new) {
+                                         int64_t r, float eps, __nv_bfloat16* q, __nv_bfloat16* q_cat, __nv_bfloat16* kv_new) {
   const int64_t t = blockIdx.x, b = t / q_len, s = t % q_len, qhd = nope + rope, half = rope / 2;
   const float* cs = cos_table + t * half;
   const float* sn = sin_table + t * half;
@@ -67,6 +68,7 @@ __global__ void finish_projection_kernel(const float* q_f32, const float* kv_f32
       y = j < half ? a * cs[p] - c * sn[p] : c * cs[p] + a * sn[p];
     }
     q[(t * heads + h) * qhd + d] = __float2bfloat16_rn(y);
+    if (q_cat && d >= nope) q_cat[(t * heads + h) * (r + rope) + r + d - nope] = __float2bfloat16_rn(y);
   }
   if (threadIdx.x >= 32) return;
   const int lane = threadIdx.x;
@@ -134,16 +136,6 @@ __global__ void softmax_kernel(const float* scores, __nv_bfloat16* probs, int64_
   const float inv = 1.0f / block_sum(sum);
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
     y[j] = __float2bfloat16_rn(j < visible ? __expf((x[j] - mx) * scale) * inv : 0.0f);
-}
-
-// q_cat[t][h] = [q_abs (already there) ‖ q_pe]: the rope part of q copied behind the absorbed part.
-__global__ void copy_q_pe_kernel(const __nv_bfloat16* q, int64_t rows, int64_t qhd, int64_t nope, int64_t rope, int64_t r,
-                                 __nv_bfloat16* q_cat) {
-  const int64_t total = rows * rope;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t row = i / rope, d = i % rope;
-    q_cat[row * (r + rope) + r + d] = q[row * qhd + nope + d];
-  }
 }
 
 }  // namespace
@@ -419,6 +411,7 @@ void GpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t se
   out_.resize(size_t(T * hid_));
   DSLAB_CUDA(cudaMemset(out_.get(), 0xff, out_.size() * 4));  // NaN: verification fails if run() leaves any unwritten
   pointer_arrays_.clear();
+  q_cat_ = nullptr;
   prepare_form();
   DSLAB_CUDA(cudaDeviceSynchronize());
   if (graph_) capture_graph();
@@ -464,7 +457,7 @@ void GpuVariant::project() {
   linear(blas_, p_->x.get(), T, hid_, p_->kv_a.get(), width_, kv_f32_.get(), CUDA_R_32F);
   finish_projection_kernel<<<unsigned(T), 256, 0, stream_>>>(q_f32_.get(), kv_f32_.get(), p_->kv_a_norm.get(), p_->rope_cos.get(),
                                                   p_->rope_sin.get(), cache_view(p_->cache), p_->lengths_dev.get(), s_.q_len, nh_,
-                                                  nope_, rope_, r_, float(m_.rms_norm_eps), q_.get(), kv_new_.get());
+                                                  nope_, rope_, r_, float(m_.rms_norm_eps), q_.get(), q_cat_, kv_new_.get());
   DSLAB_CHECK_LAUNCH();
 }
 
@@ -503,11 +496,9 @@ void GpuVariant::absorb_query(__nv_bfloat16* q_abs, int64_t ld) const {
        q_abs, CUDA_R_16BF, nh_ * ld, ld, nh_);
 }
 
-void GpuVariant::concat_query(__nv_bfloat16* q_cat) const {
-  absorb_query(q_cat, width_);
-  const int64_t rows = s_.tokens() * nh_;
-  copy_q_pe_kernel<<<unsigned(std::min<int64_t>((rows * rope_ + 255) / 256, 4096)), 256, 0, stream_>>>(q_.get(), rows, qhd_, nope_, rope_, r_, q_cat);
-  DSLAB_CHECK_LAUNCH();
+void GpuVariant::concat_query() const {
+  if (!q_cat_) throw std::logic_error("concat_query: the form did not allocate q_cat_ in prepare_form");
+  absorb_query(q_cat_, width_);  // the rope part was written there by project()
 }
 
 void GpuVariant::absorb_output(const __nv_bfloat16* o_lat) const {

@@ -148,7 +148,7 @@ class GpuVariant : public Variant {
   // row r belongs to request r / rows_per_request and to new token (r / div) % q_len.
   void softmax(const float* scores, __nv_bfloat16* probs, int64_t rows, int64_t rows_per_request, int64_t div) const;
   void absorb_query(__nv_bfloat16* q_abs, int64_t ld) const;  // q_nope·W_UK per head into q_abs[t][h][0..r)
-  void concat_query(__nv_bfloat16* q_cat) const;               // [q_nope·W_UK ‖ q_pe] per (token, head), width wide
+  void concat_query() const;  // q_cat_ = [q_nope·W_UK ‖ q_pe] per (token, head); forms that use it allocate q_cat_
   void absorb_output(const __nv_bfloat16* o_lat) const;         // attn = o_lat·W_UV^T per head
   // Device pointer array for cublasGemmBatchedEx, built once in prepare.
   const void** pointer_array(const std::vector<const void*>& host);
@@ -166,6 +166,7 @@ class GpuVariant : public Variant {
   DeviceArray<__nv_bfloat16> attn_;  // [tokens][heads][v_head_dim]
   DeviceArray<float> out_;           // [tokens][hidden]
   DeviceArray<__nv_bfloat16> kv_new_;  // [tokens][width]: this step's latent rows, bf16, if a form allocates it
+  __nv_bfloat16* q_cat_ = nullptr;     // [tokens][heads][width]: project() writes q_pe behind the absorbed part
   std::vector<float> host_out_;
 
  private:
