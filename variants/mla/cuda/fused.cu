@@ -17,7 +17,6 @@ namespace {
 constexpr int kWidth = 576;                // latent 512 ‖ rope 64: every DeepSeek config
 constexpr int kLatent = 512;
 constexpr int kChunks = kWidth / 8;        // 16-byte chunks per key row
-constexpr int kBlockKeys = 64;             // keys per pipeline step
 constexpr int kThreads = 256;              // 8 warps
 constexpr int kGroups = kWidth / kQuantGroup;
 
@@ -73,17 +72,26 @@ struct Params {
   float scale_log2;        // softmax scale * log2(e)
 };
 
+// BN keys per pipeline step. The memory-bound shape (16 rows: 16 heads, one token) steps 32 keys at a time
+// through 4 stages, keeping three blocks in flight per SM; the others step 64 keys through 2 stages.
+constexpr int block_keys(int rows, KvDtype kv) { return rows == 16 && kv == KvDtype::bf16 ? 32 : 64; }
+
 template <int ROWS, KvDtype KV>
 struct Layout {
-  static constexpr int kWarpsM = ROWS / 16, kWarpsN = 8 / kWarpsM;
-  static constexpr int kKeysPerWarp = kBlockKeys / kWarpsN;
+  static constexpr int BN = block_keys(ROWS, KV);
+  // Q K^T: warps tile (rows of 16) x (keys in 8s); with 16 rows and 32 keys only 4 of the 8 warps have keys.
+  static constexpr int kWarpsM = ROWS / 16, kWarpsN = (8 / kWarpsM) < (BN / 8) ? (8 / kWarpsM) : (BN / 8);
+  static constexpr int kKeysPerWarp = BN / kWarpsN, kScoreWarps = kWarpsM * kWarpsN;
   // P·V has its own warp grid: 32-row warp tiles where there are 32 rows halve the V fragments each warp loads.
   static constexpr int kPvTilesM = ROWS >= 32 ? 2 : 1, kPvWarpsM = ROWS / (16 * kPvTilesM), kPvWarpsN = 8 / kPvWarpsM;
   static constexpr int kColsPerWarp = kLatent / kPvWarpsN;
-  static constexpr int kStages = KV == KvDtype::bf16 ? 2 : 1;  // quantised: the raw staging buffer is the second stage
-  static constexpr size_t q_bytes = size_t(ROWS) * kWidth * 2, k_bytes = size_t(kStages) * kBlockKeys * kWidth * 2;
-  static constexpr size_t p_bytes = size_t(ROWS) * kBlockKeys * 2, red_bytes = size_t(2) * kWarpsN * ROWS * 4;
-  static constexpr size_t raw_bytes = KV == KvDtype::bf16 ? 0 : size_t(kBlockKeys) * kWidth + size_t(kBlockKeys) * kGroups * 4;
+  // Quantised caches have one K tile plus a raw staging buffer that plays the second stage.
+  static constexpr int kStages = KV != KvDtype::bf16 ? 1 : BN == 32 ? 4 : 2;
+  static constexpr int kPStride = BN + 8;  // padded rows: the 8 rows an ldmatrix reads land in distinct banks
+  static constexpr int kThreadsPerKey = kThreads / BN;
+  static constexpr size_t q_bytes = size_t(ROWS) * kWidth * 2, k_bytes = size_t(kStages) * BN * kWidth * 2;
+  static constexpr size_t p_bytes = size_t(ROWS) * kPStride * 2, red_bytes = size_t(2) * kWarpsN * ROWS * 4;
+  static constexpr size_t raw_bytes = KV == KvDtype::bf16 ? 0 : size_t(BN) * kWidth + size_t(BN) * kGroups * 4;
   static constexpr size_t total = q_bytes + k_bytes + p_bytes + red_bytes + raw_bytes;
 };
 
@@ -99,7 +107,7 @@ struct Smem {
         p(reinterpret_cast<__nv_bfloat16*>(base + L::q_bytes + L::k_bytes)),
         max(reinterpret_cast<float*>(base + L::q_bytes + L::k_bytes + L::p_bytes)),
         sum(max + L::kWarpsN * ROWS),
-        scale(reinterpret_cast<float*>(base + L::q_bytes + L::k_bytes + L::p_bytes + L::red_bytes + kBlockKeys * kWidth)),
+        scale(reinterpret_cast<float*>(base + L::q_bytes + L::k_bytes + L::p_bytes + L::red_bytes + L::BN * kWidth)),
         raw(base + L::q_bytes + L::k_bytes + L::p_bytes + L::red_bytes) {}
 };
 
@@ -108,6 +116,7 @@ struct Smem {
 template <int ROWS, KvDtype KV>
 __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b, int k_begin, int k_end, int seg, int row0) {
   using L = Layout<ROWS, KV>;
+  constexpr int BN = L::BN;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wm = warp % L::kWarpsM, wn = warp / L::kWarpsM;
   const int length = p.lengths[b];
@@ -119,33 +128,28 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
     const int row = c / kChunks, col = (c % kChunks) * 8;
     cp_async16(sm.q + swz(row, col, kWidth), q + int64_t(row) * kWidth + col, true);
   }
-  // Four threads per key: each thread looks its key's page up once per block, in 32-bit arithmetic.
-  const int my_key = tid / 4, my_part = tid % 4;
+  // kThreadsPerKey threads per key: each looks its key's page up once per block, in 32-bit arithmetic.
+  const int my_key = tid / L::kThreadsPerKey, my_part = tid % L::kThreadsPerKey;
   auto load_block = [&](int key0, int stage) {  // bf16: straight into the K tile; quantised: into the staging area
     const int key = key0 + my_key;
     const bool valid = key < k_end;
     const int64_t slot = valid ? int64_t(page_table[key / page_size]) * page_size + key % page_size : 0;
     if constexpr (KV == KvDtype::bf16) {
       const __nv_bfloat16* src = reinterpret_cast<const __nv_bfloat16*>(p.cache.values) + slot * kWidth;
-      __nv_bfloat16* dst = sm.k + stage * kBlockKeys * kWidth;
+      __nv_bfloat16* dst = sm.k + stage * BN * kWidth;
 #pragma unroll
-      for (int j = 0; j < kChunks / 4; ++j) {
-        const int col = (my_part + 4 * j) * 8;
-        cp_async16(dst + swz(my_key, col, kWidth), src + col, valid);
-      }
+      for (int j = my_part; j < kChunks; j += L::kThreadsPerKey) cp_async16(dst + swz(my_key, j * 8, kWidth), src + j * 8, valid);
     } else {
       const uint8_t* src = p.cache.values + slot * kWidth;
 #pragma unroll
-      for (int j = 0; j < kWidth / 16 / 4; ++j) {
-        const int col = (my_part + 4 * j) * 16;
-        cp_async16(sm.raw + my_key * kWidth + col, src + col, valid);
-      }
-      for (int g = my_part; g < kGroups; g += 4) cp_async4(sm.scale + my_key * kGroups + g, p.cache.scales + slot * kGroups + g, valid);
+      for (int j = my_part; j < kWidth / 16; j += L::kThreadsPerKey) cp_async16(sm.raw + my_key * kWidth + j * 16, src + j * 16, valid);
+      for (int g = my_part; g < kGroups; g += L::kThreadsPerKey)
+        cp_async4(sm.scale + my_key * kGroups + g, p.cache.scales + slot * kGroups + g, valid);
     }
     cp_async_commit();
   };
   auto dequantize_block = [&]() {  // staging -> K tile (bf16), 16 values per thread step
-    for (int c = tid; c < kBlockKeys * (kWidth / 16); c += kThreads) {
+    for (int c = tid; c < BN * (kWidth / 16); c += kThreads) {
       const int k = c / (kWidth / 16), col = (c % (kWidth / 16)) * 16;
       const float scale = sm.scale[k * kGroups + col / kQuantGroup];
       const uint4 raw = *reinterpret_cast<const uint4*>(sm.raw + k * kWidth + col);
@@ -173,28 +177,34 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
     for (auto& t : o[pm]) t[0] = t[1] = t[2] = t[3] = 0;
   }
 
-  const int blocks = (k_end - k_begin + kBlockKeys - 1) / kBlockKeys;
-  load_block(k_begin, 0);
+  const int blocks = (k_end - k_begin + BN - 1) / BN;
+  if constexpr (KV == KvDtype::bf16) {
+#pragma unroll
+    for (int st = 0; st < L::kStages - 1; ++st) {  // prologue: the first kStages - 1 blocks (empty groups past the end)
+      if (st < blocks) load_block(k_begin + st * BN, st);
+      else cp_async_commit();
+    }
+  } else {
+    load_block(k_begin, 0);
+  }
   for (int i = 0; i < blocks; ++i) {
-    const int key0 = k_begin + i * kBlockKeys;
+    const int key0 = k_begin + i * BN;
     int stage = 0;
     if constexpr (KV == KvDtype::bf16) {
-      stage = i % 2;
-      if (i + 1 < blocks) {
-        load_block(key0 + kBlockKeys, (i + 1) % 2);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();
+      stage = i % L::kStages;
+      cp_async_wait<L::kStages - 2>();
+      __syncthreads();  // block i has landed, and every warp is done with the stage block i - 1 used
+      const int next = i + L::kStages - 1;
+      if (next < blocks) load_block(k_begin + next * BN, next % L::kStages);
+      else cp_async_commit();
     } else {
       cp_async_wait<0>();
       __syncthreads();
       dequantize_block();
       __syncthreads();
-      if (i + 1 < blocks) load_block(key0 + kBlockKeys, 0);  // lands in the staging area while this block computes
+      if (i + 1 < blocks) load_block(key0 + BN, 0);  // lands in the staging area while this block computes
     }
-    const __nv_bfloat16* K = sm.k + stage * kBlockKeys * kWidth;
+    const __nv_bfloat16* K = sm.k + stage * BN * kWidth;
 
     // S = Q K^T for this warp's 16 rows x kKeysPerWarp keys. Few key tiles per warp would make one long chain
     // of dependent MMAs: the k loop then runs kChains independent accumulators, summed at the end.
@@ -205,8 +215,9 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
 #pragma unroll
       for (auto& t : c) t[0] = t[1] = t[2] = t[3] = 0;
     const int kbase = wn * L::kKeysPerWarp;
+    const bool scores = warp < L::kScoreWarps;
 #pragma unroll 2
-    for (int ks0 = 0; ks0 < kWidth / 16; ks0 += kChains) {
+    for (int ks0 = 0; ks0 < kWidth / 16 && scores; ks0 += kChains) {
 #pragma unroll
       for (int ch = 0; ch < kChains; ++ch) {
         const int ks = ks0 + ch;
@@ -252,7 +263,7 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
       mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
     }
-    if (lane % 4 == 0) {
+    if (scores && lane % 4 == 0) {
       sm.max[wn * ROWS + r_lo] = mx_lo;
       sm.max[wn * ROWS + r_hi] = mx_hi;
     }
@@ -280,8 +291,10 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
       l_lo += __low2float(lo) + __high2float(lo);
       l_hi += __low2float(hi) + __high2float(hi);
       const int col = kbase + t * 8 + (lane % 4) * 2;
-      *reinterpret_cast<__nv_bfloat162*>(sm.p + swz(r_lo, col, kBlockKeys)) = lo;
-      *reinterpret_cast<__nv_bfloat162*>(sm.p + swz(r_hi, col, kBlockKeys)) = hi;
+      if (scores) {
+        *reinterpret_cast<__nv_bfloat162*>(sm.p + r_lo * L::kPStride + col) = lo;
+        *reinterpret_cast<__nv_bfloat162*>(sm.p + r_hi * L::kPStride + col) = hi;
+      }
     }
     // Rescale this thread's output rows by their own max's change (the same maxima the S rows saw).
 #pragma unroll
@@ -304,11 +317,11 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
     // O += P V: this warp's kPvTilesM x 16 rows x kColsPerWarp latent columns over the block's 64 keys.
     const int cbase = pv_wn * L::kColsPerWarp;
 #pragma unroll
-    for (int ks = 0; ks < kBlockKeys / 16; ++ks) {
+    for (int ks = 0; ks < BN / 16; ++ks) {
       uint32_t a[L::kPvTilesM][4];
 #pragma unroll
       for (int pm = 0; pm < L::kPvTilesM; ++pm)
-        ldmatrix_x4(a[pm], sm.p + swz(pv_row0 + 16 * pm + lane % 16, ks * 16 + (lane / 16) * 8, kBlockKeys));
+        ldmatrix_x4(a[pm], sm.p + (pv_row0 + 16 * pm + lane % 16) * L::kPStride + ks * 16 + (lane / 16) * 8);
 #pragma unroll
       for (int np = 0; np < L::kColsPerWarp / 16; ++np) {
         uint32_t bb[4];
@@ -320,15 +333,15 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
         }
       }
     }
-    if constexpr (KV == KvDtype::bf16) __syncthreads();  // this stage is refilled by the next iteration's prefetch
   }
+  cp_async_wait<0>();  // nothing may land in shared memory after this segment (empty groups only, but be exact)
 
   // Row sums across the quad and across the warps that split the keys.
   for (int off = 1; off < 4; off <<= 1) {
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
   }
-  if (lane % 4 == 0) {
+  if (warp < L::kScoreWarps && lane % 4 == 0) {
     sm.sum[wn * ROWS + r_lo] = l_lo;
     sm.sum[wn * ROWS + r_hi] = l_hi;
   }
@@ -432,6 +445,7 @@ class FusedCuda final : public GpuVariant {
     const int64_t B = s_.batch, T = s_.tokens(), M = s_.q_len * nh_;
     if (M % 16) throw BadInput("mla/fused/cuda: heads x q_len must be a multiple of 16, got " + std::to_string(M));
     rows_per_cta_ = M % 64 == 0 ? 64 : M % 32 == 0 ? 32 : 16;
+    block_keys_ = block_keys(rows_per_cta_, s_.kv_dtype);
     row_tiles_ = int(M / rows_per_cta_);
     // Split-KV, balanced: the batch's key blocks in request order are cut into one equal run per CTA (a CTA
     // per SM and row tile); a run may end one request and begin the next. Each (run, request) piece is a
@@ -439,7 +453,7 @@ class FusedCuda final : public GpuVariant {
     parts_ = std::max(1, gpu_info().sms / row_tiles_);
     std::vector<int64_t> first_block(static_cast<size_t>(B) + 1, 0);
     for (int64_t b = 0; b < B; ++b)
-      first_block[size_t(b) + 1] = first_block[size_t(b)] + (p_->lengths[size_t(b)] + s_.q_len + kBlockKeys - 1) / kBlockKeys;
+      first_block[size_t(b) + 1] = first_block[size_t(b)] + (p_->lengths[size_t(b)] + s_.q_len + block_keys_ - 1) / block_keys_;
     const int64_t total = first_block.back(), per_part = (total + parts_ - 1) / parts_;
     std::vector<int4> segments;
     std::vector<int2> part_segments(static_cast<size_t>(parts_)), request_segments(static_cast<size_t>(B), make_int2(0, 0));
@@ -452,8 +466,8 @@ class FusedCuda final : public GpuVariant {
         const int64_t end = std::min(hi, first_block[size_t(b) + 1]), keys = p_->lengths[size_t(b)] + s_.q_len;
         if (request_segments[size_t(b)].y == 0) request_segments[size_t(b)].x = int(segments.size());
         ++request_segments[size_t(b)].y;
-        segments.push_back(make_int4(int(b), int((g - first_block[size_t(b)]) * kBlockKeys),
-                                     int(std::min(keys, (end - first_block[size_t(b)]) * kBlockKeys)), 0));
+        segments.push_back(make_int4(int(b), int((g - first_block[size_t(b)]) * block_keys_),
+                                     int(std::min(keys, (end - first_block[size_t(b)]) * block_keys_)), 0));
         ++part_segments[size_t(part)].y;
         g = end;
       }
@@ -486,7 +500,7 @@ class FusedCuda final : public GpuVariant {
   }
 
  private:
-  int rows_per_cta_ = 64, row_tiles_ = 1, parts_ = 1, segments_ = 0;
+  int rows_per_cta_ = 64, block_keys_ = 64, row_tiles_ = 1, parts_ = 1, segments_ = 0;
   DeviceArray<int4> segments_dev_;
   DeviceArray<int2> part_segments_, request_segments_;
   DeviceArray<__nv_bfloat16> q_cat_buffer_, o_lat_;

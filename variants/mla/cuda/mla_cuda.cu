@@ -51,24 +51,28 @@ __global__ void fill_cache_kernel(CacheView cache, const int32_t* lengths, const
 // bf16, to kv_new for the forms that decompress it).
 __global__ void finish_projection_kernel(const float* q_f32, const float* kv_f32, const __nv_bfloat16* kv_norm,
                                          const float* cos_table, const float* sin_table, CacheView cache,
-                                         const int32_t* lengths, int64_t q_len, int64_t heads, int64_t nope, int64_t rope,
-                                         int64_t r, float eps, __nv_bfloat16* q, __nv_bfloat16* q_cat, __nv_bfloat16* kv_new) {
-  const int64_t t = blockIdx.x, b = t / q_len, s = t % q_len, qhd = nope + rope, half = rope / 2;
-  const float* cs = cos_table + t * half;
-  const float* sn = sin_table + t * half;
-  for (int64_t i = threadIdx.x; i < heads * qhd; i += blockDim.x) {
-    const int64_t h = i / qhd, d = i % qhd;
-    const float* qf = q_f32 + (t * heads + h) * qhd;
+                                         const int32_t* lengths, int q_len, int heads, int nope, int rope, int r, float eps,
+                                         __nv_bfloat16* q, __nv_bfloat16* q_cat, __nv_bfloat16* kv_new) {
+  // blockIdx.y < gridDim.y - 1: 256 elements of the token's q; the last y: the token's latent and rope key.
+  const int t = blockIdx.x, b = t / q_len, s = t % q_len, qhd = nope + rope, half = rope / 2;
+  const float* cs = cos_table + int64_t(t) * half;
+  const float* sn = sin_table + int64_t(t) * half;
+  if (blockIdx.y + 1 < gridDim.y) {
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= heads * qhd) return;
+    const int h = i / qhd, d = i - h * qhd;
+    const float* qf = q_f32 + (int64_t(t) * heads + h) * qhd;
     float y;
     if (d < nope) {
       y = qf[d];
     } else {  // DeepSeek RoPE: interleaved pairs in, de-interleaved out
-      const int64_t j = d - nope, p = j % half;
+      const int j = d - nope, p = j % half;
       const float a = qf[nope + 2 * p], c = qf[nope + 2 * p + 1];
       y = j < half ? a * cs[p] - c * sn[p] : c * cs[p] + a * sn[p];
     }
-    q[(t * heads + h) * qhd + d] = __float2bfloat16_rn(y);
-    if (q_cat && d >= nope) q_cat[(t * heads + h) * (r + rope) + r + d - nope] = __float2bfloat16_rn(y);
+    q[int64_t(t) * heads * qhd + i] = __float2bfloat16_rn(y);
+    if (q_cat && d >= nope) q_cat[(int64_t(t) * heads + h) * (r + rope) + r + d - nope] = __float2bfloat16_rn(y);
+    return;
   }
   if (threadIdx.x >= 32) return;
   const int lane = threadIdx.x;
@@ -100,13 +104,13 @@ __global__ void finish_projection_kernel(const float* q_f32, const float* kv_f32
 }
 
 // y = rmsnorm(x) * w in bf16, one block per row.
-__global__ void rms_norm_kernel(const float* x, const __nv_bfloat16* w, int64_t n, float eps, __nv_bfloat16* y) {
+__global__ void rms_norm_kernel(const float* x, const __nv_bfloat16* w, int n, float eps, __nv_bfloat16* y) {
   const float* row = x + int64_t(blockIdx.x) * n;
   float ss = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += row[i] * row[i];
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += row[i] * row[i];
   ss = block_sum(ss);
   const float inv = rsqrtf(ss / float(n) + eps);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
     y[int64_t(blockIdx.x) * n + i] = __float2bfloat16_rn(row[i] * inv * __bfloat162float(w[i]));
 }
 
@@ -448,16 +452,18 @@ void GpuVariant::project() {
   if (m_.q_lora_rank) {
     const int64_t ql = *m_.q_lora_rank;
     linear(blas_, p_->x.get(), T, hid_, p_->q_a.get(), ql, qa_f32_.get(), CUDA_R_32F);
-    rms_norm_kernel<<<unsigned(T), 256, 0, stream_>>>(qa_f32_.get(), p_->q_a_norm.get(), ql, float(m_.rms_norm_eps), qa_.get());
+    rms_norm_kernel<<<unsigned(T), 256, 0, stream_>>>(qa_f32_.get(), p_->q_a_norm.get(), int(ql), float(m_.rms_norm_eps), qa_.get());
     DSLAB_CHECK_LAUNCH();
     linear(blas_, qa_.get(), T, ql, p_->q_b.get(), nh_ * qhd_, q_f32_.get(), CUDA_R_32F);
   } else {
     linear(blas_, p_->x.get(), T, hid_, p_->q_proj.get(), nh_ * qhd_, q_f32_.get(), CUDA_R_32F);
   }
   linear(blas_, p_->x.get(), T, hid_, p_->kv_a.get(), width_, kv_f32_.get(), CUDA_R_32F);
-  finish_projection_kernel<<<unsigned(T), 256, 0, stream_>>>(q_f32_.get(), kv_f32_.get(), p_->kv_a_norm.get(), p_->rope_cos.get(),
-                                                  p_->rope_sin.get(), cache_view(p_->cache), p_->lengths_dev.get(), s_.q_len, nh_,
-                                                  nope_, rope_, r_, float(m_.rms_norm_eps), q_.get(), q_cat_, kv_new_.get());
+  const unsigned q_blocks = unsigned((nh_ * qhd_ + 255) / 256);
+  finish_projection_kernel<<<dim3(unsigned(T), q_blocks + 1), 256, 0, stream_>>>(
+      q_f32_.get(), kv_f32_.get(), p_->kv_a_norm.get(), p_->rope_cos.get(), p_->rope_sin.get(), cache_view(p_->cache),
+      p_->lengths_dev.get(), int(s_.q_len), int(nh_), int(nope_), int(rope_), int(r_), float(m_.rms_norm_eps), q_.get(), q_cat_,
+      kv_new_.get());
   DSLAB_CHECK_LAUNCH();
 }
 
