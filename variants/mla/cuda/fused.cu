@@ -72,9 +72,8 @@ struct Params {
   float scale_log2;        // softmax scale * log2(e)
 };
 
-// BN keys per pipeline step. The memory-bound shape (16 rows: 16 heads, one token) steps 32 keys at a time
-// through 4 stages, keeping three blocks in flight per SM; the others step 64 keys through 2 stages.
-constexpr int block_keys(int rows, KvDtype kv) { return rows == 16 && kv == KvDtype::bf16 ? 32 : 64; }
+// BN keys per pipeline step (a 32-key, 4-stage variant measured slower on the H200).
+constexpr int block_keys(int, KvDtype) { return 64; }
 
 template <int ROWS, KvDtype KV>
 struct Layout {
@@ -85,11 +84,14 @@ struct Layout {
   // P·V has its own warp grid: 32-row warp tiles where there are 32 rows halve the V fragments each warp loads.
   static constexpr int kPvTilesM = ROWS >= 32 ? 2 : 1, kPvWarpsM = ROWS / (16 * kPvTilesM), kPvWarpsN = 8 / kPvWarpsM;
   static constexpr int kColsPerWarp = kLatent / kPvWarpsN;
-  // Quantised caches have one K tile plus a raw staging buffer that plays the second stage.
-  static constexpr int kStages = KV != KvDtype::bf16 ? 1 : BN == 32 ? 4 : 2;
+  // The memory-bound shape (16 rows: 16 heads, one token) keeps Q in registers, which frees the shared memory
+  // for a third stage: two blocks in flight per SM instead of one. Quantised caches have one K tile plus a raw
+  // staging buffer that plays the second stage.
+  static constexpr bool kQInRegs = ROWS == 16 && KV == KvDtype::bf16;
+  static constexpr int kStages = KV != KvDtype::bf16 ? 1 : kQInRegs ? 3 : 2;
   static constexpr int kPStride = BN + 8;  // padded rows: the 8 rows an ldmatrix reads land in distinct banks
   static constexpr int kThreadsPerKey = kThreads / BN;
-  static constexpr size_t q_bytes = size_t(ROWS) * kWidth * 2, k_bytes = size_t(kStages) * BN * kWidth * 2;
+  static constexpr size_t q_bytes = kQInRegs ? 0 : size_t(ROWS) * kWidth * 2, k_bytes = size_t(kStages) * BN * kWidth * 2;
   static constexpr size_t p_bytes = size_t(ROWS) * kPStride * 2, red_bytes = size_t(2) * kWarpsN * ROWS * 4;
   static constexpr size_t raw_bytes = KV == KvDtype::bf16 ? 0 : size_t(BN) * kWidth + size_t(BN) * kGroups * 4;
   static constexpr size_t total = q_bytes + k_bytes + p_bytes + red_bytes + raw_bytes;
@@ -123,11 +125,14 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
   const int32_t* page_table = p.cache.page_table + int64_t(b) * p.cache.pages_per_request;
   const int page_size = int(p.cache.page_size);
 
+  // Q: into its tile, or (kQInRegs) staged in the last K stage, which the prologue leaves free.
   const __nv_bfloat16* q = p.q + (int64_t(b) * p.rows + row0) * kWidth;
+  __nv_bfloat16* q_tile = L::kQInRegs ? sm.k + (L::kStages - 1) * BN * kWidth : sm.q;
   for (int c = tid; c < ROWS * kChunks; c += kThreads) {
     const int row = c / kChunks, col = (c % kChunks) * 8;
-    cp_async16(sm.q + swz(row, col, kWidth), q + int64_t(row) * kWidth + col, true);
+    cp_async16(q_tile + swz(row, col, kWidth), q + int64_t(row) * kWidth + col, true);
   }
+  if constexpr (L::kQInRegs) cp_async_commit();
   // kThreadsPerKey threads per key: each looks its key's page up once per block, in 32-bit arithmetic.
   const int my_key = tid / L::kThreadsPerKey, my_part = tid % L::kThreadsPerKey;
   auto load_block = [&](int key0, int stage) {  // bf16: straight into the K tile; quantised: into the staging area
@@ -187,6 +192,14 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
   } else {
     load_block(k_begin, 0);
   }
+  uint32_t q_frag[L::kQInRegs ? kWidth / 16 : 1][4];  // A fragments of this warp's 16 rows for every k step
+  if constexpr (L::kQInRegs) {
+    cp_async_wait<L::kStages - 1>();  // the Q group is the oldest
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < kWidth / 16; ++ks) ldmatrix_x4(q_frag[ks], q_tile + swz(lane % 16, ks * 16 + (lane / 16) * 8, kWidth));
+    __syncthreads();  // the stage is refilled at the first iteration
+  }
   for (int i = 0; i < blocks; ++i) {
     const int key0 = k_begin + i * BN;
     int stage = 0;
@@ -208,7 +221,7 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
 
     // S = Q K^T for this warp's 16 rows x kKeysPerWarp keys. Few key tiles per warp would make one long chain
     // of dependent MMAs: the k loop then runs kChains independent accumulators, summed at the end.
-    constexpr int kTiles = L::kKeysPerWarp / 8, kChains = kTiles >= 4 ? 1 : 4 / kTiles;
+    constexpr int kTiles = L::kKeysPerWarp / 8, kChains = kTiles >= 4 || L::kQInRegs ? 1 : 4 / kTiles;
     float acc[kChains][kTiles][4];
 #pragma unroll
     for (auto& c : acc)
@@ -216,13 +229,18 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
       for (auto& t : c) t[0] = t[1] = t[2] = t[3] = 0;
     const int kbase = wn * L::kKeysPerWarp;
     const bool scores = warp < L::kScoreWarps;
-#pragma unroll 2
-    for (int ks0 = 0; ks0 < kWidth / 16 && scores; ks0 += kChains) {
+#pragma unroll(L::kQInRegs ? kWidth / 16 : 2)
+    for (int ks0 = 0; ks0 < kWidth / 16; ks0 += kChains) {
+      if (!scores) break;
 #pragma unroll
       for (int ch = 0; ch < kChains; ++ch) {
         const int ks = ks0 + ch;
         uint32_t a[4];
-        ldmatrix_x4(a, sm.q + swz(wm * 16 + lane % 16, ks * 16 + (lane / 16) * 8, kWidth));
+        if constexpr (L::kQInRegs) {
+          a[0] = q_frag[ks][0], a[1] = q_frag[ks][1], a[2] = q_frag[ks][2], a[3] = q_frag[ks][3];
+        } else {
+          ldmatrix_x4(a, sm.q + swz(wm * 16 + lane % 16, ks * 16 + (lane / 16) * 8, kWidth));
+        }
         if constexpr (kTiles == 1) {
           uint32_t bb[2];
           ldmatrix_x2(bb, K + swz(kbase + (lane & 7), ks * 16 + ((lane >> 3) & 1) * 8, kWidth));

@@ -49,7 +49,7 @@ __global__ void fill_cache_kernel(CacheView cache, const int32_t* lengths, const
 // Per new token: q to bf16 with RoPE on its rope part (also behind the absorbed part of q_cat, if given);
 // the latent RMS-normalised, the rope key rotated, both written into the cache at the token's position (and,
 // bf16, to kv_new for the forms that decompress it).
-__global__ void finish_projection_kernel(const float* q_f32, const float* kv_f32, const __nv_bfloat16* kv_norm,
+__global__ void finish_projection_kernel(const float* q_f32, const float* kv_f32, int kv_ld, const __nv_bfloat16* kv_norm,
                                          const float* cos_table, const float* sin_table, CacheView cache,
                                          const int32_t* lengths, int q_len, int heads, int nope, int rope, int r, float eps,
                                          __nv_bfloat16* q, __nv_bfloat16* q_cat, __nv_bfloat16* kv_new) {
@@ -76,7 +76,7 @@ __global__ void finish_projection_kernel(const float* q_f32, const float* kv_f32
   }
   if (threadIdx.x >= 32) return;
   const int lane = threadIdx.x;
-  const float* kv = kv_f32 + t * (r + rope);
+  const float* kv = kv_f32 + int64_t(t) * kv_ld;
   float v[kMaxValuesPerLane];
   float ss = 0;
   for (int k = 0; k < kMaxValuesPerLane; ++k) {
@@ -104,8 +104,8 @@ __global__ void finish_projection_kernel(const float* q_f32, const float* kv_f32
 }
 
 // y = rmsnorm(x) * w in bf16, one block per row.
-__global__ void rms_norm_kernel(const float* x, const __nv_bfloat16* w, int n, float eps, __nv_bfloat16* y) {
-  const float* row = x + int64_t(blockIdx.x) * n;
+__global__ void rms_norm_kernel(const float* x, int x_ld, const __nv_bfloat16* w, int n, float eps, __nv_bfloat16* y) {
+  const float* row = x + int64_t(blockIdx.x) * x_ld;
   float ss = 0;
   for (int i = threadIdx.x; i < n; i += blockDim.x) ss += row[i] * row[i];
   ss = block_sum(ss);
@@ -242,11 +242,15 @@ std::shared_ptr<GpuProblem> gpu_problem(const ModelConfig& m, const Shape& s, in
   p->max_keys = *std::max_element(p->lengths.begin(), p->lengths.end()) + S;
   p->params = ref::make_mla_params(m, s.heads, seed);
   p->hidden = ref::random_bf16(seed, "hidden_states", size_t(T * m.hidden_size), kUnitScale);
-  p->q_a.upload(p->params.q_a_proj);
+  if (m.q_lora_rank) {
+    std::vector<bf16> stacked(p->params.q_a_proj);
+    stacked.insert(stacked.end(), p->params.kv_a_proj_with_mqa.begin(), p->params.kv_a_proj_with_mqa.end());
+    p->qkv_a.upload(stacked);
+  }
   p->q_a_norm.upload(p->params.q_a_layernorm);
   p->q_b.upload(p->params.q_b_proj);
   p->q_proj.upload(p->params.q_proj);
-  p->kv_a.upload(p->params.kv_a_proj_with_mqa);
+  if (!m.q_lora_rank) p->kv_a.upload(p->params.kv_a_proj_with_mqa);
   p->kv_a_norm.upload(p->params.kv_a_layernorm);
   p->kv_b.upload(p->params.kv_b_proj);
   p->o_proj.upload(p->params.o_proj);
@@ -405,11 +409,11 @@ void GpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t se
   }
   const int64_t T = s_.tokens();
   if (m_.q_lora_rank) {
-    qa_f32_.resize(size_t(T * *m_.q_lora_rank));
+    qa_f32_.resize(size_t(T * (*m_.q_lora_rank + width_)));
     qa_.resize(size_t(T * *m_.q_lora_rank));
   }
   q_f32_.resize(size_t(T * nh_ * qhd_));
-  kv_f32_.resize(size_t(T * width_));
+  if (!m_.q_lora_rank) kv_f32_.resize(size_t(T * width_));
   q_.resize(size_t(T * nh_ * qhd_));
   attn_.resize(size_t(T * nh_ * vd_));
   out_.resize(size_t(T * hid_));
@@ -451,17 +455,21 @@ void GpuVariant::project() {
   const int64_t T = s_.tokens();
   if (m_.q_lora_rank) {
     const int64_t ql = *m_.q_lora_rank;
-    linear(blas_, p_->x.get(), T, hid_, p_->q_a.get(), ql, qa_f32_.get(), CUDA_R_32F);
-    rms_norm_kernel<<<unsigned(T), 256, 0, stream_>>>(qa_f32_.get(), p_->q_a_norm.get(), int(ql), float(m_.rms_norm_eps), qa_.get());
+    // q_a_proj and kv_a_proj_with_mqa read the same input: one GEMM over their stacked weights.
+    linear(blas_, p_->x.get(), T, hid_, p_->qkv_a.get(), ql + width_, qa_f32_.get(), CUDA_R_32F);
+    rms_norm_kernel<<<unsigned(T), 256, 0, stream_>>>(qa_f32_.get(), int(ql + width_), p_->q_a_norm.get(), int(ql),
+                                                      float(m_.rms_norm_eps), qa_.get());
     DSLAB_CHECK_LAUNCH();
     linear(blas_, qa_.get(), T, ql, p_->q_b.get(), nh_ * qhd_, q_f32_.get(), CUDA_R_32F);
   } else {
     linear(blas_, p_->x.get(), T, hid_, p_->q_proj.get(), nh_ * qhd_, q_f32_.get(), CUDA_R_32F);
+    linear(blas_, p_->x.get(), T, hid_, p_->kv_a.get(), width_, kv_f32_.get(), CUDA_R_32F);
   }
-  linear(blas_, p_->x.get(), T, hid_, p_->kv_a.get(), width_, kv_f32_.get(), CUDA_R_32F);
+  const float* kv = m_.q_lora_rank ? qa_f32_.get() + *m_.q_lora_rank : kv_f32_.get();
+  const int kv_ld = int(m_.q_lora_rank ? *m_.q_lora_rank + width_ : width_);
   const unsigned q_blocks = unsigned((nh_ * qhd_ + 255) / 256);
   finish_projection_kernel<<<dim3(unsigned(T), q_blocks + 1), 256, 0, stream_>>>(
-      q_f32_.get(), kv_f32_.get(), p_->kv_a_norm.get(), p_->rope_cos.get(), p_->rope_sin.get(), cache_view(p_->cache),
+      q_f32_.get(), kv, kv_ld, p_->kv_a_norm.get(), p_->rope_cos.get(), p_->rope_sin.get(), cache_view(p_->cache),
       p_->lengths_dev.get(), int(s_.q_len), int(nh_), int(nope_), int(rope_), int(r_), float(m_.rms_norm_eps), q_.get(), q_cat_,
       kv_new_.get());
   DSLAB_CHECK_LAUNCH();

@@ -86,7 +86,8 @@ struct GpuProblem {
   ref::MlaParams params;         // host copies: the reference and --dump read them
   std::vector<bf16> hidden;      // [tokens][hidden]
   // Device copies.
-  DeviceArray<__nv_bfloat16> q_a, q_a_norm, q_b, q_proj, kv_a, kv_a_norm, kv_b, o_proj, x;
+  DeviceArray<__nv_bfloat16> qkv_a;  // [q_a_proj; kv_a_proj_with_mqa] stacked (q_lora_rank models)
+  DeviceArray<__nv_bfloat16> q_a_norm, q_b, q_proj, kv_a, kv_a_norm, kv_b, o_proj, x;
   PagedLatentCache cache;
   DeviceArray<int32_t> lengths_dev;  // int32 [batch]
   DeviceArray<float> rope_cos, rope_sin;  // [tokens][rope/2], YaRN-scaled, at each new token's position
@@ -175,7 +176,8 @@ class GpuVariant : public Variant {
   void capture_graph();
   cudaGraphExec_t graph_exec_ = nullptr;
   DeviceArray<uint8_t> blas_workspace_;
-  DeviceArray<float> qa_f32_, q_f32_, kv_f32_;
+  DeviceArray<float> qa_f32_;  // [tokens][q_lora_rank + width]: q_a and kv_a outputs side by side
+  DeviceArray<float> q_f32_, kv_f32_;
   DeviceArray<__nv_bfloat16> qa_;
   std::vector<DeviceArray<const void*>> pointer_arrays_;
 };
