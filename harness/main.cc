@@ -161,17 +161,22 @@ int cmd_run(int argc, char** argv) {
   int failures = 0, errors = 0;
   const size_t total = plan.points.size();
   // The variants at one point are prepared together and sampled round-robin (see measure_interleaved),
-  // as many at a time as fit in 60% of the host's memory.
+  // as many at a time as fit in 60% of the host's memory and 80% of the GPU's.
   const double memory_budget = 0.6 * double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  const double device_budget = gpu_info().present ? 0.8 * double(gpu_info().memory_bytes) : 0.0;
   auto host_memory = [](const PlannedPoint& pp) {
     return pp.support.ok ? pp.entry->make()->host_memory_bytes(*pp.model, pp.point) : 0.0;
   };
+  auto device_memory = [](const PlannedPoint& pp) {
+    return pp.support.ok ? pp.entry->make()->device_memory_bytes(*pp.model, pp.point) : 0.0;
+  };
   for (size_t first = 0; first < total;) {
     size_t last = first + 1;
-    double memory = host_memory(plan.points[first]);
+    double memory = host_memory(plan.points[first]), device = device_memory(plan.points[first]);
     while (!sequential && last < total && plan.points[last].suite == plan.points[first].suite &&
            plan.points[last].model == plan.points[first].model && plan.points[last].point.label() == plan.points[first].point.label() &&
-           (memory += host_memory(plan.points[last])) <= memory_budget)
+           (memory += host_memory(plan.points[last])) <= memory_budget &&
+           (device += device_memory(plan.points[last])) <= std::max(device_budget, device_memory(plan.points[first])))
       ++last;
     std::vector<PointResult> group;
     std::vector<std::unique_ptr<Variant>> variants;

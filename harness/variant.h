@@ -71,6 +71,9 @@ class Variant {
   // Host memory prepare() will hold (an estimate): the harness prepares the variants of a point together
   // only while their sum fits, so interleaving never runs a machine out of memory.
   virtual double host_memory_bytes(const ModelFile&, const Point&) const { return 0; }
+  // GPU memory prepare() will hold (an estimate, counting shared buffers once per variant): the same rule
+  // for the GPU, so a point's GPU variants are prepared together only while they fit beside each other.
+  virtual double device_memory_bytes(const ModelFile&, const Point&) const { return 0; }
   // Machine-file ceiling its arithmetic runs on (e.g. "cpu.amx_bf16_flops"); bandwidth follows the device.
   virtual std::string compute_ceiling() const = 0;
 

@@ -387,6 +387,11 @@ double GpuVariant::host_memory_bytes(const ModelFile& model, const Point& point)
   return 2.0 * double(m.hidden_size) * double(s.heads) * 400 + double(s.tokens()) * double(m.hidden_size) * 16;
 }
 
+double GpuVariant::device_memory_bytes(const ModelFile& model, const Point& point) const {
+  const ModelConfig m = parse_model_config(model.config, model.name, model.path);
+  return device_bytes(m, algo_, shape_of(m, point), point.integer("page_size"), point.text("len_dist"), fused_);
+}
+
 void GpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
   m_ = parse_model_config(model.config, model.name, model.path);
   s_ = shape_of(m_, point);

@@ -130,6 +130,7 @@ class GpuVariant : public Variant {
   Support supports(const ModelFile& model, const Point& point) const override;
   Cost cost(const ModelFile& model, const Point& point) const override;
   double host_memory_bytes(const ModelFile& model, const Point& point) const override;
+  double device_memory_bytes(const ModelFile& model, const Point& point) const override;
   std::string compute_ceiling() const override { return "gpu.tensor_bf16_flops"; }
   void prepare(const ModelFile& model, const Point& point, uint64_t seed) override;
   void run() override;
