@@ -226,15 +226,24 @@ def main():
     if args.offload:
         load_offload(args.offload)
     os.makedirs(args.out, exist_ok=True)
+    # A suite measured over several runs (extra points, re-measured points) is one chart: entries join by
+    # (suite, model) across files, and a later file's entry replaces an earlier one of the same name.
+    merged = OrderedDict()
+    for data in datasets:
+        for key, entries in suites(data).items():
+            by_name = merged.setdefault(key, OrderedDict())
+            for b in entries:
+                by_name[b["name"]] = b
+    for (suite, model), by_name in merged.items():
+        entries = list(by_name.values())
+        stem = f"{suite or 'suite'}-{model}".replace("/", "_")
+        title = f"{suite} ({model})"
+        plot_latency(entries, title, args.out, f"{stem}-latency")
+        if len(set(b["variant"] for b in entries)) > 1:
+            plot_speedup(entries, title, args.baseline, args.out, f"{stem}-speedup")
     for path, data in zip(args.results, datasets):
         # Several files: name their rooflines after the folder each results.json sits in.
         tag = "-" + os.path.basename(os.path.dirname(os.path.abspath(path))) if len(datasets) > 1 else ""
-        for (suite, model), entries in suites(data).items():
-            stem = f"{suite or 'suite'}-{model}".replace("/", "_")
-            title = f"{suite} ({model})"
-            plot_latency(entries, title, args.out, f"{stem}-latency")
-            if len(set(b["variant"] for b in entries)) > 1:
-                plot_speedup(entries, title, args.baseline, args.out, f"{stem}-speedup")
         for device in ("cpu", "cuda"):
             plot_roofline(data, device, args.out, f"roofline-{device}{tag}")
     if args.offload:
