@@ -85,19 +85,15 @@ struct Layout {
   static constexpr int kPvTilesM = ROWS >= 32 ? 2 : 1, kPvWarpsM = ROWS / (16 * kPvTilesM), kPvWarpsN = 8 / kPvWarpsM;
   static constexpr int kColsPerWarp = kLatent / kPvWarpsN;
   // The memory-bound shape (16 rows: 16 heads, one token) keeps Q in registers, which frees the shared memory
-  // for a third stage: two blocks in flight per SM instead of one. Quantised caches have one K tile, filled by
-  // dequantising the raw staging stages.
+  // for a third stage: two blocks in flight per SM instead of one. Quantised caches have one K tile plus a raw
+  // staging buffer that plays the second stage.
   static constexpr bool kQInRegs = ROWS == 16 && KV == KvDtype::bf16;
   static constexpr int kStages = KV != KvDtype::bf16 ? 1 : kQInRegs ? 3 : 2;
   static constexpr int kPStride = BN + 8;  // padded rows: the 8 rows an ldmatrix reads land in distinct banks
   static constexpr int kThreadsPerKey = kThreads / BN;
   static constexpr size_t q_bytes = kQInRegs ? 0 : size_t(ROWS) * kWidth * 2, k_bytes = size_t(kStages) * BN * kWidth * 2;
   static constexpr size_t p_bytes = size_t(ROWS) * kPStride * 2, red_bytes = size_t(2) * kWarpsN * ROWS * 4;
-  // Quantised staging: [BN][576] bytes then [BN][groups] fp32 scales per stage; two stages where they fit
-  // (16 and 32 rows), so two raw blocks are in flight while one is dequantised and computed.
-  static constexpr int kRawStages = KV == KvDtype::bf16 ? 0 : ROWS <= 32 ? 2 : 1;
-  static constexpr size_t raw_stage_bytes = size_t(BN) * kWidth + size_t(BN) * kGroups * 4;
-  static constexpr size_t raw_bytes = kRawStages * raw_stage_bytes;
+  static constexpr size_t raw_bytes = KV == KvDtype::bf16 ? 0 : size_t(BN) * kWidth + size_t(BN) * kGroups * 4;
   static constexpr size_t total = q_bytes + k_bytes + p_bytes + red_bytes + raw_bytes;
 };
 
@@ -105,16 +101,15 @@ template <int ROWS, KvDtype KV>
 struct Smem {
   using L = Layout<ROWS, KV>;
   __nv_bfloat16 *q, *k, *p;
-  float *max, *sum;
+  float *max, *sum, *scale;
   uint8_t* raw;
-  __device__ uint8_t* raw_values(int stage) const { return raw + stage * L::raw_stage_bytes; }
-  __device__ float* raw_scales(int stage) const { return reinterpret_cast<float*>(raw_values(stage) + L::BN * kWidth); }
   __device__ explicit Smem(uint8_t* base)
       : q(reinterpret_cast<__nv_bfloat16*>(base)),
         k(reinterpret_cast<__nv_bfloat16*>(base + L::q_bytes)),
         p(reinterpret_cast<__nv_bfloat16*>(base + L::q_bytes + L::k_bytes)),
         max(reinterpret_cast<float*>(base + L::q_bytes + L::k_bytes + L::p_bytes)),
         sum(max + L::kWarpsN * ROWS),
+        scale(reinterpret_cast<float*>(base + L::q_bytes + L::k_bytes + L::p_bytes + L::red_bytes + L::BN * kWidth)),
         raw(base + L::q_bytes + L::k_bytes + L::p_bytes + L::red_bytes) {}
 };
 
@@ -151,22 +146,18 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
       for (int j = my_part; j < kChunks; j += L::kThreadsPerKey) cp_async16(dst + swz(my_key, j * 8, kWidth), src + j * 8, valid);
     } else {
       const uint8_t* src = p.cache.values + slot * kWidth;
-      uint8_t* values = sm.raw_values(stage);
-      float* scales = sm.raw_scales(stage);
 #pragma unroll
-      for (int j = my_part; j < kWidth / 16; j += L::kThreadsPerKey) cp_async16(values + my_key * kWidth + j * 16, src + j * 16, valid);
+      for (int j = my_part; j < kWidth / 16; j += L::kThreadsPerKey) cp_async16(sm.raw + my_key * kWidth + j * 16, src + j * 16, valid);
       for (int g = my_part; g < kGroups; g += L::kThreadsPerKey)
-        cp_async4(scales + my_key * kGroups + g, p.cache.scales + slot * kGroups + g, valid);
+        cp_async4(sm.scale + my_key * kGroups + g, p.cache.scales + slot * kGroups + g, valid);
     }
     cp_async_commit();
   };
-  auto dequantize_block = [&](int stage) {  // staging -> K tile (bf16), 16 values per thread step
-    const uint8_t* values = sm.raw_values(stage);
-    const float* scales = sm.raw_scales(stage);
+  auto dequantize_block = [&]() {  // staging -> K tile (bf16), 16 values per thread step
     for (int c = tid; c < BN * (kWidth / 16); c += kThreads) {
       const int k = c / (kWidth / 16), col = (c % (kWidth / 16)) * 16;
-      const float scale = scales[k * kGroups + col / kQuantGroup];
-      const uint4 raw = *reinterpret_cast<const uint4*>(values + k * kWidth + col);
+      const float scale = sm.scale[k * kGroups + col / kQuantGroup];
+      const uint4 raw = *reinterpret_cast<const uint4*>(sm.raw + k * kWidth + col);
       const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&raw);
       __align__(16) __nv_bfloat16 out[16];
 #pragma unroll
@@ -199,11 +190,7 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
       else cp_async_commit();
     }
   } else {
-#pragma unroll
-    for (int st = 0; st < L::kRawStages; ++st) {
-      if (st < blocks) load_block(k_begin + st * BN, st);
-      else cp_async_commit();
-    }
+    load_block(k_begin, 0);
   }
   uint32_t q_frag[L::kQInRegs ? kWidth / 16 : 1][4];  // A fragments of this warp's 16 rows for every k step
   if constexpr (L::kQInRegs) {
@@ -224,14 +211,11 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
       if (next < blocks) load_block(k_begin + next * BN, next % L::kStages);
       else cp_async_commit();
     } else {
-      const int raw_stage = i % L::kRawStages;
-      cp_async_wait<L::kRawStages - 1>();
-      __syncthreads();  // block i's raw bytes have landed; every warp is done with the K tile of block i - 1
-      dequantize_block(raw_stage);
+      cp_async_wait<0>();
       __syncthreads();
-      const int next = i + L::kRawStages;  // into the staging stage just emptied, in flight while this block computes
-      if (next < blocks) load_block(k_begin + next * BN, raw_stage);
-      else cp_async_commit();
+      dequantize_block();
+      __syncthreads();
+      if (i + 1 < blocks) load_block(key0 + BN, 0);  // lands in the staging area while this block computes
     }
     const __nv_bfloat16* K = sm.k + stage * BN * kWidth;
 
