@@ -87,24 +87,17 @@ double avx512_bf16_flops_per_thread(int64_t iterations) {
   return double(iterations) * 12 * (16 * 2 * 2);
 }
 
-float read_sum(const float* data, int64_t n, int streams) {
-  // The thread's range is read as `streams` equal parts at once, each with a software prefetch 2 KiB ahead:
-  // one sequential stream per core leaves the core's fill buffers half empty and under-reads DRAM (the MoE
-  // decode kernels, which stream gate/up/down blocks with prefetches, read faster than a 1-stream probe).
-  const int64_t part = (n / streams) & ~int64_t(127);
+float read_sum(const float* data, int64_t n) {
+  // Eight independent accumulators: enough loads in flight that the probe, not the add chain, waits on DRAM.
   __m512 acc[8];
   for (auto& a : acc) a = _mm512_setzero_ps();
-  for (int64_t i = 0; i + 128 <= part; i += 128)
-    for (int s = 0; s < streams; ++s) {
-      const float* p = data + s * part + i;
-      _mm_prefetch(reinterpret_cast<const char*>(p + 512), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(p + 512 + 64), _MM_HINT_T1);
-      for (int j = 0; j < 8; ++j) acc[j] = _mm512_add_ps(acc[j], _mm512_load_ps(p + 16 * j));
-    }
+  int64_t i = 0;
+  for (; i + 128 <= n; i += 128)
+    for (int j = 0; j < 8; ++j) acc[j] = _mm512_add_ps(acc[j], _mm512_load_ps(data + i + 16 * j));
   for (int j = 1; j < 8; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
-  float sum = _mm512_reduce_add_ps(acc[0]);
-  for (int64_t i = part * streams; i < n; ++i) sum += data[i];
-  return sum;
+  float s = _mm512_reduce_add_ps(acc[0]);
+  for (; i < n; ++i) s += data[i];
+  return s;
 }
 
 }  // namespace dslab::calibrate

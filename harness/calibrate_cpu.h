@@ -8,5 +8,5 @@ double amx_bf16_flops_per_thread(int64_t iterations);
 double avx512_bf16_flops_per_thread(int64_t iterations);
 double amx_int8_ops_per_thread(int64_t iterations);  // TDPBSSD: int8 multiply-adds x 2
 // Sums a buffer with 64-byte loads (all threads read disjoint parts); returns a value so the reads stay.
-float read_sum(const float* data, int64_t n, int streams);  // bytes read: n * 4; part of each stream rounded to 512 B
+float read_sum(const float* data, int64_t n);
 }  // namespace dslab::calibrate

@@ -75,21 +75,17 @@ nlohmann::json calibrate_machine(int threads) {
       for (int64_t i = t * chunk; i < (t + 1) * chunk; ++i) buf.get()[i] = float(i % 7) + 0.5f;
     }
     double best = 0;
-    int best_streams = 1;
     volatile float sink = 0;
-    for (int streams : {1, 2, 4, 8})
-      for (int rep = 0; rep < 5; ++rep) {
-        float total = 0;
-        const double start = now_s();
+    for (int rep = 0; rep < 10; ++rep) {
+      float total = 0;
+      const double start = now_s();
 #pragma omp parallel num_threads(threads) reduction(+ : total)
-        total += calibrate::read_sum(buf.get() + omp_get_thread_num() * chunk, chunk, streams);
-        const double rate = double(chunk * threads * 4) / (now_s() - start);
-        if (rate > best) best = rate, best_streams = streams;
-        sink = sink + total;
-      }
+      total += calibrate::read_sum(buf.get() + omp_get_thread_num() * chunk, chunk);
+      best = std::max(best, double(chunk * threads * 4) / (now_s() - start));
+      sink = sink + total;
+    }
     c["dram_read_bytes_per_s"] = best;
-    c["dram_read_how"] = "sum of a " + std::to_string(n * 4 >> 20) + " MiB buffer, all threads, each reading its range as 1, 2, 4 or 8 " +
-                         "prefetched streams (best: " + std::to_string(best_streams) + "), 64-byte loads on 8 accumulators, best of 5 each";
+    c["dram_read_how"] = "sum of a " + std::to_string(n * 4 >> 20) + " MiB buffer, 64-byte loads on 8 accumulators, all threads, best of 10";
   } else {
     c["dram_read_bytes_per_s"] = nullptr;
     c["dram_read_how"] = "needs AVX-512 for the read probe";
