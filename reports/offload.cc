@@ -10,6 +10,9 @@
 #include "harness/command.h"
 #include "harness/errors.h"
 #include "harness/results.h"
+#include "harness/sweep.h"
+#include "harness/variant.h"
+#include "variants/common/model_config.h"
 
 namespace dslab::reports {
 namespace {
@@ -18,6 +21,55 @@ double ceiling(const nlohmann::json& machine, const char* section, const char* k
   if (!machine.contains(section) || !machine[section].is_object()) return 0;
   const auto& s = machine[section];
   return s.contains(key) && s[key].is_number() ? s[key].get<double>() : 0;
+}
+
+// An op's axes without the ones that only name how a variant computes it: an axis not every variant of the
+// family declares, at that variant's default (page_size=64, len_dist=uniform, kv_dtype=bf16 on the GPU MLA
+// forms), and heads equal to the model's own. So mla/a_cc_me/cpu at (batch, kv_len) and mla/fused/cuda at
+// the same point with its defaults are two ways of one op.
+nlohmann::json op_axes(const std::string& variant, const std::string& model, const nlohmann::json& axes) {
+  static std::map<std::string, std::vector<std::pair<std::string, std::string>>> declared;  // variant -> its axes
+  static std::map<std::string, std::vector<std::string>> common;                            // family -> shared axes
+  static std::map<std::string, int64_t> model_heads;
+  const std::string family = variant.substr(0, variant.find('/'));
+  if (common.find(family) == common.end()) {
+    std::vector<std::string> names;
+    bool first = true;
+    for (const VariantEntry& v : registered_variants()) {
+      if (v.name.substr(0, v.name.find('/')) != family) continue;
+      std::vector<std::string> mine;
+      for (const auto& [name, def] : v.make()->axes()) mine.push_back(name);
+      if (first) names = mine;
+      else names.erase(std::remove_if(names.begin(), names.end(), [&](const std::string& n) {
+                         return std::find(mine.begin(), mine.end(), n) == mine.end();
+                       }), names.end());
+      first = false;
+    }
+    common[family] = names;
+  }
+  if (declared.find(variant) == declared.end()) {
+    const VariantEntry* v = find_variant(variant);
+    declared[variant] = v ? v->make()->axes() : std::vector<std::pair<std::string, std::string>>{};
+  }
+  if (axes.contains("heads") && model_heads.find(model) == model_heads.end()) {
+    try {
+      const ModelFile f = load_model_file(model);
+      model_heads[model] = parse_model_config(f.config, f.name, f.path).num_attention_heads;
+    } catch (const std::exception&) {
+      model_heads[model] = 0;  // not a model of this checkout: keep heads in the key
+    }
+  }
+  nlohmann::json out = nlohmann::json::object();
+  const auto& shared = common[family];
+  for (const auto& [k, v] : axes.items()) {
+    const std::string text = v.is_string() ? v.get<std::string>() : v.dump();
+    bool drop = k == "heads" && v.is_number_integer() && v.get<int64_t>() == model_heads[model];
+    if (std::find(shared.begin(), shared.end(), k) == shared.end())
+      for (const auto& [name, def] : declared[variant])
+        if (name == k && !def.empty() && def == text) drop = true;
+    if (!drop) out[k] = v;
+  }
+  return out;
 }
 
 std::string fmt(const char* f, double v) {
@@ -61,16 +113,17 @@ OffloadPlan plan_offload(const std::vector<ResultsFile>& files, const OffloadOpt
   for (const auto& f : files)
     for (const auto& e : f.entries) {
       const std::string family = e.variant.substr(0, e.variant.find('/'));
-      const std::string key = family + "|" + e.model + "|" + e.axes.dump();
+      const nlohmann::json axes = op_axes(e.variant, e.model, e.axes);
+      const std::string key = family + "|" + e.model + "|" + axes.dump();
       auto [it, fresh] = ops.try_emplace(key);
       Placement& p = it->second;
       if (fresh) {
         order.push_back(key);
         p.family = family;
         p.model = e.model;
-        p.axes = e.axes;
+        p.axes = axes;
         p.op = family + " " + e.model;
-        for (const auto& [k, v] : e.axes.items()) p.op += " " + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
+        for (const auto& [k, v] : axes.items()) p.op += " " + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
       }
       const Way way{e.raw.value("flops", 0.0), e.raw.value("bytes", 0.0), e.variant};
       ways[key].push_back(way);

@@ -1,6 +1,8 @@
 // Reports: the U test against scipy's values, verdicts, normalization, matching by variant and axes.
 #include <gtest/gtest.h>
 
+#include "harness/variant.h"
+
 #include "reports/compare.h"
 #include "reports/stats.h"
 
@@ -139,6 +141,36 @@ TEST(Offload, MemoryBoundExpertsStayOnTheCpuComputeBoundOnesCrossPcie) {
   const OffloadPlan measured = plan_offload({f}, {});
   EXPECT_EQ(measured.ops[2].gpu_source, "measured: mla/fused/cuda");
   EXPECT_EQ(measured.ops[2].device, "cpu");  // 10 ms on the CPU beats a measured 20 ms
+}
+
+TEST(Offload, GpuFormsAtTheirDefaultsJoinTheCpuOp) {
+  // mla/fused/cuda records page_size, len_dist and kv_dtype (axes the CPU forms do not have) and heads; at
+  // their defaults and the model's head count the point is the CPU op's point, measured on another device.
+  if (!find_variant("mla/fused/cuda")) GTEST_SKIP() << "built without CUDA: the GPU form's axes are unknown";
+  ResultsFile f;
+  f.path = "r.json";
+  f.context["machine"] = {{"cpu_model", "cpu"},
+                          {"cpu", {{"amx_bf16_flops", 10e12}, {"dram_read_bytes_per_s", 100e9}}},
+                          {"gpu", {{"name", "gpu"}, {"tensor_bf16_flops", 800e12}, {"hbm_bytes_per_s", 4e12}}}};
+  Entry cpu = op_entry("mla/a_cc_me/cpu", "cpu", 1, 5e3, 1e9, 3e8);
+  cpu.model = "deepseek-v2";
+  cpu.axes = {{"batch", 1}, {"q_len", 1}, {"kv_len", 4096}};
+  Entry gpu = op_entry("mla/fused/cuda", "cuda", 1, 150, 1e9, 3e8);
+  gpu.model = "deepseek-v2";  // 128 heads
+  gpu.axes = {{"batch", 1}, {"q_len", 1}, {"kv_len", 4096}, {"heads", 128}, {"page_size", 64}, {"len_dist", "uniform"},
+              {"kv_dtype", "bf16"}};
+  Entry other = gpu;  // a non-default page size or head count is another op
+  other.axes["page_size"] = 16;
+  Entry fewer_heads = gpu;
+  fewer_heads.axes["heads"] = 16;
+  f.entries = {cpu, gpu, other, fewer_heads};
+  const OffloadPlan plan = plan_offload({f}, {});
+  ASSERT_EQ(plan.ops.size(), 3u);
+  EXPECT_EQ(plan.ops[0].cpu_source, "measured: mla/a_cc_me/cpu");
+  EXPECT_EQ(plan.ops[0].gpu_source, "measured: mla/fused/cuda");
+  EXPECT_EQ(plan.ops[0].op, "mla deepseek-v2 batch=1 kv_len=4096 q_len=1");
+  EXPECT_EQ(plan.ops[1].axes.value("page_size", 0), 16);
+  EXPECT_EQ(plan.ops[2].axes.value("heads", 0), 16);
 }
 
 }  // namespace
