@@ -76,6 +76,7 @@ TEST_P(GpuMla, MatchesReferenceOverPagesLengthsAndCacheTypes) {
       }
   cases.push_back({"deepseek-v2-lite", 16, 2, 2, 130, 16, "mixed", "bf16"});  // MTP: two new tokens, causal between them
   cases.push_back({"deepseek-v3", 128, 2, 1, 200, 64, "uniform", "bf16"});    // all heads of one GPU: 64-row tiles
+  if (quantised_ok) cases.push_back({"deepseek-v3", 128, 2, 1, 300, 16, "mixed", "int8"});  // 64-row tiles, dequantised
   cases.push_back({"deepseek-v3", 16, 3, 2, 333, 64, "mixed", "bf16"});      // 32-row tiles
   cases.push_back({"deepseek-v2-lite", 16, 1, 1, 0, 16, "uniform", "bf16"});  // empty cache: the new token only
   if (!fused) {

@@ -56,9 +56,36 @@ __device__ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, u
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Shared-memory tiles are rows of 16-byte chunks with the chunk index XOR-ed by the row (mod 8): the 8 rows an
-// ldmatrix reads then fall in 8 different bank groups instead of one (576-wide rows are 1152 bytes apart).
-__device__ inline int swz(int row, int col, int row_elems) { return row * row_elems + (((col >> 3) ^ (row & 7)) << 3) + (col & 7); }
+// Q and K tiles in shared memory, in the layout Hopper's warpgroup MMA reads ("K-major, 128-byte swizzle"): the
+// 576 columns are 9 blocks of 64; a block holds its `rows` rows of 128 bytes, each row's 16-byte chunks
+// XOR-ed by the row (mod 8). The 8 rows an ldmatrix reads then fall in 8 different bank groups, and a
+// wgmma descriptor can address any 8-row x 64-column atom. Tiles start 1024-byte aligned.
+__device__ inline int swz(int row, int col, int rows) {
+  return (col >> 6) * (rows * 64) + row * 64 + ((((col & 63) >> 3) ^ (row & 7)) << 3) + (col & 7);
+}
+
+// wgmma shared-memory matrix descriptor for a K-major, 128-byte-swizzled operand starting at `p`:
+// stride between 8-row groups 1024 bytes; the leading-dimension offset is unused for this layout.
+__device__ inline uint64_t wgmma_desc(const void* p) {
+  return uint64_t((smem_addr(p) & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+// S[64 x 32] (+)= A[64 x 16] · B[32 x 16]^T for the calling warpgroup, both operands K-major in shared memory.
+__device__ inline void wgmma_m64n32k16(float (&d)[4][4], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+__device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ inline void wgmma_commit_and_wait() {
+  asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// Makes this thread's shared-memory writes (cp.async, st.shared) visible to the tensor cores' async reads.
+__device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 struct Params {
   const __nv_bfloat16* q;  // [tokens][heads][576]: [q_nope·W_UK ‖ q_pe]
@@ -94,7 +121,9 @@ struct Layout {
   static constexpr size_t q_bytes = kQInRegs ? 0 : size_t(ROWS) * kWidth * 2, k_bytes = size_t(kStages) * BN * kWidth * 2;
   static constexpr size_t p_bytes = size_t(ROWS) * kPStride * 2, red_bytes = size_t(2) * kWarpsN * ROWS * 4;
   static constexpr size_t raw_bytes = KV == KvDtype::bf16 ? 0 : size_t(BN) * kWidth + size_t(BN) * kGroups * 4;
-  static constexpr size_t total = q_bytes + k_bytes + p_bytes + red_bytes + raw_bytes;
+  static constexpr size_t total = q_bytes + k_bytes + p_bytes + red_bytes + raw_bytes + 1024;  // + alignment slack
+  // 64-row tiles compute Q K^T with warpgroup MMAs: each of the two warpgroups takes 32 of the block's keys.
+  static constexpr bool kWgmma = ROWS == 64;
 };
 
 template <int ROWS, KvDtype KV>
@@ -130,7 +159,7 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
   __nv_bfloat16* q_tile = L::kQInRegs ? sm.k + (L::kStages - 1) * BN * kWidth : sm.q;
   for (int c = tid; c < ROWS * kChunks; c += kThreads) {
     const int row = c / kChunks, col = (c % kChunks) * 8;
-    cp_async16(q_tile + swz(row, col, kWidth), q + int64_t(row) * kWidth + col, true);
+    cp_async16(q_tile + swz(row, col, ROWS), q + int64_t(row) * kWidth + col, true);
   }
   if constexpr (L::kQInRegs) cp_async_commit();
   // kThreadsPerKey threads per key: each looks its key's page up once per block, in 32-bit arithmetic.
@@ -143,7 +172,7 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
       const __nv_bfloat16* src = reinterpret_cast<const __nv_bfloat16*>(p.cache.values) + slot * kWidth;
       __nv_bfloat16* dst = sm.k + stage * BN * kWidth;
 #pragma unroll
-      for (int j = my_part; j < kChunks; j += L::kThreadsPerKey) cp_async16(dst + swz(my_key, j * 8, kWidth), src + j * 8, valid);
+      for (int j = my_part; j < kChunks; j += L::kThreadsPerKey) cp_async16(dst + swz(my_key, j * 8, BN), src + j * 8, valid);
     } else {
       const uint8_t* src = p.cache.values + slot * kWidth;
 #pragma unroll
@@ -162,8 +191,8 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
       __align__(16) __nv_bfloat16 out[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) out[i] = __float2bfloat16_rn(dequantize(KV, bytes[i], scale));
-      *reinterpret_cast<uint4*>(sm.k + swz(k, col, kWidth)) = *reinterpret_cast<const uint4*>(out);
-      *reinterpret_cast<uint4*>(sm.k + swz(k, col + 8, kWidth)) = *reinterpret_cast<const uint4*>(out + 8);
+      *reinterpret_cast<uint4*>(sm.k + swz(k, col, BN)) = *reinterpret_cast<const uint4*>(out);
+      *reinterpret_cast<uint4*>(sm.k + swz(k, col + 8, BN)) = *reinterpret_cast<const uint4*>(out + 8);
     }
   };
 
@@ -197,7 +226,7 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
     cp_async_wait<L::kStages - 1>();  // the Q group is the oldest
     __syncthreads();
 #pragma unroll
-    for (int ks = 0; ks < kWidth / 16; ++ks) ldmatrix_x4(q_frag[ks], q_tile + swz(lane % 16, ks * 16 + (lane / 16) * 8, kWidth));
+    for (int ks = 0; ks < kWidth / 16; ++ks) ldmatrix_x4(q_frag[ks], q_tile + swz(lane % 16, ks * 16 + (lane / 16) * 8, ROWS));
     __syncthreads();  // the stage is refilled at the first iteration
   }
   for (int i = 0; i < blocks; ++i) {
@@ -206,6 +235,7 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
     if constexpr (KV == KvDtype::bf16) {
       stage = i % L::kStages;
       cp_async_wait<L::kStages - 2>();
+      if constexpr (L::kWgmma) fence_proxy_async();
       __syncthreads();  // block i has landed, and every warp is done with the stage block i - 1 used
       const int next = i + L::kStages - 1;
       if (next < blocks) load_block(k_begin + next * BN, next % L::kStages);
@@ -214,6 +244,7 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
       cp_async_wait<0>();
       __syncthreads();
       dequantize_block();
+      if constexpr (L::kWgmma) fence_proxy_async();
       __syncthreads();
       if (i + 1 < blocks) load_block(key0 + BN, 0);  // lands in the staging area while this block computes
     }
@@ -229,8 +260,18 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
       for (auto& t : c) t[0] = t[1] = t[2] = t[3] = 0;
     const int kbase = wn * L::kKeysPerWarp;
     const bool scores = warp < L::kScoreWarps;
+    if constexpr (L::kWgmma) {  // warpgroup wn: all 64 rows x keys kbase..kbase+31, 36 k steps of 16
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kWidth / 16; ++ks) {
+        const int block = ks >> 2, k_offset = (ks & 3) * 16;  // 64-column block, then 32 bytes per k step inside it
+        wgmma_m64n32k16(acc[0], wgmma_desc(sm.q + block * ROWS * 64 + k_offset), wgmma_desc(K + block * BN * 64 + kbase * 64 + k_offset),
+                        ks > 0);
+      }
+      wgmma_commit_and_wait();
+    }
 #pragma unroll(L::kQInRegs ? kWidth / 16 : 2)
-    for (int ks0 = 0; ks0 < kWidth / 16; ks0 += kChains) {
+    for (int ks0 = 0; ks0 < kWidth / 16 && !L::kWgmma; ks0 += kChains) {
       if (!scores) break;
 #pragma unroll
       for (int ch = 0; ch < kChains; ++ch) {
@@ -239,17 +280,17 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
         if constexpr (L::kQInRegs) {
           a[0] = q_frag[ks][0], a[1] = q_frag[ks][1], a[2] = q_frag[ks][2], a[3] = q_frag[ks][3];
         } else {
-          ldmatrix_x4(a, sm.q + swz(wm * 16 + lane % 16, ks * 16 + (lane / 16) * 8, kWidth));
+          ldmatrix_x4(a, sm.q + swz(wm * 16 + lane % 16, ks * 16 + (lane / 16) * 8, ROWS));
         }
         if constexpr (kTiles == 1) {
           uint32_t bb[2];
-          ldmatrix_x2(bb, K + swz(kbase + (lane & 7), ks * 16 + ((lane >> 3) & 1) * 8, kWidth));
+          ldmatrix_x2(bb, K + swz(kbase + (lane & 7), ks * 16 + ((lane >> 3) & 1) * 8, BN));
           mma(acc[ch][0], a, bb[0], bb[1]);
         } else {
 #pragma unroll
           for (int np = 0; np < kTiles / 2; ++np) {
             uint32_t bb[4];
-            ldmatrix_x4(bb, K + swz(kbase + np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 16 + ((lane >> 3) & 1) * 8, kWidth));
+            ldmatrix_x4(bb, K + swz(kbase + np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 16 + ((lane >> 3) & 1) * 8, BN));
             mma(acc[ch][2 * np], a, bb[0], bb[1]);
             mma(acc[ch][2 * np + 1], a, bb[2], bb[3]);
           }
@@ -343,7 +384,7 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
 #pragma unroll
       for (int np = 0; np < L::kColsPerWarp / 16; ++np) {
         uint32_t bb[4];
-        ldmatrix_x4_trans(bb, K + swz(ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, cbase + np * 16 + (lane >> 4) * 8, kWidth));
+        ldmatrix_x4_trans(bb, K + swz(ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, cbase + np * 16 + (lane >> 4) * 8, BN));
 #pragma unroll
         for (int pm = 0; pm < L::kPvTilesM; ++pm) {
           mma(o[pm][2 * np], a[pm], bb[0], bb[1]);
@@ -397,7 +438,8 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
 // which may finish one request and start the next (FlashMLA's scheduling: one wave, no tail).
 template <int ROWS, KvDtype KV>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(Params p) {
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // wgmma's swizzle atoms are 1024 B
   const Smem<ROWS, KV> sm(smem);
   const int2 mine = p.part_segments[blockIdx.x];
   for (int seg = mine.x; seg < mine.x + mine.y; ++seg) {
