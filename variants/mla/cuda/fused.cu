@@ -69,6 +69,11 @@ __device__ inline int swz(int row, int col, int rows) {
 __device__ inline uint64_t wgmma_desc(const void* p) {
   return uint64_t((smem_addr(p) & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
+// The same tile read as an MN-major operand (its 64-column blocks along N, `rows` rows each, 8-row groups along K).
+__device__ inline uint64_t wgmma_desc_mn(const void* p, int rows) {
+  return uint64_t((smem_addr(p) & 0x3FFFF) >> 4) | (uint64_t(rows * 128 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
 
 // S[64 x 32] (+)= A[64 x 16] · B[32 x 16]^T for the calling warpgroup, both operands K-major in shared memory.
 __device__ inline void wgmma_m64n32k16(float (&d)[4][4], uint64_t a, uint64_t b, int accumulate) {
@@ -79,6 +84,16 @@ __device__ inline void wgmma_m64n32k16(float (&d)[4][4], uint64_t a, uint64_t b,
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
         "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
       : "l"(a), "l"(b), "r"(accumulate));
+}
+// O[64 x 256] += P[64 x 16] · V[16 x 256] for the calling warpgroup: P K-major, V stored [key][column] (MN-major,
+// the B operand transposed), both 128-byte swizzled in shared memory.
+__device__ inline void wgmma_m64n256k16_vt(float (&d)[32][4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+      : "l"(a), "l"(b));
 }
 __device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ inline void wgmma_commit_and_wait() {
@@ -109,7 +124,9 @@ struct Layout {
   static constexpr int kWarpsM = ROWS / 16, kWarpsN = (8 / kWarpsM) < (BN / 8) ? (8 / kWarpsM) : (BN / 8);
   static constexpr int kKeysPerWarp = BN / kWarpsN, kScoreWarps = kWarpsM * kWarpsN;
   // P·V has its own warp grid: 32-row warp tiles where there are 32 rows halve the V fragments each warp loads.
-  static constexpr int kPvTilesM = ROWS >= 32 ? 2 : 1, kPvWarpsM = ROWS / (16 * kPvTilesM), kPvWarpsN = 8 / kPvWarpsM;
+  // (64-row tiles: the warpgroup MMA's own grid, warpgroup g owning latent columns 256 g .. 256 g + 255.)
+  static constexpr bool kWgmma = ROWS == 64;
+  static constexpr int kPvTilesM = kWgmma ? 1 : ROWS >= 32 ? 2 : 1, kPvWarpsM = ROWS / (16 * kPvTilesM), kPvWarpsN = 8 / kPvWarpsM;
   static constexpr int kColsPerWarp = kLatent / kPvWarpsN;
   // The memory-bound shape (16 rows: 16 heads, one token) keeps Q in registers, which frees the shared memory
   // for a third stage: two blocks in flight per SM instead of one. Quantised caches have one K tile plus a raw
@@ -119,11 +136,11 @@ struct Layout {
   static constexpr int kPStride = BN + 8;  // padded rows: the 8 rows an ldmatrix reads land in distinct banks
   static constexpr int kThreadsPerKey = kThreads / BN;
   static constexpr size_t q_bytes = kQInRegs ? 0 : size_t(ROWS) * kWidth * 2, k_bytes = size_t(kStages) * BN * kWidth * 2;
-  static constexpr size_t p_bytes = size_t(ROWS) * kPStride * 2, red_bytes = size_t(2) * kWarpsN * ROWS * 4;
+  static constexpr size_t p_bytes = size_t(ROWS) * (kWgmma ? BN : kPStride) * 2, red_bytes = size_t(2) * kWarpsN * ROWS * 4;
   static constexpr size_t raw_bytes = KV == KvDtype::bf16 ? 0 : size_t(BN) * kWidth + size_t(BN) * kGroups * 4;
   static constexpr size_t total = q_bytes + k_bytes + p_bytes + red_bytes + raw_bytes + 1024;  // + alignment slack
-  // 64-row tiles compute Q K^T with warpgroup MMAs: each of the two warpgroups takes 32 of the block's keys.
-  static constexpr bool kWgmma = ROWS == 64;
+  // 64-row tiles run both products on warpgroup MMAs: Q K^T with each warpgroup taking 32 of the block's
+  // keys, P V with each taking 256 latent columns; P then lives in the swizzled layout too.
 };
 
 template <int ROWS, KvDtype KV>
@@ -351,8 +368,8 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
       l_hi += __low2float(hi) + __high2float(hi);
       const int col = kbase + t * 8 + (lane % 4) * 2;
       if (scores) {
-        *reinterpret_cast<__nv_bfloat162*>(sm.p + r_lo * L::kPStride + col) = lo;
-        *reinterpret_cast<__nv_bfloat162*>(sm.p + r_hi * L::kPStride + col) = hi;
+        *reinterpret_cast<__nv_bfloat162*>(sm.p + (L::kWgmma ? swz(r_lo, col, ROWS) : r_lo * L::kPStride + col)) = lo;
+        *reinterpret_cast<__nv_bfloat162*>(sm.p + (L::kWgmma ? swz(r_hi, col, ROWS) : r_hi * L::kPStride + col)) = hi;
       }
     }
     // Rescale this thread's output rows by their own max's change (the same maxima the S rows saw).
@@ -372,11 +389,19 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
           t[2 * half + 1] *= alpha;
         }
       }
+    if constexpr (L::kWgmma) fence_proxy_async();  // P, written just now, is read by the tensor cores
     __syncthreads();
     // O += P V: this warp's kPvTilesM x 16 rows x kColsPerWarp latent columns over the block's 64 keys.
     const int cbase = pv_wn * L::kColsPerWarp;
+    if constexpr (L::kWgmma) {
+      wgmma_fence();  // the accumulators were rescaled above
 #pragma unroll
-    for (int ks = 0; ks < BN / 16; ++ks) {
+      for (int ks = 0; ks < BN / 16; ++ks)
+        wgmma_m64n256k16_vt(o[0], wgmma_desc(sm.p + ks * 16), wgmma_desc_mn(K + (cbase / 64) * BN * 64 + ks * 16 * 64, BN));
+      wgmma_commit_and_wait();
+    }
+#pragma unroll
+    for (int ks = 0; ks < BN / 16 && !L::kWgmma; ++ks) {
       uint32_t a[L::kPvTilesM][4];
 #pragma unroll
       for (int pm = 0; pm < L::kPvTilesM; ++pm)
