@@ -136,6 +136,44 @@ TEST(RequestLengths, MixedIsSkewedWithTheUniformTotal) {
   EXPECT_THROW(mla::request_lengths("zipf", 3, 10, 7), BadInput);
 }
 
+TEST(SplitKv, EveryKeyOnceInEqualRunsPerCta) {
+  for (const auto& [lengths, parts] : std::vector<std::pair<std::vector<int64_t>, int>>{
+           {mla::request_lengths("mixed", 64, 4096, 3), 132}, {{0, 1, 63, 64, 65, 5000}, 7}, {{100}, 132}, {{70000}, 66}}) {
+    const int64_t q_len = 2, block = 64;
+    const mla::SplitKv s = mla::split_kv(lengths, q_len, block, parts);
+    ASSERT_EQ(s.parts.size(), size_t(parts));
+    ASSERT_EQ(s.requests.size(), lengths.size());
+    int64_t total_blocks = 0;
+    for (int64_t L : lengths) total_blocks += (L + q_len + block - 1) / block;
+    const int64_t per_part = (total_blocks + parts - 1) / parts;
+    int32_t next = 0;
+    for (const auto& part : s.parts) {  // parts tile the segment list in order, each with <= per_part blocks
+      EXPECT_EQ(part.first, next);
+      int64_t blocks = 0;
+      for (int32_t i = part.first; i < part.first + part.count; ++i) {
+        const auto& g = s.segments[size_t(i)];
+        EXPECT_LT(g.first_key, g.end_key);
+        EXPECT_EQ(g.first_key % block, 0);
+        blocks += (g.end_key - g.first_key + block - 1) / block;
+      }
+      EXPECT_LE(blocks, per_part);
+      next = part.first + part.count;
+    }
+    EXPECT_EQ(size_t(next), s.segments.size());
+    for (size_t b = 0; b < lengths.size(); ++b) {  // a request's segments are adjacent and cover its keys once
+      const auto& r = s.requests[b];
+      ASSERT_GE(r.count, 1);
+      int32_t key = 0;
+      for (int32_t i = r.first; i < r.first + r.count; ++i) {
+        EXPECT_EQ(s.segments[size_t(i)].request, int32_t(b));
+        EXPECT_EQ(s.segments[size_t(i)].first_key, key);
+        key = s.segments[size_t(i)].end_key;
+      }
+      EXPECT_EQ(key, lengths[b] + q_len);
+    }
+  }
+}
+
 TEST(KvDtype, ParsesTheThreeCacheTypes) {
   EXPECT_EQ(mla::parse_kv_dtype("fp8_e4m3"), mla::KvDtype::fp8_e4m3);
   EXPECT_EQ(mla::parse_kv_dtype("int8"), mla::KvDtype::int8);

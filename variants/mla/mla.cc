@@ -134,6 +134,33 @@ std::vector<int64_t> request_lengths(const std::string& len_dist, int64_t batch,
   return len;
 }
 
+SplitKv split_kv(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int parts) {
+  const int64_t B = int64_t(lengths.size());
+  std::vector<int64_t> first_block(static_cast<size_t>(B) + 1, 0);
+  for (int64_t b = 0; b < B; ++b)
+    first_block[size_t(b) + 1] = first_block[size_t(b)] + (lengths[size_t(b)] + q_len + block_keys - 1) / block_keys;
+  const int64_t total = first_block.back(), per_part = (total + parts - 1) / parts;
+  SplitKv s;
+  s.parts.assign(size_t(parts), {0, 0});
+  s.requests.assign(size_t(B), {0, 0});
+  int64_t b = 0;
+  for (int part = 0; part < parts; ++part) {
+    const int64_t lo = std::min(total, part * per_part), hi = std::min(total, lo + per_part);
+    s.parts[size_t(part)] = {int32_t(s.segments.size()), 0};
+    for (int64_t g = lo; g < hi;) {
+      while (first_block[size_t(b) + 1] <= g) ++b;
+      const int64_t end = std::min(hi, first_block[size_t(b) + 1]), keys = lengths[size_t(b)] + q_len;
+      if (s.requests[size_t(b)].count == 0) s.requests[size_t(b)].first = int32_t(s.segments.size());
+      ++s.requests[size_t(b)].count;
+      s.segments.push_back({int32_t(b), int32_t((g - first_block[size_t(b)]) * block_keys),
+                            int32_t(std::min(keys, (end - first_block[size_t(b)]) * block_keys))});
+      ++s.parts[size_t(part)].count;
+      g = end;
+    }
+  }
+  return s;
+}
+
 const std::vector<double>& Problem::reference() const {
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);

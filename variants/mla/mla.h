@@ -56,6 +56,22 @@ std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uin
 // requests and many short ones, the same total as uniform so the point's cost is unchanged); BadInput otherwise.
 std::vector<int64_t> request_lengths(const std::string& len_dist, int64_t batch, int64_t kv_len, uint64_t seed);
 
+// The fused decode kernel's split-KV schedule (FlashMLA's): every request's keys, in blocks of block_keys,
+// laid end to end in request order and cut into `parts` equal runs, one per CTA; a run may end one request
+// and begin the next. Each (run, request) piece is a segment with its own partial output, merged per request.
+struct SplitKv {
+  struct Segment {
+    int32_t request, first_key, end_key;  // keys [first_key, end_key) of request
+  };
+  struct Range {
+    int32_t first, count;  // segments
+  };
+  std::vector<Segment> segments;  // in request order
+  std::vector<Range> parts;       // per CTA
+  std::vector<Range> requests;    // per request
+};
+SplitKv split_kv(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int parts);
+
 // Axes every MLA variant reads.
 std::vector<std::pair<std::string, std::string>> axes();
 

@@ -527,36 +527,19 @@ class FusedCuda final : public GpuVariant {
  protected:
   bool supports_kv_dtype(KvDtype) const override { return true; }
   void prepare_form() override {
-    const int64_t B = s_.batch, T = s_.tokens(), M = s_.q_len * nh_;
+    const int64_t T = s_.tokens(), M = s_.q_len * nh_;
     if (M % 16) throw BadInput("mla/fused/cuda: heads x q_len must be a multiple of 16, got " + std::to_string(M));
     rows_per_cta_ = M % 64 == 0 ? 64 : M % 32 == 0 ? 32 : 16;
     block_keys_ = block_keys(rows_per_cta_, s_.kv_dtype);
     row_tiles_ = int(M / rows_per_cta_);
-    // Split-KV, balanced: the batch's key blocks in request order are cut into one equal run per CTA (a CTA
-    // per SM and row tile); a run may end one request and begin the next. Each (run, request) piece is a
-    // segment with its own partial output, merged per request by the combine kernel.
+    // Split-KV, balanced (see mla::split_kv): one CTA per SM and row tile.
     parts_ = std::max(1, gpu_info().sms / row_tiles_);
-    std::vector<int64_t> first_block(static_cast<size_t>(B) + 1, 0);
-    for (int64_t b = 0; b < B; ++b)
-      first_block[size_t(b) + 1] = first_block[size_t(b)] + (p_->lengths[size_t(b)] + s_.q_len + block_keys_ - 1) / block_keys_;
-    const int64_t total = first_block.back(), per_part = (total + parts_ - 1) / parts_;
+    const SplitKv plan = split_kv(p_->lengths, s_.q_len, block_keys_, parts_);
     std::vector<int4> segments;
-    std::vector<int2> part_segments(static_cast<size_t>(parts_)), request_segments(static_cast<size_t>(B), make_int2(0, 0));
-    int64_t b = 0;
-    for (int part = 0; part < parts_; ++part) {
-      const int64_t lo = std::min(total, part * per_part), hi = std::min(total, lo + per_part);
-      part_segments[size_t(part)] = make_int2(int(segments.size()), 0);
-      for (int64_t g = lo; g < hi;) {
-        while (first_block[size_t(b) + 1] <= g) ++b;
-        const int64_t end = std::min(hi, first_block[size_t(b) + 1]), keys = p_->lengths[size_t(b)] + s_.q_len;
-        if (request_segments[size_t(b)].y == 0) request_segments[size_t(b)].x = int(segments.size());
-        ++request_segments[size_t(b)].y;
-        segments.push_back(make_int4(int(b), int((g - first_block[size_t(b)]) * block_keys_),
-                                     int(std::min(keys, (end - first_block[size_t(b)]) * block_keys_)), 0));
-        ++part_segments[size_t(part)].y;
-        g = end;
-      }
-    }
+    std::vector<int2> part_segments, request_segments;
+    for (const auto& g : plan.segments) segments.push_back(make_int4(g.request, g.first_key, g.end_key, 0));
+    for (const auto& r : plan.parts) part_segments.push_back(make_int2(r.first, r.count));
+    for (const auto& r : plan.requests) request_segments.push_back(make_int2(r.first, r.count));
     segments_ = int(segments.size());
     segments_dev_.upload(segments);
     part_segments_.upload(part_segments);
