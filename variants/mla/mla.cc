@@ -97,6 +97,8 @@ Cost cost(const ModelConfig& m, Algo algo, const Shape& s) {
   return c;
 }
 
+double weight_bytes(const ModelConfig& m, int64_t heads) { return 2.0 * weight_elements(m, heads); }
+
 double cpu_memory_bytes(const ModelConfig& m, Algo algo, const Shape& s) {
   const double H = double(s.heads), N = double(s.keys()), B = double(s.batch), S = double(s.q_len);
   const double r = double(m.kv_lora_rank), rope = double(m.qk_rope_head_dim);

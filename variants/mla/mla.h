@@ -34,6 +34,8 @@ Shape shape_of(const ModelConfig& m, const Point& p);
 Cost cost(const ModelConfig& m, Algo algo, const Shape& s);
 // What one cached token costs a decode query (the per-token figures the MADSys benchmark publishes).
 Cost cost_per_cached_token(const ModelConfig& m, Algo algo, int64_t heads);
+// Bytes of the attention module's bf16 weights at `heads` heads.
+double weight_bytes(const ModelConfig& m, int64_t heads);
 // Peak host memory of a CPU implementation, for supports().
 double cpu_memory_bytes(const ModelConfig& m, Algo algo, const Shape& s);
 

@@ -333,7 +333,7 @@ double device_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t pag
   const double N = double(s.kv_len) * (len_dist == "mixed" && s.batch > 1 ? 4 : 1) + S;
   const double r = double(m.kv_lora_rank), w = r + double(m.qk_rope_head_dim);
   const double total_keys = B * (double(s.kv_len) + S + double(page_size));
-  double bytes = total_keys * w * 2 + 2 * 2.0 * double(m.hidden_size) * H * 400;  // cache, weights (rough upper bound)
+  double bytes = total_keys * w * 2 + 2 * weight_bytes(m, s.heads);  // cache; weights (and q_a/kv_a stacked again)
   if (fused) return bytes + T * H * w * 4 * 8;                                       // q, o_lat, split partials
   const double padded = B * N;
   bytes += padded * w * 2;                          // gathered latent
@@ -384,7 +384,8 @@ Cost GpuVariant::cost(const ModelFile& model, const Point& point) const {
 double GpuVariant::host_memory_bytes(const ModelFile& model, const Point& point) const {
   const ModelConfig m = parse_model_config(model.config, model.name, model.path);
   const Shape s = shape_of(m, point);
-  return 2.0 * double(m.hidden_size) * double(s.heads) * 400 + double(s.tokens()) * double(m.hidden_size) * 16;
+  // The problem's host copy of the weights and their stacked q_a/kv_a upload, the inputs, the reference rows.
+  return 2 * weight_bytes(m, s.heads) + double(s.tokens()) * double(m.hidden_size) * (2 + 4 + 8);
 }
 
 double GpuVariant::device_memory_bytes(const ModelFile& model, const Point& point) const {
