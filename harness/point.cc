@@ -1,5 +1,6 @@
 #include "harness/point.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "harness/errors.h"
@@ -13,14 +14,15 @@ const std::vector<AxisInfo>& known_axes() {
       {"kv_len", AxisKind::nonneg_int, "tokens already cached per request"},
       {"heads", AxisKind::positive_int, "attention heads on this device (tensor parallelism); 0/absent: the model's"},
       {"page_size", AxisKind::positive_int, "tokens per KV-cache page"},
-      {"len_dist", AxisKind::text, "per-request length distribution: uniform | mixed"},
-      {"kv_dtype", AxisKind::text, "KV-cache element type: bf16 | int8 | fp8_e4m3"},
+      {"len_dist", AxisKind::text, "per-request length distribution: uniform | mixed", {"uniform", "mixed"}},
+      {"kv_dtype", AxisKind::text, "KV-cache element type: bf16 | int8 | fp8_e4m3", {"bf16", "int8", "fp8_e4m3"}},
       {"tokens", AxisKind::positive_int, "tokens entering the MoE layer"},
       {"experts", AxisKind::positive_int, "routed experts instantiated (to fit memory)"},
       {"threads", AxisKind::positive_int, "CPU threads"},
       {"routing", AxisKind::text, "expert routing: model | uniform | zipf:S"},
       {"topk", AxisKind::positive_int, "experts per token"},
-      {"executor", AxisKind::text, "how steps are launched: eager | graph"},
+      {"executor", AxisKind::text, "GPU step launched kernel by kernel (eager) or replayed as one CUDA graph (graph)",
+       {"eager", "graph"}},
   };
   return axes;
 }
@@ -78,6 +80,11 @@ std::vector<AxisValue> parse_axis_values(const std::string& axis, const std::str
   for (const auto& item : split(spec, ',')) {
     if (item.empty()) throw bad_field(where, axis, "'" + spec + "'", "a comma-separated list with no empty items");
     if (info->kind == AxisKind::text) {
+      if (!info->choices.empty() && std::find(info->choices.begin(), info->choices.end(), item) == info->choices.end()) {
+        std::string expected;
+        for (const auto& c : info->choices) expected += (expected.empty() ? "one of " : ", ") + c;
+        throw bad_field(where, axis, "'" + item + "'", expected);
+      }
       values.push_back({item, 0, false});
     } else {
       const int64_t v = parse_int(item, axis, where, info->kind == AxisKind::nonneg_int);

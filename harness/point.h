@@ -21,6 +21,7 @@ struct AxisInfo {
   std::string name;
   AxisKind kind;
   std::string help;
+  std::vector<std::string> choices = {};  // a text axis's only values (empty: free text, checked by the variant)
 };
 
 // Every axis dslab knows; a name outside this table is bad input.

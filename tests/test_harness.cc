@@ -172,6 +172,10 @@ TEST(CliBadInput, UnknownModel) { expect_bad_input("run --model deepseek-v9 --va
 TEST(CliBadInput, UnknownVariant) { expect_bad_input("run --model tiny --variant mla/xx/cpu", "mla/xx/cpu"); }
 TEST(CliBadInput, UnknownAxis) { expect_bad_input("run --model tiny --variant mla/cd/cpu --axis kvlen=4", "kvlen"); }
 TEST(CliBadInput, NonPositiveAxisValue) { expect_bad_input("run --model tiny --variant mla/cd/cpu --axis batch=0", "batch"); }
+TEST(CliBadInput, TextAxisValueOutsideItsChoices) {
+  // Checked when the axis is read, so a machine that cannot run the variant still rejects the typo.
+  expect_bad_input("run --model tiny --variant mla/cd/cpu --axis kv_dtype=fp16", "fp16");
+}
 TEST(CliBadInput, UnknownOption) { expect_bad_input("run --model tiny --variant mla/cd/cpu --fast", "--fast"); }
 TEST(CliBadInput, MalformedSweepJson) {
   const auto p = write_temp("dslab_bad_sweep.json", "{\"suites\": [ {\"variants\": [\"mla/cd/cpu\"] ");

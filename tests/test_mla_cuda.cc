@@ -20,12 +20,13 @@ struct GpuCase {
   int64_t heads, batch, q_len, kv_len, page_size;
   const char* len_dist;
   const char* kv_dtype;
+  const char* executor = "eager";
 };
 
 std::string describe(const GpuCase& c) {
   return std::string(c.model) + " heads " + std::to_string(c.heads) + " batch " + std::to_string(c.batch) + " q_len " +
          std::to_string(c.q_len) + " kv_len " + std::to_string(c.kv_len) + " page_size " + std::to_string(c.page_size) + " " +
-         c.len_dist + " " + c.kv_dtype;
+         c.len_dist + " " + c.kv_dtype + " " + c.executor;
 }
 
 Point point_of(const GpuCase& c) {
@@ -37,6 +38,7 @@ Point point_of(const GpuCase& c) {
   p.set("page_size", {std::to_string(c.page_size), c.page_size, true});
   p.set("len_dist", {c.len_dist, 0, false});
   p.set("kv_dtype", {c.kv_dtype, 0, false});
+  p.set("executor", {c.executor, 0, false});
   return p;
 }
 
@@ -83,6 +85,12 @@ TEST_P(GpuMla, MatchesReferenceOverPagesLengthsAndCacheTypes) {
     cases.push_back({"deepseek-v2-lite", 16, 2, 5, 70, 16, "uniform", "bf16"});  // extend: causal among 5 new tokens
     cases.push_back({"tiny", 4, 3, 3, 37, 16, "mixed", "bf16"});                // narrow latent, odd sizes
   }
+  // Each case under the variant's default executor, and one under the other (eager launches vs the replayed graph).
+  const char* default_executor = fused ? "graph" : "eager";
+  for (GpuCase& c : cases) c.executor = default_executor;
+  GpuCase other = cases.back();
+  other.executor = fused ? "eager" : "graph";
+  cases.push_back(other);
   for (const GpuCase& c : cases) {
     SCOPED_TRACE(describe(c));
     const Verification v = run_case(*entry, c, seed);

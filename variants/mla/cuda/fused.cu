@@ -515,7 +515,7 @@ void launch_decode(KvDtype kv, const Params& params, int parts, int row_tiles, c
 
 class FusedCuda final : public GpuVariant {
  public:
-  FusedCuda() : GpuVariant(Algo::a_cc_me, /*fused=*/true, /*graph=*/true) {}
+  FusedCuda() : GpuVariant(Algo::a_cc_me, /*fused=*/true) {}
   std::map<std::string, double> counters() const override {
     auto c = GpuVariant::counters();
     c["segments"] = double(segments_);

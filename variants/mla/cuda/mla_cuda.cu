@@ -356,7 +356,7 @@ GpuVariant::~GpuVariant() {
 
 std::vector<std::pair<std::string, std::string>> GpuVariant::axes() const {
   return {{"batch", "1"}, {"q_len", "1"}, {"kv_len", "4096"}, {"heads", ""}, {"page_size", "64"}, {"len_dist", "uniform"},
-          {"kv_dtype", "bf16"}};
+          {"kv_dtype", "bf16"}, {"executor", fused_ ? "graph" : "eager"}};
 }
 
 Support GpuVariant::supports(const ModelFile& model, const Point& point) const {
@@ -397,6 +397,11 @@ void GpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t se
   m_ = parse_model_config(model.config, model.name, model.path);
   s_ = shape_of(m_, point);
   p_ = gpu_problem(m_, s_, point.integer("page_size"), point.text("len_dist"), seed);
+  graph_ = point.text("executor") == "graph";
+  if (graph_exec_) {  // a graph captured for an earlier point replays that point's buffers
+    DSLAB_CUDA(cudaGraphExecDestroy(graph_exec_));
+    graph_exec_ = nullptr;
+  }
   nh_ = s_.heads;
   nope_ = m_.qk_nope_head_dim;
   rope_ = m_.qk_rope_head_dim;

@@ -122,9 +122,10 @@ void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, 
 // Base of every GPU MLA variant: run() = project() (q, new latent into the paged cache), attend(), o_proj.
 class GpuVariant : public Variant {
  public:
-  // fused: the FlashMLA-style kernel (decode only); graph: run() replays one CUDA graph of the whole step,
-  // captured in prepare(), as serving engines do per batch size.
-  explicit GpuVariant(Algo algo, bool fused = false, bool graph = false) : algo_(algo), fused_(fused), graph_(graph) {}
+  // fused: the FlashMLA-style kernel (decode only). The executor axis (default here: graph for the fused
+  // kernel, eager for the others) makes run() replay one CUDA graph of the whole step, captured in prepare(),
+  // as serving engines do per batch size, instead of launching kernel by kernel.
+  explicit GpuVariant(Algo algo, bool fused = false) : algo_(algo), fused_(fused) {}
   ~GpuVariant() override;
   std::vector<std::pair<std::string, std::string>> axes() const override;
   Support supports(const ModelFile& model, const Point& point) const override;
@@ -156,7 +157,7 @@ class GpuVariant : public Variant {
   const void** pointer_array(const std::vector<const void*>& host);
 
   Algo algo_;
-  bool fused_, graph_;
+  bool fused_, graph_ = false;
   cudaStream_t stream_ = 0;  // every launch goes here: the default stream, or the capture stream while capturing
   ModelConfig m_;
   Shape s_;
