@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <string>
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #define DSLAB_CUDA(call)                                                                                  \
@@ -14,3 +15,11 @@
   } while (0)
 
 #define DSLAB_CHECK_LAUNCH() DSLAB_CUDA(cudaGetLastError())
+
+#define DSLAB_CUBLAS(call)                                                                                    \
+  do {                                                                                                        \
+    cublasStatus_t dslab_st_ = (call);                                                                        \
+    if (dslab_st_ != CUBLAS_STATUS_SUCCESS)                                                                   \
+      throw std::runtime_error(std::string(#call) + " failed at " __FILE__ ":" + std::to_string(__LINE__) +   \
+                               ": " + cublasGetStatusString(dslab_st_));                                      \
+  } while (0)

@@ -8,13 +8,6 @@
 #include "harness/gpu.h"
 #include "harness/host.h"
 
-#define DSLAB_CUBLAS(call)                                                                                    \
-  do {                                                                                                        \
-    cublasStatus_t st_ = (call);                                                                              \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                                         \
-      throw std::runtime_error(std::string(#call) + " failed: " + cublasGetStatusString(st_));                \
-  } while (0)
-
 namespace dslab {
 
 const GpuInfo& gpu_info() {

@@ -12,7 +12,7 @@ namespace {
 void gemm_batched(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k, const void** a,
                   int64_t lda, const void** b, int64_t ldb, void** c, cudaDataType c_type, int64_t ldc, int64_t batch) {
   const float alpha = 1.0f, beta = 0.0f;
-  DSLAB_CUBLAS_CALL(cublasGemmBatchedEx(h, op_a, op_b, int(m), int(n), int(k), &alpha, a, CUDA_R_16BF, int(lda), b, CUDA_R_16BF,
+  DSLAB_CUBLAS(cublasGemmBatchedEx(h, op_a, op_b, int(m), int(n), int(k), &alpha, a, CUDA_R_16BF, int(lda), b, CUDA_R_16BF,
                                         int(ldb), &beta, c, c_type, int(ldc), int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 

@@ -114,14 +114,14 @@ struct Params {
   float scale_log2;        // softmax scale * log2(e)
 };
 
-// BN keys per pipeline step (a 32-key, 4-stage variant measured slower on the H200).
-constexpr int block_keys(int, KvDtype) { return 64; }
+// Keys per pipeline step (a 32-key, 4-stage variant measured slower on the H200).
+constexpr int kBlockKeys = 64;
 
 template <int ROWS, KvDtype KV>
 struct Layout {
-  static constexpr int BN = block_keys(ROWS, KV);
-  // Q K^T: warps tile (rows of 16) x (keys in 8s); with 16 rows and 32 keys only 4 of the 8 warps have keys.
-  static constexpr int kWarpsM = ROWS / 16, kWarpsN = (8 / kWarpsM) < (BN / 8) ? (8 / kWarpsM) : (BN / 8);
+  static constexpr int BN = kBlockKeys;
+  // Q K^T: the 8 warps tile (rows of 16) x (keys in 8s).
+  static constexpr int kWarpsM = ROWS / 16, kWarpsN = 8 / kWarpsM;
   static constexpr int kKeysPerWarp = BN / kWarpsN, kScoreWarps = kWarpsM * kWarpsN;
   // P·V has its own warp grid: 32-row warp tiles where there are 32 rows halve the V fragments each warp loads.
   // (64-row tiles: the warpgroup MMA's own grid, warpgroup g owning latent columns 256 g .. 256 g + 255.)
@@ -530,11 +530,10 @@ class FusedCuda final : public GpuVariant {
     const int64_t T = s_.tokens(), M = s_.q_len * nh_;
     if (M % 16) throw BadInput("mla/fused/cuda: heads x q_len must be a multiple of 16, got " + std::to_string(M));
     rows_per_cta_ = M % 64 == 0 ? 64 : M % 32 == 0 ? 32 : 16;
-    block_keys_ = block_keys(rows_per_cta_, s_.kv_dtype);
     row_tiles_ = int(M / rows_per_cta_);
     // Split-KV, balanced (see mla::split_kv): one CTA per SM and row tile.
     parts_ = std::max(1, gpu_info().sms / row_tiles_);
-    const SplitKv plan = split_kv(p_->lengths, s_.q_len, block_keys_, parts_);
+    const SplitKv plan = split_kv(p_->lengths, s_.q_len, kBlockKeys, parts_);
     std::vector<int4> segments;
     std::vector<int2> part_segments, request_segments;
     for (const auto& g : plan.segments) segments.push_back(make_int4(g.request, g.first_key, g.end_key, 0));
@@ -568,7 +567,7 @@ class FusedCuda final : public GpuVariant {
   }
 
  private:
-  int rows_per_cta_ = 64, block_keys_ = 64, row_tiles_ = 1, parts_ = 1, segments_ = 0;
+  int rows_per_cta_ = 64, row_tiles_ = 1, parts_ = 1, segments_ = 0;
   DeviceArray<int4> segments_dev_;
   DeviceArray<int2> part_segments_, request_segments_;
   DeviceArray<__nv_bfloat16> q_cat_buffer_, o_lat_;

@@ -150,7 +150,7 @@ void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int6
           int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* c, cudaDataType c_type, int64_t ldc,
           int64_t stride_c, int64_t batch, float beta) {
   const float alpha = 1.0f;
-  DSLAB_CUBLAS_CALL(cublasGemmStridedBatchedEx(h, op_a, op_b, int(m), int(n), int(k), &alpha, a, CUDA_R_16BF, int(lda), stride_a, b,
+  DSLAB_CUBLAS(cublasGemmStridedBatchedEx(h, op_a, op_b, int(m), int(n), int(k), &alpha, a, CUDA_R_16BF, int(lda), stride_a, b,
                                                CUDA_R_16BF, int(ldb), stride_b, &beta, c, c_type, int(ldc), stride_c, int(batch),
                                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
@@ -175,23 +175,6 @@ std::vector<bf16> host_latent(const GpuProblem& p, int64_t request) {
     for (int64_t i = 0; i < rope; ++i)
       out[size_t(j * (r + rope) + r + i)] = to_bf16(kUnitScale * uniform_pm1(kpe, uint64_t(j * rope + i)));
   }
-  return out;
-}
-
-std::vector<float> download_latent(const GpuProblem& p, int64_t request) {
-  const int64_t keys = p.lengths[size_t(request)] + p.shape.q_len, width = p.cache.width;
-  DeviceArray<__nv_bfloat16> one(size_t(keys * width));
-  DeviceArray<int32_t> len(1);
-  const int32_t l = int32_t(p.lengths[size_t(request)]);
-  DSLAB_CUDA(cudaMemcpy(len.get(), &l, 4, cudaMemcpyHostToDevice));
-  CacheView view = cache_view(p.cache);
-  view.page_table += request * p.cache.pages_per_request;
-  gather_kernel<<<dim3(unsigned((keys + 7) / 8), 1), 256>>>(view, len.get(), p.shape.q_len, keys, one.get());
-  DSLAB_CHECK_LAUNCH();
-  std::vector<bf16> host(one.size());
-  DSLAB_CUDA(cudaMemcpy(host.data(), one.get(), host.size() * 2, cudaMemcpyDeviceToHost));
-  std::vector<float> out(host.size());
-  for (size_t i = 0; i < out.size(); ++i) out[i] = to_float(host[i]);
   return out;
 }
 
@@ -412,11 +395,11 @@ void GpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t se
   width_ = r_ + rope_;
   scale_ = float(m_.softmax_scale());
   if (!blas_) {
-    DSLAB_CUBLAS_CALL(cublasCreate(&blas_));
-    DSLAB_CUBLAS_CALL(cublasSetStream(blas_, 0));  // the harness times the default stream
+    DSLAB_CUBLAS(cublasCreate(&blas_));
+    DSLAB_CUBLAS(cublasSetStream(blas_, 0));  // the harness times the default stream
     // A workspace of our own: cuBLAS must not allocate inside a graph capture.
     blas_workspace_.resize(size_t(32) << 20);
-    DSLAB_CUBLAS_CALL(cublasSetWorkspace(blas_, blas_workspace_.get(), blas_workspace_.size()));
+    DSLAB_CUBLAS(cublasSetWorkspace(blas_, blas_workspace_.get(), blas_workspace_.size()));
   }
   const int64_t T = s_.tokens();
   if (m_.q_lora_rank) {
@@ -442,7 +425,7 @@ void GpuVariant::capture_graph() {
   cudaStream_t capture{};
   DSLAB_CUDA(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking));
   stream_ = capture;
-  DSLAB_CUBLAS_CALL(cublasSetStream(blas_, capture));
+  DSLAB_CUBLAS(cublasSetStream(blas_, capture));
   cudaGraph_t graph{};
   DSLAB_CUDA(cudaStreamBeginCapture(capture, cudaStreamCaptureModeThreadLocal));
   try {
@@ -456,7 +439,7 @@ void GpuVariant::capture_graph() {
   DSLAB_CUDA(cudaGraphInstantiate(&graph_exec_, graph, 0));
   DSLAB_CUDA(cudaGraphDestroy(graph));
   stream_ = 0;
-  DSLAB_CUBLAS_CALL(cublasSetStream(blas_, 0));
+  DSLAB_CUBLAS(cublasSetStream(blas_, 0));
   DSLAB_CUDA(cudaStreamDestroy(capture));
   DSLAB_CUDA(cudaMemset(out_.get(), 0xff, out_.size() * 4));  // verification must see the timed runs' output
 }

@@ -13,14 +13,6 @@
 #include "harness/variant.h"
 #include "variants/mla/mla.h"
 
-#define DSLAB_CUBLAS_CALL(call)                                                                               \
-  do {                                                                                                        \
-    cublasStatus_t dslab_st_ = (call);                                                                        \
-    if (dslab_st_ != CUBLAS_STATUS_SUCCESS)                                                                   \
-      throw std::runtime_error(std::string(#call) + " failed at " __FILE__ ":" + std::to_string(__LINE__) +   \
-                               ": " + cublasGetStatusString(dslab_st_));                                      \
-  } while (0)
-
 namespace dslab::mla::cuda {
 
 // Owning device allocation.
@@ -105,8 +97,6 @@ std::shared_ptr<GpuProblem> gpu_problem(const ModelConfig& m, const Shape& s, in
                                         uint64_t seed);
 // The cached values of request b as the CPU generates them (the GPU fill must match bit for bit).
 std::vector<bf16> host_latent(const GpuProblem& p, int64_t request);  // [lengths[b]][width], bf16 before any quantisation
-// Reads request b's cache back from the device, dequantised to float: [lengths[b] + q_len][width].
-std::vector<float> download_latent(const GpuProblem& p, int64_t request);
 
 // Device bytes a point needs beyond the shared problem, per form, for supports().
 double device_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t page_size, const std::string& len_dist, bool fused);
