@@ -69,17 +69,34 @@ __global__ void empty_kernel() {}
 
 }  // namespace
 
-double time_seconds(const std::function<void()>& fn, bool flush_l2) {
-  static Events events;
-  static void* flush_buffer = nullptr;
-  static size_t flush_bytes = 0;
-  if (flush_l2) {
-    if (!flush_buffer) {
-      flush_bytes = std::max<size_t>(gpu_info().l2_bytes * 2, 1 << 20);
-      DSLAB_CUDA(cudaMalloc(&flush_buffer, flush_bytes));
-    }
-    DSLAB_CUDA(cudaMemsetAsync(flush_buffer, flush_bytes & 0xff, flush_bytes));
+void flush_l2() {
+  static void* buffer = nullptr;
+  static size_t bytes = 0;
+  if (!buffer) {
+    bytes = std::max<size_t>(gpu_info().l2_bytes * 2, 1 << 20);
+    DSLAB_CUDA(cudaMalloc(&buffer, bytes));
   }
+  DSLAB_CUDA(cudaMemsetAsync(buffer, bytes & 0xff, bytes));
+}
+
+namespace {
+__global__ void spin_kernel(uint64_t nanoseconds) {
+  uint64_t start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < nanoseconds);
+}
+}  // namespace
+
+void occupy_stream(double seconds) {
+  spin_kernel<<<1, 1>>>(uint64_t(seconds * 1e9));
+  DSLAB_CHECK_LAUNCH();
+}
+
+double time_seconds(const std::function<void()>& fn, bool flush) {
+  static Events events;
+  if (flush) flush_l2();
   return events.seconds(fn);
 }
 

@@ -12,6 +12,12 @@ namespace dslab::gpu {
 // L2-sized buffer (as nvbench's cold timer does) so the call starts from HBM.
 double time_seconds(const std::function<void()>& fn, bool flush_l2);
 
+// Overwrites an L2-sized buffer on the default stream: whatever runs next starts from HBM.
+void flush_l2();
+// Keeps the default stream busy for about `seconds` (a kernel spinning on the global timer), so that the work
+// the host queues meanwhile runs back to back, whatever the host's launch speed: nvbench's blocking kernel.
+void occupy_stream(double seconds);
+
 // HBM copy bandwidth, cuBLAS bf16 GEMM rate and kernel-launch overhead, each with how it was measured.
 nlohmann::json calibrate();
 

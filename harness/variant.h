@@ -82,8 +82,9 @@ class Variant {
   virtual Verification verify() = 0;
   virtual std::vector<DumpTensor> tensors() const { return {}; }
   // Named facts of the prepared point that explain its time (tokens per expert, kernel choices); they
-  // travel into the results entry as "counters".
-  virtual std::map<std::string, double> counters() const { return {}; }
+  // travel into the results entry as "counters". Called after timing; it may run the step again to measure
+  // its parts (the GPU forms time each op).
+  virtual std::map<std::string, double> counters() { return {}; }
 };
 
 struct VariantEntry {

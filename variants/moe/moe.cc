@@ -227,7 +227,7 @@ void Base::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
   out_.assign(size_t(s.tokens * m_.hidden_size), std::nanf(""));  // poisoned until run() writes it
 }
 
-std::map<std::string, double> Base::counters() const {
+std::map<std::string, double> Base::counters() {
   double active = 0, hottest = 0;
   for (const auto& r : p_->rows) {
     active += !r.empty();
@@ -240,7 +240,7 @@ std::map<std::string, double> Base::counters() const {
           {"threads", double(threads_)}};
 }
 
-std::map<std::string, double> Engine::counters() const {
+std::map<std::string, double> Engine::counters() {
   auto c = Base::counters();
   double amx = 0;
   for (size_t e = 0; e < use_amx_.size(); ++e) amx += use_amx_[e] && !p_->rows[e].empty();

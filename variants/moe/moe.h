@@ -64,7 +64,7 @@ class Base : public Variant {
   void prepare(const ModelFile& model, const Point& point, uint64_t seed) override;
   Verification verify() override;
   std::vector<DumpTensor> tensors() const override;
-  std::map<std::string, double> counters() const override;
+  std::map<std::string, double> counters() override;
 
  protected:
   // out[t] = sum over k of weight[t][k] * row_of(expert[t][k], slot[t][k]): the weighted combine every
@@ -102,7 +102,7 @@ class Engine : public Base {
   Support available() const override;
   void prepare(const ModelFile& model, const Point& point, uint64_t seed) override;
   void run() override;
-  std::map<std::string, double> counters() const override;
+  std::map<std::string, double> counters() override;
 
  private:
   struct Task {

@@ -3,6 +3,9 @@
 // across SMs (split-KV), each split runs an online softmax with bf16 tensor-core MMAs (mma.sync m16n8k16),
 // and a combine kernel merges the splits by their log-sum-exp. int8 / fp8 caches are dequantised in shared
 // memory on the way in. The projections around it are the shared GPU ones (cuBLAS).
+#include <cuda.h>           // CUtensorMap (the tensor-map encoder is fetched from the driver at run time)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
 #include <algorithm>
 #include <cmath>
 
@@ -103,6 +106,8 @@ __device__ inline void wgmma_commit_and_wait() {
 __device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 struct Params {
+  CUtensorMap kv_map;      // the bf16 cache as a [slots][576] tensor, 32 x 64 boxes, 128-byte swizzle (when tma)
+  bool tma;                // 64-row bf16 kernel with page_size a multiple of 32: blocks copied by the tensor memory accelerator
   const __nv_bfloat16* q;  // [tokens][heads][576]: [q_nope·W_UK ‖ q_pe]
   CacheView cache;
   const int32_t* lengths;
@@ -112,6 +117,7 @@ struct Params {
   float* lse_partial;         // [segments][rows], log2 domain
   int rows, heads, q_len;  // rows = q_len * heads
   float scale_log2;        // softmax scale * log2(e)
+  int page_shift;          // log2(page_size) when it is a power of two, else -1
 };
 
 // Keys per pipeline step (a 32-key, 4-stage variant measured slower on the H200).
@@ -492,6 +498,325 @@ __global__ void combine_kernel(const float* o_partial, const float* lse_partial,
   for (int j = 0; j < kLatent / 128; ++j) dst[threadIdx.x + 128 * j] = __float2bfloat16_rn(acc[j] / total);
 }
 
+// ---- 64-row tiles, bf16 cache: warpgroups with fixed roles -------------------------------------------------
+// The kernel above runs both products and the softmax between them in lockstep, so the tensor cores idle while
+// the softmax runs (0.36-0.40 of the roofline at 128 heads). Here, as in FlashMLA, the softmax overlaps the
+// products. Warpgroup 2, the scorer, computes S = Q K^T (wgmma m64n32k16) for 32-key blocks and the online
+// softmax, and hands P (bf16) and each row's rescale factor to warpgroups 0 and 1 through a double buffer.
+// Those two, the accumulators, each hold half of O (64 x 256 fp32), run O = alpha O + P V (wgmma m64n256k16)
+// and load the cache: once a block's product is done, each refills that block's stage with the columns it
+// alone reads (cp.async; four stages, an mbarrier per stage tells the scorer when a block has landed), so the
+// scorer's path is its MMAs and the softmax. While the accumulators multiply block j the scorer is on j + 1.
+// A CTA walks its segments as one flat run of blocks, so the pipeline does not drain where a request ends.
+namespace roles {
+
+constexpr int kKeys = 32, kStages = 4, kThreads = 384, kRows = 64;
+constexpr float kLazyRescale = 8.0f;
+constexpr size_t kQBytes = size_t(kRows) * kWidth * 2, kStageBytes = size_t(kKeys) * kWidth * 2;
+constexpr size_t kPBytes = size_t(kRows) * 64 * 2;  // one 64-column swizzled tile: block j's P in columns 32 (j % 2) ..
+constexpr size_t kMetaBytes = size_t(2) * 2 * kRows * 4 + kStages * 8;  // per P buffer: each row's rescale factor
+                                                                         // and 1 / sum; an mbarrier per stage
+constexpr size_t kSmemBytes = kQBytes + kStages * kStageBytes + kPBytes + kMetaBytes + 1024;
+static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
+
+// Named barriers (0 is __syncthreads): the scorer's own, and per P buffer "ready" (scorer -> accumulators) and
+// "free" (accumulators -> scorer: P and the K stage of that block may be overwritten).
+constexpr int kBarScorer = 1, kBarReady = 2, kBarFree = 4, kBarAccumulator = 6;  // + warpgroup (6, 7)
+__device__ inline void bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+__device__ inline void bar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+__device__ inline void mbarrier_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// The mbarrier's current phase completes once the calling thread's earlier cp.async copies have landed (one
+// arrival per thread, counted in the init count).
+__device__ inline void mbarrier_arrive_on_copies(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// The calling thread's arrival, announcing `bytes` of bulk copies that complete this phase.
+__device__ inline void mbarrier_expect_bytes(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+// Tensor-memory-accelerator copy of the box at (column x, row y) of `map` into shared memory, counted on `bar`.
+__device__ inline void tma_load(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+                   smem_addr(dst)),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_addr(bar))
+               : "memory");
+}
+__device__ inline void mbarrier_wait(uint64_t* bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// S = Q K^T for the block in stage kStage. Descriptors advance by constant offsets (their address field counts
+// 16 bytes; K follows Q in shared memory), so the 36 MMAs need no address arithmetic between them.
+template <int kStage>
+__device__ __forceinline__ void score_block(float (&s)[4][4], uint64_t q_desc) {
+  constexpr uint64_t k_offset = (kQBytes + kStage * kStageBytes) / 16;
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kWidth / 16; ++ks) {
+    const int block = ks >> 2, column = (ks & 3) * 16;
+    wgmma_m64n32k16(s, q_desc + (block * kRows * 64 + column) * 2 / 16, q_desc + k_offset + (block * kKeys * 64 + column) * 2 / 16, ks > 0);
+  }
+  wgmma_commit_and_wait();
+}
+
+// Walks a CTA's blocks in order: its segments (request, first key, end key) cut into kKeys-key blocks.
+struct Cursor {
+  int seg, end_seg;
+  int4 s;    // the current segment
+  int key0;  // the current block's first key
+  __device__ Cursor(const Params& p, int2 mine) : seg(mine.x), end_seg(mine.x + mine.y), s{}, key0(0) {
+    if (seg < end_seg) s = p.segments[seg], key0 = s.y;
+  }
+  __device__ bool valid() const { return seg < end_seg; }
+  __device__ bool first() const { return key0 == s.y; }
+  __device__ bool last() const { return key0 + kKeys >= s.z; }
+  __device__ void next(const Params& p) {
+    key0 += kKeys;
+    if (key0 >= s.z && ++seg < end_seg) s = p.segments[seg], key0 = s.y;
+  }
+};
+
+__global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ Params p) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  __nv_bfloat16* const sq = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* const sk = reinterpret_cast<__nv_bfloat16*>(smem + kQBytes);
+  __nv_bfloat16* const sp = reinterpret_cast<__nv_bfloat16*>(smem + kQBytes + kStages * kStageBytes);
+  float* const meta = reinterpret_cast<float*>(smem + kQBytes + kStages * kStageBytes + kPBytes);  // [buffer][alpha | inv][row]
+  uint64_t* const landed = reinterpret_cast<uint64_t*>(meta + 2 * 2 * kRows);                    // [stage]
+  const int2 mine = p.part_segments[blockIdx.x];
+  int total = 0;
+  for (int seg = mine.x; seg < mine.x + mine.y; ++seg) total += (p.segments[seg].z - p.segments[seg].y + kKeys - 1) / kKeys;
+  const int row0 = int(blockIdx.y) * kRows;
+  const int warpgroup = threadIdx.x / 128, t = threadIdx.x % 128, lane = t % 32;
+  const int r_lo = (t / 32) * 16 + lane / 4, r_hi = r_lo + 8;  // the two rows this thread holds in a 64-row wgmma tile
+  if (threadIdx.x == 0)  // arrivals per phase: one per accumulator thread (cp.async), or per warpgroup (tensor copies)
+    for (int st = 0; st < kStages; ++st) mbarrier_init(&landed[st], p.tma ? 2 : 256);
+  __syncthreads();
+
+  if (warpgroup == 2) {  // ---- the scorer
+    auto load_q = [&](int request) {
+      const __nv_bfloat16* q = p.q + (int64_t(request) * p.rows + row0) * kWidth;
+      for (int c = t; c < kRows * kChunks; c += 128) {
+        const int row = c / kChunks, col = (c % kChunks) * 8;
+        cp_async16(sq + swz(row, col, kRows), q + int64_t(row) * kWidth + col, true);
+      }
+      cp_async_commit();
+    };
+    Cursor at(p, mine);
+    const uint64_t q_desc = wgmma_desc(sq);
+    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0, l_hi = 0;
+    int last_lo = 0, last_hi = 0;
+    for (int j = 0; j < total; ++j, at.next(p)) {
+      const bool first = at.first(), last = at.last();
+      const int seg = at.seg, request = at.s.x, key0 = at.key0, k_end = at.s.z;
+      if (first) {  // a new request: its Q replaces the last one's once every scorer warp is done with it
+        if (j > 0) bar_sync(kBarScorer, 128);
+        load_q(request);
+        cp_async_wait<0>();
+        m_lo = m_hi = -INFINITY;
+        l_lo = l_hi = 0;
+        const int length = p.lengths[request];
+        last_lo = length + (row0 + r_lo) / p.heads;  // causal among the new tokens
+        last_hi = length + (row0 + r_hi) / p.heads;
+      }
+      mbarrier_wait(&landed[j % kStages], (j / kStages) & 1);
+      fence_proxy_async();
+      if (first) bar_sync(kBarScorer, 128);  // every scorer thread's part of Q has landed
+      float s[4][4];
+      switch (j % kStages) {  // a constant stage per case: every descriptor is the one of Q plus an immediate
+        case 0: score_block<0>(s, q_desc); break;
+        case 1: score_block<1>(s, q_desc); break;
+        case 2: score_block<2>(s, q_desc); break;
+        default: score_block<3>(s, q_desc); break;
+      }
+      // Mask, then the online softmax. A row lives in one quad of one warp: no exchange across warps.
+      float mx_lo = -INFINITY, mx_hi = -INFINITY;
+      if (key0 + kKeys > min(k_end, min(last_lo, last_hi) + 1)) {  // (a block inside the segment and before every
+#pragma unroll                                                       //  row's own position needs no mask)
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = key0 + n * 8 + (lane % 4) * 2 + e;
+            if (key >= k_end || key > last_lo) s[n][e] = -INFINITY;
+            if (key >= k_end || key > last_hi) s[n][2 + e] = -INFINITY;
+          }
+      }
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        mx_lo = fmaxf(mx_lo, fmaxf(s[n][0], s[n][1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(s[n][2], s[n][3]));
+      }
+      for (int off = 1; off < 4; off <<= 1) {
+        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+      }
+      // The running max moves only when a block's exceeds it by more than kLazyRescale (log2 units): P then stays
+      // <= 2^kLazyRescale, well inside bf16 and fp32, the sums use the same max, and the accumulators skip their
+      // rescale on almost every block. A row that has seen no key yet keeps m = -inf (NaN compares false): its
+      // probabilities are 0 and its rescale factor 0 (O is 0).
+      const float new_lo = (fmaxf(m_lo, mx_lo) - m_lo) * p.scale_log2 > kLazyRescale ? fmaxf(m_lo, mx_lo) : m_lo;
+      const float new_hi = (fmaxf(m_hi, mx_hi) - m_hi) * p.scale_log2 > kLazyRescale ? fmaxf(m_hi, mx_hi) : m_hi;
+      const float base_lo = new_lo == -INFINITY ? 0.0f : new_lo * p.scale_log2;
+      const float base_hi = new_hi == -INFINITY ? 0.0f : new_hi * p.scale_log2;
+      // Exactly 1 when the max stays (exp2 of a fused m * scale - base would leave a rounding residue).
+      const float alpha_lo = new_lo == m_lo ? 1.0f : exp2f(m_lo * p.scale_log2 - base_lo);
+      const float alpha_hi = new_hi == m_hi ? 1.0f : exp2f(m_hi * p.scale_log2 - base_hi);
+      m_lo = new_lo;
+      m_hi = new_hi;
+      l_lo *= alpha_lo;
+      l_hi *= alpha_hi;
+      // P into buffer j % 2, which block j - 2 left free (the wait at the end of the last iteration).
+      const int buffer = j % 2;
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(exp2f(s[n][0] * p.scale_log2 - base_lo), exp2f(s[n][1] * p.scale_log2 - base_lo));
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(exp2f(s[n][2] * p.scale_log2 - base_hi), exp2f(s[n][3] * p.scale_log2 - base_hi));
+        // The sums use the bf16-rounded probabilities the P V product will use.
+        l_lo += __low2float(lo) + __high2float(lo);
+        l_hi += __low2float(hi) + __high2float(hi);
+        const int col = buffer * kKeys + n * 8 + (lane % 4) * 2;
+        *reinterpret_cast<__nv_bfloat162*>(sp + swz(r_lo, col, kRows)) = lo;
+        *reinterpret_cast<__nv_bfloat162*>(sp + swz(r_hi, col, kRows)) = hi;
+      }
+      float* alpha = meta + buffer * 2 * kRows;
+      if (last) {  // the segment's row sums (across the quad) and log-sum-exp
+        float sum_lo = l_lo, sum_hi = l_hi;
+        for (int off = 1; off < 4; off <<= 1) {
+          sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, off);
+          sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, off);
+        }
+        if (lane % 4 == 0) {
+          alpha[kRows + r_lo] = sum_lo > 0 ? 1.0f / sum_lo : 0.0f;
+          alpha[kRows + r_hi] = sum_hi > 0 ? 1.0f / sum_hi : 0.0f;
+          float* lse = p.lse_partial + int64_t(seg) * p.rows + row0;
+          lse[r_lo] = sum_lo > 0 ? m_lo * p.scale_log2 + log2f(sum_lo) : -INFINITY;
+          lse[r_hi] = sum_hi > 0 ? m_hi * p.scale_log2 + log2f(sum_hi) : -INFINITY;
+        }
+      }
+      if (lane % 4 == 0) {
+        alpha[r_lo] = alpha_lo;
+        alpha[r_hi] = alpha_hi;
+      }
+      fence_proxy_async();  // P is read by the tensor cores
+      bar_arrive(kBarReady + buffer, kThreads);
+      if (j >= 1) bar_sync(kBarFree + (j - 1) % 2, kThreads);  // block j - 1's product is done: its P buffer takes j + 1
+    }
+    if (total >= 1) bar_sync(kBarFree + (total - 1) % 2, kThreads);  // balance the accumulators' last arrival
+    return;
+  }
+
+  // ---- the accumulators: warpgroup g owns latent columns 256 g .. 256 g + 255 of O, and copies them into each
+  // stage with half of the rope columns: 36 of a key row's 72 16-byte chunks, 4 threads per key, 9 chunks each
+  // (chunks c0 + 4u for u < 8, then one rope chunk), at offsets fixed per thread.
+  const int cbase = warpgroup * 256;
+  const int my_key = t / 4, my_part = t % 4;
+  const int c0 = warpgroup * 32 + my_part, c_rope = 64 + warpgroup * 4 + my_part;
+  auto swizzled = [&](int c) { return swz(my_key, c * 8, kKeys); };  // element offset of chunk c of my key in a stage
+  const int dst_even = swizzled(c0), dst_odd = swizzled(c0 + 4), dst_rope = swizzled(c_rope);  // u even / odd: +2048 u/2
+  Cursor lookup_at(p, mine);
+  int64_t slot = -1;  // of my key in the block lookup_at points to; -1: past the segment's end
+  auto look_up = [&]() {  // (tensor copies: one thread per warpgroup needs the block's first slot)
+    if (p.tma && t != 0) return;
+    const int key = lookup_at.key0 + my_key;
+    slot = -1;
+    if (lookup_at.valid() && key < lookup_at.s.z) {
+      const int32_t* page_table = p.cache.page_table + int64_t(lookup_at.s.x) * p.cache.pages_per_request;
+      const int page_size = int(p.cache.page_size);
+      slot = p.page_shift >= 0 ? (int64_t(page_table[key >> p.page_shift]) << p.page_shift) + (key & (page_size - 1))
+                               : int64_t(page_table[key / page_size]) * page_size + key % page_size;
+    }
+  };
+  int next_load = 0;
+  auto load_next = [&]() {  // block next_load into its stage, then the next block's page lookup
+    if (next_load >= total) return;
+    __nv_bfloat16* dst = sk + (next_load % kStages) * kKeys * kWidth;
+    uint64_t* bar = &landed[next_load % kStages];
+    if (p.tma) {  // the block's 32 keys are consecutive slots of one page: one box per 64-column block
+      if (t == 0) {
+        const int boxes = warpgroup == 0 ? 5 : 4;  // warpgroup 0: latent blocks 0-3 and the rope block; 1: blocks 4-7
+        mbarrier_expect_bytes(bar, uint32_t(boxes * kKeys * 128));
+        for (int b = 0; b < boxes; ++b) {
+          const int block = warpgroup == 0 ? (b < 4 ? b : 8) : 4 + b;
+          tma_load(dst + block * kKeys * 64, &p.kv_map, block * 64, int(slot), bar);
+        }
+      }
+    } else {
+      const __nv_bfloat16* src = reinterpret_cast<const __nv_bfloat16*>(p.cache.values) + (slot < 0 ? 0 : slot) * kWidth;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) cp_async16(dst + (u % 2 ? dst_odd : dst_even) + (u / 2) * kKeys * 64, src + (c0 + 4 * u) * 8, slot >= 0);
+      cp_async16(dst + dst_rope, src + c_rope * 8, slot >= 0);
+      mbarrier_arrive_on_copies(bar);
+    }
+    ++next_load;
+    lookup_at.next(p);
+    look_up();
+  };
+  look_up();
+  for (int i = 0; i < kStages; ++i) load_next();
+  const uint64_t p_desc = wgmma_desc(sp), v_desc0 = wgmma_desc_mn(sk + (cbase / 64) * kKeys * 64, kKeys);
+  float o[32][4];
+#pragma unroll
+  for (auto& x : o) x[0] = x[1] = x[2] = x[3] = 0;
+  Cursor at(p, mine);
+  for (int j = 0; j < total; ++j, at.next(p)) {
+    const int buffer = j % 2;
+    bar_sync(kBarReady + buffer, kThreads);
+    const float* alpha = meta + buffer * 2 * kRows;
+    const float a_lo = alpha[r_lo], a_hi = alpha[r_hi];
+    if (__any_sync(0xffffffffu, a_lo != 1.0f || a_hi != 1.0f)) {  // most blocks leave every row's max alone
+#pragma unroll
+      for (auto& x : o) {
+        x[0] *= a_lo;
+        x[1] *= a_lo;
+        x[2] *= a_hi;
+        x[3] *= a_hi;
+      }
+    }
+    const uint64_t v_desc = v_desc0 + (j % kStages) * kStageBytes / 16;
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kKeys / 16; ++ks)
+      wgmma_m64n256k16_vt(o, p_desc + (buffer * kKeys + ks * 16) * 2 / 16, v_desc + ks * 16 * 64 * 2 / 16);
+    wgmma_commit_and_wait();
+    if (at.last()) {  // normalise and write the segment's partial output; the next segment starts from zero
+      const float inv_lo = alpha[kRows + r_lo], inv_hi = alpha[kRows + r_hi];
+      float* out = p.o_partial + (int64_t(at.seg) * p.rows + row0) * kLatent + cbase;
+#pragma unroll
+      for (int n = 0; n < 32; ++n) {
+        const int col = n * 8 + (lane % 4) * 2;
+        *reinterpret_cast<float2*>(out + r_lo * kLatent + col) = make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
+        *reinterpret_cast<float2*>(out + r_hi * kLatent + col) = make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
+      }
+    }
+    bar_arrive(kBarFree + buffer, kThreads);
+    // The scorer finished with block j before handing over P; once this warpgroup's product is done too, its
+    // columns of the stage take block j + 4.
+    bar_sync(kBarAccumulator + warpgroup, 128);
+    load_next();
+  }
+}
+
+void launch(const Params& params, int parts, int row_tiles, cudaStream_t stream) {
+  static bool configured = false;
+  if (!configured) {
+    DSLAB_CUDA(cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
+    configured = true;
+  }
+  decode_kernel<<<dim3(unsigned(parts), unsigned(row_tiles)), kThreads, kSmemBytes, stream>>>(params);
+  DSLAB_CHECK_LAUNCH();
+}
+
+}  // namespace roles
+
 template <int ROWS, KvDtype KV>
 void launch_decode(const Params& params, int parts, int row_tiles, cudaStream_t stream) {
   using L = Layout<ROWS, KV>;
@@ -507,20 +832,29 @@ void launch_decode(const Params& params, int parts, int row_tiles, cudaStream_t 
 template <int ROWS>
 void launch_decode(KvDtype kv, const Params& params, int parts, int row_tiles, cudaStream_t stream) {
   switch (kv) {
-    case KvDtype::bf16: return launch_decode<ROWS, KvDtype::bf16>(params, parts, row_tiles, stream);
+    case KvDtype::bf16:
+      if constexpr (ROWS == 64) return roles::launch(params, parts, row_tiles, stream);
+      else return launch_decode<ROWS, KvDtype::bf16>(params, parts, row_tiles, stream);
     case KvDtype::int8: return launch_decode<ROWS, KvDtype::int8>(params, parts, row_tiles, stream);
     case KvDtype::fp8_e4m3: return launch_decode<ROWS, KvDtype::fp8_e4m3>(params, parts, row_tiles, stream);
   }
 }
 
+int page_shift(int64_t page_size) {
+  for (int shift = 0; shift < 31; ++shift)
+    if (int64_t(1) << shift == page_size) return shift;
+  return -1;
+}
+
 class FusedCuda final : public GpuVariant {
  public:
   FusedCuda() : GpuVariant(Algo::a_cc_me, /*fused=*/true) {}
-  std::map<std::string, double> counters() const override {
+  std::map<std::string, double> counters() override {
     auto c = GpuVariant::counters();
     c["segments"] = double(segments_);
     c["ctas"] = double(parts_ * row_tiles_);
     c["rows_per_cta"] = double(rows_per_cta_);
+    c["tma"] = tma_ ? 1.0 : 0.0;
     return c;
   }
 
@@ -548,26 +882,54 @@ class FusedCuda final : public GpuVariant {
     o_lat_.resize(size_t(T * nh_ * r_));
     o_partial_.resize(size_t(segments_) * size_t(M) * kLatent);
     lse_partial_.resize(size_t(segments_) * size_t(M));
+    tma_ = rows_per_cta_ == 64 && s_.kv_dtype == KvDtype::bf16 && p_->cache.page_size % roles::kKeys == 0;
+    if (tma_) kv_map_ = cache_tensor_map(p_->cache);
+  }
+  // The bf16 cache as a 2-D tensor [slots][576] for the tensor memory accelerator: 32-key x 64-column boxes,
+  // swizzled as the MMAs read them.
+  static CUtensorMap cache_tensor_map(const PagedLatentCache& c) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+      void* fn = nullptr;
+      cudaDriverEntryPointQueryResult found{};
+      DSLAB_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+      if (found != cudaDriverEntryPointSuccess || !fn) throw std::runtime_error("the CUDA driver has no cuTensorMapEncodeTiled");
+      return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+    }();
+    CUtensorMap map{};
+    const cuuint64_t dims[2] = {cuuint64_t(kWidth), cuuint64_t(c.values.size() / (kWidth * 2))};
+    const cuuint64_t strides[1] = {cuuint64_t(kWidth * 2)};
+    const cuuint32_t box[2] = {64, cuuint32_t(roles::kKeys)}, element_strides[2] = {1, 1};
+    const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.values.get(), dims, strides, box, element_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) throw std::runtime_error("cuTensorMapEncodeTiled failed: CUresult " + std::to_string(int(r)));
+    return map;
   }
   void attend() override {
     const int M = int(s_.q_len * nh_);
     concat_query();
-    Params params{q_cat_,         cache_view(p_->cache), p_->lengths_dev.get(), segments_dev_.get(),
-                  part_segments_.get(), o_partial_.get(),     lse_partial_.get(),
-                  M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E)};
+    mark("absorb_q");
+    Params params{kv_map_, tma_, q_cat_, cache_view(p_->cache), p_->lengths_dev.get(), segments_dev_.get(), part_segments_.get(),
+                  o_partial_.get(), lse_partial_.get(), M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E),
+                  page_shift(p_->cache.page_size)};
     switch (rows_per_cta_) {
       case 64: launch_decode<64>(s_.kv_dtype, params, parts_, row_tiles_, stream_); break;
       case 32: launch_decode<32>(s_.kv_dtype, params, parts_, row_tiles_, stream_); break;
       default: launch_decode<16>(s_.kv_dtype, params, parts_, row_tiles_, stream_); break;
     }
+    mark("decode");
     combine_kernel<<<dim3(unsigned(M), unsigned(s_.batch)), 128, 0, stream_>>>(o_partial_.get(), lse_partial_.get(),
                                                                              request_segments_.get(), M, o_lat_.get());
     DSLAB_CHECK_LAUNCH();
+    mark("combine");
     absorb_output(o_lat_.get());
+    mark("absorb_o");
   }
 
  private:
   int rows_per_cta_ = 64, row_tiles_ = 1, parts_ = 1, segments_ = 0;
+  bool tma_ = false;
+  CUtensorMap kv_map_{};
   DeviceArray<int4> segments_dev_;
   DeviceArray<int2> part_segments_, request_segments_;
   DeviceArray<__nv_bfloat16> q_cat_buffer_, o_lat_;

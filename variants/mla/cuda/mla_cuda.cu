@@ -10,6 +10,7 @@
 #include <random>
 
 #include "harness/errors.h"
+#include "harness/gpu.h"
 #include "harness/host.h"
 #include "variants/common/rng.h"
 #include "variants/mla/cuda/kernels.cuh"
@@ -46,72 +47,71 @@ __global__ void fill_cache_kernel(CacheView cache, const int32_t* lengths, const
   store_token(cache, cache.slot(b, token), v, lane);
 }
 
-// Per new token: q to bf16 with RoPE on its rope part (also behind the absorbed part of q_cat, if given);
-// the latent RMS-normalised, the rope key rotated, both written into the cache at the token's position (and,
-// bf16, to kv_new for the forms that decompress it).
-__global__ void finish_projection_kernel(const float* q_f32, const float* kv_f32, int kv_ld, const __nv_bfloat16* kv_norm,
-                                         const float* cos_table, const float* sin_table, CacheView cache,
-                                         const int32_t* lengths, int q_len, int heads, int nope, int rope, int r, float eps,
-                                         __nv_bfloat16* q, __nv_bfloat16* q_cat, __nv_bfloat16* kv_new) {
-  // blockIdx.y < gridDim.y - 1: 256 elements of the token's q; the last y: the token's latent and rope key.
-  const int t = blockIdx.x, b = t / q_len, s = t % q_len, qhd = nope + rope, half = rope / 2;
+// After the q_a / kv_a projection, one block per new token: RMSNorm of q_a into qa (q_lora_rank models; ql 0
+// skips it), and the token's latent (RMSNorm) and rope key (RoPE) into the cache at its position (and, bf16, into
+// kv_new for the forms that decompress it). All loads are issued up front, the page lookup (two dependent
+// loads) beside the rest.
+__global__ void norm_and_cache_kernel(const float* qa_f32, int ql, const __nv_bfloat16* q_a_norm, __nv_bfloat16* qa, const float* kv_f32,
+                                      int ld, const __nv_bfloat16* kv_norm, const float* cos_table, const float* sin_table, CacheView cache,
+                                      const int32_t* lengths, int q_len, int r, float eps, __nv_bfloat16* kv_new) {
+  __shared__ float token[32 * kMaxValuesPerLane];  // the cache row, bf16-rounded
+  const int t = blockIdx.x, b = t / q_len, s = t % q_len, width = int(cache.width), half = (width - r) / 2;
+  int64_t slot = 0;
+  if (threadIdx.x < 32) slot = cache.slot(b, lengths[b] + s);
+  const float* q_row = qa_f32 + int64_t(t) * ld;
+  const float* kv = kv_f32 + int64_t(t) * ld;
+  float ss_q = 0, ss_kv = 0;
+  for (int i = threadIdx.x; i < ql; i += blockDim.x) ss_q += q_row[i] * q_row[i];
+  for (int i = threadIdx.x; i < r; i += blockDim.x) ss_kv += kv[i] * kv[i];
+  ss_q = block_sum(ss_q);
+  ss_kv = block_sum(ss_kv);
+  const float inv_q = rsqrtf(ss_q / float(max(ql, 1)) + eps), inv_kv = rsqrtf(ss_kv / float(r) + eps);
+  for (int i = threadIdx.x; i < ql; i += blockDim.x)
+    qa[int64_t(t) * ql + i] = __float2bfloat16_rn(q_row[i] * inv_q * __bfloat162float(q_a_norm[i]));
   const float* cs = cos_table + int64_t(t) * half;
   const float* sn = sin_table + int64_t(t) * half;
-  if (blockIdx.y + 1 < gridDim.y) {
-    const int i = blockIdx.y * blockDim.x + threadIdx.x;
-    if (i >= heads * qhd) return;
-    const int h = i / qhd, d = i - h * qhd;
-    const float* qf = q_f32 + (int64_t(t) * heads + h) * qhd;
+  for (int i = threadIdx.x; i < width; i += blockDim.x) {
     float y;
-    if (d < nope) {
-      y = qf[d];
+    if (i < r) {
+      y = kv[i] * inv_kv * __bfloat162float(kv_norm[i]);
     } else {  // DeepSeek RoPE: interleaved pairs in, de-interleaved out
-      const int j = d - nope, p = j % half;
-      const float a = qf[nope + 2 * p], c = qf[nope + 2 * p + 1];
+      const int j = i - r, p = j % half;
+      const float a = kv[r + 2 * p], c = kv[r + 2 * p + 1];
       y = j < half ? a * cs[p] - c * sn[p] : c * cs[p] + a * sn[p];
     }
-    q[int64_t(t) * heads * qhd + i] = __float2bfloat16_rn(y);
-    if (q_cat && d >= nope) q_cat[(int64_t(t) * heads + h) * (r + rope) + r + d - nope] = __float2bfloat16_rn(y);
-    return;
+    const __nv_bfloat16 v = __float2bfloat16_rn(y);
+    token[i] = __bfloat162float(v);
+    if (kv_new) kv_new[int64_t(t) * width + i] = v;
   }
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x;
-  const float* kv = kv_f32 + int64_t(t) * kv_ld;
-  float v[kMaxValuesPerLane];
-  float ss = 0;
-  for (int k = 0; k < kMaxValuesPerLane; ++k) {
-    const int64_t i = lane + 32 * k;
-    if (i < r) {
-      v[k] = kv[i];
-      ss += v[k] * v[k];
-    }
+  __syncthreads();
+  if (threadIdx.x < 32) {  // one warp stores the row (int8 / fp8: quantised group by group)
+    float v[kMaxValuesPerLane];
+#pragma unroll
+    for (int k = 0; k < kMaxValuesPerLane; ++k) v[k] = threadIdx.x + 32 * k < width ? token[threadIdx.x + 32 * k] : 0.0f;
+    store_token(cache, slot, v, int(threadIdx.x));
   }
-  for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  const float inv = rsqrtf(ss / float(r) + eps);
-  for (int k = 0; k < kMaxValuesPerLane; ++k) {
-    const int64_t i = lane + 32 * k;
-    if (i >= cache.width) break;
-    if (i < r) {
-      v[k] = __bfloat162float(__float2bfloat16_rn(v[k] * inv * __bfloat162float(kv_norm[i])));
-    } else {
-      const int64_t j = i - r, p = j % half;
-      const float a = kv[r + 2 * p], c = kv[r + 2 * p + 1];
-      v[k] = __bfloat162float(__float2bfloat16_rn(j < half ? a * cs[p] - c * sn[p] : c * cs[p] + a * sn[p]));
-    }
-    if (kv_new) kv_new[t * cache.width + i] = __float2bfloat16_rn(v[k]);
-  }
-  store_token(cache, cache.slot(b, lengths[b] + s), v, lane);
 }
 
-// y = rmsnorm(x) * w in bf16, one block per row.
-__global__ void rms_norm_kernel(const float* x, int x_ld, const __nv_bfloat16* w, int n, float eps, __nv_bfloat16* y) {
-  const float* row = x + int64_t(blockIdx.x) * x_ld;
-  float ss = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += row[i] * row[i];
-  ss = block_sum(ss);
-  const float inv = rsqrtf(ss / float(n) + eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x)
-    y[int64_t(blockIdx.x) * n + i] = __float2bfloat16_rn(row[i] * inv * __bfloat162float(w[i]));
+// After q_b (or q_proj): q to bf16 with RoPE on its rope part, which also goes behind the absorbed part of q_cat
+// where a form uses it. One thread per element.
+__global__ void rope_q_kernel(const float* q_f32, const float* cos_table, const float* sin_table, int heads, int nope, int rope, int r,
+                              __nv_bfloat16* q, __nv_bfloat16* q_cat) {
+  const int t = blockIdx.x, qhd = nope + rope, half = rope / 2;
+  const int i = blockIdx.y * blockDim.x + threadIdx.x;
+  if (i >= heads * qhd) return;
+  const int h = i / qhd, d = i - h * qhd;
+  const float* qf = q_f32 + (int64_t(t) * heads + h) * qhd;
+  float y;
+  if (d < nope) {
+    y = qf[d];
+  } else {
+    const int j = d - nope, p = j % half;
+    const float a = qf[nope + 2 * p], c = qf[nope + 2 * p + 1];
+    const float cs = cos_table[int64_t(t) * half + p], sn = sin_table[int64_t(t) * half + p];
+    y = j < half ? a * cs - c * sn : c * cs + a * sn;
+  }
+  q[int64_t(t) * heads * qhd + i] = __float2bfloat16_rn(y);
+  if (q_cat && d >= nope) q_cat[(int64_t(t) * heads + h) * (r + rope) + r + d - nope] = __float2bfloat16_rn(y);
 }
 
 // Paged cache -> contiguous [batch][max_keys][width] bf16, one warp per token.
@@ -333,6 +333,7 @@ double device_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t pag
 // ---- the base variant --------------------------------------------------------------------------------------
 
 GpuVariant::~GpuVariant() {
+  for (auto& m : marks_) cudaEventDestroy(m.second);
   if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
   if (blas_) cublasDestroy(blas_);
 }
@@ -447,26 +448,34 @@ void GpuVariant::capture_graph() {
 void GpuVariant::project() {
   NvtxRange range("mla.project");
   const int64_t T = s_.tokens();
-  if (m_.q_lora_rank) {
-    const int64_t ql = *m_.q_lora_rank;
+  const int64_t ql = m_.q_lora_rank ? *m_.q_lora_rank : 0;
+  const float* kv = kv_f32_.get();
+  int ld = int(width_);
+  if (ql) {
     // q_a_proj and kv_a_proj_with_mqa read the same input: one GEMM over their stacked weights.
     linear(blas_, p_->x.get(), T, hid_, p_->qkv_a.get(), ql + width_, qa_f32_.get(), CUDA_R_32F);
-    rms_norm_kernel<<<unsigned(T), 256, 0, stream_>>>(qa_f32_.get(), int(ql + width_), p_->q_a_norm.get(), int(ql),
-                                                      float(m_.rms_norm_eps), qa_.get());
-    DSLAB_CHECK_LAUNCH();
-    linear(blas_, qa_.get(), T, ql, p_->q_b.get(), nh_ * qhd_, q_f32_.get(), CUDA_R_32F);
+    mark("qkv_a");
+    kv = qa_f32_.get() + ql;
+    ld = int(ql + width_);
   } else {
     linear(blas_, p_->x.get(), T, hid_, p_->q_proj.get(), nh_ * qhd_, q_f32_.get(), CUDA_R_32F);
+    mark("q_proj");
     linear(blas_, p_->x.get(), T, hid_, p_->kv_a.get(), width_, kv_f32_.get(), CUDA_R_32F);
+    mark("kv_a");
   }
-  const float* kv = m_.q_lora_rank ? qa_f32_.get() + *m_.q_lora_rank : kv_f32_.get();
-  const int kv_ld = int(m_.q_lora_rank ? *m_.q_lora_rank + width_ : width_);
-  const unsigned q_blocks = unsigned((nh_ * qhd_ + 255) / 256);
-  finish_projection_kernel<<<dim3(unsigned(T), q_blocks + 1), 256, 0, stream_>>>(
-      q_f32_.get(), kv, kv_ld, p_->kv_a_norm.get(), p_->rope_cos.get(), p_->rope_sin.get(), cache_view(p_->cache),
-      p_->lengths_dev.get(), int(s_.q_len), int(nh_), int(nope_), int(rope_), int(r_), float(m_.rms_norm_eps), q_.get(), q_cat_,
-      kv_new_.get());
+  norm_and_cache_kernel<<<unsigned(T), 256, 0, stream_>>>(qa_f32_.get(), int(ql), p_->q_a_norm.get(), qa_.get(), kv, ld, p_->kv_a_norm.get(),
+                                                          p_->rope_cos.get(), p_->rope_sin.get(), cache_view(p_->cache),
+                                                          p_->lengths_dev.get(), int(s_.q_len), int(r_), float(m_.rms_norm_eps), kv_new_.get());
   DSLAB_CHECK_LAUNCH();
+  mark("norm_cache_write");
+  if (ql) {
+    linear(blas_, qa_.get(), T, ql, p_->q_b.get(), nh_ * qhd_, q_f32_.get(), CUDA_R_32F);
+    mark("q_b");
+  }
+  rope_q_kernel<<<dim3(unsigned(T), unsigned((nh_ * qhd_ + 255) / 256)), 256, 0, stream_>>>(
+      q_f32_.get(), p_->rope_cos.get(), p_->rope_sin.get(), int(nh_), int(nope_), int(rope_), int(r_), q_.get(), q_cat_);
+  DSLAB_CHECK_LAUNCH();
+  mark("rope_q");
 }
 
 void GpuVariant::run() {
@@ -481,10 +490,57 @@ void GpuVariant::step() {
   project();
   {
     NvtxRange range("mla.attend");
+    const size_t marked = marks_used_;
     attend();
+    if (marks_used_ == marked) mark("attend");
   }
   NvtxRange range("mla.o_proj");
   linear(blas_, attn_.get(), s_.tokens(), nh_ * vd_, p_->o_proj.get(), hid_, out_.get(), CUDA_R_32F);
+  mark("o_proj");
+}
+
+void GpuVariant::mark(const char* op) const {
+  if (!timing_ops_) return;
+  if (marks_used_ == marks_.size()) {
+    cudaEvent_t e{};
+    DSLAB_CUDA(cudaEventCreate(&e));
+    marks_.push_back({op, e});
+  }
+  marks_[marks_used_].first = op;
+  DSLAB_CUDA(cudaEventRecord(marks_[marks_used_++].second, stream_));
+}
+
+std::map<std::string, double> GpuVariant::time_ops() {
+  constexpr int kSteps = 9;
+  std::map<std::string, std::vector<double>> us;
+  for (int i = 0; i < kSteps; ++i) {
+    gpu::flush_l2();
+    gpu::occupy_stream(2e-3);  // far longer than queueing one step takes
+    timing_ops_ = true;
+    marks_used_ = 0;
+    mark("start");
+    try {
+      step();
+    } catch (...) {
+      timing_ops_ = false;
+      throw;
+    }
+    timing_ops_ = false;
+    DSLAB_CUDA(cudaDeviceSynchronize());
+    std::map<std::string, double> step_us;  // an op marked twice in a step counts once, summed
+    for (size_t m = 1; m < marks_used_; ++m) {
+      float ms = 0;
+      DSLAB_CUDA(cudaEventElapsedTime(&ms, marks_[m - 1].second, marks_[m].second));
+      step_us[marks_[m].first] += double(ms) * 1e3;
+    }
+    for (const auto& [op, t] : step_us) us[op].push_back(t);
+  }
+  std::map<std::string, double> medians;
+  for (auto& [op, v] : us) {
+    std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+    medians["op_us." + op] = v[v.size() / 2];
+  }
+  return medians;
 }
 
 void GpuVariant::gather_latent(__nv_bfloat16* out) const {
@@ -538,8 +594,8 @@ Verification GpuVariant::verify() {
   return {ref::relative_l2_error(out.data(), ref.data(), ref.size()), threshold};
 }
 
-std::map<std::string, double> GpuVariant::counters() const {
-  std::map<std::string, double> c;
+std::map<std::string, double> GpuVariant::counters() {
+  std::map<std::string, double> c = time_ops();
   c["verified_requests"] = double(p_->verified_requests.size());
   c["cuda_graph"] = graph_exec_ ? 1.0 : 0.0;
   c["longest_request"] = double(p_->max_keys - s_.q_len);

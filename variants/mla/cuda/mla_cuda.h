@@ -127,7 +127,7 @@ class GpuVariant : public Variant {
   void run() override;
   Verification verify() override;
   std::vector<DumpTensor> tensors() const override;
-  std::map<std::string, double> counters() const override;
+  std::map<std::string, double> counters() override;
 
  protected:
   virtual bool supports_kv_dtype(KvDtype d) const { return d == KvDtype::bf16; }
@@ -145,6 +145,9 @@ class GpuVariant : public Variant {
   void absorb_output(const __nv_bfloat16* o_lat) const;         // attn = o_lat·W_UV^T per head
   // Device pointer array for cublasGemmBatchedEx, built once in prepare.
   const void** pointer_array(const std::vector<const void*>& host);
+  // Op boundary: while counters() times the ops of a step, records that `op` (the work queued since the last
+  // boundary) ends here. A form may mark inside attend(); one that does not is timed as one op, "attend".
+  void mark(const char* op) const;
 
   Algo algo_;
   bool fused_, graph_ = false;
@@ -166,6 +169,12 @@ class GpuVariant : public Variant {
   void project();
   void step();  // project, attend, o_proj
   void capture_graph();
+  // Median GPU time of each marked op over a few eager steps, each from a flushed L2 and queued behind a
+  // blocking kernel so host launch costs do not show: counters "op_us.<op>".
+  std::map<std::string, double> time_ops();
+  mutable bool timing_ops_ = false;
+  mutable std::vector<std::pair<const char*, cudaEvent_t>> marks_;  // events reused from step to step
+  mutable size_t marks_used_ = 0;
   cudaGraphExec_t graph_exec_ = nullptr;
   DeviceArray<uint8_t> blas_workspace_;
   DeviceArray<float> qa_f32_;  // [tokens][q_lora_rank + width]: q_a and kv_a outputs side by side

@@ -183,7 +183,7 @@ class MoeAmxInt8Cpu : public Base {
     return v;
   }
 
-  std::map<std::string, double> counters() const override {
+  std::map<std::string, double> counters() override {
     auto c = Base::counters();
     double amx = 0;
     for (size_t e = 0; e < use_amx_.size(); ++e) amx += use_amx_[e] && !p_->rows[e].empty();
