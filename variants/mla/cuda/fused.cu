@@ -1,8 +1,11 @@
 // mla/fused/cuda: FlashMLA-style decode attention over the paged latent cache. All q heads (and the MTP
 // token) of a request are rows of one MQA against the request's shared [c_kv ‖ k_pe] keys; the keys are split
-// across SMs (split-KV), each split runs an online softmax with bf16 tensor-core MMAs (mma.sync m16n8k16),
-// and a combine kernel merges the splits by their log-sum-exp. int8 / fp8 caches are dequantised in shared
-// memory on the way in. The projections around it are the shared GPU ones (cuBLAS).
+// across SMs (split-KV, a balanced run of key blocks per CTA), each split runs an online softmax on the tensor
+// cores, and a combine kernel merges the splits by their log-sum-exp. Two kernels: 16- and 32-row tiles (and
+// int8 / fp8 caches, dequantised in shared memory) run both products and the softmax in lockstep on mma.sync
+// (64-row quantised tiles on warpgroup MMAs); 64-row bf16 tiles (64 or 128 heads) run warpgroups with fixed
+// roles that overlap the softmax with the products (namespace roles). The projections around it are the
+// shared GPU ones (cuBLAS).
 #include <cuda.h>           // CUtensorMap (the tensor-map encoder is fetched from the driver at run time)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
@@ -120,7 +123,7 @@ struct Params {
   int page_shift;          // log2(page_size) when it is a power of two, else -1
 };
 
-// Keys per pipeline step (a 32-key, 4-stage variant measured slower on the H200).
+// Keys per pipeline step of the lockstep kernel (a 32-key, 4-stage variant measured slower there on the H200).
 constexpr int kBlockKeys = 64;
 
 template <int ROWS, KvDtype KV>
@@ -939,6 +942,6 @@ class FusedCuda final : public GpuVariant {
 }  // namespace
 
 DSLAB_REGISTER_VARIANT(FusedCuda, "mla/fused/cuda", dslab::Device::cuda,
-                       "fused decode: split-KV online-softmax MQA over the paged latent (mma.sync), bf16/int8/fp8 cache");
+                       "fused decode: split-KV online-softmax MQA over the paged latent (mma.sync / warpgroup MMAs), bf16/int8/fp8 cache");
 
 }  // namespace dslab::mla::cuda
