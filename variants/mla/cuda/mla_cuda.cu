@@ -58,7 +58,7 @@ __global__ void norm_and_cache_kernel(const float* qa_f32, int ql, const __nv_bf
   const int t = blockIdx.x, b = t / q_len, s = t % q_len, width = int(cache.width), half = (width - r) / 2;
   int64_t slot = 0;
   if (threadIdx.x < 32) slot = cache.slot(b, lengths[b] + s);
-  const float* q_row = qa_f32 + int64_t(t) * ld;
+  const float* q_row = ql ? qa_f32 + int64_t(t) * ld : nullptr;
   const float* kv = kv_f32 + int64_t(t) * ld;
   float ss_q = 0, ss_kv = 0;
   for (int i = threadIdx.x; i < ql; i += blockDim.x) ss_q += q_row[i] * q_row[i];
