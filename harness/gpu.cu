@@ -67,6 +67,14 @@ struct Events {
 
 __global__ void empty_kernel() {}
 
+__global__ void spin_kernel(uint64_t nanoseconds) {
+  uint64_t start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < nanoseconds);
+}
+
 }  // namespace
 
 void flush_l2() {
@@ -78,16 +86,6 @@ void flush_l2() {
   }
   DSLAB_CUDA(cudaMemsetAsync(buffer, bytes & 0xff, bytes));
 }
-
-namespace {
-__global__ void spin_kernel(uint64_t nanoseconds) {
-  uint64_t start = 0, now = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < nanoseconds);
-}
-}  // namespace
 
 void occupy_stream(double seconds) {
   spin_kernel<<<1, 1>>>(uint64_t(seconds * 1e9));

@@ -285,6 +285,8 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
 #pragma unroll
       for (auto& t : c) t[0] = t[1] = t[2] = t[3] = 0;
     const int kbase = wn * L::kKeysPerWarp;
+    // Always true (kScoreWarps is all 8 warps), yet kept: without it nvcc schedules the 16-row kernel worse,
+    // measured 3% slower on the H200 (712 vs 733 us at batch 64, 32K; 1.345 vs 1.385 ms at batch 128).
     const bool scores = warp < L::kScoreWarps;
     if constexpr (L::kWgmma) {  // warpgroup wn: all 64 rows x keys kbase..kbase+31, 36 k steps of 16
       wgmma_fence();
@@ -808,35 +810,31 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   }
 }
 
-void launch(const Params& params, int parts, int row_tiles, cudaStream_t stream) {
-  static bool configured = false;
-  if (!configured) {
-    DSLAB_CUDA(cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemBytes)));
-    configured = true;
-  }
-  decode_kernel<<<dim3(unsigned(parts), unsigned(row_tiles)), kThreads, kSmemBytes, stream>>>(params);
+}  // namespace roles
+
+// One CTA per (part, row tile); the kernel's shared-memory allowance is raised on its first launch.
+template <auto kKernel>
+void launch_decode_kernel(const Params& params, int parts, int row_tiles, int threads, size_t smem_bytes, cudaStream_t stream) {
+  static const bool configured = [&] {
+    DSLAB_CUDA(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+    return true;
+  }();
+  (void)configured;
+  kKernel<<<dim3(unsigned(parts), unsigned(row_tiles)), threads, smem_bytes, stream>>>(params);
   DSLAB_CHECK_LAUNCH();
 }
 
-}  // namespace roles
-
 template <int ROWS, KvDtype KV>
 void launch_decode(const Params& params, int parts, int row_tiles, cudaStream_t stream) {
-  using L = Layout<ROWS, KV>;
-  static bool configured = false;
-  if (!configured) {
-    DSLAB_CUDA(cudaFuncSetAttribute(mla_decode_kernel<ROWS, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::total)));
-    configured = true;
-  }
-  mla_decode_kernel<ROWS, KV><<<dim3(unsigned(parts), unsigned(row_tiles)), kThreads, L::total, stream>>>(params);
-  DSLAB_CHECK_LAUNCH();
+  launch_decode_kernel<mla_decode_kernel<ROWS, KV>>(params, parts, row_tiles, kThreads, Layout<ROWS, KV>::total, stream);
 }
 
 template <int ROWS>
 void launch_decode(KvDtype kv, const Params& params, int parts, int row_tiles, cudaStream_t stream) {
   switch (kv) {
     case KvDtype::bf16:
-      if constexpr (ROWS == 64) return roles::launch(params, parts, row_tiles, stream);
+      if constexpr (ROWS == 64)
+        return launch_decode_kernel<roles::decode_kernel>(params, parts, row_tiles, roles::kThreads, roles::kSmemBytes, stream);
       else return launch_decode<ROWS, KvDtype::bf16>(params, parts, row_tiles, stream);
     case KvDtype::int8: return launch_decode<ROWS, KvDtype::int8>(params, parts, row_tiles, stream);
     case KvDtype::fp8_e4m3: return launch_decode<ROWS, KvDtype::fp8_e4m3>(params, parts, row_tiles, stream);

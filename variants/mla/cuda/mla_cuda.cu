@@ -47,6 +47,14 @@ __global__ void fill_cache_kernel(CacheView cache, const int32_t* lengths, const
   store_token(cache, cache.slot(b, token), v, lane);
 }
 
+// DeepSeek RoPE on one head's rope part x[0 .. 2 half): interleaved pairs in, de-interleaved out; element j of
+// the result, with the position's cos / sin of pair j % half.
+__device__ inline float rope_element(const float* x, int j, int half, float cs, float sn) {
+  const int p = j % half;
+  const float a = x[2 * p], c = x[2 * p + 1];
+  return j < half ? a * cs - c * sn : c * cs + a * sn;
+}
+
 // After the q_a / kv_a projection, one block per new token: RMSNorm of q_a into qa (q_lora_rank models; ql 0
 // skips it), and the token's latent (RMSNorm) and rope key (RoPE) into the cache at its position (and, bf16, into
 // kv_new for the forms that decompress it). All loads are issued up front, the page lookup (two dependent
@@ -74,10 +82,9 @@ __global__ void norm_and_cache_kernel(const float* qa_f32, int ql, const __nv_bf
     float y;
     if (i < r) {
       y = kv[i] * inv_kv * __bfloat162float(kv_norm[i]);
-    } else {  // DeepSeek RoPE: interleaved pairs in, de-interleaved out
-      const int j = i - r, p = j % half;
-      const float a = kv[r + 2 * p], c = kv[r + 2 * p + 1];
-      y = j < half ? a * cs[p] - c * sn[p] : c * cs[p] + a * sn[p];
+    } else {
+      const int j = i - r;
+      y = rope_element(kv + r, j, half, cs[j % half], sn[j % half]);
     }
     const __nv_bfloat16 v = __float2bfloat16_rn(y);
     token[i] = __bfloat162float(v);
@@ -101,15 +108,8 @@ __global__ void rope_q_kernel(const float* q_f32, const float* cos_table, const 
   if (i >= heads * qhd) return;
   const int h = i / qhd, d = i - h * qhd;
   const float* qf = q_f32 + (int64_t(t) * heads + h) * qhd;
-  float y;
-  if (d < nope) {
-    y = qf[d];
-  } else {
-    const int j = d - nope, p = j % half;
-    const float a = qf[nope + 2 * p], c = qf[nope + 2 * p + 1];
-    const float cs = cos_table[int64_t(t) * half + p], sn = sin_table[int64_t(t) * half + p];
-    y = j < half ? a * cs - c * sn : c * cs + a * sn;
-  }
+  const int j = d - nope, p = j % half;
+  const float y = d < nope ? qf[d] : rope_element(qf + nope, j, half, cos_table[int64_t(t) * half + p], sin_table[int64_t(t) * half + p]);
   q[int64_t(t) * heads * qhd + i] = __float2bfloat16_rn(y);
   if (q_cat && d >= nope) q_cat[(int64_t(t) * heads + h) * (r + rope) + r + d - nope] = __float2bfloat16_rn(y);
 }
