@@ -1,10 +1,10 @@
 // mla/fused/cuda: FlashMLA-style decode attention over the paged latent cache. All q heads (and the MTP
 // token) of a request are rows of one MQA against the request's shared [c_kv ‖ k_pe] keys; the keys are split
 // across SMs (split-KV, a balanced run of key blocks per CTA), each split runs an online softmax on the tensor
-// cores, and a combine kernel merges the splits by their log-sum-exp. Two kernels: 16- and 32-row tiles (and
-// int8 / fp8 caches, dequantised in shared memory) run both products and the softmax in lockstep on mma.sync
-// (64-row quantised tiles on warpgroup MMAs); 64-row bf16 tiles (64 or 128 heads) run warpgroups with fixed
-// roles that overlap the softmax with the products (namespace roles). The projections around it are the
+// cores, and a combine kernel merges the splits by their log-sum-exp. Two kernels: bf16 caches run 64-row tiles
+// (16 or 32 rows padded to 64) on warpgroups with fixed roles that overlap the softmax with the products
+// (namespace roles); int8 / fp8 caches, dequantised in shared memory, run 16-, 32- or 64-row tiles through both
+// products and the softmax in lockstep (mma.sync; warpgroup MMAs at 64 rows). The projections around it are the
 // shared GPU ones (cuBLAS).
 #include <cuda.h>           // CUtensorMap (the tensor-map encoder is fetched from the driver at run time)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
@@ -91,6 +91,15 @@ __device__ inline void wgmma_m64n32k16(float (&d)[4][4], uint64_t a, uint64_t b,
         "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
       : "l"(a), "l"(b), "r"(accumulate));
 }
+// S[64 x 64] (+)= A[64 x 16] · B[64 x 16]^T, as above with 64 keys.
+__device__ inline void wgmma_m64n64k16(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
 // O[64 x 256] += P[64 x 16] · V[16 x 256] for the calling warpgroup: P K-major, V stored [key][column] (MN-major,
 // the B operand transposed), both 128-byte swizzled in shared memory.
 __device__ inline void wgmma_m64n256k16_vt(float (&d)[32][4], uint64_t a, uint64_t b) {
@@ -99,6 +108,18 @@ __device__ inline void wgmma_m64n256k16_vt(float (&d)[32][4], uint64_t a, uint64
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+      : "l"(a), "l"(b));
+}
+// The same for 128 of those columns, d[16 H .. 16 H + 15]: a 64-register accumulator, which ptxas compiles in a
+// kernel whose threads start with 128 registers (it refuses the 256-column form there, even where setmaxnreg
+// has raised the count).
+template <int H>
+__device__ inline void wgmma_m64n128k16_vt(float (&d)[32][4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[16 * H + 0][0]), "+f"(d[16 * H + 0][1]), "+f"(d[16 * H + 0][2]), "+f"(d[16 * H + 0][3]), "+f"(d[16 * H + 1][0]), "+f"(d[16 * H + 1][1]), "+f"(d[16 * H + 1][2]), "+f"(d[16 * H + 1][3]), "+f"(d[16 * H + 2][0]), "+f"(d[16 * H + 2][1]), "+f"(d[16 * H + 2][2]), "+f"(d[16 * H + 2][3]), "+f"(d[16 * H + 3][0]), "+f"(d[16 * H + 3][1]), "+f"(d[16 * H + 3][2]), "+f"(d[16 * H + 3][3]), "+f"(d[16 * H + 4][0]), "+f"(d[16 * H + 4][1]), "+f"(d[16 * H + 4][2]), "+f"(d[16 * H + 4][3]), "+f"(d[16 * H + 5][0]), "+f"(d[16 * H + 5][1]), "+f"(d[16 * H + 5][2]), "+f"(d[16 * H + 5][3]), "+f"(d[16 * H + 6][0]), "+f"(d[16 * H + 6][1]), "+f"(d[16 * H + 6][2]), "+f"(d[16 * H + 6][3]), "+f"(d[16 * H + 7][0]), "+f"(d[16 * H + 7][1]), "+f"(d[16 * H + 7][2]), "+f"(d[16 * H + 7][3]), "+f"(d[16 * H + 8][0]), "+f"(d[16 * H + 8][1]), "+f"(d[16 * H + 8][2]), "+f"(d[16 * H + 8][3]), "+f"(d[16 * H + 9][0]), "+f"(d[16 * H + 9][1]), "+f"(d[16 * H + 9][2]), "+f"(d[16 * H + 9][3]), "+f"(d[16 * H + 10][0]), "+f"(d[16 * H + 10][1]), "+f"(d[16 * H + 10][2]), "+f"(d[16 * H + 10][3]), "+f"(d[16 * H + 11][0]), "+f"(d[16 * H + 11][1]), "+f"(d[16 * H + 11][2]), "+f"(d[16 * H + 11][3]), "+f"(d[16 * H + 12][0]), "+f"(d[16 * H + 12][1]), "+f"(d[16 * H + 12][2]), "+f"(d[16 * H + 12][3]), "+f"(d[16 * H + 13][0]), "+f"(d[16 * H + 13][1]), "+f"(d[16 * H + 13][2]), "+f"(d[16 * H + 13][3]), "+f"(d[16 * H + 14][0]), "+f"(d[16 * H + 14][1]), "+f"(d[16 * H + 14][2]), "+f"(d[16 * H + 14][3]), "+f"(d[16 * H + 15][0]), "+f"(d[16 * H + 15][1]), "+f"(d[16 * H + 15][2]), "+f"(d[16 * H + 15][3])
       : "l"(a), "l"(b));
 }
 __device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -121,6 +142,7 @@ struct Params {
   int rows, heads, q_len;  // rows = q_len * heads
   float scale_log2;        // softmax scale * log2(e)
   int page_shift;          // log2(page_size) when it is a power of two, else -1
+  int partial_rows;        // rows of o_partial / lse_partial per segment: row tiles x tile rows (a 64-row tile may pad)
 };
 
 // Keys per pipeline step of the lockstep kernel (a 32-key, 4-stage variant measured slower there on the H200).
@@ -131,22 +153,18 @@ struct Layout {
   static constexpr int BN = kBlockKeys;
   // Q K^T: the 8 warps tile (rows of 16) x (keys in 8s).
   static constexpr int kWarpsM = ROWS / 16, kWarpsN = 8 / kWarpsM;
-  static constexpr int kKeysPerWarp = BN / kWarpsN, kScoreWarps = kWarpsM * kWarpsN;
+  static constexpr int kKeysPerWarp = BN / kWarpsN;
   // P·V has its own warp grid: 32-row warp tiles where there are 32 rows halve the V fragments each warp loads.
   // (64-row tiles: the warpgroup MMA's own grid, warpgroup g owning latent columns 256 g .. 256 g + 255.)
   static constexpr bool kWgmma = ROWS == 64;
   static constexpr int kPvTilesM = kWgmma ? 1 : ROWS >= 32 ? 2 : 1, kPvWarpsM = ROWS / (16 * kPvTilesM), kPvWarpsN = 8 / kPvWarpsM;
   static constexpr int kColsPerWarp = kLatent / kPvWarpsN;
-  // The memory-bound shape (16 rows: 16 heads, one token) keeps Q in registers, which frees the shared memory
-  // for a third stage: two blocks in flight per SM instead of one. Quantised caches have one K tile plus a raw
-  // staging buffer that plays the second stage.
-  static constexpr bool kQInRegs = ROWS == 16 && KV == KvDtype::bf16;
-  static constexpr int kStages = KV != KvDtype::bf16 ? 1 : kQInRegs ? 3 : 2;
+  // One K tile (bf16, dequantised) plus a raw staging buffer that plays the second stage.
   static constexpr int kPStride = BN + 8;  // padded rows: the 8 rows an ldmatrix reads land in distinct banks
   static constexpr int kThreadsPerKey = kThreads / BN;
-  static constexpr size_t q_bytes = kQInRegs ? 0 : size_t(ROWS) * kWidth * 2, k_bytes = size_t(kStages) * BN * kWidth * 2;
+  static constexpr size_t q_bytes = size_t(ROWS) * kWidth * 2, k_bytes = size_t(BN) * kWidth * 2;
   static constexpr size_t p_bytes = size_t(ROWS) * (kWgmma ? BN : kPStride) * 2, red_bytes = size_t(2) * kWarpsN * ROWS * 4;
-  static constexpr size_t raw_bytes = KV == KvDtype::bf16 ? 0 : size_t(BN) * kWidth + size_t(BN) * kGroups * 4;
+  static constexpr size_t raw_bytes = size_t(BN) * kWidth + size_t(BN) * kGroups * 4;
   static constexpr size_t total = q_bytes + k_bytes + p_bytes + red_bytes + raw_bytes + 1024;  // + alignment slack
   // 64-row tiles run both products on warpgroup MMAs: Q K^T with each warpgroup taking 32 of the block's
   // keys, P V with each taking 256 latent columns; P then lives in the swizzled layout too.
@@ -172,6 +190,7 @@ struct Smem {
 // normalised partial output and log-sum-exp.
 template <int ROWS, KvDtype KV>
 __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b, int k_begin, int k_end, int seg, int row0) {
+  static_assert(KV != KvDtype::bf16, "bf16 caches run the roles kernel");
   using L = Layout<ROWS, KV>;
   constexpr int BN = L::BN;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -180,32 +199,22 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
   const int32_t* page_table = p.cache.page_table + int64_t(b) * p.cache.pages_per_request;
   const int page_size = int(p.cache.page_size);
 
-  // Q: into its tile, or (kQInRegs) staged in the last K stage, which the prologue leaves free.
   const __nv_bfloat16* q = p.q + (int64_t(b) * p.rows + row0) * kWidth;
-  __nv_bfloat16* q_tile = L::kQInRegs ? sm.k + (L::kStages - 1) * BN * kWidth : sm.q;
   for (int c = tid; c < ROWS * kChunks; c += kThreads) {
     const int row = c / kChunks, col = (c % kChunks) * 8;
-    cp_async16(q_tile + swz(row, col, ROWS), q + int64_t(row) * kWidth + col, true);
+    cp_async16(sm.q + swz(row, col, ROWS), q + int64_t(row) * kWidth + col, true);
   }
-  if constexpr (L::kQInRegs) cp_async_commit();
   // kThreadsPerKey threads per key: each looks its key's page up once per block, in 32-bit arithmetic.
   const int my_key = tid / L::kThreadsPerKey, my_part = tid % L::kThreadsPerKey;
-  auto load_block = [&](int key0, int stage) {  // bf16: straight into the K tile; quantised: into the staging area
+  auto load_block = [&](int key0) {  // into the staging area
     const int key = key0 + my_key;
     const bool valid = key < k_end;
     const int64_t slot = valid ? int64_t(page_table[key / page_size]) * page_size + key % page_size : 0;
-    if constexpr (KV == KvDtype::bf16) {
-      const __nv_bfloat16* src = reinterpret_cast<const __nv_bfloat16*>(p.cache.values) + slot * kWidth;
-      __nv_bfloat16* dst = sm.k + stage * BN * kWidth;
+    const uint8_t* src = p.cache.values + slot * kWidth;
 #pragma unroll
-      for (int j = my_part; j < kChunks; j += L::kThreadsPerKey) cp_async16(dst + swz(my_key, j * 8, BN), src + j * 8, valid);
-    } else {
-      const uint8_t* src = p.cache.values + slot * kWidth;
-#pragma unroll
-      for (int j = my_part; j < kWidth / 16; j += L::kThreadsPerKey) cp_async16(sm.raw + my_key * kWidth + j * 16, src + j * 16, valid);
-      for (int g = my_part; g < kGroups; g += L::kThreadsPerKey)
-        cp_async4(sm.scale + my_key * kGroups + g, p.cache.scales + slot * kGroups + g, valid);
-    }
+    for (int j = my_part; j < kWidth / 16; j += L::kThreadsPerKey) cp_async16(sm.raw + my_key * kWidth + j * 16, src + j * 16, valid);
+    for (int g = my_part; g < kGroups; g += L::kThreadsPerKey)
+      cp_async4(sm.scale + my_key * kGroups + g, p.cache.scales + slot * kGroups + g, valid);
     cp_async_commit();
   };
   auto dequantize_block = [&]() {  // staging -> K tile (bf16), 16 values per thread step
@@ -238,56 +247,26 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
   }
 
   const int blocks = (k_end - k_begin + BN - 1) / BN;
-  if constexpr (KV == KvDtype::bf16) {
-#pragma unroll
-    for (int st = 0; st < L::kStages - 1; ++st) {  // prologue: the first kStages - 1 blocks (empty groups past the end)
-      if (st < blocks) load_block(k_begin + st * BN, st);
-      else cp_async_commit();
-    }
-  } else {
-    load_block(k_begin, 0);
-  }
-  uint32_t q_frag[L::kQInRegs ? kWidth / 16 : 1][4];  // A fragments of this warp's 16 rows for every k step
-  if constexpr (L::kQInRegs) {
-    cp_async_wait<L::kStages - 1>();  // the Q group is the oldest
-    __syncthreads();
-#pragma unroll
-    for (int ks = 0; ks < kWidth / 16; ++ks) ldmatrix_x4(q_frag[ks], q_tile + swz(lane % 16, ks * 16 + (lane / 16) * 8, ROWS));
-    __syncthreads();  // the stage is refilled at the first iteration
-  }
+  load_block(k_begin);  // (with Q, the first group)
   for (int i = 0; i < blocks; ++i) {
     const int key0 = k_begin + i * BN;
-    int stage = 0;
-    if constexpr (KV == KvDtype::bf16) {
-      stage = i % L::kStages;
-      cp_async_wait<L::kStages - 2>();
-      if constexpr (L::kWgmma) fence_proxy_async();
-      __syncthreads();  // block i has landed, and every warp is done with the stage block i - 1 used
-      const int next = i + L::kStages - 1;
-      if (next < blocks) load_block(k_begin + next * BN, next % L::kStages);
-      else cp_async_commit();
-    } else {
-      cp_async_wait<0>();
-      __syncthreads();
-      dequantize_block();
-      if constexpr (L::kWgmma) fence_proxy_async();
-      __syncthreads();
-      if (i + 1 < blocks) load_block(key0 + BN, 0);  // lands in the staging area while this block computes
-    }
-    const __nv_bfloat16* K = sm.k + stage * BN * kWidth;
+    cp_async_wait<0>();
+    __syncthreads();
+    dequantize_block();
+    if constexpr (L::kWgmma) fence_proxy_async();
+    __syncthreads();
+    if (i + 1 < blocks) load_block(key0 + BN);  // lands in the staging area while this block computes
+    const __nv_bfloat16* K = sm.k;
 
     // S = Q K^T for this warp's 16 rows x kKeysPerWarp keys. Few key tiles per warp would make one long chain
     // of dependent MMAs: the k loop then runs kChains independent accumulators, summed at the end.
-    constexpr int kTiles = L::kKeysPerWarp / 8, kChains = kTiles >= 4 || L::kQInRegs ? 1 : 4 / kTiles;
+    constexpr int kTiles = L::kKeysPerWarp / 8, kChains = kTiles >= 4 ? 1 : 4 / kTiles;
     float acc[kChains][kTiles][4];
 #pragma unroll
     for (auto& c : acc)
 #pragma unroll
       for (auto& t : c) t[0] = t[1] = t[2] = t[3] = 0;
     const int kbase = wn * L::kKeysPerWarp;
-    // Always true (kScoreWarps is all 8 warps), yet kept: without it nvcc schedules the 16-row kernel worse,
-    // measured 3% slower on the H200 (712 vs 733 us at batch 64, 32K; 1.345 vs 1.385 ms at batch 128).
-    const bool scores = warp < L::kScoreWarps;
     if constexpr (L::kWgmma) {  // warpgroup wn: all 64 rows x keys kbase..kbase+31, 36 k steps of 16
       wgmma_fence();
 #pragma unroll
@@ -298,18 +277,13 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
       }
       wgmma_commit_and_wait();
     }
-#pragma unroll(L::kQInRegs ? kWidth / 16 : 2)
+#pragma unroll 2
     for (int ks0 = 0; ks0 < kWidth / 16 && !L::kWgmma; ks0 += kChains) {
-      if (!scores) break;
 #pragma unroll
       for (int ch = 0; ch < kChains; ++ch) {
         const int ks = ks0 + ch;
         uint32_t a[4];
-        if constexpr (L::kQInRegs) {
-          a[0] = q_frag[ks][0], a[1] = q_frag[ks][1], a[2] = q_frag[ks][2], a[3] = q_frag[ks][3];
-        } else {
-          ldmatrix_x4(a, sm.q + swz(wm * 16 + lane % 16, ks * 16 + (lane / 16) * 8, ROWS));
-        }
+        ldmatrix_x4(a, sm.q + swz(wm * 16 + lane % 16, ks * 16 + (lane / 16) * 8, ROWS));
         if constexpr (kTiles == 1) {
           uint32_t bb[2];
           ldmatrix_x2(bb, K + swz(kbase + (lane & 7), ks * 16 + ((lane >> 3) & 1) * 8, BN));
@@ -350,7 +324,7 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
       mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
       mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
     }
-    if (scores && lane % 4 == 0) {
+    if (lane % 4 == 0) {
       sm.max[wn * ROWS + r_lo] = mx_lo;
       sm.max[wn * ROWS + r_hi] = mx_hi;
     }
@@ -378,10 +352,8 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
       l_lo += __low2float(lo) + __high2float(lo);
       l_hi += __low2float(hi) + __high2float(hi);
       const int col = kbase + t * 8 + (lane % 4) * 2;
-      if (scores) {
-        *reinterpret_cast<__nv_bfloat162*>(sm.p + (L::kWgmma ? swz(r_lo, col, ROWS) : r_lo * L::kPStride + col)) = lo;
-        *reinterpret_cast<__nv_bfloat162*>(sm.p + (L::kWgmma ? swz(r_hi, col, ROWS) : r_hi * L::kPStride + col)) = hi;
-      }
+      *reinterpret_cast<__nv_bfloat162*>(sm.p + (L::kWgmma ? swz(r_lo, col, ROWS) : r_lo * L::kPStride + col)) = lo;
+      *reinterpret_cast<__nv_bfloat162*>(sm.p + (L::kWgmma ? swz(r_hi, col, ROWS) : r_hi * L::kPStride + col)) = hi;
     }
     // Rescale this thread's output rows by their own max's change (the same maxima the S rows saw).
 #pragma unroll
@@ -436,7 +408,7 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
   }
-  if (warp < L::kScoreWarps && lane % 4 == 0) {
+  if (lane % 4 == 0) {
     sm.sum[wn * ROWS + r_lo] = l_lo;
     sm.sum[wn * ROWS + r_hi] = l_hi;
   }
@@ -446,7 +418,7 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
     sum_lo += sm.sum[w * ROWS + r_lo];
     sum_hi += sm.sum[w * ROWS + r_hi];
   }
-  float* out = p.o_partial + (int64_t(seg) * p.rows + row0) * kLatent;
+  float* out = p.o_partial + (int64_t(seg) * p.partial_rows + row0) * kLatent;
   const int cbase = pv_wn * L::kColsPerWarp;
 #pragma unroll
   for (int pm = 0; pm < L::kPvTilesM; ++pm)
@@ -464,7 +436,7 @@ __device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b,
     }
   __syncthreads();  // the next segment reuses sum, max, Q and K
   if (wn == 0 && lane % 4 == 0) {
-    float* lse = p.lse_partial + int64_t(seg) * p.rows + row0;
+    float* lse = p.lse_partial + int64_t(seg) * p.partial_rows + row0;
     lse[r_lo] = sum_lo > 0 ? m_lo * p.scale_log2 + log2f(sum_lo) : -INFINITY;
     lse[r_hi] = sum_hi > 0 ? m_hi * p.scale_log2 + log2f(sum_hi) : -INFINITY;
   }
@@ -485,18 +457,19 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(Params p) {
 }
 
 // Merge a request's segments: o = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max). One block per (row, request).
-__global__ void combine_kernel(const float* o_partial, const float* lse_partial, const int2* request_segments, int rows, __nv_bfloat16* o_lat) {
+__global__ void combine_kernel(const float* o_partial, const float* lse_partial, int partial_rows, const int2* request_segments, int rows,
+                               __nv_bfloat16* o_lat) {
   const int row = blockIdx.x, b = blockIdx.y;
   const int2 range = request_segments[b];  // first segment, count
   float mx = -INFINITY;
-  for (int i = 0; i < range.y; ++i) mx = fmaxf(mx, lse_partial[int64_t(range.x + i) * rows + row]);
+  for (int i = 0; i < range.y; ++i) mx = fmaxf(mx, lse_partial[int64_t(range.x + i) * partial_rows + row]);
   float total = 0;
   float acc[kLatent / 128] = {};
   for (int i = 0; i < range.y; ++i) {
-    const float lse = lse_partial[int64_t(range.x + i) * rows + row];
+    const float lse = lse_partial[int64_t(range.x + i) * partial_rows + row];
     const float w = lse == -INFINITY ? 0.0f : exp2f(lse - mx);
     total += w;
-    const float* src = o_partial + (int64_t(range.x + i) * rows + row) * kLatent;
+    const float* src = o_partial + (int64_t(range.x + i) * partial_rows + row) * kLatent;
     for (int j = 0; j < kLatent / 128; ++j) acc[j] += w * src[threadIdx.x + 128 * j];
   }
   __nv_bfloat16* dst = o_lat + (int64_t(b) * rows + row) * kLatent;
@@ -506,27 +479,37 @@ __global__ void combine_kernel(const float* o_partial, const float* lse_partial,
 // ---- 64-row tiles, bf16 cache: warpgroups with fixed roles -------------------------------------------------
 // The kernel above runs both products and the softmax between them in lockstep, so the tensor cores idle while
 // the softmax runs (0.36-0.40 of the roofline at 128 heads). Here, as in FlashMLA, the softmax overlaps the
-// products. Warpgroup 2, the scorer, computes S = Q K^T (wgmma m64n32k16) for 32-key blocks and the online
-// softmax, and hands P (bf16) and each row's rescale factor to warpgroups 0 and 1 through a double buffer.
-// Those two, the accumulators, each hold half of O (64 x 256 fp32), run O = alpha O + P V (wgmma m64n256k16)
-// and load the cache: once a block's product is done, each refills that block's stage with the columns it
-// alone reads (cp.async; four stages, an mbarrier per stage tells the scorer when a block has landed), so the
-// scorer's path is its MMAs and the softmax. While the accumulators multiply block j the scorer is on j + 1.
-// A CTA walks its segments as one flat run of blocks, so the pipeline does not drain where a request ends.
+// products. Two scorer warpgroups (2 and 3) take alternate 64-key blocks: each computes S = Q K^T (wgmma
+// m64n64k16) and the online softmax of its block, handing the running max on to the other (so block j + 1's
+// Q K^T runs while block j's softmax does), and leaves P (bf16) and each row's rescale factor for the two
+// accumulator warpgroups (0 and 1). Each of those holds half of O (64 x 256 fp32), runs O = alpha O + P V
+// (wgmma m64n128k16, twice) and refills the block's stage with the columns it alone reads once its product is
+// done (tensor-memory-accelerator boxes, or cp.async where pages are smaller than a box; an mbarrier per stage).
+// P needs no buffer of its own: it overwrites the block's rope columns, which only Q K^T reads. Two stages of 64
+// keys (scorer s always on stage s), Q and the stages fill the shared memory. A CTA walks its segments as one
+// flat run of blocks, so the pipeline does not drain where a request ends.
 namespace roles {
 
-constexpr int kKeys = 32, kStages = 4, kThreads = 384, kRows = 64;
+constexpr int kKeys = 64, kBoxKeys = 32, kStages = 2, kRows = 64, kThreads = 512;
+static_assert(kKeys == kRows, "P (kRows x kKeys) takes the place of a rope block (kKeys x 64)");
+// 512 threads start with 128 registers each; the scorers give up 40 so that each accumulator thread can hold its
+// 128 floats of O.
+constexpr int kScorerRegisters = 88, kAccumulatorRegisters = 168;
+static_assert(2 * kScorerRegisters + 2 * kAccumulatorRegisters <= 65536 / 128, "the register file of an SM");
+constexpr int kReadyThreads = 384;  // one scorer arrives, both accumulators wait
 constexpr float kLazyRescale = 8.0f;
 constexpr size_t kQBytes = size_t(kRows) * kWidth * 2, kStageBytes = size_t(kKeys) * kWidth * 2;
-constexpr size_t kPBytes = size_t(kRows) * 64 * 2;  // one 64-column swizzled tile: block j's P in columns 32 (j % 2) ..
-constexpr size_t kMetaBytes = size_t(2) * 2 * kRows * 4 + kStages * 8;  // per P buffer: each row's rescale factor
-                                                                         // and 1 / sum; an mbarrier per stage
-constexpr size_t kSmemBytes = kQBytes + kStages * kStageBytes + kPBytes + kMetaBytes + 1024;
+constexpr int kRopeBlock = kLatent / 64;  // the 64-column block of the rope columns, where P goes
+// Per stage each row's rescale factor and 1 / sum; the scorers' hand-over (two running maxima and a row sum per
+// row); an mbarrier per stage.
+constexpr size_t kMetaBytes = size_t(kStages) * 2 * kRows * 4 + size_t(3) * kRows * 4 + kStages * 8;
+constexpr size_t kSmemBytes = kQBytes + kStages * kStageBytes + kMetaBytes + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
 
-// Named barriers (0 is __syncthreads): the scorer's own, and per P buffer "ready" (scorer -> accumulators) and
-// "free" (accumulators -> scorer: P and the K stage of that block may be overwritten).
-constexpr int kBarScorer = 1, kBarReady = 2, kBarFree = 4, kBarAccumulator = 6;  // + warpgroup (6, 7)
+// Named barriers (0 is __syncthreads): each scorer's own; per stage "ready" (scorer -> accumulators: P and the
+// rescale factors are there); per j % 2 "max" (scorer of block j -> scorer of block j + 1: the running max after
+// block j is there); each accumulator's own.
+constexpr int kBarScorer = 1, kBarReady = 3, kBarMax = 5, kBarAccumulator = 7;  // each + 0 or 1
 __device__ inline void bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 __device__ inline void bar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 __device__ inline void mbarrier_init(uint64_t* bar, int count) {
@@ -560,13 +543,13 @@ __device__ inline void mbarrier_wait(uint64_t* bar, int parity) {
 // S = Q K^T for the block in stage kStage. Descriptors advance by constant offsets (their address field counts
 // 16 bytes; K follows Q in shared memory), so the 36 MMAs need no address arithmetic between them.
 template <int kStage>
-__device__ __forceinline__ void score_block(float (&s)[4][4], uint64_t q_desc) {
+__device__ __forceinline__ void score_block(float (&s)[8][4], uint64_t q_desc) {
   constexpr uint64_t k_offset = (kQBytes + kStage * kStageBytes) / 16;
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kWidth / 16; ++ks) {
     const int block = ks >> 2, column = (ks & 3) * 16;
-    wgmma_m64n32k16(s, q_desc + (block * kRows * 64 + column) * 2 / 16, q_desc + k_offset + (block * kKeys * 64 + column) * 2 / 16, ks > 0);
+    wgmma_m64n64k16(s, q_desc + (block * kRows * 64 + column) * 2 / 16, q_desc + k_offset + (block * kKeys * 64 + column) * 2 / 16, ks > 0);
   }
   wgmma_commit_and_wait();
 }
@@ -593,60 +576,81 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   __nv_bfloat16* const sq = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* const sk = reinterpret_cast<__nv_bfloat16*>(smem + kQBytes);
-  __nv_bfloat16* const sp = reinterpret_cast<__nv_bfloat16*>(smem + kQBytes + kStages * kStageBytes);
-  float* const meta = reinterpret_cast<float*>(smem + kQBytes + kStages * kStageBytes + kPBytes);  // [buffer][alpha | inv][row]
-  uint64_t* const landed = reinterpret_cast<uint64_t*>(meta + 2 * 2 * kRows);                    // [stage]
-  const int2 mine = p.part_segments[blockIdx.x];
-  int total = 0;
-  for (int seg = mine.x; seg < mine.x + mine.y; ++seg) total += (p.segments[seg].z - p.segments[seg].y + kKeys - 1) / kKeys;
-  const int row0 = int(blockIdx.y) * kRows;
-  const int warpgroup = threadIdx.x / 128, t = threadIdx.x % 128, lane = t % 32;
-  const int r_lo = (t / 32) * 16 + lane / 4, r_hi = r_lo + 8;  // the two rows this thread holds in a 64-row wgmma tile
+  float* const meta = reinterpret_cast<float*>(smem + kQBytes + kStages * kStageBytes);  // [stage][alpha | inv][row]
+  float* const handover = meta + kStages * 2 * kRows;  // [2][row]: the running max after block j, in [j % 2]; [row]: a row sum
+  uint64_t* const landed = reinterpret_cast<uint64_t*>(handover + 3 * kRows);  // [stage]
   if (threadIdx.x == 0)  // arrivals per phase: one per accumulator thread (cp.async), or per warpgroup (tensor copies)
     for (int st = 0; st < kStages; ++st) mbarrier_init(&landed[st], p.tma ? 2 : 256);
   __syncthreads();
+  // (Each role reads its own copy of these after setting its register count: values live across the change
+  // went to the stack.)
+  auto blocks_of = [&](int2 mine) {
+    int total = 0;
+    for (int seg = mine.x; seg < mine.x + mine.y; ++seg) total += (p.segments[seg].z - p.segments[seg].y + kKeys - 1) / kKeys;
+    return total;
+  };
+  const int warpgroup = threadIdx.x / 128;
 
-  if (warpgroup == 2) {  // ---- the scorer
+  if (warpgroup >= 2) {  // ---- a scorer: blocks j with j % 2 == scorer, always in stage `scorer`
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kScorerRegisters));
+    const int2 mine = p.part_segments[blockIdx.x];
+    const int total = blocks_of(mine), row0 = int(blockIdx.y) * kRows;
+    const int t = threadIdx.x % 128, lane = t % 32;
+    const int r_lo = (t / 32) * 16 + lane / 4, r_hi = r_lo + 8;  // the two rows this thread holds in a 64-row wgmma tile
+    const int scorer = warpgroup - 2;
     auto load_q = [&](int request) {
       const __nv_bfloat16* q = p.q + (int64_t(request) * p.rows + row0) * kWidth;
       for (int c = t; c < kRows * kChunks; c += 128) {
         const int row = c / kChunks, col = (c % kChunks) * 8;
-        cp_async16(sq + swz(row, col, kRows), q + int64_t(row) * kWidth + col, true);
+        const bool valid = row0 + row < p.rows;  // rows past the last (fewer than 64 rows) are zeros
+        cp_async16(sq + swz(row, col, kRows), q + (valid ? int64_t(row) * kWidth + col : 0), valid);
       }
       cp_async_commit();
     };
+    // The running max as the other scorer left it after block j - 1 (barrier (j - 1) % 2 says it is there).
+    auto wait_for_max = [&](int j) { bar_sync(kBarMax + (j - 1) % 2, 256); };
     Cursor at(p, mine);
+    if (scorer == 1) at.next(p);
     const uint64_t q_desc = wgmma_desc(sq);
+    __nv_bfloat16* const sp = sk + scorer * kKeys * kWidth + kRopeBlock * kKeys * 64;  // P: over the rope columns
+    float* const alpha = meta + scorer * 2 * kRows;
+    // m_lo/m_hi: the running max when this scorer last moved, to which its partial row sums l_lo/l_hi refer.
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0, l_hi = 0;
-    int last_lo = 0, last_hi = 0;
-    for (int j = 0; j < total; ++j, at.next(p)) {
+    int last_lo = 0, last_hi = 0, my_seg = -1;
+#pragma unroll 1
+    for (int j = scorer; j < total; j += 2) {
       const bool first = at.first(), last = at.last();
+      const bool second = !first && at.key0 - kKeys == at.s.y;           // block j - 1 opened this segment
+      const bool next_is_last = !last && at.key0 + 2 * kKeys >= at.s.z;  // block j + 1 closes it
       const int seg = at.seg, request = at.s.x, key0 = at.key0, k_end = at.s.z;
-      if (first) {  // a new request: its Q replaces the last one's once every scorer warp is done with it
-        if (j > 0) bar_sync(kBarScorer, 128);
-        load_q(request);
-        cp_async_wait<0>();
+      if (seg != my_seg) {  // this scorer's first block of the segment: its own sums start over
+        my_seg = seg;
         m_lo = m_hi = -INFINITY;
         l_lo = l_hi = 0;
         const int length = p.lengths[request];
         last_lo = length + (row0 + r_lo) / p.heads;  // causal among the new tokens
         last_hi = length + (row0 + r_hi) / p.heads;
       }
-      mbarrier_wait(&landed[j % kStages], (j / kStages) & 1);
-      fence_proxy_async();
-      if (first) bar_sync(kBarScorer, 128);  // every scorer thread's part of Q has landed
-      float s[4][4];
-      switch (j % kStages) {  // a constant stage per case: every descriptor is the one of Q plus an immediate
-        case 0: score_block<0>(s, q_desc); break;
-        case 1: score_block<1>(s, q_desc); break;
-        case 2: score_block<2>(s, q_desc); break;
-        default: score_block<3>(s, q_desc); break;
+      // Q changes where a segment opens: the scorer of that block waits until block j - 1's product with the old
+      // Q is done, and the scorer of the block after it until the new Q has landed (both through block j - 1's
+      // max hand-over, which comes after its Q K^T). Elsewhere the hand-over is awaited after this block's Q K^T.
+      const bool waited = j > 0 && (first || second);
+      if (waited) wait_for_max(j);
+      if (first) {
+        if (j >= 2) bar_sync(kBarScorer + scorer, 128);  // every warp of this scorer is done with the old Q
+        load_q(request);
+        cp_async_wait<0>();
+        fence_proxy_async();  // the copies are read by the tensor cores
       }
+      mbarrier_wait(&landed[scorer], (j / 2) & 1);
+      if (first) bar_sync(kBarScorer + scorer, 128);  // every thread's part of Q has landed
+      float s[8][4];
+      if (scorer == 0) score_block<0>(s, q_desc);  // a constant stage per scorer: descriptors are Q's plus immediates
+      else score_block<1>(s, q_desc);
       // Mask, then the online softmax. A row lives in one quad of one warp: no exchange across warps.
-      float mx_lo = -INFINITY, mx_hi = -INFINITY;
       if (key0 + kKeys > min(k_end, min(last_lo, last_hi) + 1)) {  // (a block inside the segment and before every
 #pragma unroll                                                       //  row's own position needs no mask)
-        for (int n = 0; n < 4; ++n)
+        for (int n = 0; n < 8; ++n)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int key = key0 + n * 8 + (lane % 4) * 2 + e;
@@ -654,8 +658,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
             if (key >= k_end || key > last_hi) s[n][2 + e] = -INFINITY;
           }
       }
+      float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
+      for (int n = 0; n < 8; ++n) {
         mx_lo = fmaxf(mx_lo, fmaxf(s[n][0], s[n][1]));
         mx_hi = fmaxf(mx_hi, fmaxf(s[n][2], s[n][3]));
       }
@@ -663,45 +668,73 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
         mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
       }
+      // The running max before this block, as the other scorer left it (-inf where a segment opens).
+      if (j > 0 && !waited) wait_for_max(j);
+      const float* before = handover + ((j - 1) % 2) * kRows;
+      const float prev_lo = first ? -INFINITY : before[r_lo], prev_hi = first ? -INFINITY : before[r_hi];
+      float other_lo = 0, other_hi = 0;
+      if (last && !first) {  // block j - 1's row sums (handed over with its max), read before this block's own
+        other_lo = handover[2 * kRows + r_lo];  // hand-over lets the other scorer write the next ones
+        other_hi = handover[2 * kRows + r_hi];
+      }
       // The running max moves only when a block's exceeds it by more than kLazyRescale (log2 units): P then stays
       // <= 2^kLazyRescale, well inside bf16 and fp32, the sums use the same max, and the accumulators skip their
       // rescale on almost every block. A row that has seen no key yet keeps m = -inf (NaN compares false): its
       // probabilities are 0 and its rescale factor 0 (O is 0).
-      const float new_lo = (fmaxf(m_lo, mx_lo) - m_lo) * p.scale_log2 > kLazyRescale ? fmaxf(m_lo, mx_lo) : m_lo;
-      const float new_hi = (fmaxf(m_hi, mx_hi) - m_hi) * p.scale_log2 > kLazyRescale ? fmaxf(m_hi, mx_hi) : m_hi;
+      const float new_lo = (fmaxf(prev_lo, mx_lo) - prev_lo) * p.scale_log2 > kLazyRescale ? fmaxf(prev_lo, mx_lo) : prev_lo;
+      const float new_hi = (fmaxf(prev_hi, mx_hi) - prev_hi) * p.scale_log2 > kLazyRescale ? fmaxf(prev_hi, mx_hi) : prev_hi;
+      const bool hand_over = j + 1 < total;
+      if (hand_over && lane % 4 == 0) {  // the other scorer's block j + 1 continues from here
+        handover[(j % 2) * kRows + r_lo] = new_lo;
+        handover[(j % 2) * kRows + r_hi] = new_hi;
+      }
+      if (hand_over && !next_is_last) bar_arrive(kBarMax + j % 2, 256);
       const float base_lo = new_lo == -INFINITY ? 0.0f : new_lo * p.scale_log2;
       const float base_hi = new_hi == -INFINITY ? 0.0f : new_hi * p.scale_log2;
-      // Exactly 1 when the max stays (exp2 of a fused m * scale - base would leave a rounding residue).
-      const float alpha_lo = new_lo == m_lo ? 1.0f : exp2f(m_lo * p.scale_log2 - base_lo);
-      const float alpha_hi = new_hi == m_hi ? 1.0f : exp2f(m_hi * p.scale_log2 - base_hi);
+      // Exactly 1 when the max stays (exp2 of a fused m * scale - base would leave a rounding residue): for O
+      // from the max before this block, for this scorer's sums from the max it last saw.
+      const float alpha_lo = new_lo == prev_lo ? 1.0f : exp2f(prev_lo * p.scale_log2 - base_lo);
+      const float alpha_hi = new_hi == prev_hi ? 1.0f : exp2f(prev_hi * p.scale_log2 - base_hi);
+      l_lo *= new_lo == m_lo ? 1.0f : exp2f(m_lo * p.scale_log2 - base_lo);
+      l_hi *= new_hi == m_hi ? 1.0f : exp2f(m_hi * p.scale_log2 - base_hi);
       m_lo = new_lo;
       m_hi = new_hi;
-      l_lo *= alpha_lo;
-      l_hi *= alpha_hi;
-      // P into buffer j % 2, which block j - 2 left free (the wait at the end of the last iteration).
-      const int buffer = j % 2;
+      // P over the block's rope columns (its Q K^T, the only reader, is done).
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
+      for (int n = 0; n < 8; ++n) {
         const __nv_bfloat162 lo = __floats2bfloat162_rn(exp2f(s[n][0] * p.scale_log2 - base_lo), exp2f(s[n][1] * p.scale_log2 - base_lo));
         const __nv_bfloat162 hi = __floats2bfloat162_rn(exp2f(s[n][2] * p.scale_log2 - base_hi), exp2f(s[n][3] * p.scale_log2 - base_hi));
         // The sums use the bf16-rounded probabilities the P V product will use.
         l_lo += __low2float(lo) + __high2float(lo);
         l_hi += __low2float(hi) + __high2float(hi);
-        const int col = buffer * kKeys + n * 8 + (lane % 4) * 2;
-        *reinterpret_cast<__nv_bfloat162*>(sp + swz(r_lo, col, kRows)) = lo;
-        *reinterpret_cast<__nv_bfloat162*>(sp + swz(r_hi, col, kRows)) = hi;
+        const int col = n * 8 + (lane % 4) * 2;
+        *reinterpret_cast<__nv_bfloat162*>(sp + swz(r_lo, col, kKeys)) = lo;
+        *reinterpret_cast<__nv_bfloat162*>(sp + swz(r_hi, col, kKeys)) = hi;
       }
-      float* alpha = meta + buffer * 2 * kRows;
-      if (last) {  // the segment's row sums (across the quad) and log-sum-exp
+      if (hand_over && next_is_last) {  // the other scorer closes the segment: it adds this scorer's sums
         float sum_lo = l_lo, sum_hi = l_hi;
         for (int off = 1; off < 4; off <<= 1) {
           sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, off);
           sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, off);
         }
         if (lane % 4 == 0) {
+          handover[2 * kRows + r_lo] = sum_lo;
+          handover[2 * kRows + r_hi] = sum_hi;
+        }
+        bar_arrive(kBarMax + j % 2, 256);
+      }
+      if (last) {  // the segment's row sums (across the quad, and the other scorer's) and log-sum-exp
+        float sum_lo = l_lo, sum_hi = l_hi;
+        for (int off = 1; off < 4; off <<= 1) {
+          sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, off);
+          sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, off);
+        }
+        sum_lo += other_lo * alpha_lo;  // the other scorer's sums refer to the max before this block
+        sum_hi += other_hi * alpha_hi;
+        if (lane % 4 == 0) {
           alpha[kRows + r_lo] = sum_lo > 0 ? 1.0f / sum_lo : 0.0f;
           alpha[kRows + r_hi] = sum_hi > 0 ? 1.0f / sum_hi : 0.0f;
-          float* lse = p.lse_partial + int64_t(seg) * p.rows + row0;
+          float* lse = p.lse_partial + int64_t(seg) * p.partial_rows + row0;
           lse[r_lo] = sum_lo > 0 ? m_lo * p.scale_log2 + log2f(sum_lo) : -INFINITY;
           lse[r_hi] = sum_hi > 0 ? m_hi * p.scale_log2 + log2f(sum_hi) : -INFINITY;
         }
@@ -711,32 +744,41 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         alpha[r_hi] = alpha_hi;
       }
       fence_proxy_async();  // P is read by the tensor cores
-      bar_arrive(kBarReady + buffer, kThreads);
-      if (j >= 1) bar_sync(kBarFree + (j - 1) % 2, kThreads);  // block j - 1's product is done: its P buffer takes j + 1
+      bar_arrive(kBarReady + scorer, kReadyThreads);
+      at.next(p);
+      at.next(p);
     }
-    if (total >= 1) bar_sync(kBarFree + (total - 1) % 2, kThreads);  // balance the accumulators' last arrival
     return;
   }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kAccumulatorRegisters));
+  const int2 mine = p.part_segments[blockIdx.x];
+  const int total = blocks_of(mine), row0 = int(blockIdx.y) * kRows;
+  const int t = threadIdx.x % 128, lane = t % 32;
+  const int r_lo = (t / 32) * 16 + lane / 4, r_hi = r_lo + 8;
 
-  // ---- the accumulators: warpgroup g owns latent columns 256 g .. 256 g + 255 of O, and copies them into each
-  // stage with half of the rope columns: 36 of a key row's 72 16-byte chunks, 4 threads per key, 9 chunks each
-  // (chunks c0 + 4u for u < 8, then one rope chunk), at offsets fixed per thread.
+  // ---- the accumulators: warpgroup g owns latent columns 256 g .. 256 g + 255 of O and copies them into each
+  // stage, warpgroup 0 also the rope columns. Tensor copies: 32-key x 64-column boxes (a page holds whole boxes).
+  // cp.async: half of a key row's 72 16-byte chunks, 4 threads per key, 9 chunks each (c0 + 4u for u < 8, then
+  // one rope chunk), at offsets fixed per thread, for keys my_key and my_key + 32.
   const int cbase = warpgroup * 256;
   const int my_key = t / 4, my_part = t % 4;
   const int c0 = warpgroup * 32 + my_part, c_rope = 64 + warpgroup * 4 + my_part;
   auto swizzled = [&](int c) { return swz(my_key, c * 8, kKeys); };  // element offset of chunk c of my key in a stage
-  const int dst_even = swizzled(c0), dst_odd = swizzled(c0 + 4), dst_rope = swizzled(c_rope);  // u even / odd: +2048 u/2
+  const int dst_even = swizzled(c0), dst_odd = swizzled(c0 + 4), dst_rope = swizzled(c_rope);  // u even / odd: +4096 u/2
   Cursor lookup_at(p, mine);
-  int64_t slot = -1;  // of my key in the block lookup_at points to; -1: past the segment's end
-  auto look_up = [&]() {  // (tensor copies: one thread per warpgroup needs the block's first slot)
+  int64_t slot[2] = {-1, -1};  // of my key (tensor copies: the box's first key) in each half of the next block; -1: none
+  auto look_up = [&]() {
     if (p.tma && t != 0) return;
-    const int key = lookup_at.key0 + my_key;
-    slot = -1;
-    if (lookup_at.valid() && key < lookup_at.s.z) {
-      const int32_t* page_table = p.cache.page_table + int64_t(lookup_at.s.x) * p.cache.pages_per_request;
-      const int page_size = int(p.cache.page_size);
-      slot = p.page_shift >= 0 ? (int64_t(page_table[key >> p.page_shift]) << p.page_shift) + (key & (page_size - 1))
-                               : int64_t(page_table[key / page_size]) * page_size + key % page_size;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int key = lookup_at.key0 + half * kBoxKeys + (p.tma ? 0 : my_key);
+      slot[half] = -1;
+      if (lookup_at.valid() && key < lookup_at.s.z) {
+        const int32_t* page_table = p.cache.page_table + int64_t(lookup_at.s.x) * p.cache.pages_per_request;
+        const int page_size = int(p.cache.page_size);
+        slot[half] = p.page_shift >= 0 ? (int64_t(page_table[key >> p.page_shift]) << p.page_shift) + (key & (page_size - 1))
+                                       : int64_t(page_table[key / page_size]) * page_size + key % page_size;
+      }
     }
   };
   int next_load = 0;
@@ -744,20 +786,27 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     if (next_load >= total) return;
     __nv_bfloat16* dst = sk + (next_load % kStages) * kKeys * kWidth;
     uint64_t* bar = &landed[next_load % kStages];
-    if (p.tma) {  // the block's 32 keys are consecutive slots of one page: one box per 64-column block
+    if (p.tma) {
       if (t == 0) {
         const int boxes = warpgroup == 0 ? 5 : 4;  // warpgroup 0: latent blocks 0-3 and the rope block; 1: blocks 4-7
-        mbarrier_expect_bytes(bar, uint32_t(boxes * kKeys * 128));
+        mbarrier_expect_bytes(bar, uint32_t(2 * boxes * kBoxKeys * 128));
         for (int b = 0; b < boxes; ++b) {
-          const int block = warpgroup == 0 ? (b < 4 ? b : 8) : 4 + b;
-          tma_load(dst + block * kKeys * 64, &p.kv_map, block * 64, int(slot), bar);
+          const int block = warpgroup == 0 ? (b < 4 ? b : kRopeBlock) : 4 + b;
+#pragma unroll
+          for (int half = 0; half < 2; ++half)  // a half past the segment's end reads rows -1 ..: zeros, masked anyway
+            tma_load(dst + block * kKeys * 64 + half * kBoxKeys * 64, &p.kv_map, block * 64, int(slot[half]), bar);
         }
       }
     } else {
-      const __nv_bfloat16* src = reinterpret_cast<const __nv_bfloat16*>(p.cache.values) + (slot < 0 ? 0 : slot) * kWidth;
 #pragma unroll
-      for (int u = 0; u < 8; ++u) cp_async16(dst + (u % 2 ? dst_odd : dst_even) + (u / 2) * kKeys * 64, src + (c0 + 4 * u) * 8, slot >= 0);
-      cp_async16(dst + dst_rope, src + c_rope * 8, slot >= 0);
+      for (int half = 0; half < 2; ++half) {
+        const __nv_bfloat16* src = reinterpret_cast<const __nv_bfloat16*>(p.cache.values) + (slot[half] < 0 ? 0 : slot[half]) * kWidth;
+        __nv_bfloat16* row = dst + half * kBoxKeys * 64;
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+          cp_async16(row + (u % 2 ? dst_odd : dst_even) + (u / 2) * kKeys * 64, src + (c0 + 4 * u) * 8, slot[half] >= 0);
+        cp_async16(row + dst_rope, src + c_rope * 8, slot[half] >= 0);
+      }
       mbarrier_arrive_on_copies(bar);
     }
     ++next_load;
@@ -766,15 +815,17 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   };
   look_up();
   for (int i = 0; i < kStages; ++i) load_next();
-  const uint64_t p_desc = wgmma_desc(sp), v_desc0 = wgmma_desc_mn(sk + (cbase / 64) * kKeys * 64, kKeys);
+  const uint64_t v_desc0 = wgmma_desc_mn(sk + (cbase / 64) * kKeys * 64, kKeys);
+  const uint64_t p_desc0 = wgmma_desc(sk + kRopeBlock * kKeys * 64);
   float o[32][4];
 #pragma unroll
   for (auto& x : o) x[0] = x[1] = x[2] = x[3] = 0;
   Cursor at(p, mine);
+#pragma unroll 1
   for (int j = 0; j < total; ++j, at.next(p)) {
-    const int buffer = j % 2;
-    bar_sync(kBarReady + buffer, kThreads);
-    const float* alpha = meta + buffer * 2 * kRows;
+    const int stage = j % kStages;
+    bar_sync(kBarReady + stage, kReadyThreads);
+    const float* alpha = meta + stage * 2 * kRows;
     const float a_lo = alpha[r_lo], a_hi = alpha[r_hi];
     if (__any_sync(0xffffffffu, a_lo != 1.0f || a_hi != 1.0f)) {  // most blocks leave every row's max alone
 #pragma unroll
@@ -785,15 +836,17 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         x[3] *= a_hi;
       }
     }
-    const uint64_t v_desc = v_desc0 + (j % kStages) * kStageBytes / 16;
+    const uint64_t v_desc = v_desc0 + stage * kStageBytes / 16, p_desc = p_desc0 + stage * kStageBytes / 16;
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < kKeys / 16; ++ks)
-      wgmma_m64n256k16_vt(o, p_desc + (buffer * kKeys + ks * 16) * 2 / 16, v_desc + ks * 16 * 64 * 2 / 16);
+    for (int ks = 0; ks < kKeys / 16; ++ks) {  // columns cbase .. + 127, then + 128 .. + 255 (two 64-column blocks on)
+      wgmma_m64n128k16_vt<0>(o, p_desc + ks * 16 * 2 / 16, v_desc + ks * 16 * 64 * 2 / 16);
+      wgmma_m64n128k16_vt<1>(o, p_desc + ks * 16 * 2 / 16, v_desc + (2 * kKeys * 64 + ks * 16 * 64) * 2 / 16);
+    }
     wgmma_commit_and_wait();
     if (at.last()) {  // normalise and write the segment's partial output; the next segment starts from zero
       const float inv_lo = alpha[kRows + r_lo], inv_hi = alpha[kRows + r_hi];
-      float* out = p.o_partial + (int64_t(at.seg) * p.rows + row0) * kLatent + cbase;
+      float* out = p.o_partial + (int64_t(at.seg) * p.partial_rows + row0) * kLatent + cbase;
 #pragma unroll
       for (int n = 0; n < 32; ++n) {
         const int col = n * 8 + (lane % 4) * 2;
@@ -802,9 +855,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
       }
     }
-    bar_arrive(kBarFree + buffer, kThreads);
-    // The scorer finished with block j before handing over P; once this warpgroup's product is done too, its
-    // columns of the stage take block j + 4.
+    // Once this warpgroup's product is done (and every thread has read the block's factors), its columns of the
+    // stage take block j + 2; the scorer finished with the stage before handing over P.
     bar_sync(kBarAccumulator + warpgroup, 128);
     load_next();
   }
@@ -829,16 +881,11 @@ void launch_decode(const Params& params, int parts, int row_tiles, cudaStream_t 
   launch_decode_kernel<mla_decode_kernel<ROWS, KV>>(params, parts, row_tiles, kThreads, Layout<ROWS, KV>::total, stream);
 }
 
+// Quantised caches: the lockstep kernel at the tile's rows.
 template <int ROWS>
-void launch_decode(KvDtype kv, const Params& params, int parts, int row_tiles, cudaStream_t stream) {
-  switch (kv) {
-    case KvDtype::bf16:
-      if constexpr (ROWS == 64)
-        return launch_decode_kernel<roles::decode_kernel>(params, parts, row_tiles, roles::kThreads, roles::kSmemBytes, stream);
-      else return launch_decode<ROWS, KvDtype::bf16>(params, parts, row_tiles, stream);
-    case KvDtype::int8: return launch_decode<ROWS, KvDtype::int8>(params, parts, row_tiles, stream);
-    case KvDtype::fp8_e4m3: return launch_decode<ROWS, KvDtype::fp8_e4m3>(params, parts, row_tiles, stream);
-  }
+void launch_quantised_decode(KvDtype kv, const Params& params, int parts, int row_tiles, cudaStream_t stream) {
+  if (kv == KvDtype::int8) launch_decode<ROWS, KvDtype::int8>(params, parts, row_tiles, stream);
+  else launch_decode<ROWS, KvDtype::fp8_e4m3>(params, parts, row_tiles, stream);
 }
 
 int page_shift(int64_t page_size) {
@@ -864,8 +911,11 @@ class FusedCuda final : public GpuVariant {
   void prepare_form() override {
     const int64_t T = s_.tokens(), M = s_.q_len * nh_;
     if (M % 16) throw BadInput("mla/fused/cuda: heads x q_len must be a multiple of 16, got " + std::to_string(M));
-    rows_per_cta_ = M % 64 == 0 ? 64 : M % 32 == 0 ? 32 : 16;
-    row_tiles_ = int(M / rows_per_cta_);
+    // bf16: 64-row tiles always (16 heads pad 16 rows to 64: the spare MMA rows cost less than the lockstep
+    // kernel's softmax stalls, measured 0.59-0.90 vs 0.55-0.83 of the roofline on the H200); quantised caches:
+    // the largest tile that divides the rows.
+    rows_per_cta_ = s_.kv_dtype == KvDtype::bf16 || M % 64 == 0 ? 64 : M % 32 == 0 ? 32 : 16;
+    row_tiles_ = int((M + rows_per_cta_ - 1) / rows_per_cta_);
     // Split-KV, balanced (see mla::split_kv): one CTA per SM and row tile.
     parts_ = std::max(1, gpu_info().sms / row_tiles_);
     const SplitKv plan = split_kv(p_->lengths, s_.q_len, kBlockKeys, parts_);
@@ -881,9 +931,9 @@ class FusedCuda final : public GpuVariant {
     q_cat_buffer_.resize(size_t(T * nh_ * width_));
     q_cat_ = q_cat_buffer_.get();
     o_lat_.resize(size_t(T * nh_ * r_));
-    o_partial_.resize(size_t(segments_) * size_t(M) * kLatent);
-    lse_partial_.resize(size_t(segments_) * size_t(M));
-    tma_ = rows_per_cta_ == 64 && s_.kv_dtype == KvDtype::bf16 && p_->cache.page_size % roles::kKeys == 0;
+    o_partial_.resize(size_t(segments_) * size_t(row_tiles_ * rows_per_cta_) * kLatent);
+    lse_partial_.resize(size_t(segments_) * size_t(row_tiles_ * rows_per_cta_));
+    tma_ = s_.kv_dtype == KvDtype::bf16 && p_->cache.page_size % roles::kBoxKeys == 0;
     if (tma_) kv_map_ = cache_tensor_map(p_->cache);
   }
   // The bf16 cache as a 2-D tensor [slots][576] for the tensor memory accelerator: 32-key x 64-column boxes,
@@ -899,7 +949,7 @@ class FusedCuda final : public GpuVariant {
     CUtensorMap map{};
     const cuuint64_t dims[2] = {cuuint64_t(kWidth), cuuint64_t(c.values.size() / (kWidth * 2))};
     const cuuint64_t strides[1] = {cuuint64_t(kWidth * 2)};
-    const cuuint32_t box[2] = {64, cuuint32_t(roles::kKeys)}, element_strides[2] = {1, 1};
+    const cuuint32_t box[2] = {64, cuuint32_t(roles::kBoxKeys)}, element_strides[2] = {1, 1};
     const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.values.get(), dims, strides, box, element_strides,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -912,15 +962,19 @@ class FusedCuda final : public GpuVariant {
     mark("absorb_q");
     Params params{kv_map_, tma_, q_cat_, cache_view(p_->cache), p_->lengths_dev.get(), segments_dev_.get(), part_segments_.get(),
                   o_partial_.get(), lse_partial_.get(), M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E),
-                  page_shift(p_->cache.page_size)};
-    switch (rows_per_cta_) {
-      case 64: launch_decode<64>(s_.kv_dtype, params, parts_, row_tiles_, stream_); break;
-      case 32: launch_decode<32>(s_.kv_dtype, params, parts_, row_tiles_, stream_); break;
-      default: launch_decode<16>(s_.kv_dtype, params, parts_, row_tiles_, stream_); break;
+                  page_shift(p_->cache.page_size), row_tiles_ * rows_per_cta_};
+    if (s_.kv_dtype == KvDtype::bf16) {
+      launch_decode_kernel<roles::decode_kernel>(params, parts_, row_tiles_, roles::kThreads, roles::kSmemBytes, stream_);
+    } else {
+      switch (rows_per_cta_) {
+        case 64: launch_quantised_decode<64>(s_.kv_dtype, params, parts_, row_tiles_, stream_); break;
+        case 32: launch_quantised_decode<32>(s_.kv_dtype, params, parts_, row_tiles_, stream_); break;
+        default: launch_quantised_decode<16>(s_.kv_dtype, params, parts_, row_tiles_, stream_); break;
+      }
     }
     mark("decode");
-    combine_kernel<<<dim3(unsigned(M), unsigned(s_.batch)), 128, 0, stream_>>>(o_partial_.get(), lse_partial_.get(),
-                                                                             request_segments_.get(), M, o_lat_.get());
+    combine_kernel<<<dim3(unsigned(M), unsigned(s_.batch)), 128, 0, stream_>>>(
+        o_partial_.get(), lse_partial_.get(), row_tiles_ * rows_per_cta_, request_segments_.get(), M, o_lat_.get());
     DSLAB_CHECK_LAUNCH();
     mark("combine");
     absorb_output(o_lat_.get());
