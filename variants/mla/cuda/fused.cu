@@ -506,10 +506,10 @@ constexpr size_t kMetaBytes = size_t(kStages) * 2 * kRows * 4 + size_t(3) * kRow
 constexpr size_t kSmemBytes = kQBytes + kStages * kStageBytes + kMetaBytes + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
 
-// Named barriers (0 is __syncthreads): each scorer's own; per stage "ready" (scorer -> accumulators: P and the
-// rescale factors are there); per j % 2 "max" (scorer of block j -> scorer of block j + 1: the running max after
-// block j is there); each accumulator's own.
-constexpr int kBarScorer = 1, kBarReady = 3, kBarMax = 5, kBarAccumulator = 7;  // each + 0 or 1
+// Named barriers (0 is __syncthreads): each scorer's own (+ 0 or 1); per stage "ready" (scorer -> accumulators:
+// P and the rescale factors are there); per j % 2 "max" (scorer of block j -> scorer of block j + 1: the running
+// max after block j is there); the two accumulators'.
+constexpr int kBarScorer = 1, kBarReady = 3, kBarMax = 5, kBarAccumulators = 7;
 __device__ inline void bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 __device__ inline void bar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 __device__ inline void mbarrier_init(uint64_t* bar, int count) {
@@ -643,6 +643,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         fence_proxy_async();  // the copies are read by the tensor cores
       }
       mbarrier_wait(&landed[scorer], (j / 2) & 1);
+      if (!p.tma) fence_proxy_async();  // cp.async copies (generic proxy) are read by the tensor cores (async proxy)
       if (first) bar_sync(kBarScorer + scorer, 128);  // every thread's part of Q has landed
       float s[8][4];
       if (scorer == 0) score_block<0>(s, q_desc);  // a constant stage per scorer: descriptors are Q's plus immediates
@@ -825,6 +826,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   for (int j = 0; j < total; ++j, at.next(p)) {
     const int stage = j % kStages;
     bar_sync(kBarReady + stage, kReadyThreads);
+    if (!p.tma) fence_proxy_async();  // (as in the scorer: V came by cp.async)
     const float* alpha = meta + stage * 2 * kRows;
     const float a_lo = alpha[r_lo], a_hi = alpha[r_hi];
     if (__any_sync(0xffffffffu, a_lo != 1.0f || a_hi != 1.0f)) {  // most blocks leave every row's max alone
@@ -855,9 +857,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
       }
     }
-    // Once this warpgroup's product is done (and every thread has read the block's factors), its columns of the
-    // stage take block j + 2; the scorer finished with the stage before handing over P.
-    bar_sync(kBarAccumulator + warpgroup, 128);
+    // Once both products are done (and every thread has read the block's factors) the stage takes block j + 2:
+    // both warpgroups read P from the rope columns, which warpgroup 0's boxes (and both warpgroups' cp.async
+    // chunks) refill, so neither may load before the other's product is done. (The scorer finished with the
+    // stage before handing over P.)
+    bar_sync(kBarAccumulators, 256);
     load_next();
   }
 }
