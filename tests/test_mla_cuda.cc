@@ -196,7 +196,7 @@ TEST(SplitKv, EveryKeyOnceInEqualRunsPerCta) {
   for (const auto& [lengths, parts] : std::vector<std::pair<std::vector<int64_t>, int>>{
            {mla::request_lengths("mixed", 64, 4096, 3), 132}, {{0, 1, 63, 64, 65, 5000}, 7}, {{100}, 132}, {{70000}, 66}}) {
     const int64_t q_len = 2, block = 64;
-    const mla::SplitKv s = mla::split_kv(lengths, q_len, block, parts);
+    const mla::SplitKv s = mla::split_kv(lengths, q_len, block, parts, /*whole_requests=*/false);
     ASSERT_EQ(s.parts.size(), size_t(parts));
     ASSERT_EQ(s.requests.size(), lengths.size());
     int64_t total_blocks = 0;
@@ -227,6 +227,33 @@ TEST(SplitKv, EveryKeyOnceInEqualRunsPerCta) {
       }
       EXPECT_EQ(key, lengths[b] + q_len);
     }
+  }
+}
+
+TEST(SplitKv, KeepsRequestsWholeWhereThatCostsLittleBalance) {
+  const int64_t q_len = 1, block = 64;
+  // 128 requests of 4097 keys (65 blocks) over 66 CTAs: two whole requests per CTA (130 blocks) against 127 in
+  // equal runs, within the slack: no request is split.
+  const std::vector<int64_t> uniform(128, 4096);
+  const mla::SplitKv whole = mla::split_kv(uniform, q_len, block, 66, /*whole_requests=*/true);
+  ASSERT_EQ(whole.segments.size(), uniform.size());
+  int32_t next = 0;
+  for (const auto& part : whole.parts) {
+    EXPECT_EQ(part.first, next);
+    EXPECT_LE(part.count, 2);
+    next = part.first + part.count;
+  }
+  for (size_t b = 0; b < uniform.size(); ++b) {
+    EXPECT_EQ(whole.requests[b].count, 1);
+    const auto& g = whole.segments[size_t(whole.requests[b].first)];
+    EXPECT_EQ(g.request, int32_t(b));
+    EXPECT_EQ(g.first_key, 0);
+    EXPECT_EQ(g.end_key, 4097);
+  }
+  // Fewer requests than CTAs (each would leave most CTAs idle), or one long request among short ones: equal runs.
+  for (const auto& lengths : {std::vector<int64_t>(64, 4096), std::vector<int64_t>{70000, 10, 10}}) {
+    const mla::SplitKv s = mla::split_kv(lengths, q_len, block, 132, /*whole_requests=*/true);
+    EXPECT_GT(s.segments.size(), lengths.size());
   }
 }
 

@@ -136,7 +136,7 @@ std::vector<int64_t> request_lengths(const std::string& len_dist, int64_t batch,
   return len;
 }
 
-SplitKv split_kv(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int parts) {
+SplitKv split_kv(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int parts, bool whole_requests) {
   const int64_t B = int64_t(lengths.size());
   std::vector<int64_t> first_block(static_cast<size_t>(B) + 1, 0);
   for (int64_t b = 0; b < B; ++b)
@@ -145,6 +145,33 @@ SplitKv split_kv(const std::vector<int64_t>& lengths, int64_t q_len, int64_t blo
   SplitKv s;
   s.parts.assign(size_t(parts), {0, 0});
   s.requests.assign(size_t(B), {0, 0});
+  // Whole requests, consecutive ones per part, when that keeps every part within 1/kWholeSlack of the balanced
+  // run: no request is split, so no partial outputs need merging.
+  if (whole_requests) {
+    const int64_t capacity = per_part + std::max<int64_t>(1, per_part / kWholeSlack);
+    int part = 0;
+    int64_t load = 0;
+    bool fits = true;
+    for (int64_t r = 0; r < B && fits; ++r) {
+      const int64_t blocks = first_block[size_t(r) + 1] - first_block[size_t(r)];
+      if (load > 0 && load + blocks > capacity) ++part, load = 0;
+      fits = blocks <= capacity && part < parts;
+      if (!fits) break;
+      if (s.parts[size_t(part)].count == 0) s.parts[size_t(part)].first = int32_t(s.segments.size());
+      ++s.parts[size_t(part)].count;
+      s.requests[size_t(r)] = {int32_t(s.segments.size()), 1};
+      s.segments.push_back({int32_t(r), 0, int32_t(lengths[size_t(r)] + q_len)});
+      load += blocks;
+    }
+    if (fits) {
+      for (auto& g : s.parts)  // idle parts start where the segments end
+        if (g.count == 0) g.first = int32_t(s.segments.size());
+      return s;
+    }
+    s.segments.clear();
+    s.parts.assign(size_t(parts), {0, 0});
+    s.requests.assign(size_t(B), {0, 0});
+  }
   int64_t b = 0;
   for (int part = 0; part < parts; ++part) {
     const int64_t lo = std::min(total, part * per_part), hi = std::min(total, lo + per_part);

@@ -61,6 +61,8 @@ std::vector<int64_t> request_lengths(const std::string& len_dist, int64_t batch,
 // The fused decode kernel's split-KV schedule (FlashMLA's): every request's keys, in blocks of block_keys,
 // laid end to end in request order and cut into `parts` equal runs, one per CTA; a run may end one request
 // and begin the next. Each (run, request) piece is a segment with its own partial output, merged per request.
+// With whole_requests, where whole requests packed in order fit the parts with at most 1/kWholeSlack more
+// blocks than the equal runs (large batches), none is split: one segment per request, and no merge.
 struct SplitKv {
   struct Segment {
     int32_t request, first_key, end_key;  // keys [first_key, end_key) of request
@@ -72,7 +74,8 @@ struct SplitKv {
   std::vector<Range> parts;       // per CTA
   std::vector<Range> requests;    // per request
 };
-SplitKv split_kv(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int parts);
+constexpr int64_t kWholeSlack = 32;
+SplitKv split_kv(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int parts, bool whole_requests);
 
 // Axes every MLA variant reads.
 std::vector<std::pair<std::string, std::string>> axes();

@@ -135,7 +135,7 @@ struct Params {
   const __nv_bfloat16* q;  // [tokens][heads][576]: [q_nope·W_UK ‖ q_pe]
   CacheView cache;
   const int32_t* lengths;
-  const int4* segments;       // request, first key, end key, -: pieces of requests, in request order
+  const int4* segments;       // request, first key, end key, 1 if the request's only segment: pieces of requests
   const int2* part_segments;  // per CTA column: first segment, count
   float* o_partial;           // [segments][rows][512], each normalised by its own sum
   float* lse_partial;         // [segments][rows], log2 domain
@@ -143,6 +143,8 @@ struct Params {
   float scale_log2;        // softmax scale * log2(e)
   int page_shift;          // log2(page_size) when it is a power of two, else -1
   int partial_rows;        // rows of o_partial / lse_partial per segment: row tiles x tile rows (a 64-row tile may pad)
+  __nv_bfloat16* o_lat;    // when set (bf16 cache, no padded rows): a segment that is its request's only one (w = 1)
+                           // is written here, final, instead of as a partial to merge
 };
 
 // Keys per pipeline step of the lockstep kernel (a 32-key, 4-stage variant measured slower there on the H200).
@@ -458,9 +460,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(Params p) {
 
 // Merge a request's segments: o = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max). One block per (row, request).
 __global__ void combine_kernel(const float* o_partial, const float* lse_partial, int partial_rows, const int2* request_segments, int rows,
-                               __nv_bfloat16* o_lat) {
+                               bool skip_whole, __nv_bfloat16* o_lat) {
   const int row = blockIdx.x, b = blockIdx.y;
   const int2 range = request_segments[b];  // first segment, count
+  if (skip_whole && range.y == 1) return;  // the decode kernel wrote it
   float mx = -INFINITY;
   for (int i = 0; i < range.y; ++i) mx = fmaxf(mx, lse_partial[int64_t(range.x + i) * partial_rows + row]);
   float total = 0;
@@ -846,15 +849,26 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       wgmma_m64n128k16_vt<1>(o, p_desc + ks * 16 * 2 / 16, v_desc + (2 * kKeys * 64 + ks * 16 * 64) * 2 / 16);
     }
     wgmma_commit_and_wait();
-    if (at.last()) {  // normalise and write the segment's partial output; the next segment starts from zero
+    if (at.last()) {  // normalise and write the segment's output; the next segment starts from zero
       const float inv_lo = alpha[kRows + r_lo], inv_hi = alpha[kRows + r_hi];
-      float* out = p.o_partial + (int64_t(at.seg) * p.partial_rows + row0) * kLatent + cbase;
+      if (p.o_lat && at.s.w) {  // the whole request: final, bf16
+        __nv_bfloat16* out = p.o_lat + (int64_t(at.s.x) * p.rows + row0) * kLatent + cbase;
 #pragma unroll
-      for (int n = 0; n < 32; ++n) {
-        const int col = n * 8 + (lane % 4) * 2;
-        *reinterpret_cast<float2*>(out + r_lo * kLatent + col) = make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
-        *reinterpret_cast<float2*>(out + r_hi * kLatent + col) = make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
-        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
+        for (int n = 0; n < 32; ++n) {
+          const int col = n * 8 + (lane % 4) * 2;
+          *reinterpret_cast<__nv_bfloat162*>(out + r_lo * kLatent + col) = __floats2bfloat162_rn(o[n][0] * inv_lo, o[n][1] * inv_lo);
+          *reinterpret_cast<__nv_bfloat162*>(out + r_hi * kLatent + col) = __floats2bfloat162_rn(o[n][2] * inv_hi, o[n][3] * inv_hi);
+          o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
+        }
+      } else {  // a piece: fp32, merged by the combine kernel
+        float* out = p.o_partial + (int64_t(at.seg) * p.partial_rows + row0) * kLatent + cbase;
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          const int col = n * 8 + (lane % 4) * 2;
+          *reinterpret_cast<float2*>(out + r_lo * kLatent + col) = make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
+          *reinterpret_cast<float2*>(out + r_hi * kLatent + col) = make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
+          o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
+        }
       }
     }
     // Once both products are done (and every thread has read the block's factors) the stage takes block j + 2:
@@ -922,10 +936,17 @@ class FusedCuda final : public GpuVariant {
     row_tiles_ = int((M + rows_per_cta_ - 1) / rows_per_cta_);
     // Split-KV, balanced (see mla::split_kv): one CTA per SM and row tile.
     parts_ = std::max(1, gpu_info().sms / row_tiles_);
-    const SplitKv plan = split_kv(p_->lengths, s_.q_len, kBlockKeys, parts_);
+    // A bf16 cache without padded rows lets the kernel write requests it covers whole: those need no merge, so
+    // the plan keeps requests whole where that costs little balance (measured at 128 heads on the H200, one run,
+    // two rounds: +2-5% of the roofline at 4K-8K, -0.5% at 16K-32K).
+    direct_ = s_.kv_dtype == KvDtype::bf16 && M % roles::kRows == 0;
+    const SplitKv plan = split_kv(p_->lengths, s_.q_len, kBlockKeys, parts_, direct_);
     std::vector<int4> segments;
     std::vector<int2> part_segments, request_segments;
-    for (const auto& g : plan.segments) segments.push_back(make_int4(g.request, g.first_key, g.end_key, 0));
+    for (const auto& g : plan.segments)
+      segments.push_back(make_int4(g.request, g.first_key, g.end_key, plan.requests[size_t(g.request)].count == 1 ? 1 : 0));
+    merges_ = false;
+    for (const auto& r : plan.requests) merges_ = merges_ || r.count > 1 || !direct_;
     for (const auto& r : plan.parts) part_segments.push_back(make_int2(r.first, r.count));
     for (const auto& r : plan.requests) request_segments.push_back(make_int2(r.first, r.count));
     segments_ = int(segments.size());
@@ -966,7 +987,7 @@ class FusedCuda final : public GpuVariant {
     mark("absorb_q");
     Params params{kv_map_, tma_, q_cat_, cache_view(p_->cache), p_->lengths_dev.get(), segments_dev_.get(), part_segments_.get(),
                   o_partial_.get(), lse_partial_.get(), M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E),
-                  page_shift(p_->cache.page_size), row_tiles_ * rows_per_cta_};
+                  page_shift(p_->cache.page_size), row_tiles_ * rows_per_cta_, direct_ ? o_lat_.get() : nullptr};
     if (s_.kv_dtype == KvDtype::bf16) {
       launch_decode_kernel<roles::decode_kernel>(params, parts_, row_tiles_, roles::kThreads, roles::kSmemBytes, stream_);
     } else {
@@ -977,9 +998,11 @@ class FusedCuda final : public GpuVariant {
       }
     }
     mark("decode");
-    combine_kernel<<<dim3(unsigned(M), unsigned(s_.batch)), 128, 0, stream_>>>(
-        o_partial_.get(), lse_partial_.get(), row_tiles_ * rows_per_cta_, request_segments_.get(), M, o_lat_.get());
-    DSLAB_CHECK_LAUNCH();
+    if (merges_) {
+      combine_kernel<<<dim3(unsigned(M), unsigned(s_.batch)), 128, 0, stream_>>>(
+          o_partial_.get(), lse_partial_.get(), row_tiles_ * rows_per_cta_, request_segments_.get(), M, direct_, o_lat_.get());
+      DSLAB_CHECK_LAUNCH();
+    }
     mark("combine");
     absorb_output(o_lat_.get());
     mark("absorb_o");
@@ -987,7 +1010,7 @@ class FusedCuda final : public GpuVariant {
 
  private:
   int rows_per_cta_ = 64, row_tiles_ = 1, parts_ = 1, segments_ = 0;
-  bool tma_ = false;
+  bool tma_ = false, direct_ = false, merges_ = true;  // direct_: whole requests written by the kernel; merges_: any left to combine
   CUtensorMap kv_map_{};
   DeviceArray<int4> segments_dev_;
   DeviceArray<int2> part_segments_, request_segments_;
