@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "variants/common/rng.h"
@@ -136,42 +137,44 @@ std::vector<int64_t> request_lengths(const std::string& len_dist, int64_t batch,
   return len;
 }
 
+namespace {
+// Whole requests, consecutive ones per part, when that keeps every part within 1/kWholeSlack of the balanced
+// run (per_part blocks): no request is split, so no partial outputs need merging. Empty where they do not fit.
+std::optional<SplitKv> whole_request_plan(const std::vector<int64_t>& lengths, int64_t q_len, const std::vector<int64_t>& first_block,
+                                          int64_t per_part, int parts) {
+  const int64_t capacity = per_part + std::max<int64_t>(1, per_part / kWholeSlack);
+  SplitKv s;
+  s.parts.assign(size_t(parts), {0, 0});
+  s.requests.resize(lengths.size());
+  int part = 0;
+  int64_t load = 0;
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    const int64_t blocks = first_block[r + 1] - first_block[r];
+    if (load > 0 && load + blocks > capacity) ++part, load = 0;
+    if (blocks > capacity || part >= parts) return std::nullopt;
+    if (s.parts[size_t(part)].count == 0) s.parts[size_t(part)].first = int32_t(s.segments.size());
+    ++s.parts[size_t(part)].count;
+    s.requests[r] = {int32_t(s.segments.size()), 1};
+    s.segments.push_back({int32_t(r), 0, int32_t(lengths[r] + q_len)});
+    load += blocks;
+  }
+  for (auto& g : s.parts)  // idle parts start where the segments end
+    if (g.count == 0) g.first = int32_t(s.segments.size());
+  return s;
+}
+}  // namespace
+
 SplitKv split_kv(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int parts, bool whole_requests) {
   const int64_t B = int64_t(lengths.size());
   std::vector<int64_t> first_block(static_cast<size_t>(B) + 1, 0);
   for (int64_t b = 0; b < B; ++b)
     first_block[size_t(b) + 1] = first_block[size_t(b)] + (lengths[size_t(b)] + q_len + block_keys - 1) / block_keys;
   const int64_t total = first_block.back(), per_part = (total + parts - 1) / parts;
+  if (whole_requests)
+    if (auto whole = whole_request_plan(lengths, q_len, first_block, per_part, parts)) return *whole;
   SplitKv s;
   s.parts.assign(size_t(parts), {0, 0});
   s.requests.assign(size_t(B), {0, 0});
-  // Whole requests, consecutive ones per part, when that keeps every part within 1/kWholeSlack of the balanced
-  // run: no request is split, so no partial outputs need merging.
-  if (whole_requests) {
-    const int64_t capacity = per_part + std::max<int64_t>(1, per_part / kWholeSlack);
-    int part = 0;
-    int64_t load = 0;
-    bool fits = true;
-    for (int64_t r = 0; r < B && fits; ++r) {
-      const int64_t blocks = first_block[size_t(r) + 1] - first_block[size_t(r)];
-      if (load > 0 && load + blocks > capacity) ++part, load = 0;
-      fits = blocks <= capacity && part < parts;
-      if (!fits) break;
-      if (s.parts[size_t(part)].count == 0) s.parts[size_t(part)].first = int32_t(s.segments.size());
-      ++s.parts[size_t(part)].count;
-      s.requests[size_t(r)] = {int32_t(s.segments.size()), 1};
-      s.segments.push_back({int32_t(r), 0, int32_t(lengths[size_t(r)] + q_len)});
-      load += blocks;
-    }
-    if (fits) {
-      for (auto& g : s.parts)  // idle parts start where the segments end
-        if (g.count == 0) g.first = int32_t(s.segments.size());
-      return s;
-    }
-    s.segments.clear();
-    s.parts.assign(size_t(parts), {0, 0});
-    s.requests.assign(size_t(B), {0, 0});
-  }
   int64_t b = 0;
   for (int part = 0; part < parts; ++part) {
     const int64_t lo = std::min(total, part * per_part), hi = std::min(total, lo + per_part);

@@ -486,8 +486,8 @@ __global__ void combine_kernel(const float* o_partial, const float* lse_partial,
 // m64n64k16) and the online softmax of its block, handing the running max on to the other (so block j + 1's
 // Q K^T runs while block j's softmax does), and leaves P (bf16) and each row's rescale factor for the two
 // accumulator warpgroups (0 and 1). Each of those holds half of O (64 x 256 fp32), runs O = alpha O + P V
-// (wgmma m64n128k16, twice) and refills the block's stage with the columns it alone reads once its product is
-// done (tensor-memory-accelerator boxes, or cp.async where pages are smaller than a box; an mbarrier per stage).
+// (wgmma m64n128k16, twice) and, once both products are done, refills the block's stage, each with its own columns
+// (tensor-memory-accelerator boxes, or cp.async where pages are smaller than a box; an mbarrier per stage).
 // P needs no buffer of its own: it overwrites the block's rope columns, which only Q K^T reads. Two stages of 64
 // keys (scorer s always on stage s), Q and the stages fill the shared memory. A CTA walks its segments as one
 // flat run of blocks, so the pipeline does not drain where a request ends.
@@ -555,6 +555,12 @@ __device__ __forceinline__ void score_block(float (&s)[8][4], uint64_t q_desc) {
     wgmma_m64n64k16(s, q_desc + (block * kRows * 64 + column) * 2 / 16, q_desc + k_offset + (block * kKeys * 64 + column) * 2 / 16, ks > 0);
   }
   wgmma_commit_and_wait();
+}
+
+// Two adjacent output values: fp32 (a partial) or bf16 (final).
+__device__ inline void store_pair(float* dst, float a, float b) { *reinterpret_cast<float2*>(dst) = make_float2(a, b); }
+__device__ inline void store_pair(__nv_bfloat16* dst, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(a, b);
 }
 
 // Walks a CTA's blocks in order: its segments (request, first key, end key) cut into kKeys-key blocks.
@@ -851,25 +857,17 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     wgmma_commit_and_wait();
     if (at.last()) {  // normalise and write the segment's output; the next segment starts from zero
       const float inv_lo = alpha[kRows + r_lo], inv_hi = alpha[kRows + r_hi];
-      if (p.o_lat && at.s.w) {  // the whole request: final, bf16
-        __nv_bfloat16* out = p.o_lat + (int64_t(at.s.x) * p.rows + row0) * kLatent + cbase;
+      auto write = [&](auto* out) {  // this thread's two rows of its 256 columns, then O starts from zero
 #pragma unroll
         for (int n = 0; n < 32; ++n) {
           const int col = n * 8 + (lane % 4) * 2;
-          *reinterpret_cast<__nv_bfloat162*>(out + r_lo * kLatent + col) = __floats2bfloat162_rn(o[n][0] * inv_lo, o[n][1] * inv_lo);
-          *reinterpret_cast<__nv_bfloat162*>(out + r_hi * kLatent + col) = __floats2bfloat162_rn(o[n][2] * inv_hi, o[n][3] * inv_hi);
+          store_pair(out + r_lo * kLatent + col, o[n][0] * inv_lo, o[n][1] * inv_lo);
+          store_pair(out + r_hi * kLatent + col, o[n][2] * inv_hi, o[n][3] * inv_hi);
           o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
         }
-      } else {  // a piece: fp32, merged by the combine kernel
-        float* out = p.o_partial + (int64_t(at.seg) * p.partial_rows + row0) * kLatent + cbase;
-#pragma unroll
-        for (int n = 0; n < 32; ++n) {
-          const int col = n * 8 + (lane % 4) * 2;
-          *reinterpret_cast<float2*>(out + r_lo * kLatent + col) = make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
-          *reinterpret_cast<float2*>(out + r_hi * kLatent + col) = make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
-          o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
-        }
-      }
+      };
+      if (p.o_lat && at.s.w) write(p.o_lat + (int64_t(at.s.x) * p.rows + row0) * kLatent + cbase);  // the whole request: final
+      else write(p.o_partial + (int64_t(at.seg) * p.partial_rows + row0) * kLatent + cbase);  // a piece, merged by combine
     }
     // Once both products are done (and every thread has read the block's factors) the stage takes block j + 2:
     // both warpgroups read P from the rope columns, which warpgroup 0's boxes (and both warpgroups' cp.async
@@ -945,8 +943,7 @@ class FusedCuda final : public GpuVariant {
     std::vector<int2> part_segments, request_segments;
     for (const auto& g : plan.segments)
       segments.push_back(make_int4(g.request, g.first_key, g.end_key, plan.requests[size_t(g.request)].count == 1 ? 1 : 0));
-    merges_ = false;
-    for (const auto& r : plan.requests) merges_ = merges_ || r.count > 1 || !direct_;
+    merges_ = !direct_ || std::any_of(plan.requests.begin(), plan.requests.end(), [](const auto& r) { return r.count > 1; });
     for (const auto& r : plan.parts) part_segments.push_back(make_int2(r.first, r.count));
     for (const auto& r : plan.requests) request_segments.push_back(make_int2(r.first, r.count));
     segments_ = int(segments.size());
