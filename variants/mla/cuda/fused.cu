@@ -143,7 +143,7 @@ struct Params {
   float scale_log2;        // softmax scale * log2(e)
   int page_shift;          // log2(page_size) when it is a power of two, else -1
   int partial_rows;        // rows of o_partial / lse_partial per segment: row tiles x tile rows (a 64-row tile may pad)
-  __nv_bfloat16* o_lat;    // when set (bf16 cache, no padded rows): a segment that is its request's only one (w = 1)
+  __nv_bfloat16* o_lat;    // when set (bf16 cache): a segment that is its request's only one (w = 1)
                            // is written here, final, instead of as a partial to merge
 };
 
@@ -534,6 +534,12 @@ __device__ inline void tma_load(void* dst, const CUtensorMap* map, int x, int y,
                "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_addr(bar))
                : "memory");
 }
+// Brings the box at (column x, row y) of `map` into L2 ahead of its copy into shared memory, which then waits on L2
+// rather than DRAM.
+__device__ inline void tma_prefetch_l2(const CUtensorMap* map, int x, int y) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y)
+               : "memory");
+}
 __device__ inline void mbarrier_wait(uint64_t* bar, int parity) {
   asm volatile(
       "{\n.reg .pred done;\nwait:\n"
@@ -792,19 +798,20 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     }
   };
   int next_load = 0;
+  const int boxes = warpgroup == 0 ? 5 : 4;  // tensor copies: warpgroup 0 latent blocks 0-3 and the rope block; 1: blocks 4-7
+  auto box_column = [&](int b) { return 64 * (warpgroup == 0 ? (b < 4 ? b : kRopeBlock) : 4 + b); };
   auto load_next = [&]() {  // block next_load into its stage, then the next block's page lookup
     if (next_load >= total) return;
     __nv_bfloat16* dst = sk + (next_load % kStages) * kKeys * kWidth;
     uint64_t* bar = &landed[next_load % kStages];
     if (p.tma) {
       if (t == 0) {
-        const int boxes = warpgroup == 0 ? 5 : 4;  // warpgroup 0: latent blocks 0-3 and the rope block; 1: blocks 4-7
         mbarrier_expect_bytes(bar, uint32_t(2 * boxes * kBoxKeys * 128));
         for (int b = 0; b < boxes; ++b) {
-          const int block = warpgroup == 0 ? (b < 4 ? b : kRopeBlock) : 4 + b;
+          const int column = box_column(b);
 #pragma unroll
           for (int half = 0; half < 2; ++half)  // a half past the segment's end reads rows -1 ..: zeros, masked anyway
-            tma_load(dst + block * kKeys * 64 + half * kBoxKeys * 64, &p.kv_map, block * 64, int(slot[half]), bar);
+            tma_load(dst + column * kKeys + half * kBoxKeys * 64, &p.kv_map, column, int(slot[half]), bar);
         }
       }
     } else {
@@ -822,6 +829,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     ++next_load;
     lookup_at.next(p);
     look_up();
+    // The block after it goes to L2 now: its copy starts only once this stage's products are done, and with two
+    // stages the scorer would otherwise wait out the DRAM latency then.
+    if (p.tma && t == 0)
+      for (int b = 0; b < boxes; ++b)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          if (slot[half] >= 0) tma_prefetch_l2(&p.kv_map, box_column(b), int(slot[half]));
   };
   look_up();
   for (int i = 0; i < kStages; ++i) load_next();
@@ -857,6 +871,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     wgmma_commit_and_wait();
     if (at.last()) {  // normalise and write the segment's output; the next segment starts from zero
       const float inv_lo = alpha[kRows + r_lo], inv_hi = alpha[kRows + r_hi];
+      // A warp holds 16 rows and rows come in multiples of 16: a warp of padding rows (16 or 32 heads) writes
+      // over segment 0's padding rows, which nothing reads (so its stores stay in L2; skipping them made ptxas
+      // serialise the MMAs).
+      const bool real_rows = row0 + (t / 32) * 16 < p.rows;
       auto write = [&](auto* out) {  // this thread's two rows of its 256 columns, then O starts from zero
 #pragma unroll
         for (int n = 0; n < 32; ++n) {
@@ -866,8 +884,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
           o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
         }
       };
-      if (p.o_lat && at.s.w) write(p.o_lat + (int64_t(at.s.x) * p.rows + row0) * kLatent + cbase);  // the whole request: final
-      else write(p.o_partial + (int64_t(at.seg) * p.partial_rows + row0) * kLatent + cbase);  // a piece, merged by combine
+      if (real_rows && p.o_lat && at.s.w) write(p.o_lat + (int64_t(at.s.x) * p.rows + row0) * kLatent + cbase);  // whole: final
+      else write(p.o_partial + (int64_t(real_rows ? at.seg : 0) * p.partial_rows + row0) * kLatent + cbase);  // merged by combine
     }
     // Once both products are done (and every thread has read the block's factors) the stage takes block j + 2:
     // both warpgroups read P from the rope columns, which warpgroup 0's boxes (and both warpgroups' cp.async
@@ -934,10 +952,10 @@ class FusedCuda final : public GpuVariant {
     row_tiles_ = int((M + rows_per_cta_ - 1) / rows_per_cta_);
     // Split-KV, balanced (see mla::split_kv): one CTA per SM and row tile.
     parts_ = std::max(1, gpu_info().sms / row_tiles_);
-    // A bf16 cache without padded rows lets the kernel write requests it covers whole: those need no merge, so
-    // the plan keeps requests whole where that costs little balance (measured at 128 heads on the H200, one run,
-    // two rounds: +2-5% of the roofline at 4K-8K, -0.5% at 16K-32K).
-    direct_ = s_.kv_dtype == KvDtype::bf16 && M % roles::kRows == 0;
+    // The bf16 kernel writes requests it covers whole straight to o_lat (it never writes padding rows): those need
+    // no merge, so the plan keeps requests whole where that costs little balance (measured at 128 heads on the
+    // H200, one run, two rounds: +2-5% of the roofline at 4K-8K, -0.5% at 16K-32K).
+    direct_ = s_.kv_dtype == KvDtype::bf16;
     const SplitKv plan = split_kv(p_->lengths, s_.q_len, kBlockKeys, parts_, direct_);
     std::vector<int4> segments;
     std::vector<int2> part_segments, request_segments;

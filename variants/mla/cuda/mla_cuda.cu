@@ -47,71 +47,122 @@ __global__ void fill_cache_kernel(CacheView cache, const int32_t* lengths, const
   store_token(cache, cache.slot(b, token), v, lane);
 }
 
-// DeepSeek RoPE on one head's rope part x[0 .. 2 half): interleaved pairs in, de-interleaved out; element j of
-// the result, with the position's cos / sin of pair j % half.
-__device__ inline float rope_element(const float* x, int j, int half, float cs, float sn) {
-  const int p = j % half;
-  const float a = x[2 * p], c = x[2 * p + 1];
-  return j < half ? a * cs - c * sn : c * cs + a * sn;
-}
-
 // After the q_a / kv_a projection, one block per new token: RMSNorm of q_a into qa (q_lora_rank models; ql 0
 // skips it), and the token's latent (RMSNorm) and rope key (RoPE) into the cache at its position (and, bf16, into
-// kv_new for the forms that decompress it). All loads are issued up front, the page lookup (two dependent
-// loads) beside the rest.
-__global__ void norm_and_cache_kernel(const float* qa_f32, int ql, const __nv_bfloat16* q_a_norm, __nv_bfloat16* qa, const float* kv_f32,
-                                      int ld, const __nv_bfloat16* kv_norm, const float* cos_table, const float* sin_table, CacheView cache,
-                                      const int32_t* lengths, int q_len, int r, float eps, __nv_bfloat16* kv_new) {
-  __shared__ float token[32 * kMaxValuesPerLane];  // the cache row, bf16-rounded
+// kv_new for the forms that decompress it). Every load is issued up front, each value is read once and held in
+// registers, and both sums of squares share one reduction: the kernel is a short chain of latencies, not work.
+constexpr int kNormThreads = 256, kNormQPerThread = 8, kNormLatentPerThread = 4;  // q_lora_rank <= 2048, kv_lora_rank <= 1024
+__global__ void __launch_bounds__(kNormThreads) norm_and_cache_kernel(const float* qa_f32, int ql, const __nv_bfloat16* q_a_norm,
+                                                                      __nv_bfloat16* qa, const float* kv_f32, int ld,
+                                                                      const __nv_bfloat16* kv_norm, const float* cos_table,
+                                                                      const float* sin_table, CacheView cache, const int32_t* lengths,
+                                                                      int q_len, int r, float eps, __nv_bfloat16* kv_new) {
+  __shared__ float2 warp_sums[kNormThreads / 32];
+  __shared__ float token[32 * kMaxValuesPerLane];  // int8 / fp8 caches: the row, bf16-rounded, for one warp to quantise
   const int t = blockIdx.x, b = t / q_len, s = t % q_len, width = int(cache.width), half = (width - r) / 2;
-  int64_t slot = 0;
-  if (threadIdx.x < 32) slot = cache.slot(b, lengths[b] + s);
-  const float* q_row = ql ? qa_f32 + int64_t(t) * ld : nullptr;
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  const int64_t slot = cache.slot(b, lengths[b] + s);  // (the same two loads in every thread: broadcasts)
+  const float* q_row = qa_f32 + int64_t(t) * ld;
   const float* kv = kv_f32 + int64_t(t) * ld;
-  float ss_q = 0, ss_kv = 0;
-  for (int i = threadIdx.x; i < ql; i += blockDim.x) ss_q += q_row[i] * q_row[i];
-  for (int i = threadIdx.x; i < r; i += blockDim.x) ss_kv += kv[i] * kv[i];
-  ss_q = block_sum(ss_q);
-  ss_kv = block_sum(ss_kv);
-  const float inv_q = rsqrtf(ss_q / float(max(ql, 1)) + eps), inv_kv = rsqrtf(ss_kv / float(r) + eps);
-  for (int i = threadIdx.x; i < ql; i += blockDim.x)
-    qa[int64_t(t) * ql + i] = __float2bfloat16_rn(q_row[i] * inv_q * __bfloat162float(q_a_norm[i]));
-  const float* cs = cos_table + int64_t(t) * half;
-  const float* sn = sin_table + int64_t(t) * half;
-  for (int i = threadIdx.x; i < width; i += blockDim.x) {
-    float y;
-    if (i < r) {
-      y = kv[i] * inv_kv * __bfloat162float(kv_norm[i]);
-    } else {
-      const int j = i - r;
-      y = rope_element(kv + r, j, half, cs[j % half], sn[j % half]);
-    }
-    const __nv_bfloat16 v = __float2bfloat16_rn(y);
-    token[i] = __bfloat162float(v);
-    if (kv_new) kv_new[int64_t(t) * width + i] = v;
+  float qv[kNormQPerThread], qw[kNormQPerThread], lv[kNormLatentPerThread], lw[kNormLatentPerThread];
+#pragma unroll
+  for (int k = 0; k < kNormQPerThread; ++k) {
+    const int i = int(threadIdx.x) + kNormThreads * k;
+    qv[k] = i < ql ? q_row[i] : 0.0f;
+    qw[k] = i < ql ? __bfloat162float(q_a_norm[i]) : 0.0f;
   }
+#pragma unroll
+  for (int k = 0; k < kNormLatentPerThread; ++k) {
+    const int i = int(threadIdx.x) + kNormThreads * k;
+    lv[k] = i < r ? kv[i] : 0.0f;
+    lw[k] = i < r ? __bfloat162float(kv_norm[i]) : 0.0f;
+  }
+  const bool has_pair = int(threadIdx.x) < half;  // this thread rotates rope pair threadIdx.x
+  float2 pair{0, 0};
+  float cs = 0, sn = 0;
+  if (has_pair) {
+    pair = make_float2(kv[r + 2 * threadIdx.x], kv[r + 2 * threadIdx.x + 1]);
+    cs = cos_table[int64_t(t) * half + threadIdx.x];
+    sn = sin_table[int64_t(t) * half + threadIdx.x];
+  }
+  float2 ss{0, 0};
+#pragma unroll
+  for (int k = 0; k < kNormQPerThread; ++k) ss.x += qv[k] * qv[k];
+#pragma unroll
+  for (int k = 0; k < kNormLatentPerThread; ++k) ss.y += lv[k] * lv[k];
+  for (int o = 16; o; o >>= 1) {
+    ss.x += __shfl_xor_sync(0xffffffffu, ss.x, o);
+    ss.y += __shfl_xor_sync(0xffffffffu, ss.y, o);
+  }
+  if (lane == 0) warp_sums[warp] = ss;
   __syncthreads();
-  if (threadIdx.x < 32) {  // one warp stores the row (int8 / fp8: quantised group by group)
+  float2 total{0, 0};
+#pragma unroll
+  for (int w = 0; w < kNormThreads / 32; ++w) total.x += warp_sums[w].x, total.y += warp_sums[w].y;
+  const float inv_q = rsqrtf(total.x / float(max(ql, 1)) + eps), inv_kv = rsqrtf(total.y / float(r) + eps);
+#pragma unroll
+  for (int k = 0; k < kNormQPerThread; ++k) {
+    const int i = int(threadIdx.x) + kNormThreads * k;
+    if (i < ql) qa[int64_t(t) * ql + i] = __float2bfloat16_rn(qv[k] * inv_q * qw[k]);
+  }
+  const bool quantised = cache.dtype != KvDtype::bf16;
+  __nv_bfloat16* const row = reinterpret_cast<__nv_bfloat16*>(cache.values) + slot * width;  // (bf16 caches)
+  auto put = [&](int i, float y) {
+    const __nv_bfloat16 v = __float2bfloat16_rn(y);
+    if (quantised) token[i] = __bfloat162float(v);
+    else row[i] = v;
+    if (kv_new) kv_new[int64_t(t) * width + i] = v;
+  };
+#pragma unroll
+  for (int k = 0; k < kNormLatentPerThread; ++k) {
+    const int i = int(threadIdx.x) + kNormThreads * k;
+    if (i < r) put(i, lv[k] * inv_kv * lw[k]);
+  }
+  if (has_pair) {  // interleaved pairs in, de-interleaved out
+    put(r + int(threadIdx.x), pair.x * cs - pair.y * sn);
+    put(r + half + int(threadIdx.x), pair.y * cs + pair.x * sn);
+  }
+  if (!quantised) return;
+  __syncthreads();
+  if (warp == 0) {  // one warp quantises and stores the row group by group
     float v[kMaxValuesPerLane];
 #pragma unroll
-    for (int k = 0; k < kMaxValuesPerLane; ++k) v[k] = threadIdx.x + 32 * k < width ? token[threadIdx.x + 32 * k] : 0.0f;
-    store_token(cache, slot, v, int(threadIdx.x));
+    for (int k = 0; k < kMaxValuesPerLane; ++k) v[k] = lane + 32 * k < width ? token[lane + 32 * k] : 0.0f;
+    store_token(cache, slot, v, lane);
   }
 }
 
-// After q_b (or q_proj): q to bf16 with RoPE on its rope part, which also goes behind the absorbed part of q_cat
-// where a form uses it. One thread per element.
-__global__ void rope_q_kernel(const float* q_f32, const float* cos_table, const float* sin_table, int heads, int nope, int rope, int r,
-                              __nv_bfloat16* q, __nv_bfloat16* q_cat) {
-  const int t = blockIdx.x, qhd = nope + rope, half = rope / 2;
-  const int i = blockIdx.y * blockDim.x + threadIdx.x;
-  if (i >= heads * qhd) return;
-  const int h = i / qhd, d = i - h * qhd;
-  const float* qf = q_f32 + (int64_t(t) * heads + h) * qhd;
-  const int j = d - nope, p = j % half;
-  const float y = d < nope ? qf[d] : rope_element(qf + nope, j, half, cos_table[int64_t(t) * half + p], sin_table[int64_t(t) * half + p]);
-  q[int64_t(t) * heads * qhd + i] = __float2bfloat16_rn(y);
-  if (q_cat && d >= nope) q_cat[(int64_t(t) * heads + h) * (r + rope) + r + d - nope] = __float2bfloat16_rn(y);
+// After q_b (or q_proj), which wrote q in bf16: RoPE on each head's rope part, in place, and behind the absorbed
+// part of q_cat where a form uses it (DeepSeek's RoPE: interleaved pairs in, de-interleaved out, with the position's
+// cos / sin of each pair). One warp per (token, head); lane i takes pairs i, i + 32, ...
+constexpr int kRopePairsPerLane = 4;  // rope parts up to 256 wide (DeepSeek: 64)
+__global__ void rope_q_kernel(__nv_bfloat16* q, const float* cos_table, const float* sin_table, int64_t rows, int heads, int nope, int rope,
+                              int r, __nv_bfloat16* q_cat) {
+  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;  // token * heads + head
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32, half = rope / 2;
+  const int64_t t = row / heads;
+  __nv_bfloat16* x = q + row * (nope + rope) + nope;
+  __nv_bfloat16 lo[kRopePairsPerLane], hi[kRopePairsPerLane];
+#pragma unroll
+  for (int k = 0; k < kRopePairsPerLane; ++k) {
+    const int p = lane + 32 * k;
+    if (p >= half) break;
+    const float2 pair = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(x)[p]);
+    const float cs = cos_table[t * half + p], sn = sin_table[t * half + p];
+    lo[k] = __float2bfloat16_rn(pair.x * cs - pair.y * sn);
+    hi[k] = __float2bfloat16_rn(pair.y * cs + pair.x * sn);
+  }
+  __syncwarp();  // every lane has read its pairs before any lane writes over them
+  __nv_bfloat16* y = q_cat ? q_cat + row * (r + rope) + r : nullptr;
+#pragma unroll
+  for (int k = 0; k < kRopePairsPerLane; ++k) {
+    const int p = lane + 32 * k;
+    if (p >= half) break;
+    x[p] = lo[k];
+    x[p + half] = hi[k];
+    if (y) y[p] = lo[k], y[p + half] = hi[k];
+  }
 }
 
 // Paged cache -> contiguous [batch][max_keys][width] bf16, one warp per token.
@@ -350,6 +401,10 @@ Support GpuVariant::supports(const ModelFile& model, const Point& point) const {
   if (!supports_kv_dtype(s.kv_dtype)) return Support::no(std::string("kv_dtype ") + kv_dtype_name(s.kv_dtype) + " not implemented by this form");
   if (fused_ && (s.heads * s.q_len) % 16) return Support::no("decode kernel: heads x q_len must be a multiple of 16");
   if (fused_ && s.q_len > 2) return Support::no("decode kernel: q_len 1 or 2 (MTP); extend runs on the unfused forms");
+  if (m.q_lora_rank.value_or(0) > kNormThreads * kNormQPerThread || m.kv_lora_rank > kNormThreads * kNormLatentPerThread)
+    return Support::no("norm kernel: q_lora_rank up to " + std::to_string(kNormThreads * kNormQPerThread) + ", kv_lora_rank up to " +
+                       std::to_string(kNormThreads * kNormLatentPerThread));
+  if (m.qk_rope_head_dim > 64 * kRopePairsPerLane) return Support::no("RoPE kernel: qk_rope_head_dim up to " + std::to_string(64 * kRopePairsPerLane));
   if (m.kv_lora_rank + m.qk_rope_head_dim != 576 && fused_) return Support::no("fused kernel is built for a 512+64 latent");
   const GpuInfo& g = gpu_info();
   if (!g.present) return Support::no(g.why_absent);
@@ -407,7 +462,6 @@ void GpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t se
     qa_f32_.resize(size_t(T * (*m_.q_lora_rank + width_)));
     qa_.resize(size_t(T * *m_.q_lora_rank));
   }
-  q_f32_.resize(size_t(T * nh_ * qhd_));
   if (!m_.q_lora_rank) kv_f32_.resize(size_t(T * width_));
   q_.resize(size_t(T * nh_ * qhd_));
   attn_.resize(size_t(T * nh_ * vd_));
@@ -458,22 +512,23 @@ void GpuVariant::project() {
     kv = qa_f32_.get() + ql;
     ld = int(ql + width_);
   } else {
-    linear(blas_, p_->x.get(), T, hid_, p_->q_proj.get(), nh_ * qhd_, q_f32_.get(), CUDA_R_32F);
+    linear(blas_, p_->x.get(), T, hid_, p_->q_proj.get(), nh_ * qhd_, q_.get(), CUDA_R_16BF);
     mark("q_proj");
     linear(blas_, p_->x.get(), T, hid_, p_->kv_a.get(), width_, kv_f32_.get(), CUDA_R_32F);
     mark("kv_a");
   }
-  norm_and_cache_kernel<<<unsigned(T), 256, 0, stream_>>>(qa_f32_.get(), int(ql), p_->q_a_norm.get(), qa_.get(), kv, ld, p_->kv_a_norm.get(),
+  norm_and_cache_kernel<<<unsigned(T), kNormThreads, 0, stream_>>>(qa_f32_.get(), int(ql), p_->q_a_norm.get(), qa_.get(), kv, ld, p_->kv_a_norm.get(),
                                                           p_->rope_cos.get(), p_->rope_sin.get(), cache_view(p_->cache),
                                                           p_->lengths_dev.get(), int(s_.q_len), int(r_), float(m_.rms_norm_eps), kv_new_.get());
   DSLAB_CHECK_LAUNCH();
   mark("norm_cache_write");
   if (ql) {
-    linear(blas_, qa_.get(), T, ql, p_->q_b.get(), nh_ * qhd_, q_f32_.get(), CUDA_R_32F);
+    linear(blas_, qa_.get(), T, ql, p_->q_b.get(), nh_ * qhd_, q_.get(), CUDA_R_16BF);
     mark("q_b");
   }
-  rope_q_kernel<<<dim3(unsigned(T), unsigned((nh_ * qhd_ + 255) / 256)), 256, 0, stream_>>>(
-      q_f32_.get(), p_->rope_cos.get(), p_->rope_sin.get(), int(nh_), int(nope_), int(rope_), int(r_), q_.get(), q_cat_);
+  const int64_t heads_x_tokens = T * nh_;
+  rope_q_kernel<<<unsigned((heads_x_tokens + 7) / 8), 256, 0, stream_>>>(q_.get(), p_->rope_cos.get(), p_->rope_sin.get(), heads_x_tokens,
+                                                                         int(nh_), int(nope_), int(rope_), int(r_), q_cat_);
   DSLAB_CHECK_LAUNCH();
   mark("rope_q");
 }

@@ -178,7 +178,7 @@ class GpuVariant : public Variant {
   cudaGraphExec_t graph_exec_ = nullptr;
   DeviceArray<uint8_t> blas_workspace_;
   DeviceArray<float> qa_f32_;  // [tokens][q_lora_rank + width]: q_a and kv_a outputs side by side
-  DeviceArray<float> q_f32_, kv_f32_;
+  DeviceArray<float> kv_f32_;
   DeviceArray<__nv_bfloat16> qa_;
   std::vector<DeviceArray<const void*>> pointer_arrays_;
 };
