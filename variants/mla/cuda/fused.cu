@@ -534,12 +534,6 @@ __device__ inline void tma_load(void* dst, const CUtensorMap* map, int x, int y,
                "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_addr(bar))
                : "memory");
 }
-// Brings the box at (column x, row y) of `map` into L2 ahead of its copy into shared memory, which then waits on L2
-// rather than DRAM.
-__device__ inline void tma_prefetch_l2(const CUtensorMap* map, int x, int y) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y)
-               : "memory");
-}
 __device__ inline void mbarrier_wait(uint64_t* bar, int parity) {
   asm volatile(
       "{\n.reg .pred done;\nwait:\n"
@@ -798,20 +792,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     }
   };
   int next_load = 0;
-  const int boxes = warpgroup == 0 ? 5 : 4;  // tensor copies: warpgroup 0 latent blocks 0-3 and the rope block; 1: blocks 4-7
-  auto box_column = [&](int b) { return 64 * (warpgroup == 0 ? (b < 4 ? b : kRopeBlock) : 4 + b); };
   auto load_next = [&]() {  // block next_load into its stage, then the next block's page lookup
     if (next_load >= total) return;
     __nv_bfloat16* dst = sk + (next_load % kStages) * kKeys * kWidth;
     uint64_t* bar = &landed[next_load % kStages];
     if (p.tma) {
       if (t == 0) {
+        const int boxes = warpgroup == 0 ? 5 : 4;  // warpgroup 0: latent blocks 0-3 and the rope block; 1: blocks 4-7
         mbarrier_expect_bytes(bar, uint32_t(2 * boxes * kBoxKeys * 128));
         for (int b = 0; b < boxes; ++b) {
-          const int column = box_column(b);
+          const int block = warpgroup == 0 ? (b < 4 ? b : kRopeBlock) : 4 + b;
 #pragma unroll
           for (int half = 0; half < 2; ++half)  // a half past the segment's end reads rows -1 ..: zeros, masked anyway
-            tma_load(dst + column * kKeys + half * kBoxKeys * 64, &p.kv_map, column, int(slot[half]), bar);
+            tma_load(dst + block * kKeys * 64 + half * kBoxKeys * 64, &p.kv_map, block * 64, int(slot[half]), bar);
         }
       }
     } else {
@@ -829,13 +822,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     ++next_load;
     lookup_at.next(p);
     look_up();
-    // The block after it goes to L2 now: its copy starts only once this stage's products are done, and with two
-    // stages the scorer would otherwise wait out the DRAM latency then.
-    if (p.tma && t == 0)
-      for (int b = 0; b < boxes; ++b)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-          if (slot[half] >= 0) tma_prefetch_l2(&p.kv_map, box_column(b), int(slot[half]));
   };
   look_up();
   for (int i = 0; i < kStages; ++i) load_next();
