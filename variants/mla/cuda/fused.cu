@@ -130,7 +130,7 @@ __device__ inline void wgmma_commit_and_wait() {
 __device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 struct Params {
-  CUtensorMap kv_map;      // the bf16 cache as a [slots][576] tensor, 32 x 64 boxes, 128-byte swizzle (when tma)
+  CUtensorMap kv_map;      // the bf16 cache as a [slots][576] tensor, 64 x 64 boxes, 128-byte swizzle (when tma)
   bool tma;                // 64-row bf16 kernel with page_size a multiple of 32: blocks copied by the tensor memory accelerator
   const __nv_bfloat16* q;  // [tokens][heads][576]: [q_nope·W_UK ‖ q_pe]
   CacheView cache;
@@ -487,13 +487,16 @@ __global__ void combine_kernel(const float* o_partial, const float* lse_partial,
 // Q K^T runs while block j's softmax does), and leaves P (bf16) and each row's rescale factor for the two
 // accumulator warpgroups (0 and 1). Each of those holds half of O (64 x 256 fp32), runs O = alpha O + P V
 // (wgmma m64n128k16, twice) and, once both products are done, refills the block's stage, each with its own columns
-// (tensor-memory-accelerator boxes, or cp.async where pages are smaller than a box; an mbarrier per stage).
+// (tensor-memory-accelerator boxes, or cp.async where pages are smaller than a block; an mbarrier per stage).
 // P needs no buffer of its own: it overwrites the block's rope columns, which only Q K^T reads. Two stages of 64
 // keys (scorer s always on stage s), Q and the stages fill the shared memory. A CTA walks its segments as one
 // flat run of blocks, so the pipeline does not drain where a request ends.
 namespace roles {
 
-constexpr int kKeys = 64, kBoxKeys = 32, kStages = 2, kRows = 64, kThreads = 512;
+// kHalfKeys: the cp.async copies take a block in two halves of 32 keys (4 threads per key); tensor copies take
+// it in 64-key boxes, one per 64-column block (where a page holds whole blocks).
+constexpr int kKeys = 64, kHalfKeys = 32, kStages = 2, kRows = 64, kThreads = 512;
+static_assert(kKeys == kBlockKeys, "segments (split_kv) start on block boundaries, so a tensor copy's block lies in one page");
 static_assert(kKeys == kRows, "P (kRows x kKeys) takes the place of a rope block (kKeys x 64)");
 // 512 threads start with 128 registers each; the scorers give up 40 so that each accumulator thread can hold its
 // 128 floats of O.
@@ -767,7 +770,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   const int r_lo = (t / 32) * 16 + lane / 4, r_hi = r_lo + 8;
 
   // ---- the accumulators: warpgroup g owns latent columns 256 g .. 256 g + 255 of O and copies them into each
-  // stage, warpgroup 0 also the rope columns. Tensor copies: 32-key x 64-column boxes (a page holds whole boxes).
+  // stage, warpgroup 0 also the rope columns. Tensor copies: 64-key x 64-column boxes (a page holds whole blocks).
   // cp.async: half of a key row's 72 16-byte chunks, 4 threads per key, 9 chunks each (c0 + 4u for u < 8, then
   // one rope chunk), at offsets fixed per thread, for keys my_key and my_key + 32.
   const int cbase = warpgroup * 256;
@@ -776,12 +779,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   auto swizzled = [&](int c) { return swz(my_key, c * 8, kKeys); };  // element offset of chunk c of my key in a stage
   const int dst_even = swizzled(c0), dst_odd = swizzled(c0 + 4), dst_rope = swizzled(c_rope);  // u even / odd: +4096 u/2
   Cursor lookup_at(p, mine);
-  int64_t slot[2] = {-1, -1};  // of my key (tensor copies: the box's first key) in each half of the next block; -1: none
+  int64_t slot[2] = {-1, -1};  // of my key in each half of the next block (tensor copies: slot[0], the block's first key); -1: none
   auto look_up = [&]() {
     if (p.tma && t != 0) return;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int key = lookup_at.key0 + half * kBoxKeys + (p.tma ? 0 : my_key);
+      if (p.tma && half) break;
+      const int key = lookup_at.key0 + half * kHalfKeys + (p.tma ? 0 : my_key);
       slot[half] = -1;
       if (lookup_at.valid() && key < lookup_at.s.z) {
         const int32_t* page_table = p.cache.page_table + int64_t(lookup_at.s.x) * p.cache.pages_per_request;
@@ -799,19 +803,17 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     if (p.tma) {
       if (t == 0) {
         const int boxes = warpgroup == 0 ? 5 : 4;  // warpgroup 0: latent blocks 0-3 and the rope block; 1: blocks 4-7
-        mbarrier_expect_bytes(bar, uint32_t(2 * boxes * kBoxKeys * 128));
-        for (int b = 0; b < boxes; ++b) {
+        mbarrier_expect_bytes(bar, uint32_t(boxes * kKeys * 128));
+        for (int b = 0; b < boxes; ++b) {  // (keys past the segment's end are read but masked)
           const int block = warpgroup == 0 ? (b < 4 ? b : kRopeBlock) : 4 + b;
-#pragma unroll
-          for (int half = 0; half < 2; ++half)  // a half past the segment's end reads rows -1 ..: zeros, masked anyway
-            tma_load(dst + block * kKeys * 64 + half * kBoxKeys * 64, &p.kv_map, block * 64, int(slot[half]), bar);
+          tma_load(dst + block * kKeys * 64, &p.kv_map, block * 64, int(slot[0]), bar);
         }
       }
     } else {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const __nv_bfloat16* src = reinterpret_cast<const __nv_bfloat16*>(p.cache.values) + (slot[half] < 0 ? 0 : slot[half]) * kWidth;
-        __nv_bfloat16* row = dst + half * kBoxKeys * 64;
+        __nv_bfloat16* row = dst + half * kHalfKeys * 64;
 #pragma unroll
         for (int u = 0; u < 8; ++u)
           cp_async16(row + (u % 2 ? dst_odd : dst_even) + (u / 2) * kKeys * 64, src + (c0 + 4 * u) * 8, slot[half] >= 0);
@@ -959,10 +961,10 @@ class FusedCuda final : public GpuVariant {
     o_lat_.resize(size_t(T * nh_ * r_));
     o_partial_.resize(size_t(segments_) * size_t(row_tiles_ * rows_per_cta_) * kLatent);
     lse_partial_.resize(size_t(segments_) * size_t(row_tiles_ * rows_per_cta_));
-    tma_ = s_.kv_dtype == KvDtype::bf16 && p_->cache.page_size % roles::kBoxKeys == 0;
+    tma_ = s_.kv_dtype == KvDtype::bf16 && p_->cache.page_size % roles::kKeys == 0;
     if (tma_) kv_map_ = cache_tensor_map(p_->cache);
   }
-  // The bf16 cache as a 2-D tensor [slots][576] for the tensor memory accelerator: 32-key x 64-column boxes,
+  // The bf16 cache as a 2-D tensor [slots][576] for the tensor memory accelerator: 64-key x 64-column boxes,
   // swizzled as the MMAs read them.
   static CUtensorMap cache_tensor_map(const PagedLatentCache& c) {
     static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
@@ -975,7 +977,7 @@ class FusedCuda final : public GpuVariant {
     CUtensorMap map{};
     const cuuint64_t dims[2] = {cuuint64_t(kWidth), cuuint64_t(c.values.size() / (kWidth * 2))};
     const cuuint64_t strides[1] = {cuuint64_t(kWidth * 2)};
-    const cuuint32_t box[2] = {64, cuuint32_t(roles::kBoxKeys)}, element_strides[2] = {1, 1};
+    const cuuint32_t box[2] = {64, cuuint32_t(roles::kKeys)}, element_strides[2] = {1, 1};
     const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.values.get(), dims, strides, box, element_strides,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
