@@ -131,7 +131,7 @@ __device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.sha
 
 struct Params {
   CUtensorMap kv_map;      // the bf16 cache as a [slots][576] tensor, 64 x 64 boxes, 128-byte swizzle (when tma)
-  bool tma;                // 64-row bf16 kernel with page_size a multiple of 32: blocks copied by the tensor memory accelerator
+  bool tma;                // 64-row bf16 kernel with page_size a multiple of 64: blocks copied by the tensor memory accelerator
   const __nv_bfloat16* q;  // [tokens][heads][576]: [q_nope·W_UK ‖ q_pe]
   CacheView cache;
   const int32_t* lengths;
