@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kNormThreads) norm_and_cache_kernel(const floa
   const int t = blockIdx.x, b = t / q_len, s = t % q_len, width = int(cache.width), half = (width - r) / 2;
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
   const int64_t slot = cache.slot(b, lengths[b] + s);  // (the same two loads in every thread: broadcasts)
-  const float* q_row = qa_f32 + int64_t(t) * ld;
+  const float* q_row = ql ? qa_f32 + int64_t(t) * ld : nullptr;  // (read only below ql)
   const float* kv = kv_f32 + int64_t(t) * ld;
   float qv[kNormQPerThread], qw[kNormQPerThread], lv[kNormLatentPerThread], lw[kNormLatentPerThread];
 #pragma unroll
