@@ -47,6 +47,12 @@ __global__ void fill_cache_kernel(CacheView cache, const int32_t* lengths, const
   store_token(cache, cache.slot(b, token), v, lane);
 }
 
+// DeepSeek RoPE on one pair of a head's rope part: the interleaved pair (x[2p], x[2p + 1]) in, with the
+// position's cos / sin of pair p; out the de-interleaved elements p (.x) and p + half (.y).
+__device__ inline float2 rope_pair(float2 pair, float cs, float sn) {
+  return make_float2(pair.x * cs - pair.y * sn, pair.y * cs + pair.x * sn);
+}
+
 // After the q_a / kv_a projection, one block per new token: RMSNorm of q_a into qa (q_lora_rank models; ql 0
 // skips it), and the token's latent (RMSNorm) and rope key (RoPE) into the cache at its position (and, bf16, into
 // kv_new for the forms that decompress it). Every load is issued up front, each value is read once and held in
@@ -118,9 +124,10 @@ __global__ void __launch_bounds__(kNormThreads) norm_and_cache_kernel(const floa
     const int i = int(threadIdx.x) + kNormThreads * k;
     if (i < r) put(i, lv[k] * inv_kv * lw[k]);
   }
-  if (has_pair) {  // interleaved pairs in, de-interleaved out
-    put(r + int(threadIdx.x), pair.x * cs - pair.y * sn);
-    put(r + half + int(threadIdx.x), pair.y * cs + pair.x * sn);
+  if (has_pair) {
+    const float2 y = rope_pair(pair, cs, sn);
+    put(r + int(threadIdx.x), y.x);
+    put(r + half + int(threadIdx.x), y.y);
   }
   if (!quantised) return;
   __syncthreads();
@@ -133,8 +140,7 @@ __global__ void __launch_bounds__(kNormThreads) norm_and_cache_kernel(const floa
 }
 
 // After q_b (or q_proj), which wrote q in bf16: RoPE on each head's rope part, in place, and behind the absorbed
-// part of q_cat where a form uses it (DeepSeek's RoPE: interleaved pairs in, de-interleaved out, with the position's
-// cos / sin of each pair). One warp per (token, head); lane i takes pairs i, i + 32, ...
+// part of q_cat where a form uses it (rope_pair). One warp per (token, head); lane i takes pairs i, i + 32, ...
 constexpr int kRopePairsPerLane = 4;  // rope parts up to 256 wide (DeepSeek: 64)
 __global__ void rope_q_kernel(__nv_bfloat16* q, const float* cos_table, const float* sin_table, int64_t rows, int heads, int nope, int rope,
                               int r, __nv_bfloat16* q_cat) {
@@ -148,10 +154,9 @@ __global__ void rope_q_kernel(__nv_bfloat16* q, const float* cos_table, const fl
   for (int k = 0; k < kRopePairsPerLane; ++k) {
     const int p = lane + 32 * k;
     if (p >= half) break;
-    const float2 pair = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(x)[p]);
-    const float cs = cos_table[t * half + p], sn = sin_table[t * half + p];
-    lo[k] = __float2bfloat16_rn(pair.x * cs - pair.y * sn);
-    hi[k] = __float2bfloat16_rn(pair.y * cs + pair.x * sn);
+    const float2 y = rope_pair(__bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(x)[p]), cos_table[t * half + p], sin_table[t * half + p]);
+    lo[k] = __float2bfloat16_rn(y.x);
+    hi[k] = __float2bfloat16_rn(y.y);
   }
   __syncwarp();  // every lane has read its pairs before any lane writes over them
   __nv_bfloat16* y = q_cat ? q_cat + row * (r + rope) + r : nullptr;
