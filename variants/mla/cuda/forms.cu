@@ -79,8 +79,8 @@ class MhaForm : public GpuVariant {
 
  protected:
   void prepare_mha(const __nv_bfloat16* k, const __nv_bfloat16* v, int64_t v_ld, int64_t v_head, int64_t v_request) {
-    const int64_t B = s_.batch, S = s_.q_len, N = p_->max_keys, L = key_ld_;
-    scores_.resize(size_t(B * nh_ * S * L));
+    const int64_t B = s_.batch, S = s_.q_len, N = p_->max_keys;
+    scores_.resize(size_t(B * nh_ * S * N));
     probs_.resize(scores_.size());
     probs_.zero();
     std::vector<const void*> k_ptr, q_ptr, v_ptr, p_ptr;
@@ -89,9 +89,9 @@ class MhaForm : public GpuVariant {
       for (int64_t h = 0; h < nh_; ++h) {
         k_ptr.push_back(k + (b * N * nh_ + h) * qhd_);
         q_ptr.push_back(q_.get() + (b * S * nh_ + h) * qhd_);
-        s_ptr.push_back(scores_.get() + (b * nh_ + h) * S * L);
+        s_ptr.push_back(scores_.get() + (b * nh_ + h) * S * N);
         v_ptr.push_back(v + b * v_request + h * v_head);
-        p_ptr.push_back(probs_.get() + (b * nh_ + h) * S * L);
+        p_ptr.push_back(probs_.get() + (b * nh_ + h) * S * N);
         o_ptr.push_back(attn_.get() + (b * S * nh_ + h) * vd_);
       }
     k_ptrs_ = pointer_array(k_ptr);
@@ -106,10 +106,10 @@ class MhaForm : public GpuVariant {
     const int64_t B = s_.batch, S = s_.q_len, N = p_->max_keys;
     // scores[b][h] [S x N] = q[b][h] [S x qhd] · K[b][h]^T
     gemm_batched(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, S, qhd_, k_ptrs_, nh_ * qhd_, q_ptrs_, nh_ * qhd_, const_cast<void**>(s_ptrs_),
-                 CUDA_R_32F, key_ld_, B * nh_);
+                 CUDA_R_32F, N, B * nh_);
     softmax(scores_.get(), probs_.get(), B * nh_ * S, nh_ * S, 1);
     // attn[b][h] [S x vd] = P [S x N] · V [N x vd]
-    gemm_batched(blas_, CUBLAS_OP_N, CUBLAS_OP_N, vd_, S, N, v_ptrs_, v_ld_, p_ptrs_, key_ld_, const_cast<void**>(o_ptrs_), CUDA_R_16BF,
+    gemm_batched(blas_, CUBLAS_OP_N, CUBLAS_OP_N, vd_, S, N, v_ptrs_, v_ld_, p_ptrs_, N, const_cast<void**>(o_ptrs_), CUDA_R_16BF,
                  nh_ * vd_, B * nh_);
   }
   DeviceArray<float> scores_;
@@ -207,22 +207,22 @@ class ACcCuda final : public GpuVariant {
 
  protected:
   void prepare_form() override {
-    const int64_t B = s_.batch, S = s_.q_len, N = p_->max_keys, T = s_.tokens(), L = key_ld_;
+    const int64_t B = s_.batch, S = s_.q_len, N = p_->max_keys, T = s_.tokens();
     latent_.resize(size_t(B * N * width_));
     latent_.zero();
     k_cat_.resize(size_t(B * nh_ * N * width_));
     q_cat_buffer_.resize(size_t(T * nh_ * width_));
     q_cat_ = q_cat_buffer_.get();
     o_lat_.resize(size_t(T * nh_ * r_));
-    scores_.resize(size_t(B * nh_ * S * L));
+    scores_.resize(size_t(B * nh_ * S * N));
     probs_.resize(scores_.size());
     std::vector<const void*> k, q, sc, pr, o;
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < nh_; ++h) {
         k.push_back(k_cat_.get() + (b * nh_ + h) * N * width_);
         q.push_back(q_cat_ + (b * S * nh_ + h) * width_);
-        sc.push_back(scores_.get() + (b * nh_ + h) * S * L);
-        pr.push_back(probs_.get() + (b * nh_ + h) * S * L);
+        sc.push_back(scores_.get() + (b * nh_ + h) * S * N);
+        pr.push_back(probs_.get() + (b * nh_ + h) * S * N);
         o.push_back(o_lat_.get() + (b * S * nh_ + h) * r_);
       }
     k_ptrs_ = pointer_array(k);
@@ -240,9 +240,9 @@ class ACcCuda final : public GpuVariant {
     DSLAB_CHECK_LAUNCH();
     concat_query();
     gemm_batched(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, S, width_, k_ptrs_, width_, q_ptrs_, nh_ * width_, const_cast<void**>(s_ptrs_),
-                 CUDA_R_32F, key_ld_, B * nh_);
+                 CUDA_R_32F, N, B * nh_);
     softmax(scores_.get(), probs_.get(), B * nh_ * S, nh_ * S, 1);
-    gemm_batched(blas_, CUBLAS_OP_N, CUBLAS_OP_N, r_, S, N, k_ptrs_, width_, p_ptrs_, key_ld_, const_cast<void**>(o_ptrs_), CUDA_R_16BF,
+    gemm_batched(blas_, CUBLAS_OP_N, CUBLAS_OP_N, r_, S, N, k_ptrs_, width_, p_ptrs_, N, const_cast<void**>(o_ptrs_), CUDA_R_16BF,
                  nh_ * r_, B * nh_);
     absorb_output(o_lat_.get());
   }
@@ -265,22 +265,22 @@ class ACcMeCuda final : public GpuVariant {
     latent_.zero();
     q_abs_.resize(size_t(T * nh_ * r_));
     o_lat_.resize(size_t(T * nh_ * r_));
-    scores_.resize(size_t(T * nh_ * key_ld_));
+    scores_.resize(size_t(T * nh_ * N));
     probs_.resize(scores_.size());
   }
   void attend() override {
     // One request's heads and new tokens are the rows M = q_len*heads of an MQA over its shared latent.
-    const int64_t B = s_.batch, N = p_->max_keys, M = s_.q_len * nh_, L = key_ld_;
+    const int64_t B = s_.batch, N = p_->max_keys, M = s_.q_len * nh_;
     gather_latent(latent_.get());  // int8/fp8 caches are dequantised here
     absorb_query(q_abs_.get(), r_);
     // scores[b] [M x N] = q_abs[b] · c_kv[b]^T + q_pe[b] · k_pe[b]^T: two sums, no concatenated key.
     gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, r_, latent_.get(), width_, N * width_, q_abs_.get(), r_, M * r_, scores_.get(),
-         CUDA_R_32F, L, M * L, B);
+         CUDA_R_32F, N, M * N, B);
     gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, rope_, latent_.get() + r_, width_, N * width_, q_.get() + nope_, qhd_, M * qhd_,
-         scores_.get(), CUDA_R_32F, L, M * L, B, 1.0f);
+         scores_.get(), CUDA_R_32F, N, M * N, B, 1.0f);
     softmax(scores_.get(), probs_.get(), B * M, M, nh_);
     // o_lat[b] [M x r] = P[b] · c_kv[b]
-    gemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, r_, M, N, latent_.get(), width_, N * width_, probs_.get(), L, M * L, o_lat_.get(),
+    gemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, r_, M, N, latent_.get(), width_, N * width_, probs_.get(), N, M * N, o_lat_.get(),
          CUDA_R_16BF, r_, M * r_, B);
     absorb_output(o_lat_.get());
   }

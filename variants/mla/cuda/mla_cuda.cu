@@ -182,12 +182,12 @@ __global__ void gather_kernel(CacheView cache, const int32_t* lengths, int64_t q
   for (int k = 0; k < kMaxValuesPerLane && lane + 32 * k < cache.width; ++k) dst[lane + 32 * k] = __float2bfloat16_rn(v[k]);
 }
 
-__global__ void softmax_kernel(const float* scores, __nv_bfloat16* probs, int64_t n, int64_t ld, float scale, const int32_t* lengths,
+__global__ void softmax_kernel(const float* scores, __nv_bfloat16* probs, int64_t n, float scale, const int32_t* lengths,
                                int64_t rows_per_request, int64_t div, int64_t q_len) {
   const int64_t row = blockIdx.x, b = row / rows_per_request, s = (row / div) % q_len;
   const int64_t visible = lengths[b] + s + 1;
-  const float* x = scores + row * ld;
-  __nv_bfloat16* y = probs + row * ld;
+  const float* x = scores + row * n;
+  __nv_bfloat16* y = probs + row * n;
   float mx = -INFINITY;
   for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) mx = fmaxf(mx, x[j]);
   mx = block_max(mx);
@@ -376,7 +376,7 @@ double device_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t pag
   if (fused) return bytes + T * H * w * 4 * 8;                                       // q, o_lat, split partials
   const double padded = B * N;
   bytes += padded * w * 2;                          // gathered latent
-  bytes += B * (N + kKeyAlign) * H * S * 6;         // scores fp32 + probabilities bf16 (rows padded, key_ld_)
+  bytes += padded * H * S * 6;                      // scores fp32 + probabilities bf16
   switch (algo) {
     case Algo::cd: bytes += 2 * total_keys * H * double(m.q_head_dim() + m.v_head_dim) * 2; break;  // pool + gathered
     case Algo::cc: bytes += padded * H * double(m.qk_nope_head_dim + m.v_head_dim + m.q_head_dim()) * 2; break;
@@ -454,7 +454,6 @@ void GpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t se
   r_ = m_.kv_lora_rank;
   hid_ = m_.hidden_size;
   width_ = r_ + rope_;
-  key_ld_ = (p_->max_keys + kKeyAlign - 1) / kKeyAlign * kKeyAlign;
   scale_ = float(m_.softmax_scale());
   if (!blas_) {
     DSLAB_CUBLAS(cublasCreate(&blas_));
@@ -611,8 +610,7 @@ void GpuVariant::gather_latent(__nv_bfloat16* out) const {
 }
 
 void GpuVariant::softmax(const float* scores, __nv_bfloat16* probs, int64_t rows, int64_t rows_per_request, int64_t div) const {
-  softmax_kernel<<<unsigned(rows), 256, 0, stream_>>>(scores, probs, p_->max_keys, key_ld_, scale_, p_->lengths_dev.get(), rows_per_request, div,
-                                                      s_.q_len);
+  softmax_kernel<<<unsigned(rows), 256, 0, stream_>>>(scores, probs, p_->max_keys, scale_, p_->lengths_dev.get(), rows_per_request, div, s_.q_len);
   DSLAB_CHECK_LAUNCH();
 }
 

@@ -109,12 +109,6 @@ void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int6
 void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out,
             void* y, cudaDataType y_type);
 
-// Score and probability rows (one per request, head and new token) of the unfused forms start every kKeyAlign keys
-// (key_ld_): with rows max_keys apart, max_keys = kv_len + 1 at q_len 1 is odd, every row but the first is
-// misaligned and cuBLAS falls back to its align-1 kernels (on the H200: a non-tensor-core SGEMM for the scores,
-// 2-4x slower than at q_len 2).
-constexpr int64_t kKeyAlign = 8;  // 16 bytes of bf16, 32 of fp32
-
 // Base of every GPU MLA variant: run() = project() (q, new latent into the paged cache), attend(), o_proj.
 class GpuVariant : public Variant {
  public:
@@ -143,7 +137,7 @@ class GpuVariant : public Variant {
 
   // Pieces the forms share.
   void gather_latent(__nv_bfloat16* out) const;  // paged cache -> [batch][max_keys][width] bf16 (padding untouched)
-  // Row-wise causal softmax of scale*scores over each request's visible keys, zeros beyond (rows key_ld_ apart):
+  // Row-wise causal softmax of scale*scores over each request's visible keys, zeros beyond:
   // row r belongs to request r / rows_per_request and to new token (r / div) % q_len.
   void softmax(const float* scores, __nv_bfloat16* probs, int64_t rows, int64_t rows_per_request, int64_t div) const;
   void absorb_query(__nv_bfloat16* q_abs, int64_t ld) const;  // q_nope·W_UK per head into q_abs[t][h][0..r)
@@ -163,7 +157,6 @@ class GpuVariant : public Variant {
   std::shared_ptr<GpuProblem> p_;
   cublasHandle_t blas_ = nullptr;
   int64_t nh_ = 0, nope_ = 0, rope_ = 0, qhd_ = 0, vd_ = 0, r_ = 0, hid_ = 0, width_ = 0;
-  int64_t key_ld_ = 0;  // stride of score / probability rows: max_keys rounded up to kKeyAlign
   float scale_ = 0;
   DeviceArray<__nv_bfloat16> q_;     // [tokens][heads][q_head_dim], rope applied
   DeviceArray<__nv_bfloat16> attn_;  // [tokens][heads][v_head_dim]
