@@ -58,12 +58,12 @@ __global__ void store_decompressed_kernel(const __nv_bfloat16* decompressed, con
   }
 }
 
-// cd's pages -> contiguous [batch][max_keys][heads][qhd] and [..][vd].
-__global__ void gather_decompressed_kernel(CacheView pages, const int32_t* lengths, int64_t q_len, int64_t max_keys, int64_t k_row16,
+// cd's pages -> contiguous [batch][keys][heads][qhd] and [..][vd].
+__global__ void gather_decompressed_kernel(CacheView pages, const int32_t* lengths, int64_t q_len, int64_t keys, int64_t k_row16,
                                            int64_t v_row16, const uint4* k_pool, const uint4* v_pool, uint4* k, uint4* v) {
   const int64_t b = blockIdx.y;
   for (int64_t token = blockIdx.x; token < lengths[b] + q_len; token += gridDim.x) {
-    const int64_t slot = pages.slot(b, token), dst = b * max_keys + token;
+    const int64_t slot = pages.slot(b, token), dst = b * keys + token;
     for (int64_t e = threadIdx.x; e < k_row16; e += blockDim.x) k[dst * k_row16 + e] = k_pool[slot * k_row16 + e];
     for (int64_t e = threadIdx.x; e < v_row16; e += blockDim.x) v[dst * v_row16 + e] = v_pool[slot * v_row16 + e];
   }
@@ -79,7 +79,7 @@ class MhaForm : public GpuVariant {
 
  protected:
   void prepare_mha(const __nv_bfloat16* k, const __nv_bfloat16* v, int64_t v_ld, int64_t v_head, int64_t v_request) {
-    const int64_t B = s_.batch, S = s_.q_len, N = p_->max_keys;
+    const int64_t B = s_.batch, S = s_.q_len, N = keys_;
     scores_.resize(size_t(B * nh_ * S * N));
     probs_.resize(scores_.size());
     probs_.zero();
@@ -103,7 +103,7 @@ class MhaForm : public GpuVariant {
     v_ld_ = v_ld;
   }
   void attend_mha() {
-    const int64_t B = s_.batch, S = s_.q_len, N = p_->max_keys;
+    const int64_t B = s_.batch, S = s_.q_len, N = keys_;
     // scores[b][h] [S x N] = q[b][h] [S x qhd] · K[b][h]^T
     gemm_batched(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, S, qhd_, k_ptrs_, nh_ * qhd_, q_ptrs_, nh_ * qhd_, const_cast<void**>(s_ptrs_),
                  CUDA_R_32F, N, B * nh_);
@@ -126,7 +126,7 @@ class CdCuda final : public MhaForm {
 
  protected:
   void prepare_form() override {
-    const int64_t B = s_.batch, N = p_->max_keys, T = s_.tokens(), dec = nh_ * (nope_ + vd_);
+    const int64_t B = s_.batch, N = keys_, T = s_.tokens(), dec = nh_ * (nope_ + vd_);
     const int64_t slots = int64_t(p_->cache.values.size() / p_->cache.element_bytes()) / width_;
     k_pool_.resize(size_t(slots * nh_ * qhd_));
     v_pool_.resize(size_t(slots * nh_ * vd_));
@@ -159,8 +159,8 @@ class CdCuda final : public MhaForm {
                                                                           true, cache_view(p_->cache), p_->lengths_dev.get(), nh_,
                                                                           nope_, vd_, rope_, r_, k_pool_.get(), v_pool_.get());
     DSLAB_CHECK_LAUNCH();
-    gather_decompressed_kernel<<<dim3(unsigned(std::min<int64_t>(p_->max_keys, 4096)), unsigned(B)), 128, 0, stream_>>>(
-        cache_view(p_->cache), p_->lengths_dev.get(), s_.q_len, p_->max_keys, nh_ * qhd_ / 8, nh_ * vd_ / 8,
+    gather_decompressed_kernel<<<dim3(unsigned(std::min<int64_t>(keys_, 4096)), unsigned(B)), 128, 0, stream_>>>(
+        cache_view(p_->cache), p_->lengths_dev.get(), s_.q_len, keys_, nh_ * qhd_ / 8, nh_ * vd_ / 8,
         reinterpret_cast<const uint4*>(k_pool_.get()), reinterpret_cast<const uint4*>(v_pool_.get()),
         reinterpret_cast<uint4*>(k_.get()), reinterpret_cast<uint4*>(v_.get()));
     DSLAB_CHECK_LAUNCH();
@@ -177,7 +177,7 @@ class CcCuda final : public MhaForm {
 
  protected:
   void prepare_form() override {
-    const int64_t B = s_.batch, N = p_->max_keys, dec = nh_ * (nope_ + vd_);
+    const int64_t B = s_.batch, N = keys_, dec = nh_ * (nope_ + vd_);
     latent_.resize(size_t(B * N * width_));
     latent_.zero();
     decompressed_.resize(size_t(B * N * dec));
@@ -186,7 +186,7 @@ class CcCuda final : public MhaForm {
     prepare_mha(k_.get(), decompressed_.get() + nope_, dec, nope_ + vd_, N * dec);
   }
   void attend() override {
-    const int64_t B = s_.batch, N = p_->max_keys, dec = nh_ * (nope_ + vd_);
+    const int64_t B = s_.batch, N = keys_, dec = nh_ * (nope_ + vd_);
     gather_latent(latent_.get());
     // Every cached token decompressed again, every step: [B*N][heads*(nope+vd)] = latent · kv_b_proj^T.
     gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, B * N, r_, p_->kv_b.get(), r_, 0, latent_.get(), width_, 0, decompressed_.get(),
@@ -207,7 +207,7 @@ class ACcCuda final : public GpuVariant {
 
  protected:
   void prepare_form() override {
-    const int64_t B = s_.batch, S = s_.q_len, N = p_->max_keys, T = s_.tokens();
+    const int64_t B = s_.batch, S = s_.q_len, N = keys_, T = s_.tokens();
     latent_.resize(size_t(B * N * width_));
     latent_.zero();
     k_cat_.resize(size_t(B * nh_ * N * width_));
@@ -232,7 +232,7 @@ class ACcCuda final : public GpuVariant {
     o_ptrs_ = pointer_array(o);
   }
   void attend() override {
-    const int64_t B = s_.batch, S = s_.q_len, N = p_->max_keys;
+    const int64_t B = s_.batch, S = s_.q_len, N = keys_;
     gather_latent(latent_.get());
     // The concatenated [latent ‖ rope] key materialised once per head, as the unfused absorbed form does.
     broadcast_heads_kernel<<<grid_for(B * nh_ * N * width_ / 8), 256, 0, stream_>>>(reinterpret_cast<const uint4*>(latent_.get()), N * width_ / 8,
@@ -260,7 +260,7 @@ class ACcMeCuda final : public GpuVariant {
  protected:
   bool supports_kv_dtype(KvDtype) const override { return true; }
   void prepare_form() override {
-    const int64_t B = s_.batch, N = p_->max_keys, T = s_.tokens();
+    const int64_t B = s_.batch, N = keys_, T = s_.tokens();
     latent_.resize(size_t(B * N * width_));
     latent_.zero();
     q_abs_.resize(size_t(T * nh_ * r_));
@@ -270,7 +270,7 @@ class ACcMeCuda final : public GpuVariant {
   }
   void attend() override {
     // One request's heads and new tokens are the rows M = q_len*heads of an MQA over its shared latent.
-    const int64_t B = s_.batch, N = p_->max_keys, M = s_.q_len * nh_;
+    const int64_t B = s_.batch, N = keys_, M = s_.q_len * nh_;
     gather_latent(latent_.get());  // int8/fp8 caches are dequantised here
     absorb_query(q_abs_.get(), r_);
     // scores[b] [M x N] = q_abs[b] · c_kv[b]^T + q_pe[b] · k_pe[b]^T: two sums, no concatenated key.

@@ -170,15 +170,15 @@ __global__ void rope_q_kernel(__nv_bfloat16* q, const float* cos_table, const fl
   }
 }
 
-// Paged cache -> contiguous [batch][max_keys][width] bf16, one warp per token.
-__global__ void gather_kernel(CacheView cache, const int32_t* lengths, int64_t q_len, int64_t max_keys, __nv_bfloat16* out) {
+// Paged cache -> contiguous [batch][keys][width] bf16, one warp per token.
+__global__ void gather_kernel(CacheView cache, const int32_t* lengths, int64_t q_len, int64_t keys, __nv_bfloat16* out) {
   const int64_t b = blockIdx.y;
   const int64_t token = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (token >= lengths[b] + q_len) return;
   const int lane = threadIdx.x % 32;
   float v[kMaxValuesPerLane];
   load_token(cache, cache.slot(b, token), v, lane);
-  __nv_bfloat16* dst = out + (b * max_keys + token) * cache.width;
+  __nv_bfloat16* dst = out + (b * keys + token) * cache.width;
   for (int k = 0; k < kMaxValuesPerLane && lane + 32 * k < cache.width; ++k) dst[lane + 32 * k] = __float2bfloat16_rn(v[k]);
 }
 
@@ -369,7 +369,7 @@ std::shared_ptr<GpuProblem> gpu_problem(const ModelConfig& m, const Shape& s, in
 double device_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t page_size, const std::string& len_dist, bool fused) {
   const double B = double(s.batch), H = double(s.heads), S = double(s.q_len), T = double(s.tokens());
   // Unfused forms pad every request to the longest; mixed lengths put the longest at a few times kv_len.
-  const double N = double(s.kv_len) * (len_dist == "mixed" && s.batch > 1 ? 4 : 1) + S;
+  const double N = double(s.kv_len) * (len_dist == "mixed" && s.batch > 1 ? 4 : 1) + S + double(kKeyAlign);  // (keys_)
   const double r = double(m.kv_lora_rank), w = r + double(m.qk_rope_head_dim);
   const double total_keys = B * (double(s.kv_len) + S + double(page_size));
   double bytes = total_keys * w * 2 + 2 * weight_bytes(m, s.heads);  // cache; weights (and q_a/kv_a stacked again)
@@ -454,6 +454,7 @@ void GpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t se
   r_ = m_.kv_lora_rank;
   hid_ = m_.hidden_size;
   width_ = r_ + rope_;
+  keys_ = (p_->max_keys + kKeyAlign - 1) / kKeyAlign * kKeyAlign;
   scale_ = float(m_.softmax_scale());
   if (!blas_) {
     DSLAB_CUBLAS(cublasCreate(&blas_));
@@ -605,12 +606,12 @@ std::map<std::string, double> GpuVariant::time_ops() {
 
 void GpuVariant::gather_latent(__nv_bfloat16* out) const {
   gather_kernel<<<dim3(unsigned((p_->max_keys + 7) / 8), unsigned(s_.batch)), 256, 0, stream_>>>(cache_view(p_->cache), p_->lengths_dev.get(),
-                                                                                     s_.q_len, p_->max_keys, out);
+                                                                                     s_.q_len, keys_, out);
   DSLAB_CHECK_LAUNCH();
 }
 
 void GpuVariant::softmax(const float* scores, __nv_bfloat16* probs, int64_t rows, int64_t rows_per_request, int64_t div) const {
-  softmax_kernel<<<unsigned(rows), 256, 0, stream_>>>(scores, probs, p_->max_keys, scale_, p_->lengths_dev.get(), rows_per_request, div, s_.q_len);
+  softmax_kernel<<<unsigned(rows), 256, 0, stream_>>>(scores, probs, keys_, scale_, p_->lengths_dev.get(), rows_per_request, div, s_.q_len);
   DSLAB_CHECK_LAUNCH();
 }
 

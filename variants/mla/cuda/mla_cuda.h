@@ -109,6 +109,13 @@ void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int6
 void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out,
             void* y, cudaDataType y_type);
 
+// The unfused forms pad every request to the longest (max_keys) in their gathered buffers, and further to a
+// multiple of kKeyAlign keys (keys_): a key count in a GEMM's dimensions and leading dimensions that is not a
+// multiple of 8 (max_keys = kv_len + 1 at q_len 1) sends cuBLAS to its unaligned kernels. On the H200 (session
+// 6): a_cc_me's batched score GEMM at 16 rows, 64 requests, 4097 keys 579 us, at 4104 keys 79 us; P V 269 vs 77 us.
+// The padding keys are zeros that the softmax masks like any key past a request's end.
+constexpr int64_t kKeyAlign = 8;
+
 // Base of every GPU MLA variant: run() = project() (q, new latent into the paged cache), attend(), o_proj.
 class GpuVariant : public Variant {
  public:
@@ -136,7 +143,7 @@ class GpuVariant : public Variant {
   virtual void attend() = 0;
 
   // Pieces the forms share.
-  void gather_latent(__nv_bfloat16* out) const;  // paged cache -> [batch][max_keys][width] bf16 (padding untouched)
+  void gather_latent(__nv_bfloat16* out) const;  // paged cache -> [batch][keys_][width] bf16 (padding untouched)
   // Row-wise causal softmax of scale*scores over each request's visible keys, zeros beyond:
   // row r belongs to request r / rows_per_request and to new token (r / div) % q_len.
   void softmax(const float* scores, __nv_bfloat16* probs, int64_t rows, int64_t rows_per_request, int64_t div) const;
@@ -157,6 +164,7 @@ class GpuVariant : public Variant {
   std::shared_ptr<GpuProblem> p_;
   cublasHandle_t blas_ = nullptr;
   int64_t nh_ = 0, nope_ = 0, rope_ = 0, qhd_ = 0, vd_ = 0, r_ = 0, hid_ = 0, width_ = 0;
+  int64_t keys_ = 0;  // keys per request in the unfused forms' buffers: max_keys rounded up to kKeyAlign
   float scale_ = 0;
   DeviceArray<__nv_bfloat16> q_;     // [tokens][heads][q_head_dim], rope applied
   DeviceArray<__nv_bfloat16> attn_;  // [tokens][heads][v_head_dim]
