@@ -1,12 +1,8 @@
 // Throwaway: a_cc_me's batched attention GEMMs at 16 heads, q_len 1 (M = 16 rows per request) vs M = 32, and a
 // swapped orientation; batch 64, N = 4097 keys. cuBLAS strided-batched, flushed L2, median of 15.
-#include <cublas_v2.h>
-#include <cuda_bf16.h>
-#include <cstdio>
+#include "probe.cuh"
 #include <vector>
 #include <algorithm>
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1);} } while (0)
-#define CB(x) do { cublasStatus_t e = (x); if (e != CUBLAS_STATUS_SUCCESS) { printf("cuBLAS %d at %d\n", int(e), __LINE__); exit(1);} } while (0)
 __global__ void fill(__nv_bfloat16* p, size_t n) { for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) p[i] = __float2bfloat16(float(int(i * 2654435761u % 1000)) / 1000.0f - 0.5f); }
 int main() {
   cublasHandle_t h; CB(cublasCreate(&h));

@@ -1,18 +1,8 @@
 // Throwaway: does an L2 prefetch of a weight matrix speed up cuBLAS's small-M GEMM?
-#include <cublas_v2.h>
-#include <cuda_bf16.h>
-#include <cstdio>
+#include "probe.cuh"
 #include <vector>
 #include <algorithm>
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1);} } while (0)
-#define CB(x) do { cublasStatus_t e = (x); if (e != CUBLAS_STATUS_SUCCESS) { printf("cuBLAS %d at %d\n", int(e), __LINE__); exit(1);} } while (0)
 
-__global__ void fill(__nv_bfloat16* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed; h ^= h >> 13; h *= 0x5bd1e995; h ^= h >> 15;
-    p[i] = __float2bfloat16((float(h & 0xffff) / 65536.0f - 0.5f) * 0.1f);
-  }
-}
 // mode 0: memory order, `chunk`-byte bulk prefetches; mode 1: K-major (1 KB of every row, then the next KB)
 __global__ void prefetch(const char* w, size_t rows, size_t row_bytes, int mode, uint32_t chunk) {
   const size_t total = rows * row_bytes;
@@ -43,7 +33,7 @@ int main() {
   for (auto sh : shapes) {
     __nv_bfloat16 *w, *x; float* y;
     CK(cudaMalloc(&w, size_t(sh.out) * sh.in * 2)); CK(cudaMalloc(&x, size_t(rows) * sh.in * 2)); CK(cudaMalloc(&y, size_t(rows) * sh.out * 4));
-    fill<<<1024, 256>>>(w, size_t(sh.out) * sh.in, 1); fill<<<1024, 256>>>(x, size_t(rows) * sh.in, 2); CK(cudaDeviceSynchronize());
+    fill_hashed<<<1024, 256>>>(w, size_t(sh.out) * sh.in, 1); fill_hashed<<<1024, 256>>>(x, size_t(rows) * sh.in, 2); CK(cudaDeviceSynchronize());
     const float alpha = 1, beta = 0;
     auto gemm = [&] { CB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, sh.out, rows, sh.in, &alpha, w, CUDA_R_16BF, sh.in, x, CUDA_R_16BF, sh.in, &beta, y, CUDA_R_32F, sh.out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)); };
     auto pf = [&](cudaStream_t s, int mode, uint32_t chunk, int grid) { prefetch<<<grid, 128, 0, s>>>((const char*)w, sh.out, size_t(sh.in) * 2, mode, chunk); CK(cudaGetLastError()); };

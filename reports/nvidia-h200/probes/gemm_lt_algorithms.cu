@@ -1,17 +1,8 @@
 // Throwaway: cuBLASLt algorithms for y = x W^T at M = 64 in both orientations (C^T = W x^T and C = x W^T).
+#include "probe.cuh"
 #include <cublasLt.h>
-#include <cuda_bf16.h>
-#include <cstdio>
 #include <vector>
 #include <algorithm>
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1);} } while (0)
-#define CB(x) do { cublasStatus_t e = (x); if (e != CUBLAS_STATUS_SUCCESS) { printf("cuBLAS %d at %d\n", int(e), __LINE__); exit(1);} } while (0)
-__global__ void fill(__nv_bfloat16* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed; h ^= h >> 13; h *= 0x5bd1e995; h ^= h >> 15;
-    p[i] = __float2bfloat16((float(h & 0xffff) / 65536.0f - 0.5f) * 0.1f);
-  }
-}
 int main() {
   cublasLtHandle_t lt; CB(cublasLtCreate(&lt));
   size_t wsb = 64 << 20; void* ws; CK(cudaMalloc(&ws, wsb));
@@ -24,7 +15,7 @@ int main() {
   for (auto sh : shapes) {
     __nv_bfloat16 *w, *x; float* y;
     CK(cudaMalloc(&w, size_t(sh.out) * sh.in * 2)); CK(cudaMalloc(&x, size_t(rows) * sh.in * 2)); CK(cudaMalloc(&y, size_t(rows) * sh.out * 4));
-    fill<<<1024, 256>>>(w, size_t(sh.out) * sh.in, 1); fill<<<1024, 256>>>(x, size_t(rows) * sh.in, 2); CK(cudaDeviceSynchronize());
+    fill_hashed<<<1024, 256>>>(w, size_t(sh.out) * sh.in, 1); fill_hashed<<<1024, 256>>>(x, size_t(rows) * sh.in, 2); CK(cudaDeviceSynchronize());
     for (int orient = 0; orient < 2; ++orient) for (cudaDataType ct : {CUDA_R_32F, CUDA_R_16BF}) {
       // orient 0: C^T[out x rows] = op(W)=T (W col-major [in x out]) * x^T (col-major [in x rows]), N
       // orient 1: C[rows x out] = op(x)=T (x col-major [in x rows]) * W (col-major [in x out]) N

@@ -1,18 +1,8 @@
 // Throwaway: split-K as a strided-batched cuBLAS GEMM over K slices (fp32 partials) + a sum kernel.
-#include <cublas_v2.h>
-#include <cuda_bf16.h>
-#include <cstdio>
+#include "probe.cuh"
 #include <vector>
 #include <algorithm>
 #include <cmath>
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1);} } while (0)
-#define CB(x) do { cublasStatus_t e = (x); if (e != CUBLAS_STATUS_SUCCESS) { printf("cuBLAS %d at %d\n", int(e), __LINE__); exit(1);} } while (0)
-__global__ void fill(__nv_bfloat16* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed; h ^= h >> 13; h *= 0x5bd1e995; h ^= h >> 15;
-    p[i] = __float2bfloat16((float(h & 0xffff) / 65536.0f - 0.5f) * 0.1f);
-  }
-}
 __global__ void sum_parts(const float4* parts, float4* out, size_t n4, int s) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
     float4 a = parts[i];
@@ -33,7 +23,7 @@ int main() {
     __nv_bfloat16 *w, *x; float *y, *parts;
     CK(cudaMalloc(&w, size_t(sh.out) * sh.in * 2)); CK(cudaMalloc(&x, size_t(rows) * sh.in * 2)); CK(cudaMalloc(&y, size_t(rows) * sh.out * 4));
     CK(cudaMalloc(&parts, size_t(16) * rows * sh.out * 4));
-    fill<<<1024, 256>>>(w, size_t(sh.out) * sh.in, 1); fill<<<1024, 256>>>(x, size_t(rows) * sh.in, 2); CK(cudaDeviceSynchronize());
+    fill_hashed<<<1024, 256>>>(w, size_t(sh.out) * sh.in, 1); fill_hashed<<<1024, 256>>>(x, size_t(rows) * sh.in, 2); CK(cudaDeviceSynchronize());
     const float alpha = 1, beta = 0;
     const double mb = sh.out * double(sh.in) * 2 / 1e6;
     printf("M=%d %-10s %6.1f MB:", rows, sh.name, mb);

@@ -1,10 +1,8 @@
 // Throwaway: is the per-SM streaming rate systematic? One CTA per SM streams its own slice; smid + duration per run.
-#include <cstdio>
+#include "probe.cuh"
 #include <vector>
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
-#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1);} } while (0)
 __global__ void __launch_bounds__(512, 1) stream(const uint4* buf, size_t per_cta, int* smid_out, unsigned long long* ns_out, uint4* sink, int rot) {
   extern __shared__ uint4 sm[];
   unsigned long long t0, t1; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
