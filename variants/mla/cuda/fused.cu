@@ -1,11 +1,10 @@
 // mla/fused/cuda: FlashMLA-style decode attention over the paged latent cache. All q heads (and the MTP
 // token) of a request are rows of one MQA against the request's shared [c_kv ‖ k_pe] keys; the keys are split
 // across SMs (split-KV, a balanced run of key blocks per CTA), each split runs an online softmax on the tensor
-// cores, and a combine kernel merges the splits by their log-sum-exp. Two kernels: bf16 caches run 64-row tiles
-// (16 or 32 rows padded to 64) on warpgroups with fixed roles that overlap the softmax with the products
-// (namespace roles); int8 / fp8 caches, dequantised in shared memory, run 16-, 32- or 64-row tiles through both
-// products and the softmax in lockstep (mma.sync; warpgroup MMAs at 64 rows). The projections around it are the
-// shared GPU ones (cuBLAS).
+// cores, and a combine kernel merges the splits by their log-sum-exp. One kernel for every cache dtype: 64-row
+// tiles (16 or 32 rows padded to 64) on warpgroups with fixed roles that overlap the softmax with the products
+// (namespace roles); int8 / fp8 blocks land raw and are dequantised to bf16 in shared memory by the warpgroup
+// about to score them. The projections around it are the shared GPU ones (cuBLAS).
 #include <cuda.h>           // CUtensorMap (the tensor-map encoder is fetched from the driver at run time)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
@@ -23,7 +22,6 @@ namespace {
 constexpr int kWidth = 576;                // latent 512 ‖ rope 64: every DeepSeek config
 constexpr int kLatent = 512;
 constexpr int kChunks = kWidth / 8;        // 16-byte chunks per key row
-constexpr int kThreads = 256;              // 8 warps
 constexpr int kGroups = kWidth / kQuantGroup;
 
 // ---- PTX wrappers --------------------------------------------------------------------------------------
@@ -40,26 +38,6 @@ __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\
 template <int N>
 __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ inline void ldmatrix_x2(uint32_t (&r)[2], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(p)));
-}
-__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-// c[16x8] += a[16x16] · b[16x8], bf16 in, fp32 accumulate.
-__device__ inline void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Q and K tiles in shared memory, in the layout Hopper's warpgroup MMA reads ("K-major, 128-byte swizzle"): the
@@ -81,16 +59,6 @@ __device__ inline uint64_t wgmma_desc_mn(const void* p, int rows) {
          (uint64_t(1) << 62);
 }
 
-// S[64 x 32] (+)= A[64 x 16] · B[32 x 16]^T for the calling warpgroup, both operands K-major in shared memory.
-__device__ inline void wgmma_m64n32k16(float (&d)[4][4], uint64_t a, uint64_t b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-      : "l"(a), "l"(b), "r"(accumulate));
-}
 // S[64 x 64] (+)= A[64 x 16] · B[64 x 16]^T, as above with 64 keys.
 __device__ inline void wgmma_m64n64k16(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
@@ -99,16 +67,6 @@ __device__ inline void wgmma_m64n64k16(float (&d)[8][4], uint64_t a, uint64_t b,
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
       : "l"(a), "l"(b), "r"(accumulate));
-}
-// O[64 x 256] += P[64 x 16] · V[16 x 256] for the calling warpgroup: P K-major, V stored [key][column] (MN-major,
-// the B operand transposed), both 128-byte swizzled in shared memory.
-__device__ inline void wgmma_m64n256k16_vt(float (&d)[32][4], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
-      : "l"(a), "l"(b));
 }
 // The same for 128 of those columns, d[16 H .. 16 H + 15]: a 64-register accumulator, which ptxas compiles in a
 // kernel whose threads start with 128 registers (it refuses the 256-column form there, even where setmaxnreg
@@ -130,8 +88,8 @@ __device__ inline void wgmma_commit_and_wait() {
 __device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 struct Params {
-  CUtensorMap kv_map;      // the bf16 cache as a [slots][576] tensor, 64 x 64 boxes, 128-byte swizzle (when tma)
-  bool tma;                // 64-row bf16 kernel with page_size a multiple of 64: blocks copied by the tensor memory accelerator
+  CUtensorMap kv_map;      // the cache as a [slots][576] tensor, 64 x 64 boxes (when tma)
+  bool tma;                // page_size a multiple of 64: blocks copied by the tensor memory accelerator
   const __nv_bfloat16* q;  // [tokens][heads][576]: [q_nope·W_UK ‖ q_pe]
   CacheView cache;
   const int32_t* lengths;
@@ -143,327 +101,19 @@ struct Params {
   float scale_log2;        // softmax scale * log2(e)
   int page_shift;          // log2(page_size) when it is a power of two, else -1
   int partial_rows;        // rows of o_partial / lse_partial per segment: row tiles x tile rows (a 64-row tile may pad)
-  __nv_bfloat16* o_lat;    // when set (bf16 cache): a segment that is its request's only one (w = 1)
-                           // is written here, final, instead of as a partial to merge
+  __nv_bfloat16* o_lat;    // a segment that is its request's only one (w = 1) is written here, final,
+                           // instead of as a partial to merge
 };
 
-// Keys per pipeline step of the lockstep kernel (a 32-key, 4-stage variant measured slower there on the H200).
+// Keys per block: segments (split_kv) start on block boundaries.
 constexpr int kBlockKeys = 64;
-
-template <int ROWS, KvDtype KV>
-struct Layout {
-  static constexpr int BN = kBlockKeys;
-  // Q K^T: the 8 warps tile (rows of 16) x (keys in 8s).
-  static constexpr int kWarpsM = ROWS / 16, kWarpsN = 8 / kWarpsM;
-  static constexpr int kKeysPerWarp = BN / kWarpsN;
-  // P·V has its own warp grid: 32-row warp tiles where there are 32 rows halve the V fragments each warp loads.
-  // (64-row tiles: the warpgroup MMA's own grid, warpgroup g owning latent columns 256 g .. 256 g + 255.)
-  static constexpr bool kWgmma = ROWS == 64;
-  static constexpr int kPvTilesM = kWgmma ? 1 : ROWS >= 32 ? 2 : 1, kPvWarpsM = ROWS / (16 * kPvTilesM), kPvWarpsN = 8 / kPvWarpsM;
-  static constexpr int kColsPerWarp = kLatent / kPvWarpsN;
-  // One K tile (bf16, dequantised) plus a raw staging buffer that plays the second stage.
-  static constexpr int kPStride = BN + 8;  // padded rows: the 8 rows an ldmatrix reads land in distinct banks
-  static constexpr int kThreadsPerKey = kThreads / BN;
-  static constexpr size_t q_bytes = size_t(ROWS) * kWidth * 2, k_bytes = size_t(BN) * kWidth * 2;
-  static constexpr size_t p_bytes = size_t(ROWS) * (kWgmma ? BN : kPStride) * 2, red_bytes = size_t(2) * kWarpsN * ROWS * 4;
-  static constexpr size_t raw_bytes = size_t(BN) * kWidth + size_t(BN) * kGroups * 4;
-  static constexpr size_t total = q_bytes + k_bytes + p_bytes + red_bytes + raw_bytes + 1024;  // + alignment slack
-  // 64-row tiles run both products on warpgroup MMAs: Q K^T with each warpgroup taking 32 of the block's
-  // keys, P V with each taking 256 latent columns; P then lives in the swizzled layout too.
-};
-
-template <int ROWS, KvDtype KV>
-struct Smem {
-  using L = Layout<ROWS, KV>;
-  __nv_bfloat16 *q, *k, *p;
-  float *max, *sum, *scale;
-  uint8_t* raw;
-  __device__ explicit Smem(uint8_t* base)
-      : q(reinterpret_cast<__nv_bfloat16*>(base)),
-        k(reinterpret_cast<__nv_bfloat16*>(base + L::q_bytes)),
-        p(reinterpret_cast<__nv_bfloat16*>(base + L::q_bytes + L::k_bytes)),
-        max(reinterpret_cast<float*>(base + L::q_bytes + L::k_bytes + L::p_bytes)),
-        sum(max + L::kWarpsN * ROWS),
-        scale(reinterpret_cast<float*>(base + L::q_bytes + L::k_bytes + L::p_bytes + L::red_bytes + L::BN * kWidth)),
-        raw(base + L::q_bytes + L::k_bytes + L::p_bytes + L::red_bytes) {}
-};
-
-// One segment: rows row0 .. row0+ROWS of request b against its keys [k_begin, k_end); writes the segment's
-// normalised partial output and log-sum-exp.
-template <int ROWS, KvDtype KV>
-__device__ void attend_segment(const Params& p, const Smem<ROWS, KV>& sm, int b, int k_begin, int k_end, int seg, int row0) {
-  static_assert(KV != KvDtype::bf16, "bf16 caches run the roles kernel");
-  using L = Layout<ROWS, KV>;
-  constexpr int BN = L::BN;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int wm = warp % L::kWarpsM, wn = warp / L::kWarpsM;
-  const int length = p.lengths[b];
-  const int32_t* page_table = p.cache.page_table + int64_t(b) * p.cache.pages_per_request;
-  const int page_size = int(p.cache.page_size);
-
-  const __nv_bfloat16* q = p.q + (int64_t(b) * p.rows + row0) * kWidth;
-  for (int c = tid; c < ROWS * kChunks; c += kThreads) {
-    const int row = c / kChunks, col = (c % kChunks) * 8;
-    cp_async16(sm.q + swz(row, col, ROWS), q + int64_t(row) * kWidth + col, true);
-  }
-  // kThreadsPerKey threads per key: each looks its key's page up once per block, in 32-bit arithmetic.
-  const int my_key = tid / L::kThreadsPerKey, my_part = tid % L::kThreadsPerKey;
-  auto load_block = [&](int key0) {  // into the staging area
-    const int key = key0 + my_key;
-    const bool valid = key < k_end;
-    const int64_t slot = valid ? int64_t(page_table[key / page_size]) * page_size + key % page_size : 0;
-    const uint8_t* src = p.cache.values + slot * kWidth;
-#pragma unroll
-    for (int j = my_part; j < kWidth / 16; j += L::kThreadsPerKey) cp_async16(sm.raw + my_key * kWidth + j * 16, src + j * 16, valid);
-    for (int g = my_part; g < kGroups; g += L::kThreadsPerKey)
-      cp_async4(sm.scale + my_key * kGroups + g, p.cache.scales + slot * kGroups + g, valid);
-    cp_async_commit();
-  };
-  auto dequantize_block = [&]() {  // staging -> K tile (bf16), 16 values per thread step
-    for (int c = tid; c < BN * (kWidth / 16); c += kThreads) {
-      const int k = c / (kWidth / 16), col = (c % (kWidth / 16)) * 16;
-      const float scale = sm.scale[k * kGroups + col / kQuantGroup];
-      const uint4 raw = *reinterpret_cast<const uint4*>(sm.raw + k * kWidth + col);
-      const uint8_t* bytes = reinterpret_cast<const uint8_t*>(&raw);
-      __align__(16) __nv_bfloat16 out[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) out[i] = __float2bfloat16_rn(dequantize(KV, bytes[i], scale));
-      *reinterpret_cast<uint4*>(sm.k + swz(k, col, BN)) = *reinterpret_cast<const uint4*>(out);
-      *reinterpret_cast<uint4*>(sm.k + swz(k, col + 8, BN)) = *reinterpret_cast<const uint4*>(out + 8);
-    }
-  };
-
-  // Each thread owns rows r_lo = lane/4 and r_hi = r_lo + 8 of its warp's 16; m and l per row.
-  const int r_lo = wm * 16 + lane / 4, r_hi = r_lo + 8;
-  const int last_lo = length + (row0 + r_lo) / p.heads, last_hi = length + (row0 + r_hi) / p.heads;  // causal among new tokens
-  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0, l_hi = 0;
-  // The P·V warp grid owns other rows: o_row(pm, half) = pv_row0 + 16 pm + lane/4 + 8 half, with its own running max.
-  const int pv_wm = warp % L::kPvWarpsM, pv_wn = warp / L::kPvWarpsM, pv_row0 = pv_wm * 16 * L::kPvTilesM;
-  float m_o[L::kPvTilesM][2];
-  float o[L::kPvTilesM][L::kColsPerWarp / 8][4];
-#pragma unroll
-  for (int pm = 0; pm < L::kPvTilesM; ++pm) {
-    m_o[pm][0] = m_o[pm][1] = -INFINITY;
-#pragma unroll
-    for (auto& t : o[pm]) t[0] = t[1] = t[2] = t[3] = 0;
-  }
-
-  const int blocks = (k_end - k_begin + BN - 1) / BN;
-  load_block(k_begin);  // (with Q, the first group)
-  for (int i = 0; i < blocks; ++i) {
-    const int key0 = k_begin + i * BN;
-    cp_async_wait<0>();
-    __syncthreads();
-    dequantize_block();
-    if constexpr (L::kWgmma) fence_proxy_async();
-    __syncthreads();
-    if (i + 1 < blocks) load_block(key0 + BN);  // lands in the staging area while this block computes
-    const __nv_bfloat16* K = sm.k;
-
-    // S = Q K^T for this warp's 16 rows x kKeysPerWarp keys. Few key tiles per warp would make one long chain
-    // of dependent MMAs: the k loop then runs kChains independent accumulators, summed at the end.
-    constexpr int kTiles = L::kKeysPerWarp / 8, kChains = kTiles >= 4 ? 1 : 4 / kTiles;
-    float acc[kChains][kTiles][4];
-#pragma unroll
-    for (auto& c : acc)
-#pragma unroll
-      for (auto& t : c) t[0] = t[1] = t[2] = t[3] = 0;
-    const int kbase = wn * L::kKeysPerWarp;
-    if constexpr (L::kWgmma) {  // warpgroup wn: all 64 rows x keys kbase..kbase+31, 36 k steps of 16
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < kWidth / 16; ++ks) {
-        const int block = ks >> 2, k_offset = (ks & 3) * 16;  // 64-column block, then 32 bytes per k step inside it
-        wgmma_m64n32k16(acc[0], wgmma_desc(sm.q + block * ROWS * 64 + k_offset), wgmma_desc(K + block * BN * 64 + kbase * 64 + k_offset),
-                        ks > 0);
-      }
-      wgmma_commit_and_wait();
-    }
-#pragma unroll 2
-    for (int ks0 = 0; ks0 < kWidth / 16 && !L::kWgmma; ks0 += kChains) {
-#pragma unroll
-      for (int ch = 0; ch < kChains; ++ch) {
-        const int ks = ks0 + ch;
-        uint32_t a[4];
-        ldmatrix_x4(a, sm.q + swz(wm * 16 + lane % 16, ks * 16 + (lane / 16) * 8, ROWS));
-        if constexpr (kTiles == 1) {
-          uint32_t bb[2];
-          ldmatrix_x2(bb, K + swz(kbase + (lane & 7), ks * 16 + ((lane >> 3) & 1) * 8, BN));
-          mma(acc[ch][0], a, bb[0], bb[1]);
-        } else {
-#pragma unroll
-          for (int np = 0; np < kTiles / 2; ++np) {
-            uint32_t bb[4];
-            ldmatrix_x4(bb, K + swz(kbase + np * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 16 + ((lane >> 3) & 1) * 8, BN));
-            mma(acc[ch][2 * np], a, bb[0], bb[1]);
-            mma(acc[ch][2 * np + 1], a, bb[2], bb[3]);
-          }
-        }
-      }
-    }
-    float s[kTiles][4];
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[t][e] = acc[0][t][e];
-#pragma unroll
-        for (int ch = 1; ch < kChains; ++ch) s[t][e] += acc[ch][t][e];
-      }
-    // Mask keys past the segment or past the row's own position, then the block's row maxima.
-    float mx_lo = -INFINITY, mx_hi = -INFINITY;
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int key = key0 + kbase + t * 8 + (lane % 4) * 2 + e;
-        if (key >= k_end || key > last_lo) s[t][e] = -INFINITY;
-        if (key >= k_end || key > last_hi) s[t][2 + e] = -INFINITY;
-        mx_lo = fmaxf(mx_lo, s[t][e]);
-        mx_hi = fmaxf(mx_hi, s[t][2 + e]);
-      }
-    for (int off = 1; off < 4; off <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
-    }
-    if (lane % 4 == 0) {
-      sm.max[wn * ROWS + r_lo] = mx_lo;
-      sm.max[wn * ROWS + r_hi] = mx_hi;
-    }
-    __syncthreads();
-    float new_lo = m_lo, new_hi = m_hi;
-#pragma unroll
-    for (int w = 0; w < L::kWarpsN; ++w) {
-      new_lo = fmaxf(new_lo, sm.max[w * ROWS + r_lo]);
-      new_hi = fmaxf(new_hi, sm.max[w * ROWS + r_hi]);
-    }
-    // A row that has seen no key yet keeps m = -inf: its probabilities are 0 and its rescale factor 1.
-    const float base_lo = new_lo == -INFINITY ? 0.0f : new_lo * p.scale_log2;
-    const float base_hi = new_hi == -INFINITY ? 0.0f : new_hi * p.scale_log2;
-    const float alpha_lo = exp2f(m_lo * p.scale_log2 - base_lo), alpha_hi = exp2f(m_hi * p.scale_log2 - base_hi);
-    m_lo = new_lo;
-    m_hi = new_hi;
-    l_lo *= alpha_lo;
-    l_hi *= alpha_hi;
-#pragma unroll
-    for (int t = 0; t < kTiles; ++t) {
-      const float p0 = exp2f(s[t][0] * p.scale_log2 - base_lo), p1 = exp2f(s[t][1] * p.scale_log2 - base_lo);
-      const float p2 = exp2f(s[t][2] * p.scale_log2 - base_hi), p3 = exp2f(s[t][3] * p.scale_log2 - base_hi);
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(p0, p1), hi = __floats2bfloat162_rn(p2, p3);
-      // The sums use the bf16-rounded probabilities the PV product will use.
-      l_lo += __low2float(lo) + __high2float(lo);
-      l_hi += __low2float(hi) + __high2float(hi);
-      const int col = kbase + t * 8 + (lane % 4) * 2;
-      *reinterpret_cast<__nv_bfloat162*>(sm.p + (L::kWgmma ? swz(r_lo, col, ROWS) : r_lo * L::kPStride + col)) = lo;
-      *reinterpret_cast<__nv_bfloat162*>(sm.p + (L::kWgmma ? swz(r_hi, col, ROWS) : r_hi * L::kPStride + col)) = hi;
-    }
-    // Rescale this thread's output rows by their own max's change (the same maxima the S rows saw).
-#pragma unroll
-    for (int pm = 0; pm < L::kPvTilesM; ++pm)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = pv_row0 + 16 * pm + lane / 4 + 8 * half;
-        float m_new = m_o[pm][half];
-#pragma unroll
-        for (int w = 0; w < L::kWarpsN; ++w) m_new = fmaxf(m_new, sm.max[w * ROWS + row]);
-        const float alpha = exp2f(m_o[pm][half] * p.scale_log2 - (m_new == -INFINITY ? 0.0f : m_new * p.scale_log2));
-        m_o[pm][half] = m_new;
-#pragma unroll
-        for (auto& t : o[pm]) {
-          t[2 * half] *= alpha;
-          t[2 * half + 1] *= alpha;
-        }
-      }
-    if constexpr (L::kWgmma) fence_proxy_async();  // P, written just now, is read by the tensor cores
-    __syncthreads();
-    // O += P V: this warp's kPvTilesM x 16 rows x kColsPerWarp latent columns over the block's 64 keys.
-    const int cbase = pv_wn * L::kColsPerWarp;
-    if constexpr (L::kWgmma) {
-      wgmma_fence();  // the accumulators were rescaled above
-#pragma unroll
-      for (int ks = 0; ks < BN / 16; ++ks)
-        wgmma_m64n256k16_vt(o[0], wgmma_desc(sm.p + ks * 16), wgmma_desc_mn(K + (cbase / 64) * BN * 64 + ks * 16 * 64, BN));
-      wgmma_commit_and_wait();
-    }
-#pragma unroll
-    for (int ks = 0; ks < BN / 16 && !L::kWgmma; ++ks) {
-      uint32_t a[L::kPvTilesM][4];
-#pragma unroll
-      for (int pm = 0; pm < L::kPvTilesM; ++pm)
-        ldmatrix_x4(a[pm], sm.p + (pv_row0 + 16 * pm + lane % 16) * L::kPStride + ks * 16 + (lane / 16) * 8);
-#pragma unroll
-      for (int np = 0; np < L::kColsPerWarp / 16; ++np) {
-        uint32_t bb[4];
-        ldmatrix_x4_trans(bb, K + swz(ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, cbase + np * 16 + (lane >> 4) * 8, BN));
-#pragma unroll
-        for (int pm = 0; pm < L::kPvTilesM; ++pm) {
-          mma(o[pm][2 * np], a[pm], bb[0], bb[1]);
-          mma(o[pm][2 * np + 1], a[pm], bb[2], bb[3]);
-        }
-      }
-    }
-  }
-  cp_async_wait<0>();  // nothing may land in shared memory after this segment (empty groups only, but be exact)
-
-  // Row sums across the quad and across the warps that split the keys.
-  for (int off = 1; off < 4; off <<= 1) {
-    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
-    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
-  }
-  if (lane % 4 == 0) {
-    sm.sum[wn * ROWS + r_lo] = l_lo;
-    sm.sum[wn * ROWS + r_hi] = l_hi;
-  }
-  __syncthreads();
-  float sum_lo = 0, sum_hi = 0;  // of the S rows, for the log-sum-exp
-  for (int w = 0; w < L::kWarpsN; ++w) {
-    sum_lo += sm.sum[w * ROWS + r_lo];
-    sum_hi += sm.sum[w * ROWS + r_hi];
-  }
-  float* out = p.o_partial + (int64_t(seg) * p.partial_rows + row0) * kLatent;
-  const int cbase = pv_wn * L::kColsPerWarp;
-#pragma unroll
-  for (int pm = 0; pm < L::kPvTilesM; ++pm)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = pv_row0 + 16 * pm + lane / 4 + 8 * half;
-      float sum = 0;
-      for (int w = 0; w < L::kWarpsN; ++w) sum += sm.sum[w * ROWS + row];
-      const float inv = sum > 0 ? 1.0f / sum : 0.0f;
-#pragma unroll
-      for (int t = 0; t < L::kColsPerWarp / 8; ++t) {
-        const int col = cbase + t * 8 + (lane % 4) * 2;
-        *reinterpret_cast<float2*>(out + row * kLatent + col) = make_float2(o[pm][t][2 * half] * inv, o[pm][t][2 * half + 1] * inv);
-      }
-    }
-  __syncthreads();  // the next segment reuses sum, max, Q and K
-  if (wn == 0 && lane % 4 == 0) {
-    float* lse = p.lse_partial + int64_t(seg) * p.partial_rows + row0;
-    lse[r_lo] = sum_lo > 0 ? m_lo * p.scale_log2 + log2f(sum_lo) : -INFINITY;
-    lse[r_hi] = sum_hi > 0 ? m_hi * p.scale_log2 + log2f(sum_hi) : -INFINITY;
-  }
-}
-
-// One CTA per (part, row tile): a part is a contiguous run of the batch's key blocks, equal for every part,
-// which may finish one request and start the next (FlashMLA's scheduling: one wave, no tail).
-template <int ROWS, KvDtype KV>
-__global__ void __launch_bounds__(kThreads, 1) mla_decode_kernel(Params p) {
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // wgmma's swizzle atoms are 1024 B
-  const Smem<ROWS, KV> sm(smem);
-  const int2 mine = p.part_segments[blockIdx.x];
-  for (int seg = mine.x; seg < mine.x + mine.y; ++seg) {
-    const int4 s = p.segments[seg];
-    attend_segment<ROWS, KV>(p, sm, s.x, s.y, s.z, seg, int(blockIdx.y) * ROWS);
-  }
-}
 
 // Merge a request's segments: o = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max). One block per (row, request).
 __global__ void combine_kernel(const float* o_partial, const float* lse_partial, int partial_rows, const int2* request_segments, int rows,
-                               bool skip_whole, __nv_bfloat16* o_lat) {
+                               __nv_bfloat16* o_lat) {
   const int row = blockIdx.x, b = blockIdx.y;
   const int2 range = request_segments[b];  // first segment, count
-  if (skip_whole && range.y == 1) return;  // the decode kernel wrote it
+  if (range.y == 1) return;                // the decode kernel wrote it
   float mx = -INFINITY;
   for (int i = 0; i < range.y; ++i) mx = fmaxf(mx, lse_partial[int64_t(range.x + i) * partial_rows + row]);
   float total = 0;
@@ -479,10 +129,10 @@ __global__ void combine_kernel(const float* o_partial, const float* lse_partial,
   for (int j = 0; j < kLatent / 128; ++j) dst[threadIdx.x + 128 * j] = __float2bfloat16_rn(acc[j] / total);
 }
 
-// ---- 64-row tiles, bf16 cache: warpgroups with fixed roles -------------------------------------------------
-// The kernel above runs both products and the softmax between them in lockstep, so the tensor cores idle while
-// the softmax runs (0.36-0.40 of the roofline at 128 heads). Here, as in FlashMLA, the softmax overlaps the
-// products. Two scorer warpgroups (2 and 3) take alternate 64-key blocks: each computes S = Q K^T (wgmma
+// ---- 64-row tiles on warpgroups with fixed roles -------------------------------------------------------------
+// As in FlashMLA, the softmax overlaps the products (a kernel running both products and the softmax in lockstep
+// idled the tensor cores during the softmax: 0.36-0.40 of the roofline at 128 heads). Two scorer warpgroups (2
+// and 3) take alternate 64-key blocks: each computes S = Q K^T (wgmma
 // m64n64k16) and the online softmax of its block, handing the running max on to the other (so block j + 1's
 // Q K^T runs while block j's softmax does), and leaves P (bf16) and each row's rescale factor for the two
 // accumulator warpgroups (0 and 1). Each of those holds half of O (64 x 256 fp32), runs O = alpha O + P V
@@ -490,7 +140,9 @@ __global__ void combine_kernel(const float* o_partial, const float* lse_partial,
 // (tensor-memory-accelerator boxes, or cp.async where pages are smaller than a block; an mbarrier per stage).
 // P needs no buffer of its own: it overwrites the block's rope columns, which only Q K^T reads. Two stages of 64
 // keys (scorer s always on stage s), Q and the stages fill the shared memory. A CTA walks its segments as one
-// flat run of blocks, so the pipeline does not drain where a request ends.
+// flat run of blocks, so the pipeline does not drain where a request ends. An int8 / fp8 block (half the bytes of
+// a bf16 one, plus a scale per 64 values) lands in the upper half of its stage; its scorer expands it to bf16 in
+// place before scoring it (dequantise_stage), so both products read the same bf16 tile as for a bf16 cache.
 namespace roles {
 
 // kHalfKeys: the cp.async copies take a block in two halves of 32 keys (4 threads per key); tensor copies take
@@ -511,6 +163,12 @@ constexpr int kRopeBlock = kLatent / 64;  // the 64-column block of the rope col
 constexpr size_t kMetaBytes = size_t(kStages) * 2 * kRows * 4 + size_t(3) * kRows * 4 + kStages * 8;
 constexpr size_t kSmemBytes = kQBytes + kStages * kStageBytes + kMetaBytes + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
+// A quantised block as it lands, in the top of its stage: raw block c (64 keys x 64 one-byte values of column
+// block c, [key][value]) at kRawOffset + c kRawBlockBytes, then the scales, [key][group] (group = column block).
+constexpr int kRawBlockBytes = kKeys * 64, kScaleBytes = kKeys * kGroups * 4;
+constexpr int kRawOffset = int(kStageBytes) - kGroups * kRawBlockBytes - kScaleBytes, kScalesOffset = int(kStageBytes) - kScaleBytes;
+static_assert(kGroups == kWidth / 64, "one scale per 64-column block");
+static_assert(kRawOffset % 16 == 0 && kScalesOffset % 16 == 0, "bulk copies land 16-byte aligned");
 
 // Named barriers (0 is __syncthreads): each scorer's own (+ 0 or 1); per stage "ready" (scorer -> accumulators:
 // P and the rescale factors are there); per j % 2 "max" (scorer of block j -> scorer of block j + 1: the running
@@ -544,6 +202,90 @@ __device__ inline void mbarrier_wait(uint64_t* bar, int parity) {
       "@!done bra wait;\n}\n" ::"r"(smem_addr(bar)),
       "r"(parity)
       : "memory");
+}
+
+// Bulk (non-tensor) copy of `bytes` into shared memory, counted on `bar` (addresses and size multiples of 16).
+__device__ inline void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+
+__device__ inline uint32_t pack_bf16(float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Four quantised values (column order, the first in the low byte) times their scale, as two bf16 pairs: the same
+// float(q) * scale, rounded once, as dequantize(), with one conversion instruction per pair (fp8) or none (int8)
+// instead of one per value, which ran at a quarter of the FP32 rate (H200, 16 heads, batch 64, 32K: the kernel
+// 855 -> 780 us with int8, 937 -> 738 us with fp8).
+template <KvDtype KV>
+__device__ __forceinline__ void dequantise4(uint32_t word, float scale, uint32_t& lo, uint32_t& hi) {
+  float f[4];
+  if constexpr (KV == KvDtype::int8) {
+    // q + 128 (the sign bit flipped) in the low byte of 2^23 is the float 2^23 + q + 128, exactly.
+    const uint32_t biased = word ^ 0x80808080u;
+    f[0] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7440)) - 8388736.0f;
+    f[1] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7441)) - 8388736.0f;
+    f[2] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7442)) - 8388736.0f;
+    f[3] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7443)) - 8388736.0f;
+  } else {  // e4m3 pairs to half pairs (exact), in one instruction each
+    const __half2_raw h01 = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word & 0xFFFFu), __NV_E4M3);
+    const __half2_raw h23 = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word >> 16), __NV_E4M3);
+    const float2 a = __half22float2(__half2(h01)), b = __half22float2(__half2(h23));
+    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+  }
+  lo = pack_bf16(f[0] * scale, f[1] * scale);
+  hi = pack_bf16(f[2] * scale, f[3] * scale);
+}
+
+// Expands the quantised block in `stage` (as it landed, see kRawOffset) in place into the bf16 tile both products
+// read: bf16 column block c takes bytes [8 KB c, 8 KB (c + 1)). Run by the 128 threads of one scorer, two per key.
+// Blocks 0-3 land below the raw bytes; 4 and 5 over raw blocks 0-3, which every thread has read by the first
+// barrier; 6-8 over raw blocks 4-8 and the scales, which every thread has read (6-8 into registers) by the second.
+template <KvDtype KV>
+__device__ __forceinline__ void dequantise_stage(uint8_t* stage, int t, int barrier) {
+  const int key = t / 2, half = t % 2;  // this thread's 32 values of each of its key's column blocks
+  const uint8_t* raw = stage + kRawOffset + key * 64 + half * 32;
+  const float* scales = reinterpret_cast<const float*>(stage + kScalesOffset) + key * kGroups;
+  __nv_bfloat16* const tile = reinterpret_cast<__nv_bfloat16*>(stage);
+  auto load = [&](int c, uint4 (&v)[2]) {
+    v[0] = *reinterpret_cast<const uint4*>(raw + c * kRawBlockBytes);
+    v[1] = *reinterpret_cast<const uint4*>(raw + c * kRawBlockBytes + 16);
+  };
+  auto expand = [&](int c, const uint4 (&v)[2], float scale) {  // 4 chunks of 8 bf16 values, swizzled as the MMAs read
+    const uint32_t words[8] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y, v[1].z, v[1].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t packed[4];
+      dequantise4<KV>(words[2 * i], scale, packed[0], packed[1]);
+      dequantise4<KV>(words[2 * i + 1], scale, packed[2], packed[3]);
+      *reinterpret_cast<uint4*>(tile + swz(key, c * 64 + half * 32 + i * 8, kKeys)) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
+  };
+  uint4 v[2];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    load(c, v);
+    expand(c, v, scales[c]);
+  }
+  bar_sync(barrier, 128);
+  uint4 kept[3][2];
+  float kept_scale[3];
+#pragma unroll
+  for (int c = 0; c < 3; ++c) {
+    load(6 + c, kept[c]);
+    kept_scale[c] = scales[6 + c];
+  }
+#pragma unroll
+  for (int c = 4; c < 6; ++c) {
+    load(c, v);
+    expand(c, v, scales[c]);
+  }
+  bar_sync(barrier, 128);
+#pragma unroll
+  for (int c = 0; c < 3; ++c) expand(6 + c, kept[c], kept_scale[c]);
 }
 
 // S = Q K^T for the block in stage kStage. Descriptors advance by constant offsets (their address field counts
@@ -583,6 +325,7 @@ struct Cursor {
   }
 };
 
+template <KvDtype KV>
 __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ Params p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -655,8 +398,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         fence_proxy_async();  // the copies are read by the tensor cores
       }
       mbarrier_wait(&landed[scorer], (j / 2) & 1);
-      if (!p.tma) fence_proxy_async();  // cp.async copies (generic proxy) are read by the tensor cores (async proxy)
-      if (first) bar_sync(kBarScorer + scorer, 128);  // every thread's part of Q has landed
+      if constexpr (KV != KvDtype::bf16) {
+        dequantise_stage<KV>(reinterpret_cast<uint8_t*>(sk + scorer * kKeys * kWidth), t, kBarScorer + scorer);
+        fence_proxy_async();                 // the bf16 tile, written just now, is read by the tensor cores
+        bar_sync(kBarScorer + scorer, 128);  // every thread's part of it (and of Q) is there
+      } else {
+        if (!p.tma) fence_proxy_async();  // cp.async copies (generic proxy) are read by the tensor cores (async proxy)
+        if (first) bar_sync(kBarScorer + scorer, 128);  // every thread's part of Q has landed
+      }
       float s[8][4];
       if (scorer == 0) score_block<0>(s, q_desc);  // a constant stage per scorer: descriptors are Q's plus immediates
       else score_block<1>(s, q_desc);
@@ -800,7 +549,30 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     if (next_load >= total) return;
     __nv_bfloat16* dst = sk + (next_load % kStages) * kKeys * kWidth;
     uint64_t* bar = &landed[next_load % kStages];
-    if (p.tma) {
+    if constexpr (KV != KvDtype::bf16) {
+      uint8_t* const stage = reinterpret_cast<uint8_t*>(dst);
+      if (p.tma) {  // raw blocks 0-4 and the scales (warpgroup 0), 5-8 (warpgroup 1)
+        if (t == 0) {
+          const int first_block = warpgroup == 0 ? 0 : 5, boxes = warpgroup == 0 ? 5 : 4;
+          mbarrier_expect_bytes(bar, uint32_t(boxes * kRawBlockBytes + (warpgroup == 0 ? kScaleBytes : 0)));
+          for (int b = first_block; b < first_block + boxes; ++b)
+            tma_load(stage + kRawOffset + b * kRawBlockBytes, &p.kv_map, b * 64, int(slot[0]), bar);
+          // A block lies in one page (page_size % kKeys == 0): its keys' scales are one contiguous run.
+          if (warpgroup == 0) bulk_load(stage + kScalesOffset, p.cache.scales + slot[0] * kGroups, kScaleBytes, bar);
+        }
+      } else {  // one key per thread (the lookup's half `warpgroup`): a 16-byte piece of each raw block, every 4th scale
+        const int64_t my_slot = warpgroup == 0 ? slot[0] : slot[1];
+        const bool valid = my_slot >= 0;
+        const uint8_t* src = p.cache.values + (valid ? my_slot : 0) * kWidth;
+        const float* scales = p.cache.scales + (valid ? my_slot : 0) * kGroups;
+        const int key = warpgroup * kHalfKeys + my_key;
+#pragma unroll
+        for (int c = 0; c < kGroups; ++c)
+          cp_async16(stage + kRawOffset + c * kRawBlockBytes + key * 64 + my_part * 16, src + c * 64 + my_part * 16, valid);
+        for (int g = my_part; g < kGroups; g += 4) cp_async4(stage + kScalesOffset + (key * kGroups + g) * 4, scales + g, valid);
+        mbarrier_arrive_on_copies(bar);
+      }
+    } else if (p.tma) {
       if (t == 0) {
         const int boxes = warpgroup == 0 ? 5 : 4;  // warpgroup 0: latent blocks 0-3 and the rope block; 1: blocks 4-7
         mbarrier_expect_bytes(bar, uint32_t(boxes * kKeys * 128));
@@ -872,7 +644,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
           o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
         }
       };
-      if (real_rows && p.o_lat && at.s.w) write(p.o_lat + (int64_t(at.s.x) * p.rows + row0) * kLatent + cbase);  // whole: final
+      if (real_rows && at.s.w) write(p.o_lat + (int64_t(at.s.x) * p.rows + row0) * kLatent + cbase);  // whole: final
       else write(p.o_partial + (int64_t(real_rows ? at.seg : 0) * p.partial_rows + row0) * kLatent + cbase);  // merged by combine
     }
     // Once both products are done (and every thread has read the block's factors) the stage takes block j + 2:
@@ -887,27 +659,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
 }  // namespace roles
 
 // One CTA per (part, row tile); the kernel's shared-memory allowance is raised on its first launch.
-template <auto kKernel>
-void launch_decode_kernel(const Params& params, int parts, int row_tiles, int threads, size_t smem_bytes, cudaStream_t stream) {
-  static const bool configured = [&] {
-    DSLAB_CUDA(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
+template <KvDtype KV>
+void launch_decode_kernel(const Params& params, int parts, int row_tiles, cudaStream_t stream) {
+  static const bool configured = [] {
+    DSLAB_CUDA(cudaFuncSetAttribute(roles::decode_kernel<KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(roles::kSmemBytes)));
     return true;
   }();
   (void)configured;
-  kKernel<<<dim3(unsigned(parts), unsigned(row_tiles)), threads, smem_bytes, stream>>>(params);
+  roles::decode_kernel<KV><<<dim3(unsigned(parts), unsigned(row_tiles)), roles::kThreads, roles::kSmemBytes, stream>>>(params);
   DSLAB_CHECK_LAUNCH();
-}
-
-template <int ROWS, KvDtype KV>
-void launch_decode(const Params& params, int parts, int row_tiles, cudaStream_t stream) {
-  launch_decode_kernel<mla_decode_kernel<ROWS, KV>>(params, parts, row_tiles, kThreads, Layout<ROWS, KV>::total, stream);
-}
-
-// Quantised caches: the lockstep kernel at the tile's rows.
-template <int ROWS>
-void launch_quantised_decode(KvDtype kv, const Params& params, int parts, int row_tiles, cudaStream_t stream) {
-  if (kv == KvDtype::int8) launch_decode<ROWS, KvDtype::int8>(params, parts, row_tiles, stream);
-  else launch_decode<ROWS, KvDtype::fp8_e4m3>(params, parts, row_tiles, stream);
 }
 
 int page_shift(int64_t page_size) {
@@ -923,7 +683,6 @@ class FusedCuda final : public GpuVariant {
     auto c = GpuVariant::counters();
     c["segments"] = double(segments_);
     c["ctas"] = double(parts_ * row_tiles_);
-    c["rows_per_cta"] = double(rows_per_cta_);
     c["tma"] = tma_ ? 1.0 : 0.0;
     return c;
   }
@@ -933,23 +692,20 @@ class FusedCuda final : public GpuVariant {
   void prepare_form() override {
     const int64_t T = s_.tokens(), M = s_.q_len * nh_;
     if (M % 16) throw BadInput("mla/fused/cuda: heads x q_len must be a multiple of 16, got " + std::to_string(M));
-    // bf16: 64-row tiles always (16 heads pad 16 rows to 64: the spare MMA rows cost less than the lockstep
-    // kernel's softmax stalls, measured 0.59-0.90 vs 0.55-0.83 of the roofline on the H200); quantised caches:
-    // the largest tile that divides the rows.
-    rows_per_cta_ = s_.kv_dtype == KvDtype::bf16 || M % 64 == 0 ? 64 : M % 32 == 0 ? 32 : 16;
-    row_tiles_ = int((M + rows_per_cta_ - 1) / rows_per_cta_);
+    // 64-row tiles always (16 heads pad 16 rows to 64: the spare MMA rows cost less than a lockstep kernel's
+    // softmax stalls at 16- or 32-row tiles, measured 0.59-0.90 vs 0.55-0.83 of the roofline on the H200).
+    row_tiles_ = int((M + roles::kRows - 1) / roles::kRows);
     // Split-KV, balanced (see mla::split_kv): one CTA per SM and row tile.
     parts_ = std::max(1, gpu_info().sms / row_tiles_);
-    // The bf16 kernel writes requests it covers whole straight to o_lat (it never writes padding rows): those need
+    // The kernel writes requests it covers whole straight to o_lat (it never writes padding rows): those need
     // no merge, so the plan keeps requests whole where that costs little balance (measured at 128 heads on the
     // H200, one run, two rounds: +2-5% of the roofline at 4K-8K, -0.5% at 16K-32K).
-    direct_ = s_.kv_dtype == KvDtype::bf16;
-    const SplitKv plan = split_kv(p_->lengths, s_.q_len, kBlockKeys, parts_, direct_);
+    const SplitKv plan = split_kv(p_->lengths, s_.q_len, kBlockKeys, parts_, /*whole_requests=*/true);
     std::vector<int4> segments;
     std::vector<int2> part_segments, request_segments;
     for (const auto& g : plan.segments)
       segments.push_back(make_int4(g.request, g.first_key, g.end_key, plan.requests[size_t(g.request)].count == 1 ? 1 : 0));
-    merges_ = !direct_ || std::any_of(plan.requests.begin(), plan.requests.end(), [](const auto& r) { return r.count > 1; });
+    merges_ = std::any_of(plan.requests.begin(), plan.requests.end(), [](const auto& r) { return r.count > 1; });
     for (const auto& r : plan.parts) part_segments.push_back(make_int2(r.first, r.count));
     for (const auto& r : plan.requests) request_segments.push_back(make_int2(r.first, r.count));
     segments_ = int(segments.size());
@@ -959,13 +715,13 @@ class FusedCuda final : public GpuVariant {
     q_cat_buffer_.resize(size_t(T * nh_ * width_));
     q_cat_ = q_cat_buffer_.get();
     o_lat_.resize(size_t(T * nh_ * r_));
-    o_partial_.resize(size_t(segments_) * size_t(row_tiles_ * rows_per_cta_) * kLatent);
-    lse_partial_.resize(size_t(segments_) * size_t(row_tiles_ * rows_per_cta_));
-    tma_ = s_.kv_dtype == KvDtype::bf16 && p_->cache.page_size % roles::kKeys == 0;
+    o_partial_.resize(size_t(segments_) * size_t(row_tiles_ * roles::kRows) * kLatent);
+    lse_partial_.resize(size_t(segments_) * size_t(row_tiles_ * roles::kRows));
+    tma_ = p_->cache.page_size % roles::kKeys == 0;
     if (tma_) kv_map_ = cache_tensor_map(p_->cache);
   }
-  // The bf16 cache as a 2-D tensor [slots][576] for the tensor memory accelerator: 64-key x 64-column boxes,
-  // swizzled as the MMAs read them.
+  // The cache as a 2-D tensor [slots][576] for the tensor memory accelerator, 64-key x 64-column boxes: bf16
+  // swizzled as the MMAs read them; int8 / fp8 as they are, for the scorer to expand (see roles::kRawOffset).
   static CUtensorMap cache_tensor_map(const PagedLatentCache& c) {
     static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
       void* fn = nullptr;
@@ -975,11 +731,14 @@ class FusedCuda final : public GpuVariant {
       return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
     }();
     CUtensorMap map{};
-    const cuuint64_t dims[2] = {cuuint64_t(kWidth), cuuint64_t(c.values.size() / (kWidth * 2))};
-    const cuuint64_t strides[1] = {cuuint64_t(kWidth * 2)};
+    const bool bf16 = c.dtype == KvDtype::bf16;
+    const size_t element_bytes = bf16 ? 2 : 1;
+    const cuuint64_t dims[2] = {cuuint64_t(kWidth), cuuint64_t(c.values.size() / (kWidth * element_bytes))};
+    const cuuint64_t strides[1] = {cuuint64_t(kWidth * element_bytes)};
     const cuuint32_t box[2] = {64, cuuint32_t(roles::kKeys)}, element_strides[2] = {1, 1};
-    const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, c.values.get(), dims, strides, box, element_strides,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+    const CUresult r = encode(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, c.values.get(), dims, strides,
+                              box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              bf16 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) throw std::runtime_error("cuTensorMapEncodeTiled failed: CUresult " + std::to_string(int(r)));
     return map;
@@ -990,20 +749,16 @@ class FusedCuda final : public GpuVariant {
     mark("absorb_q");
     Params params{kv_map_, tma_, q_cat_, cache_view(p_->cache), p_->lengths_dev.get(), segments_dev_.get(), part_segments_.get(),
                   o_partial_.get(), lse_partial_.get(), M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E),
-                  page_shift(p_->cache.page_size), row_tiles_ * rows_per_cta_, direct_ ? o_lat_.get() : nullptr};
-    if (s_.kv_dtype == KvDtype::bf16) {
-      launch_decode_kernel<roles::decode_kernel>(params, parts_, row_tiles_, roles::kThreads, roles::kSmemBytes, stream_);
-    } else {
-      switch (rows_per_cta_) {
-        case 64: launch_quantised_decode<64>(s_.kv_dtype, params, parts_, row_tiles_, stream_); break;
-        case 32: launch_quantised_decode<32>(s_.kv_dtype, params, parts_, row_tiles_, stream_); break;
-        default: launch_quantised_decode<16>(s_.kv_dtype, params, parts_, row_tiles_, stream_); break;
-      }
+                  page_shift(p_->cache.page_size), row_tiles_ * roles::kRows, o_lat_.get()};
+    switch (s_.kv_dtype) {
+      case KvDtype::bf16: launch_decode_kernel<KvDtype::bf16>(params, parts_, row_tiles_, stream_); break;
+      case KvDtype::int8: launch_decode_kernel<KvDtype::int8>(params, parts_, row_tiles_, stream_); break;
+      case KvDtype::fp8_e4m3: launch_decode_kernel<KvDtype::fp8_e4m3>(params, parts_, row_tiles_, stream_); break;
     }
     mark("decode");
     if (merges_) {
       combine_kernel<<<dim3(unsigned(M), unsigned(s_.batch)), 128, 0, stream_>>>(
-          o_partial_.get(), lse_partial_.get(), row_tiles_ * rows_per_cta_, request_segments_.get(), M, direct_, o_lat_.get());
+          o_partial_.get(), lse_partial_.get(), row_tiles_ * roles::kRows, request_segments_.get(), M, o_lat_.get());
       DSLAB_CHECK_LAUNCH();
     }
     mark("combine");
@@ -1012,8 +767,8 @@ class FusedCuda final : public GpuVariant {
   }
 
  private:
-  int rows_per_cta_ = 64, row_tiles_ = 1, parts_ = 1, segments_ = 0;
-  bool tma_ = false, direct_ = false, merges_ = true;  // direct_: whole requests written by the kernel; merges_: any left to combine
+  int row_tiles_ = 1, parts_ = 1, segments_ = 0;
+  bool tma_ = false, merges_ = true;  // merges_: any request split across CTAs, left to combine
   CUtensorMap kv_map_{};
   DeviceArray<int4> segments_dev_;
   DeviceArray<int2> part_segments_, request_segments_;
@@ -1024,6 +779,6 @@ class FusedCuda final : public GpuVariant {
 }  // namespace
 
 DSLAB_REGISTER_VARIANT(FusedCuda, "mla/fused/cuda", dslab::Device::cuda,
-                       "fused decode: split-KV online-softmax MQA over the paged latent (mma.sync / warpgroup MMAs), bf16/int8/fp8 cache");
+                       "fused decode: split-KV online-softmax MQA over the paged latent (warp-specialised warpgroup MMAs), bf16/int8/fp8 cache");
 
 }  // namespace dslab::mla::cuda
