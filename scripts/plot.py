@@ -77,12 +77,27 @@ def suites(data):
     return groups
 
 
-def swept_axis(entries):
+def variant_axes(entries):
+    """Axes fixed per variant that differ between variants (each variant's default executor, say): they name a
+    line, not a panel or a point, so the variants still meet in one panel and in one speedup bar group."""
+    per = {}
+    for b in entries:
+        for k, v in b["axes"].items():
+            per.setdefault(k, {}).setdefault(b["variant"], set()).add(json.dumps(v))
+    return {k for k, by_variant in per.items()
+            if all(len(s) == 1 for s in by_variant.values()) and len(set.union(*by_variant.values())) > 1}
+
+
+def series_of(b, fixed):
+    return b["variant"] + "".join(f" ({k}={b['axes'][k]})" for k in sorted(fixed) if k in b["axes"])
+
+
+def swept_axis(entries, fixed=frozenset()):
     values = {}
     for b in entries:
         for k, v in b["axes"].items():
             values.setdefault(k, set()).add(v)
-    swept = [k for k, v in values.items() if len(v) > 1]
+    swept = [k for k, v in values.items() if len(v) > 1 and k not in fixed]
     if not swept:
         return None, values
     swept.sort(key=lambda k: AXIS_PREFERENCE.index(k) if k in AXIS_PREFERENCE else len(AXIS_PREFERENCE))
@@ -90,10 +105,11 @@ def swept_axis(entries):
 
 
 def plot_latency(entries, title, out, stem):
-    x_axis, values = swept_axis(entries)
+    fixed = variant_axes(entries)
+    x_axis, values = swept_axis(entries, fixed)
     variants = list(OrderedDict.fromkeys(b["variant"] for b in entries))
     def facet_of(b):
-        return tuple((k, v) for k, v in sorted(b["axes"].items()) if k != x_axis and len(values[k]) > 1)
+        return tuple((k, v) for k, v in sorted(b["axes"].items()) if k != x_axis and len(values[k]) > 1 and k not in fixed)
     facets = list(OrderedDict.fromkeys(facet_of(b) for b in entries))
     cols = min(3, len(facets))
     rows = math.ceil(len(facets) / cols)
@@ -107,7 +123,7 @@ def plot_latency(entries, title, out, stem):
                 continue
             xs = [p[0] for p in pts]
             ys = [p[1] * 1e3 for p in pts]
-            ax.plot(xs, ys, marker="o", label=v)
+            ax.plot(xs, ys, marker="o", label=series_of(next(b for b in entries if b["variant"] == v), fixed))
             if all(p[2] is not None for p in pts):
                 ax.fill_between(xs, [p[2] * 1e3 for p in pts], [p[3] * 1e3 for p in pts], alpha=0.15)
         if x_axis and is_pow2_axis(sorted(values[x_axis])):
@@ -127,13 +143,16 @@ def plot_latency(entries, title, out, stem):
 def plot_speedup(entries, title, baseline, out, stem):
     variants = list(OrderedDict.fromkeys(b["variant"] for b in entries))
     base = baseline if baseline in variants else variants[0]
-    points = list(OrderedDict.fromkeys(json.dumps(b["axes"], sort_keys=True) for b in entries))
-    time = {(b["variant"], json.dumps(b["axes"], sort_keys=True)): seconds(b) for b in entries}
+    fixed = variant_axes(entries)
+    def point_of(b):
+        return json.dumps({k: v for k, v in b["axes"].items() if k not in fixed}, sort_keys=True)
+    points = list(OrderedDict.fromkeys(point_of(b) for b in entries))
+    time = {(b["variant"], point_of(b)): seconds(b) for b in entries}
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(points) * len(variants) / 2), 4))
     width = 0.8 / len(variants)
     for i, v in enumerate(variants):
         ys = [time[(base, p)] / time[(v, p)] if (v, p) in time and (base, p) in time else 0 for p in points]
-        ax.bar(np.arange(len(points)) + i * width, ys, width, label=v)
+        ax.bar(np.arange(len(points)) + i * width, ys, width, label=series_of(next(b for b in entries if b["variant"] == v), fixed))
     ax.axhline(1, color="black", lw=0.8)
     ax.set_xticks(np.arange(len(points)) + 0.4 - width / 2)
     varying = {k for k in json.loads(points[0]) if len({json.dumps(json.loads(p).get(k)) for p in points}) > 1}
