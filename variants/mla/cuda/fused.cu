@@ -172,8 +172,8 @@ static_assert(kRawOffset % 16 == 0 && kScalesOffset % 16 == 0, "bulk copies land
 
 // Named barriers (0 is __syncthreads): each scorer's own (+ 0 or 1); per stage "ready" (scorer -> accumulators:
 // P and the rescale factors are there); per j % 2 "max" (scorer of block j -> scorer of block j + 1: the running
-// max after block j is there); the two accumulators'.
-constexpr int kBarScorer = 1, kBarReady = 3, kBarMax = 5, kBarAccumulators = 7;
+// max after block j is there); the two accumulators'; each accumulator's own (+ 0 or 1).
+constexpr int kBarScorer = 1, kBarReady = 3, kBarMax = 5, kBarAccumulators = 7, kBarCleared = 8;
 __device__ inline void bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 __device__ inline void bar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 __device__ inline void mbarrier_init(uint64_t* bar, int count) {
@@ -620,6 +620,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         x[2] *= a_hi;
         x[3] *= a_hi;
       }
+    }
+    if (p.tma && at.key0 + kKeys > at.s.z) {  // the tensor copy brought keys past the segment's end too: P is 0
+      // there, but 0 x V is not 0 where V is NaN (a slot never written), so this warpgroup's columns of their V rows
+      // become zeros. Thread t clears 16-byte chunk t % 32 of rows s.z - key0 + t / 32, + 4, ... (whole rows: no swizzle).
+      uint4* const chunk = reinterpret_cast<uint4*>(sk + stage * kKeys * kWidth + (cbase / 64 + t % 32 / 8) * kKeys * 64 + (t % 8) * 8);
+#pragma unroll 1
+      for (int row = at.s.z - at.key0 + t / 32; row < kKeys; row += 4) chunk[row * 8] = make_uint4(0, 0, 0, 0);
+      fence_proxy_async();
+      bar_sync(kBarCleared + warpgroup, 128);
     }
     const uint64_t v_desc = v_desc0 + stage * kStageBytes / 16, p_desc = p_desc0 + stage * kStageBytes / 16;
     wgmma_fence();

@@ -314,11 +314,15 @@ std::shared_ptr<GpuProblem> gpu_problem(const ModelConfig& m, const Shape& s, in
     for (int64_t i = 0; i < (p->lengths[size_t(b)] + S + page_size - 1) / page_size; ++i)
       c.host_page_table[size_t(b * c.pages_per_request + i)] = order[next++];
   c.page_table.upload(c.host_page_table);
+  // Slots no token is written to (past each request's length, in its last page) keep 0xFF bytes: NaN in bf16,
+  // fp8 and the fp32 scales (-1 in int8). A serving engine's pages hold whatever they held before; a kernel that
+  // lets such a slot reach its output (say, a block copied whole and masked by its probabilities, 0 x NaN) then
+  // fails verification instead of passing on a zeroed pool.
   c.values.resize(size_t(pages * page_size * width) * c.element_bytes());
-  c.values.zero();
+  c.values.fill_bytes(0xFF);
   if (c.dtype != KvDtype::bf16) {
     c.scales.resize(size_t(pages * page_size * c.groups));
-    c.scales.zero();
+    c.scales.fill_bytes(0xFF);
   }
   std::vector<int32_t> len32(p->lengths.begin(), p->lengths.end());
   p->lengths_dev.upload(len32);

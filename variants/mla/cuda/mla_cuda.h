@@ -36,8 +36,9 @@ class DeviceArray {
     n_ = n;
     if (n) DSLAB_CUDA(cudaMalloc(&p_, n * sizeof(T)));
   }
-  void zero() {
-    if (n_) DSLAB_CUDA(cudaMemset(p_, 0, n_ * sizeof(T)));
+  void zero() { fill_bytes(0); }
+  void fill_bytes(uint8_t byte) {
+    if (n_) DSLAB_CUDA(cudaMemset(p_, byte, n_ * sizeof(T)));
   }
   template <class U>
   void upload(const std::vector<U>& host) {
