@@ -81,8 +81,11 @@ TEST_P(GpuMla, MatchesReferenceOverPagesLengthsAndCacheTypes) {
   cases.push_back({"deepseek-v3", 128, 2, 2, 170, 1, "mixed", "bf16"});      // 64-row tiles, MTP: four tiles per request
   cases.push_back({"deepseek-v3", 128, 2, 2, 170, 64, "mixed", "bf16"});     // the same with tensor-memory-accelerator copies
   cases.push_back({"deepseek-v3", 64, 3, 1, 90, 256, "uniform", "bf16"});    // one 64-row tile per request
-  if (quantised_ok) cases.push_back({"deepseek-v3", 128, 2, 1, 300, 16, "mixed", "int8"});  // 64-row tiles, dequantised
-  cases.push_back({"deepseek-v3", 16, 3, 2, 333, 64, "mixed", "bf16"});      // 32-row tiles
+  if (quantised_ok) {
+    cases.push_back({"deepseek-v3", 128, 2, 1, 300, 16, "mixed", "int8"});       // two 64-row tiles, expanded (cp.async)
+    cases.push_back({"deepseek-v3", 128, 2, 1, 300, 64, "mixed", "fp8_e4m3"});   // the same from tensor copies
+  }
+  cases.push_back({"deepseek-v3", 16, 3, 2, 333, 64, "mixed", "bf16"});      // 32 rows (MTP) padded to one 64-row tile
   cases.push_back({"deepseek-v2-lite", 16, 1, 1, 0, 16, "uniform", "bf16"});  // empty cache: the new token only
   if (!fused) {
     cases.push_back({"deepseek-v2-lite", 16, 2, 5, 70, 16, "uniform", "bf16"});  // extend: causal among 5 new tokens
