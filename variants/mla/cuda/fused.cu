@@ -534,7 +534,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       if (p.tma && half) break;
-      if (KV != KvDtype::bf16 && half != warpgroup) continue;  // a quantised block: one key per thread, in half `warpgroup`
       const int key = lookup_at.key0 + half * kHalfKeys + (p.tma ? 0 : my_key);
       slot[half] = -1;
       if (lookup_at.valid() && key < lookup_at.s.z) {
