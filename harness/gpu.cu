@@ -92,6 +92,54 @@ void occupy_stream(double seconds) {
   DSLAB_CHECK_LAUNCH();
 }
 
+OpMarks::~OpMarks() {
+  for (auto& m : marks_) cudaEventDestroy(m.second);
+}
+
+void OpMarks::begin(cudaStream_t stream) {
+  used_ = 0;
+  mark("start", stream);
+}
+
+void OpMarks::mark(const char* op, cudaStream_t stream) {
+  if (used_ == marks_.size()) {
+    cudaEvent_t e{};
+    DSLAB_CUDA(cudaEventCreate(&e));
+    marks_.push_back({op, e});
+  }
+  marks_[used_].first = op;
+  DSLAB_CUDA(cudaEventRecord(marks_[used_++].second, stream));
+}
+
+std::map<std::string, double> OpMarks::elapsed_us() const {
+  std::map<std::string, double> us;
+  for (size_t m = 1; m < used_; ++m) {
+    float ms = 0;
+    DSLAB_CUDA(cudaEventElapsedTime(&ms, marks_[m - 1].second, marks_[m].second));
+    us[marks_[m].first] += double(ms) * 1e3;
+  }
+  return us;
+}
+
+std::map<std::string, double> time_ops(const std::function<void(OpMarks&)>& step, int steps, double occupy_s) {
+  OpMarks marks;
+  std::map<std::string, std::vector<double>> us;
+  for (int i = 0; i < steps; ++i) {
+    flush_l2();
+    occupy_stream(occupy_s);
+    marks.begin(0);
+    step(marks);
+    DSLAB_CUDA(cudaDeviceSynchronize());
+    for (const auto& [op, t] : marks.elapsed_us()) us[op].push_back(t);
+  }
+  std::map<std::string, double> medians;
+  for (auto& [op, v] : us) {
+    std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+    medians["op_us." + op] = v[v.size() / 2];
+  }
+  return medians;
+}
+
 double time_seconds(const std::function<void()>& fn, bool flush) {
   static Events events;
   if (flush) flush_l2();

@@ -2,11 +2,39 @@
 // `dslab calibrate`. Built from gpu.cu when CUDA is found, else from gpu_absent.cc.
 #pragma once
 #include <functional>
+#include <map>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+struct CUstream_st;  // cudaStream_t, without the CUDA headers (this header is also built without CUDA)
+struct CUevent_st;
+
 namespace dslab::gpu {
+
+// Events at op boundaries inside one step, so a step's time can be split by op (counters "op_us.<op>").
+// An op calls mark(name, stream) when its work is queued: the time since the previous mark is charged to it;
+// an op marked several times in a step (one per layer) is summed.
+class OpMarks {
+ public:
+  OpMarks() = default;
+  OpMarks(const OpMarks&) = delete;
+  OpMarks& operator=(const OpMarks&) = delete;
+  ~OpMarks();
+  void begin(CUstream_st* stream);  // the step starts here
+  void mark(const char* op, CUstream_st* stream);
+  std::map<std::string, double> elapsed_us() const;  // after the step's work has completed
+
+ private:
+  std::vector<std::pair<const char*, CUevent_st*>> marks_;  // events reused from step to step
+  size_t used_ = 0;
+};
+
+// Median GPU time of each marked op over `steps` eager steps, each from a flushed L2 and queued behind a
+// blocking kernel so host launch costs do not show: {"op_us.<op>": microseconds}.
+// occupy_s must exceed the host's time to queue one step.
+std::map<std::string, double> time_ops(const std::function<void(OpMarks&)>& step, int steps = 9, double occupy_s = 2e-3);
 
 // Times one call of fn with CUDA events on the default stream; with flush_l2 it first overwrites an
 // L2-sized buffer (as nvbench's cold timer does) so the call starts from HBM.

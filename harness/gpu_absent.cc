@@ -20,6 +20,13 @@ double time_seconds(const std::function<void()>&, bool) { throw std::logic_error
 void flush_l2() { throw std::logic_error("GPU L2 flush in a build without CUDA"); }
 void occupy_stream(double) { throw std::logic_error("GPU stream in a build without CUDA"); }
 nlohmann::json calibrate() { return nullptr; }
+OpMarks::~OpMarks() = default;
+void OpMarks::begin(CUstream_st*) { throw std::logic_error("GPU op timing in a build without CUDA"); }
+void OpMarks::mark(const char*, CUstream_st*) { throw std::logic_error("GPU op timing in a build without CUDA"); }
+std::map<std::string, double> OpMarks::elapsed_us() const { return {}; }
+std::map<std::string, double> time_ops(const std::function<void(OpMarks&)>&, int, double) {
+  throw std::logic_error("GPU op timing in a build without CUDA");
+}
 }  // namespace gpu
 
 }  // namespace dslab

@@ -73,9 +73,9 @@ unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256
 
 // cd and cc: multi-head attention over contiguous per-request K [keys][heads][qhd] and V (token stride v_ld,
 // head stride v_head), cuBLAS batched over (request, head) through pointer arrays built once.
-class MhaForm : public GpuVariant {
+class MhaForm : public MlaOp {
  public:
-  using GpuVariant::GpuVariant;
+  using MlaOp::MlaOp;
 
  protected:
   void prepare_mha(const __nv_bfloat16* k, const __nv_bfloat16* v, int64_t v_ld, int64_t v_head, int64_t v_request) {
@@ -122,22 +122,22 @@ class MhaForm : public GpuVariant {
 
 class CdCuda final : public MhaForm {
  public:
-  CdCuda() : MhaForm(Algo::cd) {}
+  CdCuda() : MhaForm(Algo::cd, false) {}
 
  protected:
   void prepare_form() override {
     const int64_t B = s_.batch, N = keys_, T = s_.tokens(), dec = nh_ * (nope_ + vd_);
-    const int64_t slots = int64_t(p_->cache.values.size() / p_->cache.element_bytes()) / width_;
+    const int64_t slots = int64_t((*b_.cache).values.size() / (*b_.cache).element_bytes()) / width_;
     k_pool_.resize(size_t(slots * nh_ * qhd_));
     v_pool_.resize(size_t(slots * nh_ * vd_));
     {  // The cached tokens' K and V, decompressed once from the problem's latent cache.
       DeviceArray<__nv_bfloat16> latent(size_t(B * N * width_)), decompressed(size_t(B * N * dec));
       latent.zero();
       gather_latent(latent.get());
-      gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, B * N, r_, p_->kv_b.get(), r_, 0, latent.get(), width_, 0, decompressed.get(),
+      gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, B * N, r_, w_->kv_b.get(), r_, 0, latent.get(), width_, 0, decompressed.get(),
            CUDA_R_16BF, dec, 0, 1);
       store_decompressed_kernel<<<grid_for(B * N * nh_ * (qhd_ + vd_)), 256>>>(
-          decompressed.get(), latent.get(), width_, B * N, N, false, cache_view(p_->cache), p_->lengths_dev.get(), nh_, nope_, vd_,
+          decompressed.get(), latent.get(), width_, B * N, N, false, cache_view((*b_.cache)), b_.lengths, nh_, nope_, vd_,
           rope_, r_, k_pool_.get(), v_pool_.get());
       DSLAB_CHECK_LAUNCH();
       DSLAB_CUDA(cudaDeviceSynchronize());
@@ -153,14 +153,14 @@ class CdCuda final : public MhaForm {
   void attend() override {
     const int64_t B = s_.batch, T = s_.tokens(), dec = nh_ * (nope_ + vd_);
     // This step's tokens decompressed into the K/V pages, then every request's pages gathered for cuBLAS.
-    gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, T, r_, p_->kv_b.get(), r_, 0, kv_new_.get(), width_, 0, new_decompressed_.get(),
+    gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, T, r_, w_->kv_b.get(), r_, 0, kv_new_.get(), width_, 0, new_decompressed_.get(),
          CUDA_R_16BF, dec, 0, 1);
     store_decompressed_kernel<<<grid_for(T * nh_ * (qhd_ + vd_)), 256, 0, stream_>>>(new_decompressed_.get(), kv_new_.get(), width_, T, s_.q_len,
-                                                                          true, cache_view(p_->cache), p_->lengths_dev.get(), nh_,
+                                                                          true, cache_view((*b_.cache)), b_.lengths, nh_,
                                                                           nope_, vd_, rope_, r_, k_pool_.get(), v_pool_.get());
     DSLAB_CHECK_LAUNCH();
     gather_decompressed_kernel<<<dim3(unsigned(std::min<int64_t>(keys_, 4096)), unsigned(B)), 128, 0, stream_>>>(
-        cache_view(p_->cache), p_->lengths_dev.get(), s_.q_len, keys_, nh_ * qhd_ / 8, nh_ * vd_ / 8,
+        cache_view((*b_.cache)), b_.lengths, s_.q_len, keys_, nh_ * qhd_ / 8, nh_ * vd_ / 8,
         reinterpret_cast<const uint4*>(k_pool_.get()), reinterpret_cast<const uint4*>(v_pool_.get()),
         reinterpret_cast<uint4*>(k_.get()), reinterpret_cast<uint4*>(v_.get()));
     DSLAB_CHECK_LAUNCH();
@@ -173,7 +173,7 @@ class CdCuda final : public MhaForm {
 
 class CcCuda final : public MhaForm {
  public:
-  CcCuda() : MhaForm(Algo::cc) {}
+  CcCuda() : MhaForm(Algo::cc, false) {}
 
  protected:
   void prepare_form() override {
@@ -189,7 +189,7 @@ class CcCuda final : public MhaForm {
     const int64_t B = s_.batch, N = keys_, dec = nh_ * (nope_ + vd_);
     gather_latent(latent_.get());
     // Every cached token decompressed again, every step: [B*N][heads*(nope+vd)] = latent · kv_b_proj^T.
-    gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, B * N, r_, p_->kv_b.get(), r_, 0, latent_.get(), width_, 0, decompressed_.get(),
+    gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, B * N, r_, w_->kv_b.get(), r_, 0, latent_.get(), width_, 0, decompressed_.get(),
          CUDA_R_16BF, dec, 0, 1);
     concat_key_kernel<<<grid_for(B * N * nh_ * qhd_), 256, 0, stream_>>>(decompressed_.get(), latent_.get(), B * N, nh_, nope_, vd_, rope_, r_,
                                                               width_, k_.get());
@@ -201,9 +201,9 @@ class CcCuda final : public MhaForm {
   DeviceArray<__nv_bfloat16> latent_, decompressed_, k_;
 };
 
-class ACcCuda final : public GpuVariant {
+class ACcCuda final : public MlaOp {
  public:
-  ACcCuda() : GpuVariant(Algo::a_cc) {}
+  ACcCuda() : MlaOp(Algo::a_cc, false) {}
 
  protected:
   void prepare_form() override {
@@ -253,9 +253,9 @@ class ACcCuda final : public GpuVariant {
   const void **k_ptrs_ = nullptr, **q_ptrs_ = nullptr, **s_ptrs_ = nullptr, **p_ptrs_ = nullptr, **o_ptrs_ = nullptr;
 };
 
-class ACcMeCuda final : public GpuVariant {
+class ACcMeCuda final : public MlaOp {
  public:
-  ACcMeCuda() : GpuVariant(Algo::a_cc_me) {}
+  ACcMeCuda() : MlaOp(Algo::a_cc_me, false) {}
 
  protected:
   bool supports_kv_dtype(KvDtype) const override { return true; }
@@ -292,13 +292,13 @@ class ACcMeCuda final : public GpuVariant {
 
 }  // namespace
 
-DSLAB_REGISTER_VARIANT(CdCuda, "mla/cd/cuda", dslab::Device::cuda,
+DSLAB_REGISTER_MLA_OP(CdCuda, "mla/cd/cuda",
                        "CacheDecompressed on the GPU: paged K/V, gathered, cuBLAS batched MHA");
-DSLAB_REGISTER_VARIANT(CcCuda, "mla/cc/cuda", dslab::Device::cuda,
+DSLAB_REGISTER_MLA_OP(CcCuda, "mla/cc/cuda",
                        "CacheCompressed on the GPU: the whole latent cache re-decompressed by cuBLAS every step");
-DSLAB_REGISTER_VARIANT(ACcCuda, "mla/a_cc/cuda", dslab::Device::cuda,
+DSLAB_REGISTER_MLA_OP(ACcCuda, "mla/a_cc/cuda",
                        "Absorbed on the GPU: [latent ‖ rope] key materialised per head, cuBLAS batched");
-DSLAB_REGISTER_VARIANT(ACcMeCuda, "mla/a_cc_me/cuda", dslab::Device::cuda,
+DSLAB_REGISTER_MLA_OP(ACcMeCuda, "mla/a_cc_me/cuda",
                        "Absorbed + MoveElision on the GPU: MQA over the gathered latent, two-sum scores, cuBLAS");
 
 }  // namespace dslab::mla::cuda

@@ -685,16 +685,9 @@ int page_shift(int64_t page_size) {
   return -1;
 }
 
-class FusedCuda final : public GpuVariant {
+class FusedCuda final : public MlaOp {
  public:
-  FusedCuda() : GpuVariant(Algo::a_cc_me, /*fused=*/true) {}
-  std::map<std::string, double> counters() override {
-    auto c = GpuVariant::counters();
-    c["segments"] = double(segments_);
-    c["ctas"] = double(parts_ * row_tiles_);
-    c["tma"] = tma_ ? 1.0 : 0.0;
-    return c;
-  }
+  FusedCuda() : MlaOp(Algo::a_cc_me, /*fused=*/true) {}
 
  protected:
   bool supports_kv_dtype(KvDtype) const override { return true; }
@@ -706,28 +699,42 @@ class FusedCuda final : public GpuVariant {
     row_tiles_ = int((M + roles::kRows - 1) / roles::kRows);
     // Split-KV, balanced (see mla::split_kv): one CTA per SM and row tile.
     parts_ = std::max(1, gpu_info().sms / row_tiles_);
-    // The kernel writes requests it covers whole straight to o_lat (it never writes padding rows): those need
-    // no merge, so the plan keeps requests whole where that costs little balance (measured at 128 heads on the
-    // H200, one run, two rounds: +2-5% of the roofline at 4K-8K, -0.5% at 16K-32K).
-    const SplitKv plan = split_kv(p_->lengths, s_.q_len, kBlockKeys, parts_, /*whole_requests=*/true);
-    std::vector<int4> segments;
-    std::vector<int2> part_segments, request_segments;
-    for (const auto& g : plan.segments)
-      segments.push_back(make_int4(g.request, g.first_key, g.end_key, plan.requests[size_t(g.request)].count == 1 ? 1 : 0));
-    merges_ = std::any_of(plan.requests.begin(), plan.requests.end(), [](const auto& r) { return r.count > 1; });
-    for (const auto& r : plan.parts) part_segments.push_back(make_int2(r.first, r.count));
-    for (const auto& r : plan.requests) request_segments.push_back(make_int2(r.first, r.count));
-    segments_ = int(segments.size());
-    segments_dev_.upload(segments);
-    part_segments_.upload(part_segments);
-    request_segments_.upload(request_segments);
+    // A request split across CTAs crosses at most one run boundary per piece: segments <= batch + parts.
+    max_segments_ = int(s_.batch) + parts_;
     q_cat_buffer_.resize(size_t(T * nh_ * width_));
     q_cat_ = q_cat_buffer_.get();
     o_lat_.resize(size_t(T * nh_ * r_));
-    o_partial_.resize(size_t(segments_) * size_t(row_tiles_ * roles::kRows) * kLatent);
-    lse_partial_.resize(size_t(segments_) * size_t(row_tiles_ * roles::kRows));
-    tma_ = p_->cache.page_size % roles::kKeys == 0;
-    if (tma_) kv_map_ = cache_tensor_map(p_->cache);
+    o_partial_.resize(size_t(max_segments_) * size_t(row_tiles_ * roles::kRows) * kLatent);
+    lse_partial_.resize(size_t(max_segments_) * size_t(row_tiles_ * roles::kRows));
+    tma_ = b_.cache->page_size % roles::kKeys == 0;
+    if (tma_) kv_map_ = cache_tensor_map(*b_.cache);
+  }
+  // The schedule blob: segments (int4 each) at 0, the CTAs' segment ranges (int2) at 4 * max_segments_, the
+  // requests' (int2) after them.
+  size_t schedule_capacity() const override { return size_t(4 * max_segments_ + 2 * parts_ + 2 * s_.batch); }
+  MlaSchedule schedule(const std::vector<int64_t>& lengths) const override {
+    // The kernel writes requests it covers whole straight to o_lat (it never writes padding rows): those need
+    // no merge, so the plan keeps requests whole where that costs little balance (measured at 128 heads on the
+    // H200, one run, two rounds: +2-5% of the roofline at 4K-8K, -0.5% at 16K-32K).
+    const SplitKv plan = split_kv(lengths, s_.q_len, kBlockKeys, parts_, /*whole_requests=*/true);
+    if (int(plan.segments.size()) > max_segments_ || int64_t(lengths.size()) != s_.batch)
+      throw std::logic_error("mla/fused/cuda: schedule exceeds its capacity");
+    MlaSchedule out;
+    out.blob.assign(schedule_capacity(), 0);
+    int32_t* seg = out.blob.data();
+    int32_t* part = seg + 4 * max_segments_;
+    int32_t* req = part + 2 * parts_;
+    for (size_t i = 0; i < plan.segments.size(); ++i) {
+      const auto& g = plan.segments[i];
+      const int32_t whole = plan.requests[size_t(g.request)].count == 1 ? 1 : 0;
+      seg[4 * i] = g.request, seg[4 * i + 1] = g.first_key, seg[4 * i + 2] = g.end_key, seg[4 * i + 3] = whole;
+    }
+    for (size_t i = 0; i < plan.parts.size(); ++i) part[2 * i] = plan.parts[i].first, part[2 * i + 1] = plan.parts[i].count;
+    for (size_t i = 0; i < plan.requests.size(); ++i) req[2 * i] = plan.requests[i].first, req[2 * i + 1] = plan.requests[i].count;
+    out.segments = int(plan.segments.size());
+    out.merges = std::any_of(plan.requests.begin(), plan.requests.end(), [](const auto& r) { return r.count > 1; });
+    merges_ = merges_ || out.merges;
+    return out;
   }
   // The cache as a 2-D tensor [slots][576] for the tensor memory accelerator, 64-key x 64-column boxes: bf16
   // swizzled as the MMAs read them; int8 / fp8 as they are, for the scorer to expand (see roles::kRawOffset).
@@ -756,18 +763,21 @@ class FusedCuda final : public GpuVariant {
     const int M = int(s_.q_len * nh_);
     concat_query();
     mark("absorb_q");
-    Params params{kv_map_, tma_, q_cat_, cache_view(p_->cache), p_->lengths_dev.get(), segments_dev_.get(), part_segments_.get(),
+    const int4* segments = reinterpret_cast<const int4*>(schedule_dev_.get());
+    const int2* part_segments = reinterpret_cast<const int2*>(schedule_dev_.get() + 4 * max_segments_);
+    const int2* request_segments = part_segments + parts_;
+    Params params{kv_map_, tma_, q_cat_, cache_view((*b_.cache)), b_.lengths, segments, part_segments,
                   o_partial_.get(), lse_partial_.get(), M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E),
-                  page_shift(p_->cache.page_size), row_tiles_ * roles::kRows, o_lat_.get()};
+                  page_shift((*b_.cache).page_size), row_tiles_ * roles::kRows, o_lat_.get()};
     switch (s_.kv_dtype) {
       case KvDtype::bf16: launch_decode_kernel<KvDtype::bf16>(params, parts_, row_tiles_, stream_); break;
       case KvDtype::int8: launch_decode_kernel<KvDtype::int8>(params, parts_, row_tiles_, stream_); break;
       case KvDtype::fp8_e4m3: launch_decode_kernel<KvDtype::fp8_e4m3>(params, parts_, row_tiles_, stream_); break;
     }
     mark("decode");
-    if (merges_) {
+    if (merges_ || lengths_vary_) {  // (a step replayed with other lengths may split requests this one did not)
       combine_kernel<<<dim3(unsigned(M), unsigned(s_.batch)), 128, 0, stream_>>>(
-          o_partial_.get(), lse_partial_.get(), row_tiles_ * roles::kRows, request_segments_.get(), M, o_lat_.get());
+          o_partial_.get(), lse_partial_.get(), row_tiles_ * roles::kRows, request_segments, M, o_lat_.get());
       DSLAB_CHECK_LAUNCH();
     }
     mark("combine");
@@ -776,18 +786,17 @@ class FusedCuda final : public GpuVariant {
   }
 
  private:
-  int row_tiles_ = 1, parts_ = 1, segments_ = 0;
-  bool tma_ = false, merges_ = true;  // merges_: any request split across CTAs, left to combine
+  int row_tiles_ = 1, parts_ = 1, max_segments_ = 0;
+  bool tma_ = false;
+  mutable bool merges_ = false;  // a schedule made so far splits a request across CTAs, left to combine
   CUtensorMap kv_map_{};
-  DeviceArray<int4> segments_dev_;
-  DeviceArray<int2> part_segments_, request_segments_;
   DeviceArray<__nv_bfloat16> q_cat_buffer_, o_lat_;
   DeviceArray<float> o_partial_, lse_partial_;
 };
 
 }  // namespace
 
-DSLAB_REGISTER_VARIANT(FusedCuda, "mla/fused/cuda", dslab::Device::cuda,
+DSLAB_REGISTER_MLA_OP(FusedCuda, "mla/fused/cuda",
                        "fused decode: split-KV online-softmax MQA over the paged latent (warp-specialised warpgroup MMAs), bf16/int8/fp8 cache");
 
 }  // namespace dslab::mla::cuda

@@ -212,9 +212,40 @@ void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int6
 }
 
 void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out, void* y,
-            cudaDataType y_type) {
+            cudaDataType y_type, float beta) {
   // Column-major view: y^T [out x rows] = w [in x out]^T · x^T [in x rows].
-  gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, 0, x, in, 0, y, y_type, out, 0, 1);
+  gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, 0, x, in, 0, y, y_type, out, 0, 1, beta);
+}
+
+BlasHandle::BlasHandle() {
+  DSLAB_CUBLAS(cublasCreate(&h_));
+  workspace_.resize(size_t(32) << 20);
+  DSLAB_CUBLAS(cublasSetWorkspace(h_, workspace_.get(), workspace_.size()));
+}
+
+void BlasHandle::set_stream(cudaStream_t stream) {
+  DSLAB_CUBLAS(cublasSetStream(h_, stream));
+  DSLAB_CUBLAS(cublasSetWorkspace(h_, workspace_.get(), workspace_.size()));
+}
+
+BlasHandle::~BlasHandle() {
+  if (h_) cublasDestroy(h_);
+}
+
+void upload_mla_weights(const ModelConfig& m, const ref::MlaParams& p, MlaWeights* w) {
+  if (m.q_lora_rank) {
+    std::vector<bf16> stacked(p.q_a_proj);
+    stacked.insert(stacked.end(), p.kv_a_proj_with_mqa.begin(), p.kv_a_proj_with_mqa.end());
+    w->qkv_a.upload(stacked);
+  } else {
+    w->kv_a.upload(p.kv_a_proj_with_mqa);
+  }
+  w->q_a_norm.upload(p.q_a_layernorm);
+  w->q_b.upload(p.q_b_proj);
+  w->q_proj.upload(p.q_proj);
+  w->kv_a_norm.upload(p.kv_a_layernorm);
+  w->kv_b.upload(p.kv_b_proj);
+  w->o_proj.upload(p.o_proj);
 }
 
 // ---- the problem -----------------------------------------------------------------------------------------
@@ -259,6 +290,66 @@ const std::vector<double>& GpuProblem::reference(int64_t request) const {
   return out;
 }
 
+void allocate_paged_cache(const ModelConfig& m, KvDtype dtype, int64_t page_size, const std::vector<int64_t>& lengths, int64_t room,
+                          uint64_t seed, PagedLatentCache* cache) {
+  // Pages: each request gets the pages its cached and new tokens need, drawn in shuffled order from one pool
+  // so consecutive pages of a request are scattered, as in a long-running server.
+  PagedLatentCache& c = *cache;
+  const int64_t B = int64_t(lengths.size()), width = m.kv_lora_rank + m.qk_rope_head_dim;
+  c.dtype = dtype;
+  c.page_size = page_size;
+  c.width = width;
+  c.groups = (width + kQuantGroup - 1) / kQuantGroup;
+  c.pages_per_request = (*std::max_element(lengths.begin(), lengths.end()) + room + page_size - 1) / page_size;
+  int64_t pages = 0;
+  for (int64_t L : lengths) pages += (L + room + page_size - 1) / page_size;
+  std::vector<int32_t> order(static_cast<size_t>(pages));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(splitmix64(seed ^ 0x9a6e5ull)));
+  c.host_page_table.assign(size_t(B * c.pages_per_request), 0);
+  size_t next = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < (lengths[size_t(b)] + room + page_size - 1) / page_size; ++i)
+      c.host_page_table[size_t(b * c.pages_per_request + i)] = order[next++];
+  c.page_table.upload(c.host_page_table);
+  // Slots no token is written to (past each request's length, in its last page) keep 0xFF bytes: NaN in bf16,
+  // fp8 and the fp32 scales (-1 in int8). A serving engine's pages hold whatever they held before; a kernel that
+  // lets such a slot reach its output (say, a block copied whole and masked by its probabilities, 0 x NaN) then
+  // fails verification instead of passing on a zeroed pool.
+  c.values.resize(size_t(pages * page_size * width) * c.element_bytes());
+  c.values.fill_bytes(0xFF);
+  if (c.dtype != KvDtype::bf16) {
+    c.scales.resize(size_t(pages * page_size * c.groups));
+    c.scales.fill_bytes(0xFF);
+  }
+}
+
+void fill_paged_cache(PagedLatentCache& c, const int32_t* lengths_dev, int64_t batch, int64_t max_len, const std::vector<uint64_t>& streams,
+                      int64_t kv_lora_rank) {
+  if (max_len <= 0) return;
+  DeviceArray<uint64_t> streams_dev;
+  streams_dev.upload(streams);
+  fill_cache_kernel<<<dim3(unsigned((max_len + 7) / 8), unsigned(batch)), 256>>>(cache_view(c), lengths_dev, streams_dev.get(), kv_lora_rank,
+                                                                                 kUnitScale);
+  DSLAB_CHECK_LAUNCH();
+  DSLAB_CUDA(cudaDeviceSynchronize());  // streams_dev is freed on return
+}
+
+void rope_tables(const ModelConfig& m, const std::vector<int64_t>& lengths, int64_t q_len, std::vector<float>* cos_table,
+                 std::vector<float>* sin_table) {
+  const auto inv_freq = ref::rope_inv_freq(m);
+  const double ms = ref::rope_mscale(m);
+  const int64_t half = m.qk_rope_head_dim / 2, T = int64_t(lengths.size()) * q_len;
+  cos_table->resize(size_t(T * half));
+  sin_table->resize(size_t(T * half));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = double(lengths[size_t(t / q_len)] + t % q_len) * inv_freq[size_t(i)];
+      (*cos_table)[size_t(t * half + i)] = float(std::cos(angle) * ms);
+      (*sin_table)[size_t(t * half + i)] = float(std::sin(angle) * ms);
+    }
+}
+
 std::shared_ptr<GpuProblem> gpu_problem(const ModelConfig& m, const Shape& s, int64_t page_size, const std::string& len_dist,
                                         uint64_t seed) {
   static std::mutex mu;
@@ -277,53 +368,13 @@ std::shared_ptr<GpuProblem> gpu_problem(const ModelConfig& m, const Shape& s, in
   p->page_size = page_size;
   p->len_dist = len_dist;
   p->lengths = request_lengths(len_dist, s.batch, s.kv_len, seed);
-  const int64_t B = s.batch, S = s.q_len, T = s.tokens(), r = m.kv_lora_rank, rope = m.qk_rope_head_dim, width = r + rope;
+  const int64_t B = s.batch, S = s.q_len, T = s.tokens();
   p->max_keys = *std::max_element(p->lengths.begin(), p->lengths.end()) + S;
   p->params = ref::make_mla_params(m, s.heads, seed);
   p->hidden = ref::random_bf16(seed, "hidden_states", size_t(T * m.hidden_size), kUnitScale);
-  if (m.q_lora_rank) {
-    std::vector<bf16> stacked(p->params.q_a_proj);
-    stacked.insert(stacked.end(), p->params.kv_a_proj_with_mqa.begin(), p->params.kv_a_proj_with_mqa.end());
-    p->qkv_a.upload(stacked);
-  }
-  p->q_a_norm.upload(p->params.q_a_layernorm);
-  p->q_b.upload(p->params.q_b_proj);
-  p->q_proj.upload(p->params.q_proj);
-  if (!m.q_lora_rank) p->kv_a.upload(p->params.kv_a_proj_with_mqa);
-  p->kv_a_norm.upload(p->params.kv_a_layernorm);
-  p->kv_b.upload(p->params.kv_b_proj);
-  p->o_proj.upload(p->params.o_proj);
+  upload_mla_weights(m, p->params, &p->weights);
   p->x.upload(p->hidden);
-
-  // Pages: each request gets the pages its cached and new tokens need, drawn in shuffled order from one pool
-  // so consecutive pages of a request are scattered, as in a long-running server.
-  PagedLatentCache& c = p->cache;
-  c.dtype = s.kv_dtype;
-  c.page_size = page_size;
-  c.width = width;
-  c.groups = (width + kQuantGroup - 1) / kQuantGroup;
-  c.pages_per_request = (p->max_keys + page_size - 1) / page_size;
-  int64_t pages = 0;
-  for (int64_t L : p->lengths) pages += (L + S + page_size - 1) / page_size;
-  std::vector<int32_t> order(static_cast<size_t>(pages));
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), std::mt19937_64(splitmix64(seed ^ 0x9a6e5ull)));
-  c.host_page_table.assign(size_t(B * c.pages_per_request), 0);
-  size_t next = 0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < (p->lengths[size_t(b)] + S + page_size - 1) / page_size; ++i)
-      c.host_page_table[size_t(b * c.pages_per_request + i)] = order[next++];
-  c.page_table.upload(c.host_page_table);
-  // Slots no token is written to (past each request's length, in its last page) keep 0xFF bytes: NaN in bf16,
-  // fp8 and the fp32 scales (-1 in int8). A serving engine's pages hold whatever they held before; a kernel that
-  // lets such a slot reach its output (say, a block copied whole and masked by its probabilities, 0 x NaN) then
-  // fails verification instead of passing on a zeroed pool.
-  c.values.resize(size_t(pages * page_size * width) * c.element_bytes());
-  c.values.fill_bytes(0xFF);
-  if (c.dtype != KvDtype::bf16) {
-    c.scales.resize(size_t(pages * page_size * c.groups));
-    c.scales.fill_bytes(0xFF);
-  }
+  allocate_paged_cache(m, s.kv_dtype, page_size, p->lengths, S, seed, &p->cache);
   std::vector<int32_t> len32(p->lengths.begin(), p->lengths.end());
   p->lengths_dev.upload(len32);
   std::vector<uint64_t> streams(static_cast<size_t>(2 * B));
@@ -331,24 +382,9 @@ std::shared_ptr<GpuProblem> gpu_problem(const ModelConfig& m, const Shape& s, in
     streams[size_t(2 * b)] = p->ckv_stream(b);
     streams[size_t(2 * b + 1)] = p->kpe_stream(b);
   }
-  DeviceArray<uint64_t> streams_dev;
-  streams_dev.upload(streams);
-  const int64_t max_len = p->max_keys - S;
-  if (max_len > 0) {
-    fill_cache_kernel<<<dim3(unsigned((max_len + 7) / 8), unsigned(B)), 256>>>(cache_view(c), p->lengths_dev.get(), streams_dev.get(), r,
-                                                                               kUnitScale);
-    DSLAB_CHECK_LAUNCH();
-  }
-  // RoPE tables at each new token's own position (requests differ in length).
-  const auto inv_freq = ref::rope_inv_freq(m);
-  const double ms = ref::rope_mscale(m);
-  std::vector<float> cs(static_cast<size_t>(T * rope / 2)), sn(cs.size());
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = 0; i < rope / 2; ++i) {
-      const double angle = double(p->lengths[size_t(t / S)] + t % S) * inv_freq[size_t(i)];
-      cs[size_t(t * rope / 2 + i)] = float(std::cos(angle) * ms);
-      sn[size_t(t * rope / 2 + i)] = float(std::sin(angle) * ms);
-    }
+  fill_paged_cache(p->cache, p->lengths_dev.get(), B, p->max_keys - S, streams, m.kv_lora_rank);
+  std::vector<float> cs, sn;
+  rope_tables(m, p->lengths, S, &cs, &sn);
   p->rope_cos.upload(cs);
   p->rope_sin.upload(sn);
   // Verify every request unless the fp64 reference of all of them would take minutes: then the first, the
@@ -390,34 +426,210 @@ double device_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t pag
   return bytes;
 }
 
-// ---- the base variant --------------------------------------------------------------------------------------
+// ---- the op ----------------------------------------------------------------------------------------------
+
+std::string MlaOp::unsupported(const ModelConfig& m, const Shape& s) const {
+  if (!supports_kv_dtype(s.kv_dtype)) return std::string("kv_dtype ") + kv_dtype_name(s.kv_dtype) + " not implemented by this form";
+  if (fused_ && (s.heads * s.q_len) % 16) return "decode kernel: heads x q_len must be a multiple of 16";
+  if (fused_ && s.q_len > 2) return "decode kernel: q_len 1 or 2 (MTP); extend runs on the unfused forms";
+  if (m.q_lora_rank.value_or(0) > kNormThreads * kNormQPerThread || m.kv_lora_rank > kNormThreads * kNormLatentPerThread)
+    return "norm kernel: q_lora_rank up to " + std::to_string(kNormThreads * kNormQPerThread) + ", kv_lora_rank up to " +
+           std::to_string(kNormThreads * kNormLatentPerThread);
+  if (m.qk_rope_head_dim > 64 * kRopePairsPerLane) return "RoPE kernel: qk_rope_head_dim up to " + std::to_string(64 * kRopePairsPerLane);
+  if (m.kv_lora_rank + m.qk_rope_head_dim != 576 && fused_) return "fused kernel is built for a 512+64 latent";
+  return "";
+}
+
+double MlaOp::scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t max_keys, bool fused) {
+  const double B = double(s.batch), H = double(s.heads), S = double(s.q_len), T = double(s.tokens());
+  const double N = double(max_keys) + double(kKeyAlign);  // (keys_)
+  const double r = double(m.kv_lora_rank), w = r + double(m.qk_rope_head_dim);
+  double bytes = T * (double(m.q_lora_rank.value_or(0)) + w) * 6 + T * H * double(m.q_head_dim() + m.v_head_dim) * 2;
+  if (fused) return bytes + T * H * w * 4 * 8;  // q, o_lat, split partials
+  const double padded = B * N;
+  bytes += padded * w * 2;          // gathered latent
+  bytes += padded * H * S * 6;      // scores fp32 + probabilities bf16
+  switch (algo) {
+    case Algo::cd: bytes += 2 * padded * H * double(m.q_head_dim() + m.v_head_dim) * 2; break;  // pool + gathered
+    case Algo::cc: bytes += padded * H * double(m.qk_nope_head_dim + m.v_head_dim + m.q_head_dim()) * 2; break;
+    case Algo::a_cc: bytes += padded * H * w * 2; break;
+    case Algo::a_cc_me: break;
+  }
+  return bytes;
+}
+
+void MlaOp::prepare(const ModelConfig& m, const Shape& s, int64_t max_keys, const MlaWeights& w, const MlaBuffers& b, BlasHandle& blas,
+                    bool lengths_vary) {
+  m_ = m;
+  s_ = s;
+  w_ = &w;
+  b_ = b;
+  blas_handle_ = &blas;
+  blas_ = blas.get();
+  lengths_vary_ = lengths_vary;
+  max_keys_ = max_keys;
+  nh_ = s_.heads;
+  nope_ = m_.qk_nope_head_dim;
+  rope_ = m_.qk_rope_head_dim;
+  qhd_ = m_.q_head_dim();
+  vd_ = m_.v_head_dim;
+  r_ = m_.kv_lora_rank;
+  hid_ = m_.hidden_size;
+  width_ = r_ + rope_;
+  keys_ = (max_keys + kKeyAlign - 1) / kKeyAlign * kKeyAlign;
+  scale_ = float(m_.softmax_scale());
+  const int64_t T = s_.tokens();
+  if (m_.q_lora_rank) {
+    qa_f32_.resize(size_t(T * (*m_.q_lora_rank + width_)));
+    qa_.resize(size_t(T * *m_.q_lora_rank));
+  } else {
+    kv_f32_.resize(size_t(T * width_));
+  }
+  q_.resize(size_t(T * nh_ * qhd_));
+  attn_.resize(size_t(T * nh_ * vd_));
+  pointer_arrays_.clear();
+  q_cat_ = nullptr;
+  prepare_form();
+  schedule_dev_.resize(schedule_capacity());
+  DSLAB_CUDA(cudaDeviceSynchronize());
+}
+
+MlaSchedule MlaOp::schedule(const std::vector<int64_t>&) const { return {}; }
+
+void MlaOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
+  stream_ = stream;
+  marks_ = marks;
+  blas_handle_->set_stream(stream);
+  project();
+  {
+    NvtxRange range("mla.attend");
+    attend();
+    if (!fused_) mark("attend");  // the fused op marks its own pieces
+  }
+  NvtxRange range("mla.o_proj");
+  linear(blas_, attn_.get(), s_.tokens(), nh_ * vd_, w_->o_proj.get(), hid_, b_.out, CUDA_R_32F);
+  mark("o_proj");
+  marks_ = nullptr;
+}
+
+void MlaOp::project() {
+  NvtxRange range("mla.project");
+  const int64_t T = s_.tokens();
+  const int64_t ql = m_.q_lora_rank ? *m_.q_lora_rank : 0;
+  const float* kv = kv_f32_.get();
+  int ld = int(width_);
+  if (ql) {
+    // q_a_proj and kv_a_proj_with_mqa read the same input: one GEMM over their stacked weights.
+    linear(blas_, b_.x, T, hid_, w_->qkv_a.get(), ql + width_, qa_f32_.get(), CUDA_R_32F);
+    mark("qkv_a");
+    kv = qa_f32_.get() + ql;
+    ld = int(ql + width_);
+  } else {
+    linear(blas_, b_.x, T, hid_, w_->q_proj.get(), nh_ * qhd_, q_.get(), CUDA_R_16BF);
+    mark("q_proj");
+    linear(blas_, b_.x, T, hid_, w_->kv_a.get(), width_, kv_f32_.get(), CUDA_R_32F);
+    mark("kv_a");
+  }
+  norm_and_cache_kernel<<<unsigned(T), kNormThreads, 0, stream_>>>(qa_f32_.get(), int(ql), w_->q_a_norm.get(), qa_.get(), kv, ld,
+                                                                   w_->kv_a_norm.get(), b_.rope_cos, b_.rope_sin, cache_view(*b_.cache),
+                                                                   b_.lengths, int(s_.q_len), int(r_), float(m_.rms_norm_eps), kv_new_.get());
+  DSLAB_CHECK_LAUNCH();
+  mark("norm_cache_write");
+  if (ql) {
+    linear(blas_, qa_.get(), T, ql, w_->q_b.get(), nh_ * qhd_, q_.get(), CUDA_R_16BF);
+    mark("q_b");
+  }
+  const int64_t heads_x_tokens = T * nh_;
+  rope_q_kernel<<<unsigned((heads_x_tokens + 7) / 8), 256, 0, stream_>>>(q_.get(), b_.rope_cos, b_.rope_sin, heads_x_tokens, int(nh_),
+                                                                         int(nope_), int(rope_), int(r_), q_cat_);
+  DSLAB_CHECK_LAUNCH();
+  mark("rope_q");
+}
+
+void MlaOp::gather_latent(__nv_bfloat16* out) const {
+  gather_kernel<<<dim3(unsigned((max_keys_ + 7) / 8), unsigned(s_.batch)), 256, 0, stream_>>>(cache_view(*b_.cache), b_.lengths, s_.q_len,
+                                                                                               keys_, out);
+  DSLAB_CHECK_LAUNCH();
+}
+
+void MlaOp::softmax(const float* scores, __nv_bfloat16* probs, int64_t rows, int64_t rows_per_request, int64_t div) const {
+  softmax_kernel<<<unsigned(rows), 256, 0, stream_>>>(scores, probs, keys_, scale_, b_.lengths, rows_per_request, div, s_.q_len);
+  DSLAB_CHECK_LAUNCH();
+}
+
+void MlaOp::absorb_query(__nv_bfloat16* q_abs, int64_t ld) const {
+  // Per head h: q_abs[t][h][0..r) = q_nope[t][h] · W_UK[h] (W_UK[h]: rows h*(nope+vd) .. +nope of kv_b_proj, [nope][r]).
+  gemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, r_, s_.tokens(), nope_, w_->kv_b.get(), r_, (nope_ + vd_) * r_, q_.get(), nh_ * qhd_, qhd_, q_abs,
+       CUDA_R_16BF, nh_ * ld, ld, nh_);
+}
+
+void MlaOp::concat_query() const {
+  if (!q_cat_) throw std::logic_error("concat_query: the form did not allocate q_cat_ in prepare_form");
+  absorb_query(q_cat_, width_);  // the rope part was written there by project()
+}
+
+void MlaOp::absorb_output(const __nv_bfloat16* o_lat) const {
+  // Per head h: attn[t][h] = o_lat[t][h] · W_UV[h]^T (W_UV[h]: [vd][r] after the W_UK rows).
+  gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, vd_, s_.tokens(), r_, w_->kv_b.get() + nope_ * r_, r_, (nope_ + vd_) * r_, o_lat, nh_ * r_, r_,
+       attn_.get(), CUDA_R_16BF, nh_ * vd_, vd_, nh_);
+}
+
+const void** MlaOp::pointer_array(const std::vector<const void*>& host) {
+  pointer_arrays_.emplace_back();
+  pointer_arrays_.back().upload(host);
+  return pointer_arrays_.back().get();
+}
+
+// ---- the registry ----------------------------------------------------------------------------------------
+
+namespace {
+std::map<std::string, MlaOpFactory>& mla_ops() {
+  static std::map<std::string, MlaOpFactory> ops;
+  return ops;
+}
+}  // namespace
+
+bool register_mla_op(const char* name, const char* summary, MlaOpFactory make) {
+  mla_ops()[name] = make;
+  const std::string n = name;
+  return register_variant({n, Device::cuda, summary, [n] { return std::unique_ptr<Variant>(new GpuVariant(n)); }});
+}
+
+std::unique_ptr<MlaOp> make_mla_op(const std::string& name) {
+  const auto it = mla_ops().find(name);
+  return it == mla_ops().end() ? nullptr : it->second();
+}
+
+std::vector<std::string> mla_op_names() {
+  std::vector<std::string> names;
+  for (const auto& [n, f] : mla_ops()) names.push_back(n);
+  return names;
+}
+
+// ---- the family variant ----------------------------------------------------------------------------------
+
+GpuVariant::GpuVariant(const std::string& op_name) : op_(make_mla_op(op_name)) {
+  if (!op_) throw std::logic_error("no MLA op named " + op_name);
+}
 
 GpuVariant::~GpuVariant() {
-  for (auto& m : marks_) cudaEventDestroy(m.second);
   if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-  if (blas_) cublasDestroy(blas_);
 }
 
 std::vector<std::pair<std::string, std::string>> GpuVariant::axes() const {
   return {{"batch", "1"}, {"q_len", "1"}, {"kv_len", "4096"}, {"heads", ""}, {"page_size", "64"}, {"len_dist", "uniform"},
-          {"kv_dtype", "bf16"}, {"executor", fused_ ? "graph" : "eager"}};
+          {"kv_dtype", "bf16"}, {"executor", op_->fused() ? "graph" : "eager"}};
 }
 
 Support GpuVariant::supports(const ModelFile& model, const Point& point) const {
   const ModelConfig m = parse_model_config(model.config, model.name, model.path);
   const Shape s = shape_of(m, point);
   request_lengths(point.text("len_dist"), 1, 1, 0);  // validates the name
-  if (!supports_kv_dtype(s.kv_dtype)) return Support::no(std::string("kv_dtype ") + kv_dtype_name(s.kv_dtype) + " not implemented by this form");
-  if (fused_ && (s.heads * s.q_len) % 16) return Support::no("decode kernel: heads x q_len must be a multiple of 16");
-  if (fused_ && s.q_len > 2) return Support::no("decode kernel: q_len 1 or 2 (MTP); extend runs on the unfused forms");
-  if (m.q_lora_rank.value_or(0) > kNormThreads * kNormQPerThread || m.kv_lora_rank > kNormThreads * kNormLatentPerThread)
-    return Support::no("norm kernel: q_lora_rank up to " + std::to_string(kNormThreads * kNormQPerThread) + ", kv_lora_rank up to " +
-                       std::to_string(kNormThreads * kNormLatentPerThread));
-  if (m.qk_rope_head_dim > 64 * kRopePairsPerLane) return Support::no("RoPE kernel: qk_rope_head_dim up to " + std::to_string(64 * kRopePairsPerLane));
-  if (m.kv_lora_rank + m.qk_rope_head_dim != 576 && fused_) return Support::no("fused kernel is built for a 512+64 latent");
+  const std::string why = op_->unsupported(m, s);
+  if (!why.empty()) return Support::no(why);
   const GpuInfo& g = gpu_info();
   if (!g.present) return Support::no(g.why_absent);
-  const double need = device_bytes(m, algo_, s, point.integer("page_size"), point.text("len_dist"), fused_);
+  const double need = device_memory_bytes(model, point);
   if (need > 0.85 * double(g.memory_bytes))
     return Support::no("needs ~" + std::to_string(int64_t(need / double(1 << 30))) + " GiB of GPU memory, " + g.name + " has " +
                        std::to_string(int64_t(double(g.memory_bytes) / double(1 << 30))) + " GiB");
@@ -426,7 +638,7 @@ Support GpuVariant::supports(const ModelFile& model, const Point& point) const {
 
 Cost GpuVariant::cost(const ModelFile& model, const Point& point) const {
   const ModelConfig m = parse_model_config(model.config, model.name, model.path);
-  return mla::cost(m, algo_, shape_of(m, point));  // mixed lengths cache the same total, so the same cost
+  return mla::cost(m, op_->algo(), shape_of(m, point));  // mixed lengths cache the same total, so the same cost
 }
 
 double GpuVariant::host_memory_bytes(const ModelFile& model, const Point& point) const {
@@ -438,109 +650,52 @@ double GpuVariant::host_memory_bytes(const ModelFile& model, const Point& point)
 
 double GpuVariant::device_memory_bytes(const ModelFile& model, const Point& point) const {
   const ModelConfig m = parse_model_config(model.config, model.name, model.path);
-  return device_bytes(m, algo_, shape_of(m, point), point.integer("page_size"), point.text("len_dist"), fused_);
+  return device_bytes(m, op_->algo(), shape_of(m, point), point.integer("page_size"), point.text("len_dist"), op_->fused());
 }
 
 void GpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
   m_ = parse_model_config(model.config, model.name, model.path);
   s_ = shape_of(m_, point);
   p_ = gpu_problem(m_, s_, point.integer("page_size"), point.text("len_dist"), seed);
-  graph_ = point.text("executor") == "graph";
   if (graph_exec_) {  // a graph captured for an earlier point replays that point's buffers
     DSLAB_CUDA(cudaGraphExecDestroy(graph_exec_));
     graph_exec_ = nullptr;
   }
-  nh_ = s_.heads;
-  nope_ = m_.qk_nope_head_dim;
-  rope_ = m_.qk_rope_head_dim;
-  qhd_ = m_.q_head_dim();
-  vd_ = m_.v_head_dim;
-  r_ = m_.kv_lora_rank;
-  hid_ = m_.hidden_size;
-  width_ = r_ + rope_;
-  keys_ = (p_->max_keys + kKeyAlign - 1) / kKeyAlign * kKeyAlign;
-  scale_ = float(m_.softmax_scale());
-  if (!blas_) {
-    DSLAB_CUBLAS(cublasCreate(&blas_));
-    DSLAB_CUBLAS(cublasSetStream(blas_, 0));  // the harness times the default stream
-    // A workspace of our own: cuBLAS must not allocate inside a graph capture.
-    blas_workspace_.resize(size_t(32) << 20);
-    DSLAB_CUBLAS(cublasSetWorkspace(blas_, blas_workspace_.get(), blas_workspace_.size()));
-  }
-  const int64_t T = s_.tokens();
-  if (m_.q_lora_rank) {
-    qa_f32_.resize(size_t(T * (*m_.q_lora_rank + width_)));
-    qa_.resize(size_t(T * *m_.q_lora_rank));
-  }
-  if (!m_.q_lora_rank) kv_f32_.resize(size_t(T * width_));
-  q_.resize(size_t(T * nh_ * qhd_));
-  attn_.resize(size_t(T * nh_ * vd_));
-  out_.resize(size_t(T * hid_));
+  if (!blas_) blas_ = std::make_unique<BlasHandle>();
+  out_.resize(size_t(s_.tokens() * m_.hidden_size));
   DSLAB_CUDA(cudaMemset(out_.get(), 0xff, out_.size() * 4));  // NaN: verification fails if run() leaves any unwritten
-  pointer_arrays_.clear();
-  q_cat_ = nullptr;
-  prepare_form();
-  DSLAB_CUDA(cudaDeviceSynchronize());
-  if (graph_) capture_graph();
+  MlaBuffers b;
+  b.x = p_->x.get();
+  b.out = out_.get();
+  b.cache = &p_->cache;
+  b.lengths = p_->lengths_dev.get();
+  b.rope_cos = p_->rope_cos.get();
+  b.rope_sin = p_->rope_sin.get();
+  op_->prepare(m_, s_, p_->max_keys, p_->weights, b, *blas_, /*lengths_vary=*/false);
+  schedule_ = op_->schedule(p_->lengths);
+  if (!schedule_.blob.empty())
+    DSLAB_CUDA(cudaMemcpy(op_->schedule_buffer(), schedule_.blob.data(), schedule_.blob.size() * 4, cudaMemcpyHostToDevice));
+  if (point.text("executor") == "graph") capture_graph();
 }
 
 void GpuVariant::capture_graph() {
-  step();  // once outside the capture: first-call initialisation (kernel attributes, cuBLAS heuristics) happens here
+  op_->forward(0);  // once outside the capture: first-call initialisation (kernel attributes, cuBLAS heuristics) happens here
   DSLAB_CUDA(cudaDeviceSynchronize());
   cudaStream_t capture{};
   DSLAB_CUDA(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking));
-  stream_ = capture;
-  DSLAB_CUBLAS(cublasSetStream(blas_, capture));
   cudaGraph_t graph{};
   DSLAB_CUDA(cudaStreamBeginCapture(capture, cudaStreamCaptureModeThreadLocal));
   try {
-    step();
+    op_->forward(capture);
   } catch (...) {
     cudaStreamEndCapture(capture, &graph);
     throw;
   }
   DSLAB_CUDA(cudaStreamEndCapture(capture, &graph));
-  if (graph_exec_) DSLAB_CUDA(cudaGraphExecDestroy(graph_exec_));
   DSLAB_CUDA(cudaGraphInstantiate(&graph_exec_, graph, 0));
   DSLAB_CUDA(cudaGraphDestroy(graph));
-  stream_ = 0;
-  DSLAB_CUBLAS(cublasSetStream(blas_, 0));
   DSLAB_CUDA(cudaStreamDestroy(capture));
   DSLAB_CUDA(cudaMemset(out_.get(), 0xff, out_.size() * 4));  // verification must see the timed runs' output
-}
-
-void GpuVariant::project() {
-  NvtxRange range("mla.project");
-  const int64_t T = s_.tokens();
-  const int64_t ql = m_.q_lora_rank ? *m_.q_lora_rank : 0;
-  const float* kv = kv_f32_.get();
-  int ld = int(width_);
-  if (ql) {
-    // q_a_proj and kv_a_proj_with_mqa read the same input: one GEMM over their stacked weights.
-    linear(blas_, p_->x.get(), T, hid_, p_->qkv_a.get(), ql + width_, qa_f32_.get(), CUDA_R_32F);
-    mark("qkv_a");
-    kv = qa_f32_.get() + ql;
-    ld = int(ql + width_);
-  } else {
-    linear(blas_, p_->x.get(), T, hid_, p_->q_proj.get(), nh_ * qhd_, q_.get(), CUDA_R_16BF);
-    mark("q_proj");
-    linear(blas_, p_->x.get(), T, hid_, p_->kv_a.get(), width_, kv_f32_.get(), CUDA_R_32F);
-    mark("kv_a");
-  }
-  norm_and_cache_kernel<<<unsigned(T), kNormThreads, 0, stream_>>>(qa_f32_.get(), int(ql), p_->q_a_norm.get(), qa_.get(), kv, ld, p_->kv_a_norm.get(),
-                                                          p_->rope_cos.get(), p_->rope_sin.get(), cache_view(p_->cache),
-                                                          p_->lengths_dev.get(), int(s_.q_len), int(r_), float(m_.rms_norm_eps), kv_new_.get());
-  DSLAB_CHECK_LAUNCH();
-  mark("norm_cache_write");
-  if (ql) {
-    linear(blas_, qa_.get(), T, ql, p_->q_b.get(), nh_ * qhd_, q_.get(), CUDA_R_16BF);
-    mark("q_b");
-  }
-  const int64_t heads_x_tokens = T * nh_;
-  rope_q_kernel<<<unsigned((heads_x_tokens + 7) / 8), 256, 0, stream_>>>(q_.get(), p_->rope_cos.get(), p_->rope_sin.get(), heads_x_tokens,
-                                                                         int(nh_), int(nope_), int(rope_), int(r_), q_cat_);
-  DSLAB_CHECK_LAUNCH();
-  mark("rope_q");
 }
 
 void GpuVariant::run() {
@@ -548,105 +703,14 @@ void GpuVariant::run() {
     DSLAB_CUDA(cudaGraphLaunch(graph_exec_, 0));
     return;
   }
-  step();
-}
-
-void GpuVariant::step() {
-  project();
-  {
-    NvtxRange range("mla.attend");
-    const size_t marked = marks_used_;
-    attend();
-    if (marks_used_ == marked) mark("attend");
-  }
-  NvtxRange range("mla.o_proj");
-  linear(blas_, attn_.get(), s_.tokens(), nh_ * vd_, p_->o_proj.get(), hid_, out_.get(), CUDA_R_32F);
-  mark("o_proj");
-}
-
-void GpuVariant::mark(const char* op) const {
-  if (!timing_ops_) return;
-  if (marks_used_ == marks_.size()) {
-    cudaEvent_t e{};
-    DSLAB_CUDA(cudaEventCreate(&e));
-    marks_.push_back({op, e});
-  }
-  marks_[marks_used_].first = op;
-  DSLAB_CUDA(cudaEventRecord(marks_[marks_used_++].second, stream_));
-}
-
-std::map<std::string, double> GpuVariant::time_ops() {
-  constexpr int kSteps = 9;
-  std::map<std::string, std::vector<double>> us;
-  for (int i = 0; i < kSteps; ++i) {
-    gpu::flush_l2();
-    gpu::occupy_stream(2e-3);  // far longer than queueing one step takes
-    timing_ops_ = true;
-    marks_used_ = 0;
-    mark("start");
-    try {
-      step();
-    } catch (...) {
-      timing_ops_ = false;
-      throw;
-    }
-    timing_ops_ = false;
-    DSLAB_CUDA(cudaDeviceSynchronize());
-    std::map<std::string, double> step_us;  // an op marked twice in a step counts once, summed
-    for (size_t m = 1; m < marks_used_; ++m) {
-      float ms = 0;
-      DSLAB_CUDA(cudaEventElapsedTime(&ms, marks_[m - 1].second, marks_[m].second));
-      step_us[marks_[m].first] += double(ms) * 1e3;
-    }
-    for (const auto& [op, t] : step_us) us[op].push_back(t);
-  }
-  std::map<std::string, double> medians;
-  for (auto& [op, v] : us) {
-    std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
-    medians["op_us." + op] = v[v.size() / 2];
-  }
-  return medians;
-}
-
-void GpuVariant::gather_latent(__nv_bfloat16* out) const {
-  gather_kernel<<<dim3(unsigned((p_->max_keys + 7) / 8), unsigned(s_.batch)), 256, 0, stream_>>>(cache_view(p_->cache), p_->lengths_dev.get(),
-                                                                                     s_.q_len, keys_, out);
-  DSLAB_CHECK_LAUNCH();
-}
-
-void GpuVariant::softmax(const float* scores, __nv_bfloat16* probs, int64_t rows, int64_t rows_per_request, int64_t div) const {
-  softmax_kernel<<<unsigned(rows), 256, 0, stream_>>>(scores, probs, keys_, scale_, p_->lengths_dev.get(), rows_per_request, div, s_.q_len);
-  DSLAB_CHECK_LAUNCH();
-}
-
-void GpuVariant::absorb_query(__nv_bfloat16* q_abs, int64_t ld) const {
-  // Per head h: q_abs[t][h][0..r) = q_nope[t][h] · W_UK[h] (W_UK[h]: rows h*(nope+vd) .. +nope of kv_b_proj, [nope][r]).
-  gemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, r_, s_.tokens(), nope_, p_->kv_b.get(), r_, (nope_ + vd_) * r_, q_.get(), nh_ * qhd_, qhd_,
-       q_abs, CUDA_R_16BF, nh_ * ld, ld, nh_);
-}
-
-void GpuVariant::concat_query() const {
-  if (!q_cat_) throw std::logic_error("concat_query: the form did not allocate q_cat_ in prepare_form");
-  absorb_query(q_cat_, width_);  // the rope part was written there by project()
-}
-
-void GpuVariant::absorb_output(const __nv_bfloat16* o_lat) const {
-  // Per head h: attn[t][h] = o_lat[t][h] · W_UV[h]^T (W_UV[h]: [vd][r] after the W_UK rows).
-  gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, vd_, s_.tokens(), r_, p_->kv_b.get() + nope_ * r_, r_, (nope_ + vd_) * r_, o_lat, nh_ * r_, r_,
-       attn_.get(), CUDA_R_16BF, nh_ * vd_, vd_, nh_);
-}
-
-const void** GpuVariant::pointer_array(const std::vector<const void*>& host) {
-  pointer_arrays_.emplace_back();
-  pointer_arrays_.back().upload(host);
-  return pointer_arrays_.back().get();
+  op_->forward(0);
 }
 
 Verification GpuVariant::verify() {
   host_out_.resize(out_.size());
   DSLAB_CUDA(cudaDeviceSynchronize());
   DSLAB_CUDA(cudaMemcpy(host_out_.data(), out_.get(), out_.size() * 4, cudaMemcpyDeviceToHost));
-  const int64_t rows = s_.q_len * hid_;
+  const int64_t rows = s_.q_len * m_.hidden_size;
   std::vector<float> out;
   std::vector<double> ref;
   for (int64_t b : p_->verified_requests) {
@@ -660,18 +724,22 @@ Verification GpuVariant::verify() {
 }
 
 std::map<std::string, double> GpuVariant::counters() {
-  std::map<std::string, double> c = time_ops();
+  std::map<std::string, double> c = gpu::time_ops([&](gpu::OpMarks& marks) { op_->forward(0, &marks); });
   c["verified_requests"] = double(p_->verified_requests.size());
   c["cuda_graph"] = graph_exec_ ? 1.0 : 0.0;
   c["longest_request"] = double(p_->max_keys - s_.q_len);
   c["shortest_request"] = double(*std::min_element(p_->lengths.begin(), p_->lengths.end()));
+  if (op_->fused()) {
+    c["segments"] = double(schedule_.segments);
+    c["merges"] = schedule_.merges ? 1.0 : 0.0;
+  }
   return c;
 }
 
 std::vector<DumpTensor> GpuVariant::tensors() const {
   std::vector<DumpTensor> t;
-  if (!host_out_.empty()) t.push_back({"output", "F32", {s_.batch, s_.q_len, hid_}, host_out_.data(), host_out_.size() * 4});
-  t.push_back({"hidden_states", "BF16", {s_.batch, s_.q_len, hid_}, p_->hidden.data(), p_->hidden.size() * 2});
+  if (!host_out_.empty()) t.push_back({"output", "F32", {s_.batch, s_.q_len, m_.hidden_size}, host_out_.data(), host_out_.size() * 4});
+  t.push_back({"hidden_states", "BF16", {s_.batch, s_.q_len, m_.hidden_size}, p_->hidden.data(), p_->hidden.size() * 2});
   return t;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "harness/cuda_check.h"
+#include "harness/gpu.h"
 #include "harness/variant.h"
 #include "variants/mla/mla.h"
 
@@ -66,6 +67,135 @@ struct PagedLatentCache {
   size_t element_bytes() const { return dtype == KvDtype::bf16 ? 2 : 1; }
 };
 
+// A cuBLAS handle with a workspace of its own (cuBLAS must not allocate inside a graph capture).
+class BlasHandle {
+ public:
+  BlasHandle();
+  ~BlasHandle();
+  BlasHandle(const BlasHandle&) = delete;
+  BlasHandle& operator=(const BlasHandle&) = delete;
+  cublasHandle_t get() const { return h_; }
+  // Every call goes to `stream` from here on, with this handle's workspace (cublasSetStream resets it).
+  void set_stream(cudaStream_t stream);
+
+ private:
+  cublasHandle_t h_ = nullptr;
+  DeviceArray<uint8_t> workspace_;
+};
+
+// One layer's attention weights on the device (HF names; q_a_proj and kv_a_proj_with_mqa stacked into qkv_a
+// for q_lora_rank models, since both read the same input).
+struct MlaWeights {
+  DeviceArray<__nv_bfloat16> qkv_a, q_a_norm, q_b, q_proj, kv_a, kv_a_norm, kv_b, o_proj;
+};
+void upload_mla_weights(const ModelConfig& m, const ref::MlaParams& p, MlaWeights* w);
+
+// The buffers an MLA op runs on, given by its caller. Their addresses are fixed from prepare() on (a captured
+// graph replays them); their contents may change between steps: lengths, page table and the RoPE tables at the
+// new tokens' positions are the step's metadata.
+struct MlaBuffers {
+  const __nv_bfloat16* x = nullptr;  // [tokens][hidden]: the attention module's input (after input_layernorm)
+  float* out = nullptr;              // [tokens][hidden]: o_proj's output
+  PagedLatentCache* cache = nullptr;
+  const int32_t* lengths = nullptr;  // [batch]: cached tokens per request before this step
+  const float* rope_cos = nullptr;   // [tokens][rope/2] at each new token's position, YaRN-scaled
+  const float* rope_sin = nullptr;
+};
+
+// Host-computed metadata of one step for an op that needs it (the fused kernel's split-KV schedule): copied
+// into schedule_buffer() before the step (cudaMemcpyAsync, in place, as serving engines update a graph's
+// static buffers before replay).
+struct MlaSchedule {
+  std::vector<int32_t> blob;  // schedule_ints() of them
+  int segments = 0;
+  bool merges = false;
+};
+
+// One implementation of the attention module: projections, the new tokens' cache write, attention over the
+// paged latent cache, o_proj. run on buffers it is given, with no allocation and no host synchronisation in
+// forward(). The family variants (mla/<form>/cuda) and the layers (layer/deepseek/cuda) both run these.
+class MlaOp {
+ public:
+  // fused: the FlashMLA-style kernel (decode only).
+  MlaOp(Algo algo, bool fused) : algo_(algo), fused_(fused) {}
+  virtual ~MlaOp() = default;
+  Algo algo() const { return algo_; }
+  bool fused() const { return fused_; }
+  virtual bool supports_kv_dtype(KvDtype d) const { return d == KvDtype::bf16; }
+  // Why this op cannot run these shapes, or "" (no GPU needed to ask).
+  std::string unsupported(const ModelConfig& m, const Shape& s) const;
+  // s: batch, q_len, heads, kv_dtype of every step; max_keys: the longest request (cached + new) any step will
+  // have. lengths_vary: steps replayed from one capture have different lengths (the fused kernel then always
+  // launches its merge, which skips requests whole in that step's schedule).
+  void prepare(const ModelConfig& m, const Shape& s, int64_t max_keys, const MlaWeights& w, const MlaBuffers& b, BlasHandle& blas,
+               bool lengths_vary);
+  virtual MlaSchedule schedule(const std::vector<int64_t>& lengths) const;
+  int32_t* schedule_buffer() const { return schedule_dev_.get(); }
+  size_t schedule_ints() const { return schedule_dev_.size(); }
+  // Queues one step on `stream`; marks, when given, time each op inside it.
+  void forward(cudaStream_t stream, gpu::OpMarks* marks = nullptr);
+  // Device bytes beyond the caller's buffers (weights, cache), for supports().
+  static double scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t max_keys, bool fused);
+
+ protected:
+  virtual void prepare_form() {}
+  virtual size_t schedule_capacity() const { return 0; }  // ints
+  // Reads q_ (rope applied) and the cache (new tokens written); writes attn_ [tokens][heads][v_head_dim].
+  virtual void attend() = 0;
+
+  // Pieces the forms share.
+  void gather_latent(__nv_bfloat16* out) const;  // paged cache -> [batch][keys_][width] bf16 (padding untouched)
+  // Row-wise causal softmax of scale*scores over each request's visible keys, zeros beyond:
+  // row r belongs to request r / rows_per_request and to new token (r / div) % q_len.
+  void softmax(const float* scores, __nv_bfloat16* probs, int64_t rows, int64_t rows_per_request, int64_t div) const;
+  void absorb_query(__nv_bfloat16* q_abs, int64_t ld) const;  // q_nope·W_UK per head into q_abs[t][h][0..r)
+  void concat_query() const;  // q_cat_ = [q_nope·W_UK ‖ q_pe] per (token, head); forms that use it allocate q_cat_
+  void absorb_output(const __nv_bfloat16* o_lat) const;         // attn = o_lat·W_UV^T per head
+  // Device pointer array for cublasGemmBatchedEx, built once in prepare.
+  const void** pointer_array(const std::vector<const void*>& host);
+  // Op boundary for per-op timing: the work queued since the last boundary is `op`'s.
+  void mark(const char* op) const {
+    if (marks_) marks_->mark(op, stream_);
+  }
+
+  Algo algo_;
+  bool fused_, lengths_vary_ = false;
+  cudaStream_t stream_ = 0;  // the stream forward() queues on
+  ModelConfig m_;
+  Shape s_;
+  const MlaWeights* w_ = nullptr;
+  MlaBuffers b_;
+  BlasHandle* blas_handle_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  int64_t max_keys_ = 0;
+  int64_t nh_ = 0, nope_ = 0, rope_ = 0, qhd_ = 0, vd_ = 0, r_ = 0, hid_ = 0, width_ = 0;
+  int64_t keys_ = 0;  // keys per request in the unfused forms' buffers: max_keys rounded up to kKeyAlign
+  float scale_ = 0;
+  DeviceArray<__nv_bfloat16> q_;       // [tokens][heads][q_head_dim], rope applied
+  DeviceArray<__nv_bfloat16> attn_;    // [tokens][heads][v_head_dim]
+  DeviceArray<__nv_bfloat16> kv_new_;  // [tokens][width]: this step's latent rows, bf16, if a form allocates it
+  DeviceArray<int32_t> schedule_dev_;
+  __nv_bfloat16* q_cat_ = nullptr;     // [tokens][heads][width]: project() writes q_pe behind the absorbed part
+
+ private:
+  void project();
+  gpu::OpMarks* marks_ = nullptr;
+  DeviceArray<float> qa_f32_;  // [tokens][q_lora_rank + width]: q_a and kv_a outputs side by side
+  DeviceArray<float> kv_f32_;
+  DeviceArray<__nv_bfloat16> qa_;
+  std::vector<DeviceArray<const void*>> pointer_arrays_;
+};
+
+// The MLA ops by name ("mla/fused/cuda"): each registration also registers the family variant of that name,
+// and every layer can pick it by its `attn` axis.
+using MlaOpFactory = std::unique_ptr<MlaOp> (*)();
+bool register_mla_op(const char* name, const char* summary, MlaOpFactory make);
+std::unique_ptr<MlaOp> make_mla_op(const std::string& name);  // nullptr if unknown
+std::vector<std::string> mla_op_names();
+#define DSLAB_REGISTER_MLA_OP(Class, name, summary)                                       \
+  static const bool dslab_mla_op_##Class = ::dslab::mla::cuda::register_mla_op( \
+      name, summary, [] { return std::unique_ptr<::dslab::mla::cuda::MlaOp>(new Class()); })
+
 // One point's weights, inputs and cache, generated once and shared by every GPU variant at that point
 // (each variant's run() writes the same new-token values into the same cache slots).
 struct GpuProblem {
@@ -78,9 +208,8 @@ struct GpuProblem {
   int64_t max_keys = 0;          // max over requests of lengths + q_len
   ref::MlaParams params;         // host copies: the reference and --dump read them
   std::vector<bf16> hidden;      // [tokens][hidden]
-  // Device copies.
-  DeviceArray<__nv_bfloat16> qkv_a;  // [q_a_proj; kv_a_proj_with_mqa] stacked (q_lora_rank models)
-  DeviceArray<__nv_bfloat16> q_a_norm, q_b, q_proj, kv_a, kv_a_norm, kv_b, o_proj, x;
+  MlaWeights weights;
+  DeviceArray<__nv_bfloat16> x;
   PagedLatentCache cache;
   DeviceArray<int32_t> lengths_dev;  // int32 [batch]
   DeviceArray<float> rope_cos, rope_sin;  // [tokens][rope/2], YaRN-scaled, at each new token's position
@@ -99,16 +228,28 @@ std::shared_ptr<GpuProblem> gpu_problem(const ModelConfig& m, const Shape& s, in
 // The cached values of request b as the CPU generates them (the GPU fill must match bit for bit).
 std::vector<bf16> host_latent(const GpuProblem& p, int64_t request);  // [lengths[b]][width], bf16 before any quantisation
 
+// Paged cache set-up shared by the family variants and the layers: pages for each request's cached and new
+// tokens (room for `room` new tokens each), drawn in shuffled order from one pool, unwritten slots 0xFF (NaN).
+void allocate_paged_cache(const ModelConfig& m, KvDtype dtype, int64_t page_size, const std::vector<int64_t>& lengths, int64_t room,
+                          uint64_t seed, PagedLatentCache* c);
+// Fills request b's cached tokens [0, lengths[b]) with the counter-based values of streams[2b] (latent) and
+// streams[2b + 1] (rope key), as host_latent() generates them.
+void fill_paged_cache(PagedLatentCache& c, const int32_t* lengths_dev, int64_t batch, int64_t max_len, const std::vector<uint64_t>& streams,
+                      int64_t kv_lora_rank);
+// RoPE tables [tokens][rope/2] for q_len new tokens per request at positions lengths[b] + s.
+void rope_tables(const ModelConfig& m, const std::vector<int64_t>& lengths, int64_t q_len, std::vector<float>* cos_table,
+                 std::vector<float>* sin_table);
+
 // Device bytes a point needs beyond the shared problem, per form, for supports().
 double device_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t page_size, const std::string& len_dist, bool fused);
 
 // cuBLAS column-major GEMM over a strided batch with fp32 accumulation; every MLA matmul goes through here.
-void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k,
-          const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* c,
-          cudaDataType c_type, int64_t ldc, int64_t stride_c, int64_t batch, float beta = 0.0f);
+void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k, const void* a,
+          int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* c, cudaDataType c_type, int64_t ldc,
+          int64_t stride_c, int64_t batch, float beta = 0.0f);
 // Row-major nn.Linear: y[rows][out] = x[rows][in] · w[out][in]^T.
 void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out,
-            void* y, cudaDataType y_type);
+            void* y, cudaDataType y_type, float beta = 0.0f);
 
 // The unfused forms pad every request to the longest (max_keys) in their gathered buffers, and further to a
 // multiple of kKeyAlign keys (keys_): a key count in a GEMM's dimensions and leading dimensions that is not a
@@ -117,13 +258,12 @@ void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, 
 // The padding keys are zeros that the softmax masks like any key past a request's end.
 constexpr int64_t kKeyAlign = 8;
 
-// Base of every GPU MLA variant: run() = project() (q, new latent into the paged cache), attend(), o_proj.
+// The family variant mla/<form>/cuda: makes one point's problem, runs the op on it, verifies. The executor axis
+// (default: graph for the fused kernel, eager for the others) makes run() replay one CUDA graph of the whole
+// step, captured in prepare(), as serving engines do per batch size, instead of launching kernel by kernel.
 class GpuVariant : public Variant {
  public:
-  // fused: the FlashMLA-style kernel (decode only). The executor axis (default here: graph for the fused
-  // kernel, eager for the others) makes run() replay one CUDA graph of the whole step, captured in prepare(),
-  // as serving engines do per batch size, instead of launching kernel by kernel.
-  explicit GpuVariant(Algo algo, bool fused = false) : algo_(algo), fused_(fused) {}
+  explicit GpuVariant(const std::string& op_name);
   ~GpuVariant() override;
   std::vector<std::pair<std::string, std::string>> axes() const override;
   Support supports(const ModelFile& model, const Point& point) const override;
@@ -137,59 +277,17 @@ class GpuVariant : public Variant {
   std::vector<DumpTensor> tensors() const override;
   std::map<std::string, double> counters() override;
 
- protected:
-  virtual bool supports_kv_dtype(KvDtype d) const { return d == KvDtype::bf16; }
-  virtual void prepare_form() {}
-  // Reads q_ (rope applied) and the cache (new tokens written); writes attn_ [tokens][heads][v_head_dim].
-  virtual void attend() = 0;
-
-  // Pieces the forms share.
-  void gather_latent(__nv_bfloat16* out) const;  // paged cache -> [batch][keys_][width] bf16 (padding untouched)
-  // Row-wise causal softmax of scale*scores over each request's visible keys, zeros beyond:
-  // row r belongs to request r / rows_per_request and to new token (r / div) % q_len.
-  void softmax(const float* scores, __nv_bfloat16* probs, int64_t rows, int64_t rows_per_request, int64_t div) const;
-  void absorb_query(__nv_bfloat16* q_abs, int64_t ld) const;  // q_nope·W_UK per head into q_abs[t][h][0..r)
-  void concat_query() const;  // q_cat_ = [q_nope·W_UK ‖ q_pe] per (token, head); forms that use it allocate q_cat_
-  void absorb_output(const __nv_bfloat16* o_lat) const;         // attn = o_lat·W_UV^T per head
-  // Device pointer array for cublasGemmBatchedEx, built once in prepare.
-  const void** pointer_array(const std::vector<const void*>& host);
-  // Op boundary: while counters() times the ops of a step, records that `op` (the work queued since the last
-  // boundary) ends here. A form may mark inside attend(); one that does not is timed as one op, "attend".
-  void mark(const char* op) const;
-
-  Algo algo_;
-  bool fused_, graph_ = false;
-  cudaStream_t stream_ = 0;  // every launch goes here: the default stream, or the capture stream while capturing
+ private:
+  void capture_graph();
+  std::unique_ptr<MlaOp> op_;
   ModelConfig m_;
   Shape s_;
   std::shared_ptr<GpuProblem> p_;
-  cublasHandle_t blas_ = nullptr;
-  int64_t nh_ = 0, nope_ = 0, rope_ = 0, qhd_ = 0, vd_ = 0, r_ = 0, hid_ = 0, width_ = 0;
-  int64_t keys_ = 0;  // keys per request in the unfused forms' buffers: max_keys rounded up to kKeyAlign
-  float scale_ = 0;
-  DeviceArray<__nv_bfloat16> q_;     // [tokens][heads][q_head_dim], rope applied
-  DeviceArray<__nv_bfloat16> attn_;  // [tokens][heads][v_head_dim]
-  DeviceArray<float> out_;           // [tokens][hidden]
-  DeviceArray<__nv_bfloat16> kv_new_;  // [tokens][width]: this step's latent rows, bf16, if a form allocates it
-  __nv_bfloat16* q_cat_ = nullptr;     // [tokens][heads][width]: project() writes q_pe behind the absorbed part
+  std::unique_ptr<BlasHandle> blas_;
+  DeviceArray<float> out_;  // [tokens][hidden]
   std::vector<float> host_out_;
-
- private:
-  void project();
-  void step();  // project, attend, o_proj
-  void capture_graph();
-  // Median GPU time of each marked op over a few eager steps, each from a flushed L2 and queued behind a
-  // blocking kernel so host launch costs do not show: counters "op_us.<op>".
-  std::map<std::string, double> time_ops();
-  mutable bool timing_ops_ = false;
-  mutable std::vector<std::pair<const char*, cudaEvent_t>> marks_;  // events reused from step to step
-  mutable size_t marks_used_ = 0;
+  MlaSchedule schedule_;
   cudaGraphExec_t graph_exec_ = nullptr;
-  DeviceArray<uint8_t> blas_workspace_;
-  DeviceArray<float> qa_f32_;  // [tokens][q_lora_rank + width]: q_a and kv_a outputs side by side
-  DeviceArray<float> kv_f32_;
-  DeviceArray<__nv_bfloat16> qa_;
-  std::vector<DeviceArray<const void*>> pointer_arrays_;
 };
 
 }  // namespace dslab::mla::cuda
