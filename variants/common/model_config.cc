@@ -13,7 +13,7 @@ const std::set<std::string> kIgnoredFields = {
     "_name_or_path", "architectures", "attention_bias", "attention_dropout", "auto_map", "aux_loss_alpha",
     "bos_token_id", "eos_token_id", "ep_size", "hidden_act", "initializer_range", "model_type",
     "num_key_value_heads", "num_nextn_predict_layers", "pretraining_tp", "quantization_config", "seq_aux",
-    "tie_word_embeddings", "torch_dtype", "transformers_version", "use_cache", "vocab_size"};
+    "tie_word_embeddings", "torch_dtype", "transformers_version", "use_cache"};
 
 class Reader {
  public:
@@ -82,7 +82,7 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& name,
       "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
       "n_shared_experts", "num_experts_per_tok", "n_group", "topk_group", "first_k_dense_replace",
       "moe_layer_freq", "topk_method", "scoring_func", "norm_topk_prob", "routed_scaling_factor",
-      "rms_norm_eps", "rope_theta", "max_position_embeddings", "rope_scaling"};
+      "rms_norm_eps", "rope_theta", "max_position_embeddings", "rope_scaling", "vocab_size"};
   for (const auto& item : j.items()) {
     if (!used.count(item.key()) && !kIgnoredFields.count(item.key()))
       throw BadInput(source + ": field '" + item.key() + "': unknown model field (expected DeepSeek config.json fields)");
@@ -119,6 +119,7 @@ ModelConfig parse_model_config(const nlohmann::json& j, const std::string& name,
   m.rms_norm_eps = r.positive_number("rms_norm_eps", 1e-6);
   m.rope_theta = r.positive_number("rope_theta", 10000);
   m.max_position_embeddings = r.nonneg_int("max_position_embeddings", 0);
+  m.vocab_size = r.nonneg_int("vocab_size", 0);
   if (m.topk_method != "greedy") {
     if (m.n_group < 1 || m.n_routed_experts % m.n_group)
       throw bad_field(source, "n_group", std::to_string(m.n_group), "a positive divisor of n_routed_experts (" + std::to_string(m.n_routed_experts) + ")");

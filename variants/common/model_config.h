@@ -27,6 +27,7 @@ struct ModelConfig {
   bool norm_topk_prob = false;
   double routed_scaling_factor = 1.0, rms_norm_eps = 1e-6, rope_theta = 10000;
   int64_t max_position_embeddings = 0;
+  int64_t vocab_size = 0;  // 0: absent (a whole-model step needs it for the embedding and LM head)
   RopeScaling rope_scaling;
 
   int64_t q_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }

@@ -56,7 +56,8 @@ void check_routing(const std::string& r) {
 
 double uniform01(uint64_t stream, uint64_t i) { return (double(uniform_pm1(stream, i)) + 1.0) / 2.0; }
 
-// Synthetic routing: each token draws topk distinct experts with popularity p_e (uniform, or Zipf by id).
+}  // namespace
+
 ref::Routing synthetic_routing(const ModelConfig& m, const Shape& s, uint64_t seed) {
   std::vector<double> popularity(static_cast<size_t>(s.experts), 1.0);
   if (s.routing != "uniform") {
@@ -88,7 +89,7 @@ ref::Routing synthetic_routing(const ModelConfig& m, const Shape& s, uint64_t se
   return r;
 }
 
-}  // namespace
+void check_routing_name(const std::string& routing) { check_routing(routing); }
 
 std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uint64_t seed) {
   static std::mutex mu;

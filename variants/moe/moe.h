@@ -40,6 +40,11 @@ struct Problem {
   mutable std::vector<double> reference_;
 };
 std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uint64_t seed);
+// Synthetic routing (s.routing uniform or zipf:S): each token draws topk distinct experts with popularity p_e
+// (uniform, or Zipf by id), weights normalised and scaled by routed_scaling_factor.
+ref::Routing synthetic_routing(const ModelConfig& m, const Shape& s, uint64_t seed);
+// BadInput unless model | uniform | zipf:S.
+void check_routing_name(const std::string& routing);
 
 Cost cost(const ModelConfig& m, const Problem& p);
 

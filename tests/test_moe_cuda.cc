@@ -1,0 +1,99 @@
+// GPU MoE variants (router, permutation, grouped or looped experts, shared experts, combine) against the fp64
+// reference on fresh random inputs, over models (each router: greedy softmax, group_limited_greedy, noaux_tc
+// sigmoid), token counts (each row-tile size of the grouped GEMMs) and routings (ctest label `gpu`).
+// Without a GPU they skip. Also here (no GPU needed): tile sizes and the expected-active-experts count.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "harness/host.h"
+#include "harness/variant.h"
+#include "tests/test_util.h"
+#ifdef DSLAB_HAVE_CUDA
+#include "variants/moe/cuda/moe_cuda.h"
+#endif
+
+namespace dslab {
+namespace {
+
+Point moe_point(int64_t tokens, const std::string& routing, int64_t experts = 0) {
+  Point p;
+  p.set("tokens", {std::to_string(tokens), tokens, true});
+  if (experts) p.set("experts", {std::to_string(experts), experts, true});
+  p.set("routing", {routing, 0, false});
+  return p;
+}
+
+class GpuMoe : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuMoe, MatchesReferenceOverRoutersTokensAndRoutings) {
+  const VariantEntry* entry = find_variant(GetParam());
+  if (!entry) GTEST_SKIP() << GetParam() << " is not built (no CUDA toolkit at configure time)";
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  struct Case {
+    const char* model;
+    int64_t tokens;
+    const char* routing;
+    int64_t experts;
+  };
+  const std::vector<Case> cases = {
+      {"tiny", 1, "model", 0},              {"tiny", 37, "model", 0},               // noaux_tc, sigmoid; odd intermediate (24)
+      {"deepseek-v2-lite", 1, "model", 0},  {"deepseek-v2-lite", 300, "model", 0},  // greedy softmax; 16- and 64-row tiles
+      {"deepseek-v2-lite", 2048, "model", 0},                                       // 128-row tiles
+      {"deepseek-v2", 7, "model", 0},                                               // group_limited_greedy
+      {"deepseek-v2-lite", 64, "uniform", 0}, {"deepseek-v2-lite", 200, "zipf:1.2", 32},
+      {"deepseek-v3", 3, "model", 0},       {"deepseek-v3", 600, "model", 0},       // noaux_tc over 8 groups of 32
+  };
+  const uint64_t seed = test::fresh_seed();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.model) + " tokens " + std::to_string(c.tokens) + " routing " + c.routing);
+    const ModelFile model = load_model_file(c.model);
+    const Point p = moe_point(c.tokens, c.routing, c.experts);
+    auto v = entry->make();
+    const Support s = v->supports(model, p);
+    ASSERT_TRUE(s.ok) << s.reason;
+    v->prepare(model, p, seed);
+    v->run();
+    v->run();
+    const Verification r = v->verify();
+    EXPECT_LE(r.rel_err, 1e-2);
+    EXPECT_GT(r.rel_err, 0.0) << "bf16 arithmetic cannot match fp64 exactly: is the output really computed?";
+    std::printf("%-16s %-18s tokens %5lld %-9s rel_err %.3e\n", GetParam().c_str(), c.model, static_cast<long long>(c.tokens), c.routing,
+                r.rel_err);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuMoe, ::testing::Values("moe/grouped/cuda", "moe/loop/cuda"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n)
+                             if (ch == '/') ch = '_';
+                           return n;
+                         });
+
+#ifdef DSLAB_HAVE_CUDA
+TEST(MoeCudaPlan, TileRowsFollowRowsPerExpert) {
+  EXPECT_EQ(moe::cuda::tile_rows_for(0.03), 16);   // V3 decode, one token: 8 of 256 experts
+  EXPECT_EQ(moe::cuda::tile_rows_for(16), 16);
+  EXPECT_EQ(moe::cuda::tile_rows_for(40), 64);
+  EXPECT_EQ(moe::cuda::tile_rows_for(128), 128);  // V3 prefill, 4096 tokens
+}
+
+TEST(MoeCudaPlan, ExpectedActiveExperts) {
+  EXPECT_DOUBLE_EQ(moe::cuda::expected_active_experts(256, 8, 1), 8.0);
+  EXPECT_NEAR(moe::cuda::expected_active_experts(256, 8, 4096), 256.0, 1e-9);
+  // Two tokens: 8 + 8 * (1 - 8/256) expected distinct.
+  EXPECT_NEAR(moe::cuda::expected_active_experts(256, 8, 2), 8.0 + 8.0 * (1.0 - 8.0 / 256.0), 1e-9);
+}
+
+TEST(MoeCudaPlan, LayerCostCountsRouterExpertsAndShared) {
+  const ModelConfig m = test::model("deepseek-v3");
+  const Cost c = moe::cuda::moe_layer_cost(m, 1, 8);
+  const double H = 7168, I = 2048;
+  EXPECT_DOUBLE_EQ(c.flops, 2 * 256 * H + 8 * 6 * H * I + 6 * H * I);
+  EXPECT_DOUBLE_EQ(c.bytes, 2 * 256 * H + 8 * 3 * H * I * 2 + 3 * H * I * 2 + H * 2 + H * 4);
+}
+#endif
+
+}  // namespace
+}  // namespace dslab

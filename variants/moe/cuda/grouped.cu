@@ -1,0 +1,248 @@
+// moe/grouped/cuda: the routed experts as two grouped GEMMs of our own over the permuted rows, driven by the
+// row tiles the router's scan left on the device (no host look at the routing, so the whole MoE captures in a
+// CUDA graph). cuBLAS's grouped GEMM needs each group's sizes on the host, i.e. a host synchronisation per
+// layer; a fixed-size batched GEMM over all experts would read every expert's weights at decode.
+//
+// One kernel, two epilogues: gate+up (B tiles interleave 8 gate rows and the same 8 up rows, so each warp holds
+// both halves of its outputs and writes silu(gate) * up as bf16) and down (fp32 rows). bf16 mma.sync m16n8k16
+// with fp32 accumulation, operands staged through shared memory by cp.async in a multi-stage pipeline, rows
+// 128 bytes (64 K values) with a 16-byte-chunk XOR swizzle so ldmatrix reads are free of bank conflicts.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "harness/cuda_check.h"
+#include "variants/moe/cuda/moe_cuda.h"
+#include "variants/moe/cuda/moe_kernels.cuh"
+
+namespace dslab::moe::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // 8 warps
+constexpr int kTileN = 128;    // B rows per CTA (gate+up: 64 gate + 64 up rows = 64 outputs)
+constexpr int kTileK = 64;     // one 128-byte row of bf16
+
+struct GroupedArgs {
+  const int2* tiles;        // (expert, first permuted row)
+  const int32_t* num_tiles;
+  const int32_t* offsets;   // [experts + 1]
+  const int32_t* perm_token;  // gather: A row of permuted row p is a[perm_token[p]] (null: a[p])
+  const __nv_bfloat16* a;   // [rows][K]
+  const __nv_bfloat16* b0;  // gate (or down) [experts][N][K]
+  const __nv_bfloat16* b1;  // up [experts][N][K] (gate+up only)
+  int N, K;
+  __nv_bfloat16* h;         // gate+up: [rows][N]
+  float* y;                 // down: [rows][N]
+};
+
+__device__ inline uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+__device__ inline void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ inline void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+__device__ inline void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Element offset of (row, 16-byte chunk) in a [rows][64] tile, chunks XOR-swizzled by the row.
+__device__ inline int swz(int row, int chunk) { return row * kTileK + ((chunk ^ (row & 7)) << 3); }
+
+template <int BM, int WARPS_M, int STAGES, bool GATE_UP>
+__global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs g) {
+  constexpr int WARPS_N = 8 / WARPS_M, WTM = BM / WARPS_M, WTN = kTileN / WARPS_N, MT = WTM / 16, NT = WTN / 8;
+  static_assert(NT % 2 == 0 && MT >= 1, "warp tile: whole m16 rows, pairs of n8 columns");
+  extern __shared__ __align__(128) __nv_bfloat16 smem[];
+  __nv_bfloat16* sa = smem;                        // [STAGES][BM][64]
+  __nv_bfloat16* sb = smem + STAGES * BM * kTileK;  // [STAGES][128][64]
+
+  if (int(blockIdx.y) >= *g.num_tiles) return;
+  const int2 tile = g.tiles[blockIdx.y];
+  const int expert = tile.x, row0 = tile.y;
+  const int rows = min(BM, g.offsets[expert + 1] - row0);
+  const int out0 = int(blockIdx.x) * (GATE_UP ? kTileN / 2 : kTileN);  // first output column
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+  const int64_t K = g.K;
+  const int k_tiles = (g.K + kTileK - 1) / kTileK;
+
+  // This thread's B rows (4 chunks each stage): their global row pointers are fixed over K.
+  constexpr int kBChunks = kTileN * 8 / kThreads;
+  const __nv_bfloat16* b_row[kBChunks];
+  bool b_ok[kBChunks];
+#pragma unroll
+  for (int i = 0; i < kBChunks; ++i) {
+    const int n = (tid + i * kThreads) / 8;
+    int col;
+    const __nv_bfloat16* base;
+    if (GATE_UP) {  // rows 16q..16q+7: gate of outputs out0+8q.., rows 16q+8..: up of the same outputs
+      col = out0 + 8 * (n / 16) + n % 8;
+      base = (n % 16) < 8 ? g.b0 : g.b1;
+    } else {
+      col = out0 + n;
+      base = g.b0;
+    }
+    b_ok[i] = col < g.N;
+    b_row[i] = base + (int64_t(expert) * g.N + (b_ok[i] ? col : 0)) * K;
+  }
+  constexpr int kAChunks = (BM * 8 + kThreads - 1) / kThreads;
+  const __nv_bfloat16* a_row[kAChunks];
+  bool a_ok[kAChunks];
+#pragma unroll
+  for (int i = 0; i < kAChunks; ++i) {
+    const int r = (tid + i * kThreads) / 8;
+    a_ok[i] = r < rows && tid + i * kThreads < BM * 8;
+    const int p = row0 + (a_ok[i] ? r : 0);
+    a_row[i] = g.a + int64_t(g.perm_token ? g.perm_token[p] : p) * K;
+  }
+
+  auto load_stage = [&](int stage, int kt) {
+    const int k0 = kt * kTileK;
+#pragma unroll
+    for (int i = 0; i < kAChunks; ++i) {
+      const int id = tid + i * kThreads;
+      if (id >= BM * 8) break;
+      const int r = id / 8, c = id % 8;
+      const bool ok = a_ok[i] && k0 + c * 8 < g.K;
+      cp_async16(smem_addr(sa + stage * BM * kTileK + swz(r, c)), ok ? a_row[i] + k0 + c * 8 : g.a, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < kBChunks; ++i) {
+      const int id = tid + i * kThreads;
+      const int n = id / 8, c = id % 8;
+      const bool ok = b_ok[i] && k0 + c * 8 < g.K;
+      cp_async16(smem_addr(sb + stage * kTileN * kTileK + swz(n, c)), ok ? b_row[i] + k0 + c * 8 : g.b0, ok);
+    }
+  };
+
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s);
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
+    __syncthreads();  // stage kt landed for every thread; stage kt - 1 is no longer read by anyone
+    const int next = kt + STAGES - 1;
+    if (next < k_tiles) load_stage(next % STAGES, next);
+    asm volatile("cp.async.commit_group;\n" ::);
+    const __nv_bfloat16* ta = sa + (kt % STAGES) * BM * kTileK;
+    const __nv_bfloat16* tb = sb + (kt % STAGES) * kTileN * kTileK;
+#pragma unroll
+    for (int kk = 0; kk < kTileK / 16; ++kk) {
+      uint32_t af[MT][4];
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        const int r = wm * WTM + i * 16 + lane % 16;
+        ldmatrix_x4(smem_addr(ta + swz(r, kk * 2 + lane / 16)), af[i][0], af[i][1], af[i][2], af[i][3]);
+      }
+#pragma unroll
+      for (int j = 0; j < NT; j += 2) {
+        const int n = wn * WTN + j * 8 + lane % 8 + (lane / 16) * 8;
+        uint32_t b0, b1, b2, b3;
+        ldmatrix_x4(smem_addr(tb + swz(n, kk * 2 + (lane / 8) % 2)), b0, b1, b2, b3);
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          mma_bf16(acc[i][j], af[i], b0, b1);
+          mma_bf16(acc[i][j + 1], af[i], b2, b3);
+        }
+      }
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::);
+
+  // Epilogue. Accumulator (i, j): rows lane/4 and lane/4 + 8 of m-tile i, columns 2 (lane % 4) + {0, 1} of n-tile j.
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = wm * WTM + i * 16 + lane / 4 + half * 8;
+      if (r >= rows) continue;
+      const int64_t row = row0 + r;
+      if (GATE_UP) {
+#pragma unroll
+        for (int j = 0; j < NT; j += 2) {  // n-tile j: gate, j + 1: up, of the same 8 outputs
+          const int col = out0 + 8 * ((wn * WTN / 8 + j) / 2) + 2 * (lane % 4);
+          if (col >= g.N) continue;
+          const float h0 = silu(acc[i][j][2 * half]) * acc[i][j + 1][2 * half];
+          const float h1 = silu(acc[i][j][2 * half + 1]) * acc[i][j + 1][2 * half + 1];
+          *reinterpret_cast<__nv_bfloat162*>(g.h + row * g.N + col) = __floats2bfloat162_rn(h0, h1);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const int col = out0 + wn * WTN + j * 8 + 2 * (lane % 4);
+          if (col >= g.N) continue;
+          *reinterpret_cast<float2*>(g.y + row * g.N + col) = make_float2(acc[i][j][2 * half], acc[i][j][2 * half + 1]);
+        }
+      }
+    }
+}
+
+template <int BM, int WARPS_M, int STAGES, bool GATE_UP>
+void launch(const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
+  constexpr size_t smem = size_t(STAGES) * (BM + kTileN) * kTileK * 2;
+  auto kernel = grouped_gemm_kernel<BM, WARPS_M, STAGES, GATE_UP>;
+  static bool configured = false;  // (first call is outside any capture: the variants run a step before capturing)
+  if (!configured) {
+    DSLAB_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    configured = true;
+  }
+  const int outputs = GATE_UP ? kTileN / 2 : kTileN;
+  const dim3 grid(unsigned((g.N + outputs - 1) / outputs), unsigned(max_tiles));
+  kernel<<<grid, kThreads, smem, stream>>>(g);
+  DSLAB_CHECK_LAUNCH();
+}
+
+template <bool GATE_UP>
+void launch_for_tile(int tile_rows, const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
+  switch (tile_rows) {
+    case 16: launch<16, 1, 6, GATE_UP>(g, max_tiles, stream); break;
+    case 64: launch<64, 2, 4, GATE_UP>(g, max_tiles, stream); break;
+    default: launch<128, 2, 4, GATE_UP>(g, max_tiles, stream); break;
+  }
+}
+
+class MoeGroupedCuda final : public MoeOp {
+ public:
+  bool graph_safe() const override { return true; }
+
+ protected:
+  void prepare_experts() override { h_.resize(size_t(rows_ * inter_)); }
+  void experts() override {
+    const int32_t* offsets = offsets_.get();
+    GroupedArgs up{tiles_.get(), num_tiles_.get(), offsets, perm_token_.get(), b_.x, w_->w_gate.get(), w_->w_up.get(),
+                   int(inter_), int(hidden_), h_.get(), nullptr};
+    launch_for_tile<true>(tile_rows_, up, max_tiles_, stream_);
+    mark("gate_up");
+    GroupedArgs down{tiles_.get(), num_tiles_.get(), offsets, nullptr, h_.get(), w_->w_down.get(), nullptr,
+                     int(hidden_), int(inter_), nullptr, y_.get()};
+    launch_for_tile<false>(tile_rows_, down, max_tiles_, stream_);
+  }
+
+ private:
+  DeviceArray<__nv_bfloat16> h_;  // [rows][I]: silu(gate) * up of each permuted row
+};
+
+}  // namespace
+
+DSLAB_REGISTER_MOE_OP(MoeGroupedCuda, "moe/grouped/cuda",
+                      "routed experts as two grouped GEMMs of our own (mma.sync, tiles by expert from the GPU router), SiLU*up fused, "
+                      "graph-capturable");
+
+}  // namespace dslab::moe::cuda

@@ -1,0 +1,572 @@
+#include "variants/moe/cuda/moe_cuda.h"
+
+#include <cub/block/block_scan.cuh>
+#include <nvtx3/nvToolsExt.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+
+#include "harness/errors.h"
+#include "harness/host.h"
+#include "variants/common/device_random.h"
+#include "variants/moe/cuda/moe_kernels.cuh"
+
+namespace dslab::moe::cuda {
+
+using mla::cuda::linear;
+
+namespace {
+
+// ---- router ------------------------------------------------------------------------------------------------
+
+struct RouterParams {
+  const float* logits;  // [tokens][E]
+  const float* bias;    // [E] (noaux_tc)
+  int tokens, E, topk, n_group, topk_group;
+  bool sigmoid, grouped, noaux, norm_topk_prob;
+  float routed_scaling_factor;
+  int32_t* topk_ids;
+  float* topk_weights;
+  int32_t* counts;
+};
+
+// One warp per token, as ref::route does it: scores (softmax or sigmoid), for the grouped methods the
+// topk_group best groups (noaux_tc: by the sum of their two best biased scores, group_limited_greedy: by their
+// best score), then the topk best experts among them (ties to the lower index), weights from the unbiased
+// scores, normalised (norm_topk_prob) and scaled. Each choice also counts a row for its expert.
+constexpr int kRouterWarps = 4;
+__global__ void router_kernel(RouterParams p) {
+  extern __shared__ float smem[];
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int t = int(blockIdx.x) * kRouterWarps + warp;
+  if (t >= p.tokens) return;
+  float* score = smem + warp * 2 * p.E;
+  float* choice = score + p.E;
+  const float* x = p.logits + int64_t(t) * p.E;
+  float mx = -INFINITY;
+  for (int e = lane; e < p.E; e += 32) mx = fmaxf(mx, x[e]);
+  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float sum = 0;
+  for (int e = lane; e < p.E; e += 32) {
+    const float s = p.sigmoid ? 1.0f / (1.0f + expf(-x[e])) : expf(x[e] - mx);
+    score[e] = s;
+    sum += s;
+  }
+  for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  for (int e = lane; e < p.E; e += 32) {
+    if (!p.sigmoid) score[e] /= sum;
+    choice[e] = score[e] + (p.noaux ? p.bias[e] : 0.0f);
+  }
+  __syncwarp();
+  if (p.grouped) {
+    const int per_group = p.E / p.n_group;
+    float group_score = -INFINITY;
+    if (lane < p.n_group) {
+      float best = -INFINITY, second = -INFINITY;
+      for (int i = 0; i < per_group; ++i) {
+        const float v = choice[lane * per_group + i];
+        if (v > best) second = best, best = v;
+        else if (v > second) second = v;
+      }
+      group_score = p.noaux ? best + (per_group > 1 ? second : 0.0f) : best;
+    }
+    bool allowed = false;
+    for (int g = 0; g < p.topk_group; ++g) {
+      float v = group_score;
+      int i = lane;
+      for (int o = 16; o; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+        if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
+      }
+      if (lane == i) allowed = true, group_score = -INFINITY;
+    }
+    for (int g = 0; g < p.n_group; ++g) {
+      if (__shfl_sync(0xffffffffu, allowed ? 1 : 0, g)) continue;
+      for (int e = g * per_group + lane; e < (g + 1) * per_group; e += 32) choice[e] = p.noaux ? -INFINITY : 0.0f;
+    }
+    __syncwarp();
+  }
+  float weight_sum = 0, my_weight = 0;
+  int my_id = 0;
+  for (int k = 0; k < p.topk; ++k) {
+    float v = -INFINITY;
+    int i = p.E;
+    for (int e = lane; e < p.E; e += 32)
+      if (choice[e] > v || (choice[e] == v && e < i)) v = choice[e], i = e;
+    for (int o = 16; o; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+      if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
+    }
+    if (lane == 0) choice[i] = NAN;  // taken: NaN compares false with everything
+    __syncwarp();
+    const float w = score[i];
+    weight_sum += w;
+    if (lane == k) my_id = i, my_weight = w;
+  }
+  if (lane < p.topk) {
+    float w = my_weight;
+    if (p.topk > 1 && p.norm_topk_prob) w /= weight_sum + 1e-20f;
+    p.topk_ids[t * p.topk + lane] = my_id;
+    p.topk_weights[t * p.topk + lane] = w * p.routed_scaling_factor;
+    atomicAdd(&p.counts[my_id], 1);
+  }
+}
+
+// Given routing: only the counts.
+__global__ void count_kernel(const int32_t* ids, int n, int32_t* counts) {
+  const int i = int(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) atomicAdd(&counts[ids[i]], 1);
+}
+
+// One block: offsets (exclusive scan of the counts), the row tiles of tile_rows rows within each expert, and
+// the scatter cursors.
+constexpr int kScanThreads = 1024;
+__global__ void __launch_bounds__(kScanThreads) scan_kernel(const int32_t* counts, int E, int tile_rows, int32_t* offsets, int32_t* cursor,
+                                                            int2* tiles, int32_t* num_tiles) {
+  using Scan = cub::BlockScan<int2, kScanThreads>;
+  __shared__ typename Scan::TempStorage temp;
+  const int e = int(threadIdx.x);
+  const int n = e < E ? counts[e] : 0;
+  const int2 mine = make_int2(n, (n + tile_rows - 1) / tile_rows);
+  int2 first, total;
+  Scan(temp).ExclusiveScan(mine, first, make_int2(0, 0), [](int2 a, int2 b) { return make_int2(a.x + b.x, a.y + b.y); }, total);
+  if (e < E) {
+    offsets[e] = first.x;
+    cursor[e] = first.x;
+    for (int i = 0; i < mine.y; ++i) tiles[first.y + i] = make_int2(e, first.x + i * tile_rows);
+  }
+  if (e == 0) {
+    offsets[E] = total.x;
+    *num_tiles = total.y;
+  }
+}
+
+__global__ void scatter_kernel(const int32_t* ids, int n, int topk, int32_t* cursor, int32_t* perm_token, int32_t* slot) {
+  const int i = int(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int pos = atomicAdd(&cursor[ids[i]], 1);
+  perm_token[pos] = i / topk;
+  slot[i] = pos;
+}
+
+// out[t] (+)= sum over k of weight[t][k] * y[slot[t][k]]: the weighted un-permute, onto the shared experts' output.
+__global__ void combine_kernel(const float* y, const int32_t* slot, const float* weights, int topk, int hidden, bool accumulate, float* out) {
+  const int t = blockIdx.x;
+  for (int j = int(threadIdx.x) * 4; j < hidden; j += blockDim.x * 4) {
+    float4 acc = accumulate ? *reinterpret_cast<const float4*>(out + int64_t(t) * hidden + j) : make_float4(0, 0, 0, 0);
+    for (int k = 0; k < topk; ++k) {
+      const float w = weights[t * topk + k];
+      const float4 v = *reinterpret_cast<const float4*>(y + int64_t(slot[t * topk + k]) * hidden + j);
+      acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+    }
+    *reinterpret_cast<float4*>(out + int64_t(t) * hidden + j) = acc;
+  }
+}
+
+__global__ void silu_mul_kernel(const float* gate_up, int64_t rows, int64_t inter, __nv_bfloat16* h) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * inter; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / inter, j = i % inter;
+    const float g = gate_up[r * 2 * inter + j], u = gate_up[r * 2 * inter + inter + j];
+    h[i] = __float2bfloat16_rn(silu(g) * u);
+  }
+}
+
+struct NvtxRange {
+  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
+  ~NvtxRange() { nvtxRangePop(); }
+};
+
+}  // namespace
+
+void silu_mul(const float* gate_up, int64_t rows, int64_t inter, __nv_bfloat16* h, cudaStream_t stream) {
+  if (rows * inter == 0) return;
+  silu_mul_kernel<<<unsigned(std::min<int64_t>((rows * inter + 255) / 256, 132 * 16)), 256, 0, stream>>>(gate_up, rows, inter, h);
+  DSLAB_CHECK_LAUNCH();
+}
+
+// ---- weights ---------------------------------------------------------------------------------------------
+
+void generate_mlp_weights(const ModelConfig& m, int64_t intermediate, uint64_t seed, const std::string& prefix, MlpWeights* w) {
+  const int64_t H = m.hidden_size, I = intermediate;
+  w->intermediate = I;
+  w->gate_up.resize(size_t(2 * I * H));
+  w->down.resize(size_t(H * I));
+  fill_random_bf16(w->gate_up.get(), size_t(I * H), seed, prefix + ".gate_proj", fan_in_scale(H));
+  fill_random_bf16(w->gate_up.get() + I * H, size_t(I * H), seed, prefix + ".up_proj", fan_in_scale(H));
+  fill_random_bf16(w->down.get(), size_t(H * I), seed, prefix + ".down_proj", fan_in_scale(I));
+}
+
+void generate_moe_weights(const ModelConfig& m, int64_t experts, uint64_t seed, MoeWeights* w) {
+  const int64_t H = m.hidden_size, I = m.moe_intermediate_size, E = m.n_routed_experts;
+  w->experts = experts;
+  w->gate.resize(size_t(E * H));
+  fill_random_bf16(w->gate.get(), size_t(E * H), seed, "gate", fan_in_scale(H));
+  if (m.topk_method == "noaux_tc") {
+    DeviceArray<__nv_bfloat16> b{size_t(E)};
+    fill_random_bf16(b.get(), size_t(E), seed, "e_score_correction_bias", 0.1f);
+    std::vector<bf16> host{};
+    host.resize(size_t(E));
+    DSLAB_CUDA(cudaMemcpy(host.data(), b.get(), size_t(E) * 2, cudaMemcpyDeviceToHost));
+    std::vector<float> f;
+    for (auto v : host) f.push_back(to_float(v));
+    w->bias.upload(f);
+  }
+  w->w_gate.resize(size_t(experts * I * H));
+  w->w_up.resize(size_t(experts * I * H));
+  w->w_down.resize(size_t(experts * H * I));
+  for (int64_t e = 0; e < experts; ++e) {
+    const std::string prefix = "experts." + std::to_string(e);
+    fill_random_bf16(w->w_gate.get() + e * I * H, size_t(I * H), seed, prefix + ".gate_proj", fan_in_scale(H));
+    fill_random_bf16(w->w_up.get() + e * I * H, size_t(I * H), seed, prefix + ".up_proj", fan_in_scale(H));
+    fill_random_bf16(w->w_down.get() + e * H * I, size_t(H * I), seed, prefix + ".down_proj", fan_in_scale(I));
+  }
+  if (m.n_shared_experts > 0) generate_mlp_weights(m, I * m.n_shared_experts, seed, "shared_experts", &w->shared);
+  DSLAB_CUDA(cudaDeviceSynchronize());
+}
+
+double moe_weight_bytes(const ModelConfig& m, int64_t experts) {
+  const double H = double(m.hidden_size), I = double(m.moe_intermediate_size);
+  return 2.0 * (double(m.n_routed_experts) * H + 3.0 * double(experts) * H * I + 3.0 * H * I * double(m.n_shared_experts));
+}
+
+// ---- MLP ---------------------------------------------------------------------------------------------------
+
+void MlpRunner::prepare(const ModelConfig& m, const MlpWeights& w, int64_t tokens) {
+  w_ = &w;
+  hidden_ = m.hidden_size;
+  tokens_ = tokens;
+  gate_up_.resize(size_t(tokens * 2 * w.intermediate));
+  h_.resize(size_t(tokens * w.intermediate));
+}
+
+void MlpRunner::forward(BlasHandle& blas, const __nv_bfloat16* x, float* out, float beta, cudaStream_t stream) const {
+  const int64_t I = w_->intermediate;
+  linear(blas.get(), x, tokens_, hidden_, w_->gate_up.get(), 2 * I, gate_up_.get(), CUDA_R_32F);
+  silu_mul(gate_up_.get(), tokens_, I, h_.get(), stream);
+  linear(blas.get(), h_.get(), tokens_, I, w_->down.get(), hidden_, out, CUDA_R_32F, beta);
+}
+
+// ---- the op ------------------------------------------------------------------------------------------------
+
+int tile_rows_for(double rows_per_expert) { return rows_per_expert <= 16 ? 16 : rows_per_expert <= 64 ? 64 : 128; }
+
+double MoeOp::scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts) {
+  const double T = double(tokens), K = double(m.num_experts_per_tok), H = double(m.hidden_size), I = double(m.moe_intermediate_size);
+  const double rows = T * K;
+  return T * double(m.n_routed_experts) * 4 + rows * (H * 4 + I * 2 + 2 * I * 4 + H * 2 + 32) + double(experts) * 64 +
+         MlpRunner::scratch_bytes(tokens, m.moe_intermediate_size * m.n_shared_experts);
+}
+
+void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, const MoeBuffers& b, BlasHandle& blas) {
+  if (m.n_routed_experts > kScanThreads) throw BadInput(m.source + ": n_routed_experts above " + std::to_string(kScanThreads) + " is not supported on the GPU");
+  if (m.n_group > 32) throw BadInput(m.source + ": n_group above 32 is not supported by the GPU router");
+  if (m.hidden_size % 8 || m.moe_intermediate_size % 8)
+    throw BadInput(m.source + ": hidden_size and moe_intermediate_size must be multiples of 8 for the GPU MoE");
+  m_ = m;
+  tokens_ = tokens;
+  experts_ = w.experts;
+  topk_ = m.num_experts_per_tok;
+  hidden_ = m.hidden_size;
+  inter_ = m.moe_intermediate_size;
+  rows_ = tokens_ * topk_;
+  w_ = &w;
+  b_ = b;
+  blas_ = &blas;
+  logits_.resize(size_t(tokens_ * m.n_routed_experts));
+  topk_ids_.resize(size_t(rows_));
+  topk_weights_.resize(size_t(rows_));
+  counts_.resize(size_t(experts_));
+  offsets_.resize(size_t(experts_ + 1));
+  cursor_.resize(size_t(experts_));
+  perm_token_.resize(size_t(rows_));
+  slot_.resize(size_t(rows_));
+  tile_rows_ = tile_rows_for(double(rows_) / double(experts_));
+  max_tiles_ = int(rows_ / tile_rows_ + std::min(experts_, rows_));
+  tiles_.resize(size_t(max_tiles_));
+  num_tiles_.resize(1);
+  y_.resize(size_t(rows_ * hidden_));
+  if (w.shared.intermediate > 0) shared_.prepare(m, w.shared, tokens);
+  prepare_experts();
+  DSLAB_CUDA(cudaDeviceSynchronize());
+}
+
+void MoeOp::route() {
+  NvtxRange range("moe.route");
+  DSLAB_CUDA(cudaMemsetAsync(counts_.get(), 0, size_t(experts_) * 4, stream_));
+  if (b_.topk_ids) {
+    count_kernel<<<unsigned((rows_ + 255) / 256), 256, 0, stream_>>>(b_.topk_ids, int(rows_), counts_.get());
+    DSLAB_CHECK_LAUNCH();
+  } else {
+    linear(blas_->get(), b_.x, tokens_, hidden_, w_->gate.get(), m_.n_routed_experts, logits_.get(), CUDA_R_32F);
+    mark("gate");
+    RouterParams p{logits_.get(), w_->bias.get(), int(tokens_), int(m_.n_routed_experts), int(topk_), int(m_.n_group), int(m_.topk_group),
+                   m_.scoring_func == "sigmoid", m_.topk_method != "greedy", m_.topk_method == "noaux_tc", m_.norm_topk_prob,
+                   float(m_.routed_scaling_factor), topk_ids_.get(), topk_weights_.get(), counts_.get()};
+    const size_t smem = size_t(kRouterWarps) * 2 * size_t(m_.n_routed_experts) * 4;
+    router_kernel<<<unsigned((tokens_ + kRouterWarps - 1) / kRouterWarps), 32 * kRouterWarps, smem, stream_>>>(p);
+    DSLAB_CHECK_LAUNCH();
+  }
+  const int32_t* ids = b_.topk_ids ? b_.topk_ids : topk_ids_.get();
+  scan_kernel<<<1, kScanThreads, 0, stream_>>>(counts_.get(), int(experts_), tile_rows_, offsets_.get(), cursor_.get(), tiles_.get(),
+                                               num_tiles_.get());
+  DSLAB_CHECK_LAUNCH();
+  scatter_kernel<<<unsigned((rows_ + 255) / 256), 256, 0, stream_>>>(ids, int(rows_), int(topk_), cursor_.get(), perm_token_.get(),
+                                                                     slot_.get());
+  DSLAB_CHECK_LAUNCH();
+  mark("route");
+}
+
+void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
+  stream_ = stream;
+  marks_ = marks;
+  blas_->set_stream(stream);
+  route();
+  {
+    NvtxRange range("moe.experts");
+    experts();
+    mark("experts");
+  }
+  NvtxRange range("moe.shared_combine");
+  const bool shared = w_->shared.intermediate > 0;
+  if (shared) {
+    blas_->set_stream(stream);
+    shared_.forward(*blas_, b_.x, b_.out, 0.0f, stream);
+    mark("shared_experts");
+  }
+  combine_kernel<<<unsigned(tokens_), 256, 0, stream_>>>(y_.get(), slot_.get(), b_.topk_weights ? b_.topk_weights : topk_weights_.get(),
+                                                         int(topk_), int(hidden_), shared, b_.out);
+  DSLAB_CHECK_LAUNCH();
+  mark("combine");
+  marks_ = nullptr;
+}
+
+void MoeOp::routing(std::vector<int32_t>* ids, std::vector<float>* weights) const {
+  DSLAB_CUDA(cudaDeviceSynchronize());
+  ids->resize(size_t(rows_));
+  weights->resize(size_t(rows_));
+  DSLAB_CUDA(cudaMemcpy(ids->data(), b_.topk_ids ? b_.topk_ids : topk_ids_.get(), size_t(rows_) * 4, cudaMemcpyDeviceToHost));
+  DSLAB_CUDA(cudaMemcpy(weights->data(), b_.topk_weights ? b_.topk_weights : topk_weights_.get(), size_t(rows_) * 4, cudaMemcpyDeviceToHost));
+}
+
+// ---- the registry ----------------------------------------------------------------------------------------
+
+namespace {
+std::map<std::string, MoeOpFactory>& moe_ops() {
+  static std::map<std::string, MoeOpFactory> ops;
+  return ops;
+}
+}  // namespace
+
+bool register_moe_op(const char* name, const char* summary, MoeOpFactory make) {
+  moe_ops()[name] = make;
+  const std::string n = name;
+  return register_variant({n, Device::cuda, summary, [n] { return std::unique_ptr<Variant>(new GpuMoeVariant(n)); }});
+}
+
+std::unique_ptr<MoeOp> make_moe_op(const std::string& name) {
+  const auto it = moe_ops().find(name);
+  return it == moe_ops().end() ? nullptr : it->second();
+}
+
+std::vector<std::string> moe_op_names() {
+  std::vector<std::string> names;
+  for (const auto& [n, f] : moe_ops()) names.push_back(n);
+  return names;
+}
+
+// ---- cost ------------------------------------------------------------------------------------------------
+
+double expected_active_experts(int64_t experts, int64_t topk, int64_t tokens) {
+  return double(experts) * (1.0 - std::pow(1.0 - double(topk) / double(experts), double(tokens)));
+}
+
+Cost moe_layer_cost(const ModelConfig& m, int64_t tokens, double active_experts) {
+  const double T = double(tokens), H = double(m.hidden_size), I = double(m.moe_intermediate_size), E = double(m.n_routed_experts);
+  const double K = double(m.num_experts_per_tok), Is = I * double(m.n_shared_experts);
+  Cost c;
+  c.flops = 2 * T * E * H + T * K * 6 * H * I + T * 6 * H * Is;
+  c.bytes = 2 * E * H + active_experts * 3 * H * I * 2 + 3 * H * Is * 2 + T * H * 2 + T * H * 4;
+  return c;
+}
+
+// ---- the family variant ----------------------------------------------------------------------------------
+
+namespace {
+
+// Weights shared by the variants of a point (and kept from one point to the next while model, seed and
+// expert count stay): V3's 256 experts are 22.5 GB.
+std::shared_ptr<const MoeWeights> shared_weights(const ModelConfig& m, int64_t experts, uint64_t seed) {
+  static std::mutex mu;
+  static std::shared_ptr<const MoeWeights> last;
+  static std::string key;
+  std::lock_guard<std::mutex> lock(mu);
+  const std::string k = m.source + "/" + std::to_string(experts) + "/" + std::to_string(seed);
+  if (last && key == k) return last;
+  last.reset();
+  auto w = std::make_shared<MoeWeights>();
+  generate_moe_weights(m, experts, seed, w.get());
+  last = w;
+  key = k;
+  return w;
+}
+
+constexpr int64_t kVerifiedTokens = 8;
+
+}  // namespace
+
+GpuMoeVariant::GpuMoeVariant(const std::string& op_name) : op_(make_moe_op(op_name)) {
+  if (!op_) throw std::logic_error("no MoE op named " + op_name);
+}
+
+std::vector<std::pair<std::string, std::string>> GpuMoeVariant::axes() const {
+  return {{"tokens", "1"}, {"experts", ""}, {"routing", "model"}};
+}
+
+Support GpuMoeVariant::supports(const ModelFile& model, const Point& point) const {
+  const ModelConfig m = parse_model_config(model.config, model.name, model.path);
+  const Shape s = shape_of(m, point);
+  check_routing_name(s.routing);
+  if (s.experts > m.n_routed_experts)
+    throw BadInput("axis 'experts': value '" + std::to_string(s.experts) + "': expected at most n_routed_experts (" +
+                   std::to_string(m.n_routed_experts) + ") of " + m.source);
+  if (s.routing == "model" && s.experts != m.n_routed_experts)
+    return Support::no("routing model needs all " + std::to_string(m.n_routed_experts) + " experts (the router may pick any)");
+  if (s.experts < s.topk) return Support::no("fewer experts than num_experts_per_tok");
+  const GpuInfo& g = gpu_info();
+  if (!g.present) return Support::no(g.why_absent);
+  const double need = device_memory_bytes(model, point);
+  if (need > 0.85 * double(g.memory_bytes))
+    return Support::no("needs ~" + std::to_string(int64_t(need / double(1 << 30))) + " GiB of GPU memory, " + g.name + " has " +
+                       std::to_string(int64_t(double(g.memory_bytes) / double(1 << 30))) + " GiB");
+  return {};
+}
+
+Cost GpuMoeVariant::cost(const ModelFile& model, const Point& point) const {
+  const ModelConfig m = parse_model_config(model.config, model.name, model.path);
+  const Shape s = shape_of(m, point);
+  double active = expected_active_experts(s.experts, s.topk, s.tokens);
+  if (s.routing.rfind("zipf:", 0) == 0) {  // skewed: count the experts the synthetic routing reaches
+    const ref::Routing r = synthetic_routing(m, s, 0);
+    std::vector<char> hit(size_t(s.experts), 0);
+    for (int e : r.expert) hit[size_t(e)] = 1;
+    active = double(std::count(hit.begin(), hit.end(), 1));
+  }
+  return moe_layer_cost(m, s.tokens, active);
+}
+
+double GpuMoeVariant::host_memory_bytes(const ModelFile& model, const Point& point) const {
+  const ModelConfig m = parse_model_config(model.config, model.name, model.path);
+  const Shape s = shape_of(m, point);
+  // x, and the reference's experts (at most tokens x topk of them, generated on the host as needed).
+  const double experts = double(std::min<int64_t>(s.experts, kVerifiedTokens * s.topk));
+  return double(s.tokens) * double(m.hidden_size) * 6 + experts * 3 * double(m.hidden_size) * double(m.moe_intermediate_size) * 2;
+}
+
+double GpuMoeVariant::device_memory_bytes(const ModelFile& model, const Point& point) const {
+  const ModelConfig m = parse_model_config(model.config, model.name, model.path);
+  const Shape s = shape_of(m, point);
+  return moe_weight_bytes(m, s.experts) + MoeOp::scratch_bytes(m, s.tokens, s.experts) + double(s.tokens) * double(m.hidden_size) * 6;
+}
+
+void GpuMoeVariant::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
+  m_ = parse_model_config(model.config, model.name, model.path);
+  s_ = shape_of(m_, point);
+  seed_ = seed;
+  weights_ = shared_weights(m_, s_.experts, seed);
+  if (!blas_) blas_ = std::make_unique<BlasHandle>();
+  x_host_ = ref::random_bf16(seed, "moe_hidden_states", size_t(s_.tokens * m_.hidden_size), std::sqrt(3.0f));
+  x_.upload(x_host_);
+  out_.resize(size_t(s_.tokens * m_.hidden_size));
+  DSLAB_CUDA(cudaMemset(out_.get(), 0xff, out_.size() * 4));  // NaN: verification fails if run() leaves any unwritten
+  MoeBuffers b;
+  b.x = x_.get();
+  b.out = out_.get();
+  if (s_.routing != "model") {
+    const ref::Routing r = synthetic_routing(m_, s_, seed);
+    given_ids_.upload(std::vector<int32_t>(r.expert.begin(), r.expert.end()));
+    given_weights_.upload(std::vector<float>(r.weight.begin(), r.weight.end()));
+    b.topk_ids = given_ids_.get();
+    b.topk_weights = given_weights_.get();
+  }
+  op_->prepare(m_, s_.tokens, *weights_, b, *blas_);
+}
+
+void GpuMoeVariant::run() { op_->forward(0); }
+
+Verification GpuMoeVariant::verify() {
+  std::vector<float> out(out_.size());
+  DSLAB_CUDA(cudaDeviceSynchronize());
+  DSLAB_CUDA(cudaMemcpy(out.data(), out_.get(), out.size() * 4, cudaMemcpyDeviceToHost));
+  const int64_t H = m_.hidden_size, I = m_.moe_intermediate_size, K = s_.topk, T = s_.tokens;
+  const int64_t n = std::min(T, kVerifiedTokens);
+  std::vector<int64_t> tokens;
+  for (int64_t i = 0; i < n; ++i) tokens.push_back(n == 1 ? 0 : i * (T - 1) / (n - 1));
+  // The reference routing: fp64 router for routing model (so the GPU router is checked too), else the given one.
+  ref::Routing routing;
+  if (s_.routing == "model") {
+    const auto gate = ref::random_bf16(seed_, "gate", size_t(m_.n_routed_experts * H), fan_in_scale(H));
+    std::vector<float> bias;
+    if (m_.topk_method == "noaux_tc")
+      for (auto v : ref::random_bf16(seed_, "e_score_correction_bias", size_t(m_.n_routed_experts), 0.1f)) bias.push_back(to_float(v));
+    std::vector<double> logits(static_cast<size_t>(n * m_.n_routed_experts)), xt(static_cast<size_t>(H));
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < H; ++j) xt[size_t(j)] = to_float(x_host_[size_t(tokens[size_t(i)] * H + j)]);
+      ref::matvec(gate.data(), m_.n_routed_experts, H, xt.data(), &logits[size_t(i * m_.n_routed_experts)]);
+    }
+    routing = ref::route(m_, logits, bias, n);
+  } else {
+    const ref::Routing all = synthetic_routing(m_, s_, seed_);
+    routing.tokens = n;
+    routing.topk = K;
+    for (int64_t t : tokens)
+      for (int64_t k = 0; k < K; ++k) {
+        routing.expert.push_back(all.expert[size_t(t * K + k)]);
+        routing.weight.push_back(all.weight[size_t(t * K + k)]);
+      }
+  }
+  std::map<int, ref::MlpParams> experts;
+  for (int e : routing.expert)
+    if (!experts.count(e)) experts[e] = ref::make_mlp_params(m_, I, seed_, "experts." + std::to_string(e));
+  ref::MlpParams shared;
+  if (m_.n_shared_experts > 0) shared = ref::make_mlp_params(m_, I * m_.n_shared_experts, seed_, "shared_experts");
+  std::vector<double> ref_out(size_t(n * H), 0.0);
+  std::vector<float> got(size_t(n * H));
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = tokens[size_t(i)];
+    std::vector<double> xt(static_cast<size_t>(H));
+    for (int64_t j = 0; j < H; ++j) xt[size_t(j)] = to_float(x_host_[size_t(t * H + j)]);
+    double* r = &ref_out[size_t(i * H)];
+    if (m_.n_shared_experts > 0) {
+      const auto y = ref::mlp(m_, shared, xt, 1);
+      for (int64_t j = 0; j < H; ++j) r[j] += y[size_t(j)];
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      const auto y = ref::mlp(m_, experts.at(routing.expert[size_t(i * K + k)]), xt, 1);
+      for (int64_t j = 0; j < H; ++j) r[j] += routing.weight[size_t(i * K + k)] * y[size_t(j)];
+    }
+    std::copy_n(&out[size_t(t * H)], H, &got[size_t(i * H)]);
+  }
+  return {ref::relative_l2_error(got.data(), ref_out.data(), ref_out.size()), 1e-2};
+}
+
+std::map<std::string, double> GpuMoeVariant::counters() {
+  std::map<std::string, double> c = gpu::time_ops([&](gpu::OpMarks& marks) { op_->forward(0, &marks); });
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+  op_->routing(&ids, &w);
+  std::vector<int64_t> rows(size_t(s_.experts), 0);
+  for (int32_t e : ids) ++rows[size_t(e)];
+  const double active = double(std::count_if(rows.begin(), rows.end(), [](int64_t r) { return r > 0; }));
+  c["active_experts"] = active;
+  c["tokens_per_active_expert"] = double(ids.size()) / std::max(1.0, active);
+  c["max_tokens_per_expert"] = double(*std::max_element(rows.begin(), rows.end()));
+  c["graph_safe"] = op_->graph_safe() ? 1.0 : 0.0;
+  c["tile_rows"] = double(op_->tile_rows());
+  return c;
+}
+
+}  // namespace dslab::moe::cuda

@@ -1,0 +1,167 @@
+// The MoE family on the GPU: one DeepSeek MoE layer whole (router, routed experts, shared experts) as an op
+// that runs on buffers it is given, so the family variants (moe/<algo>/cuda) and the layers run the same code.
+// The router and the permutation by expert run on the GPU and leave everything on the device: an op that
+// needs no host look at the routing (grouped) can be captured in a CUDA graph. Compiled by nvcc only.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/gpu.h"
+#include "harness/variant.h"
+#include "variants/common/model_config.h"
+#include "variants/mla/cuda/mla_cuda.h"  // DeviceArray, BlasHandle, linear
+#include "variants/moe/moe.h"
+
+namespace dslab::moe::cuda {
+
+using mla::cuda::BlasHandle;
+using mla::cuda::DeviceArray;
+
+// A SwiGLU MLP on the device (a dense layer's MLP, or the shared experts): gate and up stacked in one
+// [2 * intermediate][hidden] matrix, so both come from one GEMM.
+struct MlpWeights {
+  int64_t intermediate = 0;
+  DeviceArray<__nv_bfloat16> gate_up, down;  // [2I][H], [H][I]
+};
+// The reference's tensors (ref::make_mlp_params(m, intermediate, seed, prefix)), generated on the device.
+void generate_mlp_weights(const ModelConfig& m, int64_t intermediate, uint64_t seed, const std::string& prefix, MlpWeights* w);
+
+// Runs a SwiGLU MLP: out = down(silu(gate x) * up x), with its scratch; out fp32, written (beta 0) or added (beta 1).
+class MlpRunner {
+ public:
+  void prepare(const ModelConfig& m, const MlpWeights& w, int64_t tokens);
+  void forward(BlasHandle& blas, const __nv_bfloat16* x, float* out, float beta, cudaStream_t stream) const;
+  static double scratch_bytes(int64_t tokens, int64_t intermediate) { return double(tokens) * double(intermediate) * 6; }
+
+ private:
+  const MlpWeights* w_ = nullptr;
+  int64_t hidden_ = 0, tokens_ = 0;
+  DeviceArray<float> gate_up_;     // [tokens][2I]
+  DeviceArray<__nv_bfloat16> h_;  // [tokens][I]
+};
+
+// One MoE layer's weights on the device: the router, `experts` routed experts (the first of the model's,
+// each [I][H] gate, [I][H] up, [H][I] down, experts stacked), the shared experts.
+struct MoeWeights {
+  int64_t experts = 0;
+  DeviceArray<__nv_bfloat16> gate;  // router [n_routed_experts][hidden]
+  DeviceArray<float> bias;          // e_score_correction_bias (noaux_tc)
+  DeviceArray<__nv_bfloat16> w_gate, w_up, w_down;
+  MlpWeights shared;  // intermediate 0 when the model has none
+};
+// ref::make_moe_params's tensors, generated on the device (experts beyond `experts` are not made).
+void generate_moe_weights(const ModelConfig& m, int64_t experts, uint64_t seed, MoeWeights* w);
+// Device bytes of those weights.
+double moe_weight_bytes(const ModelConfig& m, int64_t experts);
+
+struct MoeBuffers {
+  const __nv_bfloat16* x = nullptr;  // [tokens][hidden]: the MoE's input (after post_attention_layernorm)
+  float* out = nullptr;              // [tokens][hidden]
+  // Given routing ([tokens][topk] expert ids and weights) instead of the router: synthetic routings
+  // (uniform, zipf) of the family variants. Null: the router decides from the gate.
+  const int32_t* topk_ids = nullptr;
+  const float* topk_weights = nullptr;
+};
+
+// Rows of the permuted tokens (one per (token, k)) are grouped by expert; GEMMs take them in tiles of
+// tile_rows() rows, each tile within one expert (FlashInfer's / SGLang's fused-MoE layout).
+class MoeOp {
+ public:
+  virtual ~MoeOp() = default;
+  // Whether forward() runs without a host look at the routing (so it can be captured in a CUDA graph).
+  virtual bool graph_safe() const = 0;
+  int tile_rows() const { return tile_rows_; }
+  void prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, const MoeBuffers& b, BlasHandle& blas);
+  // Queues one step; marks, when given, time the router, experts and combine.
+  void forward(cudaStream_t stream, gpu::OpMarks* marks = nullptr);
+  static double scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts);
+  // After a step: the routing it made, for verification and for counters (host copies; synchronises).
+  void routing(std::vector<int32_t>* ids, std::vector<float>* weights) const;
+
+ protected:
+  virtual void prepare_experts() {}
+  // The routed experts over the permuted rows (perm_token_, grouped by expert at offsets_, in tiles_): writes
+  // y_ [rows][hidden] fp32, each row its expert's output (the routing weight is applied by the combine).
+  virtual void experts() = 0;
+  void mark(const char* op) const {
+    if (marks_) marks_->mark(op, stream_);
+  }
+
+  ModelConfig m_;
+  int64_t tokens_ = 0, experts_ = 0, topk_ = 0, hidden_ = 0, inter_ = 0, rows_ = 0;  // rows_ = tokens * topk
+  const MoeWeights* w_ = nullptr;
+  MoeBuffers b_;
+  BlasHandle* blas_ = nullptr;
+  cudaStream_t stream_ = 0;
+  gpu::OpMarks* marks_ = nullptr;
+  // Routing and permutation, all on the device.
+  DeviceArray<float> logits_;           // [tokens][n_routed_experts]
+  DeviceArray<int32_t> topk_ids_;       // [tokens][topk]
+  DeviceArray<float> topk_weights_;     // [tokens][topk]
+  DeviceArray<int32_t> counts_;         // [experts]: rows routed to each expert
+  DeviceArray<int32_t> offsets_;        // [experts + 1]: first permuted row of each expert
+  DeviceArray<int32_t> cursor_;         // [experts]: scatter positions
+  DeviceArray<int32_t> perm_token_;     // [rows]: the token of each permuted row
+  DeviceArray<float> perm_weight_;      // [rows]
+  DeviceArray<int32_t> slot_;           // [tokens][topk]: the permuted row of each (token, k)
+  DeviceArray<int2> tiles_;             // (expert, first row) of each row tile
+  DeviceArray<int32_t> num_tiles_;
+  int tile_rows_ = 16, max_tiles_ = 0;
+  DeviceArray<float> y_;                // [rows][hidden]
+  MlpRunner shared_;
+
+ private:
+  void route();
+};
+
+using MoeOpFactory = std::unique_ptr<MoeOp> (*)();
+bool register_moe_op(const char* name, const char* summary, MoeOpFactory make);
+std::unique_ptr<MoeOp> make_moe_op(const std::string& name);  // nullptr if unknown
+std::vector<std::string> moe_op_names();
+#define DSLAB_REGISTER_MOE_OP(Class, name, summary)                                     \
+  static const bool dslab_moe_op_##Class = ::dslab::moe::cuda::register_moe_op( \
+      name, summary, [] { return std::unique_ptr<::dslab::moe::cuda::MoeOp>(new Class()); })
+
+// The family variant moe/<algo>/cuda: one MoE layer (router, routed and shared experts) on `tokens` tokens,
+// verified against the fp64 reference (ref::route, ref::mlp) on the experts the tokens reach.
+class GpuMoeVariant : public Variant {
+ public:
+  explicit GpuMoeVariant(const std::string& op_name);
+  std::vector<std::pair<std::string, std::string>> axes() const override;
+  Support supports(const ModelFile& model, const Point& point) const override;
+  Cost cost(const ModelFile& model, const Point& point) const override;
+  double host_memory_bytes(const ModelFile& model, const Point& point) const override;
+  double device_memory_bytes(const ModelFile& model, const Point& point) const override;
+  std::string compute_ceiling() const override { return "gpu.tensor_bf16_flops"; }
+  void prepare(const ModelFile& model, const Point& point, uint64_t seed) override;
+  void run() override;
+  Verification verify() override;
+  std::map<std::string, double> counters() override;
+
+ private:
+  std::unique_ptr<MoeOp> op_;
+  ModelConfig m_;
+  Shape s_;
+  uint64_t seed_ = 0;
+  std::shared_ptr<const MoeWeights> weights_;
+  std::unique_ptr<BlasHandle> blas_;
+  std::vector<bf16> x_host_;
+  DeviceArray<__nv_bfloat16> x_;
+  DeviceArray<int32_t> given_ids_;
+  DeviceArray<float> given_weights_, out_;
+};
+
+// Analytic cost of one MoE layer on `tokens` tokens: router, routed experts (`active` experts' weights read),
+// shared experts.
+Cost moe_layer_cost(const ModelConfig& m, int64_t tokens, double active_experts);
+// Expected distinct experts reached by tokens x topk choices spread uniformly over `experts`.
+double expected_active_experts(int64_t experts, int64_t topk, int64_t tokens);
+
+// Tiles of rows for the grouped GEMMs at a given mean of rows per expert (decode: a few; prefill: hundreds).
+int tile_rows_for(double rows_per_expert);
+
+}  // namespace dslab::moe::cuda
