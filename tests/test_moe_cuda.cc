@@ -74,8 +74,9 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuMoe, ::testing::Values("moe/grouped/cuda", "moe
 #ifdef DSLAB_HAVE_CUDA
 TEST(MoeCudaPlan, TileRowsFollowRowsPerExpert) {
   EXPECT_EQ(moe::cuda::tile_rows_for(0.03), 16);   // V3 decode, one token: 8 of 256 experts
-  EXPECT_EQ(moe::cuda::tile_rows_for(16), 16);
-  EXPECT_EQ(moe::cuda::tile_rows_for(40), 64);
+  EXPECT_EQ(moe::cuda::tile_rows_for(4), 16);
+  EXPECT_EQ(moe::cuda::tile_rows_for(17.5), 64);  // V3, 512 tokens: every expert's rows in one tile
+  EXPECT_EQ(moe::cuda::tile_rows_for(64), 128);
   EXPECT_EQ(moe::cuda::tile_rows_for(128), 128);  // V3 prefill, 4096 tokens
 }
 

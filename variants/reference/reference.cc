@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
 
 #include "variants/common/rng.h"
@@ -85,15 +86,26 @@ MoeParams make_moe_params(const ModelConfig& m, uint64_t seed) {
   return p;
 }
 
-LayerParams make_layer_params(const ModelConfig& m, int64_t layer_index, uint64_t seed) {
+LayerParams make_layer_params(const ModelConfig& m, int64_t layer_index, uint64_t seed, bool lazy_experts) {
   LayerParams p;
   p.input_layernorm = random_bf16(seed, "input_layernorm", size_t(m.hidden_size), 0.1f, 1.0f);
   p.post_attention_layernorm = random_bf16(seed, "post_attention_layernorm", size_t(m.hidden_size), 0.1f, 1.0f);
   p.attn = make_mla_params(m, m.num_attention_heads, seed);
   if (layer_index < m.first_k_dense_replace)
     p.dense = make_mlp_params(m, m.intermediate_size, seed, "mlp");
-  else
+  else if (!lazy_experts)
     p.moe = make_moe_params(m, seed);
+  else {
+    ModelConfig none = m;
+    none.n_routed_experts = 0;  // the router, bias and shared experts only
+    p.moe = make_moe_params(none, seed);
+    if (m.topk_method == "noaux_tc") {
+      p.moe.e_score_correction_bias.clear();
+      for (auto v : random_bf16(seed, "e_score_correction_bias", size_t(m.n_routed_experts), 0.1f)) p.moe.e_score_correction_bias.push_back(to_float(v));
+    }
+    p.moe.gate = random_bf16(seed, "gate", size_t(m.n_routed_experts * m.hidden_size), fan_in_scale(m.hidden_size));
+    p.moe.make_expert = [m, seed](int e) { return make_mlp_params(m, m.moe_intermediate_size, seed, "experts." + std::to_string(e)); };
+  }
   return p;
 }
 
@@ -366,11 +378,13 @@ std::vector<double> moe(const ModelConfig& m, const MoeParams& p, const std::vec
   for (int64_t t = 0; t < tokens; ++t) matvec(p.gate.data(), E, H, &x[size_t(t * H)], &logits[size_t(t * E)]);
   const Routing routing = route(m, logits, p.e_score_correction_bias, tokens);
   std::vector<double> y = m.n_shared_experts > 0 ? mlp(m, p.shared, x, tokens) : std::vector<double>(size_t(tokens * H), 0);
+  std::map<int, MlpParams> made;  // lazily built experts (p.experts empty)
   for (int64_t t = 0; t < tokens; ++t) {
     const std::vector<double> xt(x.begin() + t * H, x.begin() + (t + 1) * H);
     for (int64_t k = 0; k < routing.topk; ++k) {
       const auto e = size_t(routing.expert[size_t(t * routing.topk + k)]);
-      const auto ye = mlp(m, p.experts[e], xt, 1);
+      if (p.experts.empty() && !made.count(int(e))) made.emplace(int(e), p.make_expert(int(e)));
+      const auto ye = mlp(m, p.experts.empty() ? made.at(int(e)) : p.experts[e], xt, 1);
       for (int64_t i = 0; i < H; ++i) y[size_t(t * H + i)] += routing.weight[size_t(t * routing.topk + k)] * ye[size_t(i)];
     }
   }
@@ -379,16 +393,23 @@ std::vector<double> moe(const ModelConfig& m, const MoeParams& p, const std::vec
 
 std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, const LayerParams& p,
                                   const MlaInputs& in, MlaForm form) {
+  return decoder_layer(m, layer_index, p, to_double(in.hidden_states), in, form);
+}
+
+std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, const LayerParams& p, const std::vector<double>& x,
+                                  const MlaInputs& in, MlaForm form) {
   const int64_t H = m.hidden_size, T = in.batch * in.q_len;
-  const auto x = to_double(in.hidden_states);
   std::vector<double> normed(x.size());
   for (int64_t t = 0; t < T; ++t) rms_norm(&x[size_t(t * H)], p.input_layernorm.data(), H, m.rms_norm_eps, &normed[size_t(t * H)]);
   MlaInputs attn_in = in;  // the attention module sees the normalised stream (rounded to bf16, as a bf16 model would)
+  attn_in.hidden_states.resize(normed.size());
   for (size_t i = 0; i < normed.size(); ++i) attn_in.hidden_states[i] = to_bf16(float(normed[i]));
   const auto a = mla_attention(m, p.attn, attn_in, form);
   std::vector<double> h(x.size());
   for (size_t i = 0; i < x.size(); ++i) h[i] = x[i] + a[i];
+  // The MLP / MoE sees it rounded to bf16 too (the router's top-k is then decided on the values a bf16 model has).
   for (int64_t t = 0; t < T; ++t) rms_norm(&h[size_t(t * H)], p.post_attention_layernorm.data(), H, m.rms_norm_eps, &normed[size_t(t * H)]);
+  for (auto& v : normed) v = double(round_to_bf16(float(v)));
   const auto f = layer_index < m.first_k_dense_replace ? mlp(m, p.dense, normed, T) : moe(m, p.moe, normed, T);
   for (size_t i = 0; i < h.size(); ++i) h[i] += f[i];
   return h;

@@ -2,6 +2,7 @@
 // Every variant is verified against these functions on the same (bf16-representable) weights and inputs.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,8 @@ struct MlpParams {  // SwiGLU: down(silu(gate(x)) * up(x))
 struct MoeParams {
   std::vector<bf16> gate;                        // router weight [n_routed_experts][hidden]
   std::vector<float> e_score_correction_bias;    // [n_routed_experts], noaux_tc only
-  std::vector<MlpParams> experts;                // n_routed_experts
+  std::vector<MlpParams> experts;                // n_routed_experts, or empty: then make_expert builds each as needed
+  std::function<MlpParams(int)> make_expert;     // (a V3 layer's experts are 22.5 GB: the reference makes the few it uses)
   MlpParams shared;                              // intermediate = moe_intermediate_size * n_shared_experts (absent if 0)
 };
 
@@ -97,9 +99,13 @@ struct LayerParams {
   MlpParams dense;  // layer_index < first_k_dense_replace
   MoeParams moe;    // otherwise
 };
-LayerParams make_layer_params(const ModelConfig& m, int64_t layer_index, uint64_t seed);
-// x: [batch*q_len][hidden] residual stream in; returns the residual stream out.
+// lazy_experts: routed experts made on demand (MoeParams::make_expert) instead of all up front.
+LayerParams make_layer_params(const ModelConfig& m, int64_t layer_index, uint64_t seed, bool lazy_experts = false);
+// in.hidden_states: [batch*q_len][hidden] residual stream in; returns the residual stream out.
 std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, const LayerParams& p,
+                                  const MlaInputs& in, MlaForm form);
+// The same with the residual stream in double (in.hidden_states unused), as a stack of layers carries it.
+std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, const LayerParams& p, const std::vector<double>& x,
                                   const MlaInputs& in, MlaForm form);
 
 double relative_l2_error(const float* out, const double* ref, size_t n);

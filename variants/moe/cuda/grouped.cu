@@ -214,7 +214,7 @@ void launch_for_tile(int tile_rows, const GroupedArgs& g, int max_tiles, cudaStr
   switch (tile_rows) {
     case 16: launch<16, 1, 6, GATE_UP>(g, max_tiles, stream); break;
     case 64: launch<64, 2, 4, GATE_UP>(g, max_tiles, stream); break;
-    default: launch<128, 2, 4, GATE_UP>(g, max_tiles, stream); break;
+    default: launch<128, 2, 3, GATE_UP>(g, max_tiles, stream); break;  // 96 KB: two CTAs per SM
   }
 }
 

@@ -153,17 +153,18 @@ __global__ void scatter_kernel(const int32_t* ids, int n, int topk, int32_t* cur
 }
 
 // out[t] (+)= sum over k of weight[t][k] * y[slot[t][k]]: the weighted un-permute, onto the shared experts' output.
+// Blocks take (token, 1024 columns): a decode step's few tokens still spread over many SMs.
+constexpr int kCombineColumns = 1024;
 __global__ void combine_kernel(const float* y, const int32_t* slot, const float* weights, int topk, int hidden, bool accumulate, float* out) {
-  const int t = blockIdx.x;
-  for (int j = int(threadIdx.x) * 4; j < hidden; j += blockDim.x * 4) {
-    float4 acc = accumulate ? *reinterpret_cast<const float4*>(out + int64_t(t) * hidden + j) : make_float4(0, 0, 0, 0);
-    for (int k = 0; k < topk; ++k) {
-      const float w = weights[t * topk + k];
-      const float4 v = *reinterpret_cast<const float4*>(y + int64_t(slot[t * topk + k]) * hidden + j);
-      acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
-    }
-    *reinterpret_cast<float4*>(out + int64_t(t) * hidden + j) = acc;
+  const int t = blockIdx.x, j = int(blockIdx.y) * kCombineColumns + int(threadIdx.x) * 4;
+  if (j >= hidden) return;
+  float4 acc = accumulate ? *reinterpret_cast<const float4*>(out + int64_t(t) * hidden + j) : make_float4(0, 0, 0, 0);
+  for (int k = 0; k < topk; ++k) {
+    const float w = weights[t * topk + k];
+    const float4 v = *reinterpret_cast<const float4*>(y + int64_t(slot[t * topk + k]) * hidden + j);
+    acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
   }
+  *reinterpret_cast<float4*>(out + int64_t(t) * hidden + j) = acc;
 }
 
 __global__ void silu_mul_kernel(const float* gate_up, int64_t rows, int64_t inter, __nv_bfloat16* h) {
@@ -251,7 +252,9 @@ void MlpRunner::forward(BlasHandle& blas, const __nv_bfloat16* x, float* out, fl
 
 // ---- the op ------------------------------------------------------------------------------------------------
 
-int tile_rows_for(double rows_per_expert) { return rows_per_expert <= 16 ? 16 : rows_per_expert <= 64 ? 64 : 128; }
+// A tile should hold all of an expert's rows while they are few, so its weights stream once: 16-row tiles up to
+// a mean of 4 rows (the busiest expert then still fits), 64 up to 40, else 128 (compute-bound: fewer B reloads).
+int tile_rows_for(double rows_per_expert) { return rows_per_expert <= 4 ? 16 : rows_per_expert <= 40 ? 64 : 128; }
 
 double MoeOp::scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts) {
   const double T = double(tokens), K = double(m.num_experts_per_tok), H = double(m.hidden_size), I = double(m.moe_intermediate_size);
@@ -336,7 +339,7 @@ void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
     shared_.forward(*blas_, b_.x, b_.out, 0.0f, stream);
     mark("shared_experts");
   }
-  combine_kernel<<<unsigned(tokens_), 256, 0, stream_>>>(y_.get(), slot_.get(), b_.topk_weights ? b_.topk_weights : topk_weights_.get(),
+  combine_kernel<<<dim3(unsigned(tokens_), unsigned((hidden_ + kCombineColumns - 1) / kCombineColumns)), kCombineColumns / 4, 0, stream_>>>(y_.get(), slot_.get(), b_.topk_weights ? b_.topk_weights : topk_weights_.get(),
                                                          int(topk_), int(hidden_), shared, b_.out);
   DSLAB_CHECK_LAUNCH();
   mark("combine");
@@ -447,6 +450,9 @@ Support GpuMoeVariant::supports(const ModelFile& model, const Point& point) cons
 Cost GpuMoeVariant::cost(const ModelFile& model, const Point& point) const {
   const ModelConfig m = parse_model_config(model.config, model.name, model.path);
   const Shape s = shape_of(m, point);
+  // After prepare: the experts this point's routing reaches (the router's on random weights concentrates on
+  // fewer experts than a uniform spread would reach). Before: the uniform expectation.
+  if (active_experts_ > 0 && prepared_ == point.label() + "@" + m.source) return moe_layer_cost(m, s.tokens, active_experts_);
   double active = expected_active_experts(s.experts, s.topk, s.tokens);
   if (s.routing.rfind("zipf:", 0) == 0) {  // skewed: count the experts the synthetic routing reaches
     const ref::Routing r = synthetic_routing(m, s, 0);
@@ -492,6 +498,14 @@ void GpuMoeVariant::prepare(const ModelFile& model, const Point& point, uint64_t
     b.topk_weights = given_weights_.get();
   }
   op_->prepare(m_, s_.tokens, *weights_, b, *blas_);
+  op_->forward(0);  // the routing of this point, for cost()
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+  op_->routing(&ids, &w);
+  std::vector<char> hit(size_t(s_.experts), 0);
+  for (int32_t e : ids) hit[size_t(e)] = 1;
+  active_experts_ = double(std::count(hit.begin(), hit.end(), 1));
+  prepared_ = point.label() + "@" + m_.source;
 }
 
 void GpuMoeVariant::run() { op_->forward(0); }

@@ -147,6 +147,8 @@ class GpuMoeVariant : public Variant {
   ModelConfig m_;
   Shape s_;
   uint64_t seed_ = 0;
+  double active_experts_ = 0;  // reached by the prepared point's routing
+  std::string prepared_;       // which point (label@model) that was
   std::shared_ptr<const MoeWeights> weights_;
   std::unique_ptr<BlasHandle> blas_;
   std::vector<bf16> x_host_;
