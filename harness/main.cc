@@ -236,6 +236,11 @@ int cmd_run(int argc, char** argv) {
       } else {
         try {
           r.counters = variants[k]->counters();
+          // A count per run ("tokens_per_run") becomes a rate at the median ("tokens_per_s"), so results carry it.
+          const double median_s = summarize(r.samples.seconds).median;
+          for (const auto& [name, value] : std::map<std::string, double>(r.counters))
+            if (name.size() > 8 && name.compare(name.size() - 8, 8, "_per_run") == 0 && median_s > 0)
+              r.counters[name.substr(0, name.size() - 8) + "_per_s"] = value / median_s;
           if (verify) r.verification = variants[k]->verify();
           if (!dump_dir.empty())
             write_safetensors(dump_dir + "/" + file_safe(r.name()) + ".safetensors", variants[k]->tensors(),

@@ -23,6 +23,11 @@ const std::vector<AxisInfo>& known_axes() {
       {"topk", AxisKind::positive_int, "experts per token"},
       {"executor", AxisKind::text, "GPU step launched kernel by kernel (eager) or replayed as one CUDA graph (graph)",
        {"eager", "graph"}},
+      {"layers", AxisKind::text, "decoder layers in the step: N consecutive layers with distinct weights, or all (the whole model: "
+                                 "embedding, every layer, final norm, LM head)"},
+      {"attn", AxisKind::text, "a layer's attention op: any mla/<form>/cuda variant's name"},
+      {"moe", AxisKind::text, "a layer's MoE op: any moe/<algo>/cuda variant's name"},
+      {"steps", AxisKind::positive_int, "consecutive decode steps per timed run, lengths growing by q_len each"},
   };
   return axes;
 }

@@ -233,8 +233,10 @@ Plan expand(const Sweep& sweep) {
           if (!set && !def.empty()) p.set(axis, parse_axis_values(axis, def, entry->name + " default")[0]);
         }
         Support s;
-        if (entry->device == Device::cuda && !gpu_info().present)
+        if (entry->device == Device::cuda && !gpu_info().present) {
+          variant->supports(*model, p);  // still validates the point (BadInput), though it cannot run here
           s = Support::no(gpu_info().why_absent);
+        }
         else if (Support a = variant->available(); !a.ok)
           s = a;
         else

@@ -86,6 +86,18 @@ MoeParams make_moe_params(const ModelConfig& m, uint64_t seed) {
   return p;
 }
 
+MoeParams make_moe_params_lazy(const ModelConfig& m, uint64_t seed) {
+  ModelConfig none = m;
+  none.n_routed_experts = 0;  // the shared experts only
+  MoeParams p = make_moe_params(none, seed);
+  p.gate = random_bf16(seed, "gate", size_t(m.n_routed_experts * m.hidden_size), fan_in_scale(m.hidden_size));
+  p.e_score_correction_bias.clear();
+  if (m.topk_method == "noaux_tc")
+    for (auto v : random_bf16(seed, "e_score_correction_bias", size_t(m.n_routed_experts), 0.1f)) p.e_score_correction_bias.push_back(to_float(v));
+  p.make_expert = [m, seed](int e) { return make_mlp_params(m, m.moe_intermediate_size, seed, "experts." + std::to_string(e)); };
+  return p;
+}
+
 LayerParams make_layer_params(const ModelConfig& m, int64_t layer_index, uint64_t seed, bool lazy_experts) {
   LayerParams p;
   p.input_layernorm = random_bf16(seed, "input_layernorm", size_t(m.hidden_size), 0.1f, 1.0f);
@@ -95,17 +107,8 @@ LayerParams make_layer_params(const ModelConfig& m, int64_t layer_index, uint64_
     p.dense = make_mlp_params(m, m.intermediate_size, seed, "mlp");
   else if (!lazy_experts)
     p.moe = make_moe_params(m, seed);
-  else {
-    ModelConfig none = m;
-    none.n_routed_experts = 0;  // the router, bias and shared experts only
-    p.moe = make_moe_params(none, seed);
-    if (m.topk_method == "noaux_tc") {
-      p.moe.e_score_correction_bias.clear();
-      for (auto v : random_bf16(seed, "e_score_correction_bias", size_t(m.n_routed_experts), 0.1f)) p.moe.e_score_correction_bias.push_back(to_float(v));
-    }
-    p.moe.gate = random_bf16(seed, "gate", size_t(m.n_routed_experts * m.hidden_size), fan_in_scale(m.hidden_size));
-    p.moe.make_expert = [m, seed](int e) { return make_mlp_params(m, m.moe_intermediate_size, seed, "experts." + std::to_string(e)); };
-  }
+  else
+    p.moe = make_moe_params_lazy(m, seed);
   return p;
 }
 

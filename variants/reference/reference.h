@@ -43,6 +43,8 @@ struct MoeParams {
 MlaParams make_mla_params(const ModelConfig& m, int64_t heads, uint64_t seed);
 MlpParams make_mlp_params(const ModelConfig& m, int64_t intermediate, uint64_t seed, const std::string& prefix);
 MoeParams make_moe_params(const ModelConfig& m, uint64_t seed);
+// The router, bias and shared experts, with the routed experts made on demand (MoeParams::make_expert).
+MoeParams make_moe_params_lazy(const ModelConfig& m, uint64_t seed);
 std::vector<bf16> random_bf16(uint64_t seed, const std::string& name, size_t n, float scale, float offset = 0);
 
 // ---- pieces ----

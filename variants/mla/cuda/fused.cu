@@ -711,7 +711,11 @@ class FusedCuda final : public MlaOp {
   }
   // The schedule blob: segments (int4 each) at 0, the CTAs' segment ranges (int2) at 4 * max_segments_, the
   // requests' (int2) after them.
-  size_t schedule_capacity() const override { return size_t(4 * max_segments_ + 2 * parts_ + 2 * s_.batch); }
+  size_t schedule_ints_for(const ModelConfig&, const Shape& s) const override {
+    const int64_t row_tiles = (s.q_len * s.heads + roles::kRows - 1) / roles::kRows;
+    const int64_t parts = std::max<int64_t>(1, gpu_info().sms / row_tiles), max_segments = s.batch + parts;
+    return size_t(4 * max_segments + 2 * parts + 2 * s.batch);
+  }
   MlaSchedule schedule(const std::vector<int64_t>& lengths) const override {
     // The kernel writes requests it covers whole straight to o_lat (it never writes padding rows): those need
     // no merge, so the plan keeps requests whole where that costs little balance (measured at 128 heads on the
@@ -720,7 +724,7 @@ class FusedCuda final : public MlaOp {
     if (int(plan.segments.size()) > max_segments_ || int64_t(lengths.size()) != s_.batch)
       throw std::logic_error("mla/fused/cuda: schedule exceeds its capacity");
     MlaSchedule out;
-    out.blob.assign(schedule_capacity(), 0);
+    out.blob.assign(schedule_ints(), 0);
     int32_t* seg = out.blob.data();
     int32_t* part = seg + 4 * max_segments_;
     int32_t* req = part + 2 * parts_;
@@ -763,8 +767,8 @@ class FusedCuda final : public MlaOp {
     const int M = int(s_.q_len * nh_);
     concat_query();
     mark("absorb_q");
-    const int4* segments = reinterpret_cast<const int4*>(schedule_dev_.get());
-    const int2* part_segments = reinterpret_cast<const int2*>(schedule_dev_.get() + 4 * max_segments_);
+    const int4* segments = reinterpret_cast<const int4*>(schedule_buffer());
+    const int2* part_segments = reinterpret_cast<const int2*>(schedule_buffer() + 4 * max_segments_);
     const int2* request_segments = part_segments + parts_;
     Params params{kv_map_, tma_, q_cat_, cache_view((*b_.cache)), b_.lengths, segments, part_segments,
                   o_partial_.get(), lse_partial_.get(), M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E),

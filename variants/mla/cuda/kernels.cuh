@@ -25,7 +25,8 @@ struct CacheView {
 };
 
 inline CacheView cache_view(const PagedLatentCache& c) {
-  return {c.values.get(), c.scales.get(), c.page_table.get(), c.page_size, c.width, c.groups, c.pages_per_request, c.dtype};
+  return {c.values.get(), c.scales.get(), c.shared_page_table ? c.shared_page_table : c.page_table.get(), c.page_size, c.width, c.groups,
+          c.pages_per_request, c.dtype};
 }
 
 __device__ inline float warp_max(float x) {

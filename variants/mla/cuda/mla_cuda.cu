@@ -12,6 +12,7 @@
 #include "harness/errors.h"
 #include "harness/gpu.h"
 #include "harness/host.h"
+#include "variants/common/device_random.h"
 #include "variants/common/rng.h"
 #include "variants/mla/cuda/kernels.cuh"
 
@@ -232,6 +233,31 @@ BlasHandle::~BlasHandle() {
   if (h_) cublasDestroy(h_);
 }
 
+void generate_mla_weights(const ModelConfig& m, int64_t heads, uint64_t seed, MlaWeights* w) {
+  const int64_t H = m.hidden_size, qhd = m.q_head_dim(), r = m.kv_lora_rank, width = r + m.qk_rope_head_dim;
+  if (m.q_lora_rank) {
+    const int64_t ql = *m.q_lora_rank;
+    w->qkv_a.resize(size_t((ql + width) * H));
+    fill_random_bf16(w->qkv_a.get(), size_t(ql * H), seed, "q_a_proj", fan_in_scale(H));
+    fill_random_bf16(w->qkv_a.get() + ql * H, size_t(width * H), seed, "kv_a_proj_with_mqa", fan_in_scale(H));
+    w->q_a_norm.resize(size_t(ql));
+    fill_random_bf16(w->q_a_norm.get(), size_t(ql), seed, "q_a_layernorm", 0.1f, 1.0f);
+    w->q_b.resize(size_t(heads * qhd * ql));
+    fill_random_bf16(w->q_b.get(), w->q_b.size(), seed, "q_b_proj", fan_in_scale(ql));
+  } else {
+    w->q_proj.resize(size_t(heads * qhd * H));
+    fill_random_bf16(w->q_proj.get(), w->q_proj.size(), seed, "q_proj", fan_in_scale(H));
+    w->kv_a.resize(size_t(width * H));
+    fill_random_bf16(w->kv_a.get(), w->kv_a.size(), seed, "kv_a_proj_with_mqa", fan_in_scale(H));
+  }
+  w->kv_a_norm.resize(size_t(r));
+  fill_random_bf16(w->kv_a_norm.get(), size_t(r), seed, "kv_a_layernorm", 0.1f, 1.0f);
+  w->kv_b.resize(size_t(heads * (m.qk_nope_head_dim + m.v_head_dim) * r));
+  fill_random_bf16(w->kv_b.get(), w->kv_b.size(), seed, "kv_b_proj", fan_in_scale(r));
+  w->o_proj.resize(size_t(H * heads * m.v_head_dim));
+  fill_random_bf16(w->o_proj.get(), w->o_proj.size(), seed, "o_proj", fan_in_scale(heads * m.v_head_dim));
+}
+
 void upload_mla_weights(const ModelConfig& m, const ref::MlaParams& p, MlaWeights* w) {
   if (m.q_lora_rank) {
     std::vector<bf16> stacked(p.q_a_proj);
@@ -250,12 +276,17 @@ void upload_mla_weights(const ModelConfig& m, const ref::MlaParams& p, MlaWeight
 
 // ---- the problem -----------------------------------------------------------------------------------------
 
-uint64_t GpuProblem::ckv_stream(int64_t request) const { return stream_id(seed, "ckv_cache.r" + std::to_string(request)); }
-uint64_t GpuProblem::kpe_stream(int64_t request) const { return stream_id(seed, "kpe_cache.r" + std::to_string(request)); }
+uint64_t ckv_stream(uint64_t seed, int64_t request) { return stream_id(seed, "ckv_cache.r" + std::to_string(request)); }
+uint64_t kpe_stream(uint64_t seed, int64_t request) { return stream_id(seed, "kpe_cache.r" + std::to_string(request)); }
+uint64_t GpuProblem::ckv_stream(int64_t request) const { return cuda::ckv_stream(seed, request); }
+uint64_t GpuProblem::kpe_stream(int64_t request) const { return cuda::kpe_stream(seed, request); }
 
 std::vector<bf16> host_latent(const GpuProblem& p, int64_t request) {
-  const int64_t r = p.model.kv_lora_rank, rope = p.model.qk_rope_head_dim, L = p.lengths[size_t(request)];
-  const uint64_t ckv = p.ckv_stream(request), kpe = p.kpe_stream(request);
+  return host_latent(p.model, p.ckv_stream(request), p.kpe_stream(request), p.lengths[size_t(request)]);
+}
+
+std::vector<bf16> host_latent(const ModelConfig& m, uint64_t ckv, uint64_t kpe, int64_t L) {
+  const int64_t r = m.kv_lora_rank, rope = m.qk_rope_head_dim;
   std::vector<bf16> out(static_cast<size_t>(L * (r + rope)));
   for (int64_t j = 0; j < L; ++j) {
     for (int64_t i = 0; i < r; ++i) out[size_t(j * (r + rope) + i)] = to_bf16(kUnitScale * uniform_pm1(ckv, uint64_t(j * r + i)));
@@ -490,7 +521,7 @@ void MlaOp::prepare(const ModelConfig& m, const Shape& s, int64_t max_keys, cons
   pointer_arrays_.clear();
   q_cat_ = nullptr;
   prepare_form();
-  schedule_dev_.resize(schedule_capacity());
+  schedule_dev_.resize(b_.schedule ? 0 : schedule_ints());
   DSLAB_CUDA(cudaDeviceSynchronize());
 }
 

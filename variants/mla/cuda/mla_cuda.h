@@ -63,6 +63,7 @@ struct PagedLatentCache {
   DeviceArray<uint8_t> values;  // [pages][page_size][width] elements of dtype
   DeviceArray<float> scales;    // [pages][page_size][groups] (quantised dtypes only)
   DeviceArray<int32_t> page_table;  // [batch][pages_per_request]
+  const int32_t* shared_page_table = nullptr;  // set: read this one instead (a model's layers share one page table)
   std::vector<int32_t> host_page_table;
   size_t element_bytes() const { return dtype == KvDtype::bf16 ? 2 : 1; }
 };
@@ -89,6 +90,8 @@ struct MlaWeights {
   DeviceArray<__nv_bfloat16> qkv_a, q_a_norm, q_b, q_proj, kv_a, kv_a_norm, kv_b, o_proj;
 };
 void upload_mla_weights(const ModelConfig& m, const ref::MlaParams& p, MlaWeights* w);
+// ref::make_mla_params(m, heads, seed)'s tensors, generated on the device.
+void generate_mla_weights(const ModelConfig& m, int64_t heads, uint64_t seed, MlaWeights* w);
 
 // The buffers an MLA op runs on, given by its caller. Their addresses are fixed from prepare() on (a captured
 // graph replays them); their contents may change between steps: lengths, page table and the RoPE tables at the
@@ -100,6 +103,7 @@ struct MlaBuffers {
   const int32_t* lengths = nullptr;  // [batch]: cached tokens per request before this step
   const float* rope_cos = nullptr;   // [tokens][rope/2] at each new token's position, YaRN-scaled
   const float* rope_sin = nullptr;
+  int32_t* schedule = nullptr;  // a schedule buffer shared by ops of one shape (a model's layers), else the op's own
 };
 
 // Host-computed metadata of one step for an op that needs it (the fused kernel's split-KV schedule): copied
@@ -130,8 +134,10 @@ class MlaOp {
   void prepare(const ModelConfig& m, const Shape& s, int64_t max_keys, const MlaWeights& w, const MlaBuffers& b, BlasHandle& blas,
                bool lengths_vary);
   virtual MlaSchedule schedule(const std::vector<int64_t>& lengths) const;
-  int32_t* schedule_buffer() const { return schedule_dev_.get(); }
-  size_t schedule_ints() const { return schedule_dev_.size(); }
+  int32_t* schedule_buffer() const { return b_.schedule ? b_.schedule : schedule_dev_.get(); }
+  size_t schedule_ints() const { return schedule_ints_for(m_, s_); }
+  // Ints of the schedule buffer an op of these shapes needs (0: none), before any prepare.
+  virtual size_t schedule_ints_for(const ModelConfig&, const Shape&) const { return 0; }
   // Queues one step on `stream`; marks, when given, time each op inside it.
   void forward(cudaStream_t stream, gpu::OpMarks* marks = nullptr);
   // Device bytes beyond the caller's buffers (weights, cache), for supports().
@@ -139,7 +145,6 @@ class MlaOp {
 
  protected:
   virtual void prepare_form() {}
-  virtual size_t schedule_capacity() const { return 0; }  // ints
   // Reads q_ (rope applied) and the cache (new tokens written); writes attn_ [tokens][heads][v_head_dim].
   virtual void attend() = 0;
 
@@ -227,6 +232,11 @@ std::shared_ptr<GpuProblem> gpu_problem(const ModelConfig& m, const Shape& s, in
                                         uint64_t seed);
 // The cached values of request b as the CPU generates them (the GPU fill must match bit for bit).
 std::vector<bf16> host_latent(const GpuProblem& p, int64_t request);  // [lengths[b]][width], bf16 before any quantisation
+// The same for any streams: `length` tokens of [latent (ckv_stream) ‖ rope key (kpe_stream)].
+std::vector<bf16> host_latent(const ModelConfig& m, uint64_t ckv_stream, uint64_t kpe_stream, int64_t length);
+// The counter-based streams of request b's cached latent and rope key under `seed`.
+uint64_t ckv_stream(uint64_t seed, int64_t request);
+uint64_t kpe_stream(uint64_t seed, int64_t request);
 
 // Paged cache set-up shared by the family variants and the layers: pages for each request's cached and new
 // tokens (room for `room` new tokens each), drawn in shuffled order from one pool, unwritten slots 0xFF (NaN).

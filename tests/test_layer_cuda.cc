@@ -1,0 +1,194 @@
+// layer/deepseek/cuda on the GPU (ctest label `gpu`; without a GPU they skip): every attention op x MoE op against
+// the fp64 reference stack, the whole tiny model, graph replay against eager launches at every step of a 64-step
+// decode with growing lengths (one capture), bucket padding, and a step captured in global mode (no allocation, no
+// host synchronisation), with the host-synchronising MoE loop as the control that must fail it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "harness/errors.h"
+#include "harness/host.h"
+#include "harness/variant.h"
+#include "tests/test_util.h"
+#ifdef DSLAB_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "variants/layer/cuda/deepseek.h"
+#endif
+
+namespace dslab {
+namespace {
+
+struct LayerCase {
+  const char* model;
+  const char* layers;
+  int64_t batch, kv_len, steps;
+  std::string attn, moe;
+  const char* executor;
+};
+
+std::string describe(const LayerCase& c) {
+  return std::string(c.model) + " layers " + c.layers + " batch " + std::to_string(c.batch) + " kv_len " + std::to_string(c.kv_len) +
+         " steps " + std::to_string(c.steps) + " " + c.attn + " " + c.moe + " " + c.executor;
+}
+
+Point layer_point(const LayerCase& c) {
+  Point p;
+  auto integer = [&](const char* axis, int64_t v) { p.set(axis, {std::to_string(v), v, true}); };
+  auto text = [&](const char* axis, const std::string& v) { p.set(axis, {v, 0, false}); };
+  integer("batch", c.batch);
+  integer("q_len", 1);
+  integer("kv_len", c.kv_len);
+  text("layers", c.layers);
+  text("attn", c.attn);
+  text("moe", c.moe);
+  text("executor", c.executor);
+  integer("steps", c.steps);
+  integer("page_size", 16);
+  text("kv_dtype", "bf16");
+  return p;
+}
+
+#define REQUIRE_LAYER()                                                                                 \
+  const VariantEntry* entry = find_variant("layer/deepseek/cuda");                                    \
+  if (!entry) GTEST_SKIP() << "layer/deepseek/cuda is not built (no CUDA toolkit at configure time)"; \
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent
+
+TEST(GpuLayer, EveryAttentionAndMoeOpMatchesReferenceStack) {
+  REQUIRE_LAYER();
+  const uint64_t seed = test::fresh_seed();
+  std::vector<LayerCase> cases;
+  for (const char* attn : {"mla/fused/cuda", "mla/a_cc_me/cuda", "mla/a_cc/cuda", "mla/cc/cuda", "mla/cd/cuda"})
+    for (const char* moe : {"moe/grouped/cuda", "moe/loop/cuda"}) cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, attn, moe, "eager"});
+  cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph"});
+  cases.push_back({"tiny", "all", 3, 40, 1, "mla/a_cc_me/cuda", "moe/grouped/cuda", "graph"});  // embedding, dense + MoE layer, LM head
+  cases.push_back({"tiny", "all", 3, 40, 1, "mla/cd/cuda", "moe/loop/cuda", "eager"});
+  for (const LayerCase& c : cases) {
+    SCOPED_TRACE(describe(c));
+    const ModelFile model = load_model_file(c.model);
+    const Point p = layer_point(c);
+    auto v = entry->make();
+    const Support s = v->supports(model, p);
+    ASSERT_TRUE(s.ok) << s.reason;
+    v->prepare(model, p, seed);
+    v->run();
+    const Verification r = v->verify();
+    EXPECT_LE(r.rel_err, 2e-2);
+    EXPECT_GT(r.rel_err, 0.0) << "bf16 arithmetic cannot match fp64 exactly: is the output really computed?";
+    std::printf("%-90s rel_err %.3e\n", describe(c).c_str(), r.rel_err);
+  }
+}
+
+#ifdef DSLAB_HAVE_CUDA
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), den += double(b[i]) * b[i];
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+std::vector<std::vector<float>> recorded_run(const VariantEntry& entry, const LayerCase& c, uint64_t seed, int* captures) {
+  const ModelFile model = load_model_file(c.model);
+  auto v = entry.make();
+  auto* layer = dynamic_cast<layer::cuda::DeepseekLayerCuda*>(v.get());
+  EXPECT_NE(layer, nullptr);
+  v->prepare(model, layer_point(c), seed);
+  layer->record_steps(true);
+  v->run();
+  v->run();  // a second run replays the same graph again from step 0
+  if (captures) *captures = layer->graph_captures();
+  return layer->recorded_steps();
+}
+
+TEST(GpuLayer, GraphReplayMatchesEagerAtEveryStepWithoutRecapture) {
+  REQUIRE_LAYER();
+  const uint64_t seed = test::fresh_seed();
+  for (const LayerCase& base : {LayerCase{"deepseek-v2-lite", "2", 4, 200, 64, "mla/fused/cuda", "moe/grouped/cuda", "eager"},
+                                LayerCase{"tiny", "all", 2, 30, 16, "mla/a_cc_me/cuda", "moe/grouped/cuda", "eager"}}) {
+    SCOPED_TRACE(describe(base));
+    LayerCase graph = base;
+    graph.executor = "graph";
+    int captures = 0;
+    const auto eager_steps = recorded_run(*entry, base, seed, nullptr);
+    const auto graph_steps = recorded_run(*entry, graph, seed, &captures);
+    ASSERT_EQ(eager_steps.size(), size_t(base.steps));
+    ASSERT_EQ(graph_steps.size(), size_t(base.steps));
+    EXPECT_EQ(captures, 1) << "one graph for every step: lengths, page table, positions and schedule are updated in place";
+    for (int64_t s = 0; s < base.steps; ++s) EXPECT_LE(max_rel_diff(graph_steps[size_t(s)], eager_steps[size_t(s)]), 1e-6) << "step " << s;
+    // The steps really differ (each sees one more cached token at a new position), so equality above means something.
+    EXPECT_GT(max_rel_diff(eager_steps.back(), eager_steps.front()), 1e-3);
+  }
+}
+
+TEST(GpuLayer, BucketPaddingLeavesTheRealRequestsUnchanged) {
+  REQUIRE_LAYER();
+  const uint64_t seed = test::fresh_seed();
+  LayerCase eager{"deepseek-v2-lite", "1", 3, 120, 4, "mla/fused/cuda", "moe/grouped/cuda", "eager"};
+  LayerCase graph = eager;
+  graph.executor = "graph";  // batch 3 runs in the bucket of 4
+  const auto e = recorded_run(*entry, eager, seed, nullptr);
+  const auto g = recorded_run(*entry, graph, seed, nullptr);
+  ASSERT_EQ(e.size(), g.size());
+  const size_t width = e[0].size() / 3;  // recorded rows: the 3 requests' (eager) and the bucket's first 4 (graph)
+  for (size_t s = 0; s < e.size(); ++s) {
+    const std::vector<float> g3(g[s].begin(), g[s].begin() + long(3 * width));
+    EXPECT_LE(max_rel_diff(g3, e[s]), 5e-3) << "step " << s;  // (cuBLAS may pick other kernels for 4 rows than for 3)
+  }
+}
+
+TEST(GpuLayer, StepQueuesWithoutAllocationOrHostSynchronisation) {
+  REQUIRE_LAYER();
+  const uint64_t seed = test::fresh_seed();
+  // Global capture mode makes any allocation or synchronising call in the step fail the capture.
+  auto captures_globally = [&](const char* moe) {
+    const LayerCase c{"deepseek-v2-lite", "2", 2, 100, 2, "mla/fused/cuda", moe, "eager"};
+    auto v = entry->make();
+    auto* layer = dynamic_cast<layer::cuda::DeepseekLayerCuda*>(v.get());
+    v->prepare(load_model_file(c.model), layer_point(c), seed);
+    cudaStream_t stream{};
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    bool ok = true;
+    try {
+      layer->enqueue_step(1, stream);
+    } catch (const std::exception& e) {
+      ok = false;
+      std::printf("%s: %s\n", moe, e.what());
+    }
+    cudaGraph_t graph{};
+    ok = cudaStreamEndCapture(stream, &graph) == cudaSuccess && ok;
+    if (graph) cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    cudaGetLastError();
+    return ok;
+  };
+  EXPECT_TRUE(captures_globally("moe/grouped/cuda"));
+  EXPECT_FALSE(captures_globally("moe/loop/cuda")) << "the control: the loop's host read of the routing must break the capture";
+}
+#endif
+
+TEST(LayerPlan, BadAxesAreBadInput) {
+  const VariantEntry* entry = find_variant("layer/deepseek/cuda");
+  if (!entry) GTEST_SKIP() << "not built";
+  const ModelFile model = load_model_file("deepseek-v2-lite");
+  LayerCase c{"deepseek-v2-lite", "2", 1, 10, 1, "mla/fused/cuda", "moe/grouped/cuda", "eager"};
+  auto v = entry->make();
+  c.attn = "mla/nope/cuda";
+  EXPECT_THROW(v->supports(model, layer_point(c)), BadInput);
+  c.attn = "mla/fused/cuda";
+  c.layers = "28";  // V2-Lite has 27
+  EXPECT_THROW(v->supports(model, layer_point(c)), BadInput);
+  c.layers = "x";
+  EXPECT_THROW(v->supports(model, layer_point(c)), BadInput);
+}
+
+#ifdef DSLAB_HAVE_CUDA
+TEST(LayerPlan, BatchBuckets) {
+  EXPECT_EQ(layer::cuda::batch_bucket(1), 1);
+  EXPECT_EQ(layer::cuda::batch_bucket(3), 4);
+  EXPECT_EQ(layer::cuda::batch_bucket(64), 64);
+  EXPECT_EQ(layer::cuda::batch_bucket(65), 128);
+}
+#endif
+
+}  // namespace
+}  // namespace dslab

@@ -1,0 +1,94 @@
+// layer/deepseek/cuda: DeepSeek decoder layers end to end on the GPU, composed from the ops the family variants
+// time: RMSNorm -> attention (any mla/<form>/cuda, `attn` axis) -> residual -> RMSNorm -> MoE (any moe/<algo>/cuda,
+// `moe` axis; the dense MLP below first_k_dense_replace) -> residual, for N consecutive layers or the whole model
+// (embedding, every layer, final norm, LM head). Compiled by nvcc only.
+//
+// Executors (the `executor` axis): eager launches kernel by kernel; graph replays one CUDA graph of the whole step,
+// captured per batch-size bucket (1, 2, 4, ...: a batch is padded up to its bucket, and the padding is counted) at
+// the largest page table the run needs, as serving engines do. Each step's metadata (lengths, page table, RoPE
+// tables at the new tokens' positions, the fused kernel's split-KV schedule, token ids, the step number) is built on
+// the host before the run, as a scheduler does before a step, and copied into the static buffers the graph was
+// captured on before each replay, so one graph serves every step as the sequences grow (`steps` axis).
+#pragma once
+#include <cuda_bf16.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/variant.h"
+#include "variants/mla/cuda/mla_cuda.h"
+#include "variants/moe/cuda/moe_cuda.h"
+
+namespace dslab::layer::cuda {
+
+using mla::cuda::BlasHandle;
+using mla::cuda::DeviceArray;
+
+// One decoder layer's weights on the device. MoE weights may be shared by several layers (a V3 layer's
+// experts are 22.5 GB: a stack longer than memory holds reuses them, and says so).
+struct LayerWeights {
+  DeviceArray<__nv_bfloat16> input_layernorm, post_attention_layernorm;
+  mla::cuda::MlaWeights attn;
+  moe::cuda::MlpWeights dense;                       // layer_index < first_k_dense_replace
+  std::shared_ptr<const moe::cuda::MoeWeights> moe;  // otherwise
+  uint64_t seed = 0, moe_seed = 0;                   // the reference's seeds of this layer's tensors
+};
+
+// Batch-size buckets of the graph executor: the smallest power of two at least `batch`.
+int64_t batch_bucket(int64_t batch);
+
+class DeepseekLayerCuda : public Variant {
+ public:
+  DeepseekLayerCuda();
+  ~DeepseekLayerCuda() override;
+  std::vector<std::pair<std::string, std::string>> axes() const override;
+  Support supports(const ModelFile& model, const Point& point) const override;
+  Cost cost(const ModelFile& model, const Point& point) const override;
+  double host_memory_bytes(const ModelFile& model, const Point& point) const override;
+  double device_memory_bytes(const ModelFile& model, const Point& point) const override;
+  std::string compute_ceiling() const override { return "gpu.tensor_bf16_flops"; }
+  void prepare(const ModelFile& model, const Point& point, uint64_t seed) override;
+  void run() override;  // `steps` consecutive steps
+  Verification verify() override;
+  std::vector<DumpTensor> tensors() const override;
+  std::map<std::string, double> counters() override;
+
+  // For tests. Queues step `step` on `stream` (its metadata copy, then the layers, eagerly or as the graph).
+  void enqueue_step(int64_t step, cudaStream_t stream);
+  // Keep each step's output (its first min(tokens, 8) rows) from the next run() on: recorded_steps()[step].
+  void record_steps(bool on) { record_ = on; }
+  std::vector<std::vector<float>> recorded_steps() const;
+  int graph_captures() const { return captures_; }
+  int64_t output_width() const;
+
+ private:
+  struct Plan;  // layers, buckets, memory: what supports(), cost() and prepare() all need
+  void forward(cudaStream_t stream, gpu::OpMarks* marks);
+  void capture();
+  std::unique_ptr<Plan> plan_;
+  ModelConfig m_;
+  uint64_t seed_ = 0;
+  std::unique_ptr<BlasHandle> blas_;
+  std::vector<LayerWeights> weights_;            // one per layer (MoE weights shared where reused)
+  std::vector<mla::cuda::PagedLatentCache> caches_;
+  std::vector<std::unique_ptr<mla::cuda::MlaOp>> attn_;
+  std::vector<std::unique_ptr<moe::cuda::MoeOp>> moe_;  // per MoE layer
+  std::vector<moe::cuda::MlpRunner> dense_;             // per dense layer
+  DeviceArray<__nv_bfloat16> embed_, final_norm_, lm_head_, inputs_;  // inputs_: [steps][tokens][hidden] (N-layer runs)
+  DeviceArray<float> resid_, attn_out_, ffn_out_, logits_;
+  DeviceArray<__nv_bfloat16> xb_;                // the normalised stream, each op's input
+  DeviceArray<int32_t> meta_;                    // the static metadata buffer (see Plan for its layout)
+  int32_t* meta_host_ = nullptr;                 // pinned, [steps][meta ints]
+  int64_t meta_ints_ = 0, off_ids_ = 0, off_step_ = 0;
+  std::vector<double> active_experts_;           // per MoE layer: experts its routing reached in prepare()'s step
+  std::string prepared_label_;                   // the point (label@model) they belong to
+  std::vector<int64_t> lengths0_;                // cached tokens per (bucket) request before step 0
+  cudaGraphExec_t graph_ = nullptr;
+  int captures_ = 0;
+  bool record_ = false;
+  DeviceArray<float> history_;                   // [steps][rows][width] when recording
+  std::vector<float> host_out_;
+};
+
+}  // namespace dslab::layer::cuda
