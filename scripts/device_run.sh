@@ -4,6 +4,7 @@
 # report. Logs and results go under $OUT (at most 8 files come back, 2 folders deep).
 # Usage: scripts/device_run.sh [STEP...]
 #   steps: facts calibrate tests gpu-tests default v2 mla-cpu moe-v2-lite moe-v3 mla-decode:SUITE[,SUITE...]
+#          sweep:NAME:SUITE[,SUITE...] (workloads/sweeps/NAME.json into $OUT/NAME-SUITE/results.json)
 #   (default: facts calibrate tests default v2 mla-cpu). mla-decode:a,b runs those suites of
 #   workloads/sweeps/mla-decode.json into $OUT/mla-decode-a/results.json; GPU_TIMEOUT caps each point (default 1 s).
 set -uo pipefail
@@ -39,6 +40,14 @@ for s in "${steps[@]}"; do
       timeout 570 dslab run workloads/sweeps/mla-decode.json "${args[@]}" --timeout "${GPU_TIMEOUT:-1}" --machine "$machine" \
         --out "$OUT/mla-decode-${suites%%,*}" >>"$log" 2>&1
       echo "exit $?" | tee -a "$log" ;;
+    sweep:*)
+      spec=${s#sweep:}; name=${spec%%:*}; suites=${spec#*:}
+      step "sweep $name $suites"
+      args=()
+      for x in ${suites//,/ }; do args+=(--suite "$x"); done
+      timeout "${SWEEP_LIMIT:-570}" dslab run "workloads/sweeps/$name.json" "${args[@]}" --timeout "${GPU_TIMEOUT:-1}" --machine "$machine" \
+        --out "$OUT/$name-${suites%%,*}" >>"$log" 2>&1
+      echo "exit $?" | tee -a "$log" ;;
     default)
       step default
       timeout 200 dslab run workloads/sweeps/default.json --machine "$machine" --out "$OUT/default" >>"$log" 2>&1
@@ -57,7 +66,7 @@ for s in "${steps[@]}"; do
       suite=$([ "$s" = moe-v3 ] && echo moe-v3-64-experts || echo moe-v2-lite)
       timeout 540 dslab run workloads/sweeps/moe-cpu.json --suite "$suite" --timeout "${MOE_TIMEOUT:-2}" --machine "$machine" --out "$OUT/$s" >>"$log" 2>&1
       echo "exit $?" | tee -a "$log" ;;
-    *) echo "unknown step '$s' (expected facts calibrate tests gpu-tests default v2 mla-cpu moe-v2-lite moe-v3 mla-decode:SUITE)" >&2; exit 2 ;;
+    *) echo "unknown step '$s' (expected facts calibrate tests gpu-tests default v2 mla-cpu moe-v2-lite moe-v3 mla-decode:SUITE sweep:NAME:SUITE)" >&2; exit 2 ;;
   esac
 done
-grep -E '^(mla|moe|variant|results)' "$log" | tail -70
+grep -E '^(mla|moe|layer|variant|results)' "$log" | tail -70
