@@ -1,7 +1,11 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
+#include <cupti.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <mutex>
 #include <vector>
 
 #include "harness/cuda_check.h"
@@ -90,6 +94,103 @@ void flush_l2() {
 void occupy_stream(double seconds) {
   spin_kernel<<<1, 1>>>(uint64_t(seconds * 1e9));
   DSLAB_CHECK_LAUNCH();
+}
+
+namespace {
+
+#define DSLAB_CUPTI(call)                                                                                   \
+  do {                                                                                                      \
+    CUptiResult dslab_r_ = (call);                                                                          \
+    if (dslab_r_ != CUPTI_SUCCESS) {                                                                        \
+      const char* dslab_s_ = nullptr;                                                                       \
+      cuptiGetResultString(dslab_r_, &dslab_s_);                                                            \
+      throw std::runtime_error(std::string(#call) + " failed: " + (dslab_s_ ? dslab_s_ : "unknown CUPTI error")); \
+    }                                                                                                       \
+  } while (0)
+
+std::mutex cupti_mu;
+std::vector<std::pair<uint64_t, uint64_t>>* cupti_spans = nullptr;  // the intervals of the call in progress
+
+void CUPTIAPI cupti_buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *size = size_t(8) << 20;
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, *size));
+  *max_records = 0;
+}
+
+void CUPTIAPI cupti_buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  CUpti_Activity* record = nullptr;
+  while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    uint64_t start = 0, end = 0;
+    switch (record->kind) {
+      case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
+      case CUPTI_ACTIVITY_KIND_KERNEL: {
+        const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+        start = k->start, end = k->end;
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMCPY: {
+        const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+        start = c->start, end = c->end;
+        break;
+      }
+      case CUPTI_ACTIVITY_KIND_MEMSET: {
+        const auto* c = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+        start = c->start, end = c->end;
+        break;
+      }
+      default: continue;
+    }
+    if (cupti_spans && end > start) cupti_spans->push_back({start, end});
+  }
+  std::free(buffer);
+}
+
+}  // namespace
+
+KernelTimes kernel_times(const std::function<void()>& fn) {
+  std::lock_guard<std::mutex> lock(cupti_mu);
+  static const bool registered = [] {
+    DSLAB_CUPTI(cuptiActivityRegisterCallbacks(cupti_buffer_requested, cupti_buffer_completed));
+    return true;
+  }();
+  (void)registered;
+  std::vector<std::pair<uint64_t, uint64_t>> spans;
+  DSLAB_CUDA(cudaDeviceSynchronize());
+  const CUpti_ActivityKind kinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET};
+  for (auto k : kinds) DSLAB_CUPTI(cuptiActivityEnable(k));
+  cupti_spans = &spans;
+  try {
+    fn();
+    DSLAB_CUDA(cudaDeviceSynchronize());
+  } catch (...) {
+    for (auto k : kinds) cuptiActivityDisable(k);
+    cuptiActivityFlushAll(1);
+    cupti_spans = nullptr;
+    throw;
+  }
+  for (auto k : kinds) DSLAB_CUPTI(cuptiActivityDisable(k));
+  DSLAB_CUPTI(cuptiActivityFlushAll(1));
+  cupti_spans = nullptr;
+  KernelTimes t;
+  t.records = int(spans.size());
+  if (spans.empty()) return t;
+  std::sort(spans.begin(), spans.end());
+  uint64_t busy = 0, sum = 0, open = spans[0].first, close = spans[0].second, last = 0;
+  for (const auto& [s, e] : spans) {
+    sum += e - s;
+    last = std::max(last, e);
+    if (s > close) {
+      busy += close - open;
+      open = s, close = e;
+    } else {
+      close = std::max(close, e);
+    }
+  }
+  busy += close - open;
+  t.busy_s = double(busy) * 1e-9;
+  t.sum_s = double(sum) * 1e-9;
+  t.span_s = double(last - spans[0].first) * 1e-9;
+  return t;
 }
 
 OpMarks::~OpMarks() {

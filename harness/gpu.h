@@ -31,6 +31,15 @@ class OpMarks {
   size_t used_ = 0;
 };
 
+// What the GPU did while fn's work ran, from CUPTI activity records (kernels, copies, memsets): busy_s is the
+// union of their intervals (overlapping work counted once), sum_s their summed durations, span_s first start to
+// last end. A step's busy time against its wall time says how much is lost between kernels.
+struct KernelTimes {
+  double busy_s = 0, sum_s = 0, span_s = 0;
+  int records = 0;
+};
+KernelTimes kernel_times(const std::function<void()>& fn);
+
 // Median GPU time of each marked op over `steps` eager steps, each from a flushed L2 and queued behind a
 // blocking kernel so host launch costs do not show: {"op_us.<op>": microseconds}.
 // occupy_s must exceed the host's time to queue one step.

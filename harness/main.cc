@@ -241,6 +241,10 @@ int cmd_run(int argc, char** argv) {
           for (const auto& [name, value] : std::map<std::string, double>(r.counters))
             if (name.size() > 8 && name.compare(name.size() - 8, 8, "_per_run") == 0 && median_s > 0)
               r.counters[name.substr(0, name.size() - 8) + "_per_s"] = value / median_s;
+          // A step's GPU busy time against its wall time: what is lost between kernels (launches, gaps).
+          if (r.counters.count("kernel_time_s") && r.counters.at("kernel_time_s") > 0 && median_s > 0)
+            r.counters["step_over_kernel_time"] =
+                median_s / std::max(1.0, r.counters.count("steps") ? r.counters.at("steps") : 1.0) / r.counters.at("kernel_time_s");
           if (verify) r.verification = variants[k]->verify();
           if (!dump_dir.empty())
             write_safetensors(dump_dir + "/" + file_safe(r.name()) + ".safetensors", variants[k]->tensors(),

@@ -295,6 +295,7 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
   m_ = P.m;
   seed_ = seed;
   if (!blas_) blas_ = std::make_unique<BlasHandle>();
+  if (!side_blas_) side_blas_ = std::make_unique<BlasHandle>();
   const int64_t B = P.bucket, S = P.q_len, T = P.tokens(), H = m_.hidden_size, L = P.layers;
 
   // Lengths: the requests' kv_len; a bucket's padding requests start empty (they attend to their own new tokens).
@@ -312,6 +313,9 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
   const int64_t off_ids = off_sched + align4(sched_ints), off_step = off_ids + align4(T), meta_ints = off_step + 4;
   meta_.resize(size_t(meta_ints));
   meta_.zero();
+  meta_ints_ = meta_ints;
+  off_ids_ = off_ids;
+  off_step_ = off_step;
 
   // Weights, generated on the device with the reference's values; MoE sets reused cyclically if they must be.
   weights_.resize(size_t(L));
@@ -375,6 +379,30 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
   }
   const std::vector<int32_t> page_table = caches_[0].host_page_table;  // the same in every layer (same lengths, room, seed)
 
+  // Each step's metadata, built now (as a scheduler would before each step) into pinned memory.
+  if (meta_host_) DSLAB_CUDA(cudaFreeHost(meta_host_));
+  meta_host_ = nullptr;
+  DSLAB_CUDA(cudaMallocHost(&meta_host_, size_t(P.steps * meta_ints) * 4));
+  meta_ints_ = meta_ints;
+  for (int64_t s = 0; s < P.steps; ++s) {
+    int32_t* h = meta_host_ + s * meta_ints;
+    std::fill(h, h + meta_ints, 0);
+    std::vector<int64_t> lengths(lengths0_);
+    for (auto& l : lengths) l += s * S;
+    for (int64_t b = 0; b < B; ++b) h[off_len + b] = int32_t(lengths[size_t(b)]);
+    std::copy(page_table.begin(), page_table.end(), h + off_pt);
+    std::vector<float> cs, sn;
+    mla::cuda::rope_tables(m_, lengths, S, &cs, &sn);
+    std::memcpy(h + off_cos, cs.data(), cs.size() * 4);
+    std::memcpy(h + off_sin, sn.data(), sn.size() * 4);
+    if (P.whole)
+      for (int64_t t = 0; t < T; ++t) h[off_ids + t] = token_id(seed, s, t, m_.vocab_size);
+    h[off_step] = int32_t(s);
+  }
+  // Step 0's metadata in place before the ops are prepared: a form that builds state from the cache in prepare
+  // (cd decompresses it into its K/V pages) reads the lengths and page table there.
+  DSLAB_CUDA(cudaMemcpy(meta_.get(), meta_host_, size_t(meta_ints) * 4, cudaMemcpyHostToDevice));
+
   // The ops, each on its layer's weights and cache and the shared buffers.
   for (int64_t i = 0; i < L; ++i) {
     MlaBuffers b;
@@ -392,39 +420,20 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
       mb.x = xb_.get();
       mb.out = ffn_out_.get();
       moe_.push_back(moe::cuda::make_moe_op(P.moe));
-      moe_.back()->prepare(m_, T, *weights_[size_t(i)].moe, mb, *blas_);
+      moe_.back()->prepare(m_, T, *weights_[size_t(i)].moe, mb, *blas_, side_blas_.get());
     } else {
       dense_.emplace_back();
       dense_.back().prepare(m_, weights_[size_t(i)].dense, T);
     }
   }
 
-  // Each step's metadata, built now (as a scheduler would before each step) into pinned memory.
-  if (meta_host_) DSLAB_CUDA(cudaFreeHost(meta_host_));
-  meta_host_ = nullptr;
-  DSLAB_CUDA(cudaMallocHost(&meta_host_, size_t(P.steps * meta_ints) * 4));
-  meta_ints_ = meta_ints;
-  for (int64_t s = 0; s < P.steps; ++s) {
-    int32_t* h = meta_host_ + s * meta_ints;
-    std::fill(h, h + meta_ints, 0);
-    std::vector<int64_t> lengths(lengths0_);
-    for (auto& l : lengths) l += s * S;
-    for (int64_t b = 0; b < B; ++b) h[off_len + b] = int32_t(lengths[size_t(b)]);
-    std::copy(page_table.begin(), page_table.end(), h + off_pt);
-    std::vector<float> cs, sn;
-    mla::cuda::rope_tables(m_, lengths, S, &cs, &sn);
-    std::memcpy(h + off_cos, cs.data(), cs.size() * 4);
-    std::memcpy(h + off_sin, sn.data(), sn.size() * 4);
-    if (sched_ints) {
+  if (sched_ints)  // the split-KV schedule of each step, from a prepared op
+    for (int64_t s = 0; s < P.steps; ++s) {
+      std::vector<int64_t> lengths(lengths0_);
+      for (auto& l : lengths) l += s * S;
       const auto sched = attn_[0]->schedule(lengths);
-      std::copy(sched.blob.begin(), sched.blob.end(), h + off_sched);
+      std::copy(sched.blob.begin(), sched.blob.end(), meta_host_ + s * meta_ints + off_sched);
     }
-    if (P.whole)
-      for (int64_t t = 0; t < T; ++t) h[off_ids + t] = token_id(seed, s, t, m_.vocab_size);
-    h[off_step] = int32_t(s);
-  }
-  off_ids_ = off_ids;
-  off_step_ = off_step;
   DSLAB_CUDA(cudaDeviceSynchronize());
 
   // One step, eagerly: first-call initialisation outside any capture, and the routing each MoE layer makes
@@ -610,17 +619,22 @@ std::map<std::string, double> DeepseekLayerCuda::counters() {
   // Per-op GPU time of one step, eager, queued behind a blocking kernel long enough to hide its launches.
   const double occupy = 2e-3 + 1e-3 * double(P.layers);  // (a layer queues ~50 launches and marks)
   std::map<std::string, double> c;
+  {  // The step's GPU work from CUPTI's records: its busy time is what a launch-free step could take.
+    gpu::flush_l2();
+    const gpu::KernelTimes kt = gpu::kernel_times([&] { enqueue_step(0, 0); });
+    c["kernel_time_s"] = kt.busy_s;       // union of the step's kernel and copy intervals
+    c["kernel_sum_s"] = kt.sum_s;         // their summed durations (above busy: work overlapped)
+    c["gpu_activities"] = double(kt.records);
+  }
   if (P.moe != "moe/loop/cuda") {  // (the loop synchronises inside a step: its ops cannot be queued ahead)
-    c = gpu::time_ops(
+    const auto ops = gpu::time_ops(
         [&](gpu::OpMarks& marks) {
           DSLAB_CUDA(cudaMemcpyAsync(meta_.get(), meta_host_, size_t(meta_ints_) * 4, cudaMemcpyHostToDevice, 0));
           marks.mark("metadata", 0);
           forward(0, &marks);
         },
         5, occupy);
-    double kernels_us = 0;
-    for (const auto& [name, us] : c) kernels_us += us;
-    c["kernel_time_s"] = kernels_us * 1e-6;  // one step: the sum of its ops' GPU times
+    c.insert(ops.begin(), ops.end());  // op_us.*: event-bracketed, so each includes a mark's ~1-2 us
   }
   c["steps"] = double(P.steps);
   c["layers"] = double(P.layers);

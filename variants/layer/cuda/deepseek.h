@@ -69,7 +69,7 @@ class DeepseekLayerCuda : public Variant {
   std::unique_ptr<Plan> plan_;
   ModelConfig m_;
   uint64_t seed_ = 0;
-  std::unique_ptr<BlasHandle> blas_;
+  std::unique_ptr<BlasHandle> blas_, side_blas_;  // side: the MoE layers' shared experts, beside their routed ones
   std::vector<LayerWeights> weights_;            // one per layer (MoE weights shared where reused)
   std::vector<mla::cuda::PagedLatentCache> caches_;
   std::vector<std::unique_ptr<mla::cuda::MlaOp>> attn_;

@@ -497,7 +497,8 @@ void MlaOp::prepare(const ModelConfig& m, const Shape& s, int64_t max_keys, cons
   b_ = b;
   blas_handle_ = &blas;
   blas_ = blas.get();
-  lengths_vary_ = lengths_vary;
+  // A caller-held schedule is one this op never sees being made: it must be ready to merge in any step.
+  lengths_vary_ = lengths_vary || b.schedule != nullptr;
   max_keys_ = max_keys;
   nh_ = s_.heads;
   nope_ = m_.qk_nope_head_dim;

@@ -65,11 +65,11 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs g) {
   __nv_bfloat16* sa = smem;                        // [STAGES][BM][64]
   __nv_bfloat16* sb = smem + STAGES * BM * kTileK;  // [STAGES][128][64]
 
-  if (int(blockIdx.y) >= *g.num_tiles) return;
-  const int2 tile = g.tiles[blockIdx.y];
+  if (int(blockIdx.x) >= *g.num_tiles) return;
+  const int2 tile = g.tiles[blockIdx.x];
   const int expert = tile.x, row0 = tile.y;
   const int rows = min(BM, g.offsets[expert + 1] - row0);
-  const int out0 = int(blockIdx.x) * (GATE_UP ? kTileN / 2 : kTileN);  // first output column
+  const int out0 = int(blockIdx.y) * (GATE_UP ? kTileN / 2 : kTileN);  // first output column
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int wm = warp / WARPS_N, wn = warp % WARPS_N;
   const int64_t K = g.K;
@@ -204,7 +204,9 @@ void launch(const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
     configured = true;
   }
   const int outputs = GATE_UP ? kTileN / 2 : kTileN;
-  const dim3 grid(unsigned((g.N + outputs - 1) / outputs), unsigned(max_tiles));
+  // Row tiles fastest: the tiles of one expert (adjacent in the list) run side by side on the same columns, so
+  // its weight slab comes from HBM once and from L2 for the others (columns fastest re-read it per row tile).
+  const dim3 grid(unsigned(max_tiles), unsigned((g.N + outputs - 1) / outputs));
   kernel<<<grid, kThreads, smem, stream>>>(g);
   DSLAB_CHECK_LAUNCH();
 }

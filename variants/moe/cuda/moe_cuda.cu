@@ -121,13 +121,16 @@ __global__ void count_kernel(const int32_t* ids, int n, int32_t* counts) {
   if (i < n) atomicAdd(&counts[ids[i]], 1);
 }
 
-// One block: offsets (exclusive scan of the counts), the row tiles of tile_rows rows within each expert, and
-// the scatter cursors.
+// One block: offsets (exclusive scan of the counts), the row tiles of tile_rows rows within each expert, then the
+// scatter of every (token, k) to its expert's rows (cursors in shared memory), and the counts zeroed for the next
+// step (so no memset node per step).
 constexpr int kScanThreads = 1024;
-__global__ void __launch_bounds__(kScanThreads) scan_kernel(const int32_t* counts, int E, int tile_rows, int32_t* offsets, int32_t* cursor,
-                                                            int2* tiles, int32_t* num_tiles) {
+__global__ void __launch_bounds__(kScanThreads) scan_scatter_kernel(int32_t* counts, int E, int tile_rows, const int32_t* ids, int rows, int topk,
+                                                                    int32_t* offsets, int2* tiles, int32_t* num_tiles, int32_t* perm_token,
+                                                                    int32_t* slot) {
   using Scan = cub::BlockScan<int2, kScanThreads>;
   __shared__ typename Scan::TempStorage temp;
+  __shared__ int cursor[kScanThreads];
   const int e = int(threadIdx.x);
   const int n = e < E ? counts[e] : 0;
   const int2 mine = make_int2(n, (n + tile_rows - 1) / tile_rows);
@@ -136,21 +139,40 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(const int32_t* count
   if (e < E) {
     offsets[e] = first.x;
     cursor[e] = first.x;
+    counts[e] = 0;
     for (int i = 0; i < mine.y; ++i) tiles[first.y + i] = make_int2(e, first.x + i * tile_rows);
   }
   if (e == 0) {
     offsets[E] = total.x;
     *num_tiles = total.y;
   }
+  __syncthreads();
+  for (int i = e; i < rows; i += kScanThreads) {
+    const int pos = atomicAdd(&cursor[ids[i]], 1);
+    perm_token[pos] = i / topk;
+    slot[i] = pos;
+  }
 }
 
-__global__ void scatter_kernel(const int32_t* ids, int n, int topk, int32_t* cursor, int32_t* perm_token, int32_t* slot) {
-  const int i = int(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const int pos = atomicAdd(&cursor[ids[i]], 1);
-  perm_token[pos] = i / topk;
-  slot[i] = pos;
+// The router's logits computed in the same kernel, for a handful of tokens (decode): one block per token, its
+// warps sharing the experts, so no GEMM launch for a [tokens x hidden] x [hidden x experts] product this small.
+constexpr int kGateThreads = 256;
+__global__ void __launch_bounds__(kGateThreads) gate_logits_kernel(const __nv_bfloat16* x, const __nv_bfloat16* gate, int hidden, int E,
+                                                                   float* logits) {
+  const int t = blockIdx.x, warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const __nv_bfloat162* xr = reinterpret_cast<const __nv_bfloat162*>(x + int64_t(t) * hidden);
+  for (int e = warp; e < E; e += kGateThreads / 32) {
+    const __nv_bfloat162* w = reinterpret_cast<const __nv_bfloat162*>(gate + int64_t(e) * hidden);
+    float acc = 0;
+    for (int j = lane; j < hidden / 2; j += 32) {
+      const float2 a = __bfloat1622float2(xr[j]), b = __bfloat1622float2(w[j]);
+      acc += a.x * b.x + a.y * b.y;
+    }
+    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) logits[int64_t(t) * E + e] = acc;
+  }
 }
+constexpr int64_t kGateKernelTokens = 16;  // up to here the kernel above; beyond, cuBLAS
 
 // out[t] (+)= sum over k of weight[t][k] * y[slot[t][k]]: the weighted un-permute, onto the shared experts' output.
 // Blocks take (token, 1024 columns): a decode step's few tokens still spread over many SMs.
@@ -263,7 +285,19 @@ double MoeOp::scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t expert
          MlpRunner::scratch_bytes(tokens, m.moe_intermediate_size * m.n_shared_experts);
 }
 
-void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, const MoeBuffers& b, BlasHandle& blas) {
+MoeOp::SideStream::SideStream(BlasHandle* side_blas) : blas(side_blas) {
+  DSLAB_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DSLAB_CUDA(cudaEventCreateWithFlags(&forked, cudaEventDisableTiming));
+  DSLAB_CUDA(cudaEventCreateWithFlags(&joined, cudaEventDisableTiming));
+}
+
+MoeOp::SideStream::~SideStream() {
+  cudaEventDestroy(forked);
+  cudaEventDestroy(joined);
+  cudaStreamDestroy(stream);
+}
+
+void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, const MoeBuffers& b, BlasHandle& blas, BlasHandle* side_blas) {
   if (m.n_routed_experts > kScanThreads) throw BadInput(m.source + ": n_routed_experts above " + std::to_string(kScanThreads) + " is not supported on the GPU");
   if (m.n_group > 32) throw BadInput(m.source + ": n_group above 32 is not supported by the GPU router");
   if (m.hidden_size % 8 || m.moe_intermediate_size % 8)
@@ -282,8 +316,8 @@ void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, c
   topk_ids_.resize(size_t(rows_));
   topk_weights_.resize(size_t(rows_));
   counts_.resize(size_t(experts_));
+  counts_.zero();  // (then the scan leaves them zero after each step)
   offsets_.resize(size_t(experts_ + 1));
-  cursor_.resize(size_t(experts_));
   perm_token_.resize(size_t(rows_));
   slot_.resize(size_t(rows_));
   tile_rows_ = tile_rows_for(double(rows_) / double(experts_));
@@ -292,18 +326,25 @@ void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, c
   num_tiles_.resize(1);
   y_.resize(size_t(rows_ * hidden_));
   if (w.shared.intermediate > 0) shared_.prepare(m, w.shared, tokens);
+  side_.reset();
+  if (side_blas && w.shared.intermediate > 0) side_ = std::make_unique<SideStream>(side_blas);
   prepare_experts();
   DSLAB_CUDA(cudaDeviceSynchronize());
 }
 
 void MoeOp::route() {
   NvtxRange range("moe.route");
-  DSLAB_CUDA(cudaMemsetAsync(counts_.get(), 0, size_t(experts_) * 4, stream_));
   if (b_.topk_ids) {
     count_kernel<<<unsigned((rows_ + 255) / 256), 256, 0, stream_>>>(b_.topk_ids, int(rows_), counts_.get());
     DSLAB_CHECK_LAUNCH();
   } else {
-    linear(blas_->get(), b_.x, tokens_, hidden_, w_->gate.get(), m_.n_routed_experts, logits_.get(), CUDA_R_32F);
+    if (tokens_ <= kGateKernelTokens) {
+      gate_logits_kernel<<<unsigned(tokens_), kGateThreads, 0, stream_>>>(b_.x, w_->gate.get(), int(hidden_), int(m_.n_routed_experts),
+                                                                          logits_.get());
+      DSLAB_CHECK_LAUNCH();
+    } else {
+      linear(blas_->get(), b_.x, tokens_, hidden_, w_->gate.get(), m_.n_routed_experts, logits_.get(), CUDA_R_32F);
+    }
     mark("gate");
     RouterParams p{logits_.get(), w_->bias.get(), int(tokens_), int(m_.n_routed_experts), int(topk_), int(m_.n_group), int(m_.topk_group),
                    m_.scoring_func == "sigmoid", m_.topk_method != "greedy", m_.topk_method == "noaux_tc", m_.norm_topk_prob,
@@ -313,11 +354,8 @@ void MoeOp::route() {
     DSLAB_CHECK_LAUNCH();
   }
   const int32_t* ids = b_.topk_ids ? b_.topk_ids : topk_ids_.get();
-  scan_kernel<<<1, kScanThreads, 0, stream_>>>(counts_.get(), int(experts_), tile_rows_, offsets_.get(), cursor_.get(), tiles_.get(),
-                                               num_tiles_.get());
-  DSLAB_CHECK_LAUNCH();
-  scatter_kernel<<<unsigned((rows_ + 255) / 256), 256, 0, stream_>>>(ids, int(rows_), int(topk_), cursor_.get(), perm_token_.get(),
-                                                                     slot_.get());
+  scan_scatter_kernel<<<1, kScanThreads, 0, stream_>>>(counts_.get(), int(experts_), tile_rows_, ids, int(rows_), int(topk_), offsets_.get(),
+                                                       tiles_.get(), num_tiles_.get(), perm_token_.get(), slot_.get());
   DSLAB_CHECK_LAUNCH();
   mark("route");
 }
@@ -325,6 +363,13 @@ void MoeOp::route() {
 void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
   stream_ = stream;
   marks_ = marks;
+  const bool shared = w_->shared.intermediate > 0;
+  if (shared && side_) {  // the shared experts need nothing of the routing: run them beside it, on their own stream
+    DSLAB_CUDA(cudaEventRecord(side_->forked, stream));
+    DSLAB_CUDA(cudaStreamWaitEvent(side_->stream, side_->forked, 0));
+    side_->blas->set_stream(side_->stream);
+    shared_.forward(*side_->blas, b_.x, b_.out, 0.0f, side_->stream);
+  }
   blas_->set_stream(stream);
   route();
   {
@@ -333,11 +378,15 @@ void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
     mark("experts");
   }
   NvtxRange range("moe.shared_combine");
-  const bool shared = w_->shared.intermediate > 0;
-  if (shared) {
+  if (shared && !side_) {
     blas_->set_stream(stream);
     shared_.forward(*blas_, b_.x, b_.out, 0.0f, stream);
     mark("shared_experts");
+  }
+  if (shared && side_) {  // the shared experts ran beside the routed ones: join them
+    DSLAB_CUDA(cudaEventRecord(side_->joined, side_->stream));
+    DSLAB_CUDA(cudaStreamWaitEvent(stream, side_->joined, 0));
+    mark("shared_experts_join");
   }
   combine_kernel<<<dim3(unsigned(tokens_), unsigned((hidden_ + kCombineColumns - 1) / kCombineColumns)), kCombineColumns / 4, 0, stream_>>>(y_.get(), slot_.get(), b_.topk_weights ? b_.topk_weights : topk_weights_.get(),
                                                          int(topk_), int(hidden_), shared, b_.out);
@@ -483,6 +532,7 @@ void GpuMoeVariant::prepare(const ModelFile& model, const Point& point, uint64_t
   seed_ = seed;
   weights_ = shared_weights(m_, s_.experts, seed);
   if (!blas_) blas_ = std::make_unique<BlasHandle>();
+  if (!side_blas_) side_blas_ = std::make_unique<BlasHandle>();
   x_host_ = ref::random_bf16(seed, "moe_hidden_states", size_t(s_.tokens * m_.hidden_size), std::sqrt(3.0f));
   x_.upload(x_host_);
   out_.resize(size_t(s_.tokens * m_.hidden_size));
@@ -497,7 +547,7 @@ void GpuMoeVariant::prepare(const ModelFile& model, const Point& point, uint64_t
     b.topk_ids = given_ids_.get();
     b.topk_weights = given_weights_.get();
   }
-  op_->prepare(m_, s_.tokens, *weights_, b, *blas_);
+  op_->prepare(m_, s_.tokens, *weights_, b, *blas_, side_blas_.get());
   op_->forward(0);  // the routing of this point, for cost()
   std::vector<int32_t> ids;
   std::vector<float> w;

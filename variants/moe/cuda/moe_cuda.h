@@ -75,7 +75,11 @@ class MoeOp {
   // Whether forward() runs without a host look at the routing (so it can be captured in a CUDA graph).
   virtual bool graph_safe() const = 0;
   int tile_rows() const { return tile_rows_; }
-  void prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, const MoeBuffers& b, BlasHandle& blas);
+  // side_blas (a handle of its own: cuBLAS workspaces must not be shared by concurrent GEMMs): the shared experts
+  // run on a second stream beside the router and routed experts, joined before the combine. Several ops that run
+  // one after another may share one side handle.
+  void prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, const MoeBuffers& b, BlasHandle& blas,
+               BlasHandle* side_blas = nullptr);
   // Queues one step; marks, when given, time the router, experts and combine.
   void forward(cudaStream_t stream, gpu::OpMarks* marks = nullptr);
   static double scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts);
@@ -104,7 +108,6 @@ class MoeOp {
   DeviceArray<float> topk_weights_;     // [tokens][topk]
   DeviceArray<int32_t> counts_;         // [experts]: rows routed to each expert
   DeviceArray<int32_t> offsets_;        // [experts + 1]: first permuted row of each expert
-  DeviceArray<int32_t> cursor_;         // [experts]: scatter positions
   DeviceArray<int32_t> perm_token_;     // [rows]: the token of each permuted row
   DeviceArray<float> perm_weight_;      // [rows]
   DeviceArray<int32_t> slot_;           // [tokens][topk]: the permuted row of each (token, k)
@@ -113,6 +116,14 @@ class MoeOp {
   int tile_rows_ = 16, max_tiles_ = 0;
   DeviceArray<float> y_;                // [rows][hidden]
   MlpRunner shared_;
+  struct SideStream {
+    explicit SideStream(BlasHandle* side_blas);
+    ~SideStream();
+    BlasHandle* blas;
+    cudaStream_t stream{};
+    cudaEvent_t forked{}, joined{};
+  };
+  std::unique_ptr<SideStream> side_;
 
  private:
   void route();
@@ -150,7 +161,7 @@ class GpuMoeVariant : public Variant {
   double active_experts_ = 0;  // reached by the prepared point's routing
   std::string prepared_;       // which point (label@model) that was
   std::shared_ptr<const MoeWeights> weights_;
-  std::unique_ptr<BlasHandle> blas_;
+  std::unique_ptr<BlasHandle> blas_, side_blas_;
   std::vector<bf16> x_host_;
   DeviceArray<__nv_bfloat16> x_;
   DeviceArray<int32_t> given_ids_;
