@@ -145,3 +145,32 @@ TEST(Reference, GeneratorIsDeterministicPerSeedAndName) {
 
 }  // namespace
 }  // namespace dslab
+
+namespace dslab {
+namespace {
+
+TEST(Reference, ForcedRoutingFollowsTheGivenExpertsAndMeasuresTheGap) {
+  const ModelConfig m = test::model("deepseek-v2-lite");  // greedy softmax over 64 experts, top 6
+  const int64_t E = m.n_routed_experts, K = m.num_experts_per_tok;
+  std::vector<double> logits(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) logits[size_t(e)] = std::sin(double(e) * 1.7);  // distinct scores
+  const ref::Routing own = ref::route(m, logits, {}, 1);
+  ref::MoeParams::RoutingCheck check;
+  const ref::Routing same = ref::route(m, logits, {}, 1, &own.expert, &check);
+  EXPECT_EQ(check.tokens_differing, 0);
+  EXPECT_EQ(same.expert, own.expert);
+  // Swap the weakest chosen expert for the best unchosen one: followed, and the gap is the scores' distance.
+  std::vector<int> forced = own.expert;
+  int best_other = -1;
+  for (int64_t e = 0; e < E; ++e)
+    if (std::find(own.expert.begin(), own.expert.end(), int(e)) == own.expert.end() && (best_other < 0 || logits[size_t(e)] > logits[size_t(best_other)]))
+      best_other = int(e);
+  forced[size_t(K - 1)] = best_other;
+  const ref::Routing followed = ref::route(m, logits, {}, 1, &forced, &check);
+  EXPECT_EQ(followed.expert, forced);
+  EXPECT_EQ(check.tokens_differing, 1);
+  EXPECT_GT(check.max_gap, 0.0);
+}
+
+}  // namespace
+}  // namespace dslab

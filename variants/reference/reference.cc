@@ -322,7 +322,8 @@ std::vector<double> mlp(const ModelConfig& m, const MlpParams& p, const std::vec
   return y;
 }
 
-Routing route(const ModelConfig& m, const std::vector<double>& logits, const std::vector<float>& bias, int64_t tokens) {
+Routing route(const ModelConfig& m, const std::vector<double>& logits, const std::vector<float>& bias, int64_t tokens,
+              const std::vector<int>* forced, MoeParams::RoutingCheck* check) {
   const int64_t E = m.n_routed_experts, k = m.num_experts_per_tok;
   Routing out;
   out.tokens = tokens;
@@ -362,6 +363,24 @@ Routing route(const ModelConfig& m, const std::vector<double>& logits, const std
         if (!allowed[size_t(e)]) choice[size_t(e)] = masked;
       chosen = topk_indices(choice, k);
     }
+    if (forced) {
+      const std::vector<int> theirs(forced->begin() + t * k, forced->begin() + (t + 1) * k);
+      std::vector<int> a = chosen, b = theirs;
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      if (a != b && check) {
+        // The selection score (biased, group-masked as above) of our k-th choice against their worst choice.
+        std::vector<double> sel = score;
+        if (m.topk_method == "noaux_tc")
+          for (int64_t e = 0; e < E; ++e) sel[size_t(e)] += bias[size_t(e)];
+        double ours = 1e300, worst = 1e300;
+        for (int e : chosen) ours = std::min(ours, sel[size_t(e)]);
+        for (int e : theirs) worst = std::min(worst, sel[size_t(e)]);
+        ++check->tokens_differing;
+        check->max_gap = std::max(check->max_gap, (ours - worst) / std::max(std::abs(ours), 1e-30));
+      }
+      chosen = theirs;
+    }
     std::vector<double> w;
     for (int e : chosen) w.push_back(score[size_t(e)]);  // weights from the unbiased scores
     if (k > 1 && m.norm_topk_prob) {
@@ -379,7 +398,7 @@ std::vector<double> moe(const ModelConfig& m, const MoeParams& p, const std::vec
   const int64_t H = m.hidden_size, E = m.n_routed_experts;
   std::vector<double> logits(static_cast<size_t>(tokens * E));
   for (int64_t t = 0; t < tokens; ++t) matvec(p.gate.data(), E, H, &x[size_t(t * H)], &logits[size_t(t * E)]);
-  const Routing routing = route(m, logits, p.e_score_correction_bias, tokens);
+  const Routing routing = route(m, logits, p.e_score_correction_bias, tokens, p.forced_experts.empty() ? nullptr : &p.forced_experts, p.check);
   std::vector<double> y = m.n_shared_experts > 0 ? mlp(m, p.shared, x, tokens) : std::vector<double>(size_t(tokens * H), 0);
   std::map<int, MlpParams> made;  // lazily built experts (p.experts empty)
   for (int64_t t = 0; t < tokens; ++t) {

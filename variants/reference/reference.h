@@ -36,6 +36,15 @@ struct MoeParams {
   std::vector<float> e_score_correction_bias;    // [n_routed_experts], noaux_tc only
   std::vector<MlpParams> experts;                // n_routed_experts, or empty: then make_expert builds each as needed
   std::function<MlpParams(int)> make_expert;     // (a V3 layer's experts are 22.5 GB: the reference makes the few it uses)
+  // Another implementation's choice of experts ([tokens][topk]) to follow, weights from this router's scores: a
+  // stack of layers checks the arithmetic, not which side of a near-tie a float landed on. Where the choices
+  // differ, `check` records how far apart the swapped experts' selection scores were (a tie or a bug).
+  std::vector<int> forced_experts;
+  struct RoutingCheck {
+    int tokens_differing = 0;
+    double max_gap = 0;  // largest (own k-th best - worst forced) selection score, relative to the former
+  };
+  RoutingCheck* check = nullptr;
   MlpParams shared;                              // intermediate = moe_intermediate_size * n_shared_experts (absent if 0)
 };
 
@@ -90,7 +99,8 @@ struct Routing {
   std::vector<double> weight;   // [tokens][topk], normalised and scaled as the model says
 };
 // logits: [tokens][n_routed_experts] from the router gate.
-Routing route(const ModelConfig& m, const std::vector<double>& logits, const std::vector<float>& bias, int64_t tokens);
+Routing route(const ModelConfig& m, const std::vector<double>& logits, const std::vector<float>& bias, int64_t tokens,
+              const std::vector<int>* forced = nullptr, MoeParams::RoutingCheck* check = nullptr);
 std::vector<double> moe(const ModelConfig& m, const MoeParams& p, const std::vector<double>& x, int64_t tokens);
 
 // ---- the whole layer ----

@@ -87,6 +87,7 @@ class DeepseekLayerCuda : public Variant {
   cudaGraphExec_t graph_ = nullptr;
   int captures_ = 0;
   bool record_ = false;
+  int routing_flips_ = 0;                        // near-ties the last verify() found (reference followed the GPU)
   DeviceArray<float> history_;                   // [steps][rows][width] when recording
   std::vector<float> host_out_;
 };

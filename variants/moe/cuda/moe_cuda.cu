@@ -154,25 +154,30 @@ __global__ void __launch_bounds__(kScanThreads) scan_scatter_kernel(int32_t* cou
   }
 }
 
-// The router's logits computed in the same kernel, for a handful of tokens (decode): one block per token, its
-// warps sharing the experts, so no GEMM launch for a [tokens x hidden] x [hidden x experts] product this small.
+// The router's logits for a handful of tokens (decode) without a GEMM launch: one warp per (token, expert) dot
+// product, 16-byte loads; blocks of 8 experts spread the gate's rows over the SMs.
 constexpr int kGateThreads = 256;
 __global__ void __launch_bounds__(kGateThreads) gate_logits_kernel(const __nv_bfloat16* x, const __nv_bfloat16* gate, int hidden, int E,
                                                                    float* logits) {
-  const int t = blockIdx.x, warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  const __nv_bfloat162* xr = reinterpret_cast<const __nv_bfloat162*>(x + int64_t(t) * hidden);
-  for (int e = warp; e < E; e += kGateThreads / 32) {
-    const __nv_bfloat162* w = reinterpret_cast<const __nv_bfloat162*>(gate + int64_t(e) * hidden);
-    float acc = 0;
-    for (int j = lane; j < hidden / 2; j += 32) {
-      const float2 a = __bfloat1622float2(xr[j]), b = __bfloat1622float2(w[j]);
-      acc += a.x * b.x + a.y * b.y;
+  const int t = blockIdx.x, e = int(blockIdx.y) * (kGateThreads / 32) + int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  if (e >= E) return;
+  const uint4* xr = reinterpret_cast<const uint4*>(x + int64_t(t) * hidden);
+  const uint4* w = reinterpret_cast<const uint4*>(gate + int64_t(e) * hidden);
+  float acc = 0;
+  for (int j = lane; j < hidden / 8; j += 32) {
+    const uint4 a = xr[j], b = w[j];
+    const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&a);
+    const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&b);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 fa = __bfloat1622float2(a2[i]), fb = __bfloat1622float2(b2[i]);
+      acc += fa.x * fb.x + fa.y * fb.y;
     }
-    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) logits[int64_t(t) * E + e] = acc;
   }
+  for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) logits[int64_t(t) * E + e] = acc;
 }
-constexpr int64_t kGateKernelTokens = 16;  // up to here the kernel above; beyond, cuBLAS
+constexpr int64_t kGateKernelTokens = 4;  // up to here the kernel above (it reads the gate once per token); beyond, cuBLAS
 
 // out[t] (+)= sum over k of weight[t][k] * y[slot[t][k]]: the weighted un-permute, onto the shared experts' output.
 // Blocks take (token, 1024 columns): a decode step's few tokens still spread over many SMs.
@@ -339,7 +344,7 @@ void MoeOp::route() {
     DSLAB_CHECK_LAUNCH();
   } else {
     if (tokens_ <= kGateKernelTokens) {
-      gate_logits_kernel<<<unsigned(tokens_), kGateThreads, 0, stream_>>>(b_.x, w_->gate.get(), int(hidden_), int(m_.n_routed_experts),
+      gate_logits_kernel<<<dim3(unsigned(tokens_), unsigned((m_.n_routed_experts + 7) / 8)), kGateThreads, 0, stream_>>>(b_.x, w_->gate.get(), int(hidden_), int(m_.n_routed_experts),
                                                                           logits_.get());
       DSLAB_CHECK_LAUNCH();
     } else {
