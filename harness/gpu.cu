@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 
 #include <cupti.h>
+#include <cxxabi.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -110,6 +111,27 @@ namespace {
 
 std::mutex cupti_mu;
 std::vector<std::pair<uint64_t, uint64_t>>* cupti_spans = nullptr;  // the intervals of the call in progress
+std::map<std::string, double>* cupti_by_kernel = nullptr;
+
+// "void dslab::moe::cuda::(anonymous namespace)::grouped_gemm_kernel<16, 64, ...>(GroupedArgs)" -> "grouped_gemm_kernel";
+// cuBLAS's unmangled names are kept as they are.
+std::string short_kernel_name(const char* name) {
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  std::string s = status == 0 && demangled ? demangled : name;
+  std::free(demangled);
+  int depth = 0;
+  std::string flat;  // without template arguments
+  for (char c : s) {
+    if (c == '<') ++depth;
+    else if (c == '>') --depth;
+    else if (depth == 0) flat += c;
+  }
+  if (const size_t paren = flat.find('('); paren != std::string::npos && paren > 0) flat.resize(paren);
+  if (const size_t space = flat.rfind(' '); space != std::string::npos) flat = flat.substr(space + 1);
+  if (const size_t colon = flat.rfind("::"); colon != std::string::npos) flat = flat.substr(colon + 2);
+  return flat.empty() ? std::string(name).substr(0, 48) : flat.substr(0, 64);
+}
 
 void CUPTIAPI cupti_buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   *size = size_t(8) << 20;
@@ -126,16 +148,19 @@ void CUPTIAPI cupti_buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_
       case CUPTI_ACTIVITY_KIND_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
         start = k->start, end = k->end;
+        if (cupti_by_kernel && k->name) (*cupti_by_kernel)[short_kernel_name(k->name)] += double(end - start) * 1e-9;
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
         start = c->start, end = c->end;
+        if (cupti_by_kernel) (*cupti_by_kernel)["memcpy"] += double(end - start) * 1e-9;
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* c = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
         start = c->start, end = c->end;
+        if (cupti_by_kernel) (*cupti_by_kernel)["memset"] += double(end - start) * 1e-9;
         break;
       }
       default: continue;
@@ -155,10 +180,12 @@ KernelTimes kernel_times(const std::function<void()>& fn) {
   }();
   (void)registered;
   std::vector<std::pair<uint64_t, uint64_t>> spans;
+  KernelTimes t;
   DSLAB_CUDA(cudaDeviceSynchronize());
   const CUpti_ActivityKind kinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET};
   for (auto k : kinds) DSLAB_CUPTI(cuptiActivityEnable(k));
   cupti_spans = &spans;
+  cupti_by_kernel = &t.by_kernel_s;
   try {
     fn();
     DSLAB_CUDA(cudaDeviceSynchronize());
@@ -166,12 +193,13 @@ KernelTimes kernel_times(const std::function<void()>& fn) {
     for (auto k : kinds) cuptiActivityDisable(k);
     cuptiActivityFlushAll(1);
     cupti_spans = nullptr;
+    cupti_by_kernel = nullptr;
     throw;
   }
   for (auto k : kinds) DSLAB_CUPTI(cuptiActivityDisable(k));
   DSLAB_CUPTI(cuptiActivityFlushAll(1));
   cupti_spans = nullptr;
-  KernelTimes t;
+  cupti_by_kernel = nullptr;
   t.records = int(spans.size());
   if (spans.empty()) return t;
   std::sort(spans.begin(), spans.end());

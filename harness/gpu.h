@@ -37,6 +37,8 @@ class OpMarks {
 struct KernelTimes {
   double busy_s = 0, sum_s = 0, span_s = 0;
   int records = 0;
+  std::map<std::string, double> by_kernel_s;  // summed durations by kernel (short name: no namespaces, templates,
+                                              // parameters), copies and memsets as "memcpy" / "memset"
 };
 KernelTimes kernel_times(const std::function<void()>& fn);
 

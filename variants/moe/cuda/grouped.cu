@@ -18,8 +18,6 @@
 namespace dslab::moe::cuda {
 namespace {
 
-constexpr int kThreads = 256;  // 8 warps
-constexpr int kTileN = 128;    // B rows per CTA (gate+up: 64 gate + 64 up rows = 64 outputs)
 constexpr int kTileK = 64;     // one 128-byte row of bf16
 
 struct GroupedArgs {
@@ -57,9 +55,12 @@ __device__ inline void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32
 // Element offset of (row, 16-byte chunk) in a [rows][64] tile, chunks XOR-swizzled by the row.
 __device__ inline int swz(int row, int chunk) { return row * kTileK + ((chunk ^ (row & 7)) << 3); }
 
-template <int BM, int WARPS_M, int STAGES, bool GATE_UP>
-__global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs g) {
-  constexpr int WARPS_N = 8 / WARPS_M, WTM = BM / WARPS_M, WTN = kTileN / WARPS_N, MT = WTM / 16, NT = WTN / 8;
+// BM rows x BN B rows (gate+up: BN / 2 gate + BN / 2 up rows = BN / 2 outputs) per CTA, WARPS warps of which
+// WARPS_M along the rows.
+template <int BM, int BN, int WARPS, int WARPS_M, int STAGES, bool GATE_UP>
+__global__ void __launch_bounds__(WARPS * 32) grouped_gemm_kernel(GroupedArgs g) {
+  constexpr int kThreads = WARPS * 32, kTileN = BN;
+  constexpr int WARPS_N = WARPS / WARPS_M, WTM = BM / WARPS_M, WTN = kTileN / WARPS_N, MT = WTM / 16, NT = WTN / 8;
   static_assert(NT % 2 == 0 && MT >= 1, "warp tile: whole m16 rows, pairs of n8 columns");
   extern __shared__ __align__(128) __nv_bfloat16 smem[];
   __nv_bfloat16* sa = smem;                        // [STAGES][BM][64]
@@ -194,10 +195,11 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(GroupedArgs g) {
     }
 }
 
-template <int BM, int WARPS_M, int STAGES, bool GATE_UP>
+template <int BM, int BN, int WARPS, int WARPS_M, int STAGES, bool GATE_UP>
 void launch(const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
+  constexpr int kTileN = BN, kThreads = WARPS * 32;
   constexpr size_t smem = size_t(STAGES) * (BM + kTileN) * kTileK * 2;
-  auto kernel = grouped_gemm_kernel<BM, WARPS_M, STAGES, GATE_UP>;
+  auto kernel = grouped_gemm_kernel<BM, BN, WARPS, WARPS_M, STAGES, GATE_UP>;
   static bool configured = false;  // (first call is outside any capture: the variants run a step before capturing)
   if (!configured) {
     DSLAB_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -214,9 +216,11 @@ void launch(const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
 template <bool GATE_UP>
 void launch_for_tile(int tile_rows, const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
   switch (tile_rows) {
-    case 16: launch<16, 1, 6, GATE_UP>(g, max_tiles, stream); break;
-    case 64: launch<64, 2, 4, GATE_UP>(g, max_tiles, stream); break;
-    default: launch<128, 2, 3, GATE_UP>(g, max_tiles, stream); break;  // 96 KB: two CTAs per SM
+    // Decode: weight streaming, so narrow CTAs (64 B rows, 4 warps, 60 KB: three per SM) for more of them in
+    // flight (a V2-Lite layer's 6 experts x 1408 outputs made 132 CTAs of 128 B rows; its down GEMM 96).
+    case 16: launch<16, 64, 4, 1, 6, GATE_UP>(g, max_tiles, stream); break;
+    case 64: launch<64, 128, 8, 2, 4, GATE_UP>(g, max_tiles, stream); break;
+    default: launch<128, 128, 8, 2, 3, GATE_UP>(g, max_tiles, stream); break;  // 96 KB: two CTAs per SM
   }
 }
 

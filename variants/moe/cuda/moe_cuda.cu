@@ -624,6 +624,10 @@ Verification GpuMoeVariant::verify() {
 
 std::map<std::string, double> GpuMoeVariant::counters() {
   std::map<std::string, double> c = gpu::time_ops([&](gpu::OpMarks& marks) { op_->forward(0, &marks); });
+  gpu::flush_l2();
+  const gpu::KernelTimes kt = gpu::kernel_times([&] { op_->forward(0); });
+  c["kernel_time_s"] = kt.busy_s;  // CUPTI: the union of the step's kernel intervals
+  for (const auto& [name, s] : kt.by_kernel_s) c["kernel_us." + name] = s * 1e6;
   std::vector<int32_t> ids;
   std::vector<float> w;
   op_->routing(&ids, &w);
