@@ -4,6 +4,8 @@
 #include <cupti.h>
 #include <cxxabi.h>
 
+#include <cctype>
+
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
@@ -120,6 +122,18 @@ std::string short_kernel_name(const char* name) {
   char* demangled = abi::__cxa_demangle(name, nullptr, nullptr, &status);
   std::string s = status == 0 && demangled ? demangled : name;
   std::free(demangled);
+  if (status != 0 && s.rfind("_ZN", 0) == 0) {  // nested name the demangler refused: its last <length><identifier>
+    std::string last;
+    size_t pos = 3;
+    while (pos < s.size() && std::isdigit(static_cast<unsigned char>(s[pos]))) {
+      size_t n = 0;
+      while (pos < s.size() && std::isdigit(static_cast<unsigned char>(s[pos]))) n = n * 10 + size_t(s[pos++] - '0');
+      if (pos + n > s.size()) break;
+      last = s.substr(pos, n);
+      pos += n;
+    }
+    if (!last.empty()) return last.substr(0, 64);
+  }
   int depth = 0;
   std::string flat;  // without template arguments
   for (char c : s) {

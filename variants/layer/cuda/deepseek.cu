@@ -40,12 +40,19 @@ __device__ inline float block_sum(float v) {
   return total;
 }
 
-// xb[t] = bf16(RMSNorm(resid[t]) * weight), one block per token.
-__device__ inline void norm_row(const float* r, const __nv_bfloat16* weight, int hidden, float eps, __nv_bfloat16* xb) {
-  float ss = 0;
-  for (int j = threadIdx.x; j < hidden; j += kNormThreads) ss += r[j] * r[j];
+// The residual stream's norms, one block per token, each value loaded once and held in registers (a decode step
+// runs two per layer on one token: their latency chain, not bandwidth, is their cost).
+constexpr int kNormPerThread = 32;  // hidden_size up to kNormThreads * kNormPerThread = 8192
+
+// xb = bf16(v * rsqrt(mean(v^2) + eps) * weight) for this thread's values v[k] at j = threadIdx.x + k * kNormThreads.
+__device__ inline void norm_values(const float (&v)[kNormPerThread], float ss, const __nv_bfloat16* weight, int hidden, float eps,
+                                   __nv_bfloat16* xb) {
   const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
-  for (int j = threadIdx.x; j < hidden; j += kNormThreads) xb[j] = __float2bfloat16_rn(r[j] * inv * __bfloat162float(weight[j]));
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) {
+    const int j = int(threadIdx.x) + k * kNormThreads;
+    if (j < hidden) xb[j] = __float2bfloat16_rn(v[k] * inv * __bfloat162float(weight[j]));
+  }
 }
 
 // The step's input into the residual stream, and its first norm: row ids[t] of the embedding (whole model), else
@@ -57,9 +64,15 @@ __global__ void __launch_bounds__(kNormThreads) input_norm_kernel(const __nv_bfl
   const int64_t row = ids ? int64_t(ids[t]) : int64_t(*step) * tokens + t;
   const __nv_bfloat16* src = source + row * hidden;
   float* r = resid + t * hidden;
-  for (int j = threadIdx.x; j < hidden; j += kNormThreads) r[j] = __bfloat162float(src[j]);
-  __syncthreads();
-  norm_row(r, weight, hidden, eps, xb + t * hidden);
+  float v[kNormPerThread], ss = 0;
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) {
+    const int j = int(threadIdx.x) + k * kNormThreads;
+    v[k] = j < hidden ? __bfloat162float(src[j]) : 0.0f;
+    if (j < hidden) r[j] = v[k];
+    ss += v[k] * v[k];
+  }
+  norm_values(v, ss, weight, hidden, eps, xb + t * hidden);
 }
 
 // resid += add; then, with a weight, the next op's input xb = RMSNorm(resid) * weight.
@@ -68,10 +81,15 @@ __global__ void __launch_bounds__(kNormThreads) add_norm_kernel(float* resid, co
   const int64_t t = blockIdx.x;
   float* r = resid + t * hidden;
   const float* a = add + t * hidden;
-  for (int j = threadIdx.x; j < hidden; j += kNormThreads) r[j] += a[j];
-  if (!weight) return;
-  __syncthreads();
-  norm_row(r, weight, hidden, eps, xb + t * hidden);
+  float v[kNormPerThread], ss = 0;
+#pragma unroll
+  for (int k = 0; k < kNormPerThread; ++k) {
+    const int j = int(threadIdx.x) + k * kNormThreads;
+    v[k] = j < hidden ? r[j] + a[j] : 0.0f;
+    if (j < hidden) r[j] = v[k];
+    ss += v[k] * v[k];
+  }
+  if (weight) norm_values(v, ss, weight, hidden, eps, xb + t * hidden);
 }
 
 uint64_t layer_seed(uint64_t seed, int64_t layer) { return splitmix64(seed ^ (0x1a7e5ull + uint64_t(layer))); }
@@ -173,6 +191,7 @@ struct DeepseekLayerCuda::Plan {
     if (why_not.empty() && graph && !moe::cuda::make_moe_op(moe)->graph_safe())
       why_not = "executor graph: " + moe + " reads the routing on the host (not capturable); use executor eager";
     if (why_not.empty() && whole && m.vocab_size <= 0) why_not = "layers all needs vocab_size in " + m.source;
+    if (why_not.empty() && m.hidden_size > 8192) why_not = "norm kernels: hidden_size up to 8192";
     // Device memory: every layer's attention weights, dense MLPs and cache are its own; MoE weight sets are reused
     // cyclically when not every MoE layer's fit.
     const double T = double(tokens()), H = double(m.hidden_size);
