@@ -40,6 +40,7 @@ struct KernelTimes {
   std::map<std::string, double> by_kernel_s;  // summed durations by kernel (short name: no namespaces, templates,
                                               // parameters), copies and memsets as "memcpy" / "memset"
 };
+// records == 0: CUPTI was unavailable (another tool holds it) and nothing was measured.
 KernelTimes kernel_times(const std::function<void()>& fn);
 
 // Median GPU time of each marked op over `steps` eager steps, each from a flushed L2 and queued behind a

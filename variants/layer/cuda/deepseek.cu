@@ -665,10 +665,12 @@ std::map<std::string, double> DeepseekLayerCuda::counters() {
   {  // The step's GPU work from CUPTI's records: its busy time is what a launch-free step could take.
     gpu::flush_l2();
     const gpu::KernelTimes kt = gpu::kernel_times([&] { enqueue_step(0, 0); });
-    c["kernel_time_s"] = kt.busy_s;       // union of the step's kernel and copy intervals
-    c["kernel_sum_s"] = kt.sum_s;         // their summed durations (above busy: work overlapped)
-    c["gpu_activities"] = double(kt.records);
-    for (const auto& [name, s] : kt.by_kernel_s) c["kernel_us." + name] = s * 1e6;  // the step's time by kernel
+    if (kt.records > 0) {
+      c["kernel_time_s"] = kt.busy_s;  // union of the step's kernel and copy intervals
+      c["kernel_sum_s"] = kt.sum_s;    // their summed durations (above busy: work overlapped)
+      c["gpu_activities"] = double(kt.records);
+      for (const auto& [name, s] : kt.by_kernel_s) c["kernel_us." + name] = s * 1e6;  // the step's time by kernel
+    }
   }
   if (P.moe != "moe/loop/cuda") {  // (the loop synchronises inside a step: its ops cannot be queued ahead)
     const auto ops = gpu::time_ops(

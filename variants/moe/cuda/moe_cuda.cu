@@ -72,6 +72,7 @@ __global__ void router_kernel(RouterParams p) {
       group_score = p.noaux ? best + (per_group > 1 ? second : 0.0f) : best;
     }
     bool allowed = false;
+    __syncwarp();  // every lane has read its group's choices before any lane masks them
     for (int g = 0; g < p.topk_group; ++g) {
       float v = group_score;
       int i = lane;
@@ -100,6 +101,7 @@ __global__ void router_kernel(RouterParams p) {
       const int oi = __shfl_xor_sync(0xffffffffu, i, o);
       if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
     }
+    __syncwarp();  // every lane has scanned the choices before one is taken
     if (lane == 0) choice[i] = NAN;  // taken: NaN compares false with everything
     __syncwarp();
     const float w = score[i];
@@ -626,8 +628,10 @@ std::map<std::string, double> GpuMoeVariant::counters() {
   std::map<std::string, double> c = gpu::time_ops([&](gpu::OpMarks& marks) { op_->forward(0, &marks); });
   gpu::flush_l2();
   const gpu::KernelTimes kt = gpu::kernel_times([&] { op_->forward(0); });
-  c["kernel_time_s"] = kt.busy_s;  // CUPTI: the union of the step's kernel intervals
-  for (const auto& [name, s] : kt.by_kernel_s) c["kernel_us." + name] = s * 1e6;
+  if (kt.records > 0) {
+    c["kernel_time_s"] = kt.busy_s;  // CUPTI: the union of the step's kernel intervals
+    for (const auto& [name, s] : kt.by_kernel_s) c["kernel_us." + name] = s * 1e6;
+  }
   std::vector<int32_t> ids;
   std::vector<float> w;
   op_->routing(&ids, &w);
