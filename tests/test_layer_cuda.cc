@@ -25,11 +25,12 @@ struct LayerCase {
   int64_t batch, kv_len, steps;
   std::string attn, moe;
   const char* executor;
+  const char* proj = "own";
 };
 
 std::string describe(const LayerCase& c) {
   return std::string(c.model) + " layers " + c.layers + " batch " + std::to_string(c.batch) + " kv_len " + std::to_string(c.kv_len) +
-         " steps " + std::to_string(c.steps) + " " + c.attn + " " + c.moe + " " + c.executor;
+         " steps " + std::to_string(c.steps) + " " + c.attn + " " + c.moe + " " + c.executor + " proj " + c.proj;
 }
 
 Point layer_point(const LayerCase& c) {
@@ -46,6 +47,7 @@ Point layer_point(const LayerCase& c) {
   integer("steps", c.steps);
   integer("page_size", 16);
   text("kv_dtype", "bf16");
+  text("proj", c.proj);
   return p;
 }
 
@@ -61,6 +63,7 @@ TEST(GpuLayer, EveryAttentionAndMoeOpMatchesReferenceStack) {
   for (const char* attn : {"mla/fused/cuda", "mla/a_cc_me/cuda", "mla/a_cc/cuda", "mla/cc/cuda", "mla/cd/cuda"})
     for (const char* moe : {"moe/grouped/cuda", "moe/loop/cuda"}) cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, attn, moe, "eager"});
   cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph"});
+  cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph", "cublas"});  // cuBLAS projections
   cases.push_back({"tiny", "all", 3, 40, 1, "mla/a_cc_me/cuda", "moe/grouped/cuda", "graph"});  // embedding, dense + MoE layer, LM head
   cases.push_back({"tiny", "all", 3, 40, 1, "mla/cd/cuda", "moe/loop/cuda", "eager"});
   for (const LayerCase& c : cases) {

@@ -21,6 +21,7 @@ Point moe_point(int64_t tokens, const std::string& routing, int64_t experts = 0)
   p.set("tokens", {std::to_string(tokens), tokens, true});
   if (experts) p.set("experts", {std::to_string(experts), experts, true});
   p.set("routing", {routing, 0, false});
+  p.set("proj", {"own", 0, false});
   return p;
 }
 

@@ -44,14 +44,15 @@ __device__ inline float block_sum(float v) {
 // runs two per layer on one token: their latency chain, not bandwidth, is their cost).
 constexpr int kNormPerThread = 32;  // hidden_size up to kNormThreads * kNormPerThread = 8192
 
-// xb = bf16(v * rsqrt(mean(v^2) + eps) * weight) for this thread's values v[k] at j = threadIdx.x + k * kNormThreads.
-__device__ inline void norm_values(const float (&v)[kNormPerThread], float ss, const __nv_bfloat16* weight, int hidden, float eps,
+// xb = bf16(v * rsqrt(mean(v^2) + eps) * w) for this thread's values v[k], weights w[k] at j = threadIdx.x + k *
+// kNormThreads (the weights loaded beside the values, so the reduction is the only wait after the loads).
+__device__ inline void norm_values(const float (&v)[kNormPerThread], const float (&w)[kNormPerThread], float ss, int hidden, float eps,
                                    __nv_bfloat16* xb) {
   const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
 #pragma unroll
   for (int k = 0; k < kNormPerThread; ++k) {
     const int j = int(threadIdx.x) + k * kNormThreads;
-    if (j < hidden) xb[j] = __float2bfloat16_rn(v[k] * inv * __bfloat162float(weight[j]));
+    if (j < hidden) xb[j] = __float2bfloat16_rn(v[k] * inv * w[k]);
   }
 }
 
@@ -64,15 +65,16 @@ __global__ void __launch_bounds__(kNormThreads) input_norm_kernel(const __nv_bfl
   const int64_t row = ids ? int64_t(ids[t]) : int64_t(*step) * tokens + t;
   const __nv_bfloat16* src = source + row * hidden;
   float* r = resid + t * hidden;
-  float v[kNormPerThread], ss = 0;
+  float v[kNormPerThread], w[kNormPerThread], ss = 0;
 #pragma unroll
   for (int k = 0; k < kNormPerThread; ++k) {
     const int j = int(threadIdx.x) + k * kNormThreads;
     v[k] = j < hidden ? __bfloat162float(src[j]) : 0.0f;
+    w[k] = j < hidden ? __bfloat162float(weight[j]) : 0.0f;
     if (j < hidden) r[j] = v[k];
     ss += v[k] * v[k];
   }
-  norm_values(v, ss, weight, hidden, eps, xb + t * hidden);
+  norm_values(v, w, ss, hidden, eps, xb + t * hidden);
 }
 
 // resid += add; then, with a weight, the next op's input xb = RMSNorm(resid) * weight.
@@ -81,15 +83,16 @@ __global__ void __launch_bounds__(kNormThreads) add_norm_kernel(float* resid, co
   const int64_t t = blockIdx.x;
   float* r = resid + t * hidden;
   const float* a = add + t * hidden;
-  float v[kNormPerThread], ss = 0;
+  float v[kNormPerThread], w[kNormPerThread], ss = 0;
 #pragma unroll
   for (int k = 0; k < kNormPerThread; ++k) {
     const int j = int(threadIdx.x) + k * kNormThreads;
     v[k] = j < hidden ? r[j] + a[j] : 0.0f;
+    w[k] = j < hidden && weight ? __bfloat162float(weight[j]) : 0.0f;
     if (j < hidden) r[j] = v[k];
     ss += v[k] * v[k];
   }
-  if (weight) norm_values(v, ss, weight, hidden, eps, xb + t * hidden);
+  if (weight) norm_values(v, w, ss, hidden, eps, xb + t * hidden);
 }
 
 uint64_t layer_seed(uint64_t seed, int64_t layer) { return splitmix64(seed ^ (0x1a7e5ull + uint64_t(layer))); }
@@ -226,7 +229,7 @@ DeepseekLayerCuda::~DeepseekLayerCuda() {
 
 std::vector<std::pair<std::string, std::string>> DeepseekLayerCuda::axes() const {
   return {{"batch", "1"},       {"q_len", "1"},  {"kv_len", "4096"}, {"layers", "1"},      {"attn", "mla/fused/cuda"}, {"moe", "moe/grouped/cuda"},
-          {"executor", "graph"}, {"steps", "1"}, {"page_size", "64"}, {"kv_dtype", "bf16"}};
+          {"executor", "graph"}, {"steps", "1"}, {"page_size", "64"}, {"kv_dtype", "bf16"}, {"proj", "own"}};
 }
 
 Support DeepseekLayerCuda::supports(const ModelFile& model, const Point& point) const {
@@ -315,6 +318,8 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
   seed_ = seed;
   if (!blas_) blas_ = std::make_unique<BlasHandle>();
   if (!side_blas_) side_blas_ = std::make_unique<BlasHandle>();
+  blas_->set_projections(mla::cuda::parse_projections(point.text("proj")));
+  side_blas_->set_projections(mla::cuda::parse_projections(point.text("proj")));
   const int64_t B = P.bucket, S = P.q_len, T = P.tokens(), H = m_.hidden_size, L = P.layers;
 
   // Lengths: the requests' kv_len; a bucket's padding requests start empty (they attend to their own new tokens).

@@ -69,6 +69,7 @@ struct PagedLatentCache {
 };
 
 // A cuBLAS handle with a workspace of its own (cuBLAS must not allocate inside a graph capture).
+enum class Projections { own, cublas };
 class BlasHandle {
  public:
   BlasHandle();
@@ -78,6 +79,8 @@ class BlasHandle {
   cublasHandle_t get() const { return h_; }
   // Every call goes to `stream` from here on, with this handle's workspace (cublasSetStream resets it).
   void set_stream(cudaStream_t stream);
+  // Which backend linear() takes for decode-sized products on this handle (the `proj` axis; default own).
+  void set_projections(Projections p);
 
  private:
   cublasHandle_t h_ = nullptr;
@@ -257,9 +260,13 @@ double device_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t pag
 void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k, const void* a,
           int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* c, cudaDataType c_type, int64_t ldc,
           int64_t stride_c, int64_t batch, float beta = 0.0f);
-// Row-major nn.Linear: y[rows][out] = x[rows][in] · w[out][in]^T.
+// Row-major nn.Linear: y[rows][out] = x[rows][in] · w[out][in]^T, on the handle's stream. At decode sizes (rows up
+// to kGemvRows) a weight-streaming kernel of our own (one warp per output feature) unless the projection backend
+// is cuBLAS: cuBLAS runs these M = 1..4 GEMMs at ~1.2-1.5 TB/s on the H100 (session 8's batch-1 layer step).
 void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out,
             void* y, cudaDataType y_type, float beta = 0.0f);
+constexpr int64_t kGemvRows = 4;
+Projections parse_projections(const std::string& text);  // BadInput unless own | cublas
 
 // The unfused forms pad every request to the longest (max_keys) in their gathered buffers, and further to a
 // multiple of kKeyAlign keys (keys_): a key count in a GEMM's dimensions and leading dimensions that is not a

@@ -481,7 +481,7 @@ GpuMoeVariant::GpuMoeVariant(const std::string& op_name) : op_(make_moe_op(op_na
 }
 
 std::vector<std::pair<std::string, std::string>> GpuMoeVariant::axes() const {
-  return {{"tokens", "1"}, {"experts", ""}, {"routing", "model"}};
+  return {{"tokens", "1"}, {"experts", ""}, {"routing", "model"}, {"proj", "own"}};
 }
 
 Support GpuMoeVariant::supports(const ModelFile& model, const Point& point) const {
@@ -540,6 +540,8 @@ void GpuMoeVariant::prepare(const ModelFile& model, const Point& point, uint64_t
   weights_ = shared_weights(m_, s_.experts, seed);
   if (!blas_) blas_ = std::make_unique<BlasHandle>();
   if (!side_blas_) side_blas_ = std::make_unique<BlasHandle>();
+  blas_->set_projections(mla::cuda::parse_projections(point.text("proj")));
+  side_blas_->set_projections(mla::cuda::parse_projections(point.text("proj")));
   x_host_ = ref::random_bf16(seed, "moe_hidden_states", size_t(s_.tokens * m_.hidden_size), std::sqrt(3.0f));
   x_.upload(x_host_);
   out_.resize(size_t(s_.tokens * m_.hidden_size));
