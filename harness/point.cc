@@ -28,7 +28,7 @@ const std::vector<AxisInfo>& known_axes() {
       {"attn", AxisKind::text, "a layer's attention op: any mla/<form>/cuda variant's name"},
       {"moe", AxisKind::text, "a layer's MoE op: any moe/<algo>/cuda variant's name"},
       {"steps", AxisKind::positive_int, "consecutive decode steps per timed run, lengths growing by q_len each"},
-      {"proj", AxisKind::text, "decode-sized projections (up to 4 rows): own weight-streaming kernel | cublas", {"own", "cublas"}},
+      {"proj", AxisKind::text, "decode-sized projections (up to 4 rows): cublas | own (a weight-streaming kernel, measured slower so far)", {"own", "cublas"}},
   };
   return axes;
 }

@@ -310,7 +310,7 @@ BlasHandle::BlasHandle() {
   DSLAB_CUBLAS(cublasCreate(&h_));
   workspace_.resize(size_t(32) << 20);
   DSLAB_CUBLAS(cublasSetWorkspace(h_, workspace_.get(), workspace_.size()));
-  set_projections(Projections::own);
+  set_projections(Projections::cublas);
 }
 
 void BlasHandle::set_projections(Projections p) {
@@ -791,10 +791,7 @@ void GpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t se
     DSLAB_CUDA(cudaGraphExecDestroy(graph_exec_));
     graph_exec_ = nullptr;
   }
-  if (!blas_) {
-    blas_ = std::make_unique<BlasHandle>();
-    blas_->set_projections(Projections::cublas);  // (the family's results stay comparable with earlier sessions')
-  }
+  if (!blas_) blas_ = std::make_unique<BlasHandle>();  // (cuBLAS projections: the family has no proj axis yet)
   out_.resize(size_t(s_.tokens() * m_.hidden_size));
   DSLAB_CUDA(cudaMemset(out_.get(), 0xff, out_.size() * 4));  // NaN: verification fails if run() leaves any unwritten
   MlaBuffers b;

@@ -79,7 +79,7 @@ class BlasHandle {
   cublasHandle_t get() const { return h_; }
   // Every call goes to `stream` from here on, with this handle's workspace (cublasSetStream resets it).
   void set_stream(cudaStream_t stream);
-  // Which backend linear() takes for decode-sized products on this handle (the `proj` axis; default own).
+  // Which backend linear() takes for decode-sized products on this handle (the `proj` axis; default cublas).
   void set_projections(Projections p);
 
  private:
@@ -260,9 +260,10 @@ double device_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t pag
 void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k, const void* a,
           int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* c, cudaDataType c_type, int64_t ldc,
           int64_t stride_c, int64_t batch, float beta = 0.0f);
-// Row-major nn.Linear: y[rows][out] = x[rows][in] · w[out][in]^T, on the handle's stream. At decode sizes (rows up
-// to kGemvRows) a weight-streaming kernel of our own (one warp per output feature) unless the projection backend
-// is cuBLAS: cuBLAS runs these M = 1..4 GEMMs at ~1.2-1.5 TB/s on the H100 (session 8's batch-1 layer step).
+// Row-major nn.Linear: y[rows][out] = x[rows][in] · w[out][in]^T, on the handle's stream. With the handle's
+// projections set to own, decode sizes (rows up to kGemvRows) go to a weight-streaming kernel of ours (one warp per
+// output feature). Measured slower than cuBLAS so far (H100, whole V2-Lite step at batch 1: 4.24 vs 4.02 ms; equal
+// from batch 32), so cuBLAS is the default and `proj=own` the A/B side a faster kernel has to beat.
 void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out,
             void* y, cudaDataType y_type, float beta = 0.0f);
 constexpr int64_t kGemvRows = 4;

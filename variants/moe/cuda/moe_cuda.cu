@@ -481,7 +481,7 @@ GpuMoeVariant::GpuMoeVariant(const std::string& op_name) : op_(make_moe_op(op_na
 }
 
 std::vector<std::pair<std::string, std::string>> GpuMoeVariant::axes() const {
-  return {{"tokens", "1"}, {"experts", ""}, {"routing", "model"}, {"proj", "own"}};
+  return {{"tokens", "1"}, {"experts", ""}, {"routing", "model"}, {"proj", "cublas"}};
 }
 
 Support GpuMoeVariant::supports(const ModelFile& model, const Point& point) const {
