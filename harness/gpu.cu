@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -354,6 +355,54 @@ nlohmann::json calibrate() {
     });
     out["launch_overhead_s"] = s / launches;
     out["launch_how"] = "2000 back-to-back empty <<<1,1>>> launches on one stream, time/2000, best of 5";
+  }
+  {  // Host <-> device over the link, from pinned memory (what a hybrid layer's hidden states cross).
+    const size_t bytes = size_t(1) << 30;
+    void *host = nullptr, *dev = nullptr;
+    DSLAB_CUDA(cudaMallocHost(&host, bytes));
+    DSLAB_CUDA(cudaMalloc(&dev, bytes));
+    std::memset(host, 1, bytes);
+    DSLAB_CUDA(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
+    const double h2d = best_of(5, [&] { return ev.seconds([&] { DSLAB_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice)); }); });
+    const double d2h = best_of(5, [&] { return ev.seconds([&] { DSLAB_CUDA(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost)); }); });
+    out["h2d_pinned_bytes_per_s"] = double(bytes) / h2d;
+    out["d2h_pinned_bytes_per_s"] = double(bytes) / d2h;
+    out["link_how"] = "cudaMemcpyAsync of 1 GiB between pinned host memory and the device, each way, best of 5, CUDA events";
+    // A small transfer's fixed cost (a decode step's hidden states are a few KB).
+    const double small = best_of(20, [&] { return ev.seconds([&] { DSLAB_CUDA(cudaMemcpyAsync(dev, host, 4096, cudaMemcpyHostToDevice)); }); });
+    out["h2d_4k_s"] = small;
+    DSLAB_CUDA(cudaFreeHost(host));
+    DSLAB_CUDA(cudaFree(dev));
+  }
+  {  // CUDA graphs: the cost of launching one, and of each kernel node inside it.
+    cudaStream_t stream{};
+    DSLAB_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    auto graph_of = [&](int kernels) {
+      cudaGraph_t g{};
+      cudaGraphExec_t exec{};
+      DSLAB_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      for (int i = 0; i < kernels; ++i) empty_kernel<<<1, 1, 0, stream>>>();
+      DSLAB_CUDA(cudaStreamEndCapture(stream, &g));
+      DSLAB_CUDA(cudaGraphInstantiate(&exec, g, 0));
+      DSLAB_CUDA(cudaGraphDestroy(g));
+      return exec;
+    };
+    cudaGraphExec_t one = graph_of(1), hundred = graph_of(100);
+    const int launches = 1000;
+    DSLAB_CUDA(cudaGraphLaunch(one, 0));
+    DSLAB_CUDA(cudaGraphLaunch(hundred, 0));
+    const double s1 = best_of(5, [&] {
+      return ev.seconds([&] {
+        for (int i = 0; i < launches; ++i) DSLAB_CUDA(cudaGraphLaunch(one, 0));
+      });
+    });
+    const double s100 = best_of(5, [&] { return ev.seconds([&] { DSLAB_CUDA(cudaGraphLaunch(hundred, 0)); }); });
+    out["graph_launch_overhead_s"] = s1 / launches;
+    out["graph_kernel_node_s"] = s100 / 100;
+    out["graph_how"] = "1000 back-to-back launches of a one-empty-kernel graph (per launch); one launch of a graph of 100 empty kernels (per node); best of 5";
+    DSLAB_CUDA(cudaGraphExecDestroy(one));
+    DSLAB_CUDA(cudaGraphExecDestroy(hundred));
+    DSLAB_CUDA(cudaStreamDestroy(stream));
   }
   return out;
 }

@@ -62,6 +62,10 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
     ceiling("gpu", "hbm_bytes_per_s", 1e-9, "GB/s");
     ceiling("gpu", "tensor_bf16_flops", 1e-12, "TFLOP/s");
     ceiling("gpu", "launch_overhead_s", 1e6, "us");
+    ceiling("gpu", "graph_launch_overhead_s", 1e6, "us");
+    ceiling("gpu", "graph_kernel_node_s", 1e6, "us");
+    ceiling("gpu", "h2d_pinned_bytes_per_s", 1e-9, "GB/s");
+    ceiling("gpu", "d2h_pinned_bytes_per_s", 1e-9, "GB/s");
   }
   md << "\n";
   // Suites in order of appearance; within each, points and variants in order of appearance.
