@@ -13,6 +13,7 @@
 #include "harness/errors.h"
 #include "harness/gpu.h"
 #include "harness/host.h"
+#include "harness/op_registry.h"
 #include "variants/common/device_random.h"
 #include "variants/common/rng.h"
 #include "variants/mla/cuda/kernels.cuh"
@@ -536,23 +537,12 @@ std::shared_ptr<GpuProblem> gpu_problem(const ModelConfig& m, const Shape& s, in
 }
 
 double device_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t page_size, const std::string& len_dist, bool fused) {
-  const double B = double(s.batch), H = double(s.heads), S = double(s.q_len), T = double(s.tokens());
-  // Unfused forms pad every request to the longest; mixed lengths put the longest at a few times kv_len.
-  const double N = double(s.kv_len) * (len_dist == "mixed" && s.batch > 1 ? 4 : 1) + S + double(kKeyAlign);  // (keys_)
-  const double r = double(m.kv_lora_rank), w = r + double(m.qk_rope_head_dim);
+  const double B = double(s.batch), S = double(s.q_len), w = double(m.kv_lora_rank + m.qk_rope_head_dim);
   const double total_keys = B * (double(s.kv_len) + S + double(page_size));
-  double bytes = total_keys * w * 2 + 2 * weight_bytes(m, s.heads);  // cache; weights (and q_a/kv_a stacked again)
-  if (fused) return bytes + T * H * w * 4 * 8;                                       // q, o_lat, split partials
-  const double padded = B * N;
-  bytes += padded * w * 2;                          // gathered latent
-  bytes += padded * H * S * 6;                      // scores fp32 + probabilities bf16
-  switch (algo) {
-    case Algo::cd: bytes += 2 * total_keys * H * double(m.q_head_dim() + m.v_head_dim) * 2; break;  // pool + gathered
-    case Algo::cc: bytes += padded * H * double(m.qk_nope_head_dim + m.v_head_dim + m.q_head_dim()) * 2; break;
-    case Algo::a_cc: bytes += padded * H * w * 2; break;
-    case Algo::a_cc_me: break;
-  }
-  return bytes;
+  // Unfused forms pad every request to the longest; mixed lengths put the longest at a few times kv_len.
+  const int64_t max_keys = s.kv_len * (len_dist == "mixed" && s.batch > 1 ? 4 : 1) + s.q_len;
+  // The cache, the weights (and q_a/kv_a stacked again), the op's scratch.
+  return total_keys * w * 2 + 2 * weight_bytes(m, s.heads) + MlaOp::scratch_bytes(m, algo, s, max_keys, fused);
 }
 
 // ---- the op ----------------------------------------------------------------------------------------------
@@ -712,29 +702,14 @@ const void** MlaOp::pointer_array(const std::vector<const void*>& host) {
 
 // ---- the registry ----------------------------------------------------------------------------------------
 
-namespace {
-std::map<std::string, MlaOpFactory>& mla_ops() {
-  static std::map<std::string, MlaOpFactory> ops;
-  return ops;
-}
-}  // namespace
-
 bool register_mla_op(const char* name, const char* summary, MlaOpFactory make) {
-  mla_ops()[name] = make;
+  OpRegistry<MlaOp>::instance().add(name, make);
   const std::string n = name;
   return register_variant({n, Device::cuda, summary, [n] { return std::unique_ptr<Variant>(new GpuVariant(n)); }});
 }
 
-std::unique_ptr<MlaOp> make_mla_op(const std::string& name) {
-  const auto it = mla_ops().find(name);
-  return it == mla_ops().end() ? nullptr : it->second();
-}
-
-std::vector<std::string> mla_op_names() {
-  std::vector<std::string> names;
-  for (const auto& [n, f] : mla_ops()) names.push_back(n);
-  return names;
-}
+std::unique_ptr<MlaOp> make_mla_op(const std::string& name) { return OpRegistry<MlaOp>::instance().make(name); }
+std::vector<std::string> mla_op_names() { return OpRegistry<MlaOp>::instance().names(); }
 
 // ---- the family variant ----------------------------------------------------------------------------------
 

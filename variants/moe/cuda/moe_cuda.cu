@@ -9,6 +9,7 @@
 
 #include "harness/errors.h"
 #include "harness/host.h"
+#include "harness/op_registry.h"
 #include "variants/common/device_random.h"
 #include "variants/moe/cuda/moe_kernels.cuh"
 
@@ -412,29 +413,14 @@ void MoeOp::routing(std::vector<int32_t>* ids, std::vector<float>* weights) cons
 
 // ---- the registry ----------------------------------------------------------------------------------------
 
-namespace {
-std::map<std::string, MoeOpFactory>& moe_ops() {
-  static std::map<std::string, MoeOpFactory> ops;
-  return ops;
-}
-}  // namespace
-
 bool register_moe_op(const char* name, const char* summary, MoeOpFactory make) {
-  moe_ops()[name] = make;
+  OpRegistry<MoeOp>::instance().add(name, make);
   const std::string n = name;
   return register_variant({n, Device::cuda, summary, [n] { return std::unique_ptr<Variant>(new GpuMoeVariant(n)); }});
 }
 
-std::unique_ptr<MoeOp> make_moe_op(const std::string& name) {
-  const auto it = moe_ops().find(name);
-  return it == moe_ops().end() ? nullptr : it->second();
-}
-
-std::vector<std::string> moe_op_names() {
-  std::vector<std::string> names;
-  for (const auto& [n, f] : moe_ops()) names.push_back(n);
-  return names;
-}
+std::unique_ptr<MoeOp> make_moe_op(const std::string& name) { return OpRegistry<MoeOp>::instance().make(name); }
+std::vector<std::string> moe_op_names() { return OpRegistry<MoeOp>::instance().names(); }
 
 // ---- cost ------------------------------------------------------------------------------------------------
 
