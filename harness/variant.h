@@ -94,6 +94,10 @@ struct VariantEntry {
   std::function<std::unique_ptr<Variant>()> make;
 };
 
+// A GPU variant's answer for a point needing `bytes` of device memory: no GPU, too little memory (85% of it is
+// the limit: the CUDA context and libraries take the rest), or yes.
+Support gpu_fits(double bytes);
+
 bool register_variant(VariantEntry entry);
 const std::vector<VariantEntry>& registered_variants();  // sorted by name
 const VariantEntry* find_variant(const std::string& name);

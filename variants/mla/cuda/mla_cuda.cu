@@ -732,13 +732,7 @@ Support GpuVariant::supports(const ModelFile& model, const Point& point) const {
   request_lengths(point.text("len_dist"), 1, 1, 0);  // validates the name
   const std::string why = op_->unsupported(m, s);
   if (!why.empty()) return Support::no(why);
-  const GpuInfo& g = gpu_info();
-  if (!g.present) return Support::no(g.why_absent);
-  const double need = device_memory_bytes(model, point);
-  if (need > 0.85 * double(g.memory_bytes))
-    return Support::no("needs ~" + std::to_string(int64_t(need / double(1 << 30))) + " GiB of GPU memory, " + g.name + " has " +
-                       std::to_string(int64_t(double(g.memory_bytes) / double(1 << 30))) + " GiB");
-  return {};
+  return gpu_fits(device_memory_bytes(model, point));
 }
 
 Cost GpuVariant::cost(const ModelFile& model, const Point& point) const {

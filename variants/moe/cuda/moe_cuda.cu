@@ -480,13 +480,7 @@ Support GpuMoeVariant::supports(const ModelFile& model, const Point& point) cons
   if (s.routing == "model" && s.experts != m.n_routed_experts)
     return Support::no("routing model needs all " + std::to_string(m.n_routed_experts) + " experts (the router may pick any)");
   if (s.experts < s.topk) return Support::no("fewer experts than num_experts_per_tok");
-  const GpuInfo& g = gpu_info();
-  if (!g.present) return Support::no(g.why_absent);
-  const double need = device_memory_bytes(model, point);
-  if (need > 0.85 * double(g.memory_bytes))
-    return Support::no("needs ~" + std::to_string(int64_t(need / double(1 << 30))) + " GiB of GPU memory, " + g.name + " has " +
-                       std::to_string(int64_t(double(g.memory_bytes) / double(1 << 30))) + " GiB");
-  return {};
+  return gpu_fits(device_memory_bytes(model, point));
 }
 
 Cost GpuMoeVariant::cost(const ModelFile& model, const Point& point) const {
