@@ -386,8 +386,7 @@ void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
     mark("experts");
   }
   NvtxRange range("moe.shared_combine");
-  if (shared && !side_) {
-    blas_->set_stream(stream);
+  if (shared && !side_) {  // (blas_ is on `stream` since route())
     shared_.forward(*blas_, b_.x, b_.out, 0.0f, stream);
     mark("shared_experts");
   }
