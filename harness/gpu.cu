@@ -100,22 +100,6 @@ void occupy_stream(double seconds) {
   DSLAB_CHECK_LAUNCH();
 }
 
-namespace {
-
-#define DSLAB_CUPTI(call)                                                                                   \
-  do {                                                                                                      \
-    CUptiResult dslab_r_ = (call);                                                                          \
-    if (dslab_r_ != CUPTI_SUCCESS) {                                                                        \
-      const char* dslab_s_ = nullptr;                                                                       \
-      cuptiGetResultString(dslab_r_, &dslab_s_);                                                            \
-      throw std::runtime_error(std::string(#call) + " failed: " + (dslab_s_ ? dslab_s_ : "unknown CUPTI error")); \
-    }                                                                                                       \
-  } while (0)
-
-std::mutex cupti_mu;
-std::vector<std::pair<uint64_t, uint64_t>>* cupti_spans = nullptr;  // the intervals of the call in progress
-std::map<std::string, double>* cupti_by_kernel = nullptr;
-
 // "void dslab::moe::cuda::(anonymous namespace)::grouped_gemm_kernel<16, 64, ...>(GroupedArgs)" -> "grouped_gemm_kernel";
 // cuBLAS's unmangled names are kept as they are.
 std::string short_kernel_name(const char* name) {
@@ -135,6 +119,7 @@ std::string short_kernel_name(const char* name) {
     }
     if (!last.empty()) return last.substr(0, 64);
   }
+  for (size_t at; (at = s.find("(anonymous namespace)::")) != std::string::npos;) s.erase(at, 23);  // (its '(' is no argument list)
   int depth = 0;
   std::string flat;  // without template arguments
   for (char c : s) {
@@ -147,6 +132,23 @@ std::string short_kernel_name(const char* name) {
   if (const size_t colon = flat.rfind("::"); colon != std::string::npos) flat = flat.substr(colon + 2);
   return flat.empty() ? std::string(name).substr(0, 48) : flat.substr(0, 64);
 }
+
+namespace {
+
+#define DSLAB_CUPTI(call)                                                                                   \
+  do {                                                                                                      \
+    CUptiResult dslab_r_ = (call);                                                                          \
+    if (dslab_r_ != CUPTI_SUCCESS) {                                                                        \
+      const char* dslab_s_ = nullptr;                                                                       \
+      cuptiGetResultString(dslab_r_, &dslab_s_);                                                            \
+      throw std::runtime_error(std::string(#call) + " failed: " + (dslab_s_ ? dslab_s_ : "unknown CUPTI error")); \
+    }                                                                                                       \
+  } while (0)
+
+std::mutex cupti_mu;
+std::vector<std::pair<uint64_t, uint64_t>>* cupti_spans = nullptr;  // the intervals of the call in progress
+std::map<std::string, double>* cupti_by_kernel = nullptr;
+
 
 void CUPTIAPI cupti_buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   *size = size_t(8) << 20;

@@ -43,6 +43,10 @@ struct KernelTimes {
 // records == 0: CUPTI was unavailable (another tool holds it) and nothing was measured.
 KernelTimes kernel_times(const std::function<void()>& fn);
 
+// A kernel's name as the per-kernel counters show it: demangled, without namespaces, template arguments or
+// parameters ("void dslab::mla::cuda::(anonymous namespace)::roles::decode_kernel<...>(Params)" -> "decode_kernel").
+std::string short_kernel_name(const char* name);
+
 // Median GPU time of each marked op over `steps` eager steps, each from a flushed L2 and queued behind a
 // blocking kernel so host launch costs do not show: {"op_us.<op>": microseconds}.
 // occupy_s must exceed the host's time to queue one step.

@@ -8,6 +8,9 @@
 #include <sstream>
 
 #include "harness/errors.h"
+#ifdef DSLAB_HAVE_CUDA
+#include "harness/gpu.h"
+#endif
 #include "harness/results.h"
 #include "harness/sweep.h"
 
@@ -262,6 +265,18 @@ TEST(CliCompare, DoubledVariantIsSlowerAndFailsTheGate) {
   auto [rc_bad, out_bad] = compare("missing.json", "");
   EXPECT_EQ(rc_bad, 2) << out_bad;
 }
+
+#ifdef DSLAB_HAVE_CUDA
+// The per-kernel counters' names (kernel_us.<name>): nvcc's anonymous namespaces ("(anonymous namespace)", whose
+// parenthesis once cut the name to nothing), templates and parameters dropped; cuBLAS's unmangled names kept.
+TEST(KernelNames, ShortNamesSurviveAnonymousNamespacesAndTemplates) {
+  EXPECT_EQ(gpu::short_kernel_name("_ZN5dslab3mla4cuda46_GLOBAL__N__671bf253_8_fused_cu_c472558e_1912619merge_splits_kernelEPKfS4_iPK4int2iP13__nv_bfloat16"),
+            "merge_splits_kernel");
+  EXPECT_EQ(gpu::short_kernel_name("_ZN5dslab3mla4cuda46_GLOBAL__N__671bf253_8_fused_cu_c472558e_191265roles13decode_kernelILNS0_7KvDtypeE0EEEvNS2_6ParamsE"),
+            "decode_kernel");
+  EXPECT_EQ(gpu::short_kernel_name("nvjet_sm90_tss_64x8_64x16_4x1_v_bz_TNT"), "nvjet_sm90_tss_64x8_64x16_4x1_v_bz_TNT");
+}
+#endif
 
 }  // namespace
 }  // namespace dslab

@@ -23,7 +23,17 @@ Shape shape_of(const ModelConfig& m, const Point& p) {
   s.q_len = p.integer("q_len");
   s.kv_len = p.integer("kv_len");
   if (p.has("kv_dtype")) s.kv_dtype = parse_kv_dtype(p.text("kv_dtype"));
+  if (p.has("kv_splits")) s.kv_splits = parse_kv_splits(p.text("kv_splits"));
   return s;
+}
+
+int64_t parse_kv_splits(const std::string& text) {
+  if (text == "auto") return 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end || v < 1 || v > 4096)
+    throw BadInput("axis kv_splits: '" + text + "' is not a split count (expected auto or an integer 1..4096)");
+  return v;
 }
 
 KvDtype parse_kv_dtype(const std::string& text) {

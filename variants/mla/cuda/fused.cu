@@ -108,25 +108,67 @@ struct Params {
 // Keys per block: segments (split_kv) start on block boundaries.
 constexpr int kBlockKeys = 64;
 
-// Merge a request's segments: o = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max). One block per (row, request).
-__global__ void combine_kernel(const float* o_partial, const float* lse_partial, int partial_rows, const int2* request_segments, int rows,
-                               __nv_bfloat16* o_lat) {
-  const int row = blockIdx.x, b = blockIdx.y;
-  const int2 range = request_segments[b];  // first segment, count
+// Merge a request's segments: o = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max). One block per (row, request):
+// the weights first (every segment's lse loaded at once), then each warp sums every kCombineWarps-th segment's
+// partial rows (16-byte loads, several segments in flight: at batch 1 one row merges 65 partials, and a serial walk
+// waited out each load's latency in turn), and the warps' sums are added in shared memory.
+constexpr int kCombineWarps = 4, kCombineThreads = 32 * kCombineWarps, kCombineMaxSegments = 1024;
+__global__ void __launch_bounds__(kCombineThreads) merge_splits_kernel(const float* __restrict__ o_partial, const float* __restrict__ lse_partial,
+                                                                  int partial_rows, const int2* __restrict__ request_segments, int rows,
+                                                                  __nv_bfloat16* __restrict__ o_lat) {
+  __shared__ float weight[kCombineMaxSegments];
+  __shared__ float4 warp_sums[kCombineWarps][kLatent / 4];
+  __shared__ float reduce[kCombineWarps];
+  const int row = blockIdx.x, b = blockIdx.y, tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int2 range = request_segments[b];  // first segment, count (<= kCombineMaxSegments: checked by the host)
   if (range.y == 1) return;                // the decode kernel wrote it
+  auto lse_of = [&](int i) { return lse_partial[int64_t(range.x + i) * partial_rows + row]; };
+  auto block_reduce = [&](float v, bool max) {
+    for (int o = 16; o; o >>= 1) {
+      const float other = __shfl_xor_sync(0xffffffffu, v, o);
+      v = max ? fmaxf(v, other) : v + other;
+    }
+    if (lane == 0) reduce[warp] = v;
+    __syncthreads();
+    float r = reduce[0];
+    for (int w = 1; w < kCombineWarps; ++w) r = max ? fmaxf(r, reduce[w]) : r + reduce[w];
+    __syncthreads();
+    return r;
+  };
   float mx = -INFINITY;
-  for (int i = 0; i < range.y; ++i) mx = fmaxf(mx, lse_partial[int64_t(range.x + i) * partial_rows + row]);
+  for (int i = tid; i < range.y; i += kCombineThreads) mx = fmaxf(mx, lse_of(i));
+  mx = block_reduce(mx, true);
   float total = 0;
-  float acc[kLatent / 128] = {};
-  for (int i = 0; i < range.y; ++i) {
-    const float lse = lse_partial[int64_t(range.x + i) * partial_rows + row];
-    const float w = lse == -INFINITY ? 0.0f : exp2f(lse - mx);
+  for (int i = tid; i < range.y; i += kCombineThreads) {
+    const float lse = lse_of(i), w = lse == -INFINITY ? 0.0f : exp2f(lse - mx);
+    weight[i] = w;
     total += w;
-    const float* src = o_partial + (int64_t(range.x + i) * partial_rows + row) * kLatent;
-    for (int j = 0; j < kLatent / 128; ++j) acc[j] += w * src[threadIdx.x + 128 * j];
   }
+  total = block_reduce(total, false);  // (its barrier also publishes the weights)
+  constexpr int kVectors = kLatent / 4 / 32;  // float4 columns per lane: lane + 32 c
+  float4 acc[kVectors] = {};
+#pragma unroll 4
+  for (int i = warp; i < range.y; i += kCombineWarps) {
+    const float w = weight[i];  // (0 for a segment that saw no key: the decode kernel wrote its partial as zeros)
+    const float4* src = reinterpret_cast<const float4*>(o_partial + (int64_t(range.x + i) * partial_rows + row) * kLatent);
+    float4 v[kVectors];
+#pragma unroll
+    for (int c = 0; c < kVectors; ++c) v[c] = src[lane + 32 * c];
+#pragma unroll
+    for (int c = 0; c < kVectors; ++c) acc[c].x += w * v[c].x, acc[c].y += w * v[c].y, acc[c].z += w * v[c].z, acc[c].w += w * v[c].w;
+  }
+#pragma unroll
+  for (int c = 0; c < kVectors; ++c) warp_sums[warp][lane + 32 * c] = acc[c];
+  __syncthreads();
+  const float inv = 1.0f / total;
   __nv_bfloat16* dst = o_lat + (int64_t(b) * rows + row) * kLatent;
-  for (int j = 0; j < kLatent / 128; ++j) dst[threadIdx.x + 128 * j] = __float2bfloat16_rn(acc[j] / total);
+  for (int v = tid; v < kLatent / 4; v += kCombineThreads) {
+    float4 sum = warp_sums[0][v];
+    for (int w = 1; w < kCombineWarps; ++w) sum.x += warp_sums[w][v].x, sum.y += warp_sums[w][v].y, sum.z += warp_sums[w][v].z, sum.w += warp_sums[w][v].w;
+    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(dst + 4 * v);
+    out[0] = __floats2bfloat162_rn(sum.x * inv, sum.y * inv);
+    out[1] = __floats2bfloat162_rn(sum.z * inv, sum.w * inv);
+  }
 }
 
 // ---- 64-row tiles on warpgroups with fixed roles -------------------------------------------------------------
@@ -697,10 +739,10 @@ class FusedCuda final : public MlaOp {
     // 64-row tiles always (16 heads pad 16 rows to 64: the spare MMA rows cost less than a lockstep kernel's
     // softmax stalls at 16- or 32-row tiles, measured 0.59-0.90 vs 0.55-0.83 of the roofline on the H200).
     row_tiles_ = int((M + roles::kRows - 1) / roles::kRows);
-    // Split-KV, balanced (see mla::split_kv): one CTA per SM and row tile.
-    parts_ = std::max(1, gpu_info().sms / row_tiles_);
+    parts_ = parts_for(s_);
     // A request split across CTAs crosses at most one run boundary per piece: segments <= batch + parts.
     max_segments_ = int(s_.batch) + parts_;
+    if (parts_ + 1 > kCombineMaxSegments) throw std::logic_error("mla/fused/cuda: more splits per request than the combine kernel merges");
     q_cat_buffer_.resize(size_t(T * nh_ * width_));
     q_cat_ = q_cat_buffer_.get();
     o_lat_.resize(size_t(T * nh_ * r_));
@@ -712,8 +754,7 @@ class FusedCuda final : public MlaOp {
   // The schedule blob: segments (int4 each) at 0, the CTAs' segment ranges (int2) at 4 * max_segments_, the
   // requests' (int2) after them.
   size_t schedule_ints_for(const ModelConfig&, const Shape& s) const override {
-    const int64_t row_tiles = (s.q_len * s.heads + roles::kRows - 1) / roles::kRows;
-    const int64_t parts = std::max<int64_t>(1, gpu_info().sms / row_tiles), max_segments = s.batch + parts;
+    const int64_t parts = parts_for(s), max_segments = s.batch + parts;
     return size_t(4 * max_segments + 2 * parts + 2 * s.batch);
   }
   MlaSchedule schedule(const std::vector<int64_t>& lengths) const override {
@@ -780,7 +821,7 @@ class FusedCuda final : public MlaOp {
     }
     mark("decode");
     if (merges_ || lengths_vary_) {  // (a step replayed with other lengths may split requests this one did not)
-      combine_kernel<<<dim3(unsigned(M), unsigned(s_.batch)), 128, 0, stream_>>>(
+      merge_splits_kernel<<<dim3(unsigned(M), unsigned(s_.batch)), kCombineThreads, 0, stream_>>>(
           o_partial_.get(), lse_partial_.get(), row_tiles_ * roles::kRows, request_segments, M, o_lat_.get());
       DSLAB_CHECK_LAUNCH();
     }
@@ -790,6 +831,12 @@ class FusedCuda final : public MlaOp {
   }
 
  private:
+  // Split-KV, balanced (see mla::split_kv): one CTA per SM and row tile, or the kv_splits axis's count.
+  static int parts_for(const Shape& s) {
+    const int row_tiles = int((s.q_len * s.heads + roles::kRows - 1) / roles::kRows);
+    const int per_sm = std::max(1, gpu_info().sms / row_tiles);
+    return s.kv_splits > 0 ? int(std::min<int64_t>(s.kv_splits, kCombineMaxSegments - 1)) : per_sm;
+  }
   int row_tiles_ = 1, parts_ = 1, max_segments_ = 0;
   bool tma_ = false;
   mutable bool merges_ = false;  // a schedule made so far splits a request across CTAs, left to combine

@@ -158,17 +158,18 @@ __global__ void __launch_bounds__(kScanThreads) scan_scatter_kernel(int32_t* cou
 }
 
 // The router's logits for a handful of tokens (decode) without a GEMM launch: one warp per (token, expert) dot
-// product, 16-byte loads; blocks of 8 experts spread the gate's rows over the SMs.
+// product, 16-byte loads issued four at a time (one at a time, each lane waited out 8 (V2-Lite) to 28 (V3) HBM
+// latencies in turn); blocks of 8 experts spread the gate's rows over the SMs.
 constexpr int kGateThreads = 256;
-__global__ void __launch_bounds__(kGateThreads) gate_logits_kernel(const __nv_bfloat16* x, const __nv_bfloat16* gate, int hidden, int E,
-                                                                   float* logits) {
+__global__ void __launch_bounds__(kGateThreads) gate_logits_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ gate,
+                                                                   int hidden, int E, float* __restrict__ logits) {
   const int t = blockIdx.x, e = int(blockIdx.y) * (kGateThreads / 32) + int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   if (e >= E) return;
   const uint4* xr = reinterpret_cast<const uint4*>(x + int64_t(t) * hidden);
   const uint4* w = reinterpret_cast<const uint4*>(gate + int64_t(e) * hidden);
+  const int chunks = hidden / 8;
   float acc = 0;
-  for (int j = lane; j < hidden / 8; j += 32) {
-    const uint4 a = xr[j], b = w[j];
+  auto dot = [&](const uint4& a, const uint4& b) {
     const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&a);
     const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&b);
 #pragma unroll
@@ -176,24 +177,43 @@ __global__ void __launch_bounds__(kGateThreads) gate_logits_kernel(const __nv_bf
       const float2 fa = __bfloat1622float2(a2[i]), fb = __bfloat1622float2(b2[i]);
       acc += fa.x * fb.x + fa.y * fb.y;
     }
+  };
+  int j = lane;
+  for (; j + 96 < chunks; j += 128) {
+    uint4 a[4], b[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) a[u] = __ldg(xr + j + 32 * u), b[u] = __ldg(w + j + 32 * u);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) dot(a[u], b[u]);
   }
+  for (; j < chunks; j += 32) dot(__ldg(xr + j), __ldg(w + j));
   for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
   if (lane == 0) logits[int64_t(t) * E + e] = acc;
 }
 constexpr int64_t kGateKernelTokens = 4;  // up to here the kernel above (it reads the gate once per token); beyond, cuBLAS
 
 // out[t] (+)= sum over k of weight[t][k] * y[slot[t][k]]: the weighted un-permute, onto the shared experts' output.
-// Blocks take (token, 1024 columns): a decode step's few tokens still spread over many SMs.
-constexpr int kCombineColumns = 1024;
-__global__ void combine_kernel(const float* y, const int32_t* slot, const float* weights, int topk, int hidden, bool accumulate, float* out) {
+// Blocks take (token, 1024 columns): a decode step's few tokens still spread over many SMs. The slots and weights
+// are loaded first, then every chosen row at once (walked k by k, each load waited out its own latency).
+constexpr int kCombineColumns = 1024, kCombineMaxTopk = 16;
+__global__ void combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ slot, const float* __restrict__ weights, int topk,
+                               int hidden, bool accumulate, float* __restrict__ out) {
   const int t = blockIdx.x, j = int(blockIdx.y) * kCombineColumns + int(threadIdx.x) * 4;
   if (j >= hidden) return;
-  float4 acc = accumulate ? *reinterpret_cast<const float4*>(out + int64_t(t) * hidden + j) : make_float4(0, 0, 0, 0);
-  for (int k = 0; k < topk; ++k) {
-    const float w = weights[t * topk + k];
-    const float4 v = *reinterpret_cast<const float4*>(y + int64_t(slot[t * topk + k]) * hidden + j);
-    acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+  int rows[kCombineMaxTopk];
+  float w[kCombineMaxTopk];
+  float4 v[kCombineMaxTopk];
+#pragma unroll
+  for (int k = 0; k < kCombineMaxTopk; ++k) {
+    rows[k] = k < topk ? slot[t * topk + k] : 0;
+    w[k] = k < topk ? weights[t * topk + k] : 0.0f;
   }
+  float4 acc = accumulate ? *reinterpret_cast<const float4*>(out + int64_t(t) * hidden + j) : make_float4(0, 0, 0, 0);
+#pragma unroll
+  for (int k = 0; k < kCombineMaxTopk; ++k)
+    v[k] = k < topk ? *reinterpret_cast<const float4*>(y + int64_t(rows[k]) * hidden + j) : make_float4(0, 0, 0, 0);
+#pragma unroll
+  for (int k = 0; k < kCombineMaxTopk; ++k) acc.x += w[k] * v[k].x, acc.y += w[k] * v[k].y, acc.z += w[k] * v[k].z, acc.w += w[k] * v[k].w;
   *reinterpret_cast<float4*>(out + int64_t(t) * hidden + j) = acc;
 }
 
@@ -314,6 +334,9 @@ void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, c
   tokens_ = tokens;
   experts_ = w.experts;
   topk_ = m.num_experts_per_tok;
+  if (topk_ > kCombineMaxTopk)
+    throw BadInput(m.source + ": num_experts_per_tok: " + std::to_string(topk_) + ": the GPU MoE combines up to " +
+                   std::to_string(kCombineMaxTopk) + " experts per token");
   hidden_ = m.hidden_size;
   inter_ = m.moe_intermediate_size;
   rows_ = tokens_ * topk_;
