@@ -30,7 +30,7 @@ for s in "${steps[@]}"; do
       echo "dslab_tests exit $?" | tee -a "$log"; tail -3 "$OUT/tests.log" | tee -a "$log" ;;
     gpu-tests)
       step gpu-tests
-      DSLAB_BINARY=$(command -v dslab) timeout 540 dslab_tests --gtest_filter='Gpu*' >"$OUT/gpu-tests.log" 2>&1
+      DSLAB_BINARY=$(command -v dslab) timeout "${GPU_TESTS_LIMIT:-540}" dslab_tests --gtest_filter='Gpu*' >"$OUT/gpu-tests.log" 2>&1
       echo "dslab_tests (GPU) exit $?" | tee -a "$log"; grep -E '^\[  (FAILED|PASSED|SKIPPED)' "$OUT/gpu-tests.log" | tail -12 | tee -a "$log" ;;
     mla-decode:*)
       suites=${s#mla-decode:}

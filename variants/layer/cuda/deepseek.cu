@@ -136,7 +136,7 @@ int64_t batch_bucket(int64_t batch) {
 
 struct DeepseekLayerCuda::Plan {
   ModelConfig m;
-  int64_t batch = 0, bucket = 0, q_len = 0, kv_len = 0, steps = 0, page_size = 0;
+  int64_t batch = 0, bucket = 0, q_len = 0, kv_len = 0, steps = 0, page_size = 0, kv_splits = 0;
   mla::KvDtype kv_dtype = mla::KvDtype::bf16;
   std::string attn, moe, len_dist;
   bool graph = false, whole = false;
@@ -154,6 +154,7 @@ struct DeepseekLayerCuda::Plan {
     s.q_len = q_len;
     s.kv_len = kv_len;
     s.kv_dtype = kv_dtype;
+    s.kv_splits = kv_splits;
     return s;
   }
 
@@ -165,6 +166,7 @@ struct DeepseekLayerCuda::Plan {
     steps = p.integer("steps");
     page_size = p.integer("page_size");
     kv_dtype = mla::parse_kv_dtype(p.text("kv_dtype"));
+    kv_splits = mla::parse_kv_splits(p.text("kv_splits"));
     attn = p.text("attn");
     moe = p.text("moe");
     graph = p.text("executor") == "graph";
@@ -203,6 +205,7 @@ struct DeepseekLayerCuda::Plan {
     for (int64_t i = first; i < first + layers; ++i) moe_layers += dense(i) ? 0 : 1;
     const auto attn_op = mla::cuda::make_mla_op(attn);
     why_not = attn_op->unsupported(m, attn_shape());
+    if (why_not.empty() && kv_splits > 0 && !attn_op->fused()) why_not = "kv_splits: only the fused attention splits the keys (" + attn + " does not)";
     if (why_not.empty() && graph && !moe::cuda::make_moe_op(moe)->graph_safe())
       why_not = "executor graph: " + moe + " reads the routing on the host (not capturable); use executor eager";
     if (why_not.empty() && whole && m.vocab_size <= 0) why_not = "layers all needs vocab_size in " + m.source;
@@ -241,7 +244,8 @@ DeepseekLayerCuda::~DeepseekLayerCuda() {
 
 std::vector<std::pair<std::string, std::string>> DeepseekLayerCuda::axes() const {
   return {{"batch", "1"},       {"q_len", "1"},  {"kv_len", "4096"}, {"layers", "1"},      {"attn", "mla/fused/cuda"}, {"moe", "moe/grouped/cuda"},
-          {"executor", "graph"}, {"steps", "1"}, {"page_size", "64"}, {"kv_dtype", "bf16"}, {"proj", "cublas"}};
+          {"executor", "graph"}, {"steps", "1"}, {"page_size", "64"}, {"kv_dtype", "bf16"}, {"proj", "cublas"},
+          {"kv_splits", "auto"}};
 }
 
 Support DeepseekLayerCuda::supports(const ModelFile& model, const Point& point) const {
