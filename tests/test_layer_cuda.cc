@@ -26,11 +26,12 @@ struct LayerCase {
   std::string attn, moe;
   const char* executor;
   const char* proj = "own";
+  const char* kv_splits = "auto";
 };
 
 std::string describe(const LayerCase& c) {
   return std::string(c.model) + " layers " + c.layers + " batch " + std::to_string(c.batch) + " kv_len " + std::to_string(c.kv_len) +
-         " steps " + std::to_string(c.steps) + " " + c.attn + " " + c.moe + " " + c.executor + " proj " + c.proj;
+         " steps " + std::to_string(c.steps) + " " + c.attn + " " + c.moe + " " + c.executor + " proj " + c.proj + " kv_splits " + c.kv_splits;
 }
 
 Point layer_point(const LayerCase& c) {
@@ -48,6 +49,7 @@ Point layer_point(const LayerCase& c) {
   integer("page_size", 16);
   text("kv_dtype", "bf16");
   text("proj", c.proj);
+  text("kv_splits", c.kv_splits);
   return p;
 }
 
@@ -64,6 +66,7 @@ TEST(GpuLayer, EveryAttentionAndMoeOpMatchesReferenceStack) {
     for (const char* moe : {"moe/grouped/cuda", "moe/loop/cuda"}) cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, attn, moe, "eager"});
   cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph"});
   cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph", "cublas"});  // cuBLAS projections
+  cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph", "cublas", "2"});  // 2 splits
   cases.push_back({"tiny", "all", 3, 40, 1, "mla/a_cc_me/cuda", "moe/grouped/cuda", "graph"});  // embedding, dense + MoE layer, LM head
   cases.push_back({"tiny", "all", 3, 40, 1, "mla/cd/cuda", "moe/loop/cuda", "eager"});
   for (const LayerCase& c : cases) {
@@ -182,6 +185,14 @@ TEST(LayerPlan, BadAxesAreBadInput) {
   EXPECT_THROW(v->supports(model, layer_point(c)), BadInput);
   c.layers = "x";
   EXPECT_THROW(v->supports(model, layer_point(c)), BadInput);
+  c.layers = "2";
+  c.kv_splits = "none";
+  EXPECT_THROW(v->supports(model, layer_point(c)), BadInput);
+  c.kv_splits = "8";  // only the fused attention splits its keys: anything else says so instead of ignoring it
+  c.attn = "mla/cd/cuda";
+  const Support s = v->supports(model, layer_point(c));
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("kv_splits"), std::string::npos) << s.reason;
 }
 
 #ifdef DSLAB_HAVE_CUDA

@@ -21,12 +21,13 @@ struct GpuCase {
   const char* len_dist;
   const char* kv_dtype;
   const char* executor = "eager";
+  const char* kv_splits = "auto";
 };
 
 std::string describe(const GpuCase& c) {
   return std::string(c.model) + " heads " + std::to_string(c.heads) + " batch " + std::to_string(c.batch) + " q_len " +
          std::to_string(c.q_len) + " kv_len " + std::to_string(c.kv_len) + " page_size " + std::to_string(c.page_size) + " " +
-         c.len_dist + " " + c.kv_dtype + " " + c.executor;
+         c.len_dist + " " + c.kv_dtype + " " + c.executor + " kv_splits " + c.kv_splits;
 }
 
 Point point_of(const GpuCase& c) {
@@ -39,6 +40,7 @@ Point point_of(const GpuCase& c) {
   p.set("len_dist", {c.len_dist, 0, false});
   p.set("kv_dtype", {c.kv_dtype, 0, false});
   p.set("executor", {c.executor, 0, false});
+  p.set("kv_splits", {c.kv_splits, 0, false});
   return p;
 }
 
@@ -111,8 +113,14 @@ TEST_P(GpuMla, LongSplitCacheMatchesReference) {
   // Long enough that the fused kernel splits every request across several CTAs and combines them; with 128
   // heads and mixed lengths a CTA's run of key blocks crosses from one request into the next.
   REQUIRE_GPU_VARIANT(GetParam());
-  for (const GpuCase& c : {GpuCase{"deepseek-v3", 16, 2, 1, 5000, 64, "mixed", "bf16"},
-                           GpuCase{"deepseek-v3", 128, 5, 1, 3000, 16, "mixed", "bf16"}}) {
+  std::vector<GpuCase> cases = {GpuCase{"deepseek-v3", 16, 2, 1, 5000, 64, "mixed", "bf16"},
+                                GpuCase{"deepseek-v3", 128, 5, 1, 3000, 16, "mixed", "bf16"}};
+  if (GetParam() == "mla/fused/cuda")  // split counts other than one per SM: 1 (no merge), 3 and 8 (long runs per CTA)
+    for (const char* splits : {"1", "3", "8"}) {
+      cases.push_back({"deepseek-v3", 16, 2, 1, 5000, 64, "mixed", "bf16", "graph", splits});
+      cases.push_back({"deepseek-v3", 128, 3, 1, 3000, 16, "mixed", "bf16", "eager", splits});
+    }
+  for (const GpuCase& c : cases) {
     SCOPED_TRACE(describe(c));
     const Verification v = run_case(*entry, c, test::fresh_seed());
     EXPECT_LE(v.rel_err, 1e-2);
@@ -259,6 +267,12 @@ TEST(SplitKv, KeepsRequestsWholeWhereThatCostsLittleBalance) {
     const mla::SplitKv s = mla::split_kv(lengths, q_len, block, 132, /*whole_requests=*/true);
     EXPECT_GT(s.segments.size(), lengths.size());
   }
+}
+
+TEST(KvSplits, AutoOrAPositiveCount) {
+  EXPECT_EQ(mla::parse_kv_splits("auto"), 0);
+  EXPECT_EQ(mla::parse_kv_splits("16"), 16);
+  for (const char* bad : {"0", "-3", "8x", "", "many", "5000"}) EXPECT_THROW(mla::parse_kv_splits(bad), BadInput) << bad;
 }
 
 TEST(KvDtype, ParsesTheThreeCacheTypes) {
