@@ -242,6 +242,15 @@ TEST(SplitKv, EveryKeyOnceInEqualRunsPerCta) {
   }
 }
 
+TEST(SplitKv, AutoSplitsGiveEachCtaAFewBlocks) {
+  // 64-key blocks on a 132-part grid: batch 1 at 4K (65 blocks) takes the floor of 32 parts, batch 4 at 4K (260
+  // blocks) 65 parts of 4 blocks, anything with 4+ blocks per SM the whole grid; a grid under the floor is all used.
+  EXPECT_EQ(mla::auto_kv_splits({4096}, 1, 64, 132), 32);
+  EXPECT_EQ(mla::auto_kv_splits(std::vector<int64_t>(4, 4096), 1, 64, 132), 65);
+  EXPECT_EQ(mla::auto_kv_splits(std::vector<int64_t>(16, 4096), 1, 64, 132), 132);
+  EXPECT_EQ(mla::auto_kv_splits({10}, 1, 64, 20), 20);
+}
+
 TEST(SplitKv, KeepsRequestsWholeWhereThatCostsLittleBalance) {
   const int64_t q_len = 1, block = 64;
   // 128 requests of 4097 keys (65 blocks) over 66 CTAs: two whole requests per CTA (130 blocks) against 127 in

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -173,6 +174,13 @@ std::optional<SplitKv> whole_request_plan(const std::vector<int64_t>& lengths, i
   return s;
 }
 }  // namespace
+
+int auto_kv_splits(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int grid_parts) {
+  int64_t blocks = 0;
+  for (int64_t len : lengths) blocks += (len + q_len + block_keys - 1) / block_keys;
+  const int64_t wanted = (blocks + kAutoBlocksPerPart - 1) / kAutoBlocksPerPart;
+  return int(std::clamp<int64_t>(wanted, std::min<int64_t>(kAutoMinParts, grid_parts), grid_parts));
+}
 
 SplitKv split_kv(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int parts, bool whole_requests) {
   const int64_t B = int64_t(lengths.size());

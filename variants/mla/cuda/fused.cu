@@ -761,7 +761,10 @@ class FusedCuda final : public MlaOp {
     // The kernel writes requests it covers whole straight to o_lat (it never writes padding rows): those need
     // no merge, so the plan keeps requests whole where that costs little balance (measured at 128 heads on the
     // H200, one run, two rounds: +2-5% of the roofline at 4K-8K, -0.5% at 16K-32K).
-    const SplitKv plan = split_kv(lengths, s_.q_len, kBlockKeys, parts_, /*whole_requests=*/true);
+    // The grid has parts_ CTAs per row tile; with kv_splits auto the lengths decide how many of them take keys
+    // (the rest exit at once), so one captured graph serves short and long steps alike.
+    const int used = s_.kv_splits > 0 ? parts_ : auto_kv_splits(lengths, s_.q_len, kBlockKeys, parts_);
+    const SplitKv plan = split_kv(lengths, s_.q_len, kBlockKeys, used, /*whole_requests=*/true);
     if (int(plan.segments.size()) > max_segments_ || int64_t(lengths.size()) != s_.batch)
       throw std::logic_error("mla/fused/cuda: schedule exceeds its capacity");
     MlaSchedule out;
@@ -774,7 +777,11 @@ class FusedCuda final : public MlaOp {
       const int32_t whole = plan.requests[size_t(g.request)].count == 1 ? 1 : 0;
       seg[4 * i] = g.request, seg[4 * i + 1] = g.first_key, seg[4 * i + 2] = g.end_key, seg[4 * i + 3] = whole;
     }
-    for (size_t i = 0; i < plan.parts.size(); ++i) part[2 * i] = plan.parts[i].first, part[2 * i + 1] = plan.parts[i].count;
+    for (int i = 0; i < parts_; ++i) {  // (parts past `used`: no segments)
+      const bool in_use = i < int(plan.parts.size());
+      part[2 * i] = in_use ? plan.parts[size_t(i)].first : int32_t(plan.segments.size());
+      part[2 * i + 1] = in_use ? plan.parts[size_t(i)].count : 0;
+    }
     for (size_t i = 0; i < plan.requests.size(); ++i) req[2 * i] = plan.requests[i].first, req[2 * i + 1] = plan.requests[i].count;
     out.segments = int(plan.segments.size());
     out.merges = std::any_of(plan.requests.begin(), plan.requests.end(), [](const auto& r) { return r.count > 1; });
