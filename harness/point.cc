@@ -29,6 +29,7 @@ const std::vector<AxisInfo>& known_axes() {
       {"moe", AxisKind::text, "a layer's MoE op: any moe/<algo>/cuda variant's name"},
       {"steps", AxisKind::positive_int, "consecutive decode steps per timed run, lengths growing by q_len each"},
       {"proj", AxisKind::text, "decode-sized projections (up to 4 rows): cublas | own (a weight-streaming kernel, measured slower so far)", {"own", "cublas"}},
+      {"pdl", AxisKind::text, "programmatic dependent launch between the step's own kernels (Hopper): on | off", {"on", "off"}},
       {"kv_splits", AxisKind::text, "the fused MLA kernel's split-KV CTAs per row tile: auto (one per SM) | N"},
   };
   return axes;

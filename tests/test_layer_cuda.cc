@@ -27,11 +27,12 @@ struct LayerCase {
   const char* executor;
   const char* proj = "own";
   const char* kv_splits = "auto";
+  const char* pdl = "on";
 };
 
 std::string describe(const LayerCase& c) {
   return std::string(c.model) + " layers " + c.layers + " batch " + std::to_string(c.batch) + " kv_len " + std::to_string(c.kv_len) +
-         " steps " + std::to_string(c.steps) + " " + c.attn + " " + c.moe + " " + c.executor + " proj " + c.proj + " kv_splits " + c.kv_splits;
+         " steps " + std::to_string(c.steps) + " " + c.attn + " " + c.moe + " " + c.executor + " proj " + c.proj + " kv_splits " + c.kv_splits + " pdl " + c.pdl;
 }
 
 Point layer_point(const LayerCase& c) {
@@ -50,6 +51,7 @@ Point layer_point(const LayerCase& c) {
   text("kv_dtype", "bf16");
   text("proj", c.proj);
   text("kv_splits", c.kv_splits);
+  text("pdl", c.pdl);
   return p;
 }
 
@@ -67,6 +69,8 @@ TEST(GpuLayer, EveryAttentionAndMoeOpMatchesReferenceStack) {
   cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph"});
   cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph", "cublas"});  // cuBLAS projections
   cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph", "cublas", "2"});  // 2 splits
+  cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph", "cublas", "auto", "off"});  // plain launches
+  cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "eager", "own", "auto", "off"});
   cases.push_back({"tiny", "all", 3, 40, 1, "mla/a_cc_me/cuda", "moe/grouped/cuda", "graph"});  // embedding, dense + MoE layer, LM head
   cases.push_back({"tiny", "all", 3, 40, 1, "mla/cd/cuda", "moe/loop/cuda", "eager"});
   for (const LayerCase& c : cases) {

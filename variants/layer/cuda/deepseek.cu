@@ -9,6 +9,7 @@
 #include "harness/errors.h"
 #include "harness/host.h"
 #include "variants/common/device_random.h"
+#include "variants/common/pdl.cuh"
 #include "variants/common/rng.h"
 
 namespace dslab::layer::cuda {
@@ -64,6 +65,8 @@ __global__ void __launch_bounds__(kNormThreads) input_norm_kernel(const __nv_bfl
                                                                   const int32_t* __restrict__ step, int64_t tokens, int hidden,
                                                                   const __nv_bfloat16* __restrict__ weight, float eps, float* __restrict__ resid,
                                                                   __nv_bfloat16* __restrict__ xb) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   const int64_t row = ids ? int64_t(ids[t]) : int64_t(*step) * tokens + t;
   const __nv_bfloat16* src = source + row * hidden;
@@ -88,6 +91,8 @@ __global__ void __launch_bounds__(kNormThreads) input_norm_kernel(const __nv_bfl
 __global__ void __launch_bounds__(kNormThreads) add_norm_kernel(float* __restrict__ resid, const float* __restrict__ add, int hidden,
                                                                 const __nv_bfloat16* __restrict__ weight, float eps,
                                                                 __nv_bfloat16* __restrict__ xb) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   float* r = resid + t * hidden;
   const float* a = add + t * hidden;
@@ -139,7 +144,7 @@ struct DeepseekLayerCuda::Plan {
   int64_t batch = 0, bucket = 0, q_len = 0, kv_len = 0, steps = 0, page_size = 0, kv_splits = 0;
   mla::KvDtype kv_dtype = mla::KvDtype::bf16;
   std::string attn, moe, len_dist;
-  bool graph = false, whole = false;
+  bool graph = false, whole = false, pdl = true;
   int64_t first = 0, layers = 0;  // decoder layers [first, first + layers)
   int64_t moe_layers = 0, moe_sets = 0;
   double fixed_bytes = 0, moe_set_bytes = 0;
@@ -170,6 +175,7 @@ struct DeepseekLayerCuda::Plan {
     attn = p.text("attn");
     moe = p.text("moe");
     graph = p.text("executor") == "graph";
+    pdl = p.text("pdl") == "on";
     bucket = graph ? batch_bucket(batch) : batch;
     const std::string& l = p.text("layers");
     whole = l == "all";
@@ -245,7 +251,7 @@ DeepseekLayerCuda::~DeepseekLayerCuda() {
 std::vector<std::pair<std::string, std::string>> DeepseekLayerCuda::axes() const {
   return {{"batch", "1"},       {"q_len", "1"},  {"kv_len", "4096"}, {"layers", "1"},      {"attn", "mla/fused/cuda"}, {"moe", "moe/grouped/cuda"},
           {"executor", "graph"}, {"steps", "1"}, {"page_size", "64"}, {"kv_dtype", "bf16"}, {"proj", "cublas"},
-          {"kv_splits", "auto"}};
+          {"kv_splits", "auto"}, {"pdl", "on"}};
 }
 
 Support DeepseekLayerCuda::supports(const ModelFile& model, const Point& point) const {
@@ -522,8 +528,9 @@ void DeepseekLayerCuda::forward(cudaStream_t stream, gpu::OpMarks* marks) {
     if (marks) marks->mark(op, stream);
   };
   NvtxRange range("layer.step");
+  const ProgrammaticLaunchScope pdl(P.pdl);  // (the pdl axis: for the kernels of every op this step launches)
   const int32_t* ids = P.whole ? meta_.get() + off_ids_ : nullptr;
-  input_norm_kernel<<<unsigned(T), kNormThreads, 0, stream>>>(P.whole ? embed_.get() : inputs_.get(), ids, meta_.get() + off_step_, T, H,
+  launch_pdl(input_norm_kernel, dim3(unsigned(T)), dim3(kNormThreads), 0, stream, P.whole ? embed_.get() : inputs_.get(), ids, meta_.get() + off_step_, T, H,
                                                               weights_[0].input_layernorm.get(), eps, resid_.get(), xb_.get());
   DSLAB_CHECK_LAUNCH();
   mark(P.whole ? "embed_norm" : "norm");
@@ -531,7 +538,7 @@ void DeepseekLayerCuda::forward(cudaStream_t stream, gpu::OpMarks* marks) {
   for (size_t i = 0; i < weights_.size(); ++i) {
     NvtxRange layer_range("layer");
     attn_[i]->forward(stream, marks);
-    add_norm_kernel<<<unsigned(T), kNormThreads, 0, stream>>>(resid_.get(), attn_out_.get(), H, weights_[i].post_attention_layernorm.get(), eps,
+    launch_pdl(add_norm_kernel, dim3(unsigned(T)), dim3(kNormThreads), 0, stream, resid_.get(), attn_out_.get(), H, weights_[i].post_attention_layernorm.get(), eps,
                                                               xb_.get());
     DSLAB_CHECK_LAUNCH();
     mark("norm");
@@ -543,7 +550,7 @@ void DeepseekLayerCuda::forward(cudaStream_t stream, gpu::OpMarks* marks) {
       mark("dense_mlp");
     }
     const __nv_bfloat16* next = i + 1 < weights_.size() ? weights_[i + 1].input_layernorm.get() : P.whole ? final_norm_.get() : nullptr;
-    add_norm_kernel<<<unsigned(T), kNormThreads, 0, stream>>>(resid_.get(), ffn_out_.get(), H, next, eps, xb_.get());
+    launch_pdl(add_norm_kernel, dim3(unsigned(T)), dim3(kNormThreads), 0, stream, resid_.get(), ffn_out_.get(), H, next, eps, xb_.get());
     DSLAB_CHECK_LAUNCH();
     mark("norm");
   }

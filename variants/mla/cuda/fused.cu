@@ -13,6 +13,7 @@
 
 #include "harness/errors.h"
 #include "harness/host.h"
+#include "variants/common/pdl.cuh"
 #include "variants/mla/cuda/kernels.cuh"
 #include "variants/mla/cuda/mla_cuda.h"
 
@@ -116,6 +117,8 @@ constexpr int kCombineWarps = 4, kCombineThreads = 32 * kCombineWarps, kCombineM
 __global__ void __launch_bounds__(kCombineThreads) merge_splits_kernel(const float* __restrict__ o_partial, const float* __restrict__ lse_partial,
                                                                   int partial_rows, const int2* __restrict__ request_segments, int rows,
                                                                   __nv_bfloat16* __restrict__ o_lat) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
   __shared__ float weight[kCombineMaxSegments];
   __shared__ float4 warp_sums[kCombineWarps][kLatent / 4];
   __shared__ float reduce[kCombineWarps];
@@ -369,6 +372,8 @@ struct Cursor {
 
 template <KvDtype KV>
 __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ Params p) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   __nv_bfloat16* const sq = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -717,7 +722,7 @@ void launch_decode_kernel(const Params& params, int parts, int row_tiles, cudaSt
     return true;
   }();
   (void)configured;
-  roles::decode_kernel<KV><<<dim3(unsigned(parts), unsigned(row_tiles)), roles::kThreads, roles::kSmemBytes, stream>>>(params);
+  launch_pdl(roles::decode_kernel<KV>, dim3(unsigned(parts), unsigned(row_tiles)), dim3(roles::kThreads), roles::kSmemBytes, stream, params);
   DSLAB_CHECK_LAUNCH();
 }
 
@@ -828,7 +833,7 @@ class FusedCuda final : public MlaOp {
     }
     mark("decode");
     if (merges_ || lengths_vary_) {  // (a step replayed with other lengths may split requests this one did not)
-      merge_splits_kernel<<<dim3(unsigned(M), unsigned(s_.batch)), kCombineThreads, 0, stream_>>>(
+      launch_pdl(merge_splits_kernel, dim3(unsigned(M), unsigned(s_.batch)), dim3(kCombineThreads), 0, stream_, 
           o_partial_.get(), lse_partial_.get(), row_tiles_ * roles::kRows, request_segments, M, o_lat_.get());
       DSLAB_CHECK_LAUNCH();
     }

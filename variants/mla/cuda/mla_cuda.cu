@@ -15,6 +15,7 @@
 #include "harness/host.h"
 #include "harness/op_registry.h"
 #include "variants/common/device_random.h"
+#include "variants/common/pdl.cuh"
 #include "variants/common/rng.h"
 #include "variants/mla/cuda/kernels.cuh"
 
@@ -66,6 +67,8 @@ __global__ void __launch_bounds__(kNormThreads) norm_and_cache_kernel(const floa
                                                                       const __nv_bfloat16* kv_norm, const float* cos_table,
                                                                       const float* sin_table, CacheView cache, const int32_t* lengths,
                                                                       int q_len, int r, float eps, __nv_bfloat16* kv_new) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
   __shared__ float2 warp_sums[kNormThreads / 32];
   __shared__ float token[32 * kMaxValuesPerLane];  // int8 / fp8 caches: the row, bf16-rounded, for one warp to quantise
   const int t = blockIdx.x, b = t / q_len, s = t % q_len, width = int(cache.width), half = (width - r) / 2;
@@ -147,6 +150,8 @@ __global__ void __launch_bounds__(kNormThreads) norm_and_cache_kernel(const floa
 constexpr int kRopePairsPerLane = 4;  // rope parts up to 256 wide (DeepSeek: 64)
 __global__ void rope_q_kernel(__nv_bfloat16* q, const float* cos_table, const float* sin_table, int64_t rows, int heads, int nope, int rope,
                               int r, __nv_bfloat16* q_cat) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;  // token * heads + head
   if (row >= rows) return;
   const int lane = threadIdx.x % 32, half = rope / 2;
@@ -231,6 +236,8 @@ Projections projections_of(cublasHandle_t h) {
 template <int M>
 __global__ void __launch_bounds__(256) gemv_kernel(const __nv_bfloat16* x, int64_t K, const __nv_bfloat16* w, int64_t N, void* y, bool y_bf16,
                                                   float beta) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
   const int64_t n = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
   const int lane = int(threadIdx.x) % 32;
   if (n >= N) return;
@@ -295,10 +302,10 @@ void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, 
     const unsigned blocks = unsigned((out + 7) / 8);
     const bool bf16 = y_type == CUDA_R_16BF;
     switch (rows) {
-      case 1: gemv_kernel<1><<<blocks, 256, 0, stream>>>(x, in, w, out, y, bf16, beta); break;
-      case 2: gemv_kernel<2><<<blocks, 256, 0, stream>>>(x, in, w, out, y, bf16, beta); break;
-      case 3: gemv_kernel<3><<<blocks, 256, 0, stream>>>(x, in, w, out, y, bf16, beta); break;
-      default: gemv_kernel<4><<<blocks, 256, 0, stream>>>(x, in, w, out, y, bf16, beta); break;
+      case 1: launch_pdl(gemv_kernel<1>, dim3(blocks), dim3(256), 0, stream, x, in, w, out, y, bf16, beta); break;
+      case 2: launch_pdl(gemv_kernel<2>, dim3(blocks), dim3(256), 0, stream, x, in, w, out, y, bf16, beta); break;
+      case 3: launch_pdl(gemv_kernel<3>, dim3(blocks), dim3(256), 0, stream, x, in, w, out, y, bf16, beta); break;
+      default: launch_pdl(gemv_kernel<4>, dim3(blocks), dim3(256), 0, stream, x, in, w, out, y, bf16, beta); break;
     }
     DSLAB_CHECK_LAUNCH();
     return;
@@ -650,7 +657,7 @@ void MlaOp::project() {
     linear(blas_, b_.x, T, hid_, w_->kv_a.get(), width_, kv_f32_.get(), CUDA_R_32F);
     mark("kv_a");
   }
-  norm_and_cache_kernel<<<unsigned(T), kNormThreads, 0, stream_>>>(qa_f32_.get(), int(ql), w_->q_a_norm.get(), qa_.get(), kv, ld,
+  launch_pdl(norm_and_cache_kernel, dim3(unsigned(T)), dim3(kNormThreads), 0, stream_, qa_f32_.get(), int(ql), w_->q_a_norm.get(), qa_.get(), kv, ld,
                                                                    w_->kv_a_norm.get(), b_.rope_cos, b_.rope_sin, cache_view(*b_.cache),
                                                                    b_.lengths, int(s_.q_len), int(r_), float(m_.rms_norm_eps), kv_new_.get());
   DSLAB_CHECK_LAUNCH();
@@ -660,7 +667,7 @@ void MlaOp::project() {
     mark("q_b");
   }
   const int64_t heads_x_tokens = T * nh_;
-  rope_q_kernel<<<unsigned((heads_x_tokens + 7) / 8), 256, 0, stream_>>>(q_.get(), b_.rope_cos, b_.rope_sin, heads_x_tokens, int(nh_),
+  launch_pdl(rope_q_kernel, dim3(unsigned((heads_x_tokens + 7) / 8)), dim3(256), 0, stream_, q_.get(), b_.rope_cos, b_.rope_sin, heads_x_tokens, int(nh_),
                                                                          int(nope_), int(rope_), int(r_), q_cat_);
   DSLAB_CHECK_LAUNCH();
   mark("rope_q");

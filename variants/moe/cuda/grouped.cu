@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "harness/cuda_check.h"
+#include "variants/common/pdl.cuh"
 #include "variants/moe/cuda/moe_cuda.h"
 #include "variants/moe/cuda/moe_kernels.cuh"
 
@@ -59,6 +60,8 @@ __device__ inline int swz(int row, int chunk) { return row * kTileK + ((chunk ^ 
 // WARPS_M along the rows.
 template <int BM, int BN, int WARPS, int WARPS_M, int STAGES, bool GATE_UP>
 __global__ void __launch_bounds__(WARPS * 32) grouped_gemm_kernel(GroupedArgs g) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
   constexpr int kThreads = WARPS * 32, kTileN = BN;
   constexpr int WARPS_N = WARPS / WARPS_M, WTM = BM / WARPS_M, WTN = kTileN / WARPS_N, MT = WTM / 16, NT = WTN / 8;
   static_assert(NT % 2 == 0 && MT >= 1, "warp tile: whole m16 rows, pairs of n8 columns");
@@ -209,7 +212,7 @@ void launch(const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
   // Row tiles fastest: the tiles of one expert (adjacent in the list) run side by side on the same columns, so
   // its weight slab comes from HBM once and from L2 for the others (columns fastest re-read it per row tile).
   const dim3 grid(unsigned(max_tiles), unsigned((g.N + outputs - 1) / outputs));
-  kernel<<<grid, kThreads, smem, stream>>>(g);
+  launch_pdl(kernel, dim3(grid), dim3(kThreads), smem, stream, g);
   DSLAB_CHECK_LAUNCH();
 }
 

@@ -11,6 +11,7 @@
 #include "harness/host.h"
 #include "harness/op_registry.h"
 #include "variants/common/device_random.h"
+#include "variants/common/pdl.cuh"
 #include "variants/moe/cuda/moe_kernels.cuh"
 
 namespace dslab::moe::cuda {
@@ -38,6 +39,8 @@ struct RouterParams {
 // scores, normalised (norm_topk_prob) and scaled. Each choice also counts a row for its expert.
 constexpr int kRouterWarps = 4;
 __global__ void router_kernel(RouterParams p) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
   extern __shared__ float smem[];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int t = int(blockIdx.x) * kRouterWarps + warp;
@@ -120,6 +123,8 @@ __global__ void router_kernel(RouterParams p) {
 
 // Given routing: only the counts.
 __global__ void count_kernel(const int32_t* ids, int n, int32_t* counts) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
   const int i = int(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) atomicAdd(&counts[ids[i]], 1);
 }
@@ -131,6 +136,8 @@ constexpr int kScanThreads = 1024;
 __global__ void __launch_bounds__(kScanThreads) scan_scatter_kernel(int32_t* counts, int E, int tile_rows, const int32_t* ids, int rows, int topk,
                                                                     int32_t* offsets, int2* tiles, int32_t* num_tiles, int32_t* perm_token,
                                                                     int32_t* slot) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
   using Scan = cub::BlockScan<int2, kScanThreads>;
   __shared__ typename Scan::TempStorage temp;
   __shared__ int cursor[kScanThreads];
@@ -163,6 +170,8 @@ __global__ void __launch_bounds__(kScanThreads) scan_scatter_kernel(int32_t* cou
 constexpr int kGateThreads = 256;
 __global__ void __launch_bounds__(kGateThreads) gate_logits_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ gate,
                                                                    int hidden, int E, float* __restrict__ logits) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
   const int t = blockIdx.x, e = int(blockIdx.y) * (kGateThreads / 32) + int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   if (e >= E) return;
   const uint4* xr = reinterpret_cast<const uint4*>(x + int64_t(t) * hidden);
@@ -198,6 +207,8 @@ constexpr int64_t kGateKernelTokens = 4;  // up to here the kernel above (it rea
 constexpr int kCombineColumns = 1024, kCombineMaxTopk = 16;
 __global__ void combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ slot, const float* __restrict__ weights, int topk,
                                int hidden, bool accumulate, float* __restrict__ out) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
   const int t = blockIdx.x, j = int(blockIdx.y) * kCombineColumns + int(threadIdx.x) * 4;
   if (j >= hidden) return;
   int rows[kCombineMaxTopk];
@@ -218,6 +229,8 @@ __global__ void combine_kernel(const float* __restrict__ y, const int32_t* __res
 }
 
 __global__ void silu_mul_kernel(const float* gate_up, int64_t rows, int64_t inter, __nv_bfloat16* h) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * inter; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / inter, j = i % inter;
     const float g = gate_up[r * 2 * inter + j], u = gate_up[r * 2 * inter + inter + j];
@@ -234,7 +247,7 @@ struct NvtxRange {
 
 void silu_mul(const float* gate_up, int64_t rows, int64_t inter, __nv_bfloat16* h, cudaStream_t stream) {
   if (rows * inter == 0) return;
-  silu_mul_kernel<<<unsigned(std::min<int64_t>((rows * inter + 255) / 256, 132 * 16)), 256, 0, stream>>>(gate_up, rows, inter, h);
+  launch_pdl(silu_mul_kernel, dim3(unsigned(std::min<int64_t>((rows * inter + 255) / 256, 132 * 16))), dim3(256), 0, stream, gate_up, rows, inter, h);
   DSLAB_CHECK_LAUNCH();
 }
 
@@ -366,11 +379,11 @@ void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, c
 void MoeOp::route() {
   NvtxRange range("moe.route");
   if (b_.topk_ids) {
-    count_kernel<<<unsigned((rows_ + 255) / 256), 256, 0, stream_>>>(b_.topk_ids, int(rows_), counts_.get());
+    launch_pdl(count_kernel, dim3(unsigned((rows_ + 255) / 256)), dim3(256), 0, stream_, b_.topk_ids, int(rows_), counts_.get());
     DSLAB_CHECK_LAUNCH();
   } else {
     if (tokens_ <= kGateKernelTokens) {
-      gate_logits_kernel<<<dim3(unsigned(tokens_), unsigned((m_.n_routed_experts + 7) / 8)), kGateThreads, 0, stream_>>>(b_.x, w_->gate.get(), int(hidden_), int(m_.n_routed_experts),
+      launch_pdl(gate_logits_kernel, dim3(unsigned(tokens_), unsigned((m_.n_routed_experts + 7) / 8)), dim3(kGateThreads), 0, stream_, b_.x, w_->gate.get(), int(hidden_), int(m_.n_routed_experts),
                                                                           logits_.get());
       DSLAB_CHECK_LAUNCH();
     } else {
@@ -381,11 +394,11 @@ void MoeOp::route() {
                    m_.scoring_func == "sigmoid", m_.topk_method != "greedy", m_.topk_method == "noaux_tc", m_.norm_topk_prob,
                    float(m_.routed_scaling_factor), topk_ids_.get(), topk_weights_.get(), counts_.get()};
     const size_t smem = size_t(kRouterWarps) * 2 * size_t(m_.n_routed_experts) * 4;
-    router_kernel<<<unsigned((tokens_ + kRouterWarps - 1) / kRouterWarps), 32 * kRouterWarps, smem, stream_>>>(p);
+    launch_pdl(router_kernel, dim3(unsigned((tokens_ + kRouterWarps - 1) / kRouterWarps)), dim3(32 * kRouterWarps), smem, stream_, p);
     DSLAB_CHECK_LAUNCH();
   }
   const int32_t* ids = b_.topk_ids ? b_.topk_ids : topk_ids_.get();
-  scan_scatter_kernel<<<1, kScanThreads, 0, stream_>>>(counts_.get(), int(experts_), tile_rows_, ids, int(rows_), int(topk_), offsets_.get(),
+  launch_pdl(scan_scatter_kernel, dim3(1), dim3(kScanThreads), 0, stream_, counts_.get(), int(experts_), tile_rows_, ids, int(rows_), int(topk_), offsets_.get(),
                                                        tiles_.get(), num_tiles_.get(), perm_token_.get(), slot_.get());
   DSLAB_CHECK_LAUNCH();
   mark("route");
@@ -418,7 +431,7 @@ void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
     DSLAB_CUDA(cudaStreamWaitEvent(stream, side_->joined, 0));
     mark("shared_experts_join");
   }
-  combine_kernel<<<dim3(unsigned(tokens_), unsigned((hidden_ + kCombineColumns - 1) / kCombineColumns)), kCombineColumns / 4, 0, stream_>>>(y_.get(), slot_.get(), b_.topk_weights ? b_.topk_weights : topk_weights_.get(),
+  launch_pdl(combine_kernel, dim3(unsigned(tokens_), unsigned((hidden_ + kCombineColumns - 1) / kCombineColumns)), dim3(kCombineColumns / 4), 0, stream_, y_.get(), slot_.get(), b_.topk_weights ? b_.topk_weights : topk_weights_.get(),
                                                          int(topk_), int(hidden_), shared, b_.out);
   DSLAB_CHECK_LAUNCH();
   mark("combine");
