@@ -44,6 +44,8 @@ TEST_P(GpuMoe, MatchesReferenceOverRoutersTokensAndRoutings) {
       {"deepseek-v2", 7, "model", 0},                                               // group_limited_greedy
       {"deepseek-v2-lite", 64, "uniform", 0}, {"deepseek-v2-lite", 200, "zipf:1.2", 32},
       {"deepseek-v3", 3, "model", 0},       {"deepseek-v3", 600, "model", 0},       // noaux_tc over 8 groups of 32
+      {"deepseek-v3", 16, "model", 0},      {"deepseek-v2-lite", 32, "model", 0},   // the most tokens routed in one block
+      {"deepseek-v3", 17, "model", 0},                                              // and one past it (router, then scan)
   };
   const uint64_t seed = test::fresh_seed();
   for (const Case& c : cases) {

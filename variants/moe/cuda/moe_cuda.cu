@@ -37,15 +37,10 @@ struct RouterParams {
 // topk_group best groups (noaux_tc: by the sum of their two best biased scores, group_limited_greedy: by their
 // best score), then the topk best experts among them (ties to the lower index), weights from the unbiased
 // scores, normalised (norm_topk_prob) and scaled. Each choice also counts a row for its expert.
-constexpr int kRouterWarps = 4;
-__global__ void router_kernel(RouterParams p) {
-  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
-  pdl_launch_dependents();
-  extern __shared__ float smem[];
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  const int t = int(blockIdx.x) * kRouterWarps + warp;
-  if (t >= p.tokens) return;
-  float* score = smem + warp * 2 * p.E;
+// Token t's routing by one warp, in `scratch` (2 E floats).
+__device__ void route_token(const RouterParams& p, int t, float* scratch) {
+  const int lane = int(threadIdx.x) % 32;
+  float* score = scratch;
   float* choice = score + p.E;
   const float* x = p.logits + int64_t(t) * p.E;
   float mx = -INFINITY;
@@ -121,6 +116,16 @@ __global__ void router_kernel(RouterParams p) {
   }
 }
 
+constexpr int kRouterWarps = 4;
+__global__ void router_kernel(RouterParams p) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
+  extern __shared__ float smem[];
+  const int warp = int(threadIdx.x) / 32;
+  const int t = int(blockIdx.x) * kRouterWarps + warp;
+  if (t < p.tokens) route_token(p, t, smem + warp * 2 * p.E);
+}
+
 // Given routing: only the counts.
 __global__ void count_kernel(const int32_t* ids, int n, int32_t* counts) {
   pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
@@ -133,35 +138,60 @@ __global__ void count_kernel(const int32_t* ids, int n, int32_t* counts) {
 // scatter of every (token, k) to its expert's rows (cursors in shared memory), and the counts zeroed for the next
 // step (so no memset node per step).
 constexpr int kScanThreads = 1024;
-__global__ void __launch_bounds__(kScanThreads) scan_scatter_kernel(int32_t* counts, int E, int tile_rows, const int32_t* ids, int rows, int topk,
-                                                                    int32_t* offsets, int2* tiles, int32_t* num_tiles, int32_t* perm_token,
-                                                                    int32_t* slot) {
-  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
-  pdl_launch_dependents();
+struct ScanArgs {
+  int32_t* counts;
+  int E, tile_rows;
+  const int32_t* ids;
+  int rows, topk;
+  int32_t *offsets;
+  int2* tiles;
+  int32_t *num_tiles, *perm_token, *slot;
+};
+__device__ void scan_scatter(const ScanArgs& a) {
   using Scan = cub::BlockScan<int2, kScanThreads>;
   __shared__ typename Scan::TempStorage temp;
   __shared__ int cursor[kScanThreads];
   const int e = int(threadIdx.x);
-  const int n = e < E ? counts[e] : 0;
-  const int2 mine = make_int2(n, (n + tile_rows - 1) / tile_rows);
+  const int n = e < a.E ? a.counts[e] : 0;
+  const int2 mine = make_int2(n, (n + a.tile_rows - 1) / a.tile_rows);
   int2 first, total;
-  Scan(temp).ExclusiveScan(mine, first, make_int2(0, 0), [](int2 a, int2 b) { return make_int2(a.x + b.x, a.y + b.y); }, total);
-  if (e < E) {
-    offsets[e] = first.x;
+  Scan(temp).ExclusiveScan(mine, first, make_int2(0, 0), [](int2 x, int2 y) { return make_int2(x.x + y.x, x.y + y.y); }, total);
+  if (e < a.E) {
+    a.offsets[e] = first.x;
     cursor[e] = first.x;
-    counts[e] = 0;
-    for (int i = 0; i < mine.y; ++i) tiles[first.y + i] = make_int2(e, first.x + i * tile_rows);
+    a.counts[e] = 0;
+    for (int i = 0; i < mine.y; ++i) a.tiles[first.y + i] = make_int2(e, first.x + i * a.tile_rows);
   }
   if (e == 0) {
-    offsets[E] = total.x;
-    *num_tiles = total.y;
+    a.offsets[a.E] = total.x;
+    *a.num_tiles = total.y;
   }
   __syncthreads();
-  for (int i = e; i < rows; i += kScanThreads) {
-    const int pos = atomicAdd(&cursor[ids[i]], 1);
-    perm_token[pos] = i / topk;
-    slot[i] = pos;
+  for (int i = e; i < a.rows; i += kScanThreads) {
+    const int pos = atomicAdd(&cursor[a.ids[i]], 1);
+    a.perm_token[pos] = i / a.topk;
+    a.slot[i] = pos;
   }
+}
+__global__ void __launch_bounds__(kScanThreads) scan_scatter_kernel(ScanArgs a) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
+  scan_scatter(a);
+}
+
+// Decode: the router and the scan + scatter in one block (one kernel boundary less per MoE layer): a warp per
+// token routes it, then the block's barrier (which also makes the warps' global writes visible to the whole
+// block) and the scan + scatter as above.
+constexpr int kFusedRouteTokens = kScanThreads / 32;
+constexpr size_t kMaxRouterSmem = 32 * 1024;  // dynamic shared memory, well inside the 48 KB a kernel gets without opting in
+__global__ void __launch_bounds__(kScanThreads) route_scan_scatter_kernel(RouterParams p, ScanArgs a) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
+  extern __shared__ float smem[];
+  const int warp = int(threadIdx.x) / 32;
+  if (warp < p.tokens) route_token(p, warp, smem + warp * 2 * p.E);
+  __syncthreads();
+  scan_scatter(a);
 }
 
 // The router's logits for a handful of tokens (decode) without a GEMM launch: one warp per (token, expert) dot
@@ -393,13 +423,22 @@ void MoeOp::route() {
     RouterParams p{logits_.get(), w_->bias.get(), int(tokens_), int(m_.n_routed_experts), int(topk_), int(m_.n_group), int(m_.topk_group),
                    m_.scoring_func == "sigmoid", m_.topk_method != "greedy", m_.topk_method == "noaux_tc", m_.norm_topk_prob,
                    float(m_.routed_scaling_factor), topk_ids_.get(), topk_weights_.get(), counts_.get()};
-    const size_t smem = size_t(kRouterWarps) * 2 * size_t(m_.n_routed_experts) * 4;
-    launch_pdl(router_kernel, dim3(unsigned((tokens_ + kRouterWarps - 1) / kRouterWarps)), dim3(32 * kRouterWarps), smem, stream_, p);
+    const ScanArgs a{counts_.get(), int(experts_), tile_rows_, topk_ids_.get(), int(rows_), int(topk_), offsets_.get(),
+                     tiles_.get(), num_tiles_.get(), perm_token_.get(), slot_.get()};
+    const size_t per_warp = 2 * size_t(m_.n_routed_experts) * 4;
+    if (tokens_ <= kFusedRouteTokens && size_t(tokens_) * per_warp <= kMaxRouterSmem) {
+      launch_pdl(route_scan_scatter_kernel, dim3(1), dim3(kScanThreads), size_t(tokens_) * per_warp, stream_, p, a);
+      DSLAB_CHECK_LAUNCH();
+      mark("route");
+      return;
+    }
+    launch_pdl(router_kernel, dim3(unsigned((tokens_ + kRouterWarps - 1) / kRouterWarps)), dim3(32 * kRouterWarps), kRouterWarps * per_warp, stream_, p);
     DSLAB_CHECK_LAUNCH();
   }
   const int32_t* ids = b_.topk_ids ? b_.topk_ids : topk_ids_.get();
-  launch_pdl(scan_scatter_kernel, dim3(1), dim3(kScanThreads), 0, stream_, counts_.get(), int(experts_), tile_rows_, ids, int(rows_), int(topk_), offsets_.get(),
-                                                       tiles_.get(), num_tiles_.get(), perm_token_.get(), slot_.get());
+  const ScanArgs a{counts_.get(), int(experts_), tile_rows_, ids, int(rows_), int(topk_), offsets_.get(),
+                   tiles_.get(), num_tiles_.get(), perm_token_.get(), slot_.get()};
+  launch_pdl(scan_scatter_kernel, dim3(1), dim3(kScanThreads), 0, stream_, a);
   DSLAB_CHECK_LAUNCH();
   mark("route");
 }
