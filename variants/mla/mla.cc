@@ -56,8 +56,6 @@ std::vector<std::pair<std::string, std::string>> axes() {
   return {{"batch", "1"}, {"q_len", "1"}, {"kv_len", "4096"}, {"heads", ""}};
 }
 
-namespace {
-
 double weight_elements(const ModelConfig& m, int64_t H) {
   const double hid = double(m.hidden_size), qhd = double(m.q_head_dim()), r = double(m.kv_lora_rank);
   const double q = m.q_lora_rank ? hid * double(*m.q_lora_rank) + double(*m.q_lora_rank) * double(H) * qhd : hid * double(H) * qhd;
@@ -65,7 +63,7 @@ double weight_elements(const ModelConfig& m, int64_t H) {
          double(H) * double(m.v_head_dim) * hid;
 }
 
-double cache_bytes_per_token(const ModelConfig& m, Algo algo, int64_t H, KvDtype kv = KvDtype::bf16) {
+double cache_bytes_per_token(const ModelConfig& m, Algo algo, int64_t H, KvDtype kv) {
   if (algo == Algo::cd) return 2.0 * double(H) * double(m.q_head_dim() + m.v_head_dim);
   const double width = double(m.kv_lora_rank + m.qk_rope_head_dim);
   if (kv == KvDtype::bf16) return 2.0 * width;
@@ -81,8 +79,6 @@ double pair_flops(const ModelConfig& m, Algo algo, int64_t H) {
 double decompress_flops(const ModelConfig& m, int64_t H) {
   return 2.0 * double(m.kv_lora_rank) * double(H) * double(m.qk_nope_head_dim + m.v_head_dim);
 }
-
-}  // namespace
 
 Cost cost_per_cached_token(const ModelConfig& m, Algo algo, int64_t heads) {
   Cost c;

@@ -34,6 +34,13 @@ Shape shape_of(const ModelConfig& m, const Point& p);
 
 // Work of one step: projections, cache writes, attention, o_proj. Bytes: weights, cache and activations once.
 Cost cost(const ModelConfig& m, Algo algo, const Shape& s);
+// The pieces of cost(), for the layer's op cost model (variants/layer/ops.h): the attention module's weight
+// elements at H heads; cache bytes per cached token; FLOPs of one (query, key) pair over all heads; FLOPs of
+// decompressing one latent into H heads' K and V (kv_b_proj).
+double weight_elements(const ModelConfig& m, int64_t H);
+double cache_bytes_per_token(const ModelConfig& m, Algo algo, int64_t H, KvDtype kv = KvDtype::bf16);
+double pair_flops(const ModelConfig& m, Algo algo, int64_t H);
+double decompress_flops(const ModelConfig& m, int64_t H);
 // What one cached token costs a decode query (the per-token figures the MADSys benchmark publishes).
 Cost cost_per_cached_token(const ModelConfig& m, Algo algo, int64_t heads);
 // Bytes of the attention module's bf16 weights at `heads` heads.

@@ -154,6 +154,10 @@ const std::vector<double>& Problem::reference() const {
   return reference_;
 }
 
+double expected_active_experts(int64_t experts, int64_t topk, int64_t tokens) {
+  return double(experts) * (1.0 - std::pow(1.0 - double(topk) / double(experts), double(tokens)));
+}
+
 Cost cost(const ModelConfig& m, const Problem& p) {
   const double H = double(m.hidden_size), I = double(m.moe_intermediate_size), T = double(p.shape.tokens);
   Cost c;

@@ -498,10 +498,6 @@ std::vector<std::string> moe_op_names() { return OpRegistry<MoeOp>::instance().n
 
 // ---- cost ------------------------------------------------------------------------------------------------
 
-double expected_active_experts(int64_t experts, int64_t topk, int64_t tokens) {
-  return double(experts) * (1.0 - std::pow(1.0 - double(topk) / double(experts), double(tokens)));
-}
-
 Cost moe_layer_cost(const ModelConfig& m, int64_t tokens, double active_experts) {
   const double T = double(tokens), H = double(m.hidden_size), I = double(m.moe_intermediate_size), E = double(m.n_routed_experts);
   const double K = double(m.num_experts_per_tok), Is = I * double(m.n_shared_experts);

@@ -171,8 +171,7 @@ class GpuMoeVariant : public Variant {
 // Analytic cost of one MoE layer on `tokens` tokens: router, routed experts (`active` experts' weights read),
 // shared experts.
 Cost moe_layer_cost(const ModelConfig& m, int64_t tokens, double active_experts);
-// Expected distinct experts reached by tokens x topk choices spread uniformly over `experts`.
-double expected_active_experts(int64_t experts, int64_t topk, int64_t tokens);
+using moe::expected_active_experts;
 
 // Tiles of rows for the grouped GEMMs at a given mean of rows per expert (decode: a few; prefill: hundreds).
 int tile_rows_for(double rows_per_expert);

@@ -1,0 +1,84 @@
+// The layer's op cost model (variants/layer/ops.h) against values derived by hand from the configs, and the
+// whole step's weights against the models' published parameter counts.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "tests/test_util.h"
+#include "variants/layer/ops.h"
+
+namespace dslab {
+namespace {
+
+std::map<std::string, layer::OpCost> by_name(const std::vector<layer::OpCost>& ops) {
+  std::map<std::string, layer::OpCost> out;
+  for (const auto& o : ops) out[o.name] = o;
+  return out;
+}
+
+TEST(LayerOps, V2LiteDecodeOpsByHand) {
+  // hidden 2048, 16 heads x (128 nope + 64 rope), v 128, kv_lora 512, no q_lora; 64 experts x 1408, top-6, 2 shared.
+  const ModelConfig m = test::model("deepseek-v2-lite");
+  layer::StepShape s;
+  s.batch = 1, s.q_len = 1, s.kv_len = 4096;
+  const auto ops = by_name(layer::layer_ops(m, 1, s));
+  EXPECT_EQ(ops.count("q_a_proj"), 0u);
+  EXPECT_DOUBLE_EQ(ops.at("q_proj").flops, 2.0 * 2048 * 16 * 192);
+  EXPECT_DOUBLE_EQ(ops.at("q_proj").weight_bytes, 2.0 * 2048 * 16 * 192);
+  EXPECT_DOUBLE_EQ(ops.at("kv_a_proj").flops, 2.0 * 2048 * 576);
+  // a_cc_me: 4097 (query, key) pairs x 2 x 16 x (512 + 512 + 64), plus W_UK into q and W_UV out (2 x 16 x 512 x 256).
+  EXPECT_DOUBLE_EQ(ops.at("attention_core").flops, 4097.0 * 2 * 16 * 1088 + 2.0 * 16 * 512 * 256);
+  EXPECT_DOUBLE_EQ(ops.at("attention_core").weight_bytes, 2.0 * 512 * 16 * 256);
+  EXPECT_DOUBLE_EQ(ops.at("attention_core").kv_bytes, (4097.0 + 1) * 576 * 2);
+  EXPECT_DOUBLE_EQ(ops.at("o_proj").flops, 2.0 * 16 * 128 * 2048);
+  EXPECT_DOUBLE_EQ(ops.at("gate").weight_bytes, 2.0 * 2048 * 64);
+  EXPECT_DOUBLE_EQ(ops.at("shared_experts").flops, 6.0 * 2048 * 2 * 1408);
+  EXPECT_DOUBLE_EQ(ops.at("shared_experts").weight_bytes, 3.0 * 2048 * 2816 * 2);
+  // One token reaches exactly its 6 experts.
+  EXPECT_DOUBLE_EQ(ops.at("routed_experts").active_experts, 6);
+  EXPECT_DOUBLE_EQ(ops.at("routed_experts").tokens_per_expert, 1);
+  EXPECT_DOUBLE_EQ(ops.at("routed_experts").flops, 6.0 * 6 * 2048 * 1408);
+  EXPECT_DOUBLE_EQ(ops.at("routed_experts").weight_bytes, 6.0 * 3 * 2048 * 1408 * 2);
+  EXPECT_EQ(ops.count("dense_mlp"), 0u);
+  // Layer 0 is dense (first_k_dense_replace 1): 10944 wide, no gate or experts.
+  const auto first = by_name(layer::layer_ops(m, 0, s));
+  EXPECT_DOUBLE_EQ(first.at("dense_mlp").weight_bytes, 3.0 * 2048 * 10944 * 2);
+  EXPECT_EQ(first.count("routed_experts"), 0u);
+  // Decode at batch 1 streams weights: every weight-bearing op sits near 1 FLOP per byte.
+  EXPECT_LT(ops.at("routed_experts").intensity(), 1.01);
+  EXPECT_GT(ops.at("attention_core").intensity(), 10.0);  // 16 heads share each cached latent
+}
+
+TEST(LayerOps, V3PrefillRoutedExpertsByHand) {
+  // q_lora 1536, 128 heads; 256 experts x 2048, top-8.
+  const ModelConfig m = test::model("deepseek-v3");
+  layer::StepShape s;
+  s.batch = 1, s.q_len = 4096, s.kv_len = 0;
+  const auto ops = by_name(layer::layer_ops(m, 3, s));
+  EXPECT_DOUBLE_EQ(ops.at("q_a_proj").flops, 2.0 * 4096 * 7168 * 1536);
+  EXPECT_DOUBLE_EQ(ops.at("q_b_proj").weight_bytes, 2.0 * 1536 * 128 * 192);
+  const auto& r = ops.at("routed_experts");
+  EXPECT_NEAR(r.active_experts, 256, 1e-6);  // 32768 choices reach every expert
+  EXPECT_NEAR(r.tokens_per_expert, 128, 1e-6);
+  EXPECT_DOUBLE_EQ(r.flops, 6.0 * 4096 * 8 * 7168 * 2048);
+  EXPECT_NEAR(r.weight_bytes, 256.0 * 3 * 7168 * 2048 * 2, 1);
+  // Causal pairs among 4096 new tokens: 4096 * 4097 / 2.
+  EXPECT_DOUBLE_EQ(ops.at("attention_core").flops, 4096.0 * 4097 / 2 * 2 * 128 * 1088 + 4096.0 * 2 * 128 * 512 * 256);
+}
+
+TEST(LayerOps, WholeStepWeightsAreTheModelsParameters) {
+  // With every expert reached, the step reads each weight once: with the embedding table, the published totals
+  // (V2-Lite 15.7 B parameters; V3 671 B, its checkpoint's 685 B less the 14 B multi-token-prediction module).
+  for (const auto& [name, params] : std::vector<std::pair<const char*, double>>{{"deepseek-v2-lite", 15.7e9}, {"deepseek-v3", 671e9}}) {
+    const ModelConfig m = test::model(name);
+    layer::StepShape s;
+    s.batch = 1, s.q_len = 1 << 20;
+    double weights = 0;
+    for (const auto& op : layer::step_ops(m, s)) weights += op.weight_bytes;
+    const double total = weights / 2 + double(m.vocab_size) * double(m.hidden_size);  // + the embedding table
+    EXPECT_NEAR(total / params, 1.0, 0.005) << name << ": " << total;
+  }
+}
+
+}  // namespace
+}  // namespace dslab

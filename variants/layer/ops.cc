@@ -1,0 +1,139 @@
+#include "variants/layer/ops.h"
+
+#include "variants/moe/moe.h"
+
+namespace dslab::layer {
+
+const char* group_name(OpGroup g) {
+  switch (g) {
+    case OpGroup::attention: return "attention";
+    case OpGroup::gate: return "gate";
+    case OpGroup::shared_experts: return "shared_experts";
+    case OpGroup::routed_experts: return "routed_experts";
+    case OpGroup::dense_mlp: return "dense_mlp";
+    case OpGroup::norms: return "norms";
+    case OpGroup::embedding: return "embedding";
+    case OpGroup::lm_head: return "lm_head";
+  }
+  return "?";
+}
+
+namespace {
+
+// A bf16 projection of T rows, in -> out features: weights read once, bf16 rows in, out_bytes per output value.
+OpCost projection(const char* name, OpGroup g, int64_t layer, double T, double in, double out, double out_bytes = 2) {
+  OpCost c;
+  c.name = name;
+  c.group = g;
+  c.layer = layer;
+  c.flops = 2 * T * in * out;
+  c.weight_bytes = 2 * in * out;
+  c.act_bytes = T * in * 2 + T * out * out_bytes;
+  return c;
+}
+
+// RMSNorm of T rows of H on the fp32 residual stream: residual (+ the op's output) read, residual written, bf16 out.
+OpCost norm(const char* name, int64_t layer, double T, double H, bool adds) {
+  OpCost c;
+  c.name = name;
+  c.group = OpGroup::norms;
+  c.layer = layer;
+  c.flops = 4 * T * H;
+  c.weight_bytes = 2 * H;
+  c.act_bytes = T * H * ((adds ? 4 + 4 : 4) + 4 + 2);
+  return c;
+}
+
+// gate (SiLU) and up fused, then down: 6 H I FLOPs per token, three H x I matrices.
+OpCost mlp(const char* name, OpGroup g, int64_t layer, double T, double H, double I) {
+  OpCost c;
+  c.name = name;
+  c.group = g;
+  c.layer = layer;
+  c.flops = 6 * T * H * I;
+  c.weight_bytes = 3 * H * I * 2;
+  c.act_bytes = T * H * 2 + T * H * 4;  // bf16 in, fp32 out
+  return c;
+}
+
+}  // namespace
+
+std::vector<OpCost> layer_ops(const ModelConfig& m, int64_t layer, const StepShape& s) {
+  const double T = double(s.tokens()), H = double(m.hidden_size), nh = double(m.num_attention_heads);
+  const double r = double(m.kv_lora_rank), rope = double(m.qk_rope_head_dim), qhd = double(m.q_head_dim());
+  const double nope = double(m.qk_nope_head_dim), vd = double(m.v_head_dim);
+  std::vector<OpCost> ops;
+  ops.push_back(norm("input_norm", layer, T, H, /*adds=*/layer > 0));
+  if (m.q_lora_rank) {
+    const double ql = double(*m.q_lora_rank);
+    ops.push_back(projection("q_a_proj", OpGroup::attention, layer, T, H, ql, 4));
+    ops.push_back(projection("q_b_proj", OpGroup::attention, layer, T, ql, nh * qhd));
+  } else {
+    ops.push_back(projection("q_proj", OpGroup::attention, layer, T, H, nh * qhd));
+  }
+  ops.push_back(projection("kv_a_proj", OpGroup::attention, layer, T, H, r + rope, 4));
+
+  // The core: scores and the weighted sum over the cache (and this step's new keys, causal among them), with
+  // kv_b_proj as the form uses it: absorbed into q and the output per new token (a_cc, a_cc_me), decompressing
+  // the new tokens into the K/V cache (cd), or the whole cache every step (cc).
+  OpCost core;
+  core.name = "attention_core";
+  core.group = OpGroup::attention;
+  core.layer = layer;
+  const int64_t H_heads = m.num_attention_heads;
+  const double keys = double(s.kv_len + s.q_len), S = double(s.q_len), B = double(s.batch);
+  const double pairs = B * (S * double(s.kv_len) + S * (S + 1) / 2);
+  core.flops = pairs * mla::pair_flops(m, s.attn, H_heads);
+  switch (s.attn) {
+    case mla::Algo::cd: core.flops += T * mla::decompress_flops(m, H_heads); break;
+    case mla::Algo::cc: core.flops += B * keys * mla::decompress_flops(m, H_heads); break;
+    default: core.flops += T * 2 * nh * r * (nope + vd); break;
+  }
+  core.weight_bytes = 2 * r * nh * (nope + vd);  // kv_b_proj
+  const double per_token = mla::cache_bytes_per_token(m, s.attn, H_heads, s.kv_dtype);
+  core.kv_bytes = B * keys * per_token + T * per_token;  // read every cached key, write the new ones
+  core.act_bytes = T * nh * qhd * 2 + T * (r + rope) * 4 + T * nh * vd * 2;  // q and the latent in, per-head output out
+  ops.push_back(core);
+
+  ops.push_back(projection("o_proj", OpGroup::attention, layer, T, nh * vd, H, 4));
+  ops.push_back(norm("post_attention_norm", layer, T, H, /*adds=*/true));
+  if (layer < m.first_k_dense_replace) {
+    ops.push_back(mlp("dense_mlp", OpGroup::dense_mlp, layer, T, H, double(m.intermediate_size)));
+    return ops;
+  }
+  const double E = double(m.n_routed_experts), K = double(m.num_experts_per_tok), I = double(m.moe_intermediate_size);
+  ops.push_back(projection("gate", OpGroup::gate, layer, T, H, E, 4));
+  if (m.n_shared_experts > 0) ops.push_back(mlp("shared_experts", OpGroup::shared_experts, layer, T, H, I * double(m.n_shared_experts)));
+  OpCost routed;
+  routed.name = "routed_experts";
+  routed.group = OpGroup::routed_experts;
+  routed.layer = layer;
+  routed.active_experts = moe::expected_active_experts(m.n_routed_experts, m.num_experts_per_tok, s.tokens());
+  routed.tokens_per_expert = T * K / routed.active_experts;
+  routed.flops = 6 * T * K * H * I;
+  routed.weight_bytes = routed.active_experts * 3 * H * I * 2;
+  routed.act_bytes = T * K * (H * 2 + H * 4);  // each (token, expert) row in (bf16) and out (fp32)
+  ops.push_back(routed);
+  return ops;
+}
+
+std::vector<OpCost> step_ops(const ModelConfig& m, const StepShape& s) {
+  const double T = double(s.tokens()), H = double(m.hidden_size), V = double(m.vocab_size);
+  std::vector<OpCost> ops;
+  OpCost embed;
+  embed.name = "embedding";
+  embed.group = OpGroup::embedding;
+  embed.act_bytes = T * H * 2 + T * H * 4;  // the tokens' rows read, the residual stream written
+  ops.push_back(embed);
+  for (int64_t layer = 0; layer < m.num_hidden_layers; ++layer) {
+    auto l = layer_ops(m, layer, s);
+    ops.insert(ops.end(), l.begin(), l.end());
+  }
+  ops.push_back(norm("final_norm", -1, T, H, /*adds=*/true));
+  // Logits for each request's last new token (prefill needs only those; decode has one token per request).
+  OpCost head = projection("lm_head", OpGroup::lm_head, -1, double(s.batch), H, V, 4);
+  ops.push_back(head);
+  return ops;
+}
+
+}  // namespace dslab::layer

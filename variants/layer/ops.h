@@ -1,0 +1,46 @@
+// The ops of a DeepSeek decode or prefill step, each with its work and its traffic: what the offload planner
+// (`dslab plan`) places on a device and prices against that device's ceilings. One list per step: the embedding,
+// every decoder layer's ops in order, the final norm and the LM head. Each op counts what it must move once:
+// its weights, the KV cache it reads or writes, and its activations in and out (bf16 in, fp32 residual traffic
+// where the GPU layer keeps an fp32 residual stream). Unit-tested against hand-derived values (tests/test_ops.cc).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "variants/common/model_config.h"
+#include "variants/mla/mla.h"
+
+namespace dslab::layer {
+
+// The op groups a placement moves as one (the planner's granularity).
+enum class OpGroup { attention, gate, shared_experts, routed_experts, dense_mlp, norms, embedding, lm_head };
+const char* group_name(OpGroup g);
+
+struct StepShape {
+  int64_t batch = 1, q_len = 1, kv_len = 0;  // requests, new tokens per request, tokens cached per request before
+  mla::Algo attn = mla::Algo::a_cc_me;      // the attention form (what its core computes and caches)
+  mla::KvDtype kv_dtype = mla::KvDtype::bf16;
+  int64_t tokens() const { return batch * q_len; }
+};
+
+struct OpCost {
+  std::string name;  // q_proj | q_a_proj | q_b_proj | kv_a_proj | attention_core | o_proj | gate | shared_experts |
+                     // routed_experts | dense_mlp | input_norm | post_attention_norm | embedding | final_norm | lm_head
+  OpGroup group = OpGroup::attention;
+  int64_t layer = -1;  // decoder layer, -1 outside the layers
+  double flops = 0;
+  double weight_bytes = 0, kv_bytes = 0, act_bytes = 0;
+  // Routed experts only: the experts the step reaches (expected under uniform routing) and the mean tokens each
+  // receives (tokens x topk / active): the number that decides CPU (few) or GPU (many) for them.
+  double active_experts = 0, tokens_per_expert = 0;
+  double bytes() const { return weight_bytes + kv_bytes + act_bytes; }
+  double intensity() const { return bytes() > 0 ? flops / bytes() : 0; }
+};
+
+// The ops of decoder layer `layer` (dense MLP below first_k_dense_replace, else gate + shared + routed experts).
+std::vector<OpCost> layer_ops(const ModelConfig& m, int64_t layer, const StepShape& s);
+// The whole step: embedding, every layer, final norm, LM head (for the last token of each request in prefill).
+std::vector<OpCost> step_ops(const ModelConfig& m, const StepShape& s);
+
+}  // namespace dslab::layer
