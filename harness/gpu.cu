@@ -75,6 +75,23 @@ struct Events {
 
 __global__ void empty_kernel() {}
 
+// A small kernel as a decode step has dozens per layer (a norm, a router): one block reads 16 KB it has never seen
+// (a fresh HBM round trip), reduces it, writes one value. Its time in a graph is what such a kernel costs at least.
+__global__ void small_kernel(const uint4* src, float* dst) {
+  __shared__ float partial[8];
+  const uint4 v = src[threadIdx.x], w = src[threadIdx.x + blockDim.x], x = src[threadIdx.x + 2 * blockDim.x],
+              y = src[threadIdx.x + 3 * blockDim.x];
+  float sum = __uint_as_float(v.x ^ w.y ^ x.z ^ y.w);
+  for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0;
+    for (int i = 0; i < 8; ++i) total += partial[i];
+    *dst = total;
+  }
+}
+
 __global__ void spin_kernel(uint64_t nanoseconds) {
   uint64_t start = 0, now = 0;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
@@ -404,6 +421,38 @@ nlohmann::json calibrate() {
     out["graph_how"] = "1000 back-to-back launches of a one-empty-kernel graph (per launch); one launch of a graph of 100 empty kernels (per node); best of 5";
     DSLAB_CUDA(cudaGraphExecDestroy(one));
     DSLAB_CUDA(cudaGraphExecDestroy(hundred));
+    // 100 small kernels in a graph, each reading 16 KB at its own place in a buffer larger than L2 (a new place
+    // each launch), so each pays a launch in the graph, an HBM round trip, a block reduction and a store.
+    const size_t span = size_t(1) << 20, buffer = 100 * span * 4;  // 100 kernels x 4 graphs, 1 MiB apart
+    uint4* src = nullptr;
+    float* dst = nullptr;
+    DSLAB_CUDA(cudaMalloc(&src, buffer));
+    DSLAB_CUDA(cudaMalloc(&dst, sizeof(float)));
+    DSLAB_CUDA(cudaMemset(src, 1, buffer));
+    std::vector<cudaGraphExec_t> smalls;
+    for (int round = 0; round < 4; ++round) {
+      cudaGraph_t g{};
+      cudaGraphExec_t exec{};
+      DSLAB_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      for (int i = 0; i < 100; ++i) {
+        small_kernel<<<1, 256, 0, stream>>>(src + (size_t(round) * 100 + size_t(i)) * span / sizeof(uint4), dst);
+        DSLAB_CHECK_LAUNCH();
+      }
+      DSLAB_CUDA(cudaStreamEndCapture(stream, &g));
+      DSLAB_CUDA(cudaGraphInstantiate(&exec, g, 0));
+      DSLAB_CUDA(cudaGraphDestroy(g));
+      smalls.push_back(exec);
+    }
+    double best = 1e30;
+    for (cudaGraphExec_t exec : smalls) {  // each graph once, its 16 KB reads not yet in L2
+      flush_l2();
+      best = std::min(best, ev.seconds([&] { DSLAB_CUDA(cudaGraphLaunch(exec, 0)); }));
+      DSLAB_CUDA(cudaGraphExecDestroy(exec));
+    }
+    out["small_kernel_s"] = best / 100;
+    out["small_kernel_how"] = "a graph of 100 one-block kernels, each reading 16 KB not in L2, reducing it and storing a value; per kernel, best of 4";
+    DSLAB_CUDA(cudaFree(src));
+    DSLAB_CUDA(cudaFree(dst));
     DSLAB_CUDA(cudaStreamDestroy(stream));
   }
   return out;

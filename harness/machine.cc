@@ -92,7 +92,7 @@ nlohmann::json calibrate_machine(int threads) {
   }
   m["cpu"] = c;
   m["gpu"] = gpu::calibrate();
-  if (gpu_info().present) m["gpu"]["name"] = gpu_info().name;
+  if (gpu_info().present) m["gpu"]["name"] = gpu_info().name, m["gpu"]["memory_bytes"] = double(gpu_info().memory_bytes);
   return m;
 }
 

@@ -64,6 +64,7 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
     ceiling("gpu", "launch_overhead_s", 1e6, "us");
     ceiling("gpu", "graph_launch_overhead_s", 1e6, "us");
     ceiling("gpu", "graph_kernel_node_s", 1e6, "us");
+    ceiling("gpu", "small_kernel_s", 1e6, "us");
     ceiling("gpu", "h2d_pinned_bytes_per_s", 1e-9, "GB/s");
     ceiling("gpu", "d2h_pinned_bytes_per_s", 1e-9, "GB/s");
   }

@@ -51,6 +51,7 @@ OpCost mlp(const char* name, OpGroup g, int64_t layer, double T, double H, doubl
   c.group = g;
   c.layer = layer;
   c.flops = 6 * T * H * I;
+  c.gpu_kernels = 3;  // gate+up GEMM, SiLU x up, down GEMM
   c.weight_bytes = 3 * H * I * 2;
   c.act_bytes = T * H * 2 + T * H * 4;  // bf16 in, fp32 out
   return c;
@@ -90,6 +91,7 @@ std::vector<OpCost> layer_ops(const ModelConfig& m, int64_t layer, const StepSha
     default: core.flops += T * 2 * nh * r * (nope + vd); break;
   }
   core.weight_bytes = 2 * r * nh * (nope + vd);  // kv_b_proj
+  core.gpu_kernels = 6;  // norm + cache write, RoPE, W_UK into q, attention, split merge, W_UV out (fused form)
   const double per_token = mla::cache_bytes_per_token(m, s.attn, H_heads, s.kv_dtype);
   core.kv_bytes = B * keys * per_token + T * per_token;  // read every cached key, write the new ones
   core.act_bytes = T * nh * qhd * 2 + T * (r + rope) * 4 + T * nh * vd * 2;  // q and the latent in, per-head output out
@@ -103,6 +105,7 @@ std::vector<OpCost> layer_ops(const ModelConfig& m, int64_t layer, const StepSha
   }
   const double E = double(m.n_routed_experts), K = double(m.num_experts_per_tok), I = double(m.moe_intermediate_size);
   ops.push_back(projection("gate", OpGroup::gate, layer, T, H, E, 4));
+  ops.back().gpu_kernels = 2;  // logits, routing (+ permutation)
   if (m.n_shared_experts > 0) ops.push_back(mlp("shared_experts", OpGroup::shared_experts, layer, T, H, I * double(m.n_shared_experts)));
   OpCost routed;
   routed.name = "routed_experts";
@@ -113,6 +116,7 @@ std::vector<OpCost> layer_ops(const ModelConfig& m, int64_t layer, const StepSha
   routed.flops = 6 * T * K * H * I;
   routed.weight_bytes = routed.active_experts * 3 * H * I * 2;
   routed.act_bytes = T * K * (H * 2 + H * 4);  // each (token, expert) row in (bf16) and out (fp32)
+  routed.gpu_kernels = 3;                        // grouped gate+up, grouped down, weighted combine
   ops.push_back(routed);
   return ops;
 }
@@ -124,6 +128,7 @@ std::vector<OpCost> step_ops(const ModelConfig& m, const StepShape& s) {
   embed.name = "embedding";
   embed.group = OpGroup::embedding;
   embed.act_bytes = T * H * 2 + T * H * 4;  // the tokens' rows read, the residual stream written
+  embed.gpu_kernels = 0;                     // (inside the first norm's kernel)
   ops.push_back(embed);
   for (int64_t layer = 0; layer < m.num_hidden_layers; ++layer) {
     auto l = layer_ops(m, layer, s);

@@ -34,6 +34,7 @@ struct OpCost {
   // Routed experts only: the experts the step reaches (expected under uniform routing) and the mean tokens each
   // receives (tokens x topk / active): the number that decides CPU (few) or GPU (many) for them.
   double active_experts = 0, tokens_per_expert = 0;
+  int gpu_kernels = 1;  // kernels layer/deepseek/cuda launches for it (each pays a small kernel's fixed cost)
   double bytes() const { return weight_bytes + kv_bytes + act_bytes; }
   double intensity() const { return bytes() > 0 ? flops / bytes() : 0; }
 };

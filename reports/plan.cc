@@ -1,0 +1,391 @@
+#include "reports/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "harness/command.h"
+#include "harness/errors.h"
+#include "harness/machine.h"
+#include "harness/sweep.h"
+
+namespace dslab::reports {
+
+using layer::OpCost;
+using layer::OpGroup;
+
+namespace {
+
+double field(const nlohmann::json& machine, const std::string& source, const char* section, const char* key) {
+  if (!machine.contains(section) || !machine[section].is_object() || !machine[section].contains(key) || !machine[section][key].is_number() ||
+      machine[section][key].get<double>() <= 0)
+    throw BadInput(source + ": " + section + "." + key + ": missing or not a positive number (run `dslab calibrate` on the machine to plan for; "
+                   "this field is newer than the file)");
+  return machine[section][key].get<double>();
+}
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+std::string gb(double bytes) { return fmt("%.1f GB", bytes / 1e9); }
+
+}  // namespace
+
+Ceilings Ceilings::from_machine(const nlohmann::json& machine, const std::string& source) {
+  Ceilings c;
+  c.source = source;
+  c.gpu_name = machine.contains("gpu") && machine["gpu"].is_object() ? machine["gpu"].value("name", "GPU") : "GPU";
+  c.cpu_name = machine.value("cpu_model", "CPU");
+  c.gpu_flops = field(machine, source, "gpu", "tensor_bf16_flops");
+  c.gpu_bytes_per_s = field(machine, source, "gpu", "hbm_bytes_per_s");
+  c.gpu_kernel_s = field(machine, source, "gpu", "small_kernel_s");
+  c.h2d_bytes_per_s = field(machine, source, "gpu", "h2d_pinned_bytes_per_s");
+  c.d2h_bytes_per_s = field(machine, source, "gpu", "d2h_pinned_bytes_per_s");
+  c.transfer_s = field(machine, source, "gpu", "h2d_4k_s");
+  if (machine["gpu"].contains("memory_bytes") && machine["gpu"]["memory_bytes"].is_number())
+    c.gpu_memory_bytes = machine["gpu"]["memory_bytes"].get<double>();
+  c.cpu_bytes_per_s = field(machine, source, "cpu", "dram_read_bytes_per_s");
+  const auto& cpu = machine["cpu"];
+  const bool amx = cpu.contains("amx_bf16_flops") && cpu["amx_bf16_flops"].is_number() && cpu["amx_bf16_flops"].get<double>() > 0;
+  c.cpu_unit = amx ? "amx" : "avx512";
+  c.cpu_flops = field(machine, source, "cpu", amx ? "amx_bf16_flops" : "avx512_bf16_flops");
+  c.cpu_threads = cpu.value("threads", 0);
+  return c;
+}
+
+double gpu_op_s(const OpCost& op, const Ceilings& c) {
+  return std::max(op.flops / c.gpu_flops, op.bytes() / c.gpu_bytes_per_s) + double(op.gpu_kernels) * c.gpu_kernel_s;
+}
+
+double cpu_op_s(const OpCost& op, const Ceilings& c) { return std::max(op.flops / c.cpu_flops, op.bytes() / c.cpu_bytes_per_s); }
+
+namespace {
+
+// A candidate: where each group runs. Routed experts may be split: the first gpu_layers MoE layers' experts, or
+// hot_experts of each layer's, resident on the GPU; or all of them streamed to the GPU each step.
+struct Candidate {
+  std::string name;
+  bool attention_on_gpu = true, shared_on_gpu = true, dense_on_gpu = true;
+  int64_t gpu_moe_layers = 0;    // MoE layers whose experts all live on the GPU (from the first)
+  int64_t hot_experts = 0;       // per other MoE layer, experts resident on the GPU
+  bool stream_experts = false;   // the other layers' active experts copied to the GPU each step
+};
+
+struct Model {
+  const PlanRequest& r;
+  const Ceilings& c;
+  const std::vector<OpCost>& ops;
+  int64_t moe_layers() const {
+    return r.model.num_hidden_layers - std::min(r.model.num_hidden_layers, r.model.first_k_dense_replace);
+  }
+  double expert_bytes() const { return 3.0 * double(r.model.hidden_size) * double(r.model.moe_intermediate_size) * 2; }
+  double kv_bytes() const {  // every layer's cache for the batch, at the step's end
+    const auto& s = r.shape;
+    return double(r.model.num_hidden_layers) * double(s.batch) * double(s.kv_len + s.q_len) *
+           mla::cache_bytes_per_token(r.model, s.attn, r.model.num_attention_heads, s.kv_dtype);
+  }
+  double workspace_bytes() const { return double(r.shape.tokens()) * double(r.model.hidden_size) * 64 + 1e9; }
+
+  PlacementPlan evaluate(const Candidate& k) const {
+    PlacementPlan p;
+    p.placement = k.name;
+    const auto& m = r.model;
+    const double T = double(r.shape.tokens()), H = double(m.hidden_size), K = double(m.num_experts_per_tok), E = double(m.n_routed_experts);
+    // Capacity: the groups resident on the GPU, all their weights (every expert, not only the active ones).
+    double gpu_bytes = workspace_bytes(), host_bytes = 0, stream_buffer = 0;
+    int64_t moe_index = 0;
+    for (const OpCost& op : ops) {
+      switch (op.group) {
+        case OpGroup::attention: (k.attention_on_gpu ? gpu_bytes : host_bytes) += op.weight_bytes; break;
+        case OpGroup::shared_experts: (k.shared_on_gpu ? gpu_bytes : host_bytes) += op.weight_bytes; break;
+        case OpGroup::dense_mlp: (k.dense_on_gpu ? gpu_bytes : host_bytes) += op.weight_bytes; break;
+        case OpGroup::routed_experts: {
+          const double all = E * expert_bytes();
+          if (moe_index < k.gpu_moe_layers) gpu_bytes += all;
+          else {
+            const double hot = double(k.hot_experts) * expert_bytes();
+            gpu_bytes += hot;
+            host_bytes += all - hot;
+            stream_buffer = std::max(stream_buffer, k.stream_experts ? 2 * op.weight_bytes : 0.0);  // two layers' in flight
+          }
+          ++moe_index;
+          break;
+        }
+        default: (k.attention_on_gpu ? gpu_bytes : host_bytes) += op.weight_bytes; break;  // gate, norms, head
+      }
+    }
+    gpu_bytes += stream_buffer + (k.attention_on_gpu ? kv_bytes() : 0);
+    host_bytes += k.attention_on_gpu ? 0 : kv_bytes();
+    p.gpu_bytes = gpu_bytes;
+    p.host_bytes = host_bytes;
+    const double budget = r.gpu_budget_bytes > 0 ? r.gpu_budget_bytes : c.gpu_memory_bytes;
+    if (budget > 0 && gpu_bytes > budget) p.fits = false, p.why_not = "needs " + gb(gpu_bytes) + " on the GPU, budget " + gb(budget);
+    if (p.fits && r.host_memory_bytes > 0 && host_bytes > r.host_memory_bytes)
+      p.fits = false, p.why_not = "needs " + gb(host_bytes) + " of host memory, has " + gb(r.host_memory_bytes);
+
+    // Time: ops in order; per MoE layer the routed experts overlap the shared experts where they run apart.
+    double total = 0, xfer_total = 0, cpu_total = 0;
+    moe_index = 0;
+    double shared_s = 0;  // this layer's shared experts, waiting to overlap with its routed experts
+    auto add = [&](const char* part, double s) {
+      total += s;
+      p.parts_s[part] += s;
+    };
+    for (const OpCost& op : ops) {
+      const bool gpu_side = op.group == OpGroup::attention || op.group == OpGroup::gate || op.group == OpGroup::norms ||
+                            op.group == OpGroup::embedding || op.group == OpGroup::lm_head;
+      if (gpu_side) {
+        add(group_name(op.group), k.attention_on_gpu ? gpu_op_s(op, c) : cpu_op_s(op, c));
+        continue;
+      }
+      if (op.group == OpGroup::dense_mlp) {
+        add("dense_mlp", k.dense_on_gpu ? gpu_op_s(op, c) : cpu_op_s(op, c));
+        continue;
+      }
+      if (op.group == OpGroup::shared_experts) {
+        shared_s = k.shared_on_gpu ? gpu_op_s(op, c) : cpu_op_s(op, c);
+        continue;
+      }
+      // Routed experts of this layer: the GPU's share (resident layer, hot experts, or streamed) and the CPU's.
+      double gpu_s = 0, cpu_s = 0, xfer_s = 0;
+      if (moe_index < k.gpu_moe_layers) {
+        gpu_s = gpu_op_s(op, c);
+      } else if (k.stream_experts) {
+        gpu_s = std::max(gpu_op_s(op, c), op.weight_bytes / c.h2d_bytes_per_s + c.transfer_s);
+      } else {
+        // Uniform routing: hot experts take hot/E of the (token, expert) choices; each side reads the weights of
+        // the experts it reaches.
+        const double f = double(k.hot_experts) / E;
+        OpCost on_gpu = op, on_cpu = op;
+        on_gpu.flops *= f, on_gpu.act_bytes *= f, on_gpu.weight_bytes *= f;
+        on_cpu.flops *= 1 - f, on_cpu.act_bytes *= 1 - f, on_cpu.weight_bytes *= 1 - f;
+        if (f > 0) gpu_s = gpu_op_s(on_gpu, c);
+        if (f < 1) {
+          cpu_s = cpu_op_s(on_cpu, c);
+          // hidden states (bf16) and routing (ids, weights) to the host, the experts' sum (fp32) back.
+          if (k.attention_on_gpu)
+            xfer_s = 2 * c.transfer_s + T * (H * 2 + K * 8) / c.d2h_bytes_per_s + T * H * 4 / c.h2d_bytes_per_s;
+        }
+      }
+      // The GPU runs its shared and routed share while the CPU runs the rest (KTransformers' overlap).
+      const double gpu_side_s = (k.shared_on_gpu ? shared_s : 0) + gpu_s;
+      const double cpu_side_s = xfer_s + cpu_s + (k.shared_on_gpu ? 0 : shared_s);
+      const double layer_s = k.attention_on_gpu ? std::max(gpu_side_s, cpu_side_s) : gpu_side_s + cpu_side_s;
+      add("moe", layer_s);
+      xfer_total += xfer_s;
+      cpu_total += cpu_s;
+      shared_s = 0;
+      ++moe_index;
+    }
+    p.parts_s["transfers (inside moe)"] = xfer_total;
+    p.parts_s["cpu experts (inside moe)"] = cpu_total;
+    p.predicted_s = total;
+    return p;
+  }
+};
+
+std::string why_op(const OpCost& op, const Ceilings& c, bool on_gpu) {
+  const double i = op.intensity(), g = gpu_op_s(op, c), h = cpu_op_s(op, c);
+  std::string bound_gpu = i < c.gpu_ridge() ? "memory-bound" : "compute-bound";
+  std::string bound_cpu = i < c.cpu_ridge() ? "memory-bound" : "compute-bound";
+  return fmt("%.1f FLOP/B: ", i) + bound_gpu + " on the GPU (ridge " + fmt("%.0f", c.gpu_ridge()) + "), " + bound_cpu + " on the CPU (ridge " +
+         fmt("%.0f", c.cpu_ridge()) + "); GPU " + fmt("%.1f", h / g) + "x faster" + (on_gpu ? "" : ", but placed on the CPU by capacity");
+}
+
+}  // namespace
+
+Plan make_plan(const PlanRequest& r, const Ceilings& c) {
+  Plan plan;
+  plan.request = r;
+  plan.ceilings = c;
+  plan.ops = layer::step_ops(r.model, r.shape);
+  const Model model{r, c, plan.ops};
+  const int64_t L = model.moe_layers(), E = r.model.n_routed_experts;
+  std::vector<Candidate> candidates;
+  candidates.push_back({"all_gpu", true, true, true, L, 0, false});
+  candidates.push_back({"ktransformers", true, true, true, 0, 0, false});
+  for (int64_t n : {E / 8, E / 4, E / 2})
+    if (n > 0) candidates.push_back({"hot_experts:" + std::to_string(n), true, true, true, 0, n, false});
+  // The most whole MoE layers' experts the budget holds beside everything else.
+  const double budget = r.gpu_budget_bytes > 0 ? r.gpu_budget_bytes : c.gpu_memory_bytes;
+  if (budget > 0) {
+    const PlacementPlan base = model.evaluate(candidates[1]);
+    const int64_t n = std::clamp<int64_t>(int64_t((budget - base.gpu_bytes) / (double(E) * model.expert_bytes())), 0, L);
+    if (n > 0 && n < L) candidates.push_back({"gpu_layers:" + std::to_string(n), true, true, true, n, 0, false});
+  }
+  candidates.push_back({"streamed_experts", true, true, true, 0, 0, true});
+  candidates.push_back({"all_cpu", false, false, false, 0, 0, false});
+  for (const Candidate& k : candidates) plan.placements.push_back(model.evaluate(k));
+  std::stable_sort(plan.placements.begin(), plan.placements.end(), [](const PlacementPlan& a, const PlacementPlan& b) {
+    if (a.fits != b.fits) return a.fits;
+    return a.predicted_s < b.predicted_s;
+  });
+  if (!plan.placements.empty() && plan.placements.front().fits) plan.placements.front().chosen = true;
+  const double best = plan.placements.front().predicted_s;
+  for (auto& p : plan.placements) {
+    if (!p.fits) p.reason = p.why_not;
+    else if (p.chosen) p.reason = "fastest predicted of those that fit";
+    else p.reason = fmt("%.2fx the chosen placement's time", p.predicted_s / best);
+  }
+  return plan;
+}
+
+nlohmann::json Plan::to_json() const {
+  nlohmann::json j;
+  j["model"] = request.model_name;
+  j["phase"] = request.phase;
+  j["point"] = {{"batch", request.shape.batch}, {"q_len", request.shape.q_len}, {"kv_len", request.shape.kv_len}};
+  j["gpu_budget_bytes"] = request.gpu_budget_bytes > 0 ? request.gpu_budget_bytes : ceilings.gpu_memory_bytes;
+  j["ceilings"] = {{"source", ceilings.source},          {"gpu", ceilings.gpu_name},
+                   {"cpu", ceilings.cpu_name},            {"gpu_flops", ceilings.gpu_flops},
+                   {"gpu_bytes_per_s", ceilings.gpu_bytes_per_s}, {"gpu_kernel_s", ceilings.gpu_kernel_s},
+                   {"h2d_bytes_per_s", ceilings.h2d_bytes_per_s}, {"d2h_bytes_per_s", ceilings.d2h_bytes_per_s},
+                   {"transfer_s", ceilings.transfer_s},   {"cpu_flops", ceilings.cpu_flops},
+                   {"cpu_unit", ceilings.cpu_unit},       {"cpu_bytes_per_s", ceilings.cpu_bytes_per_s},
+                   {"gpu_ridge", ceilings.gpu_ridge()},   {"cpu_ridge", ceilings.cpu_ridge()}};
+  // One row per op name and kind of layer (ops repeat identically across the MoE layers).
+  nlohmann::json ops = nlohmann::json::array();
+  std::map<std::string, size_t> row_of;
+  for (const OpCost& op : this->ops) {
+    const std::string key = op.name;
+    auto it = row_of.find(key);
+    if (it != row_of.end()) {
+      ops[it->second]["count"] = ops[it->second]["count"].get<int>() + 1;
+      continue;
+    }
+    row_of[key] = ops.size();
+    nlohmann::json o = {{"op", op.name},
+                        {"group", layer::group_name(op.group)},
+                        {"count", 1},
+                        {"flops", op.flops},
+                        {"bytes", op.bytes()},
+                        {"weight_bytes", op.weight_bytes},
+                        {"kv_bytes", op.kv_bytes},
+                        {"intensity", op.intensity()},
+                        {"gpu_s", gpu_op_s(op, ceilings)},
+                        {"cpu_s", cpu_op_s(op, ceilings)}};
+    if (op.group == OpGroup::routed_experts) o["tokens_per_expert"] = op.tokens_per_expert, o["active_experts"] = op.active_experts;
+    ops.push_back(o);
+  }
+  j["ops"] = ops;
+  nlohmann::json placements = nlohmann::json::array();
+  for (const auto& p : this->placements) {
+    placements.push_back({{"placement", p.placement},
+                          {"point", j["point"]},
+                          {"predicted_s", p.predicted_s},
+                          {"measured_s", nullptr},
+                          {"chosen", p.chosen},
+                          {"fits", p.fits},
+                          {"gpu_bytes", p.gpu_bytes},
+                          {"host_bytes", p.host_bytes},
+                          {"parts_s", p.parts_s},
+                          {"reason", p.reason}});
+  }
+  j["placements"] = placements;
+  return j;
+}
+
+std::string Plan::to_markdown() const {
+  std::ostringstream md;
+  const auto& s = request.shape;
+  md << "# Offload plan: " << request.model_name << ", " << request.phase << ", batch " << s.batch << ", q_len " << s.q_len << ", kv_len " << s.kv_len
+     << "\n\n";
+  md << "Ceilings (" << ceilings.source << "): " << ceilings.gpu_name << " " << fmt("%.0f", ceilings.gpu_flops / 1e12) << " TFLOP/s, "
+     << fmt("%.2f", ceilings.gpu_bytes_per_s / 1e12) << " TB/s (ridge " << fmt("%.0f", ceilings.gpu_ridge()) << " FLOP/B), "
+     << fmt("%.1f", ceilings.gpu_kernel_s * 1e6) << " us per small kernel; " << ceilings.cpu_name << " (" << ceilings.cpu_unit << ") "
+     << fmt("%.1f", ceilings.cpu_flops / 1e12) << " TFLOP/s, " << fmt("%.0f", ceilings.cpu_bytes_per_s / 1e9) << " GB/s (ridge "
+     << fmt("%.0f", ceilings.cpu_ridge()) << "); link " << fmt("%.0f", ceilings.h2d_bytes_per_s / 1e9) << " GB/s, "
+     << fmt("%.1f", ceilings.transfer_s * 1e6) << " us per small copy.\n\n";
+  md << "## Placements (predicted)\n\n| placement | step ms | GPU memory | host memory | chosen | why |\n|---|---|---|---|---|---|\n";
+  for (const auto& p : placements)
+    md << "| " << p.placement << " | " << fmt("%.3f", p.predicted_s * 1e3) << " | " << gb(p.gpu_bytes) << " | " << gb(p.host_bytes) << " | "
+       << (p.chosen ? "**yes**" : "") << " | " << p.reason << " |\n";
+  md << "\n## Ops (per instance; count = instances in the step)\n\n| op | count | GFLOP | MB | FLOP/B | GPU us | CPU us | why |\n"
+        "|---|---|---|---|---|---|---|---|\n";
+  std::map<std::string, int> count;
+  for (const OpCost& op : ops) ++count[op.name];
+  std::map<std::string, bool> shown;
+  for (const OpCost& op : ops) {
+    if (shown[op.name]) continue;
+    shown[op.name] = true;
+    md << "| " << op.name << " | " << count[op.name] << " | " << fmt("%.3g", op.flops / 1e9) << " | " << fmt("%.3g", op.bytes() / 1e6) << " | "
+       << fmt("%.1f", op.intensity()) << " | " << fmt("%.1f", gpu_op_s(op, ceilings) * 1e6) << " | " << fmt("%.1f", cpu_op_s(op, ceilings) * 1e6)
+       << " | " << (op.bytes() > 0 ? why_op(op, ceilings, true) : "") << " |\n";
+  }
+  return md.str();
+}
+
+namespace {
+
+const char* kPlanHelp = R"(usage: dslab plan --model NAME|PATH [options]
+
+Where each op group of a DeepSeek step should run, CPU or GPU: every op's FLOPs, bytes and intensity (the layer's
+op cost model) against a machine's calibrated ceilings (`dslab calibrate` on that machine: GPU GEMM rate, HBM,
+small-kernel cost, pinned link both ways; CPU matrix-unit rate and DRAM), candidate placements (all on the GPU;
+KTransformers' split: attention and shared experts on the GPU, routed experts on the CPU; the N hottest experts or
+the first N layers' experts on the GPU; routed experts' weights streamed to the GPU; all on the CPU), a capacity
+check of weights + KV cache against the GPU budget, and the predicted step time of each. Writes plan.json and
+plan.md (JSON names: placements[].placement, point, predicted_s, measured_s, chosen) and prints the Markdown.
+
+options:
+  --model M          model name (models/) or config.json path (required)
+  --phase P          decode (default) | prefill
+  --batch N          requests (default 1)
+  --q-len N          new tokens per request (default: 1 for decode, 1024 for prefill)
+  --kv-len N         tokens already cached per request (default 4096 for decode, 0 for prefill)
+  --gpu-budget GB    GPU memory to plan for (default: the calibrated GPU's memory)
+  --machine FILE     ceilings (default: dslab calibrate's output on this machine)
+  --out DIR          where plan.json and plan.md go (default: print only)
+)";
+
+int cmd_plan(int argc, char** argv) {
+  const Args a = parse_args(argc, argv, 2, {}, {"--model", "--phase", "--batch", "--q-len", "--kv-len", "--gpu-budget", "--machine", "--out"});
+  if (!a.positional.empty()) throw BadInput("command line: plan: unexpected argument '" + a.positional.front() + "' (see dslab plan --help)");
+  if (!a.has("--model")) throw BadInput("command line: plan: --model is required (a name under models/ or a config.json path)");
+  PlanRequest r;
+  const ModelFile f = load_model_file(a.one("--model"));
+  r.model_name = f.name;
+  r.model = parse_model_config(f.config, f.name, f.path);
+  r.phase = a.one("--phase", "decode");
+  if (r.phase != "decode" && r.phase != "prefill")
+    throw BadInput("command line: --phase: '" + r.phase + "': expected decode or prefill");
+  const bool decode = r.phase == "decode";
+  r.shape.batch = int64_t(a.number("--batch", 1, 1));
+  r.shape.q_len = int64_t(a.number("--q-len", decode ? 1 : 1024, 1));
+  r.shape.kv_len = int64_t(a.number("--kv-len", decode ? 4096 : 0, 0));
+  r.gpu_budget_bytes = a.number("--gpu-budget", 0, 0) * 1e9;
+  const std::string machine_path = a.one("--machine", default_machine_path());
+  std::ifstream in(machine_path);
+  if (!in) throw BadInput(machine_path + ": cannot read the machine file (run `dslab calibrate` first, or pass --machine FILE)");
+  nlohmann::json machine;
+  try {
+    machine = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw BadInput(machine_path + ": not JSON: " + e.what());
+  }
+  const Plan plan = make_plan(r, Ceilings::from_machine(machine, machine_path));
+  const std::string md = plan.to_markdown();
+  std::fputs(md.c_str(), stdout);
+  if (a.has("--out")) {
+    const std::filesystem::path dir = a.one("--out");
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "plan.json") << plan.to_json().dump(2) << "\n";
+    std::ofstream(dir / "plan.md") << md;
+    std::printf("\nplan: %s\n", (dir / "plan.md").c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+DSLAB_REGISTER_COMMAND(plan, "plan", "place a DeepSeek step's ops on CPU or GPU from the op cost model and calibrated ceilings", kPlanHelp,
+                       cmd_plan);
+
+}  // namespace dslab::reports

@@ -1,0 +1,67 @@
+// `dslab plan`: where each op group of a DeepSeek step should run, CPU or GPU, predicted from the layer's op cost
+// model (variants/layer/ops.h) and a machine's calibrated ceilings (`dslab calibrate`), KTransformers' question:
+// attention and shared experts on the GPU and routed experts on the CPU, or more of the experts on the GPU, or
+// their weights streamed to it. Each candidate placement gets a capacity check (weights + KV cache against the
+// GPU budget) and a predicted step time; the plan names the fastest that fits, ranks the others, and says why,
+// op by op (intensity against each device's ridge point).
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "variants/common/model_config.h"
+#include "variants/layer/ops.h"
+
+namespace dslab::reports {
+
+// A machine's ceilings as `dslab calibrate` measured them; BadInput (naming the file and field) if one is missing.
+struct Ceilings {
+  std::string gpu_name, cpu_name, source;
+  double gpu_flops = 0, gpu_bytes_per_s = 0, gpu_kernel_s = 0, gpu_memory_bytes = 0;
+  double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0, transfer_s = 0;  // pinned copies; one small copy's fixed cost
+  double cpu_flops = 0, cpu_bytes_per_s = 0;
+  int cpu_threads = 0;
+  std::string cpu_unit;  // amx | avx512: the matrix unit the CPU experts use
+  double gpu_ridge() const { return gpu_flops / gpu_bytes_per_s; }
+  double cpu_ridge() const { return cpu_flops / cpu_bytes_per_s; }
+  static Ceilings from_machine(const nlohmann::json& machine, const std::string& source);
+};
+
+struct PlanRequest {
+  std::string model_name;
+  ModelConfig model;
+  std::string phase = "decode";  // decode | prefill
+  layer::StepShape shape;
+  double gpu_budget_bytes = 0;   // 0: the GPU's memory
+  double host_memory_bytes = 0;  // 0: no host check
+};
+
+struct PlacementPlan {
+  std::string placement;           // all_gpu | ktransformers | hot_experts:N | gpu_layers:N | streamed_experts | all_cpu
+  double predicted_s = 0;          // the step
+  double gpu_bytes = 0, host_bytes = 0;
+  bool fits = true;
+  std::string why_not, reason;
+  std::map<std::string, double> parts_s;  // where the time goes: attention, moe, transfers, ...
+  bool chosen = false;
+};
+
+struct Plan {
+  PlanRequest request;
+  Ceilings ceilings;
+  std::vector<layer::OpCost> ops;        // the whole step's
+  std::vector<PlacementPlan> placements;  // ranked: fitting ones by predicted time, then the rest
+  nlohmann::json to_json() const;
+  std::string to_markdown() const;
+};
+
+Plan make_plan(const PlanRequest& r, const Ceilings& c);
+
+// One op's predicted time on each device: the larger of its FLOPs and bytes over that device's ceiling, plus on the
+// GPU the per-kernel cost of the kernels our layer launches for it.
+double gpu_op_s(const layer::OpCost& op, const Ceilings& c);
+double cpu_op_s(const layer::OpCost& op, const Ceilings& c);
+
+}  // namespace dslab::reports

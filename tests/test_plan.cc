@@ -1,0 +1,117 @@
+// `dslab plan`: ceilings read from a machine file (each missing one named), per-op device times from the
+// rooflines, capacity checks, and the choice of the fastest placement that fits.
+#include <gtest/gtest.h>
+
+#include "harness/errors.h"
+#include "reports/plan.h"
+#include "tests/test_util.h"
+
+namespace dslab {
+namespace {
+
+// An H100-like GPU and a 16-core AMX host (round numbers, so the expected times below are easy to derive).
+nlohmann::json machine() {
+  return {{"cpu_model", "test CPU"},
+          {"cpu", {{"amx_bf16_flops", 10e12}, {"avx512_bf16_flops", 1e12}, {"dram_read_bytes_per_s", 100e9}, {"threads", 16}}},
+          {"gpu",
+           {{"name", "test GPU"},
+            {"tensor_bf16_flops", 800e12},
+            {"hbm_bytes_per_s", 3e12},
+            {"small_kernel_s", 3e-6},
+            {"h2d_pinned_bytes_per_s", 50e9},
+            {"d2h_pinned_bytes_per_s", 50e9},
+            {"h2d_4k_s", 5e-6},
+            {"memory_bytes", 80e9}}}};
+}
+
+reports::PlanRequest request(const char* model, int64_t batch, int64_t q_len, int64_t kv_len, double budget_gb) {
+  reports::PlanRequest r;
+  r.model_name = model;
+  r.model = test::model(model);
+  r.phase = q_len > 1 ? "prefill" : "decode";
+  r.shape.batch = batch, r.shape.q_len = q_len, r.shape.kv_len = kv_len;
+  r.gpu_budget_bytes = budget_gb * 1e9;
+  return r;
+}
+
+TEST(Plan, CeilingsComeFromTheMachineFileAndAMissingOneIsNamed) {
+  const auto c = reports::Ceilings::from_machine(machine(), "m.json");
+  EXPECT_EQ(c.cpu_unit, "amx");
+  EXPECT_DOUBLE_EQ(c.cpu_flops, 10e12);
+  EXPECT_DOUBLE_EQ(c.gpu_ridge(), 800e12 / 3e12);
+  auto old = machine();
+  old["gpu"].erase("small_kernel_s");
+  try {
+    reports::Ceilings::from_machine(old, "m.json");
+    FAIL() << "a machine file without small_kernel_s must be refused";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("m.json: gpu.small_kernel_s"), std::string::npos) << e.what();
+  }
+  auto no_amx = machine();
+  no_amx["cpu"]["amx_bf16_flops"] = nullptr;
+  EXPECT_EQ(reports::Ceilings::from_machine(no_amx, "m.json").cpu_unit, "avx512");
+}
+
+TEST(Plan, OpTimesAreRooflinesPlusTheKernelsFixedCost) {
+  const auto c = reports::Ceilings::from_machine(machine(), "m.json");
+  layer::OpCost op;
+  op.flops = 1e9, op.weight_bytes = 1e9, op.gpu_kernels = 3;
+  EXPECT_DOUBLE_EQ(reports::gpu_op_s(op, c), 1e9 / 3e12 + 3 * 3e-6);  // memory-bound on the GPU
+  EXPECT_DOUBLE_EQ(reports::cpu_op_s(op, c), 1e9 / 100e9);
+  op.flops = 1e14;  // compute-bound on both
+  EXPECT_DOUBLE_EQ(reports::gpu_op_s(op, c), 1e14 / 800e12 + 9e-6);
+  EXPECT_DOUBLE_EQ(reports::cpu_op_s(op, c), 1e14 / 10e12);
+}
+
+TEST(Plan, ChoosesTheFastestPlacementThatFits) {
+  const auto c = reports::Ceilings::from_machine(machine(), "m.json");
+  // V2-Lite (31 GB of bf16 weights) fits an 80 GB GPU whole: all on the GPU, far ahead of streaming its experts
+  // over a 50 GB/s link or computing them at the host's 100 GB/s.
+  const auto big = reports::make_plan(request("deepseek-v2-lite", 1, 1, 4096, 80), c);
+  ASSERT_TRUE(big.placements.front().chosen);
+  EXPECT_EQ(big.placements.front().placement, "all_gpu");
+  // With 12 GB it does not: every choice that fits keeps some experts on the host, all_gpu is refused with why.
+  const auto small = reports::make_plan(request("deepseek-v2-lite", 1, 1, 4096, 12), c);
+  ASSERT_TRUE(small.placements.front().chosen);
+  EXPECT_NE(small.placements.front().placement, "all_gpu");
+  EXPECT_LE(small.placements.front().gpu_bytes, 12e9);
+  bool refused = false;
+  for (const auto& p : small.placements) {
+    if (p.placement == "all_gpu") refused = !p.fits && p.why_not.find("budget 12.0 GB") != std::string::npos;
+    if (p.fits) EXPECT_GE(p.predicted_s, small.placements.front().predicted_s) << p.placement;
+  }
+  EXPECT_TRUE(refused);
+  int chosen = 0;
+  for (const auto& p : small.placements) chosen += p.chosen;
+  EXPECT_EQ(chosen, 1);
+}
+
+TEST(Plan, AllGpuDecodeIsTheWeightsOverBandwidthPlusEachKernel) {
+  // Batch 1: nothing is compute-bound, so all_gpu predicts sum(bytes) / HBM + kernels x small-kernel cost.
+  const auto c = reports::Ceilings::from_machine(machine(), "m.json");
+  const auto plan = reports::make_plan(request("deepseek-v2-lite", 1, 1, 4096, 80), c);
+  double bytes = 0;
+  int kernels = 0;
+  for (const auto& op : plan.ops) bytes += op.bytes(), kernels += op.gpu_kernels;
+  const auto& all_gpu = plan.placements.front();
+  EXPECT_NEAR(all_gpu.predicted_s, bytes / 3e12 + kernels * 3e-6, 1e-9);
+  const auto j = plan.to_json();
+  for (const char* key : {"placement", "point", "predicted_s", "measured_s", "chosen"}) EXPECT_TRUE(j["placements"][0].contains(key)) << key;
+  EXPECT_TRUE(j["placements"][0]["measured_s"].is_null());  // a prediction until a run fills it
+}
+
+TEST(Plan, KTransformersSplitOverlapsTheCpuExpertsWithTheGpu) {
+  // Routed experts on the CPU: per MoE layer the GPU's shared experts and the CPU's routed ones run side by side,
+  // so the step is shorter than their sum, and never shorter than the CPU's share alone.
+  const auto c = reports::Ceilings::from_machine(machine(), "m.json");
+  const auto plan = reports::make_plan(request("deepseek-v2-lite", 1, 1, 4096, 80), c);
+  const reports::PlacementPlan* kt = nullptr;
+  for (const auto& p : plan.placements)
+    if (p.placement == "ktransformers") kt = &p;
+  ASSERT_NE(kt, nullptr);
+  EXPECT_GT(kt->parts_s.at("cpu experts (inside moe)"), 0);
+  EXPECT_GE(kt->parts_s.at("moe"), kt->parts_s.at("cpu experts (inside moe)") + kt->parts_s.at("transfers (inside moe)") - 1e-12);
+}
+
+}  // namespace
+}  // namespace dslab
