@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "harness/build_info.h"
 #include "harness/errors.h"
@@ -172,11 +173,13 @@ ModelFile load_model_file(const std::string& name_or_path) {
       }
     }
     if (path.empty()) {
-      std::string names;
+      std::set<std::string> found;  // (the search path may name one folder twice: the working directory's and the source's)
       for (const auto& d : dirs)
         if (fs::is_directory(d))
           for (const auto& f : fs::directory_iterator(d))
-            if (f.path().extension() == ".json") names += (names.empty() ? "" : ", ") + f.path().stem().string();
+            if (f.path().extension() == ".json") found.insert(f.path().stem().string());
+      std::string names;
+      for (const auto& n : found) names += (names.empty() ? "" : ", ") + n;
       throw BadInput("model '" + name_or_path + "': unknown model (expected one of " + (names.empty() ? "none found" : names) +
                      ", or a path to a config.json)");
     }
