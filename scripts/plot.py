@@ -111,19 +111,32 @@ def plot_latency(entries, title, out, stem):
     def facet_of(b):
         return tuple((k, v) for k, v in sorted(b["axes"].items()) if k != x_axis and len(values[k]) > 1 and k not in fixed)
     facets = list(OrderedDict.fromkeys(facet_of(b) for b in entries))
+    # One variant whose points differ by one other axis (e.g. executor eager | graph): that axis's values are the
+    # lines of one panel, so they can be compared at a glance.
+    series_axis = None
+    facet_keys = {k for f in facets for k, _ in f}
+    if len(variants) == 1 and len(facet_keys) == 1 and len(facets) <= 6:
+        series_axis = facet_keys.pop()
+        facets = [()]
+    def in_facet(b, facet):
+        return series_axis is not None or facet_of(b) == facet
+    lines = [(v, s) for v in variants
+             for s in (OrderedDict.fromkeys(b["axes"][series_axis] for b in entries) if series_axis else [None])]
     cols = min(3, len(facets))
     rows = math.ceil(len(facets) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
     for ax, facet in zip(axes.flat, facets):
-        for v in variants:
+        for v, sv in lines:
             pts = sorted(((b["axes"].get(x_axis, 0), seconds(b), seconds(b, "p10_time") if "p10_time" in b else None,
                            seconds(b, "p90_time") if "p90_time" in b else None)
-                          for b in entries if b["variant"] == v and facet_of(b) == facet), key=lambda p: p[0])
+                          for b in entries if b["variant"] == v and in_facet(b, facet) and (sv is None or b["axes"][series_axis] == sv)),
+                         key=lambda p: p[0])
             if not pts:
                 continue
             xs = [p[0] for p in pts]
             ys = [p[1] * 1e3 for p in pts]
-            ax.plot(xs, ys, marker="o", label=series_of(next(b for b in entries if b["variant"] == v), fixed))
+            label = series_of(next(b for b in entries if b["variant"] == v), fixed)
+            ax.plot(xs, ys, marker="o", label=label if sv is None else f"{label} {series_axis}={sv}")
             if all(p[2] is not None for p in pts):
                 ax.fill_between(xs, [p[2] * 1e3 for p in pts], [p[3] * 1e3 for p in pts], alpha=0.15)
         if x_axis and is_pow2_axis(sorted(values[x_axis])):
@@ -137,6 +150,7 @@ def plot_latency(entries, title, out, stem):
     for ax in list(axes.flat)[len(facets):]:
         ax.axis("off")
     fig.suptitle(f"{title}: latency")
+    fig.tight_layout()
     save(fig, out, stem)
 
 

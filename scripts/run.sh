@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up, build, calibrate this machine once, and run the default sweep (or the sweep given).
+# Set up, build, calibrate this machine once, run the default sweep (or the sweep given), then write the report
+# (report.md) and the comparison plots (PNG + SVG) next to its results.json and say where they are.
 # Usage: scripts/run.sh [SWEEP.json] [dslab run options...]
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
@@ -12,6 +13,25 @@ fi
 sweep=workloads/sweeps/default.json
 if [ $# -gt 0 ] && [[ "$1" != --* ]]; then sweep=$1; shift; fi
 out=results/$(basename "$sweep" .json)
-case " $* " in *" --out "*|*" --out="*) out_args=() ;; *) out_args=(--out "$out") ;; esac
+# The results folder: the caller's --out, else results/<sweep name>.
+out_args=(--out "$out")
+args=("$@")
+for ((i = 0; i < ${#args[@]}; ++i)); do
+  case ${args[i]} in
+    --out) out=${args[i + 1]:-$out}; out_args=() ;;
+    --out=*) out=${args[i]#--out=}; out_args=() ;;
+  esac
+done
 case " $* " in *" --machine "*|*" --machine="*) machine_args=() ;; *) machine_args=(--machine "$machine") ;; esac
-exec "$BUILD_DIR/dslab" run "$sweep" "${machine_args[@]}" "${out_args[@]}" "$@"
+status=0
+started=$(mktemp)
+trap 'rm -f "$started"' EXIT
+"$BUILD_DIR/dslab" run "$sweep" "${machine_args[@]}" "${out_args[@]}" "$@" || status=$?  # (a failed check still gets its report)
+say() { printf '[dslab] %s\n' "$*" >&2; }
+[ "$out/results.json" -nt "$started" ] || { say "the run wrote no $out/results.json: nothing to report"; exit $(( status ? status : 1 )); }
+"$BUILD_DIR/dslab" report "$out/results.json" --out "$out" >/dev/null
+"$VENV/bin/python" scripts/plot.py "$out/results.json" --out "$out/plots" >/dev/null
+say "results: $out/results.json"
+say "report:  $out/report.md"
+say "plots:   $(cd "$out/plots" && ls *.png | tr '\n' ' ') in $out/plots"
+exit $status
