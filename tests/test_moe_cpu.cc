@@ -2,6 +2,8 @@
 // chose, one hot expert, token counts that are not multiples of any tile, odd thread counts.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "harness/errors.h"
 #include "harness/host.h"
 #include "harness/variant.h"
@@ -52,6 +54,52 @@ TEST_P(MoeCpu, MatchesReference) {
     EXPECT_EQ(ver.threshold, int8 ? 5e-2 : 1e-2);  // bf16 1e-2; int8 weights and activations 5e-2
     EXPECT_LE(ver.rel_err, ver.threshold);
     EXPECT_GT(ver.rel_err, 0.0);
+  }
+}
+
+// The engine as the hybrid layer calls it: one set of packed experts, then calls of different sizes and routings on
+// buffers it is given (growing, then shrinking its arenas), each against the fp64 experts.
+TEST(HostExperts, CallsOfAnySizeOnOnePackedLayer) {
+  const CpuInfo& cpu = cpu_info();
+  if (!cpu.avx512_bf16) GTEST_SKIP() << "needs AVX512_BF16";
+  const ModelConfig m = test::model("deepseek-v2-lite");
+  const int64_t E = 12, K = m.num_experts_per_tok, H = m.hidden_size;
+  const uint64_t seed = test::fresh_seed();
+  std::vector<ref::MlpParams> experts;
+  for (int64_t e = 0; e < E; ++e) experts.push_back(ref::make_mlp_params(m, m.moe_intermediate_size, seed, "experts." + std::to_string(e)));
+  for (auto kernel : {moe::HostExperts::Kernel::avx512, moe::HostExperts::Kernel::choose}) {
+    if (kernel != moe::HostExperts::Kernel::avx512 && !cpu.amx_bf16) continue;
+    moe::HostExperts op(kernel, 2);
+    op.set_weights(m, experts);
+    for (int64_t tokens : {3, 40, 1, 17}) {
+      SCOPED_TRACE("tokens " + std::to_string(tokens));
+      const auto x = ref::random_bf16(seed, "x" + std::to_string(tokens), size_t(tokens * H), 1.0f);
+      std::vector<int32_t> ids(size_t(tokens * K));
+      std::vector<float> w(ids.size());
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t k = 0; k < K; ++k) {
+          ids[size_t(t * K + k)] = int32_t((t * 5 + k * 7 + tokens) % E);  // distinct per token (7 k mod 12 differ for k < 6)
+          w[size_t(t * K + k)] = 0.1f + 0.05f * float(k);
+        }
+      std::vector<float> out(size_t(tokens * H), std::nanf(""));
+      op.forward(x.data(), tokens, ids.data(), w.data(), K, out.data());
+      double num = 0, den = 0;
+      for (int64_t t = 0; t < tokens; ++t) {
+        std::vector<double> xt(static_cast<size_t>(H)), want(static_cast<size_t>(H), 0.0);
+        for (int64_t j = 0; j < H; ++j) xt[size_t(j)] = to_float(x[size_t(t * H + j)]);
+        for (int64_t k = 0; k < K; ++k) {
+          const auto y = ref::mlp(m, experts[size_t(ids[size_t(t * K + k)])], xt, 1);
+          for (int64_t j = 0; j < H; ++j) want[size_t(j)] += double(w[size_t(t * K + k)]) * y[size_t(j)];
+        }
+        for (int64_t j = 0; j < H; ++j) {
+          const double d = double(out[size_t(t * H + j)]) - want[size_t(j)];
+          num += d * d, den += want[size_t(j)] * want[size_t(j)];
+        }
+      }
+      const double rel = std::sqrt(num / den);
+      EXPECT_LE(rel, 1e-2);
+      EXPECT_GT(rel, 0.0);
+    }
   }
 }
 

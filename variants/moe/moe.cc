@@ -247,10 +247,8 @@ std::map<std::string, double> Base::counters() {
 
 std::map<std::string, double> Engine::counters() {
   auto c = Base::counters();
-  double amx = 0;
-  for (size_t e = 0; e < use_amx_.size(); ++e) amx += use_amx_[e] && !p_->rows[e].empty();
-  c["amx_experts"] = amx;
-  if (kernel_ == Kernel::choose) c["amx_crossover_tokens"] = double(crossover_);
+  c["amx_experts"] = double(op_->amx_experts());
+  if (kernel_ == Kernel::choose) c["amx_crossover_tokens"] = double(op_->amx_crossover());
   return c;
 }
 
@@ -293,89 +291,136 @@ Support Engine::available() const {
 
 void Engine::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
   Base::prepare(model, point, seed);
-  const int64_t H = m_.hidden_size, I = m_.moe_intermediate_size, E = p_->shape.experts;
-  hidden_blocks_ = (H + 31) / 32;
-  inter_blocks_ = (I + 31) / 32;
+  if (!op_ || op_->threads() != threads_) op_ = std::make_unique<HostExperts>(kernel_, threads_);
+  op_->set_weights(m_, *p_->experts);
+  ids_.assign(p_->routing.expert.begin(), p_->routing.expert.end());
+  weights_.assign(p_->routing.weight.begin(), p_->routing.weight.end());
+  op_->forward(p_->x.data(), p_->shape.tokens, ids_.data(), weights_.data(), p_->shape.topk, out_.data());  // sizes the buffers
+  std::fill(out_.begin(), out_.end(), std::nanf(""));  // poisoned again: verification must see run()'s output
+}
+
+void Engine::run() { op_->forward(p_->x.data(), p_->shape.tokens, ids_.data(), weights_.data(), p_->shape.topk, out_.data()); }
+
+void HostExperts::set_weights(const ModelConfig& m, const std::vector<ref::MlpParams>& experts) {
+  hidden_ = m.hidden_size;
+  inter_ = m.moe_intermediate_size;
+  experts_ = int64_t(experts.size());
+  hidden_blocks_ = (hidden_ + 31) / 32;
+  inter_blocks_ = (inter_ + 31) / 32;
   y_stride_ = hidden_blocks_ * 32 + 16;  // not a multiple of 4 KiB: rows would share L1 sets
-  gate_.resize(size_t(E));
-  up_.resize(size_t(E));
-  down_.resize(size_t(E));
-#pragma omp parallel for schedule(dynamic)
-  for (int64_t e = 0; e < E; ++e) {  // packed once: the tile/VNNI order both kernels read
-    const auto& x = (*p_->experts)[size_t(e)];
-    gate_[size_t(e)] = pack(x.gate_proj.data(), I, H);
-    up_[size_t(e)] = pack(x.up_proj.data(), I, H);
-    down_[size_t(e)] = pack(x.down_proj.data(), H, I);
+  gate_.resize(size_t(experts_));
+  up_.resize(size_t(experts_));
+  down_.resize(size_t(experts_));
+#pragma omp parallel for schedule(dynamic) num_threads(threads_)
+  for (int64_t e = 0; e < experts_; ++e) {  // packed once: the tile/VNNI order both kernels read
+    const auto& x = experts[size_t(e)];
+    gate_[size_t(e)] = pack(x.gate_proj.data(), inter_, hidden_);
+    up_[size_t(e)] = pack(x.up_proj.data(), inter_, hidden_);
+    down_[size_t(e)] = pack(x.down_proj.data(), hidden_, inter_);
   }
-  crossover_ = kernel_ == Kernel::choose ? amx_crossover(H, I, threads_) : 0;
+  crossover_ = kernel_ == Kernel::choose ? moe::amx_crossover(hidden_, inter_, threads_) : 0;
+}
+
+void HostExperts::forward(const bf16* x, int64_t tokens, const int32_t* ids, const float* weights, int64_t topk, float* out) {
+  const int64_t H = hidden_, E = experts_;
+  // Plan: each expert's (token, k) pairs in token order, their padded row ranges, the tasks of active experts.
+  rows_.resize(size_t(E));
+  for (auto& r : rows_) r.clear();
+  for (int64_t i = 0; i < tokens * topk; ++i) {
+    const int32_t e = ids[i];
+    if (e < 0 || e >= E) throw std::logic_error("HostExperts: expert id " + std::to_string(e) + " out of range");
+    rows_[size_t(e)].push_back(int32_t(i));
+  }
+  first_row_.assign(size_t(E) + 1, 0);
   use_amx_.assign(size_t(E), 0);
-  a_.assign(size_t(E), {});
-  h_.assign(size_t(E), {});
-  y_.assign(size_t(E), {});
+  slot_.resize(size_t(tokens * topk));
   gate_up_tasks_.clear();
   down_tasks_.clear();
-  max_rows_ = 0;
+  int64_t max_rows = 16;
+  amx_experts_ = 0;
   for (int64_t e = 0; e < E; ++e) {
-    const int64_t m = int64_t(p_->rows[size_t(e)].size());
+    const int64_t m = int64_t(rows_[size_t(e)].size()), rows = m ? padded_rows(m) : 0;
+    first_row_[size_t(e) + 1] = first_row_[size_t(e)] + rows;
     if (m == 0) continue;  // an expert no token chose costs nothing
-    const int64_t rows = padded_rows(m);
-    max_rows_ = std::max(max_rows_, rows);
+    max_rows = std::max(max_rows, rows);
     use_amx_[size_t(e)] = kernel_ == Kernel::amx || (kernel_ == Kernel::choose && m >= crossover_);
-    a_[size_t(e)].assign(size_t(rows * hidden_blocks_ * 32), bf16{});
-    h_[size_t(e)].assign(size_t(rows * inter_blocks_ * 32), bf16{});
-    y_[size_t(e)].assign(size_t(rows * y_stride_), 0.0f);
+    amx_experts_ += use_amx_[size_t(e)];
+    for (int64_t r = 0; r < m; ++r) slot_[size_t(rows_[size_t(e)][size_t(r)])] = int32_t(first_row_[size_t(e)] + r);
     for (int64_t nb = 0; nb < gate_[size_t(e)].n_blocks; ++nb) gate_up_tasks_.push_back({int32_t(e), int32_t(nb)});
     for (int64_t nb = 0; nb < down_[size_t(e)].n_blocks; nb += 2) down_tasks_.push_back({int32_t(e), int32_t(nb)});
   }
-  any_amx_ = std::find(use_amx_.begin(), use_amx_.end(), 1) != use_amx_.end();
-  scratch_.assign(size_t(threads_), std::vector<float>(size_t(std::max<int64_t>(max_rows_, 16) * 32)));
-}
-
-void Engine::run() {
-  const int64_t H = m_.hidden_size, E = p_->shape.experts;
+  const int64_t total_rows = first_row_.back();
+  // Arenas: grown to the largest call so far, never shrunk (a decode loop allocates nothing after its first step).
+  auto at_least = [](auto& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+  };
+  at_least(a_, size_t(total_rows * hidden_blocks_ * 32));
+  at_least(h_, size_t(total_rows * inter_blocks_ * 32));
+  at_least(y_, size_t(total_rows * y_stride_));
+  if (scratch_.size() != size_t(threads_) || scratch_.front().size() < size_t(max_rows * 32))
+    scratch_.assign(size_t(threads_), std::vector<float>(size_t(max_rows * 32)));
+  const bool any_amx = amx_experts_ > 0;
   std::atomic<int64_t> next_gate_up{0}, next_down{0};
 #pragma omp parallel num_threads(threads_)
   {
     float* c0 = scratch_[size_t(omp_get_thread_num())].data();
-    float* c1 = c0 + std::max<int64_t>(max_rows_, 16) * 16;
-    if (any_amx_) kernels::amx_configure();
+    float* c1 = c0 + max_rows * 16;
+    if (any_amx) kernels::amx_configure();
 #pragma omp for schedule(dynamic)
-    for (int64_t e = 0; e < E; ++e) {  // pack activations: each expert's tokens into 16 x 32 tiles
-      const auto& rows = p_->rows[size_t(e)];
-      for (size_t r = 0; r < rows.size(); ++r) {
-        const bf16* x = &p_->x[size_t(rows[r]) * size_t(H)];
-        bf16* dst = &a_[size_t(e)][(r / 16) * size_t(hidden_blocks_ * 512) + (r % 16) * 32];
-        for (int64_t kb = 0; kb < hidden_blocks_; ++kb) std::copy_n(x + kb * 32, std::min<int64_t>(32, H - kb * 32), dst + kb * 512);
+    for (int64_t e = 0; e < E; ++e) {  // pack activations: each expert's tokens into 16 x 32 tiles (padding rows zero)
+      const auto& rows = rows_[size_t(e)];
+      if (rows.empty()) continue;
+      bf16* a = &a_[size_t(first_row_[size_t(e)] * hidden_blocks_ * 32)];
+      const int64_t padded = first_row_[size_t(e) + 1] - first_row_[size_t(e)];
+      for (int64_t r = 0; r < padded; ++r) {
+        bf16* dst = a + (r / 16) * hidden_blocks_ * 512 + (r % 16) * 32;
+        if (r < int64_t(rows.size())) {
+          const bf16* src = x + int64_t(rows[size_t(r)] / topk) * H;
+          for (int64_t kb = 0; kb < hidden_blocks_; ++kb) {
+            const int64_t n = std::min<int64_t>(32, H - kb * 32);
+            std::copy_n(src + kb * 32, n, dst + kb * 512);
+            std::fill_n(dst + kb * 512 + n, 32 - n, bf16{});
+          }
+        } else {
+          for (int64_t kb = 0; kb < hidden_blocks_; ++kb) std::fill_n(dst + kb * 512, 32, bf16{});
+        }
       }
     }
     // Gate and up of the same 16 columns in one pass over the expert's activations; SiLU(gate)*up on the way out.
     for (int64_t i; (i = next_gate_up.fetch_add(1, std::memory_order_relaxed)) < int64_t(gate_up_tasks_.size());) {
       const Task t = gate_up_tasks_[size_t(i)];
-      const int64_t m = int64_t(p_->rows[size_t(t.expert)].size());
+      const int64_t m = int64_t(rows_[size_t(t.expert)].size()), row0 = first_row_[size_t(t.expert)];
       const Packed &g = gate_[size_t(t.expert)], &u = up_[size_t(t.expert)];
-      const bf16* a = a_[size_t(t.expert)].data();
+      const bf16* a = &a_[size_t(row0 * hidden_blocks_ * 32)];
       if (use_amx_[size_t(t.expert)])
         kernels::amx_two_blocks(a, padded_rows(m), g.block(t.block), u.block(t.block), g.k_blocks, c0, c1, 16);
       else
         kernels::avx512_two_blocks(a, m, g.block(t.block), u.block(t.block), g.k_blocks, c0, c1, 16);
-      kernels::swiglu_block(c0, c1, m, h_[size_t(t.expert)].data() + (t.block / 2) * 512 + (t.block % 2) * 16, inter_blocks_ * 512);
+      kernels::swiglu_block(c0, c1, m, &h_[size_t(row0 * inter_blocks_ * 32)] + (t.block / 2) * 512 + (t.block % 2) * 16, inter_blocks_ * 512);
     }
 #pragma omp barrier
     for (int64_t i; (i = next_down.fetch_add(1, std::memory_order_relaxed)) < int64_t(down_tasks_.size());) {
       const Task t = down_tasks_[size_t(i)];
-      const int64_t m = int64_t(p_->rows[size_t(t.expert)].size());
+      const int64_t m = int64_t(rows_[size_t(t.expert)].size()), row0 = first_row_[size_t(t.expert)];
       const Packed& d = down_[size_t(t.expert)];
-      float* y = y_[size_t(t.expert)].data() + t.block * 16;
+      const bf16* h = &h_[size_t(row0 * inter_blocks_ * 32)];
+      float* y = &y_[size_t(row0 * y_stride_)] + t.block * 16;
       if (use_amx_[size_t(t.expert)])
-        kernels::amx_two_blocks(h_[size_t(t.expert)].data(), padded_rows(m), d.block(t.block), d.block(t.block + 1), d.k_blocks, y,
-                                y + 16, y_stride_);
+        kernels::amx_two_blocks(h, padded_rows(m), d.block(t.block), d.block(t.block + 1), d.k_blocks, y, y + 16, y_stride_);
       else
-        kernels::avx512_two_blocks(h_[size_t(t.expert)].data(), m, d.block(t.block), d.block(t.block + 1), d.k_blocks, y, y + 16,
-                                   y_stride_);
+        kernels::avx512_two_blocks(h, m, d.block(t.block), d.block(t.block + 1), d.k_blocks, y, y + 16, y_stride_);
     }
 #pragma omp barrier
-    combine([&](int expert, int slot) { return &y_[size_t(expert)][size_t(slot) * size_t(y_stride_)]; });
-    if (any_amx_) kernels::amx_release();
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tokens; ++t) {  // the weighted combine
+      float* o = out + t * H;
+      for (int64_t k = 0; k < topk; ++k) {
+        const float w = weights[t * topk + k];
+        const float* y = &y_[size_t(slot_[size_t(t * topk + k)]) * size_t(y_stride_)];
+        for (int64_t j = 0; j < H; ++j) o[j] = (k == 0 ? 0.0f : o[j]) + w * y[j];
+      }
+    }
+    if (any_amx) kernels::amx_release();
   }
 }
 

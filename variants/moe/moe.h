@@ -97,14 +97,50 @@ class Base : public Variant {
   std::vector<float> out_;              // [tokens][hidden]
 };
 
-// The engine KTransformers runs on the CPU, with a per-expert kernel choice: AMX tiles or AVX-512
-// vector-matrix, over the same packed weights. run(): gather each expert's tokens; fused gate/up with
-// SiLU(gate)*up over all (expert, column block) tasks; down over all (expert, column-block pair) tasks;
-// weighted combine per token. Tasks are taken from a shared atomic counter in small grains, so a hot
-// expert's blocks spread over every thread instead of idling the rest.
-class Engine : public Base {
+// The engine KTransformers runs on the CPU, as an op on buffers it is given (the MoE variants below time it; the
+// hybrid layer runs it beside the GPU): one layer's experts packed once, then per call the tokens' rows gathered
+// by expert; fused gate/up with SiLU(gate)*up over all (expert, column block) tasks; down over all (expert,
+// column-block pair) tasks; the weighted combine per token. Tasks are taken from a shared atomic counter in small
+// grains, so a hot expert's blocks spread over every thread instead of idling the rest. A per-expert kernel
+// choice: AMX tiles or AVX-512 vector-matrix over the same packed weights (choose: AMX from a tokens-per-expert
+// crossover measured on this machine). Its buffers grow to the largest call and are reused after that.
+class HostExperts {
  public:
   enum class Kernel { amx, avx512, choose };
+  HostExperts(Kernel k, int threads) : kernel_(k), threads_(threads) {}
+  void set_weights(const ModelConfig& m, const std::vector<ref::MlpParams>& experts);
+  // out[t] = sum over k < topk of weights[t][k] * expert_{ids[t][k]}(x[t]), for t < tokens (x: [tokens][hidden]).
+  void forward(const bf16* x, int64_t tokens, const int32_t* ids, const float* weights, int64_t topk, float* out);
+  int64_t amx_crossover() const { return crossover_; }
+  int64_t amx_experts() const { return amx_experts_; }  // of the last call's active experts, those on AMX
+  int threads() const { return threads_; }
+
+ private:
+  struct Task {
+    int32_t expert, block;
+  };
+  Kernel kernel_;
+  int threads_;
+  int64_t hidden_ = 0, inter_ = 0, experts_ = 0;
+  int64_t crossover_ = 0;
+  int64_t hidden_blocks_ = 0, inter_blocks_ = 0, y_stride_ = 0;
+  std::vector<Packed> gate_, up_, down_;
+  // Per call: each expert's tokens, their rows' offsets in the arenas (16-row padded per expert), the tasks.
+  std::vector<std::vector<int32_t>> rows_;     // per expert: (token, k) as token * topk + k
+  std::vector<int64_t> first_row_;             // per expert, in padded rows
+  std::vector<char> use_amx_;
+  std::vector<bf16> a_, h_;                    // gathered tokens, SwiGLU output (packed, kernels.h)
+  std::vector<float> y_;                       // down output [rows][y_stride_]
+  std::vector<int32_t> slot_;                  // per (token, k): its row in y_
+  std::vector<Task> gate_up_tasks_, down_tasks_;
+  std::vector<std::vector<float>> scratch_;    // per thread: two [max rows][16] fp32 blocks
+  int64_t amx_experts_ = 0;
+};
+
+// The engine as a variant of the MoE family: the problem's tokens and routing through HostExperts.
+class Engine : public Base {
+ public:
+  using Kernel = HostExperts::Kernel;
   explicit Engine(Kernel k) : kernel_(k) {}
   Support available() const override;
   void prepare(const ModelFile& model, const Point& point, uint64_t seed) override;
@@ -112,20 +148,10 @@ class Engine : public Base {
   std::map<std::string, double> counters() override;
 
  private:
-  struct Task {
-    int32_t expert, block;
-  };
   Kernel kernel_;
-  int64_t crossover_ = 0;  // Kernel::choose: AMX from this many tokens per expert
-  int64_t hidden_blocks_ = 0, inter_blocks_ = 0;  // K blocks (32) of hidden and intermediate
-  int64_t y_stride_ = 0, max_rows_ = 0;
-  std::vector<Packed> gate_, up_, down_;
-  std::vector<char> use_amx_;               // per expert
-  bool any_amx_ = false;                    // some expert uses AMX: threads configure tiles
-  std::vector<std::vector<bf16>> a_, h_;    // per expert, packed (kernels.h): gathered tokens, SwiGLU output
-  std::vector<std::vector<float>> y_;       // per expert: down output [m_pad][y_stride_]
-  std::vector<Task> gate_up_tasks_, down_tasks_;
-  std::vector<std::vector<float>> scratch_;  // per thread: two [max_rows][16] fp32 blocks
+  std::unique_ptr<HostExperts> op_;
+  std::vector<int32_t> ids_;
+  std::vector<float> weights_;
 };
 
 // Rows of an expert padded to the AMX tile height.
