@@ -72,6 +72,10 @@ TEST(GpuLayer, EveryAttentionAndMoeOpMatchesReferenceStack) {
   cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph", "cublas", "auto", "off"});  // plain launches
   cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "eager", "own", "auto", "off"});
   cases.push_back({"tiny", "all", 3, 40, 1, "mla/a_cc_me/cuda", "moe/grouped/cuda", "graph"});  // embedding, dense + MoE layer, LM head
+  if (cpu_info().avx512_bf16) {  // KTransformers' split: routed experts on the CPU, inside the captured step
+    cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/host/cuda", "graph"});
+    cases.push_back({"tiny", "all", 3, 40, 1, "mla/a_cc_me/cuda", "moe/host/cuda", "eager"});
+  }
   cases.push_back({"tiny", "all", 3, 40, 1, "mla/cd/cuda", "moe/loop/cuda", "eager"});
   for (const LayerCase& c : cases) {
     SCOPED_TRACE(describe(c));

@@ -1,6 +1,7 @@
 #include "variants/layer/cuda/deepseek.h"
 
 #include <nvtx3/nvToolsExt.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -147,7 +148,8 @@ struct DeepseekLayerCuda::Plan {
   bool graph = false, whole = false, pdl = true;
   int64_t first = 0, layers = 0;  // decoder layers [first, first + layers)
   int64_t moe_layers = 0, moe_sets = 0;
-  double fixed_bytes = 0, moe_set_bytes = 0;
+  double fixed_bytes = 0, moe_set_bytes = 0, host_expert_bytes = 0;
+  bool experts_on_host = false;  // the moe op runs the routed experts from host memory (moe/host/cuda)
   std::string why_not;
   bool dense(int64_t layer) const { return layer < m.first_k_dense_replace; }
   int64_t tokens() const { return bucket * q_len; }
@@ -212,7 +214,10 @@ struct DeepseekLayerCuda::Plan {
     const auto attn_op = mla::cuda::make_mla_op(attn);
     why_not = attn_op->unsupported(m, attn_shape());
     if (why_not.empty() && kv_splits > 0 && !attn_op->fused()) why_not = "kv_splits: only the fused attention splits the keys (" + attn + " does not)";
-    if (why_not.empty() && graph && !moe::cuda::make_moe_op(moe)->graph_safe())
+    const auto moe_op = moe::cuda::make_moe_op(moe);
+    experts_on_host = moe_op->experts_on_host();
+    if (why_not.empty() && moe_layers > 0) why_not = moe_op->unavailable();
+    if (why_not.empty() && graph && !moe_op->graph_safe())
       why_not = "executor graph: " + moe + " reads the routing on the host (not capturable); use executor eager";
     if (why_not.empty() && whole && m.vocab_size <= 0) why_not = "layers all needs vocab_size in " + m.source;
     if (why_not.empty() && m.hidden_size > 8192) why_not = "norm kernels: hidden_size up to 8192";
@@ -227,7 +232,14 @@ struct DeepseekLayerCuda::Plan {
                   double(layers - moe_layers) * (3 * H * double(m.intermediate_size) * 2 + moe::cuda::MlpRunner::scratch_bytes(tokens(), m.intermediate_size)) +
                   double(moe_layers) * MoeOp::scratch_bytes(m, tokens(), m.n_routed_experts) + T * H * 16 +
                   (whole ? 2 * double(m.vocab_size) * H * 2 + T * double(m.vocab_size) * 4 : double(steps) * T * H * 2) + (size_t(256) << 20);
-    moe_set_bytes = moe::cuda::moe_weight_bytes(m, m.n_routed_experts);
+    moe_set_bytes = moe::cuda::moe_weight_bytes(m, experts_on_host ? 0 : m.n_routed_experts);
+    if (experts_on_host) {  // every MoE layer's routed experts in host memory (made and packed: twice, briefly, per layer)
+      host_expert_bytes = double(moe_layers) * double(m.n_routed_experts) * 3 * H * double(m.moe_intermediate_size) * 2;
+      const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+      if (why_not.empty() && host_expert_bytes > 0.7 * have)
+        why_not = "the routed experts of " + std::to_string(moe_layers) + " layers need ~" + std::to_string(int64_t(host_expert_bytes / double(1 << 30))) +
+                  " GiB of host memory, this machine has " + std::to_string(int64_t(have / double(1 << 30))) + " GiB (fewer layers)";
+    }
     const GpuInfo& g = gpu_info();
     const double budget = 0.85 * double(g.memory_bytes);
     moe_sets = moe_layers == 0 ? 0 : std::min<int64_t>(moe_layers, int64_t((budget - fixed_bytes) / moe_set_bytes));
@@ -311,7 +323,7 @@ double DeepseekLayerCuda::host_memory_bytes(const ModelFile& model, const Point&
   return mla::weight_bytes(m, m.num_attention_heads) + 3 * H * double(m.intermediate_size) * 2 +
          double(m.num_experts_per_tok + m.n_shared_experts) * double(plan.q_len) * 3 * H * double(m.moe_intermediate_size) * 2 +
          2 * double(plan.max_keys()) * 576 * 2 + (plan.whole ? double(m.vocab_size) * H * 2 : 0) +
-         double(plan.steps) * double(plan.tokens()) * 2048 * 4;
+         double(plan.steps) * double(plan.tokens()) * 2048 * 4 + plan.host_expert_bytes;  // (+ experts run from host memory)
 }
 
 double DeepseekLayerCuda::device_memory_bytes(const ModelFile& model, const Point& point) const { return Plan(model, point).device_bytes(); }
@@ -383,7 +395,7 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
       w.moe_seed = moe_set_seed(seed, set);
       if (size_t(set) == sets.size()) {
         auto mw = std::make_shared<moe::cuda::MoeWeights>();
-        moe::cuda::generate_moe_weights(m_, m_.n_routed_experts, w.moe_seed, mw.get());
+        moe::cuda::generate_moe_weights(m_, m_.n_routed_experts, w.moe_seed, mw.get(), /*routed_on_device=*/!P.experts_on_host);
         sets.push_back(mw);
       }
       w.moe = sets[size_t(set)];

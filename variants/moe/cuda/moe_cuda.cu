@@ -293,9 +293,11 @@ void generate_mlp_weights(const ModelConfig& m, int64_t intermediate, uint64_t s
   fill_random_bf16(w->down.get(), size_t(H * I), seed, prefix + ".down_proj", fan_in_scale(I));
 }
 
-void generate_moe_weights(const ModelConfig& m, int64_t experts, uint64_t seed, MoeWeights* w) {
+void generate_moe_weights(const ModelConfig& m, int64_t experts, uint64_t seed, MoeWeights* w, bool routed_on_device) {
   const int64_t H = m.hidden_size, I = m.moe_intermediate_size, E = m.n_routed_experts;
   w->experts = experts;
+  w->seed = seed;
+  w->routed_on_device = routed_on_device;
   w->gate.resize(size_t(E * H));
   fill_random_bf16(w->gate.get(), size_t(E * H), seed, "gate", fan_in_scale(H));
   if (m.topk_method == "noaux_tc") {
@@ -308,10 +310,11 @@ void generate_moe_weights(const ModelConfig& m, int64_t experts, uint64_t seed, 
     for (auto v : host) f.push_back(to_float(v));
     w->bias.upload(f);
   }
-  w->w_gate.resize(size_t(experts * I * H));
-  w->w_up.resize(size_t(experts * I * H));
-  w->w_down.resize(size_t(experts * H * I));
-  for (int64_t e = 0; e < experts; ++e) {
+  const int64_t on_device = routed_on_device ? experts : 0;
+  w->w_gate.resize(size_t(on_device * I * H));
+  w->w_up.resize(size_t(on_device * I * H));
+  w->w_down.resize(size_t(on_device * H * I));
+  for (int64_t e = 0; e < on_device; ++e) {
     const std::string prefix = "experts." + std::to_string(e);
     fill_random_bf16(w->w_gate.get() + e * I * H, size_t(I * H), seed, prefix + ".gate_proj", fan_in_scale(H));
     fill_random_bf16(w->w_up.get() + e * I * H, size_t(I * H), seed, prefix + ".up_proj", fan_in_scale(H));
@@ -403,6 +406,12 @@ void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, c
   side_.reset();
   if (side_blas && w.shared.intermediate > 0) side_ = std::make_unique<SideStream>(side_blas);
   prepare_experts();
+  if (combined_by_experts_) {
+    std::vector<int32_t> iota(static_cast<size_t>(tokens));
+    for (int64_t t = 0; t < tokens; ++t) iota[size_t(t)] = int32_t(t);
+    identity_.upload(iota);
+    ones_.upload(std::vector<float>(static_cast<size_t>(tokens), 1.0f));
+  }
   DSLAB_CUDA(cudaDeviceSynchronize());
 }
 
@@ -470,8 +479,12 @@ void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
     DSLAB_CUDA(cudaStreamWaitEvent(stream, side_->joined, 0));
     mark("shared_experts_join");
   }
-  launch_pdl(combine_kernel, dim3(unsigned(tokens_), unsigned((hidden_ + kCombineColumns - 1) / kCombineColumns)), dim3(kCombineColumns / 4), 0, stream_, y_.get(), slot_.get(), b_.topk_weights ? b_.topk_weights : topk_weights_.get(),
-                                                         int(topk_), int(hidden_), shared, b_.out);
+  if (combined_by_experts_)  // y_ is each token's weighted sum already: one row per token, weight 1
+    launch_pdl(combine_kernel, dim3(unsigned(tokens_), unsigned((hidden_ + kCombineColumns - 1) / kCombineColumns)), dim3(kCombineColumns / 4), 0,
+               stream_, y_.get(), identity_.get(), ones_.get(), 1, int(hidden_), shared, b_.out);
+  else
+    launch_pdl(combine_kernel, dim3(unsigned(tokens_), unsigned((hidden_ + kCombineColumns - 1) / kCombineColumns)), dim3(kCombineColumns / 4), 0,
+               stream_, y_.get(), slot_.get(), b_.topk_weights ? b_.topk_weights : topk_weights_.get(), int(topk_), int(hidden_), shared, b_.out);
   DSLAB_CHECK_LAUNCH();
   mark("combine");
   marks_ = nullptr;
@@ -513,16 +526,16 @@ namespace {
 
 // Weights shared by the variants of a point (and kept from one point to the next while model, seed and
 // expert count stay): V3's 256 experts are 22.5 GB.
-std::shared_ptr<const MoeWeights> shared_weights(const ModelConfig& m, int64_t experts, uint64_t seed) {
+std::shared_ptr<const MoeWeights> shared_weights(const ModelConfig& m, int64_t experts, uint64_t seed, bool routed_on_device) {
   static std::mutex mu;
   static std::shared_ptr<const MoeWeights> last;
   static std::string key;
   std::lock_guard<std::mutex> lock(mu);
-  const std::string k = m.source + "/" + std::to_string(experts) + "/" + std::to_string(seed);
+  const std::string k = m.source + "/" + std::to_string(experts) + "/" + std::to_string(seed) + (routed_on_device ? "" : "/host");
   if (last && key == k) return last;
   last.reset();
   auto w = std::make_shared<MoeWeights>();
-  generate_moe_weights(m, experts, seed, w.get());
+  generate_moe_weights(m, experts, seed, w.get(), routed_on_device);
   last = w;
   key = k;
   return w;
@@ -550,6 +563,7 @@ Support GpuMoeVariant::supports(const ModelFile& model, const Point& point) cons
   if (s.routing == "model" && s.experts != m.n_routed_experts)
     return Support::no("routing model needs all " + std::to_string(m.n_routed_experts) + " experts (the router may pick any)");
   if (s.experts < s.topk) return Support::no("fewer experts than num_experts_per_tok");
+  if (const std::string why = op_->unavailable(); !why.empty()) return Support::no(why);
   return gpu_fits(device_memory_bytes(model, point));
 }
 
@@ -574,20 +588,23 @@ double GpuMoeVariant::host_memory_bytes(const ModelFile& model, const Point& poi
   const Shape s = shape_of(m, point);
   // x, and the reference's experts (at most tokens x topk of them, generated on the host as needed).
   const double experts = double(std::min<int64_t>(s.experts, kVerifiedTokens * s.topk));
-  return double(s.tokens) * double(m.hidden_size) * 6 + experts * 3 * double(m.hidden_size) * double(m.moe_intermediate_size) * 2;
+  const double expert_bytes = 3 * double(m.hidden_size) * double(m.moe_intermediate_size) * 2;
+  return double(s.tokens) * double(m.hidden_size) * 6 + experts * expert_bytes +
+         (op_->experts_on_host() ? 2 * double(s.experts) * expert_bytes : 0);  // (the op's experts, generated and packed)
 }
 
 double GpuMoeVariant::device_memory_bytes(const ModelFile& model, const Point& point) const {
   const ModelConfig m = parse_model_config(model.config, model.name, model.path);
   const Shape s = shape_of(m, point);
-  return moe_weight_bytes(m, s.experts) + MoeOp::scratch_bytes(m, s.tokens, s.experts) + double(s.tokens) * double(m.hidden_size) * 6;
+  return moe_weight_bytes(m, op_->experts_on_host() ? 0 : s.experts) + MoeOp::scratch_bytes(m, s.tokens, s.experts) +
+         double(s.tokens) * double(m.hidden_size) * 6;
 }
 
 void GpuMoeVariant::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
   m_ = parse_model_config(model.config, model.name, model.path);
   s_ = shape_of(m_, point);
   seed_ = seed;
-  weights_ = shared_weights(m_, s_.experts, seed);
+  weights_ = shared_weights(m_, s_.experts, seed, !op_->experts_on_host());
   if (!blas_) blas_ = std::make_unique<BlasHandle>();
   if (!side_blas_) side_blas_ = std::make_unique<BlasHandle>();
   blas_->set_projections(mla::cuda::parse_projections(point.text("proj")));

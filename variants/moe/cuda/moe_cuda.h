@@ -48,13 +48,16 @@ class MlpRunner {
 // each [I][H] gate, [I][H] up, [H][I] down, experts stacked), the shared experts.
 struct MoeWeights {
   int64_t experts = 0;
+  uint64_t seed = 0;              // the reference's seed of these tensors (an op may make its own copies elsewhere)
+  bool routed_on_device = true;   // false: w_gate, w_up, w_down are empty (an op that keeps the experts on the host)
   DeviceArray<__nv_bfloat16> gate;  // router [n_routed_experts][hidden]
   DeviceArray<float> bias;          // e_score_correction_bias (noaux_tc)
   DeviceArray<__nv_bfloat16> w_gate, w_up, w_down;
   MlpWeights shared;  // intermediate 0 when the model has none
 };
-// ref::make_moe_params's tensors, generated on the device (experts beyond `experts` are not made).
-void generate_moe_weights(const ModelConfig& m, int64_t experts, uint64_t seed, MoeWeights* w);
+// ref::make_moe_params's tensors, generated on the device (experts beyond `experts` are not made; none of the
+// routed experts when !routed_on_device).
+void generate_moe_weights(const ModelConfig& m, int64_t experts, uint64_t seed, MoeWeights* w, bool routed_on_device = true);
 // Device bytes of those weights.
 double moe_weight_bytes(const ModelConfig& m, int64_t experts);
 
@@ -74,6 +77,10 @@ class MoeOp {
   virtual ~MoeOp() = default;
   // Whether forward() runs without a host look at the routing (so it can be captured in a CUDA graph).
   virtual bool graph_safe() const = 0;
+  // Whether the routed experts run from host memory (their weights need not be on the device: see MoeWeights).
+  virtual bool experts_on_host() const { return false; }
+  // Why this op cannot run on this machine ("" if it can).
+  virtual std::string unavailable() const { return ""; }
   int tile_rows() const { return tile_rows_; }
   // side_blas (a handle of its own: cuBLAS workspaces must not be shared by concurrent GEMMs): the shared experts
   // run on a second stream beside the router and routed experts, joined before the combine. Several ops that run
@@ -91,6 +98,9 @@ class MoeOp {
   // The routed experts over the permuted rows (perm_token_, grouped by expert at offsets_, in tiles_): writes
   // y_ [rows][hidden] fp32, each row its expert's output (the routing weight is applied by the combine).
   virtual void experts() = 0;
+  // Set by an op whose experts() leaves y_ as [tokens][hidden], each token's weighted sum already made: the
+  // combine then only adds it to the shared experts' output.
+  bool combined_by_experts_ = false;
   void mark(const char* op) const {
     if (marks_) marks_->mark(op, stream_);
   }
@@ -115,6 +125,8 @@ class MoeOp {
   DeviceArray<int32_t> num_tiles_;
   int tile_rows_ = 16, max_tiles_ = 0;
   DeviceArray<float> y_;                // [rows][hidden]
+  DeviceArray<int32_t> identity_;       // [tokens]: t (combined_by_experts_)
+  DeviceArray<float> ones_;             // [tokens]: 1
   MlpRunner shared_;
   struct SideStream {
     explicit SideStream(BlasHandle* side_blas);
