@@ -302,6 +302,9 @@ void Engine::prepare(const ModelFile& model, const Point& point, uint64_t seed) 
 void Engine::run() { op_->forward(p_->x.data(), p_->shape.tokens, ids_.data(), weights_.data(), p_->shape.topk, out_.data()); }
 
 void HostExperts::set_weights(const ModelConfig& m, const std::vector<ref::MlpParams>& experts) {
+  // AMX tiles need the process's permission first (else the first tile instruction is an illegal instruction).
+  if (kernel_ != Kernel::avx512)
+    if (const std::string why = request_amx_permission(); !why.empty()) throw std::runtime_error("HostExperts: AMX: " + why);
   hidden_ = m.hidden_size;
   inter_ = m.moe_intermediate_size;
   experts_ = int64_t(experts.size());

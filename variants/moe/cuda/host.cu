@@ -57,7 +57,8 @@ class HostMoe final : public MoeOp {
     if (w_->routed_on_device) throw std::logic_error("moe/host/cuda: its routed experts belong in host memory (MoeWeights::routed_on_device)");
     const int64_t H = hidden_, I = inter_;
     const int threads = std::max(1, int(std::thread::hardware_concurrency()) - 1);  // one core left to the thread driving the GPU
-    const auto kernel = cpu_info().amx_bf16 ? HostExperts::Kernel::choose : HostExperts::Kernel::avx512;
+    // AMX where the CPU has it and the process may use it (the kernel per expert by the measured crossover).
+    const auto kernel = cpu_info().amx_bf16 && request_amx_permission().empty() ? HostExperts::Kernel::choose : HostExperts::Kernel::avx512;
     if (!engine_ || engine_->threads() != threads) engine_ = std::make_unique<HostExperts>(kernel, threads);
     std::vector<ref::MlpParams> experts(static_cast<size_t>(experts_));
     DeviceArray<__nv_bfloat16> scratch(size_t(3 * H * I));
