@@ -198,7 +198,9 @@ int cmd_run(int argc, char** argv) {
           r.cost = v->cost(*pp.model, pp.point);  // after prepare: a routing-dependent cost sees this seed's routing
           if (machine) {
             r.compute_ceiling = machine_ceiling(*machine, v->compute_ceiling());
-            r.bandwidth_ceiling = machine_ceiling(*machine, r.device == Device::cpu ? "cpu.dram_read_bytes_per_s" : "gpu.hbm_bytes_per_s");
+            const std::string bandwidth = v->bandwidth_ceiling();
+            r.bandwidth_ceiling = machine_ceiling(*machine, !bandwidth.empty() ? bandwidth
+                                                            : r.device == Device::cpu ? "cpu.dram_read_bytes_per_s" : "gpu.hbm_bytes_per_s");
           }
         } catch (const BadInput&) {
           throw;

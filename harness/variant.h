@@ -74,8 +74,10 @@ class Variant {
   // GPU memory prepare() will hold (an estimate, counting shared buffers once per variant): the same rule
   // for the GPU, so a point's GPU variants are prepared together only while they fit beside each other.
   virtual double device_memory_bytes(const ModelFile&, const Point&) const { return 0; }
-  // Machine-file ceiling its arithmetic runs on (e.g. "cpu.amx_bf16_flops"); bandwidth follows the device.
+  // Machine-file ceiling its arithmetic runs on (e.g. "cpu.amx_bf16_flops").
   virtual std::string compute_ceiling() const = 0;
+  // The machine-file key of the bandwidth its bytes move at; "" for its device's memory (CPU DRAM, GPU HBM).
+  virtual std::string bandwidth_ceiling() const { return ""; }
 
   virtual void prepare(const ModelFile& model, const Point& point, uint64_t seed) = 0;
   virtual void run() = 0;

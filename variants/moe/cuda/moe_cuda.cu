@@ -553,6 +553,13 @@ std::vector<std::pair<std::string, std::string>> GpuMoeVariant::axes() const {
   return {{"tokens", "1"}, {"experts", ""}, {"routing", "model"}, {"proj", "cublas"}};
 }
 
+std::string GpuMoeVariant::compute_ceiling() const {
+  if (!op_->experts_on_host()) return "gpu.tensor_bf16_flops";
+  return cpu_info().amx_bf16 ? "cpu.amx_bf16_flops" : "cpu.avx512_bf16_flops";
+}
+
+std::string GpuMoeVariant::bandwidth_ceiling() const { return op_->experts_on_host() ? "cpu.dram_read_bytes_per_s" : ""; }
+
 Support GpuMoeVariant::supports(const ModelFile& model, const Point& point) const {
   const ModelConfig m = parse_model_config(model.config, model.name, model.path);
   const Shape s = shape_of(m, point);

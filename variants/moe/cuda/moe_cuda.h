@@ -159,7 +159,9 @@ class GpuMoeVariant : public Variant {
   Cost cost(const ModelFile& model, const Point& point) const override;
   double host_memory_bytes(const ModelFile& model, const Point& point) const override;
   double device_memory_bytes(const ModelFile& model, const Point& point) const override;
-  std::string compute_ceiling() const override { return "gpu.tensor_bf16_flops"; }
+  // moe/host/cuda: its routed experts (nearly all of its work and bytes) are the CPU's, measured against the CPU's.
+  std::string compute_ceiling() const override;
+  std::string bandwidth_ceiling() const override;
   void prepare(const ModelFile& model, const Point& point, uint64_t seed) override;
   void run() override;
   Verification verify() override;
