@@ -450,6 +450,26 @@ nlohmann::json calibrate() {
       DSLAB_CUDA(cudaGraphExecDestroy(exec));
     }
     out["small_kernel_s"] = best / 100;
+    {  // A host round trip in the stream, as a hybrid step makes one per MoE layer: a kernel, then a host function that
+       // wakes the CPU's worker team (all cores but one), then the next kernel; per round trip, best of 5 x 50.
+      const int threads = std::max(1, cpu_info().logical_cpus - 1);
+      struct Arg {
+        int threads;
+      } arg{threads};
+      auto host = [](void* a) { parallel_noop(static_cast<Arg*>(a)->threads); };
+      double best_trip = 1e30;
+      for (int rep = 0; rep < 5; ++rep) {
+        best_trip = std::min(best_trip, ev.seconds([&] {
+          for (int i = 0; i < 50; ++i) {
+            empty_kernel<<<1, 1>>>();
+            DSLAB_CHECK_LAUNCH();
+            DSLAB_CUDA(cudaLaunchHostFunc(0, host, &arg));
+          }
+        }) / 50);
+      }
+      out["host_roundtrip_s"] = best_trip;
+      out["host_roundtrip_how"] = "kernel, then a host function running an empty OpenMP region on all cores but one, 50 in a stream; per pair, best of 5";
+    }
     out["small_kernel_how"] = "a graph of 100 one-block kernels, each reading 16 KB not in L2, reducing it and storing a value; per kernel, best of 4";
     DSLAB_CUDA(cudaFree(src));
     DSLAB_CUDA(cudaFree(dst));

@@ -54,4 +54,10 @@ std::string request_amx_permission() {
   return result;
 }
 
+void parallel_noop(int threads) {
+  volatile int sink = 0;
+#pragma omp parallel num_threads(threads)
+  { sink = sink + 1; }
+}
+
 }  // namespace dslab

@@ -19,6 +19,10 @@ const CpuInfo& cpu_info();
 // Returns "" when granted, else why not.
 std::string request_amx_permission();
 
+// An empty OpenMP parallel region on `threads` threads: what waking the CPU's worker team costs (the calibration
+// of a hybrid step's host round trip runs it from a CUDA host function, as the CPU experts are run).
+void parallel_noop(int threads);
+
 struct GpuInfo {
   bool present = false;
   std::string why_absent;  // "built without CUDA", "no CUDA device: ..."

@@ -49,6 +49,7 @@ Ceilings Ceilings::from_machine(const nlohmann::json& machine, const std::string
   c.h2d_bytes_per_s = field(machine, source, "gpu", "h2d_pinned_bytes_per_s");
   c.d2h_bytes_per_s = field(machine, source, "gpu", "d2h_pinned_bytes_per_s");
   c.transfer_s = field(machine, source, "gpu", "h2d_4k_s");
+  c.host_roundtrip_s = field(machine, source, "gpu", "host_roundtrip_s");
   if (machine["gpu"].contains("memory_bytes") && machine["gpu"]["memory_bytes"].is_number())
     c.gpu_memory_bytes = machine["gpu"]["memory_bytes"].get<double>();
   c.cpu_bytes_per_s = field(machine, source, "cpu", "dram_read_bytes_per_s");
@@ -169,9 +170,10 @@ struct Model {
         if (f > 0) gpu_s = gpu_op_s(on_gpu, c);
         if (f < 1) {
           cpu_s = cpu_op_s(on_cpu, c);
-          // hidden states (bf16) and routing (ids, weights) to the host, the experts' sum (fp32) back.
+          // hidden states (bf16), ids and weights to the host (three copies), the experts' sum (fp32) back (one), and
+          // the host function's round trip (the stream waits for it; the CPU's workers wake for it).
           if (k.attention_on_gpu)
-            xfer_s = 2 * c.transfer_s + T * (H * 2 + K * 8) / c.d2h_bytes_per_s + T * H * 4 / c.h2d_bytes_per_s;
+            xfer_s = c.host_roundtrip_s + 4 * c.transfer_s + T * (H * 2 + K * 8) / c.d2h_bytes_per_s + T * H * 4 / c.h2d_bytes_per_s;
         }
       }
       // The GPU runs its shared and routed share while the CPU runs the rest (KTransformers' overlap).
@@ -237,6 +239,32 @@ Plan make_plan(const PlanRequest& r, const Ceilings& c) {
   return plan;
 }
 
+void attach_measurements(Plan& plan, const std::vector<ResultsFile>& files) {
+  const std::map<std::string, std::string> placement_of = {{"moe/grouped/cuda", "all_gpu"}, {"moe/host/cuda", "ktransformers"}};
+  const auto& s = plan.request.shape;
+  auto axis = [](const nlohmann::json& axes, const char* k) -> std::string {
+    if (!axes.contains(k)) return "";
+    return axes[k].is_string() ? axes[k].get<std::string>() : axes[k].dump();
+  };
+  for (auto& p : plan.placements) {
+    bool graph = false;
+    for (const ResultsFile& f : files)
+      for (const Entry& e : f.entries) {
+        if (e.variant != "layer/deepseek/cuda" || e.model != plan.request.model_name) continue;
+        const auto it = placement_of.find(axis(e.axes, "moe"));
+        if (it == placement_of.end() || it->second != p.placement) continue;
+        if (axis(e.axes, "layers") != "all" || axis(e.axes, "batch") != std::to_string(s.batch) ||
+            axis(e.axes, "q_len") != std::to_string(s.q_len) || axis(e.axes, "kv_len") != std::to_string(s.kv_len))
+          continue;
+        const bool is_graph = axis(e.axes, "executor") == "graph";
+        if (p.measured_s >= 0 && (graph || !is_graph)) continue;  // keep a graph run over an eager one
+        p.measured_s = e.median_us * 1e-6;
+        p.measured_by = f.path + ": " + e.name;
+        graph = is_graph;
+      }
+  }
+}
+
 nlohmann::json Plan::to_json() const {
   nlohmann::json j;
   j["model"] = request.model_name;
@@ -247,7 +275,8 @@ nlohmann::json Plan::to_json() const {
                    {"cpu", ceilings.cpu_name},            {"gpu_flops", ceilings.gpu_flops},
                    {"gpu_bytes_per_s", ceilings.gpu_bytes_per_s}, {"gpu_kernel_s", ceilings.gpu_kernel_s},
                    {"h2d_bytes_per_s", ceilings.h2d_bytes_per_s}, {"d2h_bytes_per_s", ceilings.d2h_bytes_per_s},
-                   {"transfer_s", ceilings.transfer_s},   {"cpu_flops", ceilings.cpu_flops},
+                   {"transfer_s", ceilings.transfer_s},   {"host_roundtrip_s", ceilings.host_roundtrip_s},
+                   {"cpu_flops", ceilings.cpu_flops},
                    {"cpu_unit", ceilings.cpu_unit},       {"cpu_bytes_per_s", ceilings.cpu_bytes_per_s},
                    {"gpu_ridge", ceilings.gpu_ridge()},   {"cpu_ridge", ceilings.cpu_ridge()}};
   // One row per op name and kind of layer (ops repeat identically across the MoE layers).
@@ -280,7 +309,8 @@ nlohmann::json Plan::to_json() const {
     placements.push_back({{"placement", p.placement},
                           {"point", j["point"]},
                           {"predicted_s", p.predicted_s},
-                          {"measured_s", nullptr},
+                          {"measured_s", p.measured_s >= 0 ? nlohmann::json(p.measured_s) : nlohmann::json(nullptr)},
+                          {"measured_by", p.measured_by},
                           {"chosen", p.chosen},
                           {"fits", p.fits},
                           {"gpu_bytes", p.gpu_bytes},
@@ -302,11 +332,16 @@ std::string Plan::to_markdown() const {
      << fmt("%.1f", ceilings.gpu_kernel_s * 1e6) << " us per small kernel; " << ceilings.cpu_name << " (" << ceilings.cpu_unit << ") "
      << fmt("%.1f", ceilings.cpu_flops / 1e12) << " TFLOP/s, " << fmt("%.0f", ceilings.cpu_bytes_per_s / 1e9) << " GB/s (ridge "
      << fmt("%.0f", ceilings.cpu_ridge()) << "); link " << fmt("%.0f", ceilings.h2d_bytes_per_s / 1e9) << " GB/s, "
-     << fmt("%.1f", ceilings.transfer_s * 1e6) << " us per small copy.\n\n";
-  md << "## Placements (predicted)\n\n| placement | step ms | GPU memory | host memory | chosen | why |\n|---|---|---|---|---|---|\n";
-  for (const auto& p : placements)
-    md << "| " << p.placement << " | " << fmt("%.3f", p.predicted_s * 1e3) << " | " << gb(p.gpu_bytes) << " | " << gb(p.host_bytes) << " | "
+     << fmt("%.1f", ceilings.transfer_s * 1e6) << " us per small copy, " << fmt("%.1f", ceilings.host_roundtrip_s * 1e6)
+     << " us per host round trip.\n\n";
+  md << "## Placements\n\n| placement | predicted ms | measured ms | predicted / measured | GPU memory | host memory | chosen | why |\n"
+        "|---|---|---|---|---|---|---|---|\n";
+  for (const auto& p : placements) {
+    const bool measured = p.measured_s >= 0;
+    md << "| " << p.placement << " | " << fmt("%.3f", p.predicted_s * 1e3) << " | " << (measured ? fmt("%.3f", p.measured_s * 1e3) : "-") << " | "
+       << (measured ? fmt("%.2f", p.predicted_s / p.measured_s) : "-") << " | " << gb(p.gpu_bytes) << " | " << gb(p.host_bytes) << " | "
        << (p.chosen ? "**yes**" : "") << " | " << p.reason << " |\n";
+  }
   md << "\n## Ops (per instance; count = instances in the step)\n\n| op | count | GFLOP | MB | FLOP/B | GPU us | CPU us | why |\n"
         "|---|---|---|---|---|---|---|---|\n";
   std::map<std::string, int> count;
@@ -342,11 +377,13 @@ options:
   --kv-len N         tokens already cached per request (default 4096 for decode, 0 for prefill)
   --gpu-budget GB    GPU memory to plan for (default: the calibrated GPU's memory)
   --machine FILE     ceilings (default: dslab calibrate's output on this machine)
+  --measured FILE    results.json of layer/deepseek/cuda runs (layers all) at the same point: fills measured_s of
+                     all_gpu (moe/grouped/cuda) and ktransformers (moe/host/cuda); repeatable
   --out DIR          where plan.json and plan.md go (default: print only)
 )";
 
 int cmd_plan(int argc, char** argv) {
-  const Args a = parse_args(argc, argv, 2, {}, {"--model", "--phase", "--batch", "--q-len", "--kv-len", "--gpu-budget", "--machine", "--out"});
+  const Args a = parse_args(argc, argv, 2, {}, {"--model", "--phase", "--batch", "--q-len", "--kv-len", "--gpu-budget", "--machine", "--measured", "--out"});
   if (!a.positional.empty()) throw BadInput("command line: plan: unexpected argument '" + a.positional.front() + "' (see dslab plan --help)");
   if (!a.has("--model")) throw BadInput("command line: plan: --model is required (a name under models/ or a config.json path)");
   PlanRequest r;
@@ -370,7 +407,10 @@ int cmd_plan(int argc, char** argv) {
   } catch (const std::exception& e) {
     throw BadInput(machine_path + ": not JSON: " + e.what());
   }
-  const Plan plan = make_plan(r, Ceilings::from_machine(machine, machine_path));
+  Plan plan = make_plan(r, Ceilings::from_machine(machine, machine_path));
+  std::vector<ResultsFile> measured;
+  for (const std::string& f : a.all("--measured")) measured.push_back(load_results(f));
+  attach_measurements(plan, measured);
   const std::string md = plan.to_markdown();
   std::fputs(md.c_str(), stdout);
   if (a.has("--out")) {

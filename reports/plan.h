@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "reports/results_file.h"
 #include "variants/common/model_config.h"
 #include "variants/layer/ops.h"
 
@@ -21,6 +22,7 @@ struct Ceilings {
   std::string gpu_name, cpu_name, source;
   double gpu_flops = 0, gpu_bytes_per_s = 0, gpu_kernel_s = 0, gpu_memory_bytes = 0;
   double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0, transfer_s = 0;  // pinned copies; one small copy's fixed cost
+  double host_roundtrip_s = 0;  // a host function in the stream waking the CPU's workers (one per CPU-side MoE layer)
   double cpu_flops = 0, cpu_bytes_per_s = 0;
   int cpu_threads = 0;
   std::string cpu_unit;  // amx | avx512: the matrix unit the CPU experts use
@@ -41,6 +43,8 @@ struct PlanRequest {
 struct PlacementPlan {
   std::string placement;           // all_gpu | ktransformers | hot_experts:N | gpu_layers:N | streamed_experts | all_cpu
   double predicted_s = 0;          // the step
+  double measured_s = -1;          // a run of that placement at that point (layer/deepseek/cuda), -1: none
+  std::string measured_by;         // which results entry
   double gpu_bytes = 0, host_bytes = 0;
   bool fits = true;
   std::string why_not, reason;
@@ -58,6 +62,10 @@ struct Plan {
 };
 
 Plan make_plan(const PlanRequest& r, const Ceilings& c);
+
+// Fills measured_s from runs of the whole model at the plan's point: layer/deepseek/cuda, layers all, the same
+// batch, q_len and kv_len; moe/grouped/cuda is all_gpu, moe/host/cuda is ktransformers (graph preferred).
+void attach_measurements(Plan& plan, const std::vector<ResultsFile>& files);
 
 // One op's predicted time on each device: the larger of its FLOPs and bytes over that device's ceiling, plus on the
 // GPU the per-kernel cost of the kernels our layer launches for it.

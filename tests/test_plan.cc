@@ -21,6 +21,7 @@ nlohmann::json machine() {
             {"h2d_pinned_bytes_per_s", 50e9},
             {"d2h_pinned_bytes_per_s", 50e9},
             {"h2d_4k_s", 5e-6},
+            {"host_roundtrip_s", 20e-6},
             {"memory_bytes", 80e9}}}};
 }
 
@@ -111,6 +112,35 @@ TEST(Plan, KTransformersSplitOverlapsTheCpuExpertsWithTheGpu) {
   ASSERT_NE(kt, nullptr);
   EXPECT_GT(kt->parts_s.at("cpu experts (inside moe)"), 0);
   EXPECT_GE(kt->parts_s.at("moe"), kt->parts_s.at("cpu experts (inside moe)") + kt->parts_s.at("transfers (inside moe)") - 1e-12);
+}
+
+TEST(Plan, MeasuredStepsFillTheirPlacementsGraphFirst) {
+  const auto c = reports::Ceilings::from_machine(machine(), "m.json");
+  auto plan = reports::make_plan(request("deepseek-v2-lite", 4, 1, 4096, 80), c);
+  reports::ResultsFile f;
+  f.path = "r.json";
+  auto entry = [](const char* moe, const char* executor, int64_t batch, double us) {
+    reports::Entry e;
+    e.variant = "layer/deepseek/cuda";
+    e.model = "deepseek-v2-lite";
+    e.name = std::string(moe) + " " + executor;
+    e.axes = {{"batch", batch}, {"q_len", 1}, {"kv_len", 4096}, {"layers", "all"}, {"moe", moe}, {"executor", executor}};
+    e.median_us = us;
+    return e;
+  };
+  f.entries = {entry("moe/grouped/cuda", "eager", 4, 7000), entry("moe/grouped/cuda", "graph", 4, 6000),
+               entry("moe/host/cuda", "graph", 4, 110000), entry("moe/host/cuda", "graph", 1, 40000),
+               entry("moe/loop/cuda", "eager", 4, 9000)};
+  reports::attach_measurements(plan, {f});
+  int measured = 0;
+  for (const auto& p : plan.placements) {
+    if (p.placement == "all_gpu") EXPECT_DOUBLE_EQ(p.measured_s, 6000e-6);  // the graph run, not the eager one
+    else if (p.placement == "ktransformers") EXPECT_DOUBLE_EQ(p.measured_s, 110000e-6);  // batch 4's, not batch 1's
+    else EXPECT_LT(p.measured_s, 0) << p.placement;
+    measured += p.measured_s >= 0;
+  }
+  EXPECT_EQ(measured, 2);
+  EXPECT_TRUE(plan.to_json()["placements"][0]["measured_s"].is_number());
 }
 
 }  // namespace
