@@ -3,7 +3,7 @@
 # machine facts, calibration, the test binary (GPU tests run there), and the sweeps whose numbers we
 # report. Logs and results go under $OUT (at most 8 files come back, 2 folders deep).
 # Usage: scripts/device_run.sh [STEP...]
-#   steps: facts calibrate tests gpu-tests default v2 mla-cpu moe-v2-lite moe-v3 mla-decode:SUITE[,SUITE...]
+#   steps: facts calibrate tests gpu-tests default v2 mla-cpu moe-v2-lite moe-v3 offload mla-decode:SUITE[,SUITE...]
 #          sweep:NAME:SUITE[,SUITE...] (workloads/sweeps/NAME.json into $OUT/NAME-SUITE/results.json)
 #   (default: facts calibrate tests default v2 mla-cpu). mla-decode:a,b runs those suites of
 #   workloads/sweeps/mla-decode.json into $OUT/mla-decode-a/results.json; GPU_TIMEOUT caps each point (default 1 s).
@@ -48,6 +48,23 @@ for s in "${steps[@]}"; do
       timeout "${SWEEP_LIMIT:-570}" dslab run "workloads/sweeps/$name.json" "${args[@]}" --timeout "${GPU_TIMEOUT:-1}" --machine "$machine" \
         --out "$OUT/$name-${suites%%,*}" >>"$log" 2>&1
       echo "exit $?" | tee -a "$log" ;;
+    offload)
+      # Placements run (workloads/sweeps/offload.json), then the planner on the same machine's ceilings with those
+      # runs as measured_s: predicted against measured in one call (plans.tar).
+      step offload
+      timeout "${SWEEP_LIMIT:-570}" dslab run workloads/sweeps/offload.json --timeout "${GPU_TIMEOUT:-1}" --machine "$machine" \
+        --out "$OUT/offload" >>"$log" 2>&1
+      echo "exit $?" | tee -a "$log"
+      plans="$OUT/offload/plans"
+      mkdir -p "$plans"
+      measured=(--machine "$machine" --measured "$OUT/offload/results.json")
+      for b in 1 4 16 32; do
+        for kv in 4096 32768; do dslab plan --model deepseek-v2-lite --batch $b --kv-len $kv "${measured[@]}" --out "$plans/v2-lite-decode-b$b-kv$kv" >/dev/null; done
+      done
+      for q in 1024 4096; do dslab plan --model deepseek-v2-lite --phase prefill --q-len $q "${measured[@]}" --out "$plans/v2-lite-prefill-q$q" >/dev/null; done
+      dslab plan --model deepseek-v3 --batch 1 --gpu-budget 24 --machine "$machine" --out "$plans/v3-decode-b1-24gb" >/dev/null
+      grep -h -E '^\| (all_gpu|ktransformers) ' "$plans"/v2-lite-*/plan.md | tee -a "$log"
+      tar -C "$OUT/offload" -cf "$OUT/offload/plans.tar" plans && rm -rf "$plans" ;;
     default)
       step default
       timeout 200 dslab run workloads/sweeps/default.json --machine "$machine" --out "$OUT/default" >>"$log" 2>&1
@@ -66,7 +83,7 @@ for s in "${steps[@]}"; do
       suite=$([ "$s" = moe-v3 ] && echo moe-v3-64-experts || echo moe-v2-lite)
       timeout 540 dslab run workloads/sweeps/moe-cpu.json --suite "$suite" --timeout "${MOE_TIMEOUT:-2}" --machine "$machine" --out "$OUT/$s" >>"$log" 2>&1
       echo "exit $?" | tee -a "$log" ;;
-    *) echo "unknown step '$s' (expected facts calibrate tests gpu-tests default v2 mla-cpu moe-v2-lite moe-v3 mla-decode:SUITE sweep:NAME:SUITE)" >&2; exit 2 ;;
+    *) echo "unknown step '$s' (expected facts calibrate tests gpu-tests default v2 mla-cpu moe-v2-lite moe-v3 offload mla-decode:SUITE sweep:NAME:SUITE)" >&2; exit 2 ;;
   esac
 done
 grep -E '^(mla|moe|layer|variant|results)' "$log" | tail -70
