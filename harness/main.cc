@@ -50,7 +50,8 @@ options:
   --suite NAME          with a sweep file, run only this suite (repeatable)
   --axis NAME=VALUES    set or override an axis in every suite (repeatable);
                         VALUES: 1,8,64 | pow2:9:14 (2^9..2^14) | uniform,mixed
-  --out DIR             where results.json goes (default: results/<sweep name>)
+  --out DIR             where results.json goes (default: results/<sweep name>); while the run goes on,
+                        results.partial.json holds the points done so far (left behind if it is cut short)
   --hot                 do not flush caches before each sample (default: cold)
   --no-verify           skip verification against the reference (default: verify every point)
   --sequential          measure one variant at a time (default: the variants at one point are prepared
@@ -170,6 +171,24 @@ int cmd_run(int argc, char** argv) {
   auto device_memory = [](const PlannedPoint& pp) {
     return pp.support.ok ? pp.entry->make()->device_memory_bytes(*pp.model, pp.point) : 0.0;
   };
+  auto run_context_json = [&] {
+    nlohmann::json context = run_context(joined_command_line(argc, argv));
+    context["sweep"] = sweep.name;
+    context["sweep_source"] = sweep.source;
+    context["seed"] = seed;
+    context["hot"] = hot;
+    context["interleaved"] = !sequential;
+    context["verify"] = verify;
+    context["stop_rule"] = {{"min_samples", rule.min_samples}, {"min_time_s", rule.min_time_s},
+                            {"max_noise", rule.max_noise}, {"timeout_s", rule.timeout_s}};
+    context["machine_file"] = machine ? nlohmann::json(a.one("--machine", default_machine_path())) : nlohmann::json(nullptr);
+    if (machine) context["machine"] = *machine;
+    std::string models;
+    for (const auto& m : plan.models) models += (models.empty() ? "" : ",") + m->name;
+    context["model"] = models;
+    return context;
+  };
+  const std::string path = out_dir + "/results.json", partial_path = out_dir + "/results.partial.json";
   for (size_t first = 0; first < total;) {
     size_t last = first + 1;
     double memory = host_memory(plan.points[first]), device = device_memory(plan.points[first]);
@@ -268,30 +287,18 @@ int cmd_run(int argc, char** argv) {
       results.push_back(std::move(r));
     }
     first = last;
+    // What is done so far, so a run cut short (a time limit, a lost machine) still leaves its points behind.
+    if (last < total) write_json_atomically(partial_path, results_to_json(run_context_json(), results));
   }
-
-  nlohmann::json context = run_context(joined_command_line(argc, argv));
-  context["sweep"] = sweep.name;
-  context["sweep_source"] = sweep.source;
-  context["seed"] = seed;
-  context["hot"] = hot;
-  context["interleaved"] = !sequential;
-  context["verify"] = verify;
-  context["stop_rule"] = {{"min_samples", rule.min_samples}, {"min_time_s", rule.min_time_s},
-                          {"max_noise", rule.max_noise}, {"timeout_s", rule.timeout_s}};
-  context["machine_file"] = machine ? nlohmann::json(a.one("--machine", default_machine_path())) : nlohmann::json(nullptr);
-  if (machine) context["machine"] = *machine;
-  std::string models;
-  for (const auto& m : plan.models) models += (models.empty() ? "" : ",") + m->name;
-  context["model"] = models;
-  const std::string path = out_dir + "/results.json";
-  write_json_atomically(path, results_to_json(context, results));
+  write_json_atomically(path, results_to_json(run_context_json(), results));
+  std::filesystem::remove(partial_path);
 
   std::printf("%s\n", results_table(results).c_str());
   std::printf("results: %s\n", path.c_str());
   if (failures || errors) std::printf("%d point(s) failed verification, %d errored\n", failures, errors);
   return failures || errors ? 1 : 0;
 }
+
 
 std::string main_help() {
   std::string list;

@@ -3,7 +3,7 @@
 # machine facts, calibration, the test binary (GPU tests run there), and the sweeps whose numbers we
 # report. Logs and results go under $OUT (at most 8 files come back, 2 folders deep).
 # Usage: scripts/device_run.sh [STEP...]
-#   steps: facts calibrate tests gpu-tests default v2 mla-cpu moe-v2-lite moe-v3 offload mla-decode:SUITE[,SUITE...]
+#   steps: facts calibrate tests gpu-tests default v2 mla-cpu moe-v2-lite moe-v3 offload[:SUITE,...] mla-decode:SUITE[,SUITE...]
 #          sweep:NAME:SUITE[,SUITE...] (workloads/sweeps/NAME.json into $OUT/NAME-SUITE/results.json)
 #   (default: facts calibrate tests default v2 mla-cpu). mla-decode:a,b runs those suites of
 #   workloads/sweeps/mla-decode.json into $OUT/mla-decode-a/results.json; GPU_TIMEOUT caps each point (default 1 s).
@@ -48,22 +48,36 @@ for s in "${steps[@]}"; do
       timeout "${SWEEP_LIMIT:-570}" dslab run "workloads/sweeps/$name.json" "${args[@]}" --timeout "${GPU_TIMEOUT:-1}" --machine "$machine" \
         --out "$OUT/$name-${suites%%,*}" >>"$log" 2>&1
       echo "exit $?" | tee -a "$log" ;;
-    offload)
-      # Placements run (workloads/sweeps/offload.json), then the planner on the same machine's ceilings with those
-      # runs as measured_s: predicted against measured in one call (plans.tar).
-      step offload
-      timeout "${SWEEP_LIMIT:-570}" dslab run workloads/sweeps/offload.json --timeout "${GPU_TIMEOUT:-1}" --machine "$machine" \
+    offload|offload:*)
+      # Placements run (workloads/sweeps/offload.json, suites decode-v2-lite,prefill-v2-lite,v3-hybrid unless named),
+      # then the planner on the same machine's ceilings at each point run, those runs as measured_s (plans.tar).
+      suites=${s#offload}; suites=${suites#:}; suites=${suites:-decode-v2-lite,prefill-v2-lite,v3-hybrid}
+      step "offload $suites"
+      args=()
+      for x in ${suites//,/ }; do args+=(--suite "$x"); done
+      timeout "${SWEEP_LIMIT:-570}" dslab run workloads/sweeps/offload.json "${args[@]}" --timeout "${GPU_TIMEOUT:-1}" --machine "$machine" \
         --out "$OUT/offload" >>"$log" 2>&1
       echo "exit $?" | tee -a "$log"
+      results="$OUT/offload/results.json"
+      [ -f "$results" ] || results="$OUT/offload/results.partial.json"  # (a run cut short: the points it finished)
       plans="$OUT/offload/plans"
       mkdir -p "$plans"
-      measured=(--machine "$machine" --measured "$OUT/offload/results.json")
-      for b in 1 4 16 32; do
-        for kv in 4096 32768; do dslab plan --model deepseek-v2-lite --batch $b --kv-len $kv "${measured[@]}" --out "$plans/v2-lite-decode-b$b-kv$kv" >/dev/null; done
+      python3 - "$results" <<'PY' | while read -r model batch q kv; do  # each point run: model batch q_len kv_len
+import json, sys
+seen = set()
+for b in json.load(open(sys.argv[1]))["benchmarks"]:
+    a = b["axes"]
+    key = (b["model"], a["batch"], a["q_len"], a["kv_len"])
+    if key not in seen:
+        seen.add(key)
+        print(*key)
+PY
+        phase=$([ "$q" -gt 1 ] && echo prefill || echo decode)
+        dslab plan --model "$model" --phase $phase --batch "$batch" --q-len "$q" --kv-len "$kv" --machine "$machine" --measured "$results" \
+          --out "$plans/$model-$phase-b$batch-q$q-kv$kv" >/dev/null
       done
-      for q in 1024 4096; do dslab plan --model deepseek-v2-lite --phase prefill --q-len $q "${measured[@]}" --out "$plans/v2-lite-prefill-q$q" >/dev/null; done
-      dslab plan --model deepseek-v3 --batch 1 --gpu-budget 24 --machine "$machine" --out "$plans/v3-decode-b1-24gb" >/dev/null
-      grep -h -E '^\| (all_gpu|ktransformers) ' "$plans"/v2-lite-*/plan.md | tee -a "$log"
+      dslab plan --model deepseek-v3 --batch 1 --gpu-budget 24 --machine "$machine" --out "$plans/deepseek-v3-decode-b1-24gb" >/dev/null
+      grep -h -E '^\| (all_gpu|ktransformers) ' "$plans"/*/plan.md | tee -a "$log"
       tar -C "$OUT/offload" -cf "$OUT/offload/plans.tar" plans && rm -rf "$plans" ;;
     default)
       step default
