@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Comparison plots from dslab results files.
 
-usage: scripts/plot.py RESULTS.json [RESULTS.json ...] --out DIR [--baseline VARIANT] [--offload OFFLOAD.json]
+usage: scripts/plot.py [RESULTS.json ...] --out DIR [--baseline VARIANT] [--offload OFFLOAD.json] [--plan PLAN.json ...]
 
 Per suite: latency against the swept axis, one line per variant (log axes for power-of-two axes), one
 panel per combination of the other axes; speedup bars against the baseline variant (default: the
 suite's first). Per device: a roofline chart with the calibrated roofs from the run's machine file and
 each (variant, point) placed by arithmetic intensity and achieved FLOP/s. With --offload (from `dslab
 offload`): the placement chart, each op by arithmetic intensity and CPU time / GPU time, coloured by
-where it was placed. Each figure as PNG and SVG.
+where it was placed. With --plan (from `dslab plan`): the step's ops on both devices' rooflines, and the
+placements' predicted (and, where run, measured) step times. Each figure as PNG and SVG.
 Exit status 2 on bad input.
 """
 import argparse
@@ -248,16 +249,93 @@ def load_offload(path):
     return plan
 
 
+def load_plan(path):
+    plan = read_json(path)
+    if not isinstance(plan, dict) or not isinstance(plan.get("placements"), list) or not isinstance(plan.get("ops"), list):
+        fail(f"{path}: field 'placements': missing: expected a plan from `dslab plan`")
+    return plan
+
+
+def plot_plan(path, out, stem):
+    plan = load_plan(path)
+    c = plan["ceilings"]
+    point = plan["point"]
+    where = f"{plan['model']}, {plan['phase']}, batch {point['batch']}, q_len {point['q_len']}, kv_len {point['kv_len']}"
+    # The ops on both rooflines: each op (one per name) at its intensity, at the rate each device can give it.
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    ops = [o for o in plan["ops"] if o["bytes"] > 0 and o["flops"] > 0]
+    ai = np.array([o["intensity"] for o in ops])
+    xs = np.logspace(math.log10(max(ai.min() / 4, 1e-2)), math.log10(max(ai.max() * 4, c["gpu_ridge"] * 4)), 200)
+    for name, peak, bw, color in (("GPU", c["gpu_flops"], c["gpu_bytes_per_s"], "tab:green"),
+                                  ("CPU", c["cpu_flops"], c["cpu_bytes_per_s"], "tab:blue")):
+        ax.plot(xs, np.minimum(peak, xs * bw), color=color, lw=1.5,
+                label=f"{name} {peak / 1e12:.3g} TFLOP/s, {bw / 1e9:.3g} GB/s (ridge {peak / bw:.3g})")
+        ax.scatter(ai, np.minimum(peak, ai * bw), color=color, s=18)
+    groups = OrderedDict()  # ops at (nearly) one intensity share one label
+    for o in sorted(ops, key=lambda o: o["intensity"]):
+        groups.setdefault(round(math.log10(o["intensity"]), 1), []).append(o)
+    for group in groups.values():
+        x = group[0]["intensity"]
+        ax.annotate("\n".join(o["op"] for o in group), (x, min(c["gpu_flops"], x * c["gpu_bytes_per_s"])), fontsize=6,
+                    xytext=(-4, 6), textcoords="offset points", ha="right", va="bottom")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("attainable FLOP/s")
+    ax.set_title(f"ops of the step: {where}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    save(fig, out, f"{stem}-roofline")
+    # The placements: predicted step time, measured where a run exists; those that do not fit the budget hatched.
+    places = plan["placements"]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(places) + 1.5))
+    ys = np.arange(len(places))
+    pred = [p["predicted_s"] * 1e3 for p in places]
+    bars = ax.barh(ys - 0.2, pred, height=0.4, color="tab:gray")
+    for bar, p in zip(bars, places):
+        if not p["fits"]:
+            bar.set_hatch("//")
+            bar.set_alpha(0.5)
+        if p["chosen"]:
+            bar.set_color("tab:orange")
+    for y, v in zip(ys, pred):
+        ax.annotate(f"{v:.3g}", (v, y - 0.2), fontsize=6, xytext=(2, -2), textcoords="offset points")
+    meas = [(y, p["measured_s"] * 1e3) for y, p in zip(ys, places) if p.get("measured_s") is not None]
+    if meas:
+        ax.barh([y + 0.2 for y, _ in meas], [m for _, m in meas], height=0.4, color="tab:purple")
+        for y, v in meas:
+            ax.annotate(f"{v:.3g}", (v, y + 0.2), fontsize=6, xytext=(2, -2), textcoords="offset points")
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color="tab:gray", label="predicted"), Patch(color="tab:orange", label="predicted, the plan's choice"),
+                       Patch(color="tab:purple", label="measured")], fontsize=7)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([p["placement"] + (" (chosen)" if p["chosen"] else "" if p["fits"] else " (does not fit)") for p in places],
+                       fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("step time (ms, log)")
+    ax.set_title(f"placements: {where}", fontsize=9)
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    fig.tight_layout()
+    save(fig, out, f"{stem}-placements")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("results", nargs="+", help="results.json files from `dslab run`")
+    p.add_argument("results", nargs="*", help="results.json files from `dslab run`")
     p.add_argument("--out", required=True, help="folder for the PNG and SVG files")
     p.add_argument("--baseline", default="", help="variant the speedups are against (default: each suite's first)")
     p.add_argument("--offload", default="", help="an offload plan from `dslab offload`: adds the placement chart")
+    p.add_argument("--plan", action="append", default=[], help="a plan.json from `dslab plan`: its ops' roofline and its placements")
     args = p.parse_args()
+    if not args.results and not args.plan:
+        fail("command line: nothing to plot: give results.json files and/or --plan PLAN.json")
     datasets = [load(r) for r in args.results]  # all checked before anything is written
     if args.offload:
         load_offload(args.offload)
+    for path in args.plan:
+        load_plan(path)
     os.makedirs(args.out, exist_ok=True)
     # A suite measured over several runs (extra points, re-measured points) is one chart: entries join by
     # (suite, model) across files, and a later file's entry replaces an earlier one of the same name.
@@ -281,6 +359,8 @@ def main():
             plot_roofline(data, device, args.out, f"roofline-{device}{tag}")
     if args.offload:
         plot_offload(args.offload, args.out, "offload-placement")
+    for path in args.plan:
+        plot_plan(path, args.out, "plan-" + os.path.basename(os.path.dirname(os.path.abspath(path))))
 
 
 if __name__ == "__main__":
