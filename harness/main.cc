@@ -67,14 +67,18 @@ options:
 exit status: 0 all verified; 1 a verification failed or a point errored; 2 bad input (nothing written).
 axes: )";
 
-const char* kCalibrateHelp = R"(usage: dslab calibrate [--out FILE] [--threads N]
+const char* kCalibrateHelp = R"(usage: dslab calibrate [--out FILE] [--threads N] [--repeat N]
 
 Measures the ceilings that roofline_fraction is computed against and writes them, each with how it was
 measured, to FILE (default: $DSLAB_MACHINE or ~/.cache/dslab/machine.json):
   cpu: AMX bf16 FLOP/s (TDPBF16PS from registers), AVX-512 bf16 FLOP/s (VDPBF16PS), DRAM read bytes/s
-  gpu: HBM copy bytes/s, cuBLAS bf16 GEMM FLOP/s, kernel launch overhead (when a GPU is present)
+       and the same rates at 1, 2, 4, ... threads (cpu.by_threads)
+  gpu: HBM copy bytes/s, cuBLAS bf16 GEMM FLOP/s, kernel launch overhead, CUDA graph launch and per-node cost,
+       a small kernel's cost in a graph, pinned host<->device bytes/s, a small copy's cost, a host function's
+       round trip (when a GPU is present)
 options:
   --threads N   CPU threads (default: all, as OpenMP sees them)
+  --repeat N    calibrate N times: each ceiling is the median, and "spread" says how far the runs disagree
 )";
 
 const char* kListHelp = R"(usage: dslab list
@@ -114,14 +118,24 @@ int cmd_list(int argc, char** argv) {
 }
 
 int cmd_calibrate(int argc, char** argv) {
-  const Args a = parse_args(argc, argv, 2, {}, {"--out", "--threads"});
+  const Args a = parse_args(argc, argv, 2, {}, {"--out", "--threads", "--repeat"});
   if (!a.positional.empty()) throw BadInput("command line: unexpected argument '" + a.positional[0] + "' (see dslab calibrate --help)");
   const int threads = int(a.number("--threads", omp_get_max_threads(), 1));
+  const int repeat = int(a.number("--repeat", 1, 1));
   const std::string out = a.one("--out", default_machine_path());
-  std::fprintf(stderr, "calibrating with %d CPU threads%s ...\n", threads, gpu_info().present ? (" and " + gpu_info().name).c_str() : "");
-  const nlohmann::json m = calibrate_machine(threads);
+  std::vector<nlohmann::json> runs;
+  for (int i = 0; i < repeat; ++i) {
+    std::fprintf(stderr, "calibrating with %d CPU threads%s (%d of %d) ...\n", threads,
+                 gpu_info().present ? (" and " + gpu_info().name).c_str() : "", i + 1, repeat);
+    runs.push_back(calibrate_machine(threads));
+  }
+  const nlohmann::json m = combine_calibrations(runs);
   write_json_atomically(out, m);
   std::printf("%s\n", m.dump(2).c_str());
+  if (m.contains("spread"))  // how far the runs agree, ceiling by ceiling
+    for (const auto& [key, s] : m["spread"].items())
+      std::fprintf(stderr, "%-34s spread %5.1f%% (min %.4g, max %.4g)\n", key.c_str(), 100 * s["spread"].get<double>(),
+                   s["min"].get<double>(), s["max"].get<double>());
   std::printf("machine file: %s\n", out.c_str());
   return 0;
 }

@@ -38,7 +38,7 @@ std::string gb(double bytes) { return fmt("%.1f GB", bytes / 1e9); }
 
 }  // namespace
 
-Ceilings Ceilings::from_machine(const nlohmann::json& machine, const std::string& source) {
+Ceilings Ceilings::from_machine(const nlohmann::json& machine, const std::string& source, int cpu_threads) {
   Ceilings c;
   c.source = source;
   c.gpu_name = machine.contains("gpu") && machine["gpu"].is_object() ? machine["gpu"].value("name", "GPU") : "GPU";
@@ -58,6 +58,20 @@ Ceilings Ceilings::from_machine(const nlohmann::json& machine, const std::string
   c.cpu_unit = amx ? "amx" : "avx512";
   c.cpu_flops = field(machine, source, "cpu", amx ? "amx_bf16_flops" : "avx512_bf16_flops");
   c.cpu_threads = cpu.value("threads", 0);
+  if (cpu_threads > 0 && cpu_threads != c.cpu_threads) {
+    if (!cpu.contains("by_threads") || !cpu["by_threads"].is_array())
+      throw BadInput(source + ": cpu.by_threads: missing (needed for --cpu-threads; run `dslab calibrate` again)");
+    const nlohmann::json* pick = nullptr;
+    for (const auto& e : cpu["by_threads"])
+      if (e.value("threads", 0) <= cpu_threads && (!pick || e.value("threads", 0) > pick->value("threads", 0))) pick = &e;
+    if (!pick) throw BadInput(source + ": cpu.by_threads: no rate at " + std::to_string(cpu_threads) + " threads or fewer");
+    const char* unit = c.cpu_unit == "amx" ? "amx_bf16_flops" : "avx512_bf16_flops";
+    if (!pick->contains(unit) || !pick->contains("dram_read_bytes_per_s"))
+      throw BadInput(source + ": cpu.by_threads: the entry for " + std::to_string(pick->value("threads", 0)) + " threads has no " + unit);
+    c.cpu_flops = (*pick)[unit].get<double>();
+    c.cpu_bytes_per_s = (*pick)["dram_read_bytes_per_s"].get<double>();
+    c.cpu_threads = pick->value("threads", 0);
+  }
   return c;
 }
 
@@ -330,7 +344,7 @@ std::string Plan::to_markdown() const {
   md << "Ceilings (" << ceilings.source << "): " << ceilings.gpu_name << " " << fmt("%.0f", ceilings.gpu_flops / 1e12) << " TFLOP/s, "
      << fmt("%.2f", ceilings.gpu_bytes_per_s / 1e12) << " TB/s (ridge " << fmt("%.0f", ceilings.gpu_ridge()) << " FLOP/B), "
      << fmt("%.1f", ceilings.gpu_kernel_s * 1e6) << " us per small kernel; " << ceilings.cpu_name << " (" << ceilings.cpu_unit << ") "
-     << fmt("%.1f", ceilings.cpu_flops / 1e12) << " TFLOP/s, " << fmt("%.0f", ceilings.cpu_bytes_per_s / 1e9) << " GB/s (ridge "
+     << fmt("%.1f", ceilings.cpu_flops / 1e12) << " TFLOP/s on " << ceilings.cpu_threads << " threads, " << fmt("%.0f", ceilings.cpu_bytes_per_s / 1e9) << " GB/s (ridge "
      << fmt("%.0f", ceilings.cpu_ridge()) << "); link " << fmt("%.0f", ceilings.h2d_bytes_per_s / 1e9) << " GB/s, "
      << fmt("%.1f", ceilings.transfer_s * 1e6) << " us per small copy, " << fmt("%.1f", ceilings.host_roundtrip_s * 1e6)
      << " us per host round trip.\n\n";
@@ -376,6 +390,7 @@ options:
   --q-len N          new tokens per request (default: 1 for decode, 1024 for prefill)
   --kv-len N         tokens already cached per request (default 4096 for decode, 0 for prefill)
   --gpu-budget GB    GPU memory to plan for (default: the calibrated GPU's memory)
+  --cpu-threads N    CPU threads the experts get (default: the calibration's; rates from cpu.by_threads)
   --machine FILE     ceilings (default: dslab calibrate's output on this machine)
   --measured FILE    results.json of layer/deepseek/cuda runs (layers all) at the same point: fills measured_s of
                      all_gpu (moe/grouped/cuda) and ktransformers (moe/host/cuda); repeatable
@@ -383,7 +398,7 @@ options:
 )";
 
 int cmd_plan(int argc, char** argv) {
-  const Args a = parse_args(argc, argv, 2, {}, {"--model", "--phase", "--batch", "--q-len", "--kv-len", "--gpu-budget", "--machine", "--measured", "--out"});
+  const Args a = parse_args(argc, argv, 2, {}, {"--model", "--phase", "--batch", "--q-len", "--kv-len", "--gpu-budget", "--cpu-threads", "--machine", "--measured", "--out"});
   if (!a.positional.empty()) throw BadInput("command line: plan: unexpected argument '" + a.positional.front() + "' (see dslab plan --help)");
   if (!a.has("--model")) throw BadInput("command line: plan: --model is required (a name under models/ or a config.json path)");
   PlanRequest r;
@@ -407,7 +422,7 @@ int cmd_plan(int argc, char** argv) {
   } catch (const std::exception& e) {
     throw BadInput(machine_path + ": not JSON: " + e.what());
   }
-  Plan plan = make_plan(r, Ceilings::from_machine(machine, machine_path));
+  Plan plan = make_plan(r, Ceilings::from_machine(machine, machine_path, int(a.number("--cpu-threads", 0, 0))));
   std::vector<ResultsFile> measured;
   for (const std::string& f : a.all("--measured")) measured.push_back(load_results(f));
   attach_measurements(plan, measured);

@@ -28,7 +28,8 @@ struct Ceilings {
   std::string cpu_unit;  // amx | avx512: the matrix unit the CPU experts use
   double gpu_ridge() const { return gpu_flops / gpu_bytes_per_s; }
   double cpu_ridge() const { return cpu_flops / cpu_bytes_per_s; }
-  static Ceilings from_machine(const nlohmann::json& machine, const std::string& source);
+  // cpu_threads > 0: the CPU's rates at the most calibrated threads not above it (cpu.by_threads); 0: all threads.
+  static Ceilings from_machine(const nlohmann::json& machine, const std::string& source, int cpu_threads = 0);
 };
 
 struct PlanRequest {

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "harness/errors.h"
+#include "harness/machine.h"
 #ifdef DSLAB_HAVE_CUDA
 #include "harness/gpu.h"
 #endif
@@ -279,6 +280,20 @@ TEST(KernelNames, ShortNamesSurviveAnonymousNamespacesAndTemplates) {
   EXPECT_EQ(gpu::short_kernel_name("nvjet_sm90_tss_64x8_64x16_4x1_v_bz_TNT"), "nvjet_sm90_tss_64x8_64x16_4x1_v_bz_TNT");
 }
 #endif
+
+TEST(Calibrate, RepeatedRunsCombineToMediansWithTheirSpread) {
+  auto run = [](double dram, double hbm) {
+    return nlohmann::json{{"cpu_model", "x"}, {"cpu", {{"threads", 16}, {"dram_read_bytes_per_s", dram}, {"dram_read_how", "probe"}}},
+                          {"gpu", {{"hbm_bytes_per_s", hbm}}}};
+  };
+  const auto m = combine_calibrations({run(100, 3.0), run(150, 3.1), run(110, 2.9)});
+  EXPECT_DOUBLE_EQ(m["cpu"]["dram_read_bytes_per_s"].get<double>(), 110);
+  EXPECT_DOUBLE_EQ(m["gpu"]["hbm_bytes_per_s"].get<double>(), 3.0);
+  EXPECT_NEAR(m["spread"]["cpu.dram_read_bytes_per_s"]["spread"].get<double>(), 50.0 / 110, 1e-12);
+  EXPECT_EQ(m["cpu"]["dram_read_how"], "probe");
+  EXPECT_FALSE(m["spread"].contains("cpu.threads"));
+  EXPECT_FALSE(combine_calibrations({run(100, 3.0)}).contains("spread"));  // one run: nothing to compare
+}
 
 }  // namespace
 }  // namespace dslab

@@ -53,6 +53,19 @@ TEST(Plan, CeilingsComeFromTheMachineFileAndAMissingOneIsNamed) {
   EXPECT_EQ(reports::Ceilings::from_machine(no_amx, "m.json").cpu_unit, "avx512");
 }
 
+TEST(Plan, FewerCpuThreadsTakeTheirCalibratedRates) {
+  auto m = machine();
+  m["cpu"]["by_threads"] = {{{"threads", 1}, {"amx_bf16_flops", 1e12}, {"dram_read_bytes_per_s", 20e9}},
+                            {{"threads", 8}, {"amx_bf16_flops", 6e12}, {"dram_read_bytes_per_s", 80e9}},
+                            {{"threads", 16}, {"amx_bf16_flops", 10e12}, {"dram_read_bytes_per_s", 100e9}}};
+  const auto c = reports::Ceilings::from_machine(m, "m.json", 12);  // the most calibrated threads not above 12: 8
+  EXPECT_EQ(c.cpu_threads, 8);
+  EXPECT_DOUBLE_EQ(c.cpu_flops, 6e12);
+  EXPECT_DOUBLE_EQ(c.cpu_bytes_per_s, 80e9);
+  EXPECT_DOUBLE_EQ(reports::Ceilings::from_machine(m, "m.json").cpu_bytes_per_s, 100e9);  // default: all threads
+  EXPECT_THROW(reports::Ceilings::from_machine(machine(), "m.json", 4), BadInput);   // no by_threads in the file
+}
+
 TEST(Plan, OpTimesAreRooflinesPlusTheKernelsFixedCost) {
   const auto c = reports::Ceilings::from_machine(machine(), "m.json");
   layer::OpCost op;
