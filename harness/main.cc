@@ -308,6 +308,7 @@ int cmd_run(int argc, char** argv) {
   std::filesystem::remove(partial_path);
 
   std::printf("%s\n", results_table(results).c_str());
+  std::printf("%s", above_roofline_warnings(results).c_str());
   std::printf("results: %s\n", path.c_str());
   if (failures || errors) std::printf("%d point(s) failed verification, %d errored\n", failures, errors);
   return failures || errors ? 1 : 0;

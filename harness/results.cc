@@ -161,6 +161,19 @@ void write_json_atomically(const std::string& path, const nlohmann::json& j) {
   fs::rename(tmp, target);
 }
 
+std::string above_roofline_warnings(const std::vector<PointResult>& results) {
+  std::string out;
+  for (const auto& r : results) {
+    if (r.samples.seconds.empty() || !r.compute_ceiling || !r.bandwidth_ceiling) continue;
+    const double floor_s = std::max(r.cost.flops / *r.compute_ceiling, r.cost.bytes / *r.bandwidth_ceiling);
+    const double fraction = floor_s / summarize(r.samples.seconds).median;
+    if (fraction > 1.0)
+      out += "warning: above its roofline (" + fmt("%.2f", fraction) + "): " + r.variant + " " + r.model + "/" + r.point.label() +
+             ": a ceiling in the machine file is stale or wrong (recalibrate: dslab calibrate)\n";
+  }
+  return out;
+}
+
 std::string results_table(const std::vector<PointResult>& results) {
   std::ostringstream os;
   char line[512];

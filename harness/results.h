@@ -40,5 +40,8 @@ void write_json_atomically(const std::string& path, const nlohmann::json& j);
 
 // The console table printed at the end of a run.
 std::string results_table(const std::vector<PointResult>& results);
+// One line per result that ran faster than its roofline floor (roofline_fraction > 1: a ceiling in the machine file
+// is stale or wrong, since no kernel beats the hardware), "" when none did.
+std::string above_roofline_warnings(const std::vector<PointResult>& results);
 
 }  // namespace dslab

@@ -143,6 +143,16 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
       }
     md << "\n";
   }
+  std::vector<const Entry*> above;  // faster than its floor: the ceilings are stale or wrong, not the kernel fast
+  for (const Entry& e : f.entries)
+    if (e.raw.contains("roofline_fraction") && e.raw["roofline_fraction"].is_number() && e.raw["roofline_fraction"].get<double>() > 1.0)
+      above.push_back(&e);
+  if (!above.empty()) {
+    md << "**Above the roofline** (roofline_fraction > 1.0: no kernel beats its ceiling, so a ceiling in the machine file is "
+          "stale or wrong; recalibrate with `dslab calibrate`):\n\n";
+    for (const Entry* e : above) md << "- " << e->name << " [" << e->model << "]: " << num("%.2f", e->raw["roofline_fraction"].get<double>()) << "\n";
+    md << "\n";
+  }
   if (!f.skipped.empty()) {
     md << "Skipped:\n\n";
     for (const auto& s : f.skipped) md << "- " << s.value("name", "?") << ": " << s.value("reason", "?") << "\n";

@@ -295,5 +295,21 @@ TEST(Calibrate, RepeatedRunsCombineToMediansWithTheirSpread) {
   EXPECT_FALSE(combine_calibrations({run(100, 3.0)}).contains("spread"));  // one run: nothing to compare
 }
 
+TEST(Results, AResultAboveItsRooflineIsCalledOut) {
+  PointResult r;
+  r.variant = "moe/avx512/cpu";
+  r.model = "m";
+  r.samples.seconds = {1.0, 1.0, 1.0};
+  r.cost.flops = 1e9;
+  r.cost.bytes = 1e9;
+  r.compute_ceiling = 1e12;
+  r.bandwidth_ceiling = 2e9;  // floor 0.5 s: at 1 s the run is at half its roofline
+  EXPECT_EQ(above_roofline_warnings({r}), "");
+  r.bandwidth_ceiling = 0.5e9;  // floor 2 s: a 1 s run beat the ceiling, which must be wrong
+  const std::string w = above_roofline_warnings({r});
+  EXPECT_NE(w.find("above its roofline (2.00): moe/avx512/cpu m/"), std::string::npos) << w;
+  EXPECT_NE(w.find("stale or wrong"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace dslab
