@@ -133,6 +133,13 @@ nlohmann::json results_to_json(const nlohmann::json& context, const std::vector<
       b["roofline_bound"] = r.cost.flops / *r.compute_ceiling >= r.cost.bytes / *r.bandwidth_ceiling ? "compute" : "memory";
     }
     if (!r.counters.empty()) b["counters"] = r.counters;
+    // A variant that reports its kernel's own time, FLOPs and bytes (kernel_s, kernel_flops, kernel_bytes) gets that
+    // kernel's roofline fraction against the same ceilings as the step's.
+    if (r.compute_ceiling && r.bandwidth_ceiling && r.counters.count("kernel_s") && r.counters.count("kernel_flops") &&
+        r.counters.count("kernel_bytes") && r.counters.at("kernel_s") > 0)
+      b["kernel_roofline_fraction"] =
+          std::max(r.counters.at("kernel_flops") / *r.compute_ceiling, r.counters.at("kernel_bytes") / *r.bandwidth_ceiling) /
+          r.counters.at("kernel_s");
     if (r.verification) {
       b["verify_rel_err"] = r.verification->rel_err;
       b["verify_threshold"] = r.verification->threshold;

@@ -40,5 +40,20 @@ TEST(MlaCost, CausalExtendCountsOnlyVisiblePairs) {
   EXPECT_DOUBLE_EQ(s1.flops - s0.flops, 40 * per.flops);
 }
 
+TEST(MlaCost, AttentionKernelByHand) {
+  // The fused kernel at 16 heads over two requests of 100 and 300 cached tokens, one new token each: 402 (query, key)
+  // pairs x 2 x 16 x (576 + 512) FLOPs; it reads 402 cached [512 | 64] bf16 rows and q_cat, writes the latent output.
+  const ModelConfig m = test::model("deepseek-v3");
+  mla::Shape s;
+  s.heads = 16, s.batch = 2, s.q_len = 1, s.kv_len = 200;
+  const Cost fused = mla::attention_kernel_cost(m, mla::Algo::a_cc_me, s, {100, 300}, /*fused=*/true);
+  EXPECT_DOUBLE_EQ(fused.flops, 402.0 * 2 * 16 * 1088);
+  EXPECT_DOUBLE_EQ(fused.bytes, 402.0 * 1152 + 2.0 * 16 * 576 * 2 + 2.0 * 16 * 512 * 2);
+  // The unfused absorbed form's core adds W_UK into q and W_UV out, and reads kv_b_proj.
+  const Cost unfused = mla::attention_kernel_cost(m, mla::Algo::a_cc_me, s, {100, 300}, /*fused=*/false);
+  EXPECT_DOUBLE_EQ(unfused.flops - fused.flops, 2.0 * 2 * 16 * 512 * 256);
+  EXPECT_GT(unfused.bytes, 2.0 * 512 * 16 * 256);
+}
+
 }  // namespace
 }  // namespace dslab

@@ -295,6 +295,20 @@ TEST(Calibrate, RepeatedRunsCombineToMediansWithTheirSpread) {
   EXPECT_FALSE(combine_calibrations({run(100, 3.0)}).contains("spread"));  // one run: nothing to compare
 }
 
+TEST(Results, AKernelsOwnRooflineFractionFromItsCounters) {
+  PointResult r;
+  r.variant = "mla/fused/cuda";
+  r.model = "m";
+  r.device = Device::cuda;
+  r.samples.seconds = {2e-3, 2e-3, 2e-3};
+  r.cost.flops = 1e9, r.cost.bytes = 1e9;
+  r.compute_ceiling = 1e15, r.bandwidth_ceiling = 1e12;
+  r.counters = {{"kernel_s", 1e-3}, {"kernel_flops", 1e9}, {"kernel_bytes", 0.5e9}};  // floor 0.5 ms of 1 ms
+  const auto j = results_to_json(run_context("dslab run x"), {r});
+  EXPECT_DOUBLE_EQ(j["benchmarks"][0]["kernel_roofline_fraction"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(j["benchmarks"][0]["roofline_fraction"].get<double>(), 0.5);  // the step: 1 ms floor of 2 ms
+}
+
 TEST(Results, AResultAboveItsRooflineIsCalledOut) {
   PointResult r;
   r.variant = "moe/avx512/cpu";

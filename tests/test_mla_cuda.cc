@@ -181,6 +181,11 @@ TEST(GpuMlaOps, CountersTimeEachOpOfTheStep) {
     EXPECT_GT(it->second, 0.0) << op;
     EXPECT_LT(it->second, 1e4) << op;  // microseconds: a step of this size takes well under 10 ms
   }
+  // The attention kernel's own numbers: decode + merge time, and its rates from its own FLOPs and bytes.
+  ASSERT_TRUE(c.count("kernel_s") && c.count("kernel_tb_per_s"));
+  EXPECT_NEAR(c.at("kernel_s"), (c.at("op_us.decode") + c.at("op_us.combine")) * 1e-6, 1e-12);
+  EXPECT_GT(c.at("kernel_tb_per_s"), 0.0);
+  EXPECT_LT(c.at("kernel_tb_per_s"), 10.0);  // no HBM moves 10 TB/s
   EXPECT_TRUE(v->verify().pass());  // timing the ops leaves the step's output intact
 }
 

@@ -105,6 +105,27 @@ Cost cost(const ModelConfig& m, Algo algo, const Shape& s) {
   return c;
 }
 
+Cost attention_kernel_cost(const ModelConfig& m, Algo algo, const Shape& s, const std::vector<int64_t>& lengths, bool fused) {
+  const double H = double(s.heads), S = double(s.q_len), T = double(s.tokens()), r = double(m.kv_lora_rank);
+  const double rope = double(m.qk_rope_head_dim), nope = double(m.qk_nope_head_dim), vd = double(m.v_head_dim);
+  double pairs = 0, keys = 0;
+  for (int64_t len : lengths) pairs += S * double(len) + S * (S + 1) / 2, keys += double(len) + S;
+  const double per_token = cache_bytes_per_token(m, algo, s.heads, s.kv_dtype);
+  Cost c;
+  c.flops = pairs * pair_flops(m, algo, s.heads);
+  if (fused) {
+    c.bytes = keys * per_token + T * H * (r + rope) * 2 + T * H * r * 2;
+    return c;
+  }
+  switch (algo) {
+    case Algo::cd: break;  // (its K/V were decompressed when written)
+    case Algo::cc: c.flops += keys * decompress_flops(m, s.heads); break;
+    default: c.flops += T * 2 * H * r * (nope + vd); break;
+  }
+  c.bytes = 2 * r * H * (nope + vd) + keys * per_token + T * H * double(m.q_head_dim()) * 2 + T * H * vd * 2;
+  return c;
+}
+
 double weight_bytes(const ModelConfig& m, int64_t heads) { return 2.0 * weight_elements(m, heads); }
 
 double cpu_memory_bytes(const ModelConfig& m, Algo algo, const Shape& s) {

@@ -41,6 +41,10 @@ double weight_elements(const ModelConfig& m, int64_t H);
 double cache_bytes_per_token(const ModelConfig& m, Algo algo, int64_t H, KvDtype kv = KvDtype::bf16);
 double pair_flops(const ModelConfig& m, Algo algo, int64_t H);
 double decompress_flops(const ModelConfig& m, int64_t H);
+// The attention kernel's own work at these request lengths (the issue-18 kernel metrics): the fused kernel (decode +
+// split merge: scores and weighted sum over the cache, q_cat in, the latent output out) or an unfused form's whole
+// attention core (its kv_b_proj use included: absorbs, decompression).
+Cost attention_kernel_cost(const ModelConfig& m, Algo algo, const Shape& s, const std::vector<int64_t>& lengths, bool fused);
 // What one cached token costs a decode query (the per-token figures the MADSys benchmark publishes).
 Cost cost_per_cached_token(const ModelConfig& m, Algo algo, int64_t heads);
 // Bytes of the attention module's bf16 weights at `heads` heads.

@@ -841,6 +841,17 @@ std::map<std::string, double> GpuVariant::counters() {
     c["segments"] = double(schedule_.segments);
     c["merges"] = schedule_.merges ? 1.0 : 0.0;
   }
+  // The attention kernel's own numbers beside the step's (comparable with FlashMLA's and FlashInfer's): its time
+  // (fused: decode + split merge; unfused: the attend op), work and traffic; the results add its roofline fraction.
+  const double kernel_us = op_->fused() ? c["op_us.decode"] + c["op_us.combine"] : c["op_us.attend"];
+  const Cost k = attention_kernel_cost(m_, op_->algo(), s_, p_->lengths, op_->fused());
+  if (kernel_us > 0) {
+    c["kernel_s"] = kernel_us * 1e-6;
+    c["kernel_flops"] = k.flops;
+    c["kernel_bytes"] = k.bytes;
+    c["kernel_tflops_per_s"] = k.flops / (kernel_us * 1e-6) * 1e-12;
+    c["kernel_tb_per_s"] = k.bytes / (kernel_us * 1e-6) * 1e-12;
+  }
   return c;
 }
 
