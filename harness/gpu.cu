@@ -32,6 +32,11 @@ const GpuInfo& gpu_info() {
     DSLAB_CUDA(cudaGetDeviceProperties(&p, 0));
     g.present = true;
     g.name = p.name;
+    char uuid[64];
+    const auto* u = reinterpret_cast<const unsigned char*>(p.uuid.bytes);
+    std::snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2], u[3], u[4],
+                  u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    g.uuid = uuid;
     g.sms = p.multiProcessorCount;
     DSLAB_CUDA(cudaDeviceGetAttribute(&g.clock_mhz, cudaDevAttrClockRate, 0));
     g.clock_mhz /= 1000;

@@ -38,6 +38,7 @@ const CpuInfo& cpu_info() {
     c.amx_int8 = flags.count("amx_int8") && flags.count("amx_tile");
     const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
     c.llc_bytes = size_t(l3 > 0 ? l3 : (l2 > 0 ? l2 : 32l << 20));
+    if (std::ifstream g("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"); g) std::getline(g, c.governor);
     return c;
   }();
   return info;

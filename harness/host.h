@@ -12,6 +12,7 @@ struct CpuInfo {
   size_t llc_bytes = 0;  // last-level cache, for the cold-cache flush
   std::vector<std::string> isa;  // the flags dslab cares about, as /proc/cpuinfo spells them
   bool avx512f = false, avx512_bf16 = false, avx512_vnni = false, amx_bf16 = false, amx_int8 = false;
+  std::string governor;  // cpufreq scaling governor of cpu0 ("" where the kernel exposes none, e.g. many VMs)
 };
 const CpuInfo& cpu_info();
 
@@ -27,6 +28,7 @@ struct GpuInfo {
   bool present = false;
   std::string why_absent;  // "built without CUDA", "no CUDA device: ..."
   std::string name;
+  std::string uuid;  // "GPU-xxxxxxxx-...", as nvidia-smi -L prints it: which lent GPU a result came from
   int sms = 0, clock_mhz = 0, memory_clock_mhz = 0, cc_major = 0, cc_minor = 0;
   size_t memory_bytes = 0, l2_bytes = 0;
   int runtime_version = 0, driver_version = 0;

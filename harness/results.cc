@@ -62,8 +62,11 @@ nlohmann::json run_context(const std::string& command_line) {
   c["cpu_model"] = cpu.model;
   c["cpu_isa"] = cpu.isa;
   c["llc_bytes"] = cpu.llc_bytes;
+  c["cpu_governor"] = cpu.governor;
   if (gpu.present) {
     c["gpu_name"] = gpu.name;
+    c["gpu_uuid"] = gpu.uuid;
+    c["gpu_memory_clock_mhz"] = gpu.memory_clock_mhz;
     c["gpu_sms"] = gpu.sms;
     c["gpu_clock_mhz"] = gpu.clock_mhz;
     c["gpu_memory_bytes"] = gpu.memory_bytes;

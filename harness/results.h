@@ -27,7 +27,8 @@ struct PointResult {
   std::map<std::string, double> counters;                   // Variant::counters()
 
   bool ran() const { return skip_reason.empty() && error.empty(); }
-  std::string name() const { return variant + "/" + point.label(); }
+  // variant/model/axes: two models' entries differ by name, as tools that match by name (compare.py) need.
+  std::string name() const { return variant + "/" + model + "/" + point.label(); }
 };
 
 // Context common to every results file: build, host, GPU, command line.

@@ -76,7 +76,12 @@ CompareReport compare(const ResultsFile& base, const ResultsFile& next, const Co
       continue;
     }
     Comparison c;
-    c.name = be.first->name + (be.first->model.empty() ? "" : " [" + be.first->model + "]");
+    // variant/model/axes (results older than the model in the name get it put in place).
+    const Entry& e = *be.first;
+    const std::string prefix = e.variant + "/";
+    c.name = e.model.empty() || e.name.rfind(prefix + e.model + "/", 0) == 0 || e.name.rfind(prefix, 0) != 0
+                 ? e.name
+                 : prefix + e.model + "/" + e.name.substr(prefix.size());
     c.base_median = stats::median(be.second);
     c.new_median = stats::median(it->second.second);
     c.ratio = c.new_median / c.base_median;

@@ -12,6 +12,6 @@ for run in a b; do
 done
 report=$("$python" "$compare" benchmarks "$out/a/results.json" "$out/b/results.json")
 echo "$report"
-grep -q 'mla/cd/cpu/batch:1/q_len:1/kv_len:64' <<<"$report"
-grep -q 'mla/a_cc_me/cpu/batch:1/q_len:1/kv_len:64' <<<"$report"
+grep -q 'mla/cd/cpu/tiny/batch:1/q_len:1/kv_len:64' <<<"$report"
+grep -q 'mla/a_cc_me/cpu/tiny/batch:1/q_len:1/kv_len:64' <<<"$report"
 grep -q OVERALL_GEOMEAN <<<"$report"

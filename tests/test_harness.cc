@@ -109,8 +109,9 @@ TEST(Results, RoundTripKeepsTheContract) {
   const auto j = nlohmann::json::parse(f);
   ASSERT_EQ(j["benchmarks"].size(), 1u);
   const auto& b = j["benchmarks"][0];
-  EXPECT_EQ(b["name"], "mla/a_cc_me/cpu/batch:1/kv_len:4096");
+  EXPECT_EQ(b["name"], "mla/a_cc_me/cpu/" + r.model + "/batch:1/kv_len:4096");  // the model in the name: compare.py tells models apart
   EXPECT_EQ(b["run_type"], "iteration");
+  EXPECT_TRUE(j["context"].contains("cpu_governor"));  // what the CPU ran at ("" where the kernel exposes none)
   EXPECT_EQ(b["time_unit"], "us");
   EXPECT_DOUBLE_EQ(b["real_time"].get<double>(), 2000.0);
   EXPECT_DOUBLE_EQ(b["cpu_time"].get<double>(), 2000.0);
@@ -220,7 +221,7 @@ TEST(Cli, SmallRunWritesVerifiedResults) {
     EXPECT_GT(b["real_time"].get<double>(), 0);
   }
   EXPECT_NE(r.err.find("[4/4]"), std::string::npos) << "progress line: " << r.err;
-  EXPECT_TRUE(fs::exists(out / "dump" / "mla_cd_cpu_batch_1_q_len_1_kv_len_32.safetensors"));
+  EXPECT_TRUE(fs::exists(out / "dump" / "mla_cd_cpu_tiny_batch_1_q_len_1_kv_len_32.safetensors"));
 }
 
 }  // namespace
@@ -259,7 +260,7 @@ TEST(CliCompare, DoubledVariantIsSlowerAndFailsTheGate) {
   EXPECT_EQ(rc_same, 0) << out_same;
   auto [rc_doubled, out_doubled] = compare("doubled.json", "");
   EXPECT_EQ(rc_doubled, 1) << out_doubled;
-  const auto line = out_doubled.find("mla/cd/cpu/batch:1/q_len:1/kv_len:64");
+  const auto line = out_doubled.find("mla/cd/cpu/tiny/batch:1/q_len:1/kv_len:64");
   ASSERT_NE(line, std::string::npos) << out_doubled;
   EXPECT_NE(out_doubled.substr(line, out_doubled.find('\n', line) - line).find("SLOWER"), std::string::npos) << out_doubled;
   // Normalized by the unchanged variant, the doubled one still stands out.
