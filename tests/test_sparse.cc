@@ -1,0 +1,75 @@
+// The sparse-attention selectors on the MLA latent cache (CPU reference, issue 16): budgets, sinks and window,
+// whole blocks, the oracle's optimality for its budget, the needle, and the fidelity metrics at the extremes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "tests/test_util.h"
+#include "variants/sparse/sparse.h"
+
+namespace dslab {
+namespace {
+
+using sparse::Budget;
+using sparse::CacheKind;
+
+TEST(SparseFidelity, TheWholeCacheIsDenseAttention) {
+  const auto p = sparse::make_problem(4, 64, 16, 300, CacheKind::random, 0, test::fresh_seed());
+  std::vector<int64_t> all(300);
+  for (int64_t k = 0; k < 300; ++k) all[size_t(k)] = k;
+  const auto f = sparse::fidelity(p, all);
+  EXPECT_NEAR(f.mass_recall, 1.0, 1e-12);
+  EXPECT_LT(f.rel_err, 1e-9);
+  Budget b;
+  b.tokens = 300, b.block = 32;
+  for (const auto& sel : {sparse::select_oracle(p, b), sparse::select_quest(p, b), sparse::select_infllm(p, b)}) EXPECT_EQ(sel, all);
+  // Only the sinks: little mass, a large error.
+  const auto few = sparse::fidelity(p, {0, 1, 2, 3});
+  EXPECT_LT(few.mass_recall, 0.2);
+  EXPECT_GT(few.rel_err, 0.1);
+}
+
+TEST(SparseSelect, BudgetSinksWindowAndWholeBlocks) {
+  const auto p = sparse::make_problem(4, 64, 16, 1000, CacheKind::clustered, 0, test::fresh_seed());
+  Budget b;
+  b.tokens = 256, b.block = 32, b.n_init = 4, b.local = 40;
+  for (const auto& [name, sel] : {std::pair{"oracle", sparse::select_oracle(p, b)}, std::pair{"quest", sparse::select_quest(p, b)},
+                                  std::pair{"infllm", sparse::select_infllm(p, b)}}) {
+    SCOPED_TRACE(name);
+    EXPECT_LE(int64_t(sel.size()), b.tokens);
+    EXPECT_TRUE(std::is_sorted(sel.begin(), sel.end()));
+    for (int64_t k : {0, 1, 2, 3, 960, 999}) EXPECT_TRUE(std::binary_search(sel.begin(), sel.end(), k)) << k;
+    if (std::string(name) != "oracle")  // outside the sinks and window, whole blocks
+      for (int64_t k : sel)
+        if (k >= b.n_init && k < 1000 - b.local)
+          for (int64_t j = k / b.block * b.block; j < std::min<int64_t>(1000 - b.local, (k / b.block + 1) * b.block); ++j)
+            if (j >= b.n_init) EXPECT_TRUE(std::binary_search(sel.begin(), sel.end(), j)) << k << " without " << j;
+  }
+}
+
+TEST(SparseSelect, TheOracleKeepsTheMostMassForItsBudget) {
+  // The oracle takes the keys of largest summed probability: no selection of the same size (sinks and window
+  // included) keeps more mean softmax mass.
+  for (auto kind : {CacheKind::random, CacheKind::clustered}) {
+    const auto p = sparse::make_problem(8, 128, 32, 2048, kind, 0, test::fresh_seed());
+    Budget b;
+    b.tokens = 512, b.block = 64;
+    const double oracle = sparse::fidelity(p, sparse::select_oracle(p, b)).mass_recall;
+    EXPECT_GE(oracle + 1e-12, sparse::fidelity(p, sparse::select_quest(p, b)).mass_recall);
+    EXPECT_GE(oracle + 1e-12, sparse::fidelity(p, sparse::select_infllm(p, b)).mass_recall);
+    EXPECT_GT(oracle, 512.0 / 2048);  // better than a random quarter of the keys
+  }
+}
+
+TEST(SparseSelect, TheOracleFindsTheNeedleAtAnyDepth) {
+  for (double depth : {0.0, 0.3, 0.5, 0.9, 1.0}) {
+    const auto p = sparse::make_problem(8, 128, 32, 4096, CacheKind::needle, depth, test::fresh_seed());
+    Budget b;
+    b.tokens = 256, b.block = 64;
+    EXPECT_TRUE(sparse::fidelity(p, sparse::select_oracle(p, b)).needle_found) << depth;
+    if (p.needle >= 3) EXPECT_FALSE(sparse::fidelity(p, {0, 1, 2}).needle_found) << depth;  // (a selection without it)
+  }
+}
+
+}  // namespace
+}  // namespace dslab

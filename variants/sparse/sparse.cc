@@ -1,0 +1,207 @@
+#include "variants/sparse/sparse.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+
+namespace dslab::sparse {
+
+Problem make_problem(int64_t heads, int64_t latent, int64_t rope, int64_t keys, CacheKind kind, double needle_depth, uint64_t seed) {
+  if (heads < 1 || latent < 1 || rope < 0 || keys < 1) throw std::invalid_argument("sparse::make_problem: empty problem");
+  Problem p;
+  p.heads = heads, p.latent = latent, p.rope = rope, p.keys = keys;
+  p.scale = 1.0f / std::sqrt(float(latent + rope));
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto fill = [&](std::vector<float>& v, size_t n) {
+    v.resize(n);
+    for (float& x : v) x = normal(gen);
+  };
+  fill(p.q_lat, size_t(heads * latent));
+  fill(p.q_pe, size_t(heads * rope));
+  fill(p.c_kv, size_t(keys * latent));
+  fill(p.k_pe, size_t(keys * rope));
+  if (kind == CacheKind::clustered) {
+    // A few centres; each key is its centre plus noise, older keys weaker (recency); the heads' queries lean
+    // towards centre 0.
+    const int64_t centres = 8;
+    std::vector<float> c;
+    fill(c, size_t(centres * latent));
+    std::uniform_int_distribution<int64_t> pick(0, centres - 1);
+    for (int64_t k = 0; k < keys; ++k) {
+      const int64_t j = pick(gen);
+      const float recency = 0.5f + 0.5f * float(k + 1) / float(keys);
+      for (int64_t d = 0; d < latent; ++d)
+        p.c_kv[size_t(k * latent + d)] = recency * (2.0f * c[size_t(j * latent + d)] + 0.5f * p.c_kv[size_t(k * latent + d)]);
+    }
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t d = 0; d < latent; ++d) p.q_lat[size_t(h * latent + d)] = 0.5f * p.q_lat[size_t(h * latent + d)] + c[size_t(d)];
+  }
+  if (kind == CacheKind::needle) {
+    p.needle = std::clamp<int64_t>(int64_t(std::llround(needle_depth * double(keys - 1))), 0, keys - 1);
+    // The needle's latent is the heads' mean query, scaled so its score stands well above the rest.
+    for (int64_t d = 0; d < latent; ++d) {
+      float mean = 0;
+      for (int64_t h = 0; h < heads; ++h) mean += p.q_lat[size_t(h * latent + d)];
+      p.c_kv[size_t(p.needle * latent + d)] = 4.0f * mean / float(heads);
+    }
+  }
+  return p;
+}
+
+std::vector<float> scores(const Problem& p) {
+  std::vector<float> s(size_t(p.heads * p.keys));
+  for (int64_t h = 0; h < p.heads; ++h)
+    for (int64_t k = 0; k < p.keys; ++k) {
+      double dot = 0;
+      for (int64_t d = 0; d < p.latent; ++d) dot += double(p.q_lat[size_t(h * p.latent + d)]) * p.c_kv[size_t(k * p.latent + d)];
+      for (int64_t d = 0; d < p.rope; ++d) dot += double(p.q_pe[size_t(h * p.rope + d)]) * p.k_pe[size_t(k * p.rope + d)];
+      s[size_t(h * p.keys + k)] = float(dot) * p.scale;
+    }
+  return s;
+}
+
+namespace {
+
+// softmax over each head's scores, in place.
+void softmax_rows(std::vector<float>& s, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = &s[size_t(r * cols)];
+    const float mx = *std::max_element(x, x + cols);
+    double sum = 0;
+    for (int64_t k = 0; k < cols; ++k) sum += (x[k] = std::exp(x[k] - mx));
+    for (int64_t k = 0; k < cols; ++k) x[k] = float(x[k] / sum);
+  }
+}
+
+// The always-kept keys (sinks, window), then the ranked candidates until the budget is spent; sorted indices.
+std::vector<int64_t> assemble(const Problem& p, const Budget& b, const std::vector<int64_t>& ranked, int64_t unit) {
+  std::vector<char> in(size_t(p.keys), 0);
+  int64_t used = 0;
+  auto take = [&](int64_t k) {
+    if (k >= 0 && k < p.keys && !in[size_t(k)]) in[size_t(k)] = 1, ++used;
+  };
+  for (int64_t k = 0; k < std::min(b.n_init, p.keys); ++k) take(k);
+  for (int64_t k = std::max<int64_t>(0, p.keys - b.local); k < p.keys; ++k) take(k);
+  for (int64_t r : ranked) {  // a unit (token or block) at a time, while it fits
+    int64_t adds = 0;
+    for (int64_t k = r * unit; k < std::min(p.keys, (r + 1) * unit); ++k) adds += !in[size_t(k)];
+    if (used + adds > b.tokens) {
+      if (unit == 1) break;
+      continue;
+    }
+    for (int64_t k = r * unit; k < std::min(p.keys, (r + 1) * unit); ++k) take(k);
+  }
+  std::vector<int64_t> out;
+  for (int64_t k = 0; k < p.keys; ++k)
+    if (in[size_t(k)]) out.push_back(k);
+  return out;
+}
+
+std::vector<int64_t> rank_descending(const std::vector<double>& score) {
+  std::vector<int64_t> order(score.size());
+  std::iota(order.begin(), order.end(), int64_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[size_t(a)] > score[size_t(b)]; });
+  return order;
+}
+
+// Blocks ranked by the best head's score of a per-block summary: score_of(h, first, end).
+template <class ScoreOf>
+std::vector<int64_t> select_blocks(const Problem& p, const Budget& b, ScoreOf score_of) {
+  if (b.block < 1) throw std::invalid_argument("sparse: block must be positive");
+  const int64_t blocks = (p.keys + b.block - 1) / b.block;
+  std::vector<double> best(size_t(blocks), -INFINITY);
+  for (int64_t blk = 0; blk < blocks; ++blk)
+    for (int64_t h = 0; h < p.heads; ++h)
+      best[size_t(blk)] = std::max(best[size_t(blk)], score_of(h, blk * b.block, std::min(p.keys, (blk + 1) * b.block)));
+  return assemble(p, b, rank_descending(best), b.block);
+}
+
+}  // namespace
+
+std::vector<int64_t> select_oracle(const Problem& p, const Budget& b) {
+  std::vector<float> prob = scores(p);
+  softmax_rows(prob, p.heads, p.keys);
+  std::vector<double> mass(size_t(p.keys), 0.0);
+  for (int64_t h = 0; h < p.heads; ++h)
+    for (int64_t k = 0; k < p.keys; ++k) mass[size_t(k)] += prob[size_t(h * p.keys + k)];
+  return assemble(p, b, rank_descending(mass), 1);
+}
+
+std::vector<int64_t> select_quest(const Problem& p, const Budget& b) {
+  return select_blocks(p, b, [&](int64_t h, int64_t first, int64_t end) {
+    double bound = 0;
+    auto dims = [&](const std::vector<float>& q, const std::vector<float>& key, int64_t width) {
+      for (int64_t d = 0; d < width; ++d) {
+        float lo = INFINITY, hi = -INFINITY;
+        for (int64_t k = first; k < end; ++k) lo = std::min(lo, key[size_t(k * width + d)]), hi = std::max(hi, key[size_t(k * width + d)]);
+        const double qd = q[size_t(h * width + d)];
+        bound += std::max(qd * lo, qd * hi);
+      }
+    };
+    dims(p.q_lat, p.c_kv, p.latent);
+    dims(p.q_pe, p.k_pe, p.rope);
+    return bound;
+  });
+}
+
+std::vector<int64_t> select_infllm(const Problem& p, const Budget& b) {
+  return select_blocks(p, b, [&](int64_t h, int64_t first, int64_t end) {
+    double dot = 0;
+    auto dims = [&](const std::vector<float>& q, const std::vector<float>& key, int64_t width) {
+      for (int64_t d = 0; d < width; ++d) {
+        double mean = 0;
+        for (int64_t k = first; k < end; ++k) mean += key[size_t(k * width + d)];
+        dot += q[size_t(h * width + d)] * mean / double(end - first);
+      }
+    };
+    dims(p.q_lat, p.c_kv, p.latent);
+    dims(p.q_pe, p.k_pe, p.rope);
+    return dot;
+  });
+}
+
+Fidelity fidelity(const Problem& p, const std::vector<int64_t>& selected) {
+  std::vector<float> s = scores(p);
+  std::vector<char> in(size_t(p.keys), 0);
+  for (int64_t k : selected) {
+    if (k < 0 || k >= p.keys) throw std::invalid_argument("sparse::fidelity: key index out of range");
+    in[size_t(k)] = 1;
+  }
+  Fidelity f;
+  double err = 0, norm = 0;
+  for (int64_t h = 0; h < p.heads; ++h) {
+    const float* x = &s[size_t(h * p.keys)];
+    const float mx = *std::max_element(x, x + p.keys);
+    float mx_sel = -INFINITY;
+    for (int64_t k = 0; k < p.keys; ++k)
+      if (in[size_t(k)]) mx_sel = std::max(mx_sel, x[k]);
+    double total = 0, inside = 0, total_sel = 0;
+    std::vector<double> dense(size_t(p.latent), 0.0), sparse(size_t(p.latent), 0.0);
+    for (int64_t k = 0; k < p.keys; ++k) {
+      const double e = std::exp(double(x[k] - mx));
+      total += e;
+      const double es = in[size_t(k)] ? std::exp(double(x[k] - mx_sel)) : 0.0;
+      inside += in[size_t(k)] ? e : 0.0;
+      total_sel += es;
+      for (int64_t d = 0; d < p.latent; ++d) {
+        const double v = p.c_kv[size_t(k * p.latent + d)];
+        dense[size_t(d)] += e * v;
+        sparse[size_t(d)] += es * v;
+      }
+    }
+    f.mass_recall += inside / total / double(p.heads);
+    for (int64_t d = 0; d < p.latent; ++d) {
+      const double a = dense[size_t(d)] / total, b = total_sel > 0 ? sparse[size_t(d)] / total_sel : 0.0;
+      err += (a - b) * (a - b);
+      norm += a * a;
+    }
+  }
+  f.rel_err = std::sqrt(err / norm);
+  f.needle_found = p.needle >= 0 && in[size_t(p.needle)];
+  return f;
+}
+
+}  // namespace dslab::sparse

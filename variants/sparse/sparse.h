@@ -1,0 +1,53 @@
+// Sparse-attention retrieval over the MLA latent cache (issue 16), the CPU reference: one request's decode query in
+// MLA's MQA form (the absorbed query q_lat = q_nope · W_UK and q_pe, per head) against its cached latents c_kv and
+// rope keys k_pe, the selectors that choose which keys to attend, and the fidelity of a selection against dense
+// attention. One selection per request serves every head (the heads share the latent); how each selector combines
+// the heads is said at its declaration. Every selection keeps the first n_init keys (attention sinks) and the
+// last `local` keys (the recent window).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace dslab::sparse {
+
+struct Problem {
+  int64_t heads = 0, latent = 0, rope = 0, keys = 0;
+  std::vector<float> q_lat, q_pe;  // [heads][latent], [heads][rope]
+  std::vector<float> c_kv, k_pe;   // [keys][latent], [keys][rope]
+  float scale = 1;                 // softmax scale
+  int64_t needle = -1;             // a planted key aligned with every head's query (needle caches), else -1
+};
+
+// random: unit-variance values (the scores spread little: random weights say nothing of trained attention);
+// clustered: keys drawn around a few centres, the query close to one of them, with a recency bias (what a trained
+// model's attention looks like, roughly: a few regions matter); needle: random, with one key at `needle_depth`
+// (0 = oldest, 1 = newest) aligned with the queries.
+enum class CacheKind { random, clustered, needle };
+Problem make_problem(int64_t heads, int64_t latent, int64_t rope, int64_t keys, CacheKind kind, double needle_depth, uint64_t seed);
+
+// scores[h][k] = scale * (q_lat[h] · c_kv[k] + q_pe[h] · k_pe[k])
+std::vector<float> scores(const Problem& p);
+
+struct Budget {
+  int64_t tokens = 2048;  // keys attended, sinks and window included
+  int64_t block = 64;     // block selectors choose whole blocks of this many keys
+  int64_t n_init = 4, local = 64;
+};
+
+// The exact top keys by the true scores: each key's softmax probability summed over the heads (the fidelity bound
+// for a token budget).
+std::vector<int64_t> select_oracle(const Problem& p, const Budget& b);
+// Quest: per block the element-wise min and max of its keys; a block's score for a head is the upper bound
+// sum_j max(q_j min_j, q_j max_j) of any of its keys' scores; blocks ranked by their best head.
+std::vector<int64_t> select_quest(const Problem& p, const Budget& b);
+// InfLLM: per block one representative key, the plain mean of its keys; blocks ranked by the best head's score of it.
+std::vector<int64_t> select_infllm(const Problem& p, const Budget& b);
+
+struct Fidelity {
+  double mass_recall = 0;    // softmax mass inside the selection, mean over heads
+  double rel_err = 0;        // relative L2 error of the attention output (all heads) against dense
+  bool needle_found = false;  // the planted key is in the selection (needle caches)
+};
+Fidelity fidelity(const Problem& p, const std::vector<int64_t>& selected);
+
+}  // namespace dslab::sparse
