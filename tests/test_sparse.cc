@@ -71,5 +71,32 @@ TEST(SparseSelect, TheOracleFindsTheNeedleAtAnyDepth) {
   }
 }
 
+TEST(SparseDsa, E4m3RoundingAsTheFormatHoldsIt) {
+  EXPECT_EQ(sparse::round_e4m3(1.0f), 1.0f);
+  EXPECT_EQ(sparse::round_e4m3(1.0625f), 1.0f);     // halfway to 1.125 rounds to even
+  EXPECT_EQ(sparse::round_e4m3(1.1f), 1.125f);      // 3 mantissa bits: steps of 1/8 in [1, 2)
+  EXPECT_EQ(sparse::round_e4m3(300.0f), 288.0f);    // steps of 32 in [256, 448]
+  EXPECT_EQ(sparse::round_e4m3(1000.0f), 448.0f);   // saturates
+  EXPECT_EQ(sparse::round_e4m3(-0.01f), -0.009765625f);  // subnormal: a multiple of 2^-9
+}
+
+TEST(SparseDsa, AnIndexerThatApproximatesTheAttentionKeepsMostOfItsMass) {
+  // Index keys and queries a 128-dim projection of MLA's own: the selection keeps much of the oracle's mass (far above
+  // a random selection of the same size) and finds the needle; FP8 keys change little.
+  const auto p = sparse::make_problem(8, 128, 32, 2048, CacheKind::clustered, 0, test::fresh_seed());
+  Budget b;
+  b.tokens = 512;
+  const double oracle = sparse::fidelity(p, sparse::select_oracle(p, b)).mass_recall;
+  sparse::Indexer ix;
+  const double dsa = sparse::fidelity(p, sparse::select_dsa(p, b, ix)).mass_recall;
+  EXPECT_LE(dsa, oracle + 1e-12);
+  EXPECT_GT(dsa, 0.5 * oracle);
+  EXPECT_GT(dsa, 512.0 / 2048 * 1.5);
+  ix.fp8 = false;
+  EXPECT_NEAR(sparse::fidelity(p, sparse::select_dsa(p, b, ix)).mass_recall, dsa, 0.1);
+  const auto needle = sparse::make_problem(8, 128, 32, 4096, CacheKind::needle, 0.4, test::fresh_seed());
+  EXPECT_TRUE(sparse::fidelity(needle, sparse::select_dsa(needle, b, sparse::Indexer{})).needle_found);
+}
+
 }  // namespace
 }  // namespace dslab

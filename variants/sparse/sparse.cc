@@ -163,6 +163,55 @@ std::vector<int64_t> select_infllm(const Problem& p, const Budget& b) {
   });
 }
 
+float round_e4m3(float x) {
+  const float a = std::fabs(x);
+  if (a == 0 || std::isnan(x)) return x;
+  if (a >= 448.0f) return std::copysign(448.0f, x);
+  int e = 0;
+  std::frexp(a, &e);                                     // a = m 2^e, m in [0.5, 1)
+  const float step = std::ldexp(1.0f, std::max(e, -5) - 4);  // 3 mantissa bits; subnormal spacing 2^-9 below 2^-6
+  return std::copysign(std::min(448.0f, std::nearbyint(a / step) * step), x);
+}
+
+std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const Indexer& ix) {
+  const int64_t in = p.latent + p.rope;
+  std::mt19937_64 gen(ix.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(float(ix.dim)));
+  std::vector<float> proj(size_t(in * ix.dim));  // [in][dim]
+  for (float& v : proj) v = normal(gen);
+  auto project = [&](const float* lat, const float* rope, float* out) {
+    for (int64_t j = 0; j < ix.dim; ++j) out[j] = 0;
+    for (int64_t d = 0; d < in; ++d) {
+      const float v = d < p.latent ? lat[d] : rope[d - p.latent];
+      for (int64_t j = 0; j < ix.dim; ++j) out[j] += v * proj[size_t(d * ix.dim + j)];
+    }
+  };
+  std::vector<float> keys(size_t(p.keys * ix.dim));
+  for (int64_t k = 0; k < p.keys; ++k) {
+    float* key = &keys[size_t(k * ix.dim)];
+    project(&p.c_kv[size_t(k * p.latent)], &p.k_pe[size_t(k * p.rope)], key);
+    if (ix.fp8) {  // the cache holds e4m3 values and one fp32 scale per token
+      float amax = 0;
+      for (int64_t j = 0; j < ix.dim; ++j) amax = std::max(amax, std::fabs(key[j]));
+      const float scale = amax > 0 ? amax / 448.0f : 1.0f;
+      for (int64_t j = 0; j < ix.dim; ++j) key[j] = round_e4m3(key[j] / scale) * scale;
+    }
+  }
+  std::vector<float> q(size_t(ix.heads * ix.dim));
+  for (int64_t j = 0; j < ix.heads; ++j) {
+    const int64_t h = j % p.heads;
+    project(&p.q_lat[size_t(h * p.latent)], &p.q_pe[size_t(h * p.rope)], &q[size_t(j * ix.dim)]);
+  }
+  std::vector<double> score(size_t(p.keys), 0.0);
+  for (int64_t k = 0; k < p.keys; ++k)
+    for (int64_t j = 0; j < ix.heads; ++j) {
+      double dot = 0;
+      for (int64_t d = 0; d < ix.dim; ++d) dot += double(q[size_t(j * ix.dim + d)]) * keys[size_t(k * ix.dim + d)];
+      score[size_t(k)] += std::max(0.0, dot) / double(ix.heads);
+    }
+  return assemble(p, b, rank_descending(score), 1);
+}
+
 Fidelity fidelity(const Problem& p, const std::vector<int64_t>& selected) {
   std::vector<float> s = scores(p);
   std::vector<char> in(size_t(p.keys), 0);

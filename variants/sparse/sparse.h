@@ -43,6 +43,20 @@ std::vector<int64_t> select_quest(const Problem& p, const Budget& b);
 // InfLLM: per block one representative key, the plain mean of its keys; blocks ranked by the best head's score of it.
 std::vector<int64_t> select_infllm(const Problem& p, const Budget& b);
 
+// DeepSeek-V3.2's lightning indexer (DSA): `heads` index heads of `dim` dims, an FP8 (e4m3, one scale per token)
+// index-key cache, score_k = sum_j w_j ReLU(q_j · k_k), the top tokens. Its projections are a trained model's; here
+// they are one random projection of MLA's own [latent ‖ rope] query and key to `dim` dims (index head j takes MLA
+// head j mod heads's query, w_j = 1 / heads): an indexer that approximates the attention it serves, which random
+// trained-free weights could not (a random indexer selects at random).
+struct Indexer {
+  int64_t heads = 64, dim = 128;
+  bool fp8 = true;  // the index keys rounded to e4m3 with a per-token scale
+  uint64_t seed = 1;
+};
+std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const Indexer& ix);
+// e4m3 rounding (to nearest, saturating at 448; subnormals below 2^-6): the value an FP8 cache holds.
+float round_e4m3(float x);
+
 struct Fidelity {
   double mass_recall = 0;    // softmax mass inside the selection, mean over heads
   double rel_err = 0;        // relative L2 error of the attention output (all heads) against dense
