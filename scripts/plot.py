@@ -180,6 +180,17 @@ def plot_speedup(entries, title, baseline, out, stem):
     save(fig, out, stem)
 
 
+def intensity_axes(ax, ylabel, title, title_size=None):
+    """Log-log axes over arithmetic intensity: the roofline and placement charts share them."""
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=title_size)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def plot_roofline(data, device, out, stem):
     machine = data["context"].get("machine") or {}
     section = machine.get("cpu" if device == "cpu" else "gpu") or {}
@@ -205,14 +216,8 @@ def plot_roofline(data, device, out, stem):
     for v in OrderedDict.fromkeys(b["variant"] for b in entries):
         pts = [b for b in entries if b["variant"] == v]
         ax.scatter([b["arithmetic_intensity"] for b in pts], [b["flops"] / seconds(b) for b in pts], label=v, s=22)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
-    ax.set_ylabel("achieved FLOP/s")
     name = data["context"].get("cpu_model") if device == "cpu" else data["context"].get("gpu_name")
-    ax.set_title(f"roofline: {name}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    intensity_axes(ax, "achieved FLOP/s", f"roofline: {name}")
     save(fig, out, stem)
 
 
@@ -232,13 +237,7 @@ def plot_offload(path, out, stem):
         ridge = plan[device]["ridge_flop_per_byte"]
         if ridge:
             ax.axvline(ridge, color="gray", ls=style, lw=1, label=f"{device.upper()} ridge {ridge:.3g} FLOP/byte")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
-    ax.set_ylabel("CPU time / GPU time (> 1: the GPU is faster)")
-    ax.set_title(f"offload placement: {plan['cpu']['name']} + {plan['gpu']['name']}", fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    intensity_axes(ax, "CPU time / GPU time (> 1: the GPU is faster)", f"offload placement: {plan['cpu']['name']} + {plan['gpu']['name']}", 9)
     save(fig, out, stem)
 
 
@@ -278,13 +277,7 @@ def plot_plan(path, out, stem):
         x = group[0]["intensity"]
         ax.annotate("\n".join(o["op"] for o in group), (x, min(c["gpu_flops"], x * c["gpu_bytes_per_s"])), fontsize=6,
                     xytext=(-4, 6), textcoords="offset points", ha="right", va="bottom")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
-    ax.set_ylabel("attainable FLOP/s")
-    ax.set_title(f"ops of the step: {where}", fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    intensity_axes(ax, "attainable FLOP/s", f"ops of the step: {where}", 9)
     fig.tight_layout()
     save(fig, out, f"{stem}-roofline")
     # The placements: predicted step time, measured where a run exists; those that do not fit the budget hatched.
