@@ -30,6 +30,10 @@ const std::vector<AxisInfo>& known_axes() {
       {"steps", AxisKind::positive_int, "consecutive decode steps per timed run, lengths growing by q_len each"},
       {"proj", AxisKind::text, "decode-sized projections (up to 4 rows): cublas | own (a weight-streaming kernel, measured slower so far)", {"own", "cublas"}},
       {"pdl", AxisKind::text, "programmatic dependent launch between the step's own kernels (Hopper): on | off", {"on", "off"}},
+      {"budget", AxisKind::positive_int, "sparse attention: keys attended per request (sinks and window included)"},
+      {"block", AxisKind::positive_int, "sparse attention: keys per block for block selectors (Quest, InfLLM)"},
+      {"cache_kind", AxisKind::text, "sparse attention's synthetic cache: random | clustered | needle", {"random", "clustered", "needle"}},
+      {"needle_depth", AxisKind::nonneg_int, "sparse attention: where the needle sits, percent of the cache from its oldest key"},
       {"kv_splits", AxisKind::text, "the fused MLA kernel's split-KV CTAs per row tile: auto (one per SM) | N"},
   };
   return axes;

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 
+#include "harness/errors.h"
+#include "harness/sweep.h"
+#include "harness/variant.h"
 #include "tests/test_util.h"
 #include "variants/sparse/sparse.h"
 
@@ -96,6 +99,37 @@ TEST(SparseDsa, AnIndexerThatApproximatesTheAttentionKeepsMostOfItsMass) {
   EXPECT_NEAR(sparse::fidelity(p, sparse::select_dsa(p, b, ix)).mass_recall, dsa, 0.1);
   const auto needle = sparse::make_problem(8, 128, 32, 4096, CacheKind::needle, 0.4, test::fresh_seed());
   EXPECT_TRUE(sparse::fidelity(needle, sparse::select_dsa(needle, b, sparse::Indexer{})).needle_found);
+}
+
+TEST(SparseVariants, EachAttendsItsSelectionExactlyAndReportsItsFidelity) {
+  const ModelFile model = load_model_file("deepseek-v2-lite");
+  for (const char* name : {"sparse/oracle/cpu", "sparse/quest/cpu", "sparse/infllm/cpu", "sparse/dsa/cpu"}) {
+    SCOPED_TRACE(name);
+    const VariantEntry* e = find_variant(name);
+    ASSERT_NE(e, nullptr);
+    Point p;
+    auto integer = [&](const char* axis, int64_t v) { p.set(axis, {std::to_string(v), v, true}); };
+    integer("kv_len", 2048);
+    integer("budget", 256);
+    integer("block", 64);
+    integer("needle_depth", 30);
+    p.set("cache_kind", {"needle", 0, false});
+    auto v = e->make();
+    ASSERT_TRUE(v->supports(model, p).ok);
+    v->prepare(model, p, test::fresh_seed());
+    EXPECT_FALSE(v->verify().pass());  // nothing attended yet: the output is NaN
+    v->run();
+    const Verification ver = v->verify();
+    EXPECT_LE(ver.rel_err, ver.threshold);  // fp32 attention over the selection against fp64 over the same keys
+    const auto c = v->counters();
+    EXPECT_LE(c.at("selected_tokens"), 256);
+    EXPECT_GT(c.at("mass_recall"), 0.0);
+    EXPECT_LE(c.at("mass_recall"), 1.0 + 1e-9);
+    EXPECT_TRUE(c.count("needle_recall") && c.count("select_s") && c.count("attend_s"));
+    if (std::string(name) == "sparse/oracle/cpu") EXPECT_EQ(c.at("needle_recall"), 1.0);
+    p.set("cache_kind", {"noise", 0, false});
+    EXPECT_THROW(v->supports(model, p), BadInput);
+  }
 }
 
 }  // namespace
