@@ -34,7 +34,7 @@ const std::vector<AxisInfo>& known_axes() {
       {"block", AxisKind::positive_int, "sparse attention: keys per block for block selectors (Quest, InfLLM)"},
       {"cache_kind", AxisKind::text, "sparse attention's synthetic cache: random | clustered | needle", {"random", "clustered", "needle"}},
       {"needle_depth", AxisKind::nonneg_int, "sparse attention: where the needle sits, percent of the cache from its oldest key"},
-      {"kv_splits", AxisKind::text, "the fused MLA kernel's split-KV CTAs per row tile: auto (one per SM) | N"},
+      {"kv_splits", AxisKind::text, "the fused MLA kernel's split-KV CTAs per row tile: auto (about 4 key blocks each, 32 to one per SM) | N"},
   };
   return axes;
 }

@@ -731,7 +731,7 @@ GpuVariant::~GpuVariant() {
 std::vector<std::pair<std::string, std::string>> GpuVariant::axes() const {
   std::vector<std::pair<std::string, std::string>> a = {{"batch", "1"}, {"q_len", "1"}, {"kv_len", "4096"}, {"heads", ""}, {"page_size", "64"}, {"len_dist", "uniform"},
           {"kv_dtype", "bf16"}, {"executor", op_->fused() ? "graph" : "eager"}};
-  if (op_->fused()) a.push_back({"kv_splits", "auto"});  // the split-KV CTAs per row tile (auto: one per SM)
+  if (op_->fused()) a.push_back({"kv_splits", "auto"});  // the split-KV CTAs per row tile (auto: auto_kv_splits)
   return a;
 }
 
