@@ -79,6 +79,20 @@ double gpu_op_s(const OpCost& op, const Ceilings& c) {
   return std::max(op.flops / c.gpu_flops, op.bytes() / c.gpu_bytes_per_s) + double(op.gpu_kernels) * c.gpu_kernel_s;
 }
 
+double stream_crossover_tokens_per_expert(const ModelConfig& m, const Ceilings& c) {
+  const double H = double(m.hidden_size), I = double(m.moe_intermediate_size), weights = 3 * H * I * 2;
+  for (int64_t t = 1; t <= 65536; ++t) {
+    OpCost expert;
+    expert.flops = 6 * H * I * double(t);
+    expert.weight_bytes = weights;
+    expert.act_bytes = double(t) * H * 6;
+    const double cpu = cpu_op_s(expert, c);
+    const double gpu = std::max(expert.flops / c.gpu_flops, weights / c.h2d_bytes_per_s + expert.act_bytes / c.gpu_bytes_per_s);
+    if (gpu < cpu) return double(t);
+  }
+  return 0;
+}
+
 double cpu_op_s(const OpCost& op, const Ceilings& c) { return std::max(op.flops / c.cpu_flops, op.bytes() / c.cpu_bytes_per_s); }
 
 namespace {
@@ -222,6 +236,7 @@ Plan make_plan(const PlanRequest& r, const Ceilings& c) {
   plan.request = r;
   plan.ceilings = c;
   plan.ops = layer::step_ops(r.model, r.shape);
+  plan.stream_crossover = stream_crossover_tokens_per_expert(r.model, c);
   const Model model{r, c, plan.ops};
   const int64_t L = model.moe_layers(), E = r.model.n_routed_experts;
   std::vector<Candidate> candidates;
@@ -333,6 +348,7 @@ nlohmann::json Plan::to_json() const {
                           {"reason", p.reason}});
   }
   j["placements"] = placements;
+  j["stream_crossover_tokens_per_expert"] = stream_crossover;
   return j;
 }
 
@@ -356,6 +372,17 @@ std::string Plan::to_markdown() const {
        << (measured ? fmt("%.2f", p.predicted_s / p.measured_s) : "-") << " | " << gb(p.gpu_bytes) << " | " << gb(p.host_bytes) << " | "
        << (p.chosen ? "**yes**" : "") << " | " << p.reason << " |\n";
   }
+  md << "\nRouted experts: running one on the GPU with its weights copied over the link beats running it on the CPU from ";
+  if (stream_crossover > 0)
+    md << fmt("%.0f", stream_crossover) << " tokens per expert (this step: "
+       << fmt("%.1f", [&] {
+            for (const auto& op : ops)
+              if (op.group == OpGroup::routed_experts) return op.tokens_per_expert;
+            return 0.0;
+          }())
+       << ").\n";
+  else
+    md << "no batch up to 65536 tokens per expert.\n";
   md << "\n## Ops (per instance; count = instances in the step)\n\n| op | count | GFLOP | MB | FLOP/B | GPU us | CPU us | why |\n"
         "|---|---|---|---|---|---|---|---|\n";
   std::map<std::string, int> count;

@@ -58,6 +58,7 @@ struct Plan {
   Ceilings ceilings;
   std::vector<layer::OpCost> ops;        // the whole step's
   std::vector<PlacementPlan> placements;  // ranked: fitting ones by predicted time, then the rest
+  double stream_crossover = 0;            // stream_crossover_tokens_per_expert for this model and machine
   nlohmann::json to_json() const;
   std::string to_markdown() const;
 };
@@ -67,6 +68,11 @@ Plan make_plan(const PlanRequest& r, const Ceilings& c);
 // Fills measured_s from runs of the whole model at the plan's point: layer/deepseek/cuda, layers all, the same
 // batch, q_len and kv_len; moe/grouped/cuda is all_gpu, moe/host/cuda is ktransformers (graph preferred).
 void attach_measurements(Plan& plan, const std::vector<ResultsFile>& files);
+
+// The tokens per expert above which running a routed expert on the GPU with its weights copied over the link beats
+// running it on the CPU from host memory (each at its roofline; the copy at the pinned link rate): the
+// KTransformers question "move the experts for this batch?" answered from the ceilings. 0 if never up to 65536.
+double stream_crossover_tokens_per_expert(const ModelConfig& m, const Ceilings& c);
 
 // One op's predicted time on each device: the larger of its FLOPs and bytes over that device's ceiling, plus on the
 // GPU the per-kernel cost of the kernels our layer launches for it.

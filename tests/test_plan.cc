@@ -127,6 +127,17 @@ TEST(Plan, KTransformersSplitOverlapsTheCpuExpertsWithTheGpu) {
   EXPECT_GE(kt->parts_s.at("moe"), kt->parts_s.at("cpu experts (inside moe)") + kt->parts_s.at("transfers (inside moe)") - 1e-12);
 }
 
+TEST(Plan, StreamingExpertsPaysWhereTheCpuTurnsComputeBound) {
+  // An expert's weights (6 H I bytes) cross a 50 GB/s link in the time a 10 TFLOP/s CPU does 6 H I t FLOPs when
+  // t = 10e12 / 50e9 = 200 tokens; below that the CPU (reading the same bytes at 100 GB/s) is faster.
+  const auto c = reports::Ceilings::from_machine(machine(), "m.json");
+  EXPECT_NEAR(reports::stream_crossover_tokens_per_expert(test::model("deepseek-v3"), c), 200, 2);
+  auto slow = machine();
+  slow["gpu"]["h2d_pinned_bytes_per_s"] = 1e9;  // a link 50x slower moves the crossover 50x
+  EXPECT_NEAR(reports::stream_crossover_tokens_per_expert(test::model("deepseek-v3"), reports::Ceilings::from_machine(slow, "m.json")),
+              10000, 100);
+}
+
 TEST(Plan, MeasuredStepsFillTheirPlacementsGraphFirst) {
   const auto c = reports::Ceilings::from_machine(machine(), "m.json");
   auto plan = reports::make_plan(request("deepseek-v2-lite", 4, 1, 4096, 80), c);
