@@ -362,6 +362,22 @@ nlohmann::json calibrate() {
     const double s = best_of(10, [&] { return ev.seconds(gemm); });
     out["tensor_bf16_flops"] = 2.0 * double(n) * n * n / s;
     out["tensor_bf16_how"] = "cublasGemmEx bf16 in/out, fp32 compute, 8192^3, best of 10, CUDA events";
+    // Decode-sized GEMMs (one row) stream their weights below a copy's rate (each launch ramps up and drains): eight
+    // 2048 x 4096 weights (16 MiB each, 128 MiB in all: more than L2 holds) one after another, weight bytes over time.
+    {
+      const int64_t rows = 4096, cols = 2048, count = 8;
+      __nv_bfloat16* y = C;  // (the big GEMM's output is scratch here; A's first elements serve as the input row)
+      auto gemvs = [&] {
+        for (int64_t i = 0; i < count; ++i)
+          DSLAB_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), 1, int(cols), &alpha, B + i * rows * cols, CUDA_R_16BF, int(cols), A,
+                                    CUDA_R_16BF, int(cols), &beta, y, CUDA_R_16BF, int(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      };
+      gemvs();
+      DSLAB_CUDA(cudaDeviceSynchronize());
+      const double g = best_of(10, [&] { return ev.seconds(gemvs); });
+      out["gemv_bytes_per_s"] = double(count * rows * cols * 2) / g;
+      out["gemv_how"] = "cublasGemmEx bf16, one row times eight 4096 x 2048 weights in turn (128 MiB), weight bytes / time, best of 10";
+    }
     cublasDestroy(h);
     DSLAB_CUDA(cudaFree(A));
     DSLAB_CUDA(cudaFree(B));

@@ -73,7 +73,7 @@ Measures the ceilings that roofline_fraction is computed against and writes them
 measured, to FILE (default: $DSLAB_MACHINE or ~/.cache/dslab/machine.json):
   cpu: AMX bf16 FLOP/s (TDPBF16PS from registers), AVX-512 bf16 FLOP/s (VDPBF16PS), DRAM read bytes/s
        and the same rates at 1, 2, 4, ... threads (cpu.by_threads)
-  gpu: HBM copy bytes/s, cuBLAS bf16 GEMM FLOP/s, kernel launch overhead, CUDA graph launch and per-node cost,
+  gpu: HBM copy bytes/s, cuBLAS bf16 GEMM FLOP/s, a one-row GEMM's weight bytes/s, kernel launch overhead, CUDA graph launch and per-node cost,
        a small kernel's cost in a graph, pinned host<->device bytes/s, a small copy's cost, a host function's
        round trip (when a GPU is present)
 options:

@@ -46,6 +46,10 @@ Ceilings Ceilings::from_machine(const nlohmann::json& machine, const std::string
   c.gpu_flops = field(machine, source, "gpu", "tensor_bf16_flops");
   c.gpu_bytes_per_s = field(machine, source, "gpu", "hbm_bytes_per_s");
   c.gpu_kernel_s = field(machine, source, "gpu", "small_kernel_s");
+  const auto& g = machine["gpu"];
+  c.gpu_weight_stream_bytes_per_s = g.contains("gemv_bytes_per_s") && g["gemv_bytes_per_s"].is_number() && g["gemv_bytes_per_s"].get<double>() > 0
+                                        ? g["gemv_bytes_per_s"].get<double>()
+                                        : c.gpu_bytes_per_s;
   c.h2d_bytes_per_s = field(machine, source, "gpu", "h2d_pinned_bytes_per_s");
   c.d2h_bytes_per_s = field(machine, source, "gpu", "d2h_pinned_bytes_per_s");
   c.transfer_s = field(machine, source, "gpu", "h2d_4k_s");
@@ -76,7 +80,12 @@ Ceilings Ceilings::from_machine(const nlohmann::json& machine, const std::string
 }
 
 double gpu_op_s(const OpCost& op, const Ceilings& c) {
-  return std::max(op.flops / c.gpu_flops, op.bytes() / c.gpu_bytes_per_s) + double(op.gpu_kernels) * c.gpu_kernel_s;
+  // A decode-sized cuBLAS GEMM (up to ~16 rows: as many FLOP per weight byte) streams its weights at the GEMV rate;
+  // the routed experts run on grouped GEMMs of our own, measured near the copy rate (0.76-0.95 of it at decode).
+  const bool cublas_gemv = op.intensity() < 16 && op.group != OpGroup::routed_experts;
+  const double weight_rate = cublas_gemv ? c.gpu_weight_stream_bytes_per_s : c.gpu_bytes_per_s;
+  const double bytes_s = op.weight_bytes / weight_rate + (op.kv_bytes + op.act_bytes) / c.gpu_bytes_per_s;
+  return std::max(op.flops / c.gpu_flops, bytes_s) + double(op.gpu_kernels) * c.gpu_kernel_s;
 }
 
 double stream_crossover_tokens_per_expert(const ModelConfig& m, const Ceilings& c) {
@@ -303,6 +312,7 @@ nlohmann::json Plan::to_json() const {
   j["ceilings"] = {{"source", ceilings.source},          {"gpu", ceilings.gpu_name},
                    {"cpu", ceilings.cpu_name},            {"gpu_flops", ceilings.gpu_flops},
                    {"gpu_bytes_per_s", ceilings.gpu_bytes_per_s}, {"gpu_kernel_s", ceilings.gpu_kernel_s},
+                   {"gpu_weight_stream_bytes_per_s", ceilings.gpu_weight_stream_bytes_per_s},
                    {"h2d_bytes_per_s", ceilings.h2d_bytes_per_s}, {"d2h_bytes_per_s", ceilings.d2h_bytes_per_s},
                    {"transfer_s", ceilings.transfer_s},   {"host_roundtrip_s", ceilings.host_roundtrip_s},
                    {"cpu_flops", ceilings.cpu_flops},
@@ -359,7 +369,8 @@ std::string Plan::to_markdown() const {
      << "\n\n";
   md << "Ceilings (" << ceilings.source << "): " << ceilings.gpu_name << " " << fmt("%.0f", ceilings.gpu_flops / 1e12) << " TFLOP/s, "
      << fmt("%.2f", ceilings.gpu_bytes_per_s / 1e12) << " TB/s (ridge " << fmt("%.0f", ceilings.gpu_ridge()) << " FLOP/B), "
-     << fmt("%.1f", ceilings.gpu_kernel_s * 1e6) << " us per small kernel; " << ceilings.cpu_name << " (" << ceilings.cpu_unit << ") "
+     << fmt("%.1f", ceilings.gpu_kernel_s * 1e6) << " us per small kernel, decode-sized GEMMs stream weights at "
+     << fmt("%.2f", ceilings.gpu_weight_stream_bytes_per_s / 1e12) << " TB/s; " << ceilings.cpu_name << " (" << ceilings.cpu_unit << ") "
      << fmt("%.1f", ceilings.cpu_flops / 1e12) << " TFLOP/s on " << ceilings.cpu_threads << " threads, " << fmt("%.0f", ceilings.cpu_bytes_per_s / 1e9) << " GB/s (ridge "
      << fmt("%.0f", ceilings.cpu_ridge()) << "); link " << fmt("%.0f", ceilings.h2d_bytes_per_s / 1e9) << " GB/s, "
      << fmt("%.1f", ceilings.transfer_s * 1e6) << " us per small copy, " << fmt("%.1f", ceilings.host_roundtrip_s * 1e6)

@@ -21,6 +21,8 @@ namespace dslab::reports {
 struct Ceilings {
   std::string gpu_name, cpu_name, source;
   double gpu_flops = 0, gpu_bytes_per_s = 0, gpu_kernel_s = 0, gpu_memory_bytes = 0;
+  // Weights streamed by decode-sized GEMMs (gpu.gemv_bytes_per_s); the copy rate where the file predates it.
+  double gpu_weight_stream_bytes_per_s = 0;
   double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0, transfer_s = 0;  // pinned copies; one small copy's fixed cost
   double host_roundtrip_s = 0;  // a host function in the stream waking the CPU's workers (one per CPU-side MoE layer)
   double cpu_flops = 0, cpu_bytes_per_s = 0;

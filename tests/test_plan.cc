@@ -77,6 +77,20 @@ TEST(Plan, OpTimesAreRooflinesPlusTheKernelsFixedCost) {
   EXPECT_DOUBLE_EQ(reports::cpu_op_s(op, c), 1e14 / 10e12);
 }
 
+TEST(Plan, DecodeSizedGemmsStreamWeightsAtTheGemvRate) {
+  auto m = machine();
+  m["gpu"]["gemv_bytes_per_s"] = 1.5e12;
+  const auto c = reports::Ceilings::from_machine(m, "m.json");
+  layer::OpCost gemv;  // one row: 1 FLOP per byte
+  gemv.flops = 1e9, gemv.weight_bytes = 1e9, gemv.act_bytes = 3e6, gemv.gpu_kernels = 1;
+  EXPECT_DOUBLE_EQ(reports::gpu_op_s(gemv, c), 1e9 / 1.5e12 + 3e6 / 3e12 + 3e-6);
+  layer::OpCost gemm = gemv;  // 256 rows: compute-bound, the GEMV rate does not apply
+  gemm.flops = 256e9;
+  EXPECT_DOUBLE_EQ(reports::gpu_op_s(gemm, c), std::max(256e9 / 800e12, (1e9 + 3e6) / 3e12) + 3e-6);
+  // A machine file from before the GEMV probe: the copy rate, as before.
+  EXPECT_DOUBLE_EQ(reports::Ceilings::from_machine(machine(), "m.json").gpu_weight_stream_bytes_per_s, 3e12);
+}
+
 TEST(Plan, ChoosesTheFastestPlacementThatFits) {
   const auto c = reports::Ceilings::from_machine(machine(), "m.json");
   // V2-Lite (31 GB of bf16 weights) fits an 80 GB GPU whole: all on the GPU, far ahead of streaming its experts
