@@ -76,27 +76,10 @@ class SparseCpu : public Variant {
     selected_ = select();
     attend(selected_, out_);
   }
-  Verification verify() override {
-    // fp64 attention over the same keys.
+  Verification verify() override {  // against fp64 attention over the same keys
+    const std::vector<double> want = attention(p_, selected_);
     double err = 0, norm = 0;
-    for (int64_t h = 0; h < p_.heads; ++h) {
-      std::vector<double> s;
-      for (int64_t k : selected_) {
-        double dot = 0;
-        for (int64_t d = 0; d < p_.latent; ++d) dot += double(p_.q_lat[size_t(h * p_.latent + d)]) * p_.c_kv[size_t(k * p_.latent + d)];
-        for (int64_t d = 0; d < p_.rope; ++d) dot += double(p_.q_pe[size_t(h * p_.rope + d)]) * p_.k_pe[size_t(k * p_.rope + d)];
-        s.push_back(dot * p_.scale);
-      }
-      double mx = -INFINITY, sum = 0;
-      for (double v : s) mx = std::max(mx, v);
-      for (double& v : s) sum += (v = std::exp(v - mx));
-      for (int64_t d = 0; d < p_.latent; ++d) {
-        double o = 0;
-        for (size_t i = 0; i < selected_.size(); ++i) o += s[i] / sum * p_.c_kv[size_t(selected_[i] * p_.latent + d)];
-        const double got = out_[size_t(h * p_.latent + d)];
-        err += (got - o) * (got - o), norm += o * o;
-      }
-    }
+    for (size_t i = 0; i < want.size(); ++i) err += (out_[i] - want[i]) * (out_[i] - want[i]), norm += want[i] * want[i];
     return {std::sqrt(err / norm), 1e-5};
   }
   std::map<std::string, double> counters() override {

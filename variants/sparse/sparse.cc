@@ -212,42 +212,47 @@ std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const Indexer
   return assemble(p, b, rank_descending(score), 1);
 }
 
-Fidelity fidelity(const Problem& p, const std::vector<int64_t>& selected) {
-  std::vector<float> s = scores(p);
-  std::vector<char> in(size_t(p.keys), 0);
-  for (int64_t k : selected) {
-    if (k < 0 || k >= p.keys) throw std::invalid_argument("sparse::fidelity: key index out of range");
-    in[size_t(k)] = 1;
-  }
-  Fidelity f;
-  double err = 0, norm = 0;
+std::vector<double> attention(const Problem& p, const std::vector<int64_t>& selected) {
+  std::vector<double> out(size_t(p.heads * p.latent), 0.0), s(selected.size());
   for (int64_t h = 0; h < p.heads; ++h) {
+    double mx = -INFINITY, sum = 0;
+    for (size_t i = 0; i < selected.size(); ++i) {
+      const int64_t k = selected[i];
+      if (k < 0 || k >= p.keys) throw std::invalid_argument("sparse: key index out of range");
+      double dot = 0;
+      for (int64_t d = 0; d < p.latent; ++d) dot += double(p.q_lat[size_t(h * p.latent + d)]) * p.c_kv[size_t(k * p.latent + d)];
+      for (int64_t d = 0; d < p.rope; ++d) dot += double(p.q_pe[size_t(h * p.rope + d)]) * p.k_pe[size_t(k * p.rope + d)];
+      mx = std::max(mx, s[i] = dot * p.scale);
+    }
+    for (double& v : s) sum += (v = std::exp(v - mx));
+    double* o = &out[size_t(h * p.latent)];
+    for (size_t i = 0; i < selected.size(); ++i)
+      for (int64_t d = 0; d < p.latent; ++d) o[d] += s[i] / sum * p.c_kv[size_t(selected[i] * p.latent + d)];
+  }
+  return out;
+}
+
+Fidelity fidelity(const Problem& p, const std::vector<int64_t>& selected) {
+  std::vector<int64_t> all(static_cast<size_t>(p.keys));
+  std::iota(all.begin(), all.end(), int64_t(0));
+  const std::vector<double> dense = attention(p, all), sparse = attention(p, selected);
+  std::vector<char> in(size_t(p.keys), 0);
+  for (int64_t k : selected) in[size_t(k)] = 1;
+  Fidelity f;
+  const std::vector<float> s = scores(p);
+  for (int64_t h = 0; h < p.heads; ++h) {  // the softmax mass inside, in double
     const float* x = &s[size_t(h * p.keys)];
     const float mx = *std::max_element(x, x + p.keys);
-    float mx_sel = -INFINITY;
-    for (int64_t k = 0; k < p.keys; ++k)
-      if (in[size_t(k)]) mx_sel = std::max(mx_sel, x[k]);
-    double total = 0, inside = 0, total_sel = 0;
-    std::vector<double> dense(size_t(p.latent), 0.0), sparse(size_t(p.latent), 0.0);
+    double total = 0, inside = 0;
     for (int64_t k = 0; k < p.keys; ++k) {
       const double e = std::exp(double(x[k] - mx));
       total += e;
-      const double es = in[size_t(k)] ? std::exp(double(x[k] - mx_sel)) : 0.0;
       inside += in[size_t(k)] ? e : 0.0;
-      total_sel += es;
-      for (int64_t d = 0; d < p.latent; ++d) {
-        const double v = p.c_kv[size_t(k * p.latent + d)];
-        dense[size_t(d)] += e * v;
-        sparse[size_t(d)] += es * v;
-      }
     }
     f.mass_recall += inside / total / double(p.heads);
-    for (int64_t d = 0; d < p.latent; ++d) {
-      const double a = dense[size_t(d)] / total, b = total_sel > 0 ? sparse[size_t(d)] / total_sel : 0.0;
-      err += (a - b) * (a - b);
-      norm += a * a;
-    }
   }
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < dense.size(); ++i) err += (dense[i] - sparse[i]) * (dense[i] - sparse[i]), norm += dense[i] * dense[i];
   f.rel_err = std::sqrt(err / norm);
   f.needle_found = p.needle >= 0 && in[size_t(p.needle)];
   return f;

@@ -57,6 +57,10 @@ std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const Indexer
 // e4m3 rounding (to nearest, saturating at 448; subnormals below 2^-6): the value an FP8 cache holds.
 float round_e4m3(float x);
 
+// fp64 attention over the keys `selected` (all keys: dense attention): out[h] = softmax(scores of h over them) ·
+// their latents, [heads][latent].
+std::vector<double> attention(const Problem& p, const std::vector<int64_t>& selected);
+
 struct Fidelity {
   double mass_recall = 0;    // softmax mass inside the selection, mean over heads
   double rel_err = 0;        // relative L2 error of the attention output (all heads) against dense

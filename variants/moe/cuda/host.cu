@@ -11,7 +11,6 @@
 #include "harness/errors.h"
 #include "harness/host.h"
 #include "harness/op_registry.h"
-#include "variants/common/device_random.h"
 #include "variants/moe/cuda/moe_cuda.h"
 
 namespace dslab::moe::cuda {
@@ -63,10 +62,7 @@ class HostMoe final : public MoeOp {
     std::vector<ref::MlpParams> experts(static_cast<size_t>(experts_));
     DeviceArray<__nv_bfloat16> scratch(size_t(3 * H * I));
     for (int64_t e = 0; e < experts_; ++e) {
-      const std::string prefix = "experts." + std::to_string(e);
-      fill_random_bf16(scratch.get(), size_t(I * H), w_->seed, prefix + ".gate_proj", fan_in_scale(H));
-      fill_random_bf16(scratch.get() + I * H, size_t(I * H), w_->seed, prefix + ".up_proj", fan_in_scale(H));
-      fill_random_bf16(scratch.get() + 2 * I * H, size_t(H * I), w_->seed, prefix + ".down_proj", fan_in_scale(I));
+      generate_expert_weights(m_, w_->seed, e, scratch.get(), scratch.get() + I * H, scratch.get() + 2 * I * H);
       ref::MlpParams& p = experts[size_t(e)];
       p.gate_proj.resize(size_t(I * H));
       p.up_proj.resize(size_t(I * H));

@@ -293,6 +293,14 @@ void generate_mlp_weights(const ModelConfig& m, int64_t intermediate, uint64_t s
   fill_random_bf16(w->down.get(), size_t(H * I), seed, prefix + ".down_proj", fan_in_scale(I));
 }
 
+void generate_expert_weights(const ModelConfig& m, uint64_t seed, int64_t e, __nv_bfloat16* gate, __nv_bfloat16* up, __nv_bfloat16* down) {
+  const int64_t H = m.hidden_size, I = m.moe_intermediate_size;
+  const std::string prefix = "experts." + std::to_string(e);
+  fill_random_bf16(gate, size_t(I * H), seed, prefix + ".gate_proj", fan_in_scale(H));
+  fill_random_bf16(up, size_t(I * H), seed, prefix + ".up_proj", fan_in_scale(H));
+  fill_random_bf16(down, size_t(H * I), seed, prefix + ".down_proj", fan_in_scale(I));
+}
+
 void generate_moe_weights(const ModelConfig& m, int64_t experts, uint64_t seed, MoeWeights* w, bool routed_on_device) {
   const int64_t H = m.hidden_size, I = m.moe_intermediate_size, E = m.n_routed_experts;
   w->experts = experts;
@@ -314,12 +322,8 @@ void generate_moe_weights(const ModelConfig& m, int64_t experts, uint64_t seed, 
   w->w_gate.resize(size_t(on_device * I * H));
   w->w_up.resize(size_t(on_device * I * H));
   w->w_down.resize(size_t(on_device * H * I));
-  for (int64_t e = 0; e < on_device; ++e) {
-    const std::string prefix = "experts." + std::to_string(e);
-    fill_random_bf16(w->w_gate.get() + e * I * H, size_t(I * H), seed, prefix + ".gate_proj", fan_in_scale(H));
-    fill_random_bf16(w->w_up.get() + e * I * H, size_t(I * H), seed, prefix + ".up_proj", fan_in_scale(H));
-    fill_random_bf16(w->w_down.get() + e * H * I, size_t(H * I), seed, prefix + ".down_proj", fan_in_scale(I));
-  }
+  for (int64_t e = 0; e < on_device; ++e)
+    generate_expert_weights(m, seed, e, w->w_gate.get() + e * I * H, w->w_up.get() + e * I * H, w->w_down.get() + e * H * I);
   if (m.n_shared_experts > 0) generate_mlp_weights(m, I * m.n_shared_experts, seed, "shared_experts", &w->shared);
   DSLAB_CUDA(cudaDeviceSynchronize());
 }
@@ -417,6 +421,9 @@ void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, c
 
 void MoeOp::route() {
   NvtxRange range("moe.route");
+  const int32_t* ids = b_.topk_ids ? b_.topk_ids : topk_ids_.get();  // given, or the router's
+  const ScanArgs a{counts_.get(), int(experts_), tile_rows_, ids, int(rows_), int(topk_), offsets_.get(),
+                   tiles_.get(), num_tiles_.get(), perm_token_.get(), slot_.get()};
   if (b_.topk_ids) {
     launch_pdl(count_kernel, dim3(unsigned((rows_ + 255) / 256)), dim3(256), 0, stream_, b_.topk_ids, int(rows_), counts_.get());
     DSLAB_CHECK_LAUNCH();
@@ -432,8 +439,6 @@ void MoeOp::route() {
     RouterParams p{logits_.get(), w_->bias.get(), int(tokens_), int(m_.n_routed_experts), int(topk_), int(m_.n_group), int(m_.topk_group),
                    m_.scoring_func == "sigmoid", m_.topk_method != "greedy", m_.topk_method == "noaux_tc", m_.norm_topk_prob,
                    float(m_.routed_scaling_factor), topk_ids_.get(), topk_weights_.get(), counts_.get()};
-    const ScanArgs a{counts_.get(), int(experts_), tile_rows_, topk_ids_.get(), int(rows_), int(topk_), offsets_.get(),
-                     tiles_.get(), num_tiles_.get(), perm_token_.get(), slot_.get()};
     const size_t per_warp = 2 * size_t(m_.n_routed_experts) * 4;
     if (tokens_ <= kFusedRouteTokens && size_t(tokens_) * per_warp <= kMaxRouterSmem) {
       launch_pdl(route_scan_scatter_kernel, dim3(1), dim3(kScanThreads), size_t(tokens_) * per_warp, stream_, p, a);
@@ -444,9 +449,6 @@ void MoeOp::route() {
     launch_pdl(router_kernel, dim3(unsigned((tokens_ + kRouterWarps - 1) / kRouterWarps)), dim3(32 * kRouterWarps), kRouterWarps * per_warp, stream_, p);
     DSLAB_CHECK_LAUNCH();
   }
-  const int32_t* ids = b_.topk_ids ? b_.topk_ids : topk_ids_.get();
-  const ScanArgs a{counts_.get(), int(experts_), tile_rows_, ids, int(rows_), int(topk_), offsets_.get(),
-                   tiles_.get(), num_tiles_.get(), perm_token_.get(), slot_.get()};
   launch_pdl(scan_scatter_kernel, dim3(1), dim3(kScanThreads), 0, stream_, a);
   DSLAB_CHECK_LAUNCH();
   mark("route");

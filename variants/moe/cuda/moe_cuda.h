@@ -55,6 +55,8 @@ struct MoeWeights {
   DeviceArray<__nv_bfloat16> w_gate, w_up, w_down;
   MlpWeights shared;  // intermediate 0 when the model has none
 };
+// Routed expert e of ref::make_moe_params (its gate [I][H], up [I][H], down [H][I]), generated on the device.
+void generate_expert_weights(const ModelConfig& m, uint64_t seed, int64_t e, __nv_bfloat16* gate, __nv_bfloat16* up, __nv_bfloat16* down);
 // ref::make_moe_params's tensors, generated on the device (experts beyond `experts` are not made; none of the
 // routed experts when !routed_on_device).
 void generate_moe_weights(const ModelConfig& m, int64_t experts, uint64_t seed, MoeWeights* w, bool routed_on_device = true);
