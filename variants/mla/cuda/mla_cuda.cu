@@ -225,93 +225,18 @@ namespace {
 std::mutex g_projections_mu;
 std::map<cublasHandle_t, Projections> g_projections;
 
+}  // namespace
+
 Projections projections_of(cublasHandle_t h) {
   std::lock_guard<std::mutex> lock(g_projections_mu);
   const auto it = g_projections.find(h);
   return it == g_projections.end() ? Projections::cublas : it->second;
 }
 
-// y[m][n] (+)= x[m] · w[n] for M rows: one warp per output feature n, its weight row streamed once in 16-byte
-// loads (four in flight per lane), the M input rows read through the read-only cache (a few KB, every warp's).
-template <int M>
-__global__ void __launch_bounds__(256) gemv_kernel(const __nv_bfloat16* x, int64_t K, const __nv_bfloat16* w, int64_t N, void* y, bool y_bf16,
-                                                  float beta) {
-  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
-  pdl_launch_dependents();
-  const int64_t n = int64_t(blockIdx.x) * 8 + threadIdx.x / 32;
-  const int lane = int(threadIdx.x) % 32;
-  if (n >= N) return;
-  const uint4* wr = reinterpret_cast<const uint4*>(w + n * K);
-  const uint4* xr = reinterpret_cast<const uint4*>(x);
-  const int64_t chunks = K / 8;
-  float acc[M] = {};
-  auto dot = [&](uint4 wv, int64_t c) {
-    const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv);
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const uint4 xv = __ldg(xr + m * chunks + c);
-      const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&xv);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 a = __bfloat1622float2(w2[i]), b = __bfloat1622float2(x2[i]);
-        acc[m] += a.x * b.x + a.y * b.y;
-      }
-    }
-  };
-  int64_t c = lane;
-  for (; c + 96 < chunks; c += 128) {
-    uint4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = __ldcs(wr + c + 32 * u);  // streamed once: evict first
-#pragma unroll
-    for (int u = 0; u < 4; ++u) dot(v[u], c + 32 * u);
-  }
-  for (; c < chunks; c += 32) dot(__ldcs(wr + c), c);
-#pragma unroll
-  for (int m = 0; m < M; ++m)
-    for (int o = 16; o; o >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
-  if (lane < M) {
-    float v = 0;
-#pragma unroll
-    for (int m = 0; m < M; ++m) v = lane == m ? acc[m] : v;
-    const int64_t at = int64_t(lane) * N + n;
-    if (y_bf16) {
-      __nv_bfloat16* yb = static_cast<__nv_bfloat16*>(y);
-      yb[at] = __float2bfloat16_rn(beta != 0.0f ? v + beta * __bfloat162float(yb[at]) : v);
-    } else {
-      float* yf = static_cast<float*>(y);
-      yf[at] = beta != 0.0f ? v + beta * yf[at] : v;
-    }
-  }
-}
-
-}  // namespace
-
 Projections parse_projections(const std::string& text) {
   if (text == "own") return Projections::own;
   if (text == "cublas") return Projections::cublas;
   throw BadInput("axis 'proj': value '" + text + "': expected own | cublas");
-}
-
-void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out, void* y,
-            cudaDataType y_type, float beta) {
-  const bool aligned = in % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
-  if (rows <= kGemvRows && projections_of(h) == Projections::own && aligned && (y_type == CUDA_R_32F || y_type == CUDA_R_16BF)) {
-    cudaStream_t stream{};
-    DSLAB_CUBLAS(cublasGetStream(h, &stream));
-    const unsigned blocks = unsigned((out + 7) / 8);
-    const bool bf16 = y_type == CUDA_R_16BF;
-    switch (rows) {
-      case 1: launch_pdl(gemv_kernel<1>, dim3(blocks), dim3(256), 0, stream, x, in, w, out, y, bf16, beta); break;
-      case 2: launch_pdl(gemv_kernel<2>, dim3(blocks), dim3(256), 0, stream, x, in, w, out, y, bf16, beta); break;
-      case 3: launch_pdl(gemv_kernel<3>, dim3(blocks), dim3(256), 0, stream, x, in, w, out, y, bf16, beta); break;
-      default: launch_pdl(gemv_kernel<4>, dim3(blocks), dim3(256), 0, stream, x, in, w, out, y, bf16, beta); break;
-    }
-    DSLAB_CHECK_LAUNCH();
-    return;
-  }
-  // Column-major view: y^T [out x rows] = w [in x out]^T · x^T [in x rows].
-  gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, 0, x, in, 0, y, y_type, out, 0, 1, beta);
 }
 
 BlasHandle::BlasHandle() {

@@ -260,13 +260,18 @@ double device_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t pag
 void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k, const void* a,
           int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* c, cudaDataType c_type, int64_t ldc,
           int64_t stride_c, int64_t batch, float beta = 0.0f);
-// Row-major nn.Linear: y[rows][out] = x[rows][in] · w[out][in]^T, on the handle's stream. With the handle's
-// projections set to own, decode sizes (rows up to kGemvRows) go to a weight-streaming kernel of ours (one warp per
-// output feature). Measured slower than cuBLAS so far (H100, whole V2-Lite step at batch 1: 4.24 vs 4.02 ms; equal
-// from batch 32), so cuBLAS is the default and `proj=own` the A/B side a faster kernel has to beat.
+// Row-major nn.Linear: y[rows][out] = x[rows][in] · w[out][in]^T (+ beta y), on the handle's stream
+// (variants/linear/cuda/gemv.cu). With the handle's projections set to own, decode sizes (rows up to kGemvRows)
+// go to a weight-streaming GEMV of ours (gemv_split warps per output feature, weights prefetched under PDL);
+// cuBLAS otherwise. `linear/{own,cublas}/cuda` time both per weight shape in one sweep.
 void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out,
             void* y, cudaDataType y_type, float beta = 0.0f);
-constexpr int64_t kGemvRows = 4;
+constexpr int64_t kGemvRows = 8;
+// Warps per output feature of the own GEMV: enough warps for half of `sms` SMs' warp slots, at least one 16-byte
+// chunk of the row per lane, at most one CTA (8 warps).
+int gemv_split(int64_t out, int64_t in, int sms);
+// The backend a handle's set_projections chose (cublas for a handle never set).
+Projections projections_of(cublasHandle_t h);
 Projections parse_projections(const std::string& text);  // BadInput unless own | cublas
 
 // The unfused forms pad every request to the longest (max_keys) in their gathered buffers, and further to a
