@@ -16,7 +16,7 @@ const std::vector<AxisInfo>& known_axes() {
       {"page_size", AxisKind::positive_int, "tokens per KV-cache page"},
       {"len_dist", AxisKind::text, "per-request length distribution: uniform | mixed", {"uniform", "mixed"}},
       {"kv_dtype", AxisKind::text, "KV-cache element type: bf16 | int8 | fp8_e4m3", {"bf16", "int8", "fp8_e4m3"}},
-      {"tokens", AxisKind::positive_int, "tokens entering the MoE layer"},
+      {"tokens", AxisKind::positive_int, "tokens entering the MoE layer (or the linear op: its rows)"},
       {"experts", AxisKind::positive_int, "routed experts instantiated (to fit memory)"},
       {"threads", AxisKind::positive_int, "CPU threads"},
       {"routing", AxisKind::text, "expert routing: model | uniform | zipf:S"},
@@ -28,12 +28,14 @@ const std::vector<AxisInfo>& known_axes() {
       {"attn", AxisKind::text, "a layer's attention op: any mla/<form>/cuda variant's name"},
       {"moe", AxisKind::text, "a layer's MoE op: any moe/<algo>/cuda variant's name"},
       {"steps", AxisKind::positive_int, "consecutive decode steps per timed run, lengths growing by q_len each"},
-      {"proj", AxisKind::text, "decode-sized projections (up to 4 rows): cublas | own (a weight-streaming kernel, measured slower so far)", {"own", "cublas"}},
+      {"proj", AxisKind::text, "decode-sized projections (up to 8 rows): cublas | own (dslab's weight-streaming GEMV)", {"own", "cublas"}},
       {"pdl", AxisKind::text, "programmatic dependent launch between the step's own kernels (Hopper): on | off", {"on", "off"}},
       {"budget", AxisKind::positive_int, "sparse attention: keys attended per request (sinks and window included)"},
       {"block", AxisKind::positive_int, "sparse attention: keys per block for block selectors (Quest, InfLLM)"},
       {"cache_kind", AxisKind::text, "sparse attention's synthetic cache: random | clustered | needle", {"random", "clustered", "needle"}},
       {"needle_depth", AxisKind::nonneg_int, "sparse attention: where the needle sits, percent of the cache from its oldest key"},
+      {"weight", AxisKind::text, "the linear op's weight: q_proj | q_a_proj | q_b_proj | kv_a_proj_with_mqa | o_proj | shared_gate_up | "
+                                 "shared_down_proj | dense_gate_up | dense_down_proj | gate | lm_head"},
       {"kv_splits", AxisKind::text, "the fused MLA kernel's split-KV CTAs per row tile: auto (about 4 key blocks each, 32 to one per SM) | N"},
   };
   return axes;
