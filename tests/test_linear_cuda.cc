@@ -37,8 +37,8 @@ TEST_P(GpuLinear, MatchesFp64ProductForEveryWeightAndRowCount) {
       // Every row count the GEMV has a kernel for and two past it (cuBLAS), on the smaller models; V3's weights
       // (and the LM heads) at fewer counts: the fp64 check on the host is the slow part.
       const std::string name = model_name;
-      std::vector<int64_t> counts = {1, 2, 3, 4, 5, 6, 7, 8, 9, 33};
-      if (name == "deepseek-v3") counts = {1, 8, 9};
+      std::vector<int64_t> counts = {1, 2, 3, 33};
+      if (name == "deepseek-v3") counts = {1, 2, 3};
       if (weight == "lm_head" && name != "tiny") counts = {3};
       for (int64_t tokens : counts) {
         SCOPED_TRACE(std::string(model_name) + " " + weight + " tokens " + std::to_string(tokens));
@@ -56,7 +56,7 @@ TEST_P(GpuLinear, MatchesFp64ProductForEveryWeightAndRowCount) {
       }
     }
   }
-  EXPECT_GT(checked, 150);
+  EXPECT_GT(checked, 70);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuLinear, ::testing::Values("linear/own/cuda", "linear/cublas/cuda"), [](const auto& info) {
@@ -75,14 +75,17 @@ TEST(Linear, UnknownWeightIsBadInput) {
 }
 
 #ifdef DSLAB_HAVE_CUDA
-TEST(Linear, GemvSplitSpreadsSmallMatricesOverTheSms) {
-  // 132 SMs want 4224 warps: V2-Lite's kv_a (576 features, K 2048) gets all 8 warps per feature, q_proj (3072) two,
-  // the LM head one; a split never leaves a lane without a 16-byte chunk (K 512: at most two warps).
-  EXPECT_EQ(mla::cuda::gemv_split(576, 2048, 132), 8);
-  EXPECT_EQ(mla::cuda::gemv_split(3072, 2048, 132), 2);
-  EXPECT_EQ(mla::cuda::gemv_split(102400, 2048, 132), 1);
-  EXPECT_EQ(mla::cuda::gemv_split(64, 512, 132), 2);
-  EXPECT_EQ(mla::cuda::gemv_split(64, 256, 132), 1);
+TEST(Linear, GemvSplitFillsOneWave) {
+  // An H100 holding 32 GEMV warps per SM (4224): V2-Lite's kv_a (576 features, K 2048) gets 4 warps per feature,
+  // o_proj (2048) two, q_proj (3072) and the LM head one; a split never leaves a lane without a 16-byte chunk
+  // (K 512: at most two warps).
+  EXPECT_EQ(mla::cuda::gemv_split(576, 2048, 4224), 4);
+  EXPECT_EQ(mla::cuda::gemv_split(2048, 2048, 4224), 2);
+  EXPECT_EQ(mla::cuda::gemv_split(3072, 2048, 4224), 1);
+  EXPECT_EQ(mla::cuda::gemv_split(102400, 2048, 4224), 1);
+  EXPECT_EQ(mla::cuda::gemv_split(64, 512, 4224), 2);
+  EXPECT_EQ(mla::cuda::gemv_split(64, 256, 4224), 1);
+  EXPECT_EQ(mla::cuda::gemv_split(16, 16384, 4224), 8);  // never more than one CTA per feature
 }
 #endif
 

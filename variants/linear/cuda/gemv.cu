@@ -103,20 +103,23 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const __nv_bfloat16*
   }
 }
 
-int sm_count() {
-  static const int count = [] {
-    int device = 0, sms = 0;
+// Warps of gemv_kernel<M> the whole GPU holds at once (its occupancy, from its registers, times the SMs).
+template <int M>
+int64_t resident_warps() {
+  static const int64_t warps = [] {
+    int device = 0, sms = 0, ctas_per_sm = 0;
     DSLAB_CUDA(cudaGetDevice(&device));
     DSLAB_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    return sms;
+    DSLAB_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, gemv_kernel<M>, kGemvThreads, 0));
+    return int64_t(sms) * ctas_per_sm * kGemvWarps;
   }();
-  return count;
+  return warps;
 }
 
 template <int M>
 void launch_gemv(const __nv_bfloat16* x, int64_t in, const __nv_bfloat16* w, int64_t out, void* y, bool bf16, float beta,
                  cudaStream_t stream) {
-  const int split = gemv_split(out, in, sm_count());
+  const int split = gemv_split(out, in, resident_warps<M>());
   const int64_t features_per_cta = kGemvWarps / split;
   const unsigned blocks = unsigned((out + features_per_cta - 1) / features_per_cta);
   launch_pdl(gemv_kernel<M>, dim3(blocks), dim3(kGemvThreads), 0, stream, x, in, w, out, split, y, bf16, beta);
@@ -124,12 +127,17 @@ void launch_gemv(const __nv_bfloat16* x, int64_t in, const __nv_bfloat16* w, int
 
 }  // namespace
 
-int gemv_split(int64_t out, int64_t in, int sms) {
-  // Enough warps for half the SMs' warp slots (32 of 64 per SM), but at least one 16-byte chunk per lane.
-  const int64_t target_warps = int64_t(sms) * 32, chunks = in / 8;
+int gemv_split(int64_t out, int64_t in, int64_t resident_warps) {
+  // The most warps per feature that still fit one wave (a second wave is a second round of memory latency for
+  // its share of the bytes), keeping at least one 16-byte chunk of the row per lane.
+  const int64_t chunks = in / 8;
   int split = 1;
-  while (split < kGemvWarps && out * split < target_warps && chunks / (split * 2) >= 32) split *= 2;
+  while (split < kGemvWarps && out * split * 2 <= resident_warps && chunks / (split * 2) >= 32) split *= 2;
   return split;
+}
+
+int own_gemv_split(int64_t rows, int64_t out, int64_t in) {
+  return gemv_split(out, in, rows == 1 ? resident_warps<1>() : resident_warps<2>());
 }
 
 void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out, void* y,
@@ -142,12 +150,7 @@ void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, 
     switch (rows) {
       case 1: launch_gemv<1>(x, in, w, out, y, bf16, beta, stream); break;
       case 2: launch_gemv<2>(x, in, w, out, y, bf16, beta, stream); break;
-      case 3: launch_gemv<3>(x, in, w, out, y, bf16, beta, stream); break;
-      case 4: launch_gemv<4>(x, in, w, out, y, bf16, beta, stream); break;
-      case 5: launch_gemv<5>(x, in, w, out, y, bf16, beta, stream); break;
-      case 6: launch_gemv<6>(x, in, w, out, y, bf16, beta, stream); break;
-      case 7: launch_gemv<7>(x, in, w, out, y, bf16, beta, stream); break;
-      default: launch_gemv<8>(x, in, w, out, y, bf16, beta, stream); break;
+      default: launch_gemv<2>(x, in, w, out, y, bf16, beta, stream); break;
     }
     DSLAB_CHECK_LAUNCH();
     return;

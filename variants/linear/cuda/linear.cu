@@ -167,12 +167,7 @@ class LinearVariant : public Variant {
     c["verified_rows"] = double(verified_rows(p_.tokens).size());
     const bool own = projections_ == Projections::own && p_.tokens <= kGemvRows;
     c["own_kernel"] = own ? 1.0 : 0.0;
-    if (own) {
-      int device = 0, sms = 0;
-      DSLAB_CUDA(cudaGetDevice(&device));
-      DSLAB_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-      c["gemv_split"] = double(gemv_split(p_.shape.out, p_.shape.in, sms));
-    }
+    if (own) c["gemv_split"] = double(own_gemv_split(p_.tokens, p_.shape.out, p_.shape.in));
     // The kernels' own time (CUPTI busy time of a cold call, median of 9): the run's mean also holds a launch.
     std::vector<double> busy;
     for (int i = 0; i < 9; ++i) {
@@ -209,7 +204,7 @@ class LinearCublas : public LinearVariant {
 };
 
 DSLAB_REGISTER_VARIANT(LinearOwn, "linear/own/cuda", Device::cuda,
-                       "nn.Linear by dslab's weight-streaming GEMV up to 8 rows (cuBLAS above): the layers' proj=own");
+                       "nn.Linear by dslab's weight-streaming GEMV up to 2 rows (cuBLAS above): the layers' proj=own");
 DSLAB_REGISTER_VARIANT(LinearCublas, "linear/cublas/cuda", Device::cuda,
                        "nn.Linear by one cuBLAS GEMM (bf16, fp32 accumulation): the layers' proj=cublas baseline");
 

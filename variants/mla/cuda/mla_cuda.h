@@ -263,13 +263,16 @@ void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int6
 // Row-major nn.Linear: y[rows][out] = x[rows][in] · w[out][in]^T (+ beta y), on the handle's stream
 // (variants/linear/cuda/gemv.cu). With the handle's projections set to own, decode sizes (rows up to kGemvRows)
 // go to a weight-streaming GEMV of ours (gemv_split warps per output feature, weights prefetched under PDL);
-// cuBLAS otherwise. `linear/{own,cublas}/cuda` time both per weight shape in one sweep.
+// cuBLAS otherwise. `linear/{own,cublas}/cuda` time both per weight shape in one sweep: on the H100 the GEMV's
+// per-row FMAs and input loads made it 0.5-0.8x cuBLAS from 4 rows on (session 10), hence the limit of 2.
 void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out,
             void* y, cudaDataType y_type, float beta = 0.0f);
-constexpr int64_t kGemvRows = 8;
-// Warps per output feature of the own GEMV: enough warps for half of `sms` SMs' warp slots, at least one 16-byte
-// chunk of the row per lane, at most one CTA (8 warps).
-int gemv_split(int64_t out, int64_t in, int sms);
+constexpr int64_t kGemvRows = 2;
+// Warps per output feature of the own GEMV (1..8, one CTA at most): the most that keep the grid within one wave
+// of `resident_warps`, with at least one 16-byte chunk of the row per lane.
+int gemv_split(int64_t out, int64_t in, int64_t resident_warps);
+// The split linear() uses on this GPU for `rows` (1..kGemvRows) rows.
+int own_gemv_split(int64_t rows, int64_t out, int64_t in);
 // The backend a handle's set_projections chose (cublas for a handle never set).
 Projections projections_of(cublasHandle_t h);
 Projections parse_projections(const std::string& text);  // BadInput unless own | cublas
