@@ -79,6 +79,7 @@ TEST(Linear, GemvSplitFillsOneWave) {
   // An H100 holding 32 GEMV warps per SM (4224): V2-Lite's kv_a (576 features, K 2048) gets 4 warps per feature,
   // o_proj (2048) two, q_proj (3072) and the LM head one; a split never leaves a lane without a 16-byte chunk
   // (K 512: at most two warps).
+  // Small matrices:
   EXPECT_EQ(mla::cuda::gemv_split(576, 2048, 4224), 4);
   EXPECT_EQ(mla::cuda::gemv_split(2048, 2048, 4224), 2);
   EXPECT_EQ(mla::cuda::gemv_split(3072, 2048, 4224), 1);
@@ -86,6 +87,9 @@ TEST(Linear, GemvSplitFillsOneWave) {
   EXPECT_EQ(mla::cuda::gemv_split(64, 512, 4224), 2);
   EXPECT_EQ(mla::cuda::gemv_split(64, 256, 4224), 1);
   EXPECT_EQ(mla::cuda::gemv_split(16, 16384, 4224), 8);  // never more than one CTA per feature
+  // Long rows: about one batch of 8 loads per lane, many waves (V3's o_proj: 7168 x 16384; V2-Lite's dense down).
+  EXPECT_EQ(mla::cuda::gemv_split(7168, 16384, 4224), 8);
+  EXPECT_EQ(mla::cuda::gemv_split(2048, 10944, 4224), 4);
 }
 #endif
 

@@ -53,15 +53,18 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const __nv_bfloat16*
 
   float acc[M] = {};
   while (true) {
+    // All of the batch's input loads first, then the arithmetic: a load behind a bounds branch could not be
+    // hoisted, and each would wait out its own L2 round trip. Lanes past the slice's end read a valid chunk and
+    // multiply it by the zero weights loaded for them.
 #pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) {
-      const int64_t at = c + 32 * u;
-      if (at >= end) break;
-      const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&v[u]);
+    for (int m = 0; m < M; ++m) {
+      uint4 xv[kGemvUnroll];
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        const uint4 xv = __ldg(xr + m * chunks + at);
-        const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&xv);
+      for (int u = 0; u < kGemvUnroll; ++u) xv[u] = __ldg(xr + m * chunks + min(c + 32 * u, end - 1));
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; ++u) {
+        const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&v[u]);
+        const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&xv[u]);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const float2 a = __bfloat1622float2(w2[i]), b = __bfloat1622float2(x2[i]);
@@ -128,11 +131,16 @@ void launch_gemv(const __nv_bfloat16* x, int64_t in, const __nv_bfloat16* w, int
 }  // namespace
 
 int gemv_split(int64_t out, int64_t in, int64_t resident_warps) {
-  // The most warps per feature that still fit one wave (a second wave is a second round of memory latency for
-  // its share of the bytes), keeping at least one 16-byte chunk of the row per lane.
+  // Two regimes. A small matrix: the most warps per feature that still fit one wave (a second wave is a second
+  // round of memory latency for its share of the bytes). A large one (many waves anyway): about one batch of
+  // kGemvUnroll loads per lane, so a warp issues everything it reads at once and leaves (long rows streamed
+  // batch after batch by one warp ran at 0.87x cuBLAS on V3's o_proj; short-lived warps at 1.1-1.2x). Always at
+  // least one 16-byte chunk of the row per lane.
   const int64_t chunks = in / 8;
   int split = 1;
-  while (split < kGemvWarps && out * split * 2 <= resident_warps && chunks / (split * 2) >= 32) split *= 2;
+  while (split < kGemvWarps && chunks / (split * 2) >= 32 &&
+         (out * split * 2 <= resident_warps || chunks / (split * 2) >= 32 * kGemvUnroll))
+    split *= 2;
   return split;
 }
 

@@ -268,8 +268,9 @@ void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int6
 void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out,
             void* y, cudaDataType y_type, float beta = 0.0f);
 constexpr int64_t kGemvRows = 2;
-// Warps per output feature of the own GEMV (1..8, one CTA at most): the most that keep the grid within one wave
-// of `resident_warps`, with at least one 16-byte chunk of the row per lane.
+// Warps per output feature of the own GEMV (1..8, one CTA at most): for a small matrix the most that keep the grid
+// within one wave of `resident_warps`, for a long row enough that each lane loads about one batch; at least one
+// 16-byte chunk of the row per lane.
 int gemv_split(int64_t out, int64_t in, int64_t resident_warps);
 // The split linear() uses on this GPU for `rows` (1..kGemvRows) rows.
 int own_gemv_split(int64_t rows, int64_t out, int64_t in);
