@@ -63,6 +63,11 @@ options:
   --min-time S          stop rule: at least S seconds of samples (default 0.3)
   --max-noise F         stop rule: stop once stdev/sqrt(n)/mean <= F (default 0.01)
   --timeout S           stop rule: give up converging after S seconds per point (default 5)
+  --repetitions N       run the whole sweep N times, one pass after another (default 1); results.json gets each
+                        pass's entry (repetition_index) and Google Benchmark's aggregates over the passes'
+                        medians (_mean, _median, _stddev, _cv). dslab compare then tests on the passes' medians,
+                        which see run-to-run drift that samples within one pass cannot; use 5 or more (fewer
+                        than 4 per side cannot reach p < 0.05)
 
 exit status: 0 all verified; 1 a verification failed or a point errored; 2 bad input (nothing written).
 axes: )";
@@ -143,7 +148,7 @@ int cmd_calibrate(int argc, char** argv) {
 int cmd_run(int argc, char** argv) {
   const Args a = parse_args(argc, argv, 2, {"--hot", "--no-verify", "--sequential"},
                             {"--model", "--variant", "--suite", "--axis", "--out", "--dump", "--seed", "--machine", "--min-samples",
-                             "--min-time", "--max-noise", "--timeout"});
+                             "--min-time", "--max-noise", "--timeout", "--repetitions"});
   if (a.positional.size() > 1) throw BadInput("command line: expected at most one sweep file, got '" + a.positional[1] + "'");
   Sweep sweep;
   if (a.positional.empty()) {
@@ -161,6 +166,7 @@ int cmd_run(int argc, char** argv) {
   rule.max_noise = a.number("--max-noise", rule.max_noise, 0);
   rule.timeout_s = a.number("--timeout", rule.timeout_s, 0);
   const uint64_t seed = uint64_t(a.number("--seed", 1, 0));
+  const int repetitions = int(a.number("--repetitions", 1, 1));
   const bool hot = a.has("--hot"), verify = !a.has("--no-verify"), sequential = a.has("--sequential");
   const std::string out_dir = a.one("--out", "results/" + sweep.name);
   const std::string dump_dir = a.one("--dump");
@@ -192,6 +198,7 @@ int cmd_run(int argc, char** argv) {
     context["seed"] = seed;
     context["hot"] = hot;
     context["interleaved"] = !sequential;
+    context["repetitions"] = repetitions;
     context["verify"] = verify;
     context["stop_rule"] = {{"min_samples", rule.min_samples}, {"min_time_s", rule.min_time_s},
                             {"max_noise", rule.max_noise}, {"timeout_s", rule.timeout_s}};
@@ -203,6 +210,9 @@ int cmd_run(int argc, char** argv) {
     return context;
   };
   const std::string path = out_dir + "/results.json", partial_path = out_dir + "/results.partial.json";
+  // Whole-run repetitions: every point once, then every point again, so drift over the run's time moves all of
+  // them alike and each point's repetition medians sample it (what dslab compare tests on).
+  for (int rep = 0; rep < repetitions; ++rep)
   for (size_t first = 0; first < total;) {
     size_t last = first + 1;
     double memory = host_memory(plan.points[first]), device = device_memory(plan.points[first]);
@@ -221,6 +231,8 @@ int cmd_run(int argc, char** argv) {
       r.model = pp.model->name;
       r.device = pp.entry->device;
       r.point = pp.point;
+      r.repetition = rep;
+      r.repetitions = repetitions;
       std::unique_ptr<Variant> v;
       if (!pp.support.ok) {
         r.skip_reason = pp.support.reason;
@@ -262,7 +274,10 @@ int cmd_run(int argc, char** argv) {
     for (size_t m = 0; m < measured.size(); ++m) group[measured[m]].samples = std::move(samples[m]);
     for (size_t k = 0; k < group.size(); ++k) {
       PointResult& r = group[k];
-      std::fprintf(stderr, "[%zu/%zu] %-16s %s/%s ", first + k + 1, total, r.variant.c_str(), r.model.c_str(), r.point.label().c_str());
+      const std::string progress =
+          repetitions > 1 ? "rep " + std::to_string(rep + 1) + "/" + std::to_string(repetitions) + ", " : std::string();
+      std::fprintf(stderr, "[%s%zu/%zu] %-16s %s/%s ", progress.c_str(), first + k + 1, total, r.variant.c_str(), r.model.c_str(),
+                   r.point.label().c_str());
       if (!r.skip_reason.empty()) {
         std::fprintf(stderr, "skipped: %s\n", r.skip_reason.c_str());
       } else if (!r.error.empty()) {
@@ -302,7 +317,7 @@ int cmd_run(int argc, char** argv) {
     }
     first = last;
     // What is done so far, so a run cut short (a time limit, a lost machine) still leaves its points behind.
-    if (last < total) write_json_atomically(partial_path, results_to_json(run_context_json(), results));
+    if (last < total || rep + 1 < repetitions) write_json_atomically(partial_path, results_to_json(run_context_json(), results));
   }
   write_json_atomically(path, results_to_json(run_context_json(), results));
   std::filesystem::remove(partial_path);

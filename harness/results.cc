@@ -7,6 +7,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "harness/build_info.h"
@@ -80,12 +81,59 @@ nlohmann::json run_context(const std::string& command_line) {
   return c;
 }
 
+namespace {
+
+// Google Benchmark's aggregates over the repetitions of each name (their real_time: each repetition's median).
+void add_repetition_aggregates(nlohmann::json& benchmarks) {
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<const nlohmann::json*>> by_name;
+  for (const auto& b : benchmarks) {
+    if (b.value("repetitions", 1) < 2) continue;
+    const std::string name = b["name"].get<std::string>();
+    if (!by_name.count(name)) order.push_back(name);
+    by_name[name].push_back(&b);
+  }
+  std::vector<nlohmann::json> aggregates;
+  for (const std::string& name : order) {
+    const auto& reps = by_name[name];
+    std::vector<double> medians;
+    for (const auto* b : reps) medians.push_back((*b)["real_time"].get<double>());
+    const Stats st = summarize(medians);
+    const double cv = st.mean > 0 ? st.stdev / st.mean : 0.0;
+    for (const auto& [aggregate, value] : std::vector<std::pair<std::string, double>>{
+             {"mean", st.mean}, {"median", st.median}, {"stddev", st.stdev}, {"cv", cv}}) {
+      nlohmann::json a;
+      const nlohmann::json& first = *reps.front();
+      a["name"] = name + "_" + aggregate;
+      a["family_index"] = first["family_index"];
+      a["per_family_instance_index"] = 0;
+      a["run_name"] = name;
+      a["run_type"] = "aggregate";
+      a["repetitions"] = int(reps.size());
+      a["threads"] = 1;
+      a["aggregate_name"] = aggregate;
+      a["aggregate_unit"] = aggregate == "cv" ? "percentage" : "time";
+      a["iterations"] = int(reps.size());
+      a["real_time"] = value;
+      a["cpu_time"] = value;
+      a["time_unit"] = "us";
+      a["variant"] = first["variant"];
+      a["model"] = first["model"];
+      a["axes"] = first["axes"];
+      aggregates.push_back(a);
+    }
+  }
+  for (auto& a : aggregates) benchmarks.push_back(std::move(a));
+}
+
+}  // namespace
+
 nlohmann::json results_to_json(const nlohmann::json& context, const std::vector<PointResult>& results) {
   nlohmann::json out;
   out["context"] = context;
   out["benchmarks"] = nlohmann::json::array();
   out["skipped"] = nlohmann::json::array();
-  int family = 0;
+  std::map<std::string, int> family_of;  // a name's repetitions share one family index, as in Google Benchmark
   for (const auto& r : results) {
     nlohmann::json axes = nlohmann::json::object();
     for (const auto& [k, v] : r.point.entries()) axes[k] = v.is_integer ? nlohmann::json(v.integer) : nlohmann::json(v.text);
@@ -97,12 +145,12 @@ nlohmann::json results_to_json(const nlohmann::json& context, const std::vector<
     const Stats st = summarize(r.samples.seconds);
     nlohmann::json b;
     b["name"] = r.name();
-    b["family_index"] = family;
+    b["family_index"] = family_of.emplace(r.name(), int(family_of.size())).first->second;
     b["per_family_instance_index"] = 0;
     b["run_name"] = r.name();
     b["run_type"] = "iteration";
-    b["repetitions"] = 1;
-    b["repetition_index"] = 0;
+    b["repetitions"] = r.repetitions;
+    b["repetition_index"] = r.repetition;
     b["threads"] = 1;
     b["iterations"] = r.samples.seconds.size();
     b["real_time"] = st.median * kUsPerS;
@@ -152,8 +200,8 @@ nlohmann::json results_to_json(const nlohmann::json& context, const std::vector<
       b["verify_pass"] = nullptr;
     }
     out["benchmarks"].push_back(b);
-    ++family;
   }
+  add_repetition_aggregates(out["benchmarks"]);
   return out;
 }
 

@@ -25,6 +25,7 @@ struct PointResult {
   std::optional<Verification> verification;   // absent with --no-verify
   std::optional<double> compute_ceiling, bandwidth_ceiling;  // from the machine file
   std::map<std::string, double> counters;                   // Variant::counters()
+  int repetition = 0, repetitions = 1;                       // dslab run --repetitions: which whole-run pass this is
 
   bool ran() const { return skip_reason.empty() && error.empty(); }
   // variant/model/axes: two models' entries differ by name, as tools that match by name (compare.py) need.
@@ -34,6 +35,9 @@ struct PointResult {
 // Context common to every results file: build, host, GPU, command line.
 nlohmann::json run_context(const std::string& command_line);
 
+// One "iteration" entry per result (per repetition), then, for runs of several repetitions, Google Benchmark's
+// aggregate entries per name over the repetitions' medians: <name>_mean, _median, _stddev, _cv (run_type
+// "aggregate", aggregate_name), as --benchmark_repetitions writes them.
 nlohmann::json results_to_json(const nlohmann::json& context, const std::vector<PointResult>& results);
 
 // Temp file + rename: a reader never sees half a file, and a failed run leaves none.

@@ -34,16 +34,21 @@ Verdict decide(double ratio, double p_value, const CompareOptions& o) {
 
 namespace {
 
-// key -> samples, divided by the normalizing variant's median at the same point when asked.
-std::map<std::string, std::pair<const Entry*, std::vector<double>>> prepared(const ResultsFile& f, const CompareOptions& o,
-                                                                           std::vector<std::string>& unmatched) {
-  std::map<std::string, std::pair<const Entry*, std::vector<double>>> out;
-  std::map<std::string, double> reference;  // model|axes -> median of the normalizing variant
+struct Prepared {
+  const Entry* entry = nullptr;
+  std::vector<double> samples, repetition_medians;  // divided by the normalizing variant's, when asked
+};
+
+// key -> samples and repetition medians, divided by the normalizing variant's median at the same point (per
+// repetition, when both have the same repetitions) when asked.
+std::map<std::string, Prepared> prepared(const ResultsFile& f, const CompareOptions& o, std::vector<std::string>& unmatched) {
+  std::map<std::string, Prepared> out;
+  std::map<std::string, const Entry*> reference;  // model|axes -> the normalizing variant's entry
   if (!o.normalize.empty())
     for (const auto& e : f.entries)
-      if (e.variant == o.normalize) reference[e.model + "|" + e.axes.dump()] = stats::median(e.samples_us);
+      if (e.variant == o.normalize) reference[e.model + "|" + e.axes.dump()] = &e;
   for (const auto& e : f.entries) {
-    std::vector<double> s = e.samples_us;
+    Prepared p{&e, e.samples_us, e.repetition_medians_us};
     if (!o.normalize.empty()) {
       if (e.variant == o.normalize) continue;  // 1 by construction
       const auto it = reference.find(e.model + "|" + e.axes.dump());
@@ -51,9 +56,14 @@ std::map<std::string, std::pair<const Entry*, std::vector<double>>> prepared(con
         unmatched.push_back(e.name + " (no " + o.normalize + " at this point in " + f.path + ")");
         continue;
       }
-      for (auto& v : s) v /= it->second;
+      const Entry& ref = *it->second;
+      const double ref_median = stats::median(ref.samples_us);
+      for (auto& v : p.samples) v /= ref_median;
+      const bool paired = ref.repetition_medians_us.size() == p.repetition_medians.size();
+      for (size_t i = 0; i < p.repetition_medians.size(); ++i)
+        p.repetition_medians[i] /= paired ? ref.repetition_medians_us[i] : ref.median_us;
     }
-    out[e.key()] = {&e, s};
+    out[e.key()] = std::move(p);
   }
   return out;
 }
@@ -72,26 +82,34 @@ CompareReport compare(const ResultsFile& base, const ResultsFile& next, const Co
   for (const auto& [key, be] : b) {
     const auto it = n.find(key);
     if (it == n.end()) {
-      rep.unmatched.push_back(be.first->name + " (only in " + base.path + ")");
+      rep.unmatched.push_back(be.entry->name + " (only in " + base.path + ")");
       continue;
     }
     Comparison c;
     // variant/model/axes (results older than the model in the name get it put in place).
-    const Entry& e = *be.first;
+    const Entry& e = *be.entry;
     const std::string prefix = e.variant + "/";
     c.name = e.model.empty() || e.name.rfind(prefix + e.model + "/", 0) == 0 || e.name.rfind(prefix, 0) != 0
                  ? e.name
                  : prefix + e.model + "/" + e.name.substr(prefix.size());
-    c.base_median = stats::median(be.second);
-    c.new_median = stats::median(it->second.second);
+    const Prepared& nx = it->second;
+    // Several repetitions on both sides: the test runs on the repetitions' medians, which carry the run-to-run
+    // drift; otherwise on the samples of one run, which cannot see it (the report says so).
+    c.repetitions = std::min(be.repetition_medians.size(), nx.repetition_medians.size());
+    const bool by_repetitions = c.repetitions >= 2;
+    const std::vector<double>& bs = by_repetitions ? be.repetition_medians : be.samples;
+    const std::vector<double>& ns = by_repetitions ? nx.repetition_medians : nx.samples;
+    rep.single_runs += !by_repetitions;
+    c.base_median = stats::median(bs);
+    c.new_median = stats::median(ns);
     c.ratio = c.new_median / c.base_median;
-    c.p_value = stats::mann_whitney_u(be.second, it->second.second).p_value;
+    c.p_value = stats::mann_whitney_u(bs, ns).p_value;
     c.verdict = decide(c.ratio, c.p_value, o);
     ratios.push_back(c.ratio);
     rep.rows.push_back(c);
   }
   for (const auto& [key, ne] : n)
-    if (!b.count(key)) rep.unmatched.push_back(ne.first->name + " (only in " + next.path + ")");
+    if (!b.count(key)) rep.unmatched.push_back(ne.entry->name + " (only in " + next.path + ")");
   rep.geomean_ratio = stats::geomean(ratios);
   return rep;
 }
@@ -101,7 +119,9 @@ namespace {
 const char* kCompareHelp = R"(usage: dslab compare BASE.json NEW.json [options]
 
 Matches runs by variant, model and axes; for each: the median ratio NEW/BASE, a two-sided Mann-Whitney
-U test on the samples, and a verdict:
+U test, and a verdict. The test runs on the repetitions' medians where both files have several
+(dslab run --repetitions N: each pass's median carries the run-to-run drift); otherwise on the samples of
+one run each, which cannot see drift between runs (a note says so). Verdicts:
   SLOWER / FASTER  the ratio is beyond the threshold and the test says it is real (p < alpha)
   SAME             the ratio is within the threshold
   NOISY            the ratio is beyond the threshold but the samples cannot tell (p >= alpha)
@@ -138,18 +158,22 @@ int cmd_compare(int argc, char** argv) {
     std::fprintf(stderr, "warning: %s\n", msg.c_str());
   }
   const CompareReport rep = compare(base, next, o);
-  std::printf("%-64s %12s %12s %8s %9s  %s\n", "run", o.normalize.empty() ? "base (us)" : "base (norm)",
-              o.normalize.empty() ? "new (us)" : "new (norm)", "ratio", "p", "verdict");
+  std::printf("%-64s %12s %12s %8s %9s %5s  %s\n", "run", o.normalize.empty() ? "base (us)" : "base (norm)",
+              o.normalize.empty() ? "new (us)" : "new (norm)", "ratio", "p", "reps", "verdict");
   int counts[4] = {};
   for (const auto& r : rep.rows) {
-    std::printf("%-64s %12.4g %12.4g %8.3f %9.2g  %s\n", r.name.c_str(), r.base_median, r.new_median, r.ratio, r.p_value,
-                verdict_name(r.verdict));
+    std::printf("%-64s %12.4g %12.4g %8.3f %9.2g %5s  %s\n", r.name.c_str(), r.base_median, r.new_median, r.ratio, r.p_value,
+                r.repetitions >= 2 ? std::to_string(r.repetitions).c_str() : "-", verdict_name(r.verdict));
     ++counts[int(r.verdict)];
   }
   std::printf("%-64s %12s %12s %8.3f\n", "geomean", "", "", rep.geomean_ratio);
   std::printf("%d FASTER, %d SLOWER, %d SAME, %d NOISY (threshold %.0f%%, alpha %.2g%s)\n", counts[0], counts[1], counts[2],
               counts[3], o.threshold * 100, o.alpha, o.normalize.empty() ? "" : (", normalized by " + o.normalize).c_str());
   for (const auto& u : rep.unmatched) std::printf("unmatched: %s\n", u.c_str());
+  if (rep.single_runs > 0)
+    std::printf("note: %zu of %zu runs compared on the samples of one run each, which cannot see run-to-run drift; "
+                "dslab run --repetitions 5 gives a test on repetition medians\n",
+                rep.single_runs, rep.rows.size());
   if (rep.rows.empty()) throw BadInput(base.path + " and " + next.path + ": no run matches by variant, model and axes");
   return rep.regression() ? 1 : 0;
 }

@@ -24,6 +24,7 @@ struct Comparison {
   double base_median = 0, new_median = 0;  // (normalized) medians
   double ratio = 1;                        // new / base: > 1 is slower
   double p_value = 1;
+  size_t repetitions = 1;  // repetition medians per side the test ran on (fewer than 2: it ran on samples)
   Verdict verdict = Verdict::same;
 };
 
@@ -31,6 +32,7 @@ struct CompareReport {
   std::vector<Comparison> rows;
   std::vector<std::string> unmatched;  // in one file only, or missing their normalizing reference
   double geomean_ratio = 1;
+  size_t single_runs = 0;  // rows tested on one run's samples (no repetitions on one side or both)
   bool regression() const;
 };
 

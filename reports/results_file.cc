@@ -1,6 +1,8 @@
 #include "reports/results_file.h"
 
+#include <algorithm>
 #include <fstream>
+#include <map>
 
 #include "harness/errors.h"
 #include "reports/stats.h"
@@ -33,6 +35,8 @@ ResultsFile load_results(const std::string& path) {
   r.path = path;
   r.context = j.value("context", nlohmann::json::object());
   r.skipped = j.value("skipped", nlohmann::json::array());
+  std::map<std::string, size_t> first_of;        // entry key -> index in r.entries
+  std::vector<std::vector<int>> repetition_of;   // per entry: its repetition indices, sorted
   for (size_t i = 0; i < j["benchmarks"].size(); ++i) {
     const auto& b = j["benchmarks"][i];
     const std::string where = path + ": benchmarks[" + std::to_string(i) + "]";
@@ -56,8 +60,27 @@ ResultsFile load_results(const std::string& path) {
       e.samples_us.push_back(to_us(b["real_time"].get<double>(), unit));
     }
     e.median_us = to_us(b["real_time"].get<double>(), unit);
+    e.repetition_medians_us = {e.median_us};
     e.raw = b;
-    r.entries.push_back(std::move(e));
+    const int repetition = b.value("repetition_index", 0);
+    const auto seen = first_of.find(e.key());
+    if (seen == first_of.end()) {
+      first_of[e.key()] = r.entries.size();
+      repetition_of.push_back({repetition});
+      r.entries.push_back(std::move(e));
+      continue;
+    }
+    // Another repetition of a run already read: its samples and its median join the first entry's.
+    Entry& into = r.entries[seen->second];
+    std::vector<int>& order = repetition_of[seen->second];
+    if (std::find(order.begin(), order.end(), repetition) != order.end())
+      throw bad_field(where, "repetition_index", std::to_string(repetition),
+                      "a repetition index not already used by " + into.name + " (two runs of one point in one file)");
+    into.samples_us.insert(into.samples_us.end(), e.samples_us.begin(), e.samples_us.end());
+    const auto at = std::upper_bound(order.begin(), order.end(), repetition) - order.begin();
+    order.insert(order.begin() + at, repetition);
+    into.repetition_medians_us.insert(into.repetition_medians_us.begin() + at, e.median_us);
+    into.median_us = stats::median(into.repetition_medians_us);
   }
   return r;
 }

@@ -10,8 +10,9 @@ namespace dslab::reports {
 struct Entry {
   std::string name, variant, model, suite, device;
   nlohmann::json axes;              // object
-  std::vector<double> samples_us;   // sample_times, or the one real_time
-  double median_us = 0;
+  std::vector<double> samples_us;   // sample_times, or the one real_time (of every repetition, concatenated)
+  double median_us = 0;             // the median, or with repetitions the median of the repetitions' medians
+  std::vector<double> repetition_medians_us;  // each repetition's median in repetition_index order (one: a single run)
   nlohmann::json raw;               // the whole entry, for fields a report prints
   std::string key() const { return variant + "|" + model + "|" + axes.dump(); }  // variant + axes (+ model)
 };
@@ -23,7 +24,8 @@ struct ResultsFile {
   nlohmann::json skipped;
 };
 
-// BadInput (file, field, what was expected) when the file is missing, malformed or not benchmark JSON.
+// BadInput (file, field, what was expected) when the file is missing, malformed or not benchmark JSON. The
+// repetitions of one run (dslab run --repetitions) become one Entry; aggregate entries are skipped.
 ResultsFile load_results(const std::string& path);
 
 }  // namespace dslab::reports

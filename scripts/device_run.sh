@@ -6,7 +6,8 @@
 #   steps: facts calibrate tests gpu-tests default v2 mla-cpu moe-v2-lite moe-v3 offload[:SUITE,...] mla-decode:SUITE[,SUITE...]
 #          sweep:NAME:SUITE[,SUITE...] (workloads/sweeps/NAME.json into $OUT/NAME-SUITE/results.json)
 #   (default: facts calibrate tests default v2 mla-cpu). mla-decode:a,b runs those suites of
-#   workloads/sweeps/mla-decode.json into $OUT/mla-decode-a/results.json; GPU_TIMEOUT caps each point (default 1 s).
+#   workloads/sweeps/mla-decode.json into $OUT/mla-decode-a/results.json; GPU_TIMEOUT caps each point (default 1 s);
+#   RUN_ARGS adds dslab run options to sweep:* steps (e.g. RUN_ARGS="--repetitions 5").
 set -uo pipefail
 OUT=${OUT:-results/device}
 mkdir -p "$OUT"
@@ -45,8 +46,9 @@ for s in "${steps[@]}"; do
       step "sweep $name $suites"
       args=()
       for x in ${suites//,/ }; do args+=(--suite "$x"); done
+      # shellcheck disable=SC2086  # RUN_ARGS: further dslab run options, word-split on purpose
       timeout "${SWEEP_LIMIT:-570}" dslab run "workloads/sweeps/$name.json" "${args[@]}" --timeout "${GPU_TIMEOUT:-1}" --machine "$machine" \
-        --out "$OUT/$name-${suites%%,*}" >>"$log" 2>&1
+        ${RUN_ARGS:-} --out "$OUT/$name-${suites%%,*}" >>"$log" 2>&1
       echo "exit $?" | tee -a "$log" ;;
     offload|offload:*)
       # Placements run (workloads/sweeps/offload.json, suites decode-v2-lite,prefill-v2-lite,v3-hybrid unless named),

@@ -48,10 +48,31 @@ def load(path):
     if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
         fail(f"{path}: field 'benchmarks': missing: expected dslab results (Google Benchmark JSON)")
     for i, b in enumerate(data["benchmarks"]):
+        if b.get("run_type", "iteration") != "iteration":
+            continue
         for field in ("variant", "axes", "real_time"):
             if field not in b:
                 fail(f"{path}: benchmarks[{i}]: field '{field}': missing: expected a dslab results entry")
+    data["benchmarks"] = one_entry_per_run(data["benchmarks"])
     return data
+
+
+def one_entry_per_run(benchmarks):
+    """Drops Google Benchmark aggregates; the repetitions of one run (dslab run --repetitions) become one entry
+    whose real_time is the median of the passes' medians (the other fields: the first pass's)."""
+    runs = OrderedDict()
+    for b in benchmarks:
+        if b.get("run_type", "iteration") == "iteration":
+            runs.setdefault(b["name"], []).append(b)
+    merged = []
+    for passes in runs.values():
+        b = dict(passes[0])
+        if len(passes) > 1:
+            times = sorted(p["real_time"] for p in passes)
+            mid = len(times) // 2
+            b["real_time"] = times[mid] if len(times) % 2 else 0.5 * (times[mid - 1] + times[mid])
+        merged.append(b)
+    return merged
 
 
 def seconds(b, field="real_time"):

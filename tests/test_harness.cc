@@ -131,6 +131,41 @@ TEST(Results, RoundTripKeepsTheContract) {
   for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().filename(), "results.json");  // no temp left
 }
 
+TEST(Results, RepetitionsCarryTheirIndexAndGoogleBenchmarksAggregates) {
+  std::vector<PointResult> runs;
+  const std::vector<double> medians_ms = {2, 1, 4};  // repetitions 0, 1, 2
+  for (int rep = 0; rep < 3; ++rep) {
+    PointResult r;
+    r.variant = "mla/a_cc_me/cpu";
+    r.model = "tiny";
+    r.point.set("batch", {"1", 1, true});
+    r.samples.seconds = {medians_ms[rep] * 1e-3};
+    r.repetition = rep;
+    r.repetitions = 3;
+    runs.push_back(r);
+  }
+  const auto j = results_to_json(run_context("dslab run x --repetitions 3"), runs);
+  ASSERT_EQ(j["benchmarks"].size(), 3u + 4u);  // three passes, then mean, median, stddev, cv
+  for (int rep = 0; rep < 3; ++rep) {
+    EXPECT_EQ(j["benchmarks"][rep]["repetition_index"], rep);
+    EXPECT_EQ(j["benchmarks"][rep]["repetitions"], 3);
+    EXPECT_EQ(j["benchmarks"][rep]["family_index"], 0);  // one benchmark, three repetitions
+  }
+  std::map<std::string, double> aggregate;
+  for (size_t i = 3; i < j["benchmarks"].size(); ++i) {
+    const auto& a = j["benchmarks"][i];
+    EXPECT_EQ(a["run_type"], "aggregate");
+    EXPECT_EQ(a["run_name"], "mla/a_cc_me/cpu/tiny/batch:1");
+    EXPECT_EQ(a["name"], "mla/a_cc_me/cpu/tiny/batch:1_" + a["aggregate_name"].get<std::string>());
+    aggregate[a["aggregate_name"]] = a["real_time"].get<double>();
+  }
+  EXPECT_DOUBLE_EQ(aggregate["median"], 2000.0);
+  EXPECT_NEAR(aggregate["mean"], 7000.0 / 3, 1e-9);
+  EXPECT_NEAR(aggregate["stddev"], std::sqrt((std::pow(2000 - 7000.0 / 3, 2) + std::pow(1000 - 7000.0 / 3, 2) +
+                                              std::pow(4000 - 7000.0 / 3, 2)) / 2), 1e-6);
+  EXPECT_NEAR(aggregate["cv"], aggregate["stddev"] / aggregate["mean"], 1e-12);
+}
+
 // ---- bad input through the command line: exit 2, one line on stderr, no results.json ----
 
 struct CliRun {

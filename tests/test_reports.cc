@@ -1,9 +1,14 @@
 // Reports: the U test against scipy's values, verdicts, normalization, matching by variant and axes.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
+#include "harness/errors.h"
 #include "harness/variant.h"
 
 #include "reports/compare.h"
+#include "reports/results_file.h"
 #include "reports/stats.h"
 
 namespace dslab::reports {
@@ -92,6 +97,79 @@ TEST(Compare, NormalizationCancelsAMachineThatGotSlower) {
   // A real regression relative to the reference survives normalization.
   next.entries[1] = entry("a", 64, around(400));
   EXPECT_EQ(compare(base, next, o).rows[0].verdict, Verdict::slower);
+}
+
+// One run's entry per repetition: `pass_medians` are the repetitions' medians, each pass's samples tight around
+// its own (what a machine that drifts between passes looks like from inside one pass).
+Entry repeated(const std::string& variant, const std::vector<double>& pass_medians) {
+  Entry e = entry(variant, 64, {});
+  for (double m : pass_medians) {
+    const auto s = around(m, 8);
+    e.samples_us.insert(e.samples_us.end(), s.begin(), s.end());
+    e.repetition_medians_us.push_back(stats::median(s));
+  }
+  e.median_us = stats::median(e.repetition_medians_us);
+  return e;
+}
+
+TEST(Compare, RepetitionMediansSeeDriftThatOneRunsSamplesCannot) {
+  // The machine drifts +-10% between passes; nothing changed. One pass each (per-sample test): a confident and
+  // wrong SLOWER. Five passes each (test on the passes' medians): not SLOWER.
+  const std::vector<double> base_passes = {100, 110, 92, 104, 97}, new_passes = {108, 95, 111, 101, 99};
+  ResultsFile one_base{"base.json", {}, {repeated("a", {base_passes[0]})}, {}};
+  ResultsFile one_new{"new.json", {}, {repeated("a", {new_passes[0]})}, {}};
+  const auto single = compare(one_base, one_new, {});
+  EXPECT_EQ(single.rows[0].verdict, Verdict::slower);
+  EXPECT_EQ(single.single_runs, 1u);
+  ResultsFile base{"base.json", {}, {repeated("a", base_passes)}, {}};
+  ResultsFile next{"new.json", {}, {repeated("a", new_passes)}, {}};
+  const auto rep = compare(base, next, {});
+  ASSERT_EQ(rep.rows.size(), 1u);
+  EXPECT_EQ(rep.rows[0].repetitions, 5u);
+  EXPECT_EQ(rep.single_runs, 0u);
+  EXPECT_NE(rep.rows[0].verdict, Verdict::slower);
+  EXPECT_GT(rep.rows[0].p_value, 0.05);
+  // A 1.5x slowdown under the same drift is caught.
+  std::vector<double> slow;
+  for (double m : new_passes) slow.push_back(1.5 * m);
+  next.entries[0] = repeated("a", slow);
+  const auto caught = compare(base, next, {});
+  EXPECT_EQ(caught.rows[0].verdict, Verdict::slower);
+  EXPECT_LT(caught.rows[0].p_value, 0.05);
+}
+
+TEST(ResultsFile, RepetitionsOfOneRunAreOneEntryInPassOrder) {
+  const auto path = std::filesystem::temp_directory_path() / "dslab_repetitions.json";
+  auto pass = [](int index, double us) {
+    return nlohmann::json{{"name", "a/tiny/batch:1"}, {"variant", "a"}, {"model", "tiny"}, {"axes", {{"batch", 1}}},
+                          {"run_type", "iteration"}, {"repetitions", 3}, {"repetition_index", index},
+                          {"real_time", us}, {"time_unit", "us"}, {"sample_times", {us, us}}};
+  };
+  nlohmann::json j = {{"context", nlohmann::json::object()},
+                      {"benchmarks", {pass(2, 30), pass(0, 10), pass(1, 50),
+                                      {{"name", "a/tiny/batch:1_median"}, {"run_type", "aggregate"}, {"real_time", 30}}}}};
+  std::ofstream(path) << j.dump();
+  const ResultsFile f = load_results(path.string());
+  ASSERT_EQ(f.entries.size(), 1u);
+  EXPECT_EQ(f.entries[0].repetition_medians_us, (std::vector<double>{10, 50, 30}));
+  EXPECT_DOUBLE_EQ(f.entries[0].median_us, 30);
+  EXPECT_EQ(f.entries[0].samples_us.size(), 6u);
+  j["benchmarks"][1]["repetition_index"] = 2;  // two passes claiming one index: the file is wrong
+  std::ofstream(path) << j.dump();
+  EXPECT_THROW(load_results(path.string()), BadInput);
+  std::filesystem::remove(path);
+}
+
+TEST(Compare, NormalizesEachRepetitionByItsOwnReference) {
+  // The reference and the variant drift together pass by pass: normalized pass by pass, the ratio is exactly 1.
+  ResultsFile base{"base.json", {}, {repeated("ref", {10, 12, 9, 11, 10}), repeated("a", {100, 120, 90, 110, 100})}, {}};
+  ResultsFile next{"new.json", {}, {repeated("ref", {13, 9, 10, 12, 11}), repeated("a", {130, 90, 100, 120, 110})}, {}};
+  CompareOptions o;
+  o.normalize = "ref";
+  const auto rep = compare(base, next, o);
+  ASSERT_EQ(rep.rows.size(), 1u);
+  EXPECT_NEAR(rep.rows[0].ratio, 1.0, 1e-9);
+  EXPECT_EQ(rep.rows[0].verdict, Verdict::same);
 }
 
 }  // namespace
