@@ -6,14 +6,18 @@
 # sanitizer is slow). memcheck: any error fails. racecheck: a hazard in a kernel of ours fails, except in the fused
 # decode kernel and cuBLAS's sm90 kernels (nvjet_*), whose shared memory is filled by tensor-memory-accelerator
 # copies and ordered by mbarriers, which racecheck does not model (it reports the same hazard pairs inside cuBLAS's
-# own kernels); those are counted and listed. Usage: scripts/sanitize.sh OUT_DIR (dslab on PATH)
+# own kernels); those are counted and listed. Usage: scripts/sanitize.sh OUT_DIR [TOOL-NAME...]
+# (dslab on PATH; names such as racecheck-moe-host run only those points)
 set -uo pipefail
-out=${1:?usage: scripts/sanitize.sh OUT_DIR}
+out=${1:?usage: scripts/sanitize.sh OUT_DIR [TOOL-NAME...]}
+shift
+only=" $* "
 mkdir -p "$out"
 quick=(--min-samples 1 --min-time 0 --timeout 0.01)
 status=0
 run() {
   local tool=$1 name=$2; shift 2
+  [ "$only" = "  " ] || [[ "$only" == *" $tool-$name "* ]] || return 0
   local log="$out/$tool-$name.log"
   compute-sanitizer --tool "$tool" dslab run "$@" "${quick[@]}" --out "$out/tmp-$name" >"$log" 2>&1
   local rc=$?

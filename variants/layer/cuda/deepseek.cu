@@ -262,7 +262,7 @@ DeepseekLayerCuda::~DeepseekLayerCuda() {
 
 std::vector<std::pair<std::string, std::string>> DeepseekLayerCuda::axes() const {
   return {{"batch", "1"},       {"q_len", "1"},  {"kv_len", "4096"}, {"layers", "1"},      {"attn", "mla/fused/cuda"}, {"moe", "moe/grouped/cuda"},
-          {"executor", "graph"}, {"steps", "1"}, {"page_size", "64"}, {"kv_dtype", "bf16"}, {"proj", "cublas"},
+          {"executor", "graph"}, {"steps", "1"}, {"page_size", "64"}, {"kv_dtype", "bf16"}, {"proj", "own"},
           {"kv_splits", "auto"}, {"pdl", "on"}};
 }
 

@@ -79,7 +79,7 @@ class BlasHandle {
   cublasHandle_t get() const { return h_; }
   // Every call goes to `stream` from here on, with this handle's workspace (cublasSetStream resets it).
   void set_stream(cudaStream_t stream);
-  // Which backend linear() takes for decode-sized products on this handle (the `proj` axis; default cublas).
+  // Which backend linear() takes for decode-sized products on this handle (the `proj` axis sets it; a new handle starts with cublas).
   void set_projections(Projections p);
 
  private:

@@ -552,7 +552,7 @@ GpuMoeVariant::GpuMoeVariant(const std::string& op_name) : op_(make_moe_op(op_na
 }
 
 std::vector<std::pair<std::string, std::string>> GpuMoeVariant::axes() const {
-  return {{"tokens", "1"}, {"experts", ""}, {"routing", "model"}, {"proj", "cublas"}};
+  return {{"tokens", "1"}, {"experts", ""}, {"routing", "model"}, {"proj", "own"}};
 }
 
 std::string GpuMoeVariant::compute_ceiling() const {
