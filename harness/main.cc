@@ -212,112 +212,113 @@ int cmd_run(int argc, char** argv) {
   const std::string path = out_dir + "/results.json", partial_path = out_dir + "/results.partial.json";
   // Whole-run repetitions: every point once, then every point again, so drift over the run's time moves all of
   // them alike and each point's repetition medians sample it (what dslab compare tests on).
-  for (int rep = 0; rep < repetitions; ++rep)
-  for (size_t first = 0; first < total;) {
-    size_t last = first + 1;
-    double memory = host_memory(plan.points[first]), device = device_memory(plan.points[first]);
-    while (!sequential && last < total && plan.points[last].suite == plan.points[first].suite &&
-           plan.points[last].model == plan.points[first].model && plan.points[last].point.label() == plan.points[first].point.label() &&
-           (memory += host_memory(plan.points[last])) <= memory_budget &&
-           (device += device_memory(plan.points[last])) <= std::max(device_budget, device_memory(plan.points[first])))
-      ++last;
-    std::vector<PointResult> group;
-    std::vector<std::unique_ptr<Variant>> variants;
-    for (size_t i = first; i < last; ++i) {
-      const PlannedPoint& pp = plan.points[i];
-      PointResult r;
-      r.variant = pp.entry->name;
-      r.suite = pp.suite;
-      r.model = pp.model->name;
-      r.device = pp.entry->device;
-      r.point = pp.point;
-      r.repetition = rep;
-      r.repetitions = repetitions;
-      std::unique_ptr<Variant> v;
-      if (!pp.support.ok) {
-        r.skip_reason = pp.support.reason;
-      } else {
-        try {
-          v = pp.entry->make();
-          v->prepare(*pp.model, pp.point, seed);
-          r.cost = v->cost(*pp.model, pp.point);  // after prepare: a routing-dependent cost sees this seed's routing
-          if (machine) {
-            r.compute_ceiling = machine_ceiling(*machine, v->compute_ceiling());
-            const std::string bandwidth = v->bandwidth_ceiling();
-            r.bandwidth_ceiling = machine_ceiling(*machine, !bandwidth.empty() ? bandwidth
-                                                            : r.device == Device::cpu ? "cpu.dram_read_bytes_per_s" : "gpu.hbm_bytes_per_s");
+  for (int rep = 0; rep < repetitions; ++rep) {
+    for (size_t first = 0; first < total;) {
+      size_t last = first + 1;
+      double memory = host_memory(plan.points[first]), device = device_memory(plan.points[first]);
+      while (!sequential && last < total && plan.points[last].suite == plan.points[first].suite &&
+             plan.points[last].model == plan.points[first].model && plan.points[last].point.label() == plan.points[first].point.label() &&
+             (memory += host_memory(plan.points[last])) <= memory_budget &&
+             (device += device_memory(plan.points[last])) <= std::max(device_budget, device_memory(plan.points[first])))
+        ++last;
+      std::vector<PointResult> group;
+      std::vector<std::unique_ptr<Variant>> variants;
+      for (size_t i = first; i < last; ++i) {
+        const PlannedPoint& pp = plan.points[i];
+        PointResult r;
+        r.variant = pp.entry->name;
+        r.suite = pp.suite;
+        r.model = pp.model->name;
+        r.device = pp.entry->device;
+        r.point = pp.point;
+        r.repetition = rep;
+        r.repetitions = repetitions;
+        std::unique_ptr<Variant> v;
+        if (!pp.support.ok) {
+          r.skip_reason = pp.support.reason;
+        } else {
+          try {
+            v = pp.entry->make();
+            v->prepare(*pp.model, pp.point, seed);
+            r.cost = v->cost(*pp.model, pp.point);  // after prepare: a routing-dependent cost sees this seed's routing
+            if (machine) {
+              r.compute_ceiling = machine_ceiling(*machine, v->compute_ceiling());
+              const std::string bandwidth = v->bandwidth_ceiling();
+              r.bandwidth_ceiling = machine_ceiling(*machine, !bandwidth.empty() ? bandwidth
+                                                              : r.device == Device::cpu ? "cpu.dram_read_bytes_per_s" : "gpu.hbm_bytes_per_s");
+            }
+          } catch (const BadInput&) {
+            throw;
+          } catch (const std::exception& e) {
+            r.error = std::string("prepare: ") + e.what();
+            v.reset();
           }
-        } catch (const BadInput&) {
-          throw;
-        } catch (const std::exception& e) {
-          r.error = std::string("prepare: ") + e.what();
-          v.reset();
         }
+        group.push_back(std::move(r));
+        variants.push_back(std::move(v));
       }
-      group.push_back(std::move(r));
-      variants.push_back(std::move(v));
-    }
-    std::vector<Subject> subjects;
-    std::vector<size_t> measured;
-    for (size_t k = 0; k < group.size(); ++k)
-      if (variants[k]) {
-        subjects.push_back({variants[k].get(), group[k].device, group[k].cost.bytes});
-        measured.push_back(k);
+      std::vector<Subject> subjects;
+      std::vector<size_t> measured;
+      for (size_t k = 0; k < group.size(); ++k)
+        if (variants[k]) {
+          subjects.push_back({variants[k].get(), group[k].device, group[k].cost.bytes});
+          measured.push_back(k);
+        }
+      std::vector<SampleSet> samples;
+      try {
+        samples = measure_interleaved(subjects, rule, hot);
+      } catch (const std::exception& e) {
+        for (size_t k : measured) group[k].error = std::string("run: ") + e.what();
+        measured.clear();
       }
-    std::vector<SampleSet> samples;
-    try {
-      samples = measure_interleaved(subjects, rule, hot);
-    } catch (const std::exception& e) {
-      for (size_t k : measured) group[k].error = std::string("run: ") + e.what();
-      measured.clear();
-    }
-    for (size_t m = 0; m < measured.size(); ++m) group[measured[m]].samples = std::move(samples[m]);
-    for (size_t k = 0; k < group.size(); ++k) {
-      PointResult& r = group[k];
-      const std::string progress =
-          repetitions > 1 ? "rep " + std::to_string(rep + 1) + "/" + std::to_string(repetitions) + ", " : std::string();
-      std::fprintf(stderr, "[%s%zu/%zu] %-16s %s/%s ", progress.c_str(), first + k + 1, total, r.variant.c_str(), r.model.c_str(),
-                   r.point.label().c_str());
-      if (!r.skip_reason.empty()) {
-        std::fprintf(stderr, "skipped: %s\n", r.skip_reason.c_str());
-      } else if (!r.error.empty()) {
-        ++errors;
-        std::fprintf(stderr, "error: %s\n", r.error.c_str());
-      } else {
-        try {
-          r.counters = variants[k]->counters();
-          // A count per run ("tokens_per_run") becomes a rate at the median ("tokens_per_s"), so results carry it.
-          const double median_s = summarize(r.samples.seconds).median;
-          for (const auto& [name, value] : std::map<std::string, double>(r.counters))
-            if (name.size() > 8 && name.compare(name.size() - 8, 8, "_per_run") == 0 && median_s > 0)
-              r.counters[name.substr(0, name.size() - 8) + "_per_s"] = value / median_s;
-          // A step's GPU busy time against its wall time: what is lost between kernels (launches, gaps).
-          if (r.counters.count("kernel_time_s") && r.counters.at("kernel_time_s") > 0 && median_s > 0)
-            r.counters["step_over_kernel_time"] =
-                median_s / std::max(1.0, r.counters.count("steps") ? r.counters.at("steps") : 1.0) / r.counters.at("kernel_time_s");
-          if (verify) r.verification = variants[k]->verify();
-          if (!dump_dir.empty())
-            write_safetensors(dump_dir + "/" + file_safe(r.name()) + ".safetensors", variants[k]->tensors(),
-                              {{"variant", r.variant}, {"model", r.model}, {"point", r.point.label()}, {"seed", std::to_string(seed)}});
-        } catch (const std::exception& e) {
-          r.error = std::string("verify: ") + e.what();
+      for (size_t m = 0; m < measured.size(); ++m) group[measured[m]].samples = std::move(samples[m]);
+      for (size_t k = 0; k < group.size(); ++k) {
+        PointResult& r = group[k];
+        const std::string progress =
+            repetitions > 1 ? "rep " + std::to_string(rep + 1) + "/" + std::to_string(repetitions) + ", " : std::string();
+        std::fprintf(stderr, "[%s%zu/%zu] %-16s %s/%s ", progress.c_str(), first + k + 1, total, r.variant.c_str(), r.model.c_str(),
+                     r.point.label().c_str());
+        if (!r.skip_reason.empty()) {
+          std::fprintf(stderr, "skipped: %s\n", r.skip_reason.c_str());
+        } else if (!r.error.empty()) {
           ++errors;
           std::fprintf(stderr, "error: %s\n", r.error.c_str());
-          continue;
+        } else {
+          try {
+            r.counters = variants[k]->counters();
+            // A count per run ("tokens_per_run") becomes a rate at the median ("tokens_per_s"), so results carry it.
+            const double median_s = summarize(r.samples.seconds).median;
+            for (const auto& [name, value] : std::map<std::string, double>(r.counters))
+              if (name.size() > 8 && name.compare(name.size() - 8, 8, "_per_run") == 0 && median_s > 0)
+                r.counters[name.substr(0, name.size() - 8) + "_per_s"] = value / median_s;
+            // A step's GPU busy time against its wall time: what is lost between kernels (launches, gaps).
+            if (r.counters.count("kernel_time_s") && r.counters.at("kernel_time_s") > 0 && median_s > 0)
+              r.counters["step_over_kernel_time"] =
+                  median_s / std::max(1.0, r.counters.count("steps") ? r.counters.at("steps") : 1.0) / r.counters.at("kernel_time_s");
+            if (verify) r.verification = variants[k]->verify();
+            if (!dump_dir.empty())
+              write_safetensors(dump_dir + "/" + file_safe(r.name()) + ".safetensors", variants[k]->tensors(),
+                                {{"variant", r.variant}, {"model", r.model}, {"point", r.point.label()}, {"seed", std::to_string(seed)}});
+          } catch (const std::exception& e) {
+            r.error = std::string("verify: ") + e.what();
+            ++errors;
+            std::fprintf(stderr, "error: %s\n", r.error.c_str());
+            continue;
+          }
+          const Stats st = summarize(r.samples.seconds);
+          std::fprintf(stderr, "%.4g ms (%zu samples, %s)", st.median * 1e3, r.samples.seconds.size(), r.samples.stop_reason.c_str());
+          if (r.verification) {
+            std::fprintf(stderr, " verify %s %.2e", r.verification->pass() ? "PASS" : "FAIL", r.verification->rel_err);
+            failures += !r.verification->pass();
+          }
+          std::fprintf(stderr, "\n");
         }
-        const Stats st = summarize(r.samples.seconds);
-        std::fprintf(stderr, "%.4g ms (%zu samples, %s)", st.median * 1e3, r.samples.seconds.size(), r.samples.stop_reason.c_str());
-        if (r.verification) {
-          std::fprintf(stderr, " verify %s %.2e", r.verification->pass() ? "PASS" : "FAIL", r.verification->rel_err);
-          failures += !r.verification->pass();
-        }
-        std::fprintf(stderr, "\n");
+        results.push_back(std::move(r));
       }
-      results.push_back(std::move(r));
+      first = last;
+      // What is done so far, so a run cut short (a time limit, a lost machine) still leaves its points behind.
+      if (last < total || rep + 1 < repetitions) write_json_atomically(partial_path, results_to_json(run_context_json(), results));
     }
-    first = last;
-    // What is done so far, so a run cut short (a time limit, a lost machine) still leaves its points behind.
-    if (last < total || rep + 1 < repetitions) write_json_atomically(partial_path, results_to_json(run_context_json(), results));
   }
   write_json_atomically(path, results_to_json(run_context_json(), results));
   std::filesystem::remove(partial_path);

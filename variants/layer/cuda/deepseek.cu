@@ -568,7 +568,7 @@ void DeepseekLayerCuda::forward(cudaStream_t stream, gpu::OpMarks* marks) {
   }
   if (P.whole) {
     blas_->set_stream(stream);
-    mla::cuda::linear(blas_->get(), xb_.get(), T, H, lm_head_.get(), m_.vocab_size, logits_.get(), CUDA_R_32F);
+    mla::cuda::linear(*blas_, xb_.get(), T, H, lm_head_.get(), m_.vocab_size, logits_.get(), CUDA_R_32F);
     mark("lm_head");
   }
 }

@@ -148,12 +148,12 @@ int own_gemv_split(int64_t rows, int64_t out, int64_t in) {
   return gemv_split(out, in, rows == 1 ? resident_warps<1>() : resident_warps<2>());
 }
 
-void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out, void* y,
+void linear(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out, void* y,
             cudaDataType y_type, float beta) {
   const bool aligned = in % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
-  if (rows <= kGemvRows && projections_of(h) == Projections::own && aligned && (y_type == CUDA_R_32F || y_type == CUDA_R_16BF)) {
+  if (rows <= kGemvRows && h.projections() == Projections::own && aligned && (y_type == CUDA_R_32F || y_type == CUDA_R_16BF)) {
     cudaStream_t stream{};
-    DSLAB_CUBLAS(cublasGetStream(h, &stream));
+    DSLAB_CUBLAS(cublasGetStream(h.get(), &stream));
     const bool bf16 = y_type == CUDA_R_16BF;
     switch (rows) {
       case 1: launch_gemv<1>(x, in, w, out, y, bf16, beta, stream); break;
@@ -164,7 +164,7 @@ void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, 
     return;
   }
   // Column-major view: y^T [out x rows] = w [in x out]^T · x^T [in x rows].
-  gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, 0, x, in, 0, y, y_type, out, 0, 1, beta);
+  gemm(h.get(), CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, 0, x, in, 0, y, y_type, out, 0, 1, beta);
 }
 
 }  // namespace dslab::mla::cuda

@@ -11,6 +11,7 @@
 
 #include "harness/errors.h"
 #include "harness/gpu.h"
+#include "harness/measure.h"
 #include "harness/variant.h"
 #include "variants/common/bf16.h"
 #include "variants/common/device_random.h"
@@ -133,7 +134,7 @@ class LinearVariant : public Variant {
   }
 
   void run() override {
-    linear(blas_->get(), x_.get(), p_.tokens, p_.shape.in, w_.get(), p_.shape.out, y_.get(), CUDA_R_32F);
+    linear(*blas_, x_.get(), p_.tokens, p_.shape.in, w_.get(), p_.shape.out, y_.get(), CUDA_R_32F);
   }
 
   Verification verify() override {
@@ -177,8 +178,7 @@ class LinearVariant : public Variant {
       busy.push_back(k.busy_s);
     }
     if (!busy.empty()) {
-      std::nth_element(busy.begin(), busy.begin() + busy.size() / 2, busy.end());
-      const double kernel_s = busy[busy.size() / 2];
+      const double kernel_s = summarize(busy).median;
       c["kernel_s"] = kernel_s;
       c["kernel_tb_per_s"] = 2.0 * double(p_.shape.in) * double(p_.shape.out) / kernel_s / 1e12;
     }

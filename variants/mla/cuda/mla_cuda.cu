@@ -222,16 +222,7 @@ void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int6
 namespace {
 
 // The backend of each live handle (BlasHandle registers its own).
-std::mutex g_projections_mu;
-std::map<cublasHandle_t, Projections> g_projections;
-
 }  // namespace
-
-Projections projections_of(cublasHandle_t h) {
-  std::lock_guard<std::mutex> lock(g_projections_mu);
-  const auto it = g_projections.find(h);
-  return it == g_projections.end() ? Projections::cublas : it->second;
-}
 
 Projections parse_projections(const std::string& text) {
   if (text == "own") return Projections::own;
@@ -243,12 +234,6 @@ BlasHandle::BlasHandle() {
   DSLAB_CUBLAS(cublasCreate(&h_));
   workspace_.resize(size_t(32) << 20);
   DSLAB_CUBLAS(cublasSetWorkspace(h_, workspace_.get(), workspace_.size()));
-  set_projections(Projections::cublas);
-}
-
-void BlasHandle::set_projections(Projections p) {
-  std::lock_guard<std::mutex> lock(g_projections_mu);
-  g_projections[h_] = p;
 }
 
 void BlasHandle::set_stream(cudaStream_t stream) {
@@ -257,10 +242,6 @@ void BlasHandle::set_stream(cudaStream_t stream) {
 }
 
 BlasHandle::~BlasHandle() {
-  {
-    std::lock_guard<std::mutex> lock(g_projections_mu);
-    g_projections.erase(h_);
-  }
   if (h_) cublasDestroy(h_);
 }
 
@@ -559,7 +540,7 @@ void MlaOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
     if (!fused_) mark("attend");  // the fused op marks its own pieces
   }
   NvtxRange range("mla.o_proj");
-  linear(blas_, attn_.get(), s_.tokens(), nh_ * vd_, w_->o_proj.get(), hid_, b_.out, CUDA_R_32F);
+  linear(*blas_handle_, attn_.get(), s_.tokens(), nh_ * vd_, w_->o_proj.get(), hid_, b_.out, CUDA_R_32F);
   mark("o_proj");
   marks_ = nullptr;
 }
@@ -572,14 +553,14 @@ void MlaOp::project() {
   int ld = int(width_);
   if (ql) {
     // q_a_proj and kv_a_proj_with_mqa read the same input: one GEMM over their stacked weights.
-    linear(blas_, b_.x, T, hid_, w_->qkv_a.get(), ql + width_, qa_f32_.get(), CUDA_R_32F);
+    linear(*blas_handle_, b_.x, T, hid_, w_->qkv_a.get(), ql + width_, qa_f32_.get(), CUDA_R_32F);
     mark("qkv_a");
     kv = qa_f32_.get() + ql;
     ld = int(ql + width_);
   } else {
-    linear(blas_, b_.x, T, hid_, w_->q_proj.get(), nh_ * qhd_, q_.get(), CUDA_R_16BF);
+    linear(*blas_handle_, b_.x, T, hid_, w_->q_proj.get(), nh_ * qhd_, q_.get(), CUDA_R_16BF);
     mark("q_proj");
-    linear(blas_, b_.x, T, hid_, w_->kv_a.get(), width_, kv_f32_.get(), CUDA_R_32F);
+    linear(*blas_handle_, b_.x, T, hid_, w_->kv_a.get(), width_, kv_f32_.get(), CUDA_R_32F);
     mark("kv_a");
   }
   launch_pdl(norm_and_cache_kernel, dim3(unsigned(T)), dim3(kNormThreads), 0, stream_, qa_f32_.get(), int(ql), w_->q_a_norm.get(), qa_.get(), kv, ld,
@@ -588,7 +569,7 @@ void MlaOp::project() {
   DSLAB_CHECK_LAUNCH();
   mark("norm_cache_write");
   if (ql) {
-    linear(blas_, qa_.get(), T, ql, w_->q_b.get(), nh_ * qhd_, q_.get(), CUDA_R_16BF);
+    linear(*blas_handle_, qa_.get(), T, ql, w_->q_b.get(), nh_ * qhd_, q_.get(), CUDA_R_16BF);
     mark("q_b");
   }
   const int64_t heads_x_tokens = T * nh_;

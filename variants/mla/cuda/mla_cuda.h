@@ -80,11 +80,13 @@ class BlasHandle {
   // Every call goes to `stream` from here on, with this handle's workspace (cublasSetStream resets it).
   void set_stream(cudaStream_t stream);
   // Which backend linear() takes for decode-sized products on this handle (the `proj` axis sets it; a new handle starts with cublas).
-  void set_projections(Projections p);
+  void set_projections(Projections p) { projections_ = p; }
+  Projections projections() const { return projections_; }
 
  private:
   cublasHandle_t h_ = nullptr;
   DeviceArray<uint8_t> workspace_;
+  Projections projections_ = Projections::cublas;
 };
 
 // One layer's attention weights on the device (HF names; q_a_proj and kv_a_proj_with_mqa stacked into qkv_a
@@ -173,8 +175,8 @@ class MlaOp {
   Shape s_;
   const MlaWeights* w_ = nullptr;
   MlaBuffers b_;
-  BlasHandle* blas_handle_ = nullptr;
-  cublasHandle_t blas_ = nullptr;
+  BlasHandle* blas_handle_ = nullptr;  // linear() reads its projections choice
+  cublasHandle_t blas_ = nullptr;      // blas_handle_->get(), for the GEMMs
   int64_t max_keys_ = 0;
   int64_t nh_ = 0, nope_ = 0, rope_ = 0, qhd_ = 0, vd_ = 0, r_ = 0, hid_ = 0, width_ = 0;
   int64_t keys_ = 0;  // keys per request in the unfused forms' buffers: max_keys rounded up to kKeyAlign
@@ -265,7 +267,7 @@ void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int6
 // go to a weight-streaming GEMV of ours (gemv_split warps per output feature, weights prefetched under PDL);
 // cuBLAS otherwise. `linear/{own,cublas}/cuda` time both per weight shape in one sweep: on the H100 the GEMV's
 // per-row FMAs and input loads made it 0.5-0.8x cuBLAS from 4 rows on (session 10), hence the limit of 2.
-void linear(cublasHandle_t h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out,
+void linear(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out,
             void* y, cudaDataType y_type, float beta = 0.0f);
 constexpr int64_t kGemvRows = 2;
 // Warps per output feature of the own GEMV (1..8, one CTA at most): for a small matrix the most that keep the grid
@@ -274,8 +276,6 @@ constexpr int64_t kGemvRows = 2;
 int gemv_split(int64_t out, int64_t in, int64_t resident_warps);
 // The split linear() uses on this GPU for `rows` (1..kGemvRows) rows.
 int own_gemv_split(int64_t rows, int64_t out, int64_t in);
-// The backend a handle's set_projections chose (cublas for a handle never set).
-Projections projections_of(cublasHandle_t h);
 Projections parse_projections(const std::string& text);  // BadInput unless own | cublas
 
 // The unfused forms pad every request to the longest (max_keys) in their gathered buffers, and further to a

@@ -51,7 +51,7 @@ class MoeLoopCuda final : public MoeOp {
     for (int64_t e = 0; e < experts_; ++e) {
       const int64_t first = host_offsets_[e], n = host_offsets_[e + 1] - first;
       if (n == 0) continue;
-      mla::cuda::linear(blas_->get(), h_.get() + first * I, n, I, w_->w_down.get() + e * H * I, H, y_.get() + first * H, CUDA_R_32F);
+      mla::cuda::linear(*blas_, h_.get() + first * I, n, I, w_->w_down.get() + e * H * I, H, y_.get() + first * H, CUDA_R_32F);
     }
   }
 

@@ -345,9 +345,9 @@ void MlpRunner::prepare(const ModelConfig& m, const MlpWeights& w, int64_t token
 
 void MlpRunner::forward(BlasHandle& blas, const __nv_bfloat16* x, float* out, float beta, cudaStream_t stream) const {
   const int64_t I = w_->intermediate;
-  linear(blas.get(), x, tokens_, hidden_, w_->gate_up.get(), 2 * I, gate_up_.get(), CUDA_R_32F);
+  linear(blas, x, tokens_, hidden_, w_->gate_up.get(), 2 * I, gate_up_.get(), CUDA_R_32F);
   silu_mul(gate_up_.get(), tokens_, I, h_.get(), stream);
-  linear(blas.get(), h_.get(), tokens_, I, w_->down.get(), hidden_, out, CUDA_R_32F, beta);
+  linear(blas, h_.get(), tokens_, I, w_->down.get(), hidden_, out, CUDA_R_32F, beta);
 }
 
 // ---- the op ------------------------------------------------------------------------------------------------
@@ -433,7 +433,7 @@ void MoeOp::route() {
                                                                           logits_.get());
       DSLAB_CHECK_LAUNCH();
     } else {
-      linear(blas_->get(), b_.x, tokens_, hidden_, w_->gate.get(), m_.n_routed_experts, logits_.get(), CUDA_R_32F);
+      linear(*blas_, b_.x, tokens_, hidden_, w_->gate.get(), m_.n_routed_experts, logits_.get(), CUDA_R_32F);
     }
     mark("gate");
     RouterParams p{logits_.get(), w_->bias.get(), int(tokens_), int(m_.n_routed_experts), int(topk_), int(m_.n_group), int(m_.topk_group),
