@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <stdexcept>
 
 namespace dslab::calibrate {
 namespace {
@@ -74,30 +75,84 @@ double amx_int8_ops_per_thread(int64_t iterations) {
   return double(iterations) * 4 * (16.0 * 16 * 64 * 2);
 }
 
-double avx512_bf16_flops_per_thread(int64_t iterations) {
-  __m512 acc[12];
+namespace {
+
+// ACC independent accumulators: enough chains that VDPBF16PS's latency never limits its issue rate (24 covers a
+// 6-cycle latency at two per cycle); the loop keeps them all in zmm registers (checked with objdump).
+template <int ACC>
+double avx512_bf16_chains(int64_t iterations) {
+  __m512 acc[ACC];
   for (auto& a : acc) a = _mm512_setzero_ps();
   const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f81), y = (__m512bh)_mm512_set1_epi16(0x3f7f);
-  for (int64_t i = 0; i < iterations; ++i)
-    for (auto& a : acc) a = _mm512_dpbf16_ps(a, x, y);
+  for (int64_t i = 0; i < iterations; ++i) {
+#pragma GCC unroll 32
+    for (int k = 0; k < ACC; ++k) acc[k] = _mm512_dpbf16_ps(acc[k], x, y);
+  }
   __m512 s = acc[0];
-  for (int k = 1; k < 12; ++k) s = _mm512_add_ps(s, acc[k]);
+  for (int k = 1; k < ACC; ++k) s = _mm512_add_ps(s, acc[k]);
   volatile float sink = _mm512_reduce_add_ps(s);
   (void)sink;
-  return double(iterations) * 12 * (16 * 2 * 2);
+  return double(iterations) * ACC * (16 * 2 * 2);
 }
 
-float read_sum(const float* data, int64_t n) {
-  // Eight independent accumulators: enough loads in flight that the probe, not the add chain, waits on DRAM.
-  __m512 acc[8];
+// Reads S contiguous parts of [data, data + n) side by side, one 64-byte line of each per step: S streams for
+// the hardware prefetchers; with prefetch_lines > 0 each stream is also prefetched that many lines ahead (what
+// the MoE engine does for its weight tiles).
+template <int S>
+float read_streams(const float* data, int64_t n, int prefetch_lines) {
+  const int64_t part = (n / S) & ~int64_t(15);
+  const float* p[S];
+  for (int s = 0; s < S; ++s) p[s] = data + s * part;
+  constexpr int kAcc = S >= 8 ? S : 8;
+  __m512 acc[kAcc];
   for (auto& a : acc) a = _mm512_setzero_ps();
+  const int64_t ahead = int64_t(prefetch_lines) * 16;
   int64_t i = 0;
-  for (; i + 128 <= n; i += 128)
-    for (int j = 0; j < 8; ++j) acc[j] = _mm512_add_ps(acc[j], _mm512_load_ps(data + i + 16 * j));
-  for (int j = 1; j < 8; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
-  float s = _mm512_reduce_add_ps(acc[0]);
-  for (; i < n; ++i) s += data[i];
-  return s;
+  if (ahead > 0)
+    for (; i + ahead < part; i += 16 * (kAcc / S)) {
+#pragma GCC unroll 8
+      for (int j = 0; j < kAcc; ++j) {
+        const float* line = p[j % S] + i + 16 * (j / S);
+        _mm_prefetch(reinterpret_cast<const char*>(line + ahead), _MM_HINT_T0);
+        acc[j] = _mm512_add_ps(acc[j], _mm512_load_ps(line));
+      }
+    }
+  for (; i + 16 * (kAcc / S) <= part; i += 16 * (kAcc / S)) {
+#pragma GCC unroll 8
+    for (int j = 0; j < kAcc; ++j) acc[j] = _mm512_add_ps(acc[j], _mm512_load_ps(p[j % S] + i + 16 * (j / S)));
+  }
+  for (int j = 1; j < kAcc; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+  float sum = _mm512_reduce_add_ps(acc[0]);
+  for (int s = 0; s < S; ++s)
+    for (int64_t k = i; k < part; ++k) sum += p[s][k];
+  return sum;
+}
+
+}  // namespace
+
+double avx512_bf16_flops_per_thread(int64_t iterations, int accumulators) {
+  switch (accumulators) {
+    case 12: return avx512_bf16_chains<12>(iterations);
+    case 24: return avx512_bf16_chains<24>(iterations);
+  }
+  throw std::invalid_argument("avx512_bf16_flops_per_thread: accumulators must be 12 or 24");
+}
+
+float read_sum(const float* data, int64_t n, int streams, int prefetch_lines) {
+  switch (streams) {
+    case 1: return read_streams<1>(data, n, prefetch_lines);
+    case 2: return read_streams<2>(data, n, prefetch_lines);
+    case 4: return read_streams<4>(data, n, prefetch_lines);
+    case 8: return read_streams<8>(data, n, prefetch_lines);
+  }
+  throw std::invalid_argument("read_sum: streams must be 1, 2, 4 or 8");
+}
+
+void copy_lines(const float* from, float* to, int64_t n) {
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64)
+    for (int j = 0; j < 4; ++j) _mm512_store_ps(to + i + 16 * j, _mm512_load_ps(from + i + 16 * j));
+  for (; i < n; ++i) to[i] = from[i];
 }
 
 }  // namespace dslab::calibrate

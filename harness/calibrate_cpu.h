@@ -5,8 +5,12 @@
 namespace dslab::calibrate {
 // Floating-point operations performed per thread; the caller times the parallel region.
 double amx_bf16_flops_per_thread(int64_t iterations);
-double avx512_bf16_flops_per_thread(int64_t iterations);
+// VDPBF16PS zmm on `accumulators` (12 or 24) independent chains.
+double avx512_bf16_flops_per_thread(int64_t iterations, int accumulators);
 double amx_int8_ops_per_thread(int64_t iterations);  // TDPBSSD: int8 multiply-adds x 2
-// Sums a buffer with 64-byte loads (all threads read disjoint parts); returns a value so the reads stay.
-float read_sum(const float* data, int64_t n);
+// Sums a buffer with 64-byte loads as `streams` (1, 2, 4 or 8) side-by-side parts, each software-prefetched
+// `prefetch_lines` lines ahead (0: none); returns a value so the reads stay. Threads read disjoint parts.
+float read_sum(const float* data, int64_t n, int streams, int prefetch_lines);
+// Copies n floats (64-byte aligned) with 64-byte loads and ordinary stores: STREAM's copy.
+void copy_lines(const float* from, float* to, int64_t n);
 }  // namespace dslab::calibrate

@@ -1,11 +1,15 @@
 #include "harness/machine.h"
 
 #include <omp.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <stdexcept>
+#include <vector>
 
 #include "harness/build_info.h"
 #include "harness/calibrate_cpu.h"
@@ -17,7 +21,39 @@ namespace {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-// Runs per_thread(iterations) on every thread at once; returns aggregate FLOP/s, best of `tries`.
+// Pins the calling thread to the index-th CPU this process may use for the scope of a probe, then gives back its
+// old mask: each probe thread stays on one core, so the pages it first touched stay near it and no two threads
+// share a core. (OpenMP's thread 0 is the caller, so the mask must be restored.)
+class ScopedPin {
+ public:
+  explicit ScopedPin(int index) {
+    pthread_getaffinity_np(pthread_self(), sizeof saved_, &saved_);
+    static const std::vector<int> cpus = [] {
+      cpu_set_t set;
+      std::vector<int> v;
+      if (sched_getaffinity(0, sizeof set, &set) == 0)
+        for (int c = 0; c < CPU_SETSIZE; ++c)
+          if (CPU_ISSET(c, &set)) v.push_back(c);
+      return v;
+    }();
+    if (cpus.empty()) return;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpus[size_t(index) % cpus.size()], &one);
+    pinned_ = pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0;
+  }
+  ~ScopedPin() {
+    if (pinned_) pthread_setaffinity_np(pthread_self(), sizeof saved_, &saved_);
+  }
+  ScopedPin(const ScopedPin&) = delete;
+  ScopedPin& operator=(const ScopedPin&) = delete;
+
+ private:
+  cpu_set_t saved_;
+  bool pinned_ = false;
+};
+
+// Runs per_thread(iterations) on every thread at once, pinned; returns aggregate FLOP/s, best of `tries`.
 template <class F>
 double parallel_rate(int threads, int64_t iterations, int tries, F per_thread) {
   double best = 0;
@@ -25,43 +61,76 @@ double parallel_rate(int threads, int64_t iterations, int tries, F per_thread) {
     double flops = 0;
     const double start = now_s();
 #pragma omp parallel num_threads(threads) reduction(+ : flops)
-    flops += per_thread(iterations);
+    {
+      ScopedPin pin(omp_get_thread_num());
+      flops += per_thread(iterations);
+    }
     best = std::max(best, flops / (now_s() - start));
   }
   return best;
 }
 
-// Read bandwidth over a buffer far larger than the LLC, first touched by the threads of the widest reading (so its
-// pages sit where they read them); a reading on fewer threads reads the same total in their chunks.
+// How a thread reads its part of the buffer: side-by-side streams and a software prefetch distance.
+struct ReadLayout {
+  int streams;
+  int prefetch_lines;
+};
+
+// STREAM-style DRAM probe over a buffer far larger than the LLC, first touched by the pinned threads of the widest
+// reading (so its pages sit where they are read); a reading on fewer threads reads the same total in their chunks.
 class DramProbe {
  public:
   explicit DramProbe(int threads)
-      : n_(int64_t(std::max<size_t>(size_t(1) << 30, cpu_info().llc_bytes * 8) / sizeof(float))),
+      : threads_(threads),
+        n_(int64_t(std::max<size_t>(size_t(1) << 30, cpu_info().llc_bytes * 8) / sizeof(float)) & ~int64_t(1023)),
         buf_(static_cast<float*>(std::aligned_alloc(64, size_t(n_) * 4)), &std::free) {
-    const int64_t chunk = (n_ / threads) & ~int64_t(63);
+    if (!buf_) throw std::runtime_error("calibrate: cannot allocate the DRAM probe's buffer");
+    const int64_t chunk = chunk_of(threads);
 #pragma omp parallel num_threads(threads)
     {
+      ScopedPin pin(omp_get_thread_num());
       const int64_t t = omp_get_thread_num();
       for (int64_t i = t * chunk; i < (t + 1) * chunk; ++i) buf_.get()[i] = float(i % 7) + 0.5f;
     }
   }
   size_t bytes() const { return size_t(n_) * 4; }
-  double read_bytes_per_s(int threads) {  // best of 10 passes
-    const int64_t chunk = (n_ / threads) & ~int64_t(63);
+  double read_bytes_per_s(int threads, ReadLayout layout, int passes) {  // best of `passes`
+    const int64_t chunk = chunk_of(threads);
     double best = 0;
     volatile float sink = 0;
-    for (int rep = 0; rep < 10; ++rep) {
+    for (int rep = 0; rep < passes; ++rep) {
       float total = 0;
       const double start = now_s();
 #pragma omp parallel num_threads(threads) reduction(+ : total)
-      total += calibrate::read_sum(buf_.get() + omp_get_thread_num() * chunk, chunk);
+      {
+        ScopedPin pin(omp_get_thread_num());
+        total += calibrate::read_sum(buf_.get() + omp_get_thread_num() * chunk, chunk, layout.streams, layout.prefetch_lines);
+      }
       best = std::max(best, double(chunk * threads * 4) / (now_s() - start));
       sink = sink + total;
     }
     return best;
   }
+  // STREAM's copy on all threads: each copies the first half of its chunk over the second; bytes read + written.
+  double copy_bytes_per_s(int passes) {
+    const int64_t chunk = chunk_of(threads_), half = (chunk / 2) & ~int64_t(15);
+    double best = 0;
+    for (int rep = 0; rep < passes; ++rep) {
+      const double start = now_s();
+#pragma omp parallel num_threads(threads_)
+      {
+        ScopedPin pin(omp_get_thread_num());
+        float* mine = buf_.get() + omp_get_thread_num() * chunk;
+        calibrate::copy_lines(mine, mine + half, half);
+      }
+      best = std::max(best, double(2 * half * threads_ * 4) / (now_s() - start));
+    }
+    return best;
+  }
 
  private:
+  int64_t chunk_of(int threads) const { return (n_ / threads) & ~int64_t(1023); }
+  int threads_;
   int64_t n_;
   std::unique_ptr<float, decltype(&std::free)> buf_;
 };
@@ -85,29 +154,65 @@ nlohmann::json calibrate_machine(int threads) {
   if (cpu.amx_bf16 && request_amx_permission().empty()) {
     calibrate::amx_bf16_flops_per_thread(1000);  // warm: tile state allocation, frequency ramp
     c["amx_bf16_flops"] = parallel_rate(threads, 2'000'000, 3, calibrate::amx_bf16_flops_per_thread);
-    c["amx_bf16_how"] = "TDPBF16PS on 4 independent 16x16 fp32 tiles from registers, all threads, best of 3";
+    c["amx_bf16_how"] = "TDPBF16PS on 4 independent 16x16 fp32 tiles from registers, all threads pinned, best of 3";
     c["amx_int8_ops"] = parallel_rate(threads, 2'000'000, 3, calibrate::amx_int8_ops_per_thread);
-    c["amx_int8_how"] = "TDPBSSD on 4 independent 16x16 int32 tiles from registers, all threads, best of 3";
+    c["amx_int8_how"] = "TDPBSSD on 4 independent 16x16 int32 tiles from registers, all threads pinned, best of 3";
   } else {
     c["amx_bf16_flops"] = nullptr;
     c["amx_bf16_how"] = cpu.amx_bf16 ? request_amx_permission() : "no AMX on this CPU";
   }
+  // The AVX-512 rate: the best over chain counts and run lengths (a short burst may run at a higher clock than a
+  // long one; a kernel can reach either, so the ceiling is the larger), each best of 3.
+  int avx_chains = 24;
+  int64_t avx_iterations = 240'000'000 / 24;
   if (cpu.avx512_bf16) {
-    c["avx512_bf16_flops"] = parallel_rate(threads, 20'000'000, 3, calibrate::avx512_bf16_flops_per_thread);
-    c["avx512_bf16_how"] = "VDPBF16PS zmm on 12 independent accumulators, all threads, best of 3";
+    double best = 0;
+    nlohmann::json runs = nlohmann::json::array();
+    for (int chains : {12, 24})
+      for (int64_t instructions : {int64_t(24'000'000), int64_t(240'000'000)}) {
+        const int64_t iterations = instructions / chains;
+        const double rate = parallel_rate(threads, iterations, 3,
+                                          [&](int64_t n) { return calibrate::avx512_bf16_flops_per_thread(n, chains); });
+        runs.push_back({{"chains", chains}, {"instructions_per_thread", instructions}, {"flops", rate}});
+        if (rate > best) best = rate, avx_chains = chains, avx_iterations = iterations;
+      }
+    c["avx512_bf16_flops"] = best;
+    c["avx512_bf16_how"] = "VDPBF16PS zmm on " + std::to_string(avx_chains) + " independent register accumulators, " +
+                           std::to_string(avx_iterations * avx_chains) + " instructions per thread, all threads pinned; best of 4 shapes x 3";
+    c["avx512_bf16_shapes"] = runs;
   } else {
     c["avx512_bf16_flops"] = nullptr;
     c["avx512_bf16_how"] = "no AVX512_BF16 on this CPU";
   }
+  auto avx_rate = [&](int n) {
+    return parallel_rate(n, avx_iterations, 3, [&](int64_t k) { return calibrate::avx512_bf16_flops_per_thread(k, avx_chains); });
+  };
   if (cpu.avx512f) {
     DramProbe probe(threads);
-    c["dram_read_bytes_per_s"] = probe.read_bytes_per_s(threads);
-    c["dram_read_how"] = "sum of a " + std::to_string(probe.bytes() >> 20) + " MiB buffer, 64-byte loads on 8 accumulators, all threads, best of 10";
+    // STREAM quality: try each read layout (streams per thread x software prefetch distance) briefly, then read
+    // with the best one ten times; the kernels' own layouts (the MoE engine reads two prefetched weight streams
+    // per thread) are among them, so no kernel streams faster than the ceiling.
+    ReadLayout best_layout{1, 0};
+    double best = 0;
+    nlohmann::json layouts = nlohmann::json::array();
+    for (int streams : {1, 2, 4, 8})
+      for (int prefetch : {0, 8, 32}) {
+        const double rate = probe.read_bytes_per_s(threads, {streams, prefetch}, 3);
+        layouts.push_back({{"streams", streams}, {"prefetch_lines", prefetch}, {"bytes_per_s", rate}});
+        if (rate > best) best = rate, best_layout = {streams, prefetch};
+      }
+    c["dram_read_bytes_per_s"] = std::max(best, probe.read_bytes_per_s(threads, best_layout, 10));
+    c["dram_read_how"] = "sum of a " + std::to_string(probe.bytes() >> 20) + " MiB buffer first touched by its readers, threads pinned, " +
+                         std::to_string(best_layout.streams) + " streams per thread prefetched " + std::to_string(best_layout.prefetch_lines) +
+                         " lines ahead (best of 12 layouts), best of 10";
+    c["dram_read_layouts"] = layouts;
+    c["dram_copy_bytes_per_s"] = probe.copy_bytes_per_s(5);
+    c["dram_copy_how"] = "STREAM copy, each thread half its chunk over the other half, 64-byte loads and stores, bytes read + written, best of 5";
     // The rates at fewer threads (a hybrid step may give the CPU experts only some cores): powers of two, then all.
     nlohmann::json by = nlohmann::json::array();
     for (int n = 1;; n = std::min(2 * n, threads)) {
-      nlohmann::json e = {{"threads", n}, {"dram_read_bytes_per_s", probe.read_bytes_per_s(n)}};
-      if (cpu.avx512_bf16) e["avx512_bf16_flops"] = parallel_rate(n, 20'000'000, 3, calibrate::avx512_bf16_flops_per_thread);
+      nlohmann::json e = {{"threads", n}, {"dram_read_bytes_per_s", probe.read_bytes_per_s(n, best_layout, 5)}};
+      if (cpu.avx512_bf16) e["avx512_bf16_flops"] = avx_rate(n);
       if (cpu.amx_bf16 && request_amx_permission().empty())
         e["amx_bf16_flops"] = parallel_rate(n, 2'000'000, 3, calibrate::amx_bf16_flops_per_thread);
       by.push_back(e);

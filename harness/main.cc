@@ -14,6 +14,7 @@
 #include "harness/build_info.h"
 #include "harness/command.h"
 #include "harness/errors.h"
+#include "harness/gpu_clocks.h"
 #include "harness/host.h"
 #include "harness/machine.h"
 #include "harness/measure.h"
@@ -191,8 +192,14 @@ int cmd_run(int argc, char** argv) {
   auto device_memory = [](const PlannedPoint& pp) {
     return pp.support.ok ? pp.entry->make()->device_memory_bytes(*pp.model, pp.point) : 0.0;
   };
+  // The GPU's clocks and throttle reasons as the run starts, and (below) as each results file is written.
+  const nlohmann::json gpu_clocks_before = gpu_info().present ? gpu_clock_state(gpu_info().uuid) : nlohmann::json(nullptr);
   auto run_context_json = [&] {
     nlohmann::json context = run_context(joined_command_line(argc, argv));
+    if (gpu_info().present) {
+      context["gpu_clocks_before"] = gpu_clocks_before;
+      context["gpu_clocks_after"] = gpu_clock_state(gpu_info().uuid);
+    }
     context["sweep"] = sweep.name;
     context["sweep_source"] = sweep.source;
     context["seed"] = seed;

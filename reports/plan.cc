@@ -95,7 +95,8 @@ double stream_crossover_tokens_per_expert(const ModelConfig& m, const Ceilings& 
     expert.flops = 6 * H * I * double(t);
     expert.weight_bytes = weights;
     expert.act_bytes = double(t) * H * 6;
-    const double cpu = cpu_op_s(expert, c);
+    expert.tokens_per_expert = double(t);
+    const double cpu = cpu_routed_experts_s(expert, c);
     const double gpu = std::max(expert.flops / c.gpu_flops, weights / c.h2d_bytes_per_s + expert.act_bytes / c.gpu_bytes_per_s);
     if (gpu < cpu) return double(t);
   }
@@ -103,6 +104,51 @@ double stream_crossover_tokens_per_expert(const ModelConfig& m, const Ceilings& 
 }
 
 double cpu_op_s(const OpCost& op, const Ceilings& c) { return std::max(op.flops / c.cpu_flops, op.bytes() / c.cpu_bytes_per_s); }
+
+double Ceilings::cpu_expert_efficiency_at(double tokens_per_expert) const {
+  const auto& e = cpu_expert_efficiency;
+  if (e.empty()) return 1.0;
+  if (tokens_per_expert <= e.front().first) return e.front().second;
+  if (tokens_per_expert >= e.back().first) return e.back().second;
+  size_t i = 1;
+  while (e[i].first < tokens_per_expert) ++i;
+  const double t = std::log(tokens_per_expert / e[i - 1].first) / std::log(e[i].first / e[i - 1].first);
+  return e[i - 1].second + t * (e[i].second - e[i - 1].second);
+}
+
+double cpu_routed_experts_s(const OpCost& op, const Ceilings& c) {
+  return cpu_op_s(op, c) / c.cpu_expert_efficiency_at(op.tokens_per_expert);
+}
+
+void attach_cpu_expert_runs(Ceilings& c, const std::string& model, const std::vector<ResultsFile>& files) {
+  if (files.empty()) return;
+  std::string names;
+  for (const ResultsFile& f : files) names += (names.empty() ? "" : ", ") + f.path;
+  const std::string unit_variant = c.cpu_unit == "amx" ? "moe/amx/cpu" : "moe/avx512/cpu";
+  for (const std::string& variant : {std::string("moe/auto/cpu"), unit_variant}) {
+    std::map<double, std::vector<double>> by_tpe;  // tokens per expert -> efficiencies
+    for (const ResultsFile& f : files)
+      for (const Entry& e : f.entries) {
+        if (e.variant != variant || e.model != model || e.median_us <= 0) continue;
+        const auto& raw = e.raw;
+        if (!raw.contains("flops") || !raw.contains("bytes") || !raw.contains("counters") || !raw["counters"].contains("tokens_per_expert"))
+          continue;
+        const double floor_s = std::max(raw["flops"].get<double>() / c.cpu_flops, raw["bytes"].get<double>() / c.cpu_bytes_per_s);
+        by_tpe[raw["counters"]["tokens_per_expert"].get<double>()].push_back(floor_s / (e.median_us * 1e-6));
+      }
+    if (by_tpe.empty()) continue;
+    c.cpu_expert_efficiency.clear();
+    for (const auto& [tpe, v] : by_tpe) {
+      double sum = 0;
+      for (double x : v) sum += x;
+      c.cpu_expert_efficiency.emplace_back(tpe, sum / double(v.size()));
+    }
+    c.cpu_expert_efficiency_source = variant + " in " + names;
+    return;
+  }
+  throw BadInput(names + ": no moe/auto/cpu or " + unit_variant + " results for model " + model +
+                 " with flops, bytes and counters.tokens_per_expert (expected a dslab run of the CPU MoE engine at this model)");
+}
 
 namespace {
 
@@ -206,7 +252,7 @@ struct Model {
         on_cpu.flops *= 1 - f, on_cpu.act_bytes *= 1 - f, on_cpu.weight_bytes *= 1 - f;
         if (f > 0) gpu_s = gpu_op_s(on_gpu, c);
         if (f < 1) {
-          cpu_s = cpu_op_s(on_cpu, c);
+          cpu_s = cpu_routed_experts_s(on_cpu, c);
           // hidden states (bf16), ids and weights to the host (three copies), the experts' sum (fp32) back (one), and
           // the host function's round trip (the stream waits for it; the CPU's workers wake for it).
           if (k.attention_on_gpu)
@@ -318,6 +364,10 @@ nlohmann::json Plan::to_json() const {
                    {"cpu_flops", ceilings.cpu_flops},
                    {"cpu_unit", ceilings.cpu_unit},       {"cpu_bytes_per_s", ceilings.cpu_bytes_per_s},
                    {"gpu_ridge", ceilings.gpu_ridge()},   {"cpu_ridge", ceilings.cpu_ridge()}};
+  nlohmann::json eff = nlohmann::json::array();
+  for (const auto& [tpe, e] : ceilings.cpu_expert_efficiency) eff.push_back({{"tokens_per_expert", tpe}, {"efficiency", e}});
+  j["ceilings"]["cpu_expert_efficiency"] = eff;
+  j["ceilings"]["cpu_expert_efficiency_source"] = ceilings.cpu_expert_efficiency_source;
   // One row per op name and kind of layer (ops repeat identically across the MoE layers).
   nlohmann::json ops = nlohmann::json::array();
   std::map<std::string, size_t> row_of;
@@ -375,6 +425,15 @@ std::string Plan::to_markdown() const {
      << fmt("%.0f", ceilings.cpu_ridge()) << "); link " << fmt("%.0f", ceilings.h2d_bytes_per_s / 1e9) << " GB/s, "
      << fmt("%.1f", ceilings.transfer_s * 1e6) << " us per small copy, " << fmt("%.1f", ceilings.host_roundtrip_s * 1e6)
      << " us per host round trip.\n\n";
+  if (!ceilings.cpu_expert_efficiency.empty()) {
+    md << "CPU routed experts at the engine's measured fraction of that roofline (" << ceilings.cpu_expert_efficiency_source << "):";
+    for (const auto& [tpe, e] : ceilings.cpu_expert_efficiency) md << " " << fmt("%.3g", tpe) << " tokens/expert " << fmt("%.2f", e) << ";";
+    md << " at this point " << fmt("%.2f", [&] {
+      for (const OpCost& op : ops)
+        if (op.group == OpGroup::routed_experts) return ceilings.cpu_expert_efficiency_at(op.tokens_per_expert);
+      return 1.0;
+    }()) << ".\n\n";
+  }
   md << "## Placements\n\n| placement | predicted ms | measured ms | predicted / measured | GPU memory | host memory | chosen | why |\n"
         "|---|---|---|---|---|---|---|---|\n";
   for (const auto& p : placements) {
@@ -432,11 +491,14 @@ options:
   --machine FILE     ceilings (default: dslab calibrate's output on this machine)
   --measured FILE    results.json of layer/deepseek/cuda runs (layers all) at the same point: fills measured_s of
                      all_gpu (moe/grouped/cuda) and ktransformers (moe/host/cuda); repeatable
+  --cpu-experts FILE results.json of the CPU MoE engine (moe/auto/cpu) at this model over tokens: the CPU routed
+                     experts are predicted at the engine's measured fraction of their roofline at the step's tokens
+                     per expert (default: the roofline alone); repeatable
   --out DIR          where plan.json and plan.md go (default: print only)
 )";
 
 int cmd_plan(int argc, char** argv) {
-  const Args a = parse_args(argc, argv, 2, {}, {"--model", "--phase", "--batch", "--q-len", "--kv-len", "--gpu-budget", "--cpu-threads", "--machine", "--measured", "--out"});
+  const Args a = parse_args(argc, argv, 2, {}, {"--model", "--phase", "--batch", "--q-len", "--kv-len", "--gpu-budget", "--cpu-threads", "--machine", "--measured", "--cpu-experts", "--out"});
   if (!a.positional.empty()) throw BadInput("command line: plan: unexpected argument '" + a.positional.front() + "' (see dslab plan --help)");
   if (!a.has("--model")) throw BadInput("command line: plan: --model is required (a name under models/ or a config.json path)");
   PlanRequest r;
@@ -460,7 +522,11 @@ int cmd_plan(int argc, char** argv) {
   } catch (const std::exception& e) {
     throw BadInput(machine_path + ": not JSON: " + e.what());
   }
-  Plan plan = make_plan(r, Ceilings::from_machine(machine, machine_path, int(a.number("--cpu-threads", 0, 0))));
+  Ceilings ceilings = Ceilings::from_machine(machine, machine_path, int(a.number("--cpu-threads", 0, 0)));
+  std::vector<ResultsFile> engine_runs;
+  for (const std::string& f : a.all("--cpu-experts")) engine_runs.push_back(load_results(f));
+  attach_cpu_expert_runs(ceilings, r.model_name, engine_runs);
+  Plan plan = make_plan(r, ceilings);
   std::vector<ResultsFile> measured;
   for (const std::string& f : a.all("--measured")) measured.push_back(load_results(f));
   attach_measurements(plan, measured);

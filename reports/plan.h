@@ -7,6 +7,7 @@
 #pragma once
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -28,6 +29,14 @@ struct Ceilings {
   double cpu_flops = 0, cpu_bytes_per_s = 0;
   int cpu_threads = 0;
   std::string cpu_unit;  // amx | avx512: the matrix unit the CPU experts use
+  // The CPU MoE engine's measured efficiency (its roofline floor on these ceilings / its measured time) by tokens per
+  // expert, ascending, from runs of the engine at the plan's model (attach_cpu_expert_runs): at a few tokens per
+  // expert the engine streams weights below the DRAM probe (its compute is not fully overlapped with the loads).
+  // Empty: the roofline alone.
+  std::vector<std::pair<double, double>> cpu_expert_efficiency;
+  std::string cpu_expert_efficiency_source;
+  // Interpolated in log(tokens per expert), held at the ends; 1 when nothing was measured.
+  double cpu_expert_efficiency_at(double tokens_per_expert) const;
   double gpu_ridge() const { return gpu_flops / gpu_bytes_per_s; }
   double cpu_ridge() const { return cpu_flops / cpu_bytes_per_s; }
   // cpu_threads > 0: the CPU's rates at the most calibrated threads not above it (cpu.by_threads); 0: all threads.
@@ -70,6 +79,13 @@ Plan make_plan(const PlanRequest& r, const Ceilings& c);
 // Fills measured_s from runs of the whole model at the plan's point: layer/deepseek/cuda, layers all, the same
 // batch, q_len and kv_len; moe/grouped/cuda is all_gpu, moe/host/cuda is ktransformers (graph preferred).
 void attach_measurements(Plan& plan, const std::vector<ResultsFile>& files);
+
+// Fills c.cpu_expert_efficiency from runs of the CPU MoE engine (moe/auto/cpu; else moe/amx/cpu or moe/avx512/cpu,
+// the unit the ceilings name) at `model` in these files. BadInput (naming the files) if they hold none.
+void attach_cpu_expert_runs(Ceilings& c, const std::string& model, const std::vector<ResultsFile>& files);
+
+// The routed experts of one layer on the CPU: the roofline time over the engine's measured efficiency there.
+double cpu_routed_experts_s(const layer::OpCost& op, const Ceilings& c);
 
 // The tokens per expert above which running a routed expert on the GPU with its weights copied over the link beats
 // running it on the CPU from host memory (each at its roofline; the copy at the pinned link rate): the

@@ -46,7 +46,22 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
   md << "| | |\n|---|---|\n";
   md << "| CPU | " << c.value("cpu_model", "?") << " (" << c.value("num_cpus", 0) << " threads) |\n";
   if (c.contains("gpu_name") && c["gpu_name"].is_string())
-    md << "| GPU | " << c["gpu_name"].get<std::string>() << " (" << c.value("gpu_sms", 0) << " SMs) |\n";
+    md << "| GPU | " << c["gpu_name"].get<std::string>() << " (" << c.value("gpu_sms", 0) << " SMs) " << c.value("gpu_uuid", "") << " |\n";
+  // SM clock and throttle reasons as the run started and ended: a run that throttled says so next to its numbers.
+  for (const char* when : {"gpu_clocks_before", "gpu_clocks_after"}) {
+    if (!c.contains(when) || !c[when].is_object()) continue;
+    const auto& k = c[when];
+    if (k.contains("unavailable")) {
+      md << "| " << when << " | " << k["unavailable"].get<std::string>() << " |\n";
+      continue;
+    }
+    std::string reasons;
+    if (k.contains("clock_event_reasons") && k["clock_event_reasons"].is_array())
+      for (const auto& r : k["clock_event_reasons"]) reasons += (reasons.empty() ? "" : ", ") + r.get<std::string>();
+    auto mhz = [&](const char* key) { return k.contains(key) && k[key].is_number() ? num("%.0f", k[key].get<double>()) : std::string("?"); };
+    md << "| " << when << " | SM " << mhz("sm_clock_mhz") << " of " << mhz("max_sm_clock_mhz") << " MHz, memory " << mhz("memory_clock_mhz")
+       << " MHz, " << mhz("temperature_c") << " C, " << mhz("power_w") << " W; clock reasons: " << (reasons.empty() ? "none" : reasons) << " |\n";
+  }
   md << "| commit | " << c.value("git_sha", "?") << " (" << c.value("build_type", "?") << ") |\n";
   md << "| date | " << c.value("date", "?") << " |\n";
   md << "| command | `" << c.value("command_line", "?") << "` |\n";
@@ -59,6 +74,7 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
     ceiling("cpu", "amx_bf16_flops", 1e-12, "TFLOP/s");
     ceiling("cpu", "avx512_bf16_flops", 1e-12, "TFLOP/s");
     ceiling("cpu", "dram_read_bytes_per_s", 1e-9, "GB/s");
+    ceiling("cpu", "dram_copy_bytes_per_s", 1e-9, "GB/s");
     ceiling("gpu", "hbm_bytes_per_s", 1e-9, "GB/s");
     ceiling("gpu", "tensor_bf16_flops", 1e-12, "TFLOP/s");
     ceiling("gpu", "launch_overhead_s", 1e6, "us");

@@ -3,10 +3,11 @@
 # machine facts, calibration, the test binary (GPU tests run there), and the sweeps whose numbers we
 # report. Logs and results go under $OUT (at most 8 files come back, 2 folders deep).
 # Usage: scripts/device_run.sh [STEP...]
-#   steps: facts calibrate tests gpu-tests default v2 mla-cpu moe-v2-lite moe-v3 offload[:SUITE,...] mla-decode:SUITE[,SUITE...]
+#   steps: facts calibrate calibrate-twice tests gpu-tests default v2 mla-cpu moe-v2-lite moe-v3 offload[:SUITE,...] mla-decode:SUITE[,SUITE...]
 #          sweep:NAME:SUITE[,SUITE...] (workloads/sweeps/NAME.json into $OUT/NAME-SUITE/results.json)
 #   (default: facts calibrate tests default v2 mla-cpu). mla-decode:a,b runs those suites of
 #   workloads/sweeps/mla-decode.json into $OUT/mla-decode-a/results.json; GPU_TIMEOUT caps each point (default 1 s);
+#   GPU_TESTS_FILTER narrows gpu-tests (a gtest filter, default Gpu*);
 #   RUN_ARGS adds dslab run options to sweep:* steps (e.g. RUN_ARGS="--repetitions 5").
 set -uo pipefail
 OUT=${OUT:-results/device}
@@ -25,13 +26,19 @@ for s in "${steps[@]}"; do
     calibrate)
       step calibrate
       timeout 120 dslab calibrate --out "$machine" >>"$log" 2>&1 || echo "calibrate failed: $?" | tee -a "$log" ;;
+    calibrate-twice)
+      # Two calibrations of this machine (each the median of 3), then whether they agree within 5% on every ceiling.
+      step calibrate-twice
+      timeout 240 dslab calibrate --repeat 3 --out "$machine" >>"$log" 2>&1 || echo "calibrate failed: $?" | tee -a "$log"
+      timeout 240 dslab calibrate --repeat 3 --out "$OUT/machine-2.json" >>"$log" 2>&1 || echo "calibrate failed: $?" | tee -a "$log"
+      python3 scripts/calibration_agreement.py "$machine" "$OUT/machine-2.json" 2>&1 | tee -a "$log" ;;
     tests)
       step tests
       DSLAB_BINARY=$(command -v dslab) timeout 240 dslab_tests --gtest_brief=1 --gtest_filter='-Gpu*' >"$OUT/tests.log" 2>&1
       echo "dslab_tests exit $?" | tee -a "$log"; tail -3 "$OUT/tests.log" | tee -a "$log" ;;
     gpu-tests)
       step gpu-tests
-      DSLAB_BINARY=$(command -v dslab) timeout "${GPU_TESTS_LIMIT:-540}" dslab_tests --gtest_filter='Gpu*' >"$OUT/gpu-tests.log" 2>&1
+      DSLAB_BINARY=$(command -v dslab) timeout "${GPU_TESTS_LIMIT:-540}" dslab_tests --gtest_filter="${GPU_TESTS_FILTER:-Gpu*}" >"$OUT/gpu-tests.log" 2>&1
       echo "dslab_tests (GPU) exit $?" | tee -a "$log"; grep -E '^\[  (FAILED|PASSED|SKIPPED)' "$OUT/gpu-tests.log" | tail -12 | tee -a "$log" ;;
     mla-decode:*)
       suites=${s#mla-decode:}
@@ -64,21 +71,30 @@ for s in "${steps[@]}"; do
       [ -f "$results" ] || results="$OUT/offload/results.partial.json"  # (a run cut short: the points it finished)
       plans="$OUT/offload/plans"
       mkdir -p "$plans"
-      python3 - "$results" <<'PY' | while read -r model batch q kv; do  # each point run: model batch q_len kv_len
+      # each whole-model point run: model batch q_len kv_len, and whether the CPU engine ran at that model
+      python3 - "$results" <<'PY' | while read -r model batch q kv engine; do
 import json, sys
+benchmarks = json.load(open(sys.argv[1]))["benchmarks"]
+engine = {b["model"] for b in benchmarks if b.get("variant") == "moe/auto/cpu"}
 seen = set()
-for b in json.load(open(sys.argv[1]))["benchmarks"]:
+for b in benchmarks:
+    if b.get("variant") != "layer/deepseek/cuda":
+        continue
     a = b["axes"]
     key = (b["model"], a["batch"], a["q_len"], a["kv_len"])
     if key not in seen:
         seen.add(key)
-        print(*key)
+        print(*key, int(b["model"] in engine))
 PY
         phase=$([ "$q" -gt 1 ] && echo prefill || echo decode)
+        cpu_experts=(); [ "$engine" = 1 ] && cpu_experts=(--cpu-experts "$results")
         dslab plan --model "$model" --phase $phase --batch "$batch" --q-len "$q" --kv-len "$kv" --machine "$machine" --measured "$results" \
-          --out "$plans/$model-$phase-b$batch-q$q-kv$kv" >/dev/null
+          "${cpu_experts[@]}" --out "$plans/$model-$phase-b$batch-q$q-kv$kv" >/dev/null
       done
-      dslab plan --model deepseek-v3 --batch 1 --gpu-budget 24 --machine "$machine" --out "$plans/deepseek-v3-decode-b1-24gb" >/dev/null
+      v3_engine=()
+      python3 -c 'import json, sys; sys.exit(not any(b.get("variant") == "moe/auto/cpu" and b["model"] == "deepseek-v3"
+                  for b in json.load(open(sys.argv[1]))["benchmarks"]))' "$results" 2>/dev/null && v3_engine=(--cpu-experts "$results")
+      dslab plan --model deepseek-v3 --batch 1 --gpu-budget 24 --machine "$machine" "${v3_engine[@]}" --out "$plans/deepseek-v3-decode-b1-24gb" >/dev/null
       grep -h -E '^\| (all_gpu|ktransformers) ' "$plans"/*/plan.md | tee -a "$log"
       tar -C "$OUT/offload" -cf "$OUT/offload/plans.tar" plans && rm -rf "$plans" ;;
     default)
@@ -99,7 +115,7 @@ PY
       suite=$([ "$s" = moe-v3 ] && echo moe-v3-64-experts || echo moe-v2-lite)
       timeout 540 dslab run workloads/sweeps/moe-cpu.json --suite "$suite" --timeout "${MOE_TIMEOUT:-2}" --machine "$machine" --out "$OUT/$s" >>"$log" 2>&1
       echo "exit $?" | tee -a "$log" ;;
-    *) echo "unknown step '$s' (expected facts calibrate tests gpu-tests default v2 mla-cpu moe-v2-lite moe-v3 offload mla-decode:SUITE sweep:NAME:SUITE)" >&2; exit 2 ;;
+    *) echo "unknown step '$s' (expected facts calibrate calibrate-twice tests gpu-tests default v2 mla-cpu moe-v2-lite moe-v3 offload mla-decode:SUITE sweep:NAME:SUITE)" >&2; exit 2 ;;
   esac
 done
 grep -E '^(mla|moe|layer|variant|results)' "$log" | tail -70

@@ -8,6 +8,8 @@
 #include <sstream>
 
 #include "harness/errors.h"
+#include "harness/gpu_clocks.h"
+#include "harness/host.h"
 #include "harness/machine.h"
 #ifdef DSLAB_HAVE_CUDA
 #include "harness/gpu.h"
@@ -359,6 +361,29 @@ TEST(Results, AResultAboveItsRooflineIsCalledOut) {
   const std::string w = above_roofline_warnings({r});
   EXPECT_NE(w.find("above its roofline (2.00): moe/avx512/cpu m/"), std::string::npos) << w;
   EXPECT_NE(w.find("stale or wrong"), std::string::npos);
+}
+
+TEST(Clocks, ReasonBitsAreNamed) {
+  EXPECT_EQ(clock_event_reason_names(0), nlohmann::json::array());
+  EXPECT_EQ(clock_event_reason_names(0x4 | 0x40), (nlohmann::json{"sw_power_cap", "hw_thermal_slowdown"}));
+  EXPECT_EQ(clock_event_reason_names(0x1 | 0x10000), (nlohmann::json{"gpu_idle", "other"}));
+}
+
+TEST(Clocks, UnknownGpuIsUnavailableNotAnError) {
+  const nlohmann::json s = gpu_clock_state("GPU-00000000-0000-0000-0000-000000000000");
+  ASSERT_TRUE(s.contains("unavailable")) << s.dump();
+  EXPECT_FALSE(s["unavailable"].get<std::string>().empty());
+}
+
+// On the device: NVML knows the GPU the CUDA runtime picked, and its SM clock is a real clock.
+TEST(GpuClocks, ReadsTheRunsGpu) {
+  if (!gpu_info().present) GTEST_SKIP() << "no GPU: " << gpu_info().why_absent;
+  const nlohmann::json s = gpu_clock_state(gpu_info().uuid);
+  ASSERT_FALSE(s.contains("unavailable")) << s.dump();
+  EXPECT_GT(s["sm_clock_mhz"].get<double>(), 0);
+  EXPECT_GE(s["max_sm_clock_mhz"].get<double>(), s["sm_clock_mhz"].get<double>());
+  EXPECT_GT(s["memory_clock_mhz"].get<double>(), 0);
+  EXPECT_TRUE(s["clock_event_reasons"].is_array());
 }
 
 }  // namespace

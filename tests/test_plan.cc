@@ -181,5 +181,59 @@ TEST(Plan, MeasuredStepsFillTheirPlacementsGraphFirst) {
   EXPECT_TRUE(plan.to_json()["placements"][0]["measured_s"].is_number());
 }
 
+// A run of the CPU MoE engine: floor (on machine()'s 100 GB/s, 10 TFLOP/s) over time is its efficiency.
+reports::Entry engine_entry(const char* variant, const char* model, double tokens_per_expert, double bytes, double us) {
+  reports::Entry e;
+  e.variant = variant;
+  e.model = model;
+  e.name = std::string(variant) + "/" + std::to_string(tokens_per_expert);
+  e.median_us = us;
+  e.raw = {{"flops", bytes}, {"bytes", bytes}, {"counters", {{"tokens_per_expert", tokens_per_expert}}}};
+  return e;
+}
+
+TEST(Plan, CpuExpertsRunAtTheEnginesMeasuredEfficiency) {
+  auto c = reports::Ceilings::from_machine(machine(), "m.json");
+  EXPECT_DOUBLE_EQ(c.cpu_expert_efficiency_at(3), 1.0);  // nothing measured: the roofline
+  reports::ResultsFile f;
+  f.path = "engine.json";
+  // 100 MB at 100 GB/s is 1 ms: 2 ms measured is 0.5 of the roofline, 1.25 ms is 0.8.
+  f.entries = {engine_entry("moe/auto/cpu", "deepseek-v2-lite", 1, 100e6, 2000), engine_entry("moe/auto/cpu", "deepseek-v2-lite", 4, 100e6, 1250),
+               engine_entry("moe/amx/cpu", "deepseek-v2-lite", 1, 100e6, 10000),   // auto preferred over the unit's own
+               engine_entry("moe/auto/cpu", "deepseek-v3", 1, 100e6, 10000)};     // another model's
+  reports::attach_cpu_expert_runs(c, "deepseek-v2-lite", {f});
+  ASSERT_EQ(c.cpu_expert_efficiency.size(), 2u);
+  EXPECT_NEAR(c.cpu_expert_efficiency_at(1), 0.5, 1e-12);
+  EXPECT_NEAR(c.cpu_expert_efficiency_at(2), 0.65, 1e-12);  // halfway in log(tokens per expert)
+  EXPECT_NEAR(c.cpu_expert_efficiency_at(0.5), 0.5, 1e-12);  // held at the ends
+  EXPECT_NEAR(c.cpu_expert_efficiency_at(100), 0.8, 1e-12);
+  // The routed experts on the CPU take 1/efficiency of their roofline time; the rest of the plan is unchanged.
+  const auto plain = reports::make_plan(request("deepseek-v2-lite", 1, 1, 4096, 80), reports::Ceilings::from_machine(machine(), "m.json"));
+  const auto measured = reports::make_plan(request("deepseek-v2-lite", 1, 1, 4096, 80), c);
+  auto cpu_experts = [](const reports::Plan& p) {
+    for (const auto& x : p.placements)
+      if (x.placement == "ktransformers") return x.parts_s.at("cpu experts (inside moe)");
+    return -1.0;
+  };
+  double tpe = 0;
+  for (const auto& op : measured.ops)
+    if (op.group == layer::OpGroup::routed_experts) tpe = op.tokens_per_expert;
+  EXPECT_NEAR(cpu_experts(measured), cpu_experts(plain) / c.cpu_expert_efficiency_at(tpe), 1e-12);
+  EXPECT_NE(measured.to_markdown().find("engine's measured fraction"), std::string::npos);
+}
+
+TEST(Plan, EngineRunsWithoutTheModelAreBadInput) {
+  auto c = reports::Ceilings::from_machine(machine(), "m.json");
+  reports::ResultsFile f;
+  f.path = "engine.json";
+  f.entries = {engine_entry("moe/auto/cpu", "deepseek-v3", 1, 100e6, 2000)};
+  try {
+    reports::attach_cpu_expert_runs(c, "deepseek-v2-lite", {f});
+    FAIL() << "runs of another model must be refused";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("engine.json: no moe/auto/cpu"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace dslab

@@ -220,6 +220,8 @@ Cost Base::cost(const ModelFile& model, const Point& point) const {
 
 std::string Base::compute_ceiling() const { return cpu_info().amx_bf16 ? "cpu.amx_bf16_flops" : "cpu.avx512_bf16_flops"; }
 
+std::string Engine::compute_ceiling() const { return kernel_ == Kernel::avx512 ? "cpu.avx512_bf16_flops" : Base::compute_ceiling(); }
+
 void Base::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
   m_ = parse_model_config(model.config, model.name, model.path);
   const Shape s = shape_of(m_, point);
