@@ -5,7 +5,8 @@
 namespace dslab::calibrate {
 // Floating-point operations performed per thread; the caller times the parallel region.
 double amx_bf16_flops_per_thread(int64_t iterations);
-// VDPBF16PS zmm on `accumulators` (12 or 24) independent chains.
+// VDPBF16PS zmm on `accumulators` (12 or 24) independent register chains, or (0) in the MoE engine's kernel shape:
+// L1-resident weight rows times broadcast token pairs into 8 accumulators, 1024 instructions per iteration.
 double avx512_bf16_flops_per_thread(int64_t iterations, int accumulators);
 double amx_int8_ops_per_thread(int64_t iterations);  // TDPBSSD: int8 multiply-adds x 2
 // Sums a buffer with 64-byte loads as `streams` (1, 2, 4 or 8) side-by-side parts, each software-prefetched

@@ -79,13 +79,17 @@ nlohmann::json gpu_clock_state(const std::string& uuid) {
   if (const NvmlReturn r = n.handle_by_uuid(uuid.c_str(), &dev); r != kNvmlSuccess)
     return {{"unavailable", "nvmlDeviceGetHandleByUUID(" + uuid + "): " + n.error_string(r)}};
   nlohmann::json s;
-  auto field = [&](const char* key, NvmlReturn r, double value) { s[key] = r == kNvmlSuccess ? nlohmann::json(value) : nlohmann::json(nullptr); };
-  unsigned v = 0;
-  field("sm_clock_mhz", n.clock_info(dev, kNvmlClockSm, &v), v);
-  field("memory_clock_mhz", n.clock_info(dev, kNvmlClockMem, &v), v);
-  field("max_sm_clock_mhz", n.max_clock_info(dev, kNvmlClockSm, &v), v);
-  field("temperature_c", n.temperature(dev, kNvmlTemperatureGpu, &v), v);
-  field("power_w", n.power_usage(dev, &v), v / 1000.0);
+  // Each query's value is read after its call returns (as arguments of one call, the order would be unspecified).
+  auto field = [&](const char* key, auto&& query, double scale = 1.0) {
+    unsigned v = 0;
+    const NvmlReturn r = query(&v);
+    s[key] = r == kNvmlSuccess ? nlohmann::json(double(v) * scale) : nlohmann::json(nullptr);
+  };
+  field("sm_clock_mhz", [&](unsigned* v) { return n.clock_info(dev, kNvmlClockSm, v); });
+  field("memory_clock_mhz", [&](unsigned* v) { return n.clock_info(dev, kNvmlClockMem, v); });
+  field("max_sm_clock_mhz", [&](unsigned* v) { return n.max_clock_info(dev, kNvmlClockSm, v); });
+  field("temperature_c", [&](unsigned* v) { return n.temperature(dev, kNvmlTemperatureGpu, v); });
+  field("power_w", [&](unsigned* v) { return n.power_usage(dev, v); }, 1e-3);
   unsigned long long mask = 0;
   if (n.event_reasons(dev, &mask) == kNvmlSuccess) {
     s["clock_event_mask"] = mask;

@@ -383,6 +383,9 @@ TEST(GpuClocks, ReadsTheRunsGpu) {
   EXPECT_GT(s["sm_clock_mhz"].get<double>(), 0);
   EXPECT_GE(s["max_sm_clock_mhz"].get<double>(), s["sm_clock_mhz"].get<double>());
   EXPECT_GT(s["memory_clock_mhz"].get<double>(), 0);
+  EXPECT_GT(s["temperature_c"].get<double>(), 0);  // each field its own query's value (a shifted read gave 1980)
+  EXPECT_LT(s["temperature_c"].get<double>(), 130);
+  EXPECT_GT(s["power_w"].get<double>(), 1);
   EXPECT_TRUE(s["clock_event_reasons"].is_array());
 }
 
