@@ -7,9 +7,11 @@
 #include <cctype>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "harness/cuda_check.h"
@@ -321,9 +323,14 @@ nlohmann::json calibrate() {
   if (!gpu_info().present) return nullptr;
   nlohmann::json out;
   Events ev;
+  // Each try after a short idle: the host's clock (which launch and copy latencies follow) recovers between tries,
+  // so the best of them is the same from one calibration to the next.
   auto best_of = [](int n, auto&& once) {
     double best = 1e30;
-    for (int i = 0; i < n; ++i) best = std::min(best, once());
+    for (int i = 0; i < n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      best = std::min(best, once());
+    }
     return best;
   };
   {  // HBM: device-to-device copy of 2 GiB, counting bytes read plus written.
@@ -436,9 +443,9 @@ nlohmann::json calibrate() {
     out["d2h_pinned_bytes_per_s"] = double(bytes) / d2h;
     out["link_how"] = "cudaMemcpyAsync of 1 GiB between pinned host memory and the device, each way, best of 5, CUDA events";
     // A small transfer's fixed cost (a decode step's hidden states are a few KB).
-    const double small = best_of(200, [&] { return ev.seconds([&] { DSLAB_CUDA(cudaMemcpyAsync(dev, host, 4096, cudaMemcpyHostToDevice)); }); });
+    const double small = best_of(50, [&] { return ev.seconds([&] { DSLAB_CUDA(cudaMemcpyAsync(dev, host, 4096, cudaMemcpyHostToDevice)); }); });
     out["h2d_4k_s"] = small;
-    out["h2d_4k_how"] = "cudaMemcpyAsync of 4 KB from pinned host memory, best of 200, CUDA events";
+    out["h2d_4k_how"] = "cudaMemcpyAsync of 4 KB from pinned host memory, best of 50, CUDA events";
     DSLAB_CUDA(cudaFreeHost(host));
     DSLAB_CUDA(cudaFree(dev));
   }
@@ -508,6 +515,7 @@ nlohmann::json calibrate() {
       auto host = [](void* a) { parallel_noop(static_cast<Arg*>(a)->threads); };
       double best_trip = 1e30;
       for (int rep = 0; rep < 20; ++rep) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
         best_trip = std::min(best_trip, ev.seconds([&] {
           for (int i = 0; i < 50; ++i) {
             empty_kernel<<<1, 1>>>();

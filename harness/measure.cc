@@ -1,5 +1,7 @@
 #include "harness/measure.h"
 
+#include <emmintrin.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -26,6 +28,18 @@ void flush_cpu_caches() {
 #pragma omp parallel for reduction(+ : sum) schedule(static)
   for (int64_t i = 0; i < n; i += 8) sum += buffer[size_t(i)];  // one word per 64-byte line
   sink = sink + sum;
+}
+
+// Evicts every line of the buffers from all cache levels (CLFLUSH: baseline x86-64, so no CPU check), the
+// buffers split over all threads.
+void evict(const std::vector<std::pair<const void*, size_t>>& buffers) {
+  for (const auto& [p, bytes] : buffers) {
+    const auto* first = static_cast<const char*>(p);
+    const int64_t lines = int64_t((bytes + 63) / 64);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < lines; ++i) _mm_clflush(first + i * 64);
+  }
+  _mm_mfence();
 }
 
 double quantile(const std::vector<double>& sorted, double q) {
@@ -59,10 +73,16 @@ std::vector<SampleSet> measure_interleaved(const std::vector<Subject>& subjects,
     flush[i] = !hot && (gpu || subjects[i].working_set_bytes < 4.0 * double(cpu_info().llc_bytes));
     out[i].cache_state = hot ? "hot" : (flush[i] ? "flushed" : "streaming");
   }
+  std::vector<std::vector<std::pair<const void*, size_t>>> cold(n);
+  for (size_t i = 0; i < n; ++i)
+    if (flush[i] && subjects[i].device != Device::cuda) cold[i] = subjects[i].variant->cold_buffers();
   auto one_sample = [&](size_t i) {
     Variant& v = *subjects[i].variant;
     if (subjects[i].device == Device::cuda) return gpu::time_seconds([&] { v.run(); }, flush[i]);
-    if (flush[i]) flush_cpu_caches();
+    if (flush[i]) {
+      flush_cpu_caches();
+      evict(cold[i]);
+    }
     const double start = now_s();
     v.run();
     return now_s() - start;

@@ -103,6 +103,36 @@ TEST(HostExperts, CallsOfAnySizeOnOnePackedLayer) {
   }
 }
 
+// What a flushed sample evicts: the packed weights of exactly the experts the routing reaches (the decode step's
+// DRAM stream), for the bf16 engine and the int8 variant alike.
+TEST_P(MoeCpu, ColdBuffersAreTheReachedExpertsWeights) {
+  auto v = find_variant(GetParam())->make();
+  if (Support s = v->available(); !s.ok) GTEST_SKIP() << s.reason;
+  const MoeCase c{"deepseek-v2-lite", 2, "uniform", 16, 2};
+  const ModelFile model = load_model_file(c.model);
+  v->prepare(model, moe_point(c), test::fresh_seed());
+  const auto buffers = v->cold_buffers();
+  if (GetParam() == "moe/onednn/cpu") {  // oneDNN holds its weights inside its primitives: the LLC sweep only
+    EXPECT_TRUE(buffers.empty());
+    return;
+  }
+  const ModelConfig m = test::model(c.model);
+  const double weights_per_expert = 3.0 * double(m.hidden_size) * double(m.moe_intermediate_size);  // elements
+  const double bytes_per_weight = GetParam().find("int8") != std::string::npos ? 1 : 2;
+  double bytes = 0;
+  for (const auto& [p, n] : buffers) {
+    ASSERT_NE(p, nullptr);
+    bytes += double(n);
+  }
+  ASSERT_EQ(buffers.size() % 3, 0u);  // gate, up, down per expert
+  const double experts = double(buffers.size() / 3);
+  EXPECT_GE(experts, 1);
+  EXPECT_LE(experts, double(c.tokens * m.num_experts_per_tok));
+  EXPECT_NEAR(bytes, experts * weights_per_expert * bytes_per_weight, 0.01 * bytes);  // (packing pads at most 1%)
+  v->run();  // the harness evicts them before a sample; the run still verifies
+  EXPECT_LE(v->verify().rel_err, GetParam().find("int8") != std::string::npos ? 5e-2 : 1e-2);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllKernels, MoeCpu, ::testing::Values("moe/amx/cpu", "moe/avx512/cpu", "moe/auto/cpu", "moe/onednn/cpu",
                                                              "moe/amx_int8/cpu"),
                          [](const auto& info) {

@@ -301,6 +301,18 @@ void Engine::prepare(const ModelFile& model, const Point& point, uint64_t seed) 
   std::fill(out_.begin(), out_.end(), std::nanf(""));  // poisoned again: verification must see run()'s output
 }
 
+std::vector<std::pair<const void*, size_t>> Engine::cold_buffers() const { return op_->weights_of(ids_.data(), int64_t(ids_.size())); }
+
+std::vector<std::pair<const void*, size_t>> HostExperts::weights_of(const int32_t* ids, int64_t count) const {
+  std::vector<char> reached(size_t(experts_), 0);
+  for (int64_t i = 0; i < count; ++i) reached[size_t(ids[i])] = 1;
+  std::vector<std::pair<const void*, size_t>> out;
+  for (int64_t e = 0; e < experts_; ++e)
+    if (reached[size_t(e)])
+      for (const Packed* w : {&gate_[size_t(e)], &up_[size_t(e)], &down_[size_t(e)]}) out.emplace_back(w->data.data(), w->data.size() * sizeof(bf16));
+  return out;
+}
+
 void Engine::run() { op_->forward(p_->x.data(), p_->shape.tokens, ids_.data(), weights_.data(), p_->shape.topk, out_.data()); }
 
 void HostExperts::set_weights(const ModelConfig& m, const std::vector<ref::MlpParams>& experts) {

@@ -111,6 +111,8 @@ class HostExperts {
   void set_weights(const ModelConfig& m, const std::vector<ref::MlpParams>& experts);
   // out[t] = sum over k < topk of weights[t][k] * expert_{ids[t][k]}(x[t]), for t < tokens (x: [tokens][hidden]).
   void forward(const bf16* x, int64_t tokens, const int32_t* ids, const float* weights, int64_t topk, float* out);
+  // The packed weights of the experts these (token, k) choices reach: what a decode step streams from DRAM.
+  std::vector<std::pair<const void*, size_t>> weights_of(const int32_t* ids, int64_t count) const;
   int64_t amx_crossover() const { return crossover_; }
   int64_t amx_experts() const { return amx_experts_; }  // of the last call's active experts, those on AMX
   int threads() const { return threads_; }
@@ -149,6 +151,7 @@ class Engine : public Base {
   // Measured against the unit it computes on: the AVX-512 engine against AVX-512's rate, not AMX's (which would
   // hide it); AMX (and the per-expert choice, which reaches AMX's rate at most) against AMX's.
   std::string compute_ceiling() const override;
+  std::vector<std::pair<const void*, size_t>> cold_buffers() const override;
 
  private:
   Kernel kernel_;

@@ -194,6 +194,14 @@ class MoeAmxInt8Cpu : public Base {
 
   std::string compute_ceiling() const override { return "cpu.amx_int8_ops"; }
 
+  std::vector<std::pair<const void*, size_t>> cold_buffers() const override {  // the reached experts' int8 weights
+    std::vector<std::pair<const void*, size_t>> out;
+    for (size_t e = 0; e < gate_.size(); ++e)
+      if (!p_->rows[e].empty())
+        for (const PackedI8* w : {&gate_[e], &up_[e], &down_[e]}) out.emplace_back(w->data.data(), w->data.size());
+    return out;
+  }
+
   Cost cost(const ModelFile& model, const Point& point) const override {
     Cost c = Base::cost(model, point);  // same FLOPs; the weights it reads are int8: half the bytes
     const ModelConfig m = parse_model_config(model.config, model.name, model.path);
