@@ -84,7 +84,8 @@ measured, to FILE (default: $DSLAB_MACHINE or ~/.cache/dslab/machine.json):
        round trip (when a GPU is present)
 options:
   --threads N   CPU threads (default: all, as OpenMP sees them)
-  --repeat N    calibrate N times: each ceiling is the median, and "spread" says how far the runs disagree
+  --repeat N    calibrate N times: each ceiling is the best seen (a rate's largest, a cost's smallest), and
+                "spread" says how far the runs disagree (min, median, max)
 )";
 
 const char* kListHelp = R"(usage: dslab list

@@ -34,7 +34,7 @@ struct Subject {
 
 // CPU: steady clock around run(). CUDA: events around run(). Cold (unless hot): CPU caches are
 // overwritten before each sample when the working set would fit in them, and the variant's cold_buffers()
-// evicted line by line; GPU L2 is always flushed.
+// evicted line by line before every sample; GPU L2 is always flushed.
 // Several subjects (the variants of one point) are sampled round-robin, one sample each per round in a
 // shuffled order, so a machine that drifts (a noisy neighbour, a frequency change) moves all of them alike
 // and their ratios hold; each stops on its own rule, and the timeout is per subject.

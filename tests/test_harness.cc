@@ -319,18 +319,20 @@ TEST(KernelNames, ShortNamesSurviveAnonymousNamespacesAndTemplates) {
 }
 #endif
 
-TEST(Calibrate, RepeatedRunsCombineToMediansWithTheirSpread) {
-  auto run = [](double dram, double hbm) {
+TEST(Calibrate, RepeatedRunsCombineToTheBestSeenWithTheirSpread) {
+  auto run = [](double dram, double hbm, double launch_s) {
     return nlohmann::json{{"cpu_model", "x"}, {"cpu", {{"threads", 16}, {"dram_read_bytes_per_s", dram}, {"dram_read_how", "probe"}}},
-                          {"gpu", {{"hbm_bytes_per_s", hbm}}}};
+                          {"gpu", {{"hbm_bytes_per_s", hbm}, {"launch_overhead_s", launch_s}}}};
   };
-  const auto m = combine_calibrations({run(100, 3.0), run(150, 3.1), run(110, 2.9)});
-  EXPECT_DOUBLE_EQ(m["cpu"]["dram_read_bytes_per_s"].get<double>(), 110);
-  EXPECT_DOUBLE_EQ(m["gpu"]["hbm_bytes_per_s"].get<double>(), 3.0);
+  const auto m = combine_calibrations({run(100, 3.0, 4e-6), run(150, 3.1, 3e-6), run(110, 2.9, 5e-6)});
+  EXPECT_DOUBLE_EQ(m["cpu"]["dram_read_bytes_per_s"].get<double>(), 150);  // a rate: the largest
+  EXPECT_DOUBLE_EQ(m["gpu"]["hbm_bytes_per_s"].get<double>(), 3.1);
+  EXPECT_DOUBLE_EQ(m["gpu"]["launch_overhead_s"].get<double>(), 3e-6);    // a cost: the smallest
+  EXPECT_DOUBLE_EQ(m["spread"]["cpu.dram_read_bytes_per_s"]["median"].get<double>(), 110);
   EXPECT_NEAR(m["spread"]["cpu.dram_read_bytes_per_s"]["spread"].get<double>(), 50.0 / 110, 1e-12);
   EXPECT_EQ(m["cpu"]["dram_read_how"], "probe");
   EXPECT_FALSE(m["spread"].contains("cpu.threads"));
-  EXPECT_FALSE(combine_calibrations({run(100, 3.0)}).contains("spread"));  // one run: nothing to compare
+  EXPECT_FALSE(combine_calibrations({run(100, 3.0, 4e-6)}).contains("spread"));  // one run: nothing to compare
 }
 
 TEST(Results, AKernelsOwnRooflineFractionFromItsCounters) {
