@@ -100,7 +100,7 @@ double avx512_bf16_chains(int64_t iterations) {
 // the MoE engine does for its weight tiles).
 template <int S>
 float read_streams(const float* data, int64_t n, int prefetch_lines) {
-  const int64_t part = (n / S) & ~int64_t(15);
+  const int64_t lines = (n / S) / 16, part = (S == 1 || lines % 2 ? lines : lines - 1) * 16;  // odd: streams off phase
   const float* p[S];
   for (int s = 0; s < S; ++s) p[s] = data + s * part;
   constexpr int kAcc = S >= 8 ? S : 8;
