@@ -125,10 +125,63 @@ TEST(SparseVariants, EachAttendsItsSelectionExactlyAndReportsItsFidelity) {
     EXPECT_LE(c.at("selected_tokens"), 256);
     EXPECT_GT(c.at("mass_recall"), 0.0);
     EXPECT_LE(c.at("mass_recall"), 1.0 + 1e-9);
-    EXPECT_TRUE(c.count("needle_recall") && c.count("select_s") && c.count("attend_s"));
+    EXPECT_TRUE(c.count("needle_recall") && c.count("append_s") && c.count("select_s") && c.count("attend_s"));
     if (std::string(name) == "sparse/oracle/cpu") EXPECT_EQ(c.at("needle_recall"), 1.0);
     p.set("cache_kind", {"noise", 0, false});
     EXPECT_THROW(v->supports(model, p), BadInput);
+  }
+}
+
+// The selectors' state grows a key at a time as decode appends: after any number of appends (across block
+// boundaries) and a rewind it equals the state built from scratch over the same cache, and so do the selections.
+TEST(SparseState, IncrementalEqualsFromScratchAcrossAppendsAndRewinds) {
+  const uint64_t seed = test::fresh_seed();
+  auto p = sparse::make_problem(4, 64, 16, 1000, CacheKind::clustered, 0, seed);
+  const auto more = sparse::make_problem(1, 64, 16, 150, CacheKind::random, 0, seed + 1);
+  Budget b;
+  b.tokens = 256, b.block = 64;
+  sparse::Indexer ix;
+  ix.heads = 8, ix.dim = 32;
+  sparse::SelectorState st(p, b.block, ix);
+  for (int64_t k = 0; k < more.keys; ++k) {  // 1000 -> 1150 keys: blocks 15 (partial) to 17 (partial)
+    sparse::append_key(p, &more.c_kv[size_t(k * 64)], &more.k_pe[size_t(k * 16)]);
+    st.append(p);
+    if (k % 37 == 0 || k == more.keys - 1) {
+      SCOPED_TRACE("keys " + std::to_string(p.keys));
+      const sparse::SelectorState scratch(p, b.block, ix);
+      ASSERT_TRUE(st == scratch);
+      EXPECT_EQ(sparse::select_quest(p, b, st), sparse::select_quest(p, b));
+      EXPECT_EQ(sparse::select_infllm(p, b, st), sparse::select_infllm(p, b));
+      EXPECT_EQ(sparse::select_dsa(p, b, st), sparse::select_dsa(p, b, ix));
+    }
+  }
+  sparse::truncate_keys(p, 1030);  // a rewind into the middle of a block
+  st.truncate(p);
+  EXPECT_TRUE(st == sparse::SelectorState(p, b.block, ix));
+  EXPECT_THROW(st.append(p), std::logic_error);  // the cache has not grown since
+  sparse::Problem shorter = p;
+  sparse::truncate_keys(shorter, 900);
+  EXPECT_THROW(sparse::select_quest(shorter, b, st), std::logic_error);  // a state of another cache
+}
+
+// A decode step grows the cache by one key per run() and rewinds it after kRewind steps; the verified output and the
+// fidelity are of the grown cache.
+TEST(SparseVariants, EachRunAppendsTheStepsKey) {
+  const ModelFile model = load_model_file("deepseek-v2-lite");
+  Point p;
+  auto integer = [&](const char* axis, int64_t v) { p.set(axis, {std::to_string(v), v, true}); };
+  integer("kv_len", 600), integer("budget", 128), integer("block", 64), integer("needle_depth", 50), integer("heads", 4);
+  p.set("cache_kind", {"random", 0, false});
+  for (const auto& [name, steps] : {std::pair<const char*, int>{"sparse/quest/cpu", 1030}, {"sparse/dsa/cpu", 5}}) {
+    SCOPED_TRACE(name);
+    auto v = find_variant(name)->make();
+    v->prepare(model, p, test::fresh_seed());
+    for (int i = 0; i < steps; ++i) v->run();  // Quest past one rewind (1024 steps)
+    const Verification ver = v->verify();
+    EXPECT_LE(ver.rel_err, ver.threshold);
+    const auto c = v->counters();
+    EXPECT_GE(c.at("append_s"), 0.0);
+    EXPECT_LE(c.at("selected_tokens"), 128);
   }
 }
 

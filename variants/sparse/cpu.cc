@@ -1,9 +1,12 @@
 // sparse/{oracle,quest,infllm,dsa}/cpu: one decode step of MLA attention (its MQA form over the latent cache) on
-// the keys a selector chooses. run() = the selection + attention over the selected keys; verify() = that attention
+// the keys a selector chooses. run() = the step's new key appended to the cache and to the selector's state
+// (block min/max/sum, the FP8 index key: incremental, not rebuilt), the selection, and attention over the selected
+// keys; the cache grows one key per run() (rewound to kv_len every kRewind steps). verify() = that attention
 // against fp64 over the same keys; counters = the selection's fidelity against dense attention (mass_recall,
-// rel_err_vs_dense, needle_recall) and the selection's own time beside the attention's.
+// rel_err_vs_dense, needle_recall) and the append's, selection's and attention's own times.
 #include <chrono>
 #include <cmath>
+#include <memory>
 
 #include "harness/errors.h"
 #include "harness/variant.h"
@@ -21,6 +24,9 @@ CacheKind parse_cache_kind(const std::string& text) {
   if (text == "needle") return CacheKind::needle;
   throw BadInput("axis cache_kind: '" + text + "': expected random, clustered or needle");
 }
+
+// Decode steps between rewinds of the cache to kv_len: its length moves at most this much while it is timed.
+constexpr int64_t kRewind = 1024;
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -46,17 +52,19 @@ class SparseCpu : public Variant {
     const double width = double(m.kv_lora_rank + m.qk_rope_head_dim), B = std::min(N, double(point.integer("budget")));
     const double blocks = std::ceil(N / double(point.integer("block")));
     Cost c;
-    // The attention over the selected keys (scores and the weighted sum), then what the selector reads and computes.
+    // The attention over the selected keys (scores and the weighted sum), then what the selector reads and computes:
+    // its state kept incrementally (one key's update per step: a block's min/max/sum, one FP8 index key), so a step
+    // reads the block summaries or the index keys, not the cache.
     c.flops = 2 * H * B * (width + double(m.kv_lora_rank));
     c.bytes = B * width * 4;
     switch (selector_) {
-      case Selector::oracle: c.flops += 2 * H * N * width, c.bytes += N * width * 4; break;
-      case Selector::quest: c.flops += 2 * H * blocks * width * 2, c.bytes += N * width * 4; break;  // min/max made here
-      case Selector::infllm: c.flops += 2 * H * blocks * width, c.bytes += N * width * 4; break;     // means made here
+      case Selector::oracle: c.flops += 2 * H * N * width, c.bytes += N * width * 4; break;  // every key's true score
+      case Selector::quest: c.flops += 2 * H * blocks * width * 2, c.bytes += blocks * width * 2 * 4; break;
+      case Selector::infllm: c.flops += 2 * H * blocks * width, c.bytes += blocks * width * 4; break;
       case Selector::dsa: {
-        const Indexer ix;
-        c.flops += 2 * double(ix.heads) * N * double(ix.dim) + 2 * N * width * double(ix.dim);
-        c.bytes += N * double(ix.dim) + N * width * 4;
+        const Indexer ix;  // index keys: e4m3 plus a scale per token; the queries' and the new key's projections
+        c.flops += 2 * double(ix.heads) * N * double(ix.dim) + 2 * (double(ix.heads) + 1) * width * double(ix.dim);
+        c.bytes += N * (double(ix.dim) + 4);
         break;
       }
     }
@@ -70,9 +78,15 @@ class SparseCpu : public Variant {
                       double(point.integer("needle_depth")) / 100.0, seed);
     b_.tokens = point.integer("budget");
     b_.block = point.integer("block");
+    kv_len_ = p_.keys;
+    // The keys decode appends: fresh random latents and rope keys (the cache kind shapes the prefix only).
+    new_keys_ = make_problem(1, m.kv_lora_rank, m.qk_rope_head_dim, kRewind, CacheKind::random, 0, seed ^ 0x9e3779b97f4a7c15ull);
+    next_ = 0;
+    if (selector_ != Selector::oracle) state_ = std::make_unique<SelectorState>(p_, b_.block, Indexer{});
     out_.assign(size_t(p_.heads * p_.latent), std::nanf(""));
   }
   void run() override {
+    append();
     selected_ = select();
     attend(selected_, out_);
   }
@@ -86,14 +100,18 @@ class SparseCpu : public Variant {
     const Fidelity f = fidelity(p_, selected_);
     std::vector<float> scratch(out_.size());
     const auto t0 = std::chrono::steady_clock::now();
-    const auto sel = select();
-    const double select_s = seconds_since(t0);
+    append();  // one more decode step, its parts timed apart
+    const double append_s = seconds_since(t0);
     const auto t1 = std::chrono::steady_clock::now();
+    const auto sel = select();
+    const double select_s = seconds_since(t1);
+    const auto t2 = std::chrono::steady_clock::now();
     attend(sel, scratch);
-    const double attend_s = seconds_since(t1);
+    const double attend_s = seconds_since(t2);
     std::map<std::string, double> c = {{"mass_recall", f.mass_recall},
                                        {"rel_err_vs_dense", f.rel_err},
                                        {"selected_tokens", double(selected_.size())},
+                                       {"append_s", append_s},
                                        {"select_s", select_s},
                                        {"attend_s", attend_s}};
     if (p_.needle >= 0) c["needle_recall"] = f.needle_found ? 1.0 : 0.0;
@@ -101,12 +119,24 @@ class SparseCpu : public Variant {
   }
 
  private:
+  // The decode step's new key into the cache and the selector's state; every kRewind steps the cache is rewound to
+  // kv_len first (a truncation and one block's summary made again: no allocation once the vectors have grown).
+  void append() {
+    if (next_ == kRewind) {
+      truncate_keys(p_, kv_len_);
+      if (state_) state_->truncate(p_);
+      next_ = 0;
+    }
+    append_key(p_, &new_keys_.c_kv[size_t(next_ * p_.latent)], &new_keys_.k_pe[size_t(next_ * p_.rope)]);
+    ++next_;
+    if (state_) state_->append(p_);
+  }
   std::vector<int64_t> select() const {
     switch (selector_) {
       case Selector::oracle: return select_oracle(p_, b_);
-      case Selector::quest: return select_quest(p_, b_);
-      case Selector::infllm: return select_infllm(p_, b_);
-      case Selector::dsa: return select_dsa(p_, b_, Indexer{});
+      case Selector::quest: return select_quest(p_, b_, *state_);
+      case Selector::infllm: return select_infllm(p_, b_, *state_);
+      case Selector::dsa: return select_dsa(p_, b_, *state_);
     }
     return {};
   }
@@ -134,7 +164,9 @@ class SparseCpu : public Variant {
   }
 
   Selector selector_;
-  Problem p_;
+  Problem p_, new_keys_;
+  int64_t kv_len_ = 0, next_ = 0;
+  std::unique_ptr<SelectorState> state_;
   Budget b_;
   std::vector<int64_t> selected_;
   std::vector<float> out_;

@@ -130,38 +130,130 @@ std::vector<int64_t> select_oracle(const Problem& p, const Budget& b) {
   return assemble(p, b, rank_descending(mass), 1);
 }
 
-std::vector<int64_t> select_quest(const Problem& p, const Budget& b) {
-  return select_blocks(p, b, [&](int64_t h, int64_t first, int64_t end) {
+void append_key(Problem& p, const float* latent, const float* rope) {
+  p.c_kv.insert(p.c_kv.end(), latent, latent + p.latent);
+  p.k_pe.insert(p.k_pe.end(), rope, rope + p.rope);
+  ++p.keys;
+}
+
+void truncate_keys(Problem& p, int64_t keys) {
+  if (keys < 1 || keys > p.keys) throw std::invalid_argument("sparse::truncate_keys: keys out of range");
+  p.c_kv.resize(size_t(keys * p.latent));
+  p.k_pe.resize(size_t(keys * p.rope));
+  p.keys = keys;
+  if (p.needle >= keys) p.needle = -1;
+}
+
+void SelectorState::truncate(const Problem& p) {
+  if (p.keys > keys_ || p.keys < 1) throw std::logic_error("SelectorState::truncate: the problem is not a prefix of the state's");
+  const int64_t last = (p.keys - 1) / block_;  // the last block, made again from its keys
+  keys_ = last * block_;
+  min_.resize(size_t(last * width_)), max_.resize(min_.size()), sum_.resize(min_.size());
+  index_keys_.resize(size_t(keys_ * ix_.dim));
+  for (int64_t k = keys_; k < p.keys; ++k) append_row(&p.c_kv[size_t(k * latent_)], &p.k_pe[size_t(k * rope_)]);
+}
+
+SelectorState::SelectorState(const Problem& p, int64_t block, const Indexer& ix)
+    : block_(block), latent_(p.latent), rope_(p.rope), width_(p.latent + p.rope), ix_(ix) {
+  if (block < 1) throw std::invalid_argument("sparse: block must be positive");
+  std::mt19937_64 gen(ix.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(float(ix.dim)));
+  proj_.resize(size_t(width_ * ix.dim));
+  for (float& v : proj_) v = normal(gen);
+  const int64_t keys = p.keys;
+  min_.reserve(size_t(((keys + block - 1) / block) * width_));
+  max_.reserve(min_.capacity()), sum_.reserve(min_.capacity());
+  index_keys_.reserve(size_t(keys * ix.dim));
+  for (int64_t k = 0; k < keys; ++k) append_row(&p.c_kv[size_t(k * latent_)], &p.k_pe[size_t(k * rope_)]);  // key by key
+}
+
+void SelectorState::project(const float* latent, const float* rope, float* out) const {
+  for (int64_t j = 0; j < ix_.dim; ++j) out[j] = 0;
+  for (int64_t d = 0; d < width_; ++d) {
+    const float v = d < latent_ ? latent[d] : rope[d - latent_];
+    const float* row = &proj_[size_t(d * ix_.dim)];
+    for (int64_t j = 0; j < ix_.dim; ++j) out[j] += v * row[j];
+  }
+}
+
+void SelectorState::append(const Problem& p) {
+  const int64_t k = p.keys - 1;
+  if (k != keys_) throw std::logic_error("SelectorState::append: the problem must have grown by exactly one key");
+  append_row(&p.c_kv[size_t(k * latent_)], &p.k_pe[size_t(k * rope_)]);
+}
+
+void SelectorState::append_row(const float* latent, const float* rope) {
+  const int64_t k = keys_;
+  auto value = [&](int64_t d) { return d < latent_ ? latent[d] : rope[d - latent_]; };
+  if (k % block_ == 0) {  // a new block starts with this key
+    for (int64_t d = 0; d < width_; ++d) min_.push_back(value(d)), max_.push_back(value(d)), sum_.push_back(value(d));
+  } else {
+    const size_t base = size_t((k / block_) * width_);
+    for (int64_t d = 0; d < width_; ++d) {
+      const float v = value(d);
+      min_[base + size_t(d)] = std::min(min_[base + size_t(d)], v);
+      max_[base + size_t(d)] = std::max(max_[base + size_t(d)], v);
+      sum_[base + size_t(d)] += v;
+    }
+  }
+  const size_t at = index_keys_.size();
+  index_keys_.resize(at + size_t(ix_.dim));
+  float* key = &index_keys_[at];
+  project(latent, rope, key);
+  if (ix_.fp8) {  // the cache holds e4m3 values and one fp32 scale per token
+    float amax = 0;
+    for (int64_t j = 0; j < ix_.dim; ++j) amax = std::max(amax, std::fabs(key[j]));
+    const float scale = amax > 0 ? amax / 448.0f : 1.0f;
+    for (int64_t j = 0; j < ix_.dim; ++j) key[j] = round_e4m3(key[j] / scale) * scale;
+  }
+  ++keys_;
+}
+
+bool SelectorState::operator==(const SelectorState& o) const {
+  return block_ == o.block_ && width_ == o.width_ && keys_ == o.keys_ && min_ == o.min_ && max_ == o.max_ && sum_ == o.sum_ &&
+         index_keys_ == o.index_keys_;
+}
+
+namespace {
+
+void check_state(const Problem& p, const Budget& b, const SelectorState& st) {
+  if (st.keys() != p.keys || st.block() != b.block || st.width() != p.latent + p.rope)
+    throw std::logic_error("sparse: the selector state does not describe this cache");
+}
+
+}  // namespace
+
+std::vector<int64_t> select_quest(const Problem& p, const Budget& b, const SelectorState& st) {
+  check_state(p, b, st);
+  return select_blocks(p, b, [&](int64_t h, int64_t first, int64_t) {
+    const float *lo = st.block_min(first / b.block), *hi = st.block_max(first / b.block);
     double bound = 0;
-    auto dims = [&](const std::vector<float>& q, const std::vector<float>& key, int64_t width) {
-      for (int64_t d = 0; d < width; ++d) {
-        float lo = INFINITY, hi = -INFINITY;
-        for (int64_t k = first; k < end; ++k) lo = std::min(lo, key[size_t(k * width + d)]), hi = std::max(hi, key[size_t(k * width + d)]);
-        const double qd = q[size_t(h * width + d)];
-        bound += std::max(qd * lo, qd * hi);
-      }
-    };
-    dims(p.q_lat, p.c_kv, p.latent);
-    dims(p.q_pe, p.k_pe, p.rope);
+    for (int64_t d = 0; d < p.latent; ++d) {
+      const double qd = p.q_lat[size_t(h * p.latent + d)];
+      bound += std::max(qd * lo[d], qd * hi[d]);
+    }
+    for (int64_t d = 0; d < p.rope; ++d) {
+      const double qd = p.q_pe[size_t(h * p.rope + d)];
+      bound += std::max(qd * lo[p.latent + d], qd * hi[p.latent + d]);
+    }
     return bound;
   });
 }
 
-std::vector<int64_t> select_infllm(const Problem& p, const Budget& b) {
+std::vector<int64_t> select_quest(const Problem& p, const Budget& b) { return select_quest(p, b, SelectorState(p, b.block, Indexer{})); }
+
+std::vector<int64_t> select_infllm(const Problem& p, const Budget& b, const SelectorState& st) {
+  check_state(p, b, st);
   return select_blocks(p, b, [&](int64_t h, int64_t first, int64_t end) {
+    const float* sum = st.block_sum(first / b.block);
     double dot = 0;
-    auto dims = [&](const std::vector<float>& q, const std::vector<float>& key, int64_t width) {
-      for (int64_t d = 0; d < width; ++d) {
-        double mean = 0;
-        for (int64_t k = first; k < end; ++k) mean += key[size_t(k * width + d)];
-        dot += q[size_t(h * width + d)] * mean / double(end - first);
-      }
-    };
-    dims(p.q_lat, p.c_kv, p.latent);
-    dims(p.q_pe, p.k_pe, p.rope);
-    return dot;
+    for (int64_t d = 0; d < p.latent; ++d) dot += double(p.q_lat[size_t(h * p.latent + d)]) * sum[d];
+    for (int64_t d = 0; d < p.rope; ++d) dot += double(p.q_pe[size_t(h * p.rope + d)]) * sum[p.latent + d];
+    return dot / double(end - first);  // the mean key's score
   });
 }
+
+std::vector<int64_t> select_infllm(const Problem& p, const Budget& b) { return select_infllm(p, b, SelectorState(p, b.block, Indexer{})); }
 
 float round_e4m3(float x) {
   const float a = std::fabs(x);
@@ -173,44 +265,27 @@ float round_e4m3(float x) {
   return std::copysign(std::min(448.0f, std::nearbyint(a / step) * step), x);
 }
 
-std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const Indexer& ix) {
-  const int64_t in = p.latent + p.rope;
-  std::mt19937_64 gen(ix.seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(float(ix.dim)));
-  std::vector<float> proj(size_t(in * ix.dim));  // [in][dim]
-  for (float& v : proj) v = normal(gen);
-  auto project = [&](const float* lat, const float* rope, float* out) {
-    for (int64_t j = 0; j < ix.dim; ++j) out[j] = 0;
-    for (int64_t d = 0; d < in; ++d) {
-      const float v = d < p.latent ? lat[d] : rope[d - p.latent];
-      for (int64_t j = 0; j < ix.dim; ++j) out[j] += v * proj[size_t(d * ix.dim + j)];
-    }
-  };
-  std::vector<float> keys(size_t(p.keys * ix.dim));
-  for (int64_t k = 0; k < p.keys; ++k) {
-    float* key = &keys[size_t(k * ix.dim)];
-    project(&p.c_kv[size_t(k * p.latent)], &p.k_pe[size_t(k * p.rope)], key);
-    if (ix.fp8) {  // the cache holds e4m3 values and one fp32 scale per token
-      float amax = 0;
-      for (int64_t j = 0; j < ix.dim; ++j) amax = std::max(amax, std::fabs(key[j]));
-      const float scale = amax > 0 ? amax / 448.0f : 1.0f;
-      for (int64_t j = 0; j < ix.dim; ++j) key[j] = round_e4m3(key[j] / scale) * scale;
-    }
-  }
+std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const SelectorState& st) {
+  check_state(p, b, st);
+  const Indexer& ix = st.indexer();
   std::vector<float> q(size_t(ix.heads * ix.dim));
   for (int64_t j = 0; j < ix.heads; ++j) {
     const int64_t h = j % p.heads;
-    project(&p.q_lat[size_t(h * p.latent)], &p.q_pe[size_t(h * p.rope)], &q[size_t(j * ix.dim)]);
+    st.project(&p.q_lat[size_t(h * p.latent)], &p.q_pe[size_t(h * p.rope)], &q[size_t(j * ix.dim)]);
   }
   std::vector<double> score(size_t(p.keys), 0.0);
-  for (int64_t k = 0; k < p.keys; ++k)
+  for (int64_t k = 0; k < p.keys; ++k) {
+    const float* key = st.index_key(k);
     for (int64_t j = 0; j < ix.heads; ++j) {
       double dot = 0;
-      for (int64_t d = 0; d < ix.dim; ++d) dot += double(q[size_t(j * ix.dim + d)]) * keys[size_t(k * ix.dim + d)];
+      for (int64_t d = 0; d < ix.dim; ++d) dot += double(q[size_t(j * ix.dim + d)]) * key[d];
       score[size_t(k)] += std::max(0.0, dot) / double(ix.heads);
     }
+  }
   return assemble(p, b, rank_descending(score), 1);
 }
+
+std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const Indexer& ix) { return select_dsa(p, b, SelectorState(p, b.block, ix)); }
 
 std::vector<double> attention(const Problem& p, const std::vector<int64_t>& selected) {
   std::vector<double> out(size_t(p.heads * p.latent), 0.0), s(selected.size());

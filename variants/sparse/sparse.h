@@ -5,6 +5,7 @@
 // the heads is said at its declaration. Every selection keeps the first n_init keys (attention sinks) and the
 // last `local` keys (the recent window).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -34,15 +35,6 @@ struct Budget {
   int64_t n_init = 4, local = 64;
 };
 
-// The exact top keys by the true scores: each key's softmax probability summed over the heads (the fidelity bound
-// for a token budget).
-std::vector<int64_t> select_oracle(const Problem& p, const Budget& b);
-// Quest: per block the element-wise min and max of its keys; a block's score for a head is the upper bound
-// sum_j max(q_j min_j, q_j max_j) of any of its keys' scores; blocks ranked by their best head.
-std::vector<int64_t> select_quest(const Problem& p, const Budget& b);
-// InfLLM: per block one representative key, the plain mean of its keys; blocks ranked by the best head's score of it.
-std::vector<int64_t> select_infllm(const Problem& p, const Budget& b);
-
 // DeepSeek-V3.2's lightning indexer (DSA): `heads` index heads of `dim` dims, an FP8 (e4m3, one scale per token)
 // index-key cache, score_k = sum_j w_j ReLU(q_j · k_k), the top tokens. Its projections are a trained model's; here
 // they are one random projection of MLA's own [latent ‖ rope] query and key to `dim` dims (index head j takes MLA
@@ -53,7 +45,57 @@ struct Indexer {
   bool fp8 = true;  // the index keys rounded to e4m3 with a per-token scale
   uint64_t seed = 1;
 };
+
+// What the selectors keep beside the cache, grown one key at a time as decode appends keys (append() is what a
+// decode step pays for it, not a rebuild): per block of `block` keys the element-wise min and max (Quest) and sum
+// (InfLLM's mean) over [latent ‖ rope], and per token the indexer's FP8 key (DSA). Built from scratch by appending
+// every key, so the incremental and the full state are one code path and equal.
+class SelectorState {
+ public:
+  SelectorState(const Problem& p, int64_t block, const Indexer& ix);
+  void append(const Problem& p);  // the key p.keys - 1 (p has grown by one since the last call)
+  // Back to p's (shorter) cache: whole blocks and index keys dropped, the last block's summary made again from its
+  // keys (what a serving engine does when it evicts a finished request's tail; here, a benchmark's rewind).
+  void truncate(const Problem& p);
+  int64_t keys() const { return keys_; }
+  int64_t block() const { return block_; }
+  int64_t width() const { return width_; }
+  const float* block_min(int64_t b) const { return &min_[size_t(b * width_)]; }
+  const float* block_max(int64_t b) const { return &max_[size_t(b * width_)]; }
+  const float* block_sum(int64_t b) const { return &sum_[size_t(b * width_)]; }
+  const float* index_key(int64_t k) const { return &index_keys_[size_t(k * ix_.dim)]; }
+  const Indexer& indexer() const { return ix_; }
+  // The indexer's projection of a [latent ‖ rope] vector to ix.dim dims.
+  void project(const float* latent, const float* rope, float* out) const;
+  bool operator==(const SelectorState& o) const;
+
+ private:
+  void append_row(const float* latent, const float* rope);
+  int64_t block_, latent_, rope_, width_, keys_ = 0;
+  Indexer ix_;
+  std::vector<float> proj_;                    // [width][dim]
+  std::vector<float> min_, max_, sum_;         // [blocks][width]
+  std::vector<float> index_keys_;              // [keys][dim], e4m3 values times the token's scale
+};
+
+// Appends one key (a latent row and a rope row) to the problem's cache; truncate_keys drops keys from its end.
+void append_key(Problem& p, const float* latent, const float* rope);
+void truncate_keys(Problem& p, int64_t keys);
+
+// The exact top keys by the true scores: each key's softmax probability summed over the heads (the fidelity bound
+// for a token budget).
+std::vector<int64_t> select_oracle(const Problem& p, const Budget& b);
+// Quest: per block the element-wise min and max of its keys; a block's score for a head is the upper bound
+// sum_j max(q_j min_j, q_j max_j) of any of its keys' scores; blocks ranked by their best head.
+std::vector<int64_t> select_quest(const Problem& p, const Budget& b);
+std::vector<int64_t> select_quest(const Problem& p, const Budget& b, const SelectorState& st);
+// InfLLM: per block one representative key, the plain mean of its keys; blocks ranked by the best head's score of it.
+std::vector<int64_t> select_infllm(const Problem& p, const Budget& b);
+std::vector<int64_t> select_infllm(const Problem& p, const Budget& b, const SelectorState& st);
+
+// DSA: the top tokens by the lightning indexer's score (Indexer above).
 std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const Indexer& ix);
+std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const SelectorState& st);
 // e4m3 rounding (to nearest, saturating at 448; subnormals below 2^-6): the value an FP8 cache holds.
 float round_e4m3(float x);
 
