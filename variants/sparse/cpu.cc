@@ -82,7 +82,8 @@ class SparseCpu : public Variant {
     // The keys decode appends: fresh random latents and rope keys (the cache kind shapes the prefix only).
     new_keys_ = make_problem(1, m.kv_lora_rank, m.qk_rope_head_dim, kRewind, CacheKind::random, 0, seed ^ 0x9e3779b97f4a7c15ull);
     next_ = 0;
-    if (selector_ != Selector::oracle) state_ = std::make_unique<SelectorState>(p_, b_.block, Indexer{});
+    if (selector_ != Selector::oracle)
+      state_ = std::make_unique<SelectorState>(p_, b_.block, Indexer{}, selector_ == Selector::dsa ? SelectorState::index_keys : SelectorState::blocks);
     out_.assign(size_t(p_.heads * p_.latent), std::nanf(""));
   }
   void run() override {

@@ -148,22 +148,26 @@ void SelectorState::truncate(const Problem& p) {
   if (p.keys > keys_ || p.keys < 1) throw std::logic_error("SelectorState::truncate: the problem is not a prefix of the state's");
   const int64_t last = (p.keys - 1) / block_;  // the last block, made again from its keys
   keys_ = last * block_;
-  min_.resize(size_t(last * width_)), max_.resize(min_.size()), sum_.resize(min_.size());
-  index_keys_.resize(size_t(keys_ * ix_.dim));
+  if (keeps(blocks)) min_.resize(size_t(last * width_)), max_.resize(min_.size()), sum_.resize(min_.size());
+  if (keeps(index_keys)) index_keys_.resize(size_t(keys_ * ix_.dim));
   for (int64_t k = keys_; k < p.keys; ++k) append_row(&p.c_kv[size_t(k * latent_)], &p.k_pe[size_t(k * rope_)]);
 }
 
-SelectorState::SelectorState(const Problem& p, int64_t block, const Indexer& ix)
-    : block_(block), latent_(p.latent), rope_(p.rope), width_(p.latent + p.rope), ix_(ix) {
+SelectorState::SelectorState(const Problem& p, int64_t block, const Indexer& ix, Keep keep)
+    : block_(block), latent_(p.latent), rope_(p.rope), width_(p.latent + p.rope), ix_(ix), keep_(keep) {
   if (block < 1) throw std::invalid_argument("sparse: block must be positive");
-  std::mt19937_64 gen(ix.seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(float(ix.dim)));
-  proj_.resize(size_t(width_ * ix.dim));
-  for (float& v : proj_) v = normal(gen);
   const int64_t keys = p.keys;
-  min_.reserve(size_t(((keys + block - 1) / block) * width_));
-  max_.reserve(min_.capacity()), sum_.reserve(min_.capacity());
-  index_keys_.reserve(size_t(keys * ix.dim));
+  if (keeps(blocks)) {
+    min_.reserve(size_t(((keys + block - 1) / block) * width_));
+    max_.reserve(min_.capacity()), sum_.reserve(min_.capacity());
+  }
+  if (keeps(index_keys)) {
+    std::mt19937_64 gen(ix.seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(float(ix.dim)));
+    proj_.resize(size_t(width_ * ix.dim));
+    for (float& v : proj_) v = normal(gen);
+    index_keys_.reserve(size_t(keys * ix.dim));
+  }
   for (int64_t k = 0; k < keys; ++k) append_row(&p.c_kv[size_t(k * latent_)], &p.k_pe[size_t(k * rope_)]);  // key by key
 }
 
@@ -183,48 +187,51 @@ void SelectorState::append(const Problem& p) {
 }
 
 void SelectorState::append_row(const float* latent, const float* rope) {
-  const int64_t k = keys_;
-  auto value = [&](int64_t d) { return d < latent_ ? latent[d] : rope[d - latent_]; };
-  if (k % block_ == 0) {  // a new block starts with this key
-    for (int64_t d = 0; d < width_; ++d) min_.push_back(value(d)), max_.push_back(value(d)), sum_.push_back(value(d));
-  } else {
-    const size_t base = size_t((k / block_) * width_);
-    for (int64_t d = 0; d < width_; ++d) {
-      const float v = value(d);
-      min_[base + size_t(d)] = std::min(min_[base + size_t(d)], v);
-      max_[base + size_t(d)] = std::max(max_[base + size_t(d)], v);
-      sum_[base + size_t(d)] += v;
+  const int64_t k = keys_++;
+  if (keeps(blocks)) {
+    auto value = [&](int64_t d) { return d < latent_ ? latent[d] : rope[d - latent_]; };
+    if (k % block_ == 0) {  // a new block starts with this key
+      for (int64_t d = 0; d < width_; ++d) min_.push_back(value(d)), max_.push_back(value(d)), sum_.push_back(value(d));
+    } else {
+      const size_t base = size_t((k / block_) * width_);
+      for (int64_t d = 0; d < width_; ++d) {
+        const float v = value(d);
+        min_[base + size_t(d)] = std::min(min_[base + size_t(d)], v);
+        max_[base + size_t(d)] = std::max(max_[base + size_t(d)], v);
+        sum_[base + size_t(d)] += v;
+      }
     }
   }
-  const size_t at = index_keys_.size();
-  index_keys_.resize(at + size_t(ix_.dim));
-  float* key = &index_keys_[at];
-  project(latent, rope, key);
-  if (ix_.fp8) {  // the cache holds e4m3 values and one fp32 scale per token
-    float amax = 0;
-    for (int64_t j = 0; j < ix_.dim; ++j) amax = std::max(amax, std::fabs(key[j]));
-    const float scale = amax > 0 ? amax / 448.0f : 1.0f;
-    for (int64_t j = 0; j < ix_.dim; ++j) key[j] = round_e4m3(key[j] / scale) * scale;
+  if (keeps(index_keys)) {
+    const size_t at = index_keys_.size();
+    index_keys_.resize(at + size_t(ix_.dim));
+    float* key = &index_keys_[at];
+    project(latent, rope, key);
+    if (ix_.fp8) {  // the cache holds e4m3 values and one fp32 scale per token
+      float amax = 0;
+      for (int64_t j = 0; j < ix_.dim; ++j) amax = std::max(amax, std::fabs(key[j]));
+      const float scale = amax > 0 ? amax / 448.0f : 1.0f;
+      for (int64_t j = 0; j < ix_.dim; ++j) key[j] = round_e4m3(key[j] / scale) * scale;
+    }
   }
-  ++keys_;
 }
 
 bool SelectorState::operator==(const SelectorState& o) const {
-  return block_ == o.block_ && width_ == o.width_ && keys_ == o.keys_ && min_ == o.min_ && max_ == o.max_ && sum_ == o.sum_ &&
+  return block_ == o.block_ && width_ == o.width_ && keys_ == o.keys_ && keep_ == o.keep_ && min_ == o.min_ && max_ == o.max_ && sum_ == o.sum_ &&
          index_keys_ == o.index_keys_;
 }
 
 namespace {
 
-void check_state(const Problem& p, const Budget& b, const SelectorState& st) {
-  if (st.keys() != p.keys || st.block() != b.block || st.width() != p.latent + p.rope)
+void check_state(const Problem& p, const Budget& b, const SelectorState& st, SelectorState::Keep needs) {
+  if (st.keys() != p.keys || st.block() != b.block || st.width() != p.latent + p.rope || !st.keeps(needs))
     throw std::logic_error("sparse: the selector state does not describe this cache");
 }
 
 }  // namespace
 
 std::vector<int64_t> select_quest(const Problem& p, const Budget& b, const SelectorState& st) {
-  check_state(p, b, st);
+  check_state(p, b, st, SelectorState::blocks);
   return select_blocks(p, b, [&](int64_t h, int64_t first, int64_t) {
     const float *lo = st.block_min(first / b.block), *hi = st.block_max(first / b.block);
     double bound = 0;
@@ -240,10 +247,10 @@ std::vector<int64_t> select_quest(const Problem& p, const Budget& b, const Selec
   });
 }
 
-std::vector<int64_t> select_quest(const Problem& p, const Budget& b) { return select_quest(p, b, SelectorState(p, b.block, Indexer{})); }
+std::vector<int64_t> select_quest(const Problem& p, const Budget& b) { return select_quest(p, b, SelectorState(p, b.block, Indexer{}, SelectorState::blocks)); }
 
 std::vector<int64_t> select_infllm(const Problem& p, const Budget& b, const SelectorState& st) {
-  check_state(p, b, st);
+  check_state(p, b, st, SelectorState::blocks);
   return select_blocks(p, b, [&](int64_t h, int64_t first, int64_t end) {
     const float* sum = st.block_sum(first / b.block);
     double dot = 0;
@@ -253,7 +260,7 @@ std::vector<int64_t> select_infllm(const Problem& p, const Budget& b, const Sele
   });
 }
 
-std::vector<int64_t> select_infllm(const Problem& p, const Budget& b) { return select_infllm(p, b, SelectorState(p, b.block, Indexer{})); }
+std::vector<int64_t> select_infllm(const Problem& p, const Budget& b) { return select_infllm(p, b, SelectorState(p, b.block, Indexer{}, SelectorState::blocks)); }
 
 float round_e4m3(float x) {
   const float a = std::fabs(x);
@@ -266,7 +273,7 @@ float round_e4m3(float x) {
 }
 
 std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const SelectorState& st) {
-  check_state(p, b, st);
+  check_state(p, b, st, SelectorState::index_keys);
   const Indexer& ix = st.indexer();
   std::vector<float> q(size_t(ix.heads * ix.dim));
   for (int64_t j = 0; j < ix.heads; ++j) {
@@ -285,7 +292,7 @@ std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const Selecto
   return assemble(p, b, rank_descending(score), 1);
 }
 
-std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const Indexer& ix) { return select_dsa(p, b, SelectorState(p, b.block, ix)); }
+std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const Indexer& ix) { return select_dsa(p, b, SelectorState(p, b.block, ix, SelectorState::index_keys)); }
 
 std::vector<double> attention(const Problem& p, const std::vector<int64_t>& selected) {
   std::vector<double> out(size_t(p.heads * p.latent), 0.0), s(selected.size());

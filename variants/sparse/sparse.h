@@ -49,15 +49,18 @@ struct Indexer {
 // What the selectors keep beside the cache, grown one key at a time as decode appends keys (append() is what a
 // decode step pays for it, not a rebuild): per block of `block` keys the element-wise min and max (Quest) and sum
 // (InfLLM's mean) over [latent ‖ rope], and per token the indexer's FP8 key (DSA). Built from scratch by appending
-// every key, so the incremental and the full state are one code path and equal.
+// every key, so the incremental and the full state are one code path and equal. A selector keeps only what it
+// reads (`keep`): a decode step of Quest or InfLLM does not project its key for an indexer, nor DSA's summarise blocks.
 class SelectorState {
  public:
-  SelectorState(const Problem& p, int64_t block, const Indexer& ix);
+  enum Keep { blocks = 1, index_keys = 2, all = blocks | index_keys };
+  SelectorState(const Problem& p, int64_t block, const Indexer& ix, Keep keep = all);
   void append(const Problem& p);  // the key p.keys - 1 (p has grown by one since the last call)
   // Back to p's (shorter) cache: whole blocks and index keys dropped, the last block's summary made again from its
   // keys (what a serving engine does when it evicts a finished request's tail; here, a benchmark's rewind).
   void truncate(const Problem& p);
   int64_t keys() const { return keys_; }
+  bool keeps(Keep k) const { return (keep_ & k) == k; }
   int64_t block() const { return block_; }
   int64_t width() const { return width_; }
   const float* block_min(int64_t b) const { return &min_[size_t(b * width_)]; }
@@ -73,6 +76,7 @@ class SelectorState {
   void append_row(const float* latent, const float* rope);
   int64_t block_, latent_, rope_, width_, keys_ = 0;
   Indexer ix_;
+  Keep keep_;
   std::vector<float> proj_;                    // [width][dim]
   std::vector<float> min_, max_, sum_;         // [blocks][width]
   std::vector<float> index_keys_;              // [keys][dim], e4m3 values times the token's scale
