@@ -95,12 +95,21 @@ double avx512_bf16_chains(int64_t iterations) {
   return double(iterations) * ACC * (16 * 2 * 2);
 }
 
+}  // namespace
+
+int64_t odd_lines(int64_t floats) {
+  const int64_t lines = floats / 16;
+  return (lines % 2 ? lines : lines - 1) * 16;
+}
+
+namespace {
+
 // Reads S contiguous parts of [data, data + n) side by side, one 64-byte line of each per step: S streams for
-// the hardware prefetchers; with prefetch_lines > 0 each stream is also prefetched that many lines ahead (what
-// the MoE engine does for its weight tiles).
+// the hardware prefetchers (each part odd_lines long, out of step with the others); with prefetch_lines > 0 each
+// stream is also prefetched that many lines ahead (what the MoE engine does for its weight tiles).
 template <int S>
 float read_streams(const float* data, int64_t n, int prefetch_lines) {
-  const int64_t lines = (n / S) / 16, part = (S == 1 || lines % 2 ? lines : lines - 1) * 16;  // odd: streams off phase
+  const int64_t part = S == 1 ? n / 16 * 16 : odd_lines(n / S);
   const float* p[S];
   for (int s = 0; s < S; ++s) p[s] = data + s * part;
   constexpr int kAcc = S >= 8 ? S : 8;
@@ -148,7 +157,7 @@ double avx512_bf16_kernel_shaped(int64_t iterations) {
 #pragma GCC unroll 4
       for (int t = 0; t < 4; ++t) {
         int32_t pair;
-        std::memcpy(&pair, tokens[t] + 2 * (r % 256), 4);
+        std::memcpy(&pair, tokens[t] + 2 * r, 4);
         const __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
         acc[t][0] = _mm512_dpbf16_ps(acc[t][0], x, w0);
         acc[t][1] = _mm512_dpbf16_ps(acc[t][1], x, w1);

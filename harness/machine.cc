@@ -122,7 +122,7 @@ class DramProbe {
   }
   // STREAM's copy on all threads: each copies the first half of its chunk over the second; bytes read + written.
   double copy_bytes_per_s(int passes) {
-    const int64_t chunk = chunk_of(threads_), half = odd_lines(chunk / 2);
+    const int64_t chunk = chunk_of(threads_), half = calibrate::odd_lines(chunk / 2);
     double best = 0;
     for (int rep = 0; rep < passes; ++rep) {
       const double start = now_s();
@@ -138,14 +138,8 @@ class DramProbe {
   }
 
  private:
-  // A thread's part, an odd number of 64-byte lines: were the parts a multiple of a large power of two, every
-  // thread (and stream) would walk the same address phase at once and crowd the same DRAM channels and banks,
-  // where a kernel's scattered reads spread over all of them (STREAM offsets its arrays for the same reason).
-  int64_t chunk_of(int threads) const { return odd_lines(n_ / threads); }
-  static int64_t odd_lines(int64_t floats) {
-    const int64_t lines = floats / 16;
-    return (lines % 2 ? lines : lines - 1) * 16;
-  }
+  // A thread's part: an odd number of lines (calibrate::odd_lines), so the threads' parts start out of step.
+  int64_t chunk_of(int threads) const { return calibrate::odd_lines(n_ / threads); }
   int threads_;
   int64_t n_;
   std::unique_ptr<float, decltype(&std::free)> buf_;

@@ -133,8 +133,10 @@ void attach_cpu_expert_runs(Ceilings& c, const std::string& model, const std::ve
         const auto& raw = e.raw;
         if (!raw.contains("flops") || !raw.contains("bytes") || !raw.contains("counters") || !raw["counters"].contains("tokens_per_expert"))
           continue;
-        const double floor_s = std::max(raw["flops"].get<double>() / c.cpu_flops, raw["bytes"].get<double>() / c.cpu_bytes_per_s);
-        by_tpe[raw["counters"]["tokens_per_expert"].get<double>()].push_back(floor_s / (e.median_us * 1e-6));
+        OpCost run;  // the run's work, priced on these ceilings
+        run.flops = raw["flops"].get<double>();
+        run.weight_bytes = raw["bytes"].get<double>();
+        by_tpe[raw["counters"]["tokens_per_expert"].get<double>()].push_back(cpu_op_s(run, c) / (e.median_us * 1e-6));
       }
     if (by_tpe.empty()) continue;
     c.cpu_expert_efficiency.clear();
