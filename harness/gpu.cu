@@ -60,9 +60,12 @@ namespace {
 
 struct Events {
   cudaEvent_t start{}, stop{};
+  // The host waits for `stop` asleep, not spinning (the default while a process has fewer contexts than CPUs): a
+  // step whose routed experts run on the CPU needs every core but the one that launched it, and the GPU's timestamps
+  // do not include the waiter's wake-up.
   Events() {
     DSLAB_CUDA(cudaEventCreate(&start));
-    DSLAB_CUDA(cudaEventCreate(&stop));
+    DSLAB_CUDA(cudaEventCreateWithFlags(&stop, cudaEventBlockingSync));
   }
   ~Events() {
     cudaEventDestroy(start);

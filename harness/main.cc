@@ -303,6 +303,9 @@ int cmd_run(int argc, char** argv) {
             if (r.counters.count("kernel_time_s") && r.counters.at("kernel_time_s") > 0 && median_s > 0)
               r.counters["step_over_kernel_time"] =
                   median_s / std::max(1.0, r.counters.count("steps") ? r.counters.at("steps") : 1.0) / r.counters.at("kernel_time_s");
+            // (and the share of the step the GPU sits idle: a hybrid step's wait for the CPU experts)
+            if (r.counters.count("step_over_kernel_time"))
+              r.counters["gpu_idle_fraction"] = std::max(0.0, 1.0 - 1.0 / r.counters.at("step_over_kernel_time"));
             if (verify) r.verification = variants[k]->verify();
             if (!dump_dir.empty())
               write_safetensors(dump_dir + "/" + file_safe(r.name()) + ".safetensors", variants[k]->tensors(),

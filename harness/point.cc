@@ -19,6 +19,12 @@ const std::vector<AxisInfo>& known_axes() {
       {"tokens", AxisKind::positive_int, "tokens entering the MoE layer (or the linear op: its rows)"},
       {"experts", AxisKind::positive_int, "routed experts instantiated (to fit memory)"},
       {"threads", AxisKind::positive_int, "CPU threads"},
+      {"cpu_threads", AxisKind::positive_int,
+       "CPU threads of routed experts run on the host (moe/host/cuda); absent: every core but the one driving the GPU"},
+      {"gpu_experts", AxisKind::text,
+       "routed experts resident on the GPU when moe runs them on the host: none | layers:N (the first N MoE layers' "
+       "experts, run by moe/grouped/cuda) | fit (as many leading MoE layers as gpu_budget holds)"},
+      {"gpu_budget", AxisKind::text, "GPU memory the step may use: all (the device's) | <N>GB (e.g. 24GB, a consumer card)"},
       {"routing", AxisKind::text, "expert routing: model | uniform | zipf:S"},
       {"topk", AxisKind::positive_int, "experts per token"},
       {"executor", AxisKind::text, "GPU step launched kernel by kernel (eager) or replayed as one CUDA graph (graph)",

@@ -308,6 +308,11 @@ Plan make_plan(const PlanRequest& r, const Ceilings& c) {
     const int64_t n = std::clamp<int64_t>(int64_t((budget - base.gpu_bytes) / (double(E) * model.expert_bytes())), 0, L);
     if (n > 0 && n < L) candidates.push_back({"gpu_layers:" + std::to_string(n), true, true, true, n, 0, false});
   }
+  for (int64_t n : r.gpu_layer_counts) {  // the splits that were run, so each gets its prediction
+    const std::string name = "gpu_layers:" + std::to_string(n);
+    if (n > 0 && n < L && std::none_of(candidates.begin(), candidates.end(), [&](const Candidate& k) { return k.name == name; }))
+      candidates.push_back({name, true, true, true, n, 0, false});
+  }
   candidates.push_back({"streamed_experts", true, true, true, 0, 0, true});
   candidates.push_back({"all_cpu", false, false, false, 0, 0, false});
   for (const Candidate& k : candidates) plan.placements.push_back(model.evaluate(k));
@@ -325,24 +330,51 @@ Plan make_plan(const PlanRequest& r, const Ceilings& c) {
   return plan;
 }
 
+namespace {
+
+std::string axis_text(const nlohmann::json& axes, const char* k) {
+  if (!axes.contains(k)) return "";
+  return axes[k].is_string() ? axes[k].get<std::string>() : axes[k].dump();
+}
+
+// The placement a whole-model layer run at the request's point measured ("" if it is not one, or not at that point).
+std::string placement_of(const Entry& e, const PlanRequest& r) {
+  if (e.variant != "layer/deepseek/cuda" || e.model != r.model_name) return "";
+  const auto& s = r.shape;
+  if (axis_text(e.axes, "layers") != "all" || axis_text(e.axes, "batch") != std::to_string(s.batch) ||
+      axis_text(e.axes, "q_len") != std::to_string(s.q_len) || axis_text(e.axes, "kv_len") != std::to_string(s.kv_len))
+    return "";
+  const std::string threads = axis_text(e.axes, "cpu_threads");
+  if (threads != (r.cpu_threads > 0 ? std::to_string(r.cpu_threads) : "")) return "";
+  const std::string moe = axis_text(e.axes, "moe");
+  if (moe == "moe/grouped/cuda") return "all_gpu";
+  if (moe != "moe/host/cuda") return "";
+  const auto& counters = e.raw.contains("counters") ? e.raw["counters"] : nlohmann::json::object();
+  const double resident = counters.contains("gpu_moe_layers") && counters["gpu_moe_layers"].is_number() ? counters["gpu_moe_layers"].get<double>() : 0;
+  return resident > 0 ? "gpu_layers:" + std::to_string(int64_t(resident)) : "ktransformers";
+}
+
+}  // namespace
+
+std::vector<int64_t> measured_gpu_layer_counts(const PlanRequest& r, const std::vector<ResultsFile>& files) {
+  std::vector<int64_t> counts;
+  for (const ResultsFile& f : files)
+    for (const Entry& e : f.entries) {
+      const std::string p = placement_of(e, r);
+      if (p.rfind("gpu_layers:", 0) != 0) continue;
+      const int64_t n = std::stoll(p.substr(11));
+      if (std::find(counts.begin(), counts.end(), n) == counts.end()) counts.push_back(n);
+    }
+  return counts;
+}
+
 void attach_measurements(Plan& plan, const std::vector<ResultsFile>& files) {
-  const std::map<std::string, std::string> placement_of = {{"moe/grouped/cuda", "all_gpu"}, {"moe/host/cuda", "ktransformers"}};
-  const auto& s = plan.request.shape;
-  auto axis = [](const nlohmann::json& axes, const char* k) -> std::string {
-    if (!axes.contains(k)) return "";
-    return axes[k].is_string() ? axes[k].get<std::string>() : axes[k].dump();
-  };
   for (auto& p : plan.placements) {
     bool graph = false;
     for (const ResultsFile& f : files)
       for (const Entry& e : f.entries) {
-        if (e.variant != "layer/deepseek/cuda" || e.model != plan.request.model_name) continue;
-        const auto it = placement_of.find(axis(e.axes, "moe"));
-        if (it == placement_of.end() || it->second != p.placement) continue;
-        if (axis(e.axes, "layers") != "all" || axis(e.axes, "batch") != std::to_string(s.batch) ||
-            axis(e.axes, "q_len") != std::to_string(s.q_len) || axis(e.axes, "kv_len") != std::to_string(s.kv_len))
-          continue;
-        const bool is_graph = axis(e.axes, "executor") == "graph";
+        if (placement_of(e, plan.request) != p.placement) continue;
+        const bool is_graph = axis_text(e.axes, "executor") == "graph";
         if (p.measured_s >= 0 && (graph || !is_graph)) continue;  // keep a graph run over an eager one
         p.measured_s = e.median_us * 1e-6;
         p.measured_by = f.path + ": " + e.name;
@@ -492,7 +524,9 @@ options:
   --cpu-threads N    CPU threads the experts get (default: the calibration's; rates from cpu.by_threads)
   --machine FILE     ceilings (default: dslab calibrate's output on this machine)
   --measured FILE    results.json of layer/deepseek/cuda runs (layers all) at the same point: fills measured_s of
-                     all_gpu (moe/grouped/cuda) and ktransformers (moe/host/cuda); repeatable
+                     all_gpu (moe/grouped/cuda), ktransformers (moe/host/cuda) and gpu_layers:N (moe/host/cuda with
+                     gpu_experts keeping N MoE layers' experts on the GPU: that split is then predicted too); runs
+                     with a cpu_threads axis count only for a plan with that --cpu-threads; repeatable
   --cpu-experts FILE results.json of the CPU MoE engine (moe/auto/cpu) at this model over tokens: the CPU routed
                      experts are predicted at the engine's measured fraction of their roofline at the step's tokens
                      per expert (default: the roofline alone); repeatable
@@ -528,9 +562,11 @@ int cmd_plan(int argc, char** argv) {
   std::vector<ResultsFile> engine_runs;
   for (const std::string& f : a.all("--cpu-experts")) engine_runs.push_back(load_results(f));
   attach_cpu_expert_runs(ceilings, r.model_name, engine_runs);
-  Plan plan = make_plan(r, ceilings);
+  r.cpu_threads = int(a.number("--cpu-threads", 0, 0));
   std::vector<ResultsFile> measured;
   for (const std::string& f : a.all("--measured")) measured.push_back(load_results(f));
+  r.gpu_layer_counts = measured_gpu_layer_counts(r, measured);
+  Plan plan = make_plan(r, ceilings);
   attach_measurements(plan, measured);
   const std::string md = plan.to_markdown();
   std::fputs(md.c_str(), stdout);

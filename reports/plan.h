@@ -50,6 +50,10 @@ struct PlanRequest {
   layer::StepShape shape;
   double gpu_budget_bytes = 0;   // 0: the GPU's memory
   double host_memory_bytes = 0;  // 0: no host check
+  int cpu_threads = 0;           // --cpu-threads (0: the calibration's); runs with a cpu_threads axis match only it
+  // Splits measured (layer/deepseek/cuda gpu_experts runs: the first N MoE layers' experts on the GPU) to evaluate as
+  // gpu_layers:N beside the planner's own candidates (measured_gpu_layer_counts).
+  std::vector<int64_t> gpu_layer_counts;
 };
 
 struct PlacementPlan {
@@ -77,8 +81,12 @@ struct Plan {
 Plan make_plan(const PlanRequest& r, const Ceilings& c);
 
 // Fills measured_s from runs of the whole model at the plan's point: layer/deepseek/cuda, layers all, the same
-// batch, q_len and kv_len; moe/grouped/cuda is all_gpu, moe/host/cuda is ktransformers (graph preferred).
+// batch, q_len and kv_len (and cpu_threads, when the run set it); moe/grouped/cuda is all_gpu, moe/host/cuda is
+// ktransformers, or gpu_layers:N where the run kept N MoE layers' experts on the GPU (counters.gpu_moe_layers);
+// a graph run is preferred to an eager one.
 void attach_measurements(Plan& plan, const std::vector<ResultsFile>& files);
+// The N of every gpu_layers:N split those files ran at the request's point (for PlanRequest::gpu_layer_counts).
+std::vector<int64_t> measured_gpu_layer_counts(const PlanRequest& r, const std::vector<ResultsFile>& files);
 
 // Fills c.cpu_expert_efficiency from runs of the CPU MoE engine (moe/auto/cpu; else moe/amx/cpu or moe/avx512/cpu,
 // the unit the ceilings name) at `model` in these files. BadInput (naming the files) if they hold none.

@@ -22,7 +22,7 @@ for s in "${steps[@]}"; do
     facts)
       step facts
       { nvidia-smi -L; nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.total,driver_version --format=csv
-        lscpu | grep -E 'Model name|^CPU\(s\)|Thread|Socket|L3|Flags' | cut -c1-300; dslab list; } >>"$log" 2>&1 ;;
+        lscpu | grep -E 'Model name|^CPU\(s\)|Thread|Socket|L3|Flags' | cut -c1-300; echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>&1)"; dslab list; } >>"$log" 2>&1 ;;
     calibrate)
       step calibrate
       timeout 120 dslab calibrate --out "$machine" >>"$log" 2>&1 || echo "calibrate failed: $?" | tee -a "$log" ;;
@@ -72,7 +72,7 @@ for s in "${steps[@]}"; do
       plans="$OUT/offload/plans"
       mkdir -p "$plans"
       # each whole-model point run: model batch q_len kv_len, and whether the CPU engine ran at that model
-      python3 - "$results" <<'PY' | while read -r model batch q kv engine; do
+      python3 - "$results" <<'PY' | while read -r model batch q kv budget engine; do
 import json, sys
 benchmarks = json.load(open(sys.argv[1]))["benchmarks"]
 engine = {b["model"] for b in benchmarks if b.get("variant") == "moe/auto/cpu"}
@@ -81,21 +81,23 @@ for b in benchmarks:
     if b.get("variant") != "layer/deepseek/cuda":
         continue
     a = b["axes"]
-    key = (b["model"], a["batch"], a["q_len"], a["kv_len"])
+    budget = a.get("gpu_budget", "all")
+    key = (b["model"], a["batch"], a["q_len"], a["kv_len"], budget[:-2] if budget.endswith("GB") else 0)
     if key not in seen:
         seen.add(key)
         print(*key, int(b["model"] in engine))
 PY
         phase=$([ "$q" -gt 1 ] && echo prefill || echo decode)
         cpu_experts=(); [ "$engine" = 1 ] && cpu_experts=(--cpu-experts "$results")
+        budget_args=(); suffix=""; [ "$budget" != 0 ] && budget_args=(--gpu-budget "$budget") && suffix="-${budget}gb"
         dslab plan --model "$model" --phase $phase --batch "$batch" --q-len "$q" --kv-len "$kv" --machine "$machine" --measured "$results" \
-          "${cpu_experts[@]}" --out "$plans/$model-$phase-b$batch-q$q-kv$kv" >/dev/null
+          "${cpu_experts[@]}" "${budget_args[@]}" --out "$plans/$model-$phase-b$batch-q$q-kv$kv$suffix" >/dev/null
       done
       v3_engine=()
       python3 -c 'import json, sys; sys.exit(not any(b.get("variant") == "moe/auto/cpu" and b["model"] == "deepseek-v3"
                   for b in json.load(open(sys.argv[1]))["benchmarks"]))' "$results" 2>/dev/null && v3_engine=(--cpu-experts "$results")
       dslab plan --model deepseek-v3 --batch 1 --gpu-budget 24 --machine "$machine" "${v3_engine[@]}" --out "$plans/deepseek-v3-decode-b1-24gb" >/dev/null
-      grep -h -E '^\| (all_gpu|ktransformers) ' "$plans"/*/plan.md | tee -a "$log"
+      for f in "$plans"/*/plan.md; do echo "$f"; grep -h -E '^\| (all_gpu|ktransformers|gpu_layers:[0-9]+) ' "$f"; done | tee -a "$log"
       tar -C "$OUT/offload" -cf "$OUT/offload/plans.tar" plans && rm -rf "$plans" ;;
     default)
       step default

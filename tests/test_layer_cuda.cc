@@ -28,11 +28,15 @@ struct LayerCase {
   const char* proj = "own";
   const char* kv_splits = "auto";
   const char* pdl = "on";
+  const char* gpu_experts = "none";
+  int64_t cpu_threads = 0;  // 0: the axis absent
+  const char* gpu_budget = "all";
 };
 
 std::string describe(const LayerCase& c) {
   return std::string(c.model) + " layers " + c.layers + " batch " + std::to_string(c.batch) + " kv_len " + std::to_string(c.kv_len) +
-         " steps " + std::to_string(c.steps) + " " + c.attn + " " + c.moe + " " + c.executor + " proj " + c.proj + " kv_splits " + c.kv_splits + " pdl " + c.pdl;
+         " steps " + std::to_string(c.steps) + " " + c.attn + " " + c.moe + " " + c.executor + " proj " + c.proj + " kv_splits " + c.kv_splits + " pdl " + c.pdl +
+         " gpu_experts " + c.gpu_experts + " gpu_budget " + c.gpu_budget + (c.cpu_threads ? " cpu_threads " + std::to_string(c.cpu_threads) : "");
 }
 
 Point layer_point(const LayerCase& c) {
@@ -52,6 +56,9 @@ Point layer_point(const LayerCase& c) {
   text("proj", c.proj);
   text("kv_splits", c.kv_splits);
   text("pdl", c.pdl);
+  text("gpu_experts", c.gpu_experts);
+  text("gpu_budget", c.gpu_budget);
+  if (c.cpu_threads) integer("cpu_threads", c.cpu_threads);
   return p;
 }
 
@@ -91,6 +98,49 @@ TEST(GpuLayer, EveryAttentionAndMoeOpMatchesReferenceStack) {
     EXPECT_GT(r.rel_err, 0.0) << "bf16 arithmetic cannot match fp64 exactly: is the output really computed?";
     std::printf("%-90s rel_err %.3e\n", describe(c).c_str(), r.rel_err);
   }
+}
+
+TEST(GpuLayer, SplitStepRunsTheFirstMoeLayersExpertsOnTheGpuAndTheRestOnTheCpu) {
+  REQUIRE_LAYER();
+  if (!cpu_info().avx512_bf16) GTEST_SKIP() << "moe/host/cuda needs AVX512_BF16";
+  const uint64_t seed = test::fresh_seed();
+  const ModelFile model = load_model_file("deepseek-v2-lite");
+  LayerCase c{"deepseek-v2-lite", "3", 2, 150, 1, "mla/fused/cuda", "moe/host/cuda", "graph"};
+  c.gpu_experts = "layers:1";
+  c.cpu_threads = 4;
+  auto v = entry->make();
+  ASSERT_TRUE(v->supports(model, layer_point(c)).ok);
+  v->prepare(model, layer_point(c), seed);
+  v->run();
+  const Verification r = v->verify();
+  EXPECT_LE(r.rel_err, 2e-2);
+  EXPECT_GT(r.rel_err, 0.0);
+  const auto counters = v->counters();
+  EXPECT_EQ(counters.at("gpu_moe_layers"), 1);
+  EXPECT_EQ(counters.at("distinct_moe_weight_sets"), 3);
+  EXPECT_EQ(counters.at("cpu_experts_threads"), 4);
+  EXPECT_GT(counters.at("cpu_experts_engine_s"), 0);  // the CPU ran the other two layers' experts
+  std::printf("%s rel_err %.3e, CPU experts %.3f ms per step\n", describe(c).c_str(), r.rel_err, counters.at("cpu_experts_engine_s") * 1e3);
+
+  // fit under a budget: as many leading MoE layers as it holds (3 GB: not all three 1.1 GB expert sets)
+  c.gpu_experts = "fit";
+  c.gpu_budget = "3GB";
+  ASSERT_TRUE(v->supports(model, layer_point(c)).ok) << v->supports(model, layer_point(c)).reason;
+  v->prepare(model, layer_point(c), seed);
+  const double resident = v->counters().at("gpu_moe_layers");
+  EXPECT_GE(resident, 1);
+  EXPECT_LE(resident, 2);
+  // all on the GPU does not fit 1 GB, and a device op takes no split: each refused with the reason
+  c.moe = "moe/grouped/cuda";
+  c.gpu_experts = "none";
+  c.cpu_threads = 0;
+  c.gpu_budget = "1GB";
+  const Support tight = v->supports(model, layer_point(c));
+  EXPECT_FALSE(tight.ok);
+  EXPECT_NE(tight.reason.find("gpu_budget is 1GB"), std::string::npos) << tight.reason;
+  c.gpu_budget = "all";
+  c.gpu_experts = "layers:1";
+  EXPECT_NE(v->supports(model, layer_point(c)).reason.find("gpu_experts"), std::string::npos);
 }
 
 #ifdef DSLAB_HAVE_CUDA

@@ -4,6 +4,7 @@
 
 #include <map>
 
+#include "harness/errors.h"
 #include "tests/test_util.h"
 #include "variants/layer/ops.h"
 
@@ -78,6 +79,34 @@ TEST(LayerOps, WholeStepWeightsAreTheModelsParameters) {
     const double total = weights / 2 + double(m.vocab_size) * double(m.hidden_size);  // + the embedding table
     EXPECT_NEAR(total / params, 1.0, 0.005) << name << ": " << total;
   }
+}
+
+TEST(LayerOps, GpuExpertsAndBudgetAxesParseOrNameTheAxis) {
+  EXPECT_EQ(layer::parse_gpu_experts("none").kind, layer::GpuExperts::Kind::none);
+  EXPECT_EQ(layer::parse_gpu_experts("fit").kind, layer::GpuExperts::Kind::fit);
+  const auto g = layer::parse_gpu_experts("layers:12");
+  EXPECT_EQ(g.kind, layer::GpuExperts::Kind::layers);
+  EXPECT_EQ(g.layers, 12);
+  for (const char* bad : {"layers:", "layers:0", "layers:-1", "layers:3x", "some", ""})
+    try {
+      layer::parse_gpu_experts(bad);
+      ADD_FAILURE() << "'" << bad << "' must be refused";
+    } catch (const BadInput& e) {
+      EXPECT_NE(std::string(e.what()).find("axis 'gpu_experts': value '" + std::string(bad) + "'"), std::string::npos) << e.what();
+    }
+  EXPECT_EQ(layer::parse_gpu_budget("all"), 0);
+  EXPECT_EQ(layer::parse_gpu_budget("24GB"), 24e9);
+  for (const char* bad : {"24", "GB", "0GB", "24 GB", "1.5GB", "24gb"})
+    EXPECT_THROW(layer::parse_gpu_budget(bad), BadInput) << bad;
+}
+
+TEST(LayerOps, ResidentMoeLayersAreWhatTheBudgetHoldsBesideEveryLayersRouterAndSharedExperts) {
+  // 10 GB fixed, 26 MoE layers each needing 0.1 GB (router + shared) and 1.1 GB with all experts: an 80 GB budget
+  // holds (80 - 10 - 2.6) / 1.0 = 67.4 -> all 26; a 24 GB one (24 - 10 - 2.6) / 1.0 = 11.4 -> 11; 12 GB none.
+  EXPECT_EQ(layer::resident_moe_layers(80e9, 10e9, 26, 0.1e9, 1.1e9), 26);
+  EXPECT_EQ(layer::resident_moe_layers(24e9, 10e9, 26, 0.1e9, 1.1e9), 11);
+  EXPECT_EQ(layer::resident_moe_layers(12e9, 10e9, 26, 0.1e9, 1.1e9), 0);
+  EXPECT_EQ(layer::resident_moe_layers(5e9, 10e9, 26, 0.1e9, 1.1e9), 0);
 }
 
 }  // namespace

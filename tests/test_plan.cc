@@ -181,6 +181,42 @@ TEST(Plan, MeasuredStepsFillTheirPlacementsGraphFirst) {
   EXPECT_TRUE(plan.to_json()["placements"][0]["measured_s"].is_number());
 }
 
+TEST(Plan, SplitRunsAreMeasuredAsTheirGpuLayersPlacement) {
+  const auto c = reports::Ceilings::from_machine(machine(), "m.json");
+  auto r = request("deepseek-v2-lite", 1, 1, 4096, 80);
+  reports::ResultsFile f;
+  f.path = "r.json";
+  auto entry = [](double resident, const char* threads, double us) {
+    reports::Entry e;
+    e.variant = "layer/deepseek/cuda";
+    e.model = "deepseek-v2-lite";
+    e.name = "host " + std::to_string(resident) + " " + threads;
+    e.axes = {{"batch", 1}, {"q_len", 1}, {"kv_len", 4096}, {"layers", "all"}, {"moe", "moe/host/cuda"}, {"executor", "graph"}};
+    if (*threads) e.axes["cpu_threads"] = std::stoi(threads);
+    e.raw = {{"counters", {{"gpu_moe_layers", resident}}}};
+    e.median_us = us;
+    return e;
+  };
+  // V2-Lite has 26 MoE layers: 7 resident is a split the planner's budget rule would not propose at 80 GB.
+  f.entries = {entry(0, "", 40000), entry(7, "", 30000), entry(7, "12", 35000), entry(0, "12", 45000)};
+  r.gpu_layer_counts = reports::measured_gpu_layer_counts(r, {f});
+  ASSERT_EQ(r.gpu_layer_counts, std::vector<int64_t>{7});  // (the cpu_threads 12 runs belong to another plan)
+  auto plan = reports::make_plan(r, c);
+  reports::attach_measurements(plan, {f});
+  std::map<std::string, double> measured;
+  for (const auto& p : plan.placements)
+    if (p.measured_s >= 0) measured[p.placement] = p.measured_s;
+  EXPECT_EQ(measured, (std::map<std::string, double>{{"gpu_layers:7", 30000 * 1e-6}, {"ktransformers", 40000 * 1e-6}}));
+
+  r.cpu_threads = 12;  // a plan for 12 CPU threads takes only the runs that had 12
+  plan = reports::make_plan(r, c);
+  reports::attach_measurements(plan, {f});
+  measured.clear();
+  for (const auto& p : plan.placements)
+    if (p.measured_s >= 0) measured[p.placement] = p.measured_s;
+  EXPECT_EQ(measured, (std::map<std::string, double>{{"gpu_layers:7", 35000 * 1e-6}, {"ktransformers", 45000 * 1e-6}}));
+}
+
 // A run of the CPU MoE engine: floor (on machine()'s 100 GB/s, 10 TFLOP/s) over time is its efficiency.
 reports::Entry engine_entry(const char* variant, const char* model, double tokens_per_expert, double bytes, double us) {
   reports::Entry e;

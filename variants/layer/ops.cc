@@ -1,5 +1,9 @@
 #include "variants/layer/ops.h"
 
+#include <algorithm>
+#include <cmath>
+
+#include "harness/errors.h"
 #include "variants/moe/moe.h"
 
 namespace dslab::layer {
@@ -139,6 +143,52 @@ std::vector<OpCost> step_ops(const ModelConfig& m, const StepShape& s) {
   OpCost head = projection("lm_head", OpGroup::lm_head, -1, double(s.batch), H, V, 4);
   ops.push_back(head);
   return ops;
+}
+
+namespace {
+
+// The digits of text from `from` on as a positive integer, or -1 (no sign, no trailing characters).
+int64_t positive_integer(const std::string& text, size_t from) {
+  if (from >= text.size() || text.size() - from > 12) return -1;
+  int64_t n = 0;
+  for (size_t i = from; i < text.size(); ++i) {
+    if (text[i] < '0' || text[i] > '9') return -1;
+    n = n * 10 + (text[i] - '0');
+  }
+  return n > 0 ? n : -1;
+}
+
+}  // namespace
+
+GpuExperts parse_gpu_experts(const std::string& text) {
+  GpuExperts g;
+  if (text == "none") return g;
+  if (text == "fit") {
+    g.kind = GpuExperts::Kind::fit;
+    return g;
+  }
+  if (text.rfind("layers:", 0) == 0) {
+    g.kind = GpuExperts::Kind::layers;
+    g.layers = positive_integer(text, 7);
+    if (g.layers > 0) return g;
+  }
+  throw BadInput("axis 'gpu_experts': value '" + text + "': expected none, layers:N (N >= 1) or fit");
+}
+
+double parse_gpu_budget(const std::string& text) {
+  if (text == "all") return 0;
+  if (text.size() > 2 && text.compare(text.size() - 2, 2, "GB") == 0) {
+    const int64_t n = positive_integer(text.substr(0, text.size() - 2), 0);
+    if (n > 0) return double(n) * 1e9;
+  }
+  throw BadInput("axis 'gpu_budget': value '" + text + "': expected all or <N>GB with N a positive integer (e.g. 24GB)");
+}
+
+int64_t resident_moe_layers(double budget_bytes, double fixed_bytes, int64_t moe_layers, double host_set_bytes, double full_set_bytes) {
+  const double room = budget_bytes - fixed_bytes - double(moe_layers) * host_set_bytes;
+  const double extra = full_set_bytes - host_set_bytes;
+  if (room <= 0 || extra <= 0) return 0;
+  return std::clamp<int64_t>(int64_t(std::floor(room / extra)), 0, moe_layers);
 }
 
 }  // namespace dslab::layer

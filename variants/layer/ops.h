@@ -44,4 +44,18 @@ std::vector<OpCost> layer_ops(const ModelConfig& m, int64_t layer, const StepSha
 // The whole step: embedding, every layer, final norm, LM head (for the last token of each request in prefill).
 std::vector<OpCost> step_ops(const ModelConfig& m, const StepShape& s);
 
+// A hybrid step's routed experts kept on the GPU (layer/deepseek/cuda's `gpu_experts` axis; the planner's
+// gpu_layers:N placement): none, the first N MoE layers' whole, or as many leading MoE layers as the budget holds.
+struct GpuExperts {
+  enum class Kind { none, layers, fit };
+  Kind kind = Kind::none;
+  int64_t layers = 0;  // Kind::layers
+};
+GpuExperts parse_gpu_experts(const std::string& text);  // none | layers:N | fit; BadInput naming the axis otherwise
+// The `gpu_budget` axis: all (0: the device's memory) or "<N>GB" (decimal gigabytes) as bytes; BadInput otherwise.
+double parse_gpu_budget(const std::string& text);
+// How many leading MoE layers can keep all their experts on the GPU: each costs full_set_bytes instead of the
+// host_set_bytes (router and shared experts) every MoE layer needs; fixed_bytes is everything else on the GPU.
+int64_t resident_moe_layers(double budget_bytes, double fixed_bytes, int64_t moe_layers, double host_set_bytes, double full_set_bytes);
+
 }  // namespace dslab::layer

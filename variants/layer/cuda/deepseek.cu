@@ -12,6 +12,7 @@
 #include "variants/common/device_random.h"
 #include "variants/common/pdl.cuh"
 #include "variants/common/rng.h"
+#include "variants/layer/ops.h"
 
 namespace dslab::layer::cuda {
 
@@ -148,8 +149,13 @@ struct DeepseekLayerCuda::Plan {
   bool graph = false, whole = false, pdl = true;
   int64_t first = 0, layers = 0;  // decoder layers [first, first + layers)
   int64_t moe_layers = 0, moe_sets = 0;
-  double fixed_bytes = 0, moe_set_bytes = 0, host_expert_bytes = 0;
+  double fixed_bytes = 0, moe_set_bytes = 0, full_set_bytes = 0, host_expert_bytes = 0;
   bool experts_on_host = false;  // the moe op runs the routed experts from host memory (moe/host/cuda)
+  int cpu_threads = 0;           // of that op (0: its default)
+  // MoE layers (the first ones) whose experts stay on the GPU, run by moe/grouped/cuda beside a host op's layers
+  // (gpu_experts axis); their weight sets are never reused.
+  int64_t resident_moe_layers = 0;
+  double budget_request = 0;  // gpu_budget axis, bytes (0: the device's)
   std::string why_not;
   bool dense(int64_t layer) const { return layer < m.first_k_dense_replace; }
   int64_t tokens() const { return bucket * q_len; }
@@ -216,6 +222,14 @@ struct DeepseekLayerCuda::Plan {
     if (why_not.empty() && kv_splits > 0 && !attn_op->fused()) why_not = "kv_splits: only the fused attention splits the keys (" + attn + " does not)";
     const auto moe_op = moe::cuda::make_moe_op(moe);
     experts_on_host = moe_op->experts_on_host();
+    cpu_threads = p.has("cpu_threads") ? int(p.integer("cpu_threads")) : 0;
+    const layer::GpuExperts gpu_experts = layer::parse_gpu_experts(p.has("gpu_experts") ? p.text("gpu_experts") : "none");
+    budget_request = layer::parse_gpu_budget(p.has("gpu_budget") ? p.text("gpu_budget") : "all");
+    if (why_not.empty() && cpu_threads > 0 && !experts_on_host) why_not = "cpu_threads: " + moe + " runs no experts on the CPU";
+    if (why_not.empty() && gpu_experts.kind != layer::GpuExperts::Kind::none && !experts_on_host)
+      why_not = "gpu_experts: " + moe + " keeps every layer's experts on the GPU already (the axis splits a host op's layers, e.g. moe/host/cuda's)";
+    if (why_not.empty() && gpu_experts.kind == layer::GpuExperts::Kind::layers && gpu_experts.layers > moe_layers)
+      why_not = "gpu_experts: layers:" + std::to_string(gpu_experts.layers) + ": the step has " + std::to_string(moe_layers) + " MoE layers";
     if (why_not.empty() && moe_layers > 0) why_not = moe_op->unavailable();
     if (why_not.empty() && graph && !moe_op->graph_safe())
       why_not = "executor graph: " + moe + " reads the routing on the host (not capturable); use executor eager";
@@ -232,23 +246,40 @@ struct DeepseekLayerCuda::Plan {
                   double(layers - moe_layers) * (3 * H * double(m.intermediate_size) * 2 + moe::cuda::MlpRunner::scratch_bytes(tokens(), m.intermediate_size)) +
                   double(moe_layers) * MoeOp::scratch_bytes(m, tokens(), m.n_routed_experts) + T * H * 16 +
                   (whole ? 2 * double(m.vocab_size) * H * 2 + T * double(m.vocab_size) * 4 : double(steps) * T * H * 2) + (size_t(256) << 20);
-    moe_set_bytes = moe::cuda::moe_weight_bytes(m, experts_on_host ? 0 : m.n_routed_experts);
-    if (experts_on_host) {  // every MoE layer's routed experts in host memory (made and packed: twice, briefly, per layer)
-      host_expert_bytes = double(moe_layers) * double(m.n_routed_experts) * 3 * H * double(m.moe_intermediate_size) * 2;
+    const double host_set_bytes = moe::cuda::moe_weight_bytes(m, 0);  // router and shared experts
+    full_set_bytes = moe::cuda::moe_weight_bytes(m, m.n_routed_experts);
+    moe_set_bytes = experts_on_host ? host_set_bytes : full_set_bytes;
+    const GpuInfo& g = gpu_info();
+    if (why_not.empty() && g.present && budget_request > double(g.memory_bytes))
+      why_not = "gpu_budget: " + p.text("gpu_budget") + " is more than the " + g.name + "'s " + std::to_string(int64_t(double(g.memory_bytes) / 1e9)) + " GB";
+    const double budget = budget_request > 0 ? std::min(budget_request, 0.85 * double(g.memory_bytes)) : 0.85 * double(g.memory_bytes);
+    if (experts_on_host && gpu_experts.kind == layer::GpuExperts::Kind::layers) resident_moe_layers = std::min(gpu_experts.layers, moe_layers);
+    if (experts_on_host && gpu_experts.kind == layer::GpuExperts::Kind::fit)
+      resident_moe_layers = layer::resident_moe_layers(budget, fixed_bytes, moe_layers, host_set_bytes, full_set_bytes);
+    if (experts_on_host) {  // the other MoE layers' routed experts in host memory (made and packed: twice, briefly, per layer)
+      host_expert_bytes = double(moe_layers - resident_moe_layers) * double(m.n_routed_experts) * 3 * H * double(m.moe_intermediate_size) * 2;
       const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
       if (why_not.empty() && host_expert_bytes > 0.7 * have)
         why_not = "the routed experts of " + std::to_string(moe_layers) + " layers need ~" + std::to_string(int64_t(host_expert_bytes / double(1 << 30))) +
                   " GiB of host memory, this machine has " + std::to_string(int64_t(have / double(1 << 30))) + " GiB (fewer layers)";
     }
-    const GpuInfo& g = gpu_info();
-    const double budget = 0.85 * double(g.memory_bytes);
-    moe_sets = moe_layers == 0 ? 0 : std::min<int64_t>(moe_layers, int64_t((budget - fixed_bytes) / moe_set_bytes));
-    if (why_not.empty() && g.present && (fixed_bytes > budget || (moe_layers > 0 && moe_sets < 1)))
-      why_not = "needs ~" + std::to_string(int64_t((fixed_bytes + (moe_layers ? moe_set_bytes : 0)) / double(1 << 30))) + " GiB of GPU memory, " +
-                g.name + " has " + std::to_string(int64_t(double(g.memory_bytes) / double(1 << 30))) + " GiB";
-    if (!g.present) moe_sets = moe_layers;  // (cost only)
+    // The other MoE layers' sets: reused cyclically when they do not all fit, but only for a run with no budget and no
+    // resident layers (a budget or a split states what fits).
+    const int64_t others = moe_layers - resident_moe_layers;
+    const double fixed_and_resident = fixed_bytes + double(resident_moe_layers) * full_set_bytes;
+    moe_sets = others == 0 ? 0 : std::clamp<int64_t>(int64_t((budget - fixed_and_resident) / moe_set_bytes), 0, others);
+    const bool reuse = budget_request == 0 && resident_moe_layers == 0;
+    if (why_not.empty() && g.present && (fixed_and_resident > budget || (others > 0 && moe_sets < 1) || (!reuse && moe_sets < others))) {
+      const double need = fixed_and_resident + double(reuse ? std::min<int64_t>(others, 1) : others) * moe_set_bytes;
+      why_not = "needs ~" + std::to_string(int64_t(need / 1e9)) + " GB of GPU memory, " +
+                (budget_request > 0 ? "gpu_budget is " + p.text("gpu_budget")
+                                    : g.name + " has " + std::to_string(int64_t(double(g.memory_bytes) / 1e9)) + " GB");
+    }
+    if (!g.present) moe_sets = others;  // (cost only)
   }
-  double device_bytes() const { return fixed_bytes + double(moe_sets) * moe_set_bytes; }
+  double device_bytes() const { return fixed_bytes + double(resident_moe_layers) * full_set_bytes + double(moe_sets) * moe_set_bytes; }
+  // Which weight set MoE layer q (0-based among the step's MoE layers) uses, and whether its experts are on the GPU.
+  int64_t moe_set(int64_t q) const { return q < resident_moe_layers ? q : resident_moe_layers + (q - resident_moe_layers) % moe_sets; }
 };
 
 // ---- the variant ---------------------------------------------------------------------------------------------
@@ -263,7 +294,7 @@ DeepseekLayerCuda::~DeepseekLayerCuda() {
 std::vector<std::pair<std::string, std::string>> DeepseekLayerCuda::axes() const {
   return {{"batch", "1"},       {"q_len", "1"},  {"kv_len", "4096"}, {"layers", "1"},      {"attn", "mla/fused/cuda"}, {"moe", "moe/grouped/cuda"},
           {"executor", "graph"}, {"steps", "1"}, {"page_size", "64"}, {"kv_dtype", "bf16"}, {"proj", "own"},
-          {"kv_splits", "auto"}, {"pdl", "on"}};
+          {"kv_splits", "auto"}, {"pdl", "on"},          {"cpu_threads", ""},     {"gpu_experts", "none"}, {"gpu_budget", "all"}};
 }
 
 Support DeepseekLayerCuda::supports(const ModelFile& model, const Point& point) const {
@@ -391,11 +422,12 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
     if (P.dense(layer)) {
       moe::cuda::generate_mlp_weights(m_, m_.intermediate_size, w.seed, "mlp", &w.dense);
     } else {
-      const int64_t set = moe_ordinal++ % P.moe_sets;
+      const int64_t q = moe_ordinal++, set = P.moe_set(q);
       w.moe_seed = moe_set_seed(seed, set);
       if (size_t(set) == sets.size()) {
         auto mw = std::make_shared<moe::cuda::MoeWeights>();
-        moe::cuda::generate_moe_weights(m_, m_.n_routed_experts, w.moe_seed, mw.get(), /*routed_on_device=*/!P.experts_on_host);
+        const bool on_device = !P.experts_on_host || q < P.resident_moe_layers;
+        moe::cuda::generate_moe_weights(m_, m_.n_routed_experts, w.moe_seed, mw.get(), /*routed_on_device=*/on_device);
         sets.push_back(mw);
       }
       w.moe = sets[size_t(set)];
@@ -477,7 +509,9 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
       MoeBuffers mb;
       mb.x = xb_.get();
       mb.out = ffn_out_.get();
-      moe_.push_back(moe::cuda::make_moe_op(P.moe));
+      // (the first resident_moe_layers MoE layers' experts are on the GPU: the grouped op runs them)
+      moe_.push_back(moe::cuda::make_moe_op(moe_.size() < size_t(P.resident_moe_layers) ? "moe/grouped/cuda" : P.moe));
+      moe_.back()->set_cpu_threads(P.cpu_threads);
       moe_.back()->prepare(m_, T, *weights_[size_t(i)].moe, mb, *blas_, side_blas_.get());
     } else {
       dense_.emplace_back();
@@ -699,9 +733,16 @@ Verification DeepseekLayerCuda::verify() {
 
 std::map<std::string, double> DeepseekLayerCuda::counters() {
   const Plan& P = *plan_;
+  std::map<std::string, double> c;
+  // What the ops measured of themselves in the timed runs (before the runs below add theirs): the CPU experts' own
+  // time per step, summed over the layers that run them.
+  for (const auto& op : moe_)
+    for (const auto& [name, value] : op->own_counters()) {
+      if (name == "cpu_experts_engine_s") c[name] += value;
+      else if (name == "cpu_experts_threads") c[name] = value;
+    }
   // Per-op GPU time of one step, eager, queued behind a blocking kernel long enough to hide its launches.
   const double occupy = 2e-3 + 1e-3 * double(P.layers);  // (a layer queues ~50 launches and marks)
-  std::map<std::string, double> c;
   {  // The step's GPU work from CUPTI's records: its busy time is what a launch-free step could take.
     gpu::flush_l2();
     const gpu::KernelTimes kt = gpu::kernel_times([&] { enqueue_step(0, 0); });
@@ -726,8 +767,10 @@ std::map<std::string, double> DeepseekLayerCuda::counters() {
   c["layers"] = double(P.layers);
   c["first_layer"] = double(P.first);
   c["moe_layers"] = double(P.moe_layers);
-  c["distinct_moe_weight_sets"] = double(P.moe_sets);
-  c["weights_reused"] = P.moe_sets < P.moe_layers ? 1.0 : 0.0;
+  c["distinct_moe_weight_sets"] = double(P.resident_moe_layers + P.moe_sets);
+  c["weights_reused"] = P.resident_moe_layers + P.moe_sets < P.moe_layers ? 1.0 : 0.0;
+  c["gpu_moe_layers"] = double(P.experts_on_host ? P.resident_moe_layers : P.moe_layers);  // MoE layers whose experts the GPU runs
+  c["device_bytes"] = P.device_bytes();
   c["bucket"] = double(P.bucket);
   c["padded_tokens"] = double((P.bucket - P.batch) * P.q_len);
   c["cuda_graph"] = graph_ ? 1.0 : 0.0;

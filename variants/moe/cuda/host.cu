@@ -5,6 +5,8 @@
 // weighted sum copied back and added to the shared experts' output. No host synchronisation of the caller: the
 // host function is a node of the stream (and of a captured CUDA graph).
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <thread>
 
@@ -55,7 +57,7 @@ class HostMoe final : public MoeOp {
   void prepare_experts() override {
     if (w_->routed_on_device) throw std::logic_error("moe/host/cuda: its routed experts belong in host memory (MoeWeights::routed_on_device)");
     const int64_t H = hidden_, I = inter_;
-    const int threads = std::max(1, int(std::thread::hardware_concurrency()) - 1);  // one core left to the thread driving the GPU
+    const int threads = cpu_threads_ > 0 ? cpu_threads_ : std::max(1, int(std::thread::hardware_concurrency()) - 1);  // one core left to the thread driving the GPU
     // AMX where the CPU has it and the process may use it (the kernel per expert by the measured crossover).
     const auto kernel = cpu_info().amx_bf16 && request_amx_permission().empty() ? HostExperts::Kernel::choose : HostExperts::Kernel::avx512;
     if (!engine_ || engine_->threads() != threads) engine_ = std::make_unique<HostExperts>(kernel, threads);
@@ -77,6 +79,20 @@ class HostMoe final : public MoeOp {
     weights_.resize(size_t(rows_));
     y_host_.resize(size_t(tokens_ * H));
     combined_by_experts_ = true;  // y_ comes back as [tokens][hidden], each token's weighted sum
+    call_ns_.assign(kKeptCalls, 0);
+    engine_calls_ = 0;
+  }
+
+  // The engine's own wall time per call inside the host function (median of the last calls), against which the
+  // stream's view of the `cpu_experts` op (the host function's wake and hand-off, then the engine) can be read.
+  std::map<std::string, double> own_counters() const override {
+    const int64_t calls = engine_calls_.load();
+    if (calls == 0) return {};
+    std::vector<int64_t> kept(call_ns_.begin(), call_ns_.begin() + std::min<int64_t>(calls, kKeptCalls));
+    std::nth_element(kept.begin(), kept.begin() + kept.size() / 2, kept.end());
+    return {{"cpu_experts_engine_s", double(kept[kept.size() / 2]) * 1e-9},
+            {"cpu_experts_calls", double(calls)},
+            {"cpu_experts_threads", double(engine_->threads())}};
   }
 
   void experts() override {
@@ -99,8 +115,12 @@ class HostMoe final : public MoeOp {
   static void CUDART_CB run_on_host(void* self) {
     auto* op = static_cast<HostMoe*>(self);
     try {
+      const auto start = std::chrono::steady_clock::now();
       op->engine_->forward(reinterpret_cast<const bf16*>(op->x_.get()), op->tokens_, op->ids_.get(), op->weights_.get(), op->topk_,
                            op->y_host_.get());
+      const int64_t call = op->engine_calls_.load(std::memory_order_relaxed);
+      op->call_ns_[size_t(call % kKeptCalls)] = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+      op->engine_calls_.store(call + 1, std::memory_order_release);
     } catch (const std::exception& e) {
       op->error_ = e.what();
       std::fill_n(op->y_host_.get(), size_t(op->tokens_ * op->hidden_), std::nanf(""));
@@ -112,6 +132,10 @@ class HostMoe final : public MoeOp {
   PinnedArray<int32_t> ids_;
   PinnedArray<float> weights_, y_host_;
   std::string error_;
+  // Written by the CUDA runtime's host-function thread, read after the stream is synchronised.
+  static constexpr int64_t kKeptCalls = 1024;
+  std::vector<int64_t> call_ns_;
+  std::atomic<int64_t> engine_calls_{0};
 };
 
 }  // namespace

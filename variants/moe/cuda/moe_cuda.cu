@@ -552,7 +552,7 @@ GpuMoeVariant::GpuMoeVariant(const std::string& op_name) : op_(make_moe_op(op_na
 }
 
 std::vector<std::pair<std::string, std::string>> GpuMoeVariant::axes() const {
-  return {{"tokens", "1"}, {"experts", ""}, {"routing", "model"}, {"proj", "own"}};
+  return {{"tokens", "1"}, {"experts", ""}, {"routing", "model"}, {"proj", "own"}, {"cpu_threads", ""}};
 }
 
 std::string GpuMoeVariant::compute_ceiling() const {
@@ -573,6 +573,7 @@ Support GpuMoeVariant::supports(const ModelFile& model, const Point& point) cons
     return Support::no("routing model needs all " + std::to_string(m.n_routed_experts) + " experts (the router may pick any)");
   if (s.experts < s.topk) return Support::no("fewer experts than num_experts_per_tok");
   if (const std::string why = op_->unavailable(); !why.empty()) return Support::no(why);
+  if (point.has("cpu_threads") && !op_->experts_on_host()) return Support::no("cpu_threads: this op runs no experts on the CPU");
   return gpu_fits(device_memory_bytes(model, point));
 }
 
@@ -632,6 +633,7 @@ void GpuMoeVariant::prepare(const ModelFile& model, const Point& point, uint64_t
     b.topk_ids = given_ids_.get();
     b.topk_weights = given_weights_.get();
   }
+  op_->set_cpu_threads(point.has("cpu_threads") ? int(point.integer("cpu_threads")) : 0);
   op_->prepare(m_, s_.tokens, *weights_, b, *blas_, side_blas_.get());
   op_->forward(0);  // the routing of this point, for cost()
   std::vector<int32_t> ids;
@@ -703,7 +705,9 @@ Verification GpuMoeVariant::verify() {
 }
 
 std::map<std::string, double> GpuMoeVariant::counters() {
-  std::map<std::string, double> c = gpu::time_ops([&](gpu::OpMarks& marks) { op_->forward(0, &marks); });
+  std::map<std::string, double> c = op_->own_counters();  // (of the timed runs: before the runs below add theirs)
+  const auto ops = gpu::time_ops([&](gpu::OpMarks& marks) { op_->forward(0, &marks); });
+  c.insert(ops.begin(), ops.end());
   gpu::flush_l2();
   const gpu::KernelTimes kt = gpu::kernel_times([&] { op_->forward(0); });
   if (kt.records > 0) {

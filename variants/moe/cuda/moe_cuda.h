@@ -84,6 +84,12 @@ class MoeOp {
   // Why this op cannot run on this machine ("" if it can).
   virtual std::string unavailable() const { return ""; }
   int tile_rows() const { return tile_rows_; }
+  // Threads of an op whose routed experts run on the CPU (0: every core but one, which drives the GPU); set before
+  // prepare(). Other ops ignore it (the variants reject a value for them).
+  void set_cpu_threads(int threads) { cpu_threads_ = threads; }
+  // What the op measured of its own work in the steps it ran since prepare() (e.g. the CPU experts' own wall time
+  // per call, beside the stream's view of them), as counters; empty for an op that measures nothing itself.
+  virtual std::map<std::string, double> own_counters() const { return {}; }
   // side_blas (a handle of its own: cuBLAS workspaces must not be shared by concurrent GEMMs): the shared experts
   // run on a second stream beside the router and routed experts, joined before the combine. Several ops that run
   // one after another may share one side handle.
@@ -126,6 +132,7 @@ class MoeOp {
   DeviceArray<int2> tiles_;             // (expert, first row) of each row tile
   DeviceArray<int32_t> num_tiles_;
   int tile_rows_ = 16, max_tiles_ = 0;
+  int cpu_threads_ = 0;
   DeviceArray<float> y_;                // [rows][hidden]
   DeviceArray<int32_t> identity_;       // [tokens]: t (combined_by_experts_)
   DeviceArray<float> ones_;             // [tokens]: 1
