@@ -204,6 +204,8 @@ struct Model {
           ++moe_index;
           break;
         }
+        // The embedding reads only its tokens' rows, but the whole table lives where it runs.
+        case OpGroup::embedding: (k.attention_on_gpu ? gpu_bytes : host_bytes) += double(m.vocab_size) * H * 2; break;
         default: (k.attention_on_gpu ? gpu_bytes : host_bytes) += op.weight_bytes; break;  // gate, norms, head
       }
     }
