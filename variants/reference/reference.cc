@@ -132,12 +132,17 @@ void rms_norm(const double* x, const bf16* weight, int64_t n, double eps, double
 }
 
 void matvec(const bf16* w, int64_t rows, int64_t cols, const double* x, double* y) {
+  // Eight partial sums per row: fp64 either way, but independent sums vectorise (a prefill's reference over a
+  // whole stack is trillions of these products).
 #pragma omp parallel for schedule(static) if (rows * cols > (1 << 16))
   for (int64_t r = 0; r < rows; ++r) {
     const bf16* row = w + r * cols;
-    double acc = 0;
-    for (int64_t c = 0; c < cols; ++c) acc += double(to_float(row[c])) * x[c];
-    y[r] = acc;
+    double acc[8] = {};
+    int64_t c = 0;
+    for (; c + 8 <= cols; c += 8)
+      for (int j = 0; j < 8; ++j) acc[j] += double(to_float(row[c + j])) * x[c + j];
+    for (; c < cols; ++c) acc[0] += double(to_float(row[c])) * x[c];
+    y[r] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
   }
 }
 
@@ -312,8 +317,11 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
 
 std::vector<double> mlp(const ModelConfig& m, const MlpParams& p, const std::vector<double>& x, int64_t tokens) {
   const int64_t H = m.hidden_size, I = p.intermediate;
-  std::vector<double> y(static_cast<size_t>(tokens * H)), g(static_cast<size_t>(I)), u(static_cast<size_t>(I));
+  std::vector<double> y(static_cast<size_t>(tokens * H));
+  // Tokens in parallel when there are several (each token's products serial); one token: the products in parallel.
+#pragma omp parallel for schedule(dynamic) if (tokens > 1)
   for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<double> g(static_cast<size_t>(I)), u(static_cast<size_t>(I));
     matvec(p.gate_proj.data(), I, H, &x[size_t(t * H)], g.data());
     matvec(p.up_proj.data(), I, H, &x[size_t(t * H)], u.data());
     for (int64_t i = 0; i < I; ++i) g[size_t(i)] = silu(g[size_t(i)]) * u[size_t(i)];
@@ -400,12 +408,22 @@ std::vector<double> moe(const ModelConfig& m, const MoeParams& p, const std::vec
   for (int64_t t = 0; t < tokens; ++t) matvec(p.gate.data(), E, H, &x[size_t(t * H)], &logits[size_t(t * E)]);
   const Routing routing = route(m, logits, p.e_score_correction_bias, tokens, p.forced_experts.empty() ? nullptr : &p.forced_experts, p.check);
   std::vector<double> y = m.n_shared_experts > 0 ? mlp(m, p.shared, x, tokens) : std::vector<double>(size_t(tokens * H), 0);
-  std::map<int, MlpParams> made;  // lazily built experts (p.experts empty)
+  // Lazily built experts (p.experts empty): the ones the routing reached, made in parallel before they are used.
+  std::map<int, MlpParams> made;
+  if (p.experts.empty()) {
+    std::vector<int> reached(routing.expert.begin(), routing.expert.end());
+    std::sort(reached.begin(), reached.end());
+    reached.erase(std::unique(reached.begin(), reached.end()), reached.end());
+    std::vector<MlpParams> built(reached.size());
+#pragma omp parallel for schedule(dynamic) if (reached.size() > 1)
+    for (size_t i = 0; i < reached.size(); ++i) built[i] = p.make_expert(reached[i]);
+    for (size_t i = 0; i < reached.size(); ++i) made.emplace(reached[i], std::move(built[i]));
+  }
+#pragma omp parallel for schedule(dynamic) if (tokens > 1)
   for (int64_t t = 0; t < tokens; ++t) {
     const std::vector<double> xt(x.begin() + t * H, x.begin() + (t + 1) * H);
     for (int64_t k = 0; k < routing.topk; ++k) {
       const auto e = size_t(routing.expert[size_t(t * routing.topk + k)]);
-      if (p.experts.empty() && !made.count(int(e))) made.emplace(int(e), p.make_expert(int(e)));
       const auto ye = mlp(m, p.experts.empty() ? made.at(int(e)) : p.experts[e], xt, 1);
       for (int64_t i = 0; i < H; ++i) y[size_t(t * H + i)] += routing.weight[size_t(t * routing.topk + k)] * ye[size_t(i)];
     }
