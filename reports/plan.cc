@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 
@@ -97,7 +98,8 @@ double stream_crossover_tokens_per_expert(const ModelConfig& m, const Ceilings& 
     expert.act_bytes = double(t) * H * 6;
     expert.tokens_per_expert = double(t);
     const double cpu = cpu_routed_experts_s(expert, c);
-    const double gpu = std::max(expert.flops / c.gpu_flops, weights / c.h2d_bytes_per_s + expert.act_bytes / c.gpu_bytes_per_s);
+    const double gpu = std::max(expert.flops / c.gpu_flops / c.gpu_expert_efficiency_at(double(t)),
+                                weights / c.h2d_bytes_per_s + expert.act_bytes / c.gpu_bytes_per_s);
     if (gpu < cpu) return double(t);
   }
   return 0;
@@ -105,8 +107,9 @@ double stream_crossover_tokens_per_expert(const ModelConfig& m, const Ceilings& 
 
 double cpu_op_s(const OpCost& op, const Ceilings& c) { return std::max(op.flops / c.cpu_flops, op.bytes() / c.cpu_bytes_per_s); }
 
-double Ceilings::cpu_expert_efficiency_at(double tokens_per_expert) const {
-  const auto& e = cpu_expert_efficiency;
+namespace {
+
+double efficiency_at(const std::vector<std::pair<double, double>>& e, double tokens_per_expert) {
   if (e.empty()) return 1.0;
   if (tokens_per_expert <= e.front().first) return e.front().second;
   if (tokens_per_expert >= e.back().first) return e.back().second;
@@ -116,35 +119,66 @@ double Ceilings::cpu_expert_efficiency_at(double tokens_per_expert) const {
   return e[i - 1].second + t * (e[i].second - e[i - 1].second);
 }
 
+// Each run's roofline time on these ceilings over its measured time, averaged by the run's tokens per expert.
+std::vector<std::pair<double, double>> efficiencies(const std::vector<ResultsFile>& files, const std::string& variant, const std::string& model,
+                                                    const char* tpe_counter, const std::function<double(const OpCost&)>& roofline_s) {
+  std::map<double, std::vector<double>> by_tpe;
+  for (const ResultsFile& f : files)
+    for (const Entry& e : f.entries) {
+      if (e.variant != variant || e.model != model || e.median_us <= 0) continue;
+      const auto& raw = e.raw;
+      if (!raw.contains("flops") || !raw.contains("bytes") || !raw.contains("counters") || !raw["counters"].contains(tpe_counter)) continue;
+      OpCost run;  // the run's work, priced on these ceilings
+      run.flops = raw["flops"].get<double>();
+      run.weight_bytes = raw["bytes"].get<double>();
+      run.group = OpGroup::routed_experts;
+      by_tpe[raw["counters"][tpe_counter].get<double>()].push_back(roofline_s(run) / (e.median_us * 1e-6));
+    }
+  std::vector<std::pair<double, double>> out;
+  for (const auto& [tpe, v] : by_tpe) {
+    double sum = 0;
+    for (double x : v) sum += x;
+    out.emplace_back(tpe, sum / double(v.size()));
+  }
+  return out;
+}
+
+std::string file_names(const std::vector<ResultsFile>& files) {
+  std::string names;
+  for (const ResultsFile& f : files) names += (names.empty() ? "" : ", ") + f.path;
+  return names;
+}
+
+}  // namespace
+
+double Ceilings::cpu_expert_efficiency_at(double tokens_per_expert) const { return efficiency_at(cpu_expert_efficiency, tokens_per_expert); }
+double Ceilings::gpu_expert_efficiency_at(double tokens_per_expert) const { return efficiency_at(gpu_expert_efficiency, tokens_per_expert); }
+
 double cpu_routed_experts_s(const OpCost& op, const Ceilings& c) {
   return cpu_op_s(op, c) / c.cpu_expert_efficiency_at(op.tokens_per_expert);
 }
 
+double gpu_routed_experts_s(const OpCost& op, const Ceilings& c) {
+  return gpu_op_s(op, c) / c.gpu_expert_efficiency_at(op.tokens_per_expert);
+}
+
+void attach_gpu_expert_runs(Ceilings& c, const std::string& model, const std::vector<ResultsFile>& files) {
+  if (files.empty()) return;
+  c.gpu_expert_efficiency = efficiencies(files, "moe/grouped/cuda", model, "tokens_per_active_expert", [&](const OpCost& op) { return gpu_op_s(op, c); });
+  if (c.gpu_expert_efficiency.empty())
+    throw BadInput(file_names(files) + ": no moe/grouped/cuda results for model " + model +
+                   " with flops, bytes and counters.tokens_per_active_expert (expected a dslab run of the GPU MoE at this model)");
+  c.gpu_expert_efficiency_source = "moe/grouped/cuda in " + file_names(files);
+}
+
 void attach_cpu_expert_runs(Ceilings& c, const std::string& model, const std::vector<ResultsFile>& files) {
   if (files.empty()) return;
-  std::string names;
-  for (const ResultsFile& f : files) names += (names.empty() ? "" : ", ") + f.path;
+  const std::string names = file_names(files);
   const std::string unit_variant = c.cpu_unit == "amx" ? "moe/amx/cpu" : "moe/avx512/cpu";
   for (const std::string& variant : {std::string("moe/auto/cpu"), unit_variant}) {
-    std::map<double, std::vector<double>> by_tpe;  // tokens per expert -> efficiencies
-    for (const ResultsFile& f : files)
-      for (const Entry& e : f.entries) {
-        if (e.variant != variant || e.model != model || e.median_us <= 0) continue;
-        const auto& raw = e.raw;
-        if (!raw.contains("flops") || !raw.contains("bytes") || !raw.contains("counters") || !raw["counters"].contains("tokens_per_expert"))
-          continue;
-        OpCost run;  // the run's work, priced on these ceilings
-        run.flops = raw["flops"].get<double>();
-        run.weight_bytes = raw["bytes"].get<double>();
-        by_tpe[raw["counters"]["tokens_per_expert"].get<double>()].push_back(cpu_op_s(run, c) / (e.median_us * 1e-6));
-      }
-    if (by_tpe.empty()) continue;
-    c.cpu_expert_efficiency.clear();
-    for (const auto& [tpe, v] : by_tpe) {
-      double sum = 0;
-      for (double x : v) sum += x;
-      c.cpu_expert_efficiency.emplace_back(tpe, sum / double(v.size()));
-    }
+    auto e = efficiencies(files, variant, model, "tokens_per_expert", [&](const OpCost& op) { return cpu_op_s(op, c); });
+    if (e.empty()) continue;
+    c.cpu_expert_efficiency = std::move(e);
     c.cpu_expert_efficiency_source = variant + " in " + names;
     return;
   }
@@ -244,9 +278,9 @@ struct Model {
       // Routed experts of this layer: the GPU's share (resident layer, hot experts, or streamed) and the CPU's.
       double gpu_s = 0, cpu_s = 0, xfer_s = 0;
       if (moe_index < k.gpu_moe_layers) {
-        gpu_s = gpu_op_s(op, c);
+        gpu_s = gpu_routed_experts_s(op, c);
       } else if (k.stream_experts) {
-        gpu_s = std::max(gpu_op_s(op, c), op.weight_bytes / c.h2d_bytes_per_s + c.transfer_s);
+        gpu_s = std::max(gpu_routed_experts_s(op, c), op.weight_bytes / c.h2d_bytes_per_s + c.transfer_s);
       } else {
         // Uniform routing: hot experts take hot/E of the (token, expert) choices; each side reads the weights of
         // the experts it reaches.
@@ -254,7 +288,7 @@ struct Model {
         OpCost on_gpu = op, on_cpu = op;
         on_gpu.flops *= f, on_gpu.act_bytes *= f, on_gpu.weight_bytes *= f;
         on_cpu.flops *= 1 - f, on_cpu.act_bytes *= 1 - f, on_cpu.weight_bytes *= 1 - f;
-        if (f > 0) gpu_s = gpu_op_s(on_gpu, c);
+        if (f > 0) gpu_s = gpu_routed_experts_s(on_gpu, c);
         if (f < 1) {
           cpu_s = cpu_routed_experts_s(on_cpu, c);
           // hidden states (bf16), ids and weights to the host (three copies), the experts' sum (fp32) back (one), and
@@ -404,6 +438,10 @@ nlohmann::json Plan::to_json() const {
   for (const auto& [tpe, e] : ceilings.cpu_expert_efficiency) eff.push_back({{"tokens_per_expert", tpe}, {"efficiency", e}});
   j["ceilings"]["cpu_expert_efficiency"] = eff;
   j["ceilings"]["cpu_expert_efficiency_source"] = ceilings.cpu_expert_efficiency_source;
+  nlohmann::json gpu_eff = nlohmann::json::array();
+  for (const auto& [tpe, e] : ceilings.gpu_expert_efficiency) gpu_eff.push_back({{"tokens_per_expert", tpe}, {"efficiency", e}});
+  j["ceilings"]["gpu_expert_efficiency"] = gpu_eff;
+  j["ceilings"]["gpu_expert_efficiency_source"] = ceilings.gpu_expert_efficiency_source;
   // One row per op name and kind of layer (ops repeat identically across the MoE layers).
   nlohmann::json ops = nlohmann::json::array();
   std::map<std::string, size_t> row_of;
@@ -470,6 +508,15 @@ std::string Plan::to_markdown() const {
       return 1.0;
     }()) << ".\n\n";
   }
+  if (!ceilings.gpu_expert_efficiency.empty()) {
+    md << "GPU routed experts at the grouped GEMMs' measured fraction of the GPU's roofline (" << ceilings.gpu_expert_efficiency_source << "):";
+    for (const auto& [tpe, e] : ceilings.gpu_expert_efficiency) md << " " << fmt("%.3g", tpe) << " tokens/expert " << fmt("%.2f", e) << ";";
+    md << " at this point " << fmt("%.2f", [&] {
+      for (const OpCost& op : ops)
+        if (op.group == OpGroup::routed_experts) return ceilings.gpu_expert_efficiency_at(op.tokens_per_expert);
+      return 1.0;
+    }()) << ".\n\n";
+  }
   md << "## Placements\n\n| placement | predicted ms | measured ms | predicted / measured | GPU memory | host memory | chosen | why |\n"
         "|---|---|---|---|---|---|---|---|\n";
   for (const auto& p : placements) {
@@ -532,11 +579,13 @@ options:
   --cpu-experts FILE results.json of the CPU MoE engine (moe/auto/cpu) at this model over tokens: the CPU routed
                      experts are predicted at the engine's measured fraction of their roofline at the step's tokens
                      per expert (default: the roofline alone); repeatable
+  --gpu-experts FILE results.json of the GPU MoE (moe/grouped/cuda) at this model over tokens: the same for the
+                     routed experts the GPU runs; repeatable
   --out DIR          where plan.json and plan.md go (default: print only)
 )";
 
 int cmd_plan(int argc, char** argv) {
-  const Args a = parse_args(argc, argv, 2, {}, {"--model", "--phase", "--batch", "--q-len", "--kv-len", "--gpu-budget", "--cpu-threads", "--machine", "--measured", "--cpu-experts", "--out"});
+  const Args a = parse_args(argc, argv, 2, {}, {"--model", "--phase", "--batch", "--q-len", "--kv-len", "--gpu-budget", "--cpu-threads", "--machine", "--measured", "--cpu-experts", "--gpu-experts", "--out"});
   if (!a.positional.empty()) throw BadInput("command line: plan: unexpected argument '" + a.positional.front() + "' (see dslab plan --help)");
   if (!a.has("--model")) throw BadInput("command line: plan: --model is required (a name under models/ or a config.json path)");
   PlanRequest r;
@@ -564,6 +613,9 @@ int cmd_plan(int argc, char** argv) {
   std::vector<ResultsFile> engine_runs;
   for (const std::string& f : a.all("--cpu-experts")) engine_runs.push_back(load_results(f));
   attach_cpu_expert_runs(ceilings, r.model_name, engine_runs);
+  std::vector<ResultsFile> gpu_moe_runs;
+  for (const std::string& f : a.all("--gpu-experts")) gpu_moe_runs.push_back(load_results(f));
+  attach_gpu_expert_runs(ceilings, r.model_name, gpu_moe_runs);
   r.cpu_threads = int(a.number("--cpu-threads", 0, 0));
   std::vector<ResultsFile> measured;
   for (const std::string& f : a.all("--measured")) measured.push_back(load_results(f));

@@ -35,8 +35,13 @@ struct Ceilings {
   // Empty: the roofline alone.
   std::vector<std::pair<double, double>> cpu_expert_efficiency;
   std::string cpu_expert_efficiency_source;
+  // The same for the GPU's grouped expert GEMMs (moe/grouped/cuda alone at the plan's model, attach_gpu_expert_runs):
+  // at prefill sizes they reach a fraction of the GEMM rate. Empty: the roofline alone.
+  std::vector<std::pair<double, double>> gpu_expert_efficiency;
+  std::string gpu_expert_efficiency_source;
   // Interpolated in log(tokens per expert), held at the ends; 1 when nothing was measured.
   double cpu_expert_efficiency_at(double tokens_per_expert) const;
+  double gpu_expert_efficiency_at(double tokens_per_expert) const;
   double gpu_ridge() const { return gpu_flops / gpu_bytes_per_s; }
   double cpu_ridge() const { return cpu_flops / cpu_bytes_per_s; }
   // cpu_threads > 0: the CPU's rates at the most calibrated threads not above it (cpu.by_threads); 0: all threads.
@@ -92,8 +97,13 @@ std::vector<int64_t> measured_gpu_layer_counts(const PlanRequest& r, const std::
 // the unit the ceilings name) at `model` in these files. BadInput (naming the files) if they hold none.
 void attach_cpu_expert_runs(Ceilings& c, const std::string& model, const std::vector<ResultsFile>& files);
 
-// The routed experts of one layer on the CPU: the roofline time over the engine's measured efficiency there.
+// Fills c.gpu_expert_efficiency from runs of moe/grouped/cuda at `model` (the whole MoE layer's roofline on these
+// ceilings over its measured time, by counters.tokens_per_active_expert). BadInput (naming the files) if none.
+void attach_gpu_expert_runs(Ceilings& c, const std::string& model, const std::vector<ResultsFile>& files);
+
+// The routed experts of one layer on the CPU (GPU): the roofline time over the engine's measured efficiency there.
 double cpu_routed_experts_s(const layer::OpCost& op, const Ceilings& c);
+double gpu_routed_experts_s(const layer::OpCost& op, const Ceilings& c);
 
 // The tokens per expert above which running a routed expert on the GPU with its weights copied over the link beats
 // running it on the CPU from host memory (each at its roofline; the copy at the pinned link rate): the

@@ -258,6 +258,40 @@ TEST(Plan, CpuExpertsRunAtTheEnginesMeasuredEfficiency) {
   EXPECT_NE(measured.to_markdown().find("engine's measured fraction"), std::string::npos);
 }
 
+TEST(Plan, GpuExpertsRunAtTheGroupedGemmsMeasuredEfficiency) {
+  auto c = reports::Ceilings::from_machine(machine(), "m.json");
+  reports::ResultsFile f;
+  f.path = "gpu-moe.json";
+  // 8 TFLOP at 800 TFLOP/s is 10 ms (compute-bound on machine()'s GPU): 40 ms measured is 0.25 of the roofline.
+  auto gpu_entry = [](const char* variant, double tpe, double us) {
+    reports::Entry e;
+    e.variant = variant;
+    e.model = "deepseek-v2-lite";
+    e.name = std::string(variant) + "/" + std::to_string(tpe);
+    e.median_us = us;
+    e.raw = {{"flops", 8e12}, {"bytes", 1e9}, {"counters", {{"tokens_per_active_expert", tpe}}}};
+    return e;
+  };
+  f.entries = {gpu_entry("moe/grouped/cuda", 96, 40000), gpu_entry("moe/loop/cuda", 96, 20000)};  // only the grouped op counts
+  reports::attach_gpu_expert_runs(c, "deepseek-v2-lite", {f});
+  ASSERT_EQ(c.gpu_expert_efficiency.size(), 1u);
+  EXPECT_NEAR(c.gpu_expert_efficiency_at(96), (10e-3 + 3e-6) / 40e-3, 1e-9);  // (+ one small kernel's fixed cost)
+  // A prefill chunk all on the GPU: its routed experts take 1/efficiency of their roofline, nothing else changes.
+  const auto plain = reports::make_plan(request("deepseek-v2-lite", 1, 1024, 0, 80), reports::Ceilings::from_machine(machine(), "m.json"));
+  const auto measured = reports::make_plan(request("deepseek-v2-lite", 1, 1024, 0, 80), c);
+  auto moe_s = [](const reports::Plan& p) {
+    for (const auto& x : p.placements)
+      if (x.placement == "all_gpu") return x.parts_s.at("moe");
+    return -1.0;
+  };
+  EXPECT_GT(moe_s(measured), 3 * moe_s(plain));
+  EXPECT_NE(measured.to_markdown().find("grouped GEMMs' measured fraction"), std::string::npos);
+  reports::ResultsFile none;
+  none.path = "cpu-only.json";
+  none.entries = {gpu_entry("moe/loop/cuda", 96, 20000)};
+  EXPECT_THROW(reports::attach_gpu_expert_runs(c, "deepseek-v2-lite", {none}), BadInput);
+}
+
 TEST(Plan, EngineRunsWithoutTheModelAreBadInput) {
   auto c = reports::Ceilings::from_machine(machine(), "m.json");
   reports::ResultsFile f;
