@@ -211,7 +211,22 @@ struct Model {
     return double(r.model.num_hidden_layers) * double(s.batch) * double(s.kv_len + s.q_len) *
            mla::cache_bytes_per_token(r.model, s.attn, r.model.num_attention_heads, s.kv_dtype);
   }
-  double workspace_bytes() const { return double(r.shape.tokens()) * double(r.model.hidden_size) * 64 + 1e9; }
+  // What our layer allocates on the GPU besides weights and caches (layer::gpu_step_scratch_bytes), with the attention
+  // the offload sweeps run: the fused decode kernel for decode (q_len up to 2), the unfused form beyond.
+  double workspace_bytes() const {
+    layer::StepScratch s;
+    s.attn.heads = r.model.num_attention_heads;
+    s.attn.batch = r.shape.batch;
+    s.attn.q_len = r.shape.q_len;
+    s.attn.kv_len = r.shape.kv_len;
+    s.algo = r.shape.attn;
+    s.fused = r.shape.q_len <= 2;
+    s.max_keys = r.shape.kv_len + r.shape.q_len;
+    s.layers = r.model.num_hidden_layers;
+    s.moe_layers = moe_layers();
+    s.whole = true;
+    return layer::gpu_step_scratch_bytes(r.model, s);
+  }
 
   PlacementPlan evaluate(const Candidate& k) const {
     PlacementPlan p;

@@ -160,6 +160,14 @@ int64_t positive_integer(const std::string& text, size_t from) {
 
 }  // namespace
 
+double gpu_step_scratch_bytes(const ModelConfig& m, const StepScratch& s) {
+  const double T = double(s.attn.tokens()), H = double(m.hidden_size);
+  return double(s.layers) * mla::gpu_scratch_bytes(m, s.algo, s.attn, s.max_keys, s.fused) +
+         double(s.layers - s.moe_layers) * moe::gpu_mlp_scratch_bytes(s.attn.tokens(), m.intermediate_size) +
+         double(s.moe_layers) * moe::gpu_moe_scratch_bytes(m, s.attn.tokens(), m.n_routed_experts) + T * H * 16 +
+         (s.whole ? T * double(m.vocab_size) * 4 : double(s.steps) * T * H * 2) + double(size_t(256) << 20);
+}
+
 GpuExperts parse_gpu_experts(const std::string& text) {
   GpuExperts g;
   if (text == "none") return g;

@@ -49,6 +49,11 @@ Cost attention_kernel_cost(const ModelConfig& m, Algo algo, const Shape& s, cons
 Cost cost_per_cached_token(const ModelConfig& m, Algo algo, int64_t heads);
 // Bytes of the attention module's bf16 weights at `heads` heads.
 double weight_bytes(const ModelConfig& m, int64_t heads);
+// Device scratch one mla/<form>/cuda op allocates for this shape (fused: the decode kernel's query, latent output
+// and split partials; unfused: the gathered latent, scores, and the form's own K/V or decompressed buffers), keys
+// padded to kGpuKeyAlign. The ops size their buffers by it; the layer and the offload planner count it.
+constexpr int64_t kGpuKeyAlign = 8;
+double gpu_scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t max_keys, bool fused);
 // Peak host memory of a CPU implementation, for supports().
 double cpu_memory_bytes(const ModelConfig& m, Algo algo, const Shape& s);
 

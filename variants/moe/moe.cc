@@ -218,6 +218,13 @@ Cost Base::cost(const ModelFile& model, const Point& point) const {
   return moe::cost(m, *problem(m, shape_of(m, point), 1));
 }
 
+double gpu_moe_scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts) {
+  const double T = double(tokens), K = double(m.num_experts_per_tok), H = double(m.hidden_size), I = double(m.moe_intermediate_size);
+  const double rows = T * K;
+  return T * double(m.n_routed_experts) * 4 + rows * (H * 4 + I * 2 + 2 * I * 4 + H * 2 + 32) + double(experts) * 64 +
+         gpu_mlp_scratch_bytes(tokens, m.moe_intermediate_size * m.n_shared_experts);
+}
+
 std::string Base::compute_ceiling() const { return cpu_info().amx_bf16 ? "cpu.amx_bf16_flops" : "cpu.avx512_bf16_flops"; }
 
 std::string Engine::compute_ceiling() const { return kernel_ == Kernel::avx512 ? "cpu.avx512_bf16_flops" : Base::compute_ceiling(); }

@@ -160,6 +160,13 @@ class Engine : public Base {
   std::vector<float> weights_;
 };
 
+// Device scratch of the GPU MoE ops (variants/moe/cuda): a SwiGLU MLP's over `tokens` rows (gate|up fp32, the
+// product bf16), and one MoE layer's (router logits, routing and permutation, the experts' outputs, the grouped
+// GEMMs' intermediates, the shared experts' MLP). The ops size their buffers by these; the layer and the offload
+// planner count them.
+inline double gpu_mlp_scratch_bytes(int64_t tokens, int64_t intermediate) { return double(tokens) * double(intermediate) * 6; }
+double gpu_moe_scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts);
+
 // Rows of an expert padded to the AMX tile height.
 inline int64_t padded_rows(int64_t m) { return (m + 15) / 16 * 16; }
 

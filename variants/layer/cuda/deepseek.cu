@@ -237,15 +237,22 @@ struct DeepseekLayerCuda::Plan {
     if (why_not.empty() && m.hidden_size > 8192) why_not = "norm kernels: hidden_size up to 8192";
     // Device memory: every layer's attention weights, dense MLPs and cache are its own; MoE weight sets are reused
     // cyclically when not every MoE layer's fit.
-    const double T = double(tokens()), H = double(m.hidden_size);
+    const double H = double(m.hidden_size);
     const double pages = double(bucket) * std::ceil(double(max_keys()) / double(page_size)) + double(bucket);
     const double cache = pages * double(page_size) * double(m.kv_lora_rank + m.qk_rope_head_dim) *
                          (kv_dtype == mla::KvDtype::bf16 ? 2.0 : 1.0 + 4.0 / double(mla::kQuantGroup));
-    const double attn_scratch = MlaOp::scratch_bytes(m, attn_op->algo(), attn_shape(), max_keys(), attn_op->fused());
-    fixed_bytes = double(layers) * (mla::weight_bytes(m, m.num_attention_heads) + cache + attn_scratch + 4 * H) +
-                  double(layers - moe_layers) * (3 * H * double(m.intermediate_size) * 2 + moe::cuda::MlpRunner::scratch_bytes(tokens(), m.intermediate_size)) +
-                  double(moe_layers) * MoeOp::scratch_bytes(m, tokens(), m.n_routed_experts) + T * H * 16 +
-                  (whole ? 2 * double(m.vocab_size) * H * 2 + T * double(m.vocab_size) * 4 : double(steps) * T * H * 2) + (size_t(256) << 20);
+    layer::StepScratch scratch;
+    scratch.attn = attn_shape();
+    scratch.algo = attn_op->algo();
+    scratch.fused = attn_op->fused();
+    scratch.max_keys = max_keys();
+    scratch.layers = layers;
+    scratch.moe_layers = moe_layers;
+    scratch.steps = steps;
+    scratch.whole = whole;
+    fixed_bytes = double(layers) * (mla::weight_bytes(m, m.num_attention_heads) + cache + 4 * H) +
+                  double(layers - moe_layers) * 3 * H * double(m.intermediate_size) * 2 + (whole ? 2 * double(m.vocab_size) * H * 2 : 0) +
+                  layer::gpu_step_scratch_bytes(m, scratch);
     const double host_set_bytes = moe::cuda::moe_weight_bytes(m, 0);  // router and shared experts
     full_set_bytes = moe::cuda::moe_weight_bytes(m, m.n_routed_experts);
     moe_set_bytes = experts_on_host ? host_set_bytes : full_set_bytes;

@@ -473,21 +473,7 @@ std::string MlaOp::unsupported(const ModelConfig& m, const Shape& s) const {
 }
 
 double MlaOp::scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t max_keys, bool fused) {
-  const double B = double(s.batch), H = double(s.heads), S = double(s.q_len), T = double(s.tokens());
-  const double N = double(max_keys) + double(kKeyAlign);  // (keys_)
-  const double r = double(m.kv_lora_rank), w = r + double(m.qk_rope_head_dim);
-  double bytes = T * (double(m.q_lora_rank.value_or(0)) + w) * 6 + T * H * double(m.q_head_dim() + m.v_head_dim) * 2;
-  if (fused) return bytes + T * H * w * 4 * 8;  // q, o_lat, split partials
-  const double padded = B * N;
-  bytes += padded * w * 2;          // gathered latent
-  bytes += padded * H * S * 6;      // scores fp32 + probabilities bf16
-  switch (algo) {
-    case Algo::cd: bytes += 2 * padded * H * double(m.q_head_dim() + m.v_head_dim) * 2; break;  // pool + gathered
-    case Algo::cc: bytes += padded * H * double(m.qk_nope_head_dim + m.v_head_dim + m.q_head_dim()) * 2; break;
-    case Algo::a_cc: bytes += padded * H * w * 2; break;
-    case Algo::a_cc_me: break;
-  }
-  return bytes;
+  return mla::gpu_scratch_bytes(m, algo, s, max_keys, fused);
 }
 
 void MlaOp::prepare(const ModelConfig& m, const Shape& s, int64_t max_keys, const MlaWeights& w, const MlaBuffers& b, BlasHandle& blas,

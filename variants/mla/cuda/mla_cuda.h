@@ -283,7 +283,7 @@ Projections parse_projections(const std::string& text);  // BadInput unless own 
 // multiple of 8 (max_keys = kv_len + 1 at q_len 1) sends cuBLAS to its unaligned kernels. On the H200 (session
 // 6): a_cc_me's batched score GEMM at 16 rows, 64 requests, 4097 keys 579 us, at 4104 keys 79 us; P V 269 vs 77 us.
 // The padding keys are zeros that the softmax masks like any key past a request's end.
-constexpr int64_t kKeyAlign = 8;
+constexpr int64_t kKeyAlign = mla::kGpuKeyAlign;
 
 // The family variant mla/<form>/cuda: makes one point's problem, runs the op on it, verifies. The executor axis
 // (default: graph for the fused kernel, eager for the others) makes run() replay one CUDA graph of the whole

@@ -356,12 +356,7 @@ void MlpRunner::forward(BlasHandle& blas, const __nv_bfloat16* x, float* out, fl
 // a mean of 4 rows (the busiest expert then still fits), 64 up to 40, else 128 (compute-bound: fewer B reloads).
 int tile_rows_for(double rows_per_expert) { return rows_per_expert <= 4 ? 16 : rows_per_expert <= 40 ? 64 : 128; }
 
-double MoeOp::scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts) {
-  const double T = double(tokens), K = double(m.num_experts_per_tok), H = double(m.hidden_size), I = double(m.moe_intermediate_size);
-  const double rows = T * K;
-  return T * double(m.n_routed_experts) * 4 + rows * (H * 4 + I * 2 + 2 * I * 4 + H * 2 + 32) + double(experts) * 64 +
-         MlpRunner::scratch_bytes(tokens, m.moe_intermediate_size * m.n_shared_experts);
-}
+double MoeOp::scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts) { return moe::gpu_moe_scratch_bytes(m, tokens, experts); }
 
 MoeOp::SideStream::SideStream(BlasHandle* side_blas) : blas(side_blas) {
   DSLAB_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

@@ -35,7 +35,7 @@ class MlpRunner {
  public:
   void prepare(const ModelConfig& m, const MlpWeights& w, int64_t tokens);
   void forward(BlasHandle& blas, const __nv_bfloat16* x, float* out, float beta, cudaStream_t stream) const;
-  static double scratch_bytes(int64_t tokens, int64_t intermediate) { return double(tokens) * double(intermediate) * 6; }
+  static double scratch_bytes(int64_t tokens, int64_t intermediate) { return moe::gpu_mlp_scratch_bytes(tokens, intermediate); }
 
  private:
   const MlpWeights* w_ = nullptr;
