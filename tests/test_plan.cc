@@ -181,6 +181,33 @@ TEST(Plan, MeasuredStepsFillTheirPlacementsGraphFirst) {
   EXPECT_TRUE(plan.to_json()["placements"][0]["measured_s"].is_number());
 }
 
+TEST(Plan, AllGpuCapacityIsTheWeightsTheCacheAndTheLayersScratch) {
+  const auto c = reports::Ceilings::from_machine(machine(), "m.json");
+  for (int64_t q_len : {1, 1024}) {
+    SCOPED_TRACE(q_len);
+    const auto r = request("deepseek-v2-lite", 1, q_len, q_len == 1 ? 4096 : 0, 80);
+    const auto plan = reports::make_plan(r, c);
+    const ModelConfig& m = r.model;
+    const double H = double(m.hidden_size), E = double(m.n_routed_experts), I = double(m.moe_intermediate_size);
+    double weights = 0;
+    for (const auto& op : plan.ops) {
+      if (op.group == layer::OpGroup::routed_experts) weights += E * 3 * H * I * 2;  // every expert, not the reached ones
+      else if (op.group == layer::OpGroup::embedding) weights += double(m.vocab_size) * H * 2;  // the whole table
+      else weights += op.weight_bytes;
+    }
+    const double kv = double(m.num_hidden_layers) * double(r.shape.kv_len + q_len) * 576 * 2;
+    layer::StepScratch s;
+    s.attn.heads = m.num_attention_heads, s.attn.batch = 1, s.attn.q_len = q_len, s.attn.kv_len = r.shape.kv_len;
+    s.fused = q_len == 1;  // the sweeps' attention: the fused kernel for decode, a_cc_me for the prefill chunk
+    s.max_keys = r.shape.kv_len + q_len;
+    s.layers = m.num_hidden_layers, s.moe_layers = m.num_hidden_layers - m.first_k_dense_replace, s.whole = true;
+    const double scratch = layer::gpu_step_scratch_bytes(m, s);
+    EXPECT_GT(scratch, q_len == 1 ? 0.25e9 : 5e9);  // a 1K prefill's per-layer MoE and attention scratch is gigabytes
+    for (const auto& p : plan.placements)
+      if (p.placement == "all_gpu") EXPECT_NEAR(p.gpu_bytes, weights + kv + scratch, 1e6);
+  }
+}
+
 TEST(Plan, SplitRunsAreMeasuredAsTheirGpuLayersPlacement) {
   const auto c = reports::Ceilings::from_machine(machine(), "m.json");
   auto r = request("deepseek-v2-lite", 1, 1, 4096, 80);
