@@ -407,6 +407,14 @@ std::string placement_of(const Entry& e, const PlanRequest& r) {
 
 }  // namespace
 
+std::string run_with(const std::string& placement) {
+  const std::string layer = "layer/deepseek/cuda layers=all ";
+  if (placement == "all_gpu") return layer + "moe=moe/grouped/cuda";
+  if (placement == "ktransformers") return layer + "moe=moe/host/cuda";
+  if (placement.rfind("gpu_layers:", 0) == 0) return layer + "moe=moe/host/cuda gpu_experts=layers:" + placement.substr(11);
+  return "";
+}
+
 std::vector<int64_t> measured_gpu_layer_counts(const PlanRequest& r, const std::vector<ResultsFile>& files) {
   std::vector<int64_t> counts;
   for (const ResultsFile& f : files)
@@ -489,6 +497,7 @@ nlohmann::json Plan::to_json() const {
                           {"predicted_s", p.predicted_s},
                           {"measured_s", p.measured_s >= 0 ? nlohmann::json(p.measured_s) : nlohmann::json(nullptr)},
                           {"measured_by", p.measured_by},
+                          {"run_with", run_with(p.placement).empty() ? nlohmann::json(nullptr) : nlohmann::json(run_with(p.placement))},
                           {"chosen", p.chosen},
                           {"fits", p.fits},
                           {"gpu_bytes", p.gpu_bytes},
@@ -532,13 +541,14 @@ std::string Plan::to_markdown() const {
       return 1.0;
     }()) << ".\n\n";
   }
-  md << "## Placements\n\n| placement | predicted ms | measured ms | predicted / measured | GPU memory | host memory | chosen | why |\n"
-        "|---|---|---|---|---|---|---|---|\n";
+  md << "## Placements\n\n| placement | predicted ms | measured ms | predicted / measured | GPU memory | host memory | chosen | why | run it with |\n"
+        "|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& p : placements) {
     const bool measured = p.measured_s >= 0;
     md << "| " << p.placement << " | " << fmt("%.3f", p.predicted_s * 1e3) << " | " << (measured ? fmt("%.3f", p.measured_s * 1e3) : "-") << " | "
        << (measured ? fmt("%.2f", p.predicted_s / p.measured_s) : "-") << " | " << gb(p.gpu_bytes) << " | " << gb(p.host_bytes) << " | "
-       << (p.chosen ? "**yes**" : "") << " | " << p.reason << " |\n";
+       << (p.chosen ? "**yes**" : "") << " | " << p.reason << " | "
+       << (run_with(p.placement).empty() ? "(predicted only: no runnable layer yet)" : "`" + run_with(p.placement) + "`") << " |\n";
   }
   md << "\nRouted experts: running one on the GPU with its weights copied over the link beats running it on the CPU from ";
   if (stream_crossover > 0)

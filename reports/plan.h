@@ -85,6 +85,10 @@ struct Plan {
 
 Plan make_plan(const PlanRequest& r, const Ceilings& c);
 
+// How to measure a placement: the layer/deepseek/cuda axes that run it ("" for one dslab predicts but cannot run yet:
+// hot_experts:N, streamed_experts, all_cpu).
+std::string run_with(const std::string& placement);
+
 // Fills measured_s from runs of the whole model at the plan's point: layer/deepseek/cuda, layers all, the same
 // batch, q_len and kv_len (and cpu_threads, when the run set it); moe/grouped/cuda is all_gpu, moe/host/cuda is
 // ktransformers, or gpu_layers:N where the run kept N MoE layers' experts on the GPU (counters.gpu_moe_layers);

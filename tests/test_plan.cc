@@ -242,6 +242,11 @@ TEST(Plan, SplitRunsAreMeasuredAsTheirGpuLayersPlacement) {
   for (const auto& p : plan.placements)
     if (p.measured_s >= 0) measured[p.placement] = p.measured_s;
   EXPECT_EQ(measured, (std::map<std::string, double>{{"gpu_layers:7", 35000 * 1e-6}, {"ktransformers", 45000 * 1e-6}}));
+  // Each placement says how to run it, so a plan's choice can be measured (the axes parse back to the same placement).
+  EXPECT_EQ(reports::run_with("gpu_layers:7"), "layer/deepseek/cuda layers=all moe=moe/host/cuda gpu_experts=layers:7");
+  EXPECT_EQ(reports::run_with("all_gpu"), "layer/deepseek/cuda layers=all moe=moe/grouped/cuda");
+  EXPECT_EQ(reports::run_with("hot_experts:8"), "");
+  EXPECT_NE(plan.to_markdown().find("`layer/deepseek/cuda layers=all moe=moe/host/cuda gpu_experts=layers:7`"), std::string::npos);
 }
 
 // A run of the CPU MoE engine: floor (on machine()'s 100 GB/s, 10 TFLOP/s) over time is its efficiency.
