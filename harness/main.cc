@@ -274,7 +274,10 @@ int cmd_run(int argc, char** argv) {
         }
       std::vector<SampleSet> samples;
       try {
-        samples = measure_interleaved(subjects, rule, hot);
+        StopRule point_rule = rule;  // the suite may raise the floors (never lower the command line's)
+        point_rule.min_samples = std::max(rule.min_samples, plan.points[first].min_samples);
+        point_rule.timeout_s = std::max(rule.timeout_s, plan.points[first].timeout_s);
+        samples = measure_interleaved(subjects, point_rule, hot);
       } catch (const std::exception& e) {
         for (size_t k : measured) group[k].error = std::string("run: ") + e.what();
         measured.clear();

@@ -67,8 +67,9 @@ Sweep parse_sweep(const nlohmann::json& j, const std::string& source, const std:
     const std::string where = source + ": suites[" + std::to_string(i) + "]";
     if (!js.is_object()) throw BadInput(where + ": expected an object");
     for (const auto& item : js.items())
-      if (item.key() != "name" && item.key() != "model" && item.key() != "variants" && item.key() != "axes")
-        throw BadInput(where + ": field '" + item.key() + "': unknown suite field (expected name, model, variants, axes)");
+      if (item.key() != "name" && item.key() != "model" && item.key() != "variants" && item.key() != "axes" && item.key() != "min_samples" &&
+          item.key() != "timeout")
+        throw BadInput(where + ": field '" + item.key() + "': unknown suite field (expected name, model, variants, axes, min_samples, timeout)");
     Suite suite;
     suite.name = js.value("name", "suite" + std::to_string(i));
     suite.model = js.contains("model") ? js["model"].get<std::string>() : model;
@@ -79,6 +80,18 @@ Sweep parse_sweep(const nlohmann::json& j, const std::string& source, const std:
       if (!v.is_string()) throw bad_field(where, "variants", v.dump(), "a variant name string");
       require_variant(v.get<std::string>(), where);
       suite.variants.push_back(v.get<std::string>());
+    }
+    if (js.contains("min_samples")) {
+      const auto& v = js["min_samples"];
+      if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > 10000)
+        throw bad_field(where, "min_samples", v.dump(), "an integer 1..10000 (samples each point takes at least)");
+      suite.min_samples = int(v.get<int64_t>());
+    }
+    if (js.contains("timeout")) {
+      const auto& v = js["timeout"];
+      if (!v.is_number() || v.get<double>() <= 0 || v.get<double>() > 3600)
+        throw bad_field(where, "timeout", v.dump(), "seconds per point, above 0 and at most 3600");
+      suite.timeout_s = v.get<double>();
     }
     if (js.contains("axes")) {
       if (!js["axes"].is_object()) throw bad_field(where, "axes", js["axes"].dump(), "an object of axis: values");
@@ -244,7 +257,7 @@ Plan expand(const Sweep& sweep) {
           s = a;
         else
           s = variant->supports(*model, p);  // throws BadInput on an invalid model config
-        plan.points.push_back({entry, suite.name, model, p, s});
+        plan.points.push_back({entry, suite.name, model, p, s, suite.min_samples, suite.timeout_s});
       }
   }
   return plan;

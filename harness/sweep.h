@@ -26,6 +26,11 @@ struct Suite {
   std::string model;  // name or path
   std::vector<std::string> variants;
   std::vector<Axis> axes;
+  // Floors on the run's stop rule for this suite's points (0: the run's own): at least this many samples, and at
+  // least this long per point before the timeout, for points whose medians feed something else (the planner's
+  // engine efficiencies) and must survive a noisy host.
+  int min_samples = 0;
+  double timeout_s = 0;
 };
 
 struct Sweep {
@@ -55,6 +60,8 @@ struct PlannedPoint {
   const ModelFile* model;
   Point point;
   Support support;  // device absent, ISA missing, or the variant's own reason
+  int min_samples = 0;  // the suite's floors on the stop rule (Suite)
+  double timeout_s = 0;
 };
 
 // Validates everything (variants exist, axes known to each variant, models parse) before anything runs.

@@ -82,6 +82,30 @@ TEST(Sweep, OverridesReplaceOrAddAxesEverywhere) {
   EXPECT_THROW(apply_axis_override(s, "bogus=1"), BadInput);
 }
 
+TEST(Sweep, ASuiteRaisesTheStopRulesFloorsForItsPoints) {
+  const Plan plan = expand(parse_sweep(nlohmann::json::parse(R"({
+    "name": "s", "model": "tiny",
+    "suites": [
+      {"name": "engine", "variants": ["mla/cd/cpu"], "axes": {"batch": [1, 2]}, "min_samples": 15, "timeout": 4},
+      {"name": "plain", "variants": ["mla/cd/cpu"]}
+    ]})"),
+                                                 "s.json", "s"));
+  ASSERT_EQ(plan.points.size(), 3u);
+  EXPECT_EQ(plan.points[0].min_samples, 15);
+  EXPECT_EQ(plan.points[1].timeout_s, 4.0);
+  EXPECT_EQ(plan.points[2].min_samples, 0);  // the run's own
+  EXPECT_EQ(plan.points[2].timeout_s, 0.0);
+  for (const char* bad : {R"("min_samples": 0)", R"("min_samples": 2.5)", R"("timeout": -1)", R"("timeout": "4")"}) {
+    const std::string text = std::string(R"({"model": "tiny", "suites": [{"name": "x", "variants": ["mla/cd/cpu"], )") + bad + "}]}";
+    try {
+      parse_sweep(nlohmann::json::parse(text), "s.json", "s");
+      ADD_FAILURE() << bad << " must be refused";
+    } catch (const BadInput& e) {
+      EXPECT_NE(std::string(e.what()).find("s.json: suites[0]: field '"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Sweep, AxisAVariantDoesNotReadIsBadInput) {
   Sweep s = two_suite_sweep();
   apply_axis_override(s, "tokens=8");
