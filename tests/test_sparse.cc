@@ -185,5 +185,44 @@ TEST(SparseVariants, EachRunAppendsTheStepsKey) {
   }
 }
 
+// A batch is its requests side by side: each with its own cache (request_seed), selector state and selection, so a
+// batch's fidelity is the mean of the single-request runs' at those seeds, and each request is verified.
+TEST(SparseVariants, ABatchIsItsRequestsEachWithItsOwnCacheAndSelection) {
+  const ModelFile model = load_model_file("deepseek-v2-lite");
+  const uint64_t seed = test::fresh_seed();
+  auto point = [](int64_t batch) {
+    Point p;
+    auto integer = [&](const char* axis, int64_t v) { p.set(axis, {std::to_string(v), v, true}); };
+    integer("batch", batch), integer("kv_len", 1500), integer("budget", 256), integer("block", 64), integer("needle_depth", 50), integer("heads", 4);
+    p.set("cache_kind", {"clustered", 0, false});
+    return p;
+  };
+  for (const char* name : {"sparse/quest/cpu", "sparse/dsa/cpu"}) {
+    SCOPED_TRACE(name);
+    double mass = 0, err = 0;
+    std::vector<double> each;
+    for (int64_t r = 0; r < 3; ++r) {
+      auto v = find_variant(name)->make();
+      v->prepare(model, point(1), sparse::request_seed(seed, r));
+      v->run();
+      const auto c = v->counters();
+      mass += c.at("mass_recall") / 3, err += c.at("rel_err_vs_dense") / 3;
+      each.push_back(c.at("mass_recall"));
+    }
+    EXPECT_NE(each[0], each[1]);  // the requests' caches differ
+    auto batch = find_variant(name)->make();
+    ASSERT_TRUE(batch->supports(model, point(3)).ok);
+    batch->prepare(model, point(3), seed);
+    EXPECT_FALSE(batch->verify().pass());  // nothing attended yet
+    batch->run();
+    const Verification ver = batch->verify();
+    EXPECT_LE(ver.rel_err, ver.threshold);
+    const auto c = batch->counters();
+    EXPECT_NEAR(c.at("mass_recall"), mass, 1e-9);
+    EXPECT_NEAR(c.at("rel_err_vs_dense"), err, 1e-9);
+    EXPECT_NEAR(batch->cost(model, point(3)).flops, 3 * batch->cost(model, point(1)).flops, 1e-6 * batch->cost(model, point(1)).flops);
+  }
+}
+
 }  // namespace
 }  // namespace dslab

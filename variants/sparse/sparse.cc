@@ -6,7 +6,11 @@
 #include <random>
 #include <stdexcept>
 
+#include "variants/common/rng.h"
+
 namespace dslab::sparse {
+
+uint64_t request_seed(uint64_t seed, int64_t request) { return request == 0 ? seed : splitmix64(seed ^ (0x5e0000ull + uint64_t(request))); }
 
 Problem make_problem(int64_t heads, int64_t latent, int64_t rope, int64_t keys, CacheKind kind, double needle_depth, uint64_t seed) {
   if (heads < 1 || latent < 1 || rope < 0 || keys < 1) throw std::invalid_argument("sparse::make_problem: empty problem");

@@ -25,6 +25,9 @@ struct Problem {
 // (0 = oldest, 1 = newest) aligned with the queries.
 enum class CacheKind { random, clustered, needle };
 Problem make_problem(int64_t heads, int64_t latent, int64_t rope, int64_t keys, CacheKind kind, double needle_depth, uint64_t seed);
+// The seed of request r of a batch: request 0 keeps the run's seed (batch 1 is the single-request problem), the
+// others get streams of their own.
+uint64_t request_seed(uint64_t seed, int64_t request);
 
 // scores[h][k] = scale * (q_lat[h] · c_kv[k] + q_pe[h] · k_pe[k])
 std::vector<float> scores(const Problem& p);
