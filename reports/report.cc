@@ -1,4 +1,5 @@
 // `dslab report RESULTS.json [...] --out DIR`: a Markdown report per suite.
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -158,6 +159,31 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
         md << "|\n";
       }
     md << "\n";
+    // Whole steps (layer runs): what a step delivers and where its time goes between the GPU and the CPU.
+    auto counter = [](const Entry& e, const char* k) {
+      const auto& r = e.raw;
+      return r.contains("counters") && r["counters"].contains(k) && r["counters"][k].is_number() ? r["counters"][k].get<double>() : NAN;
+    };
+    bool steps = false;
+    for (const auto& [key, e] : at) steps = steps || (!std::isnan(counter(*e, "tokens_per_s")) && !std::isnan(counter(*e, "kernel_time_s")));
+    if (steps) {
+      md << "Whole steps: tokens/s at the median; the GPU's busy time (CUPTI) and idle share of the step; the routed experts' CPU "
+            "time per step (measured inside the step, where the CPU runs them); MoE layers whose experts the GPU runs:\n\n"
+            "| variant | point | step | tokens/s | GPU busy | GPU idle | CPU experts | MoE layers on the GPU |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|\n";
+      for (const auto& p : points)
+        for (const auto& v : variants) {
+          const auto it = at.find({v, p});
+          if (it == at.end() || std::isnan(counter(*it->second, "kernel_time_s"))) continue;
+          const Entry& e = *it->second;
+          const double cpu = counter(e, "cpu_experts_engine_s"), on_gpu = counter(e, "gpu_moe_layers"), moe = counter(e, "moe_layers");
+          md << "| " << v << " | " << p << " | " << time_str(e.median_us) << " | " << num("%.4g", counter(e, "tokens_per_s")) << " | "
+             << time_str(counter(e, "kernel_time_s") * 1e6) << " | " << num("%.0f%%", 100 * counter(e, "gpu_idle_fraction")) << " | "
+             << (std::isnan(cpu) ? std::string("—") : time_str(cpu * 1e6)) << " | "
+             << (std::isnan(on_gpu) ? std::string("—") : num("%.0f", on_gpu) + (std::isnan(moe) ? "" : " of " + num("%.0f", moe))) << " |\n";
+        }
+      md << "\n";
+    }
   }
   std::vector<const Entry*> above;  // faster than its floor: the ceilings are stale or wrong, not the kernel fast
   for (const Entry& e : f.entries)

@@ -294,6 +294,30 @@ namespace {
 // dslab compare end to end: an unchanged pair exits 0; a copy with one variant's times doubled exits 1
 // and names that variant SLOWER. Forty hot samples each: under a parallel ctest on two cores, a dozen
 // cold ones can spread so wide that a doubling is honestly NOISY.
+TEST(Cli, ReportShowsWholeStepsWhereTheirTimeGoes) {
+  PointResult r;
+  r.variant = "layer/deepseek/cuda";
+  r.suite = "split";
+  r.model = "deepseek-v2-lite";
+  r.point.set("batch", {"1", 1, true});
+  r.point.set("gpu_experts", {"fit", 0, false});
+  r.samples.seconds = {13.2e-3, 13.2e-3, 13.2e-3};
+  r.samples.stop_reason = "converged";
+  r.samples.cache_state = "flushed";
+  r.cost = {1e9, 1e9};
+  r.counters = {{"tokens_per_s", 75.78}, {"kernel_time_s", 2.98e-3}, {"gpu_idle_fraction", 0.774},
+                {"cpu_experts_engine_s", 9.08e-3}, {"gpu_moe_layers", 18}, {"moe_layers", 26}};
+  const fs::path dir = fs::temp_directory_path() / ("dslab_" + test_name());
+  fs::remove_all(dir);
+  write_json_atomically((dir / "results.json").string(), results_to_json(run_context("dslab run x"), {r}));
+  const CliRun run = run_cli("report " + (dir / "results.json").string(), dir / "report");
+  ASSERT_EQ(run.status, 0) << run.err;
+  std::ifstream f(dir / "report" / "report.md");
+  std::stringstream md;
+  md << f.rdbuf();
+  EXPECT_NE(md.str().find("| 13.2 ms | 75.78 | 2.98 ms | 77% | 9.08 ms | 18 of 26 |"), std::string::npos) << md.str();
+}
+
 TEST(CliCompare, DoubledVariantIsSlowerAndFailsTheGate) {
   const fs::path dir = fs::temp_directory_path() / "dslab_cli_compare";
   fs::remove_all(dir);
