@@ -405,6 +405,26 @@ std::string placement_of(const Entry& e, const PlanRequest& r) {
   return resident > 0 ? "gpu_layers:" + std::to_string(int64_t(resident)) : "ktransformers";
 }
 
+using EfficiencyCurve = std::vector<std::pair<double, double>>;
+
+nlohmann::json curve_json(const EfficiencyCurve& curve) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [tpe, e] : curve) out.push_back({{"tokens_per_expert", tpe}, {"efficiency", e}});
+  return out;
+}
+
+// "<what> (<source>): 1 tokens/expert 0.77; ...; at this point 0.29." for a measured curve, nothing for none.
+void curve_markdown(std::ostringstream& md, const char* what, const std::string& source, const EfficiencyCurve& curve,
+                    const std::vector<OpCost>& ops) {
+  if (curve.empty()) return;
+  md << what << " (" << source << "):";
+  for (const auto& [tpe, e] : curve) md << " " << fmt("%.3g", tpe) << " tokens/expert " << fmt("%.2f", e) << ";";
+  double here = 1.0;
+  for (const OpCost& op : ops)
+    if (op.group == OpGroup::routed_experts) here = efficiency_at(curve, op.tokens_per_expert);
+  md << " at this point " << fmt("%.2f", here) << ".\n\n";
+}
+
 }  // namespace
 
 std::string run_with(const std::string& placement) {
@@ -457,13 +477,9 @@ nlohmann::json Plan::to_json() const {
                    {"cpu_flops", ceilings.cpu_flops},
                    {"cpu_unit", ceilings.cpu_unit},       {"cpu_bytes_per_s", ceilings.cpu_bytes_per_s},
                    {"gpu_ridge", ceilings.gpu_ridge()},   {"cpu_ridge", ceilings.cpu_ridge()}};
-  nlohmann::json eff = nlohmann::json::array();
-  for (const auto& [tpe, e] : ceilings.cpu_expert_efficiency) eff.push_back({{"tokens_per_expert", tpe}, {"efficiency", e}});
-  j["ceilings"]["cpu_expert_efficiency"] = eff;
+  j["ceilings"]["cpu_expert_efficiency"] = curve_json(ceilings.cpu_expert_efficiency);
   j["ceilings"]["cpu_expert_efficiency_source"] = ceilings.cpu_expert_efficiency_source;
-  nlohmann::json gpu_eff = nlohmann::json::array();
-  for (const auto& [tpe, e] : ceilings.gpu_expert_efficiency) gpu_eff.push_back({{"tokens_per_expert", tpe}, {"efficiency", e}});
-  j["ceilings"]["gpu_expert_efficiency"] = gpu_eff;
+  j["ceilings"]["gpu_expert_efficiency"] = curve_json(ceilings.gpu_expert_efficiency);
   j["ceilings"]["gpu_expert_efficiency_source"] = ceilings.gpu_expert_efficiency_source;
   // One row per op name and kind of layer (ops repeat identically across the MoE layers).
   nlohmann::json ops = nlohmann::json::array();
@@ -523,24 +539,10 @@ std::string Plan::to_markdown() const {
      << fmt("%.0f", ceilings.cpu_ridge()) << "); link " << fmt("%.0f", ceilings.h2d_bytes_per_s / 1e9) << " GB/s, "
      << fmt("%.1f", ceilings.transfer_s * 1e6) << " us per small copy, " << fmt("%.1f", ceilings.host_roundtrip_s * 1e6)
      << " us per host round trip.\n\n";
-  if (!ceilings.cpu_expert_efficiency.empty()) {
-    md << "CPU routed experts at the engine's measured fraction of that roofline (" << ceilings.cpu_expert_efficiency_source << "):";
-    for (const auto& [tpe, e] : ceilings.cpu_expert_efficiency) md << " " << fmt("%.3g", tpe) << " tokens/expert " << fmt("%.2f", e) << ";";
-    md << " at this point " << fmt("%.2f", [&] {
-      for (const OpCost& op : ops)
-        if (op.group == OpGroup::routed_experts) return ceilings.cpu_expert_efficiency_at(op.tokens_per_expert);
-      return 1.0;
-    }()) << ".\n\n";
-  }
-  if (!ceilings.gpu_expert_efficiency.empty()) {
-    md << "GPU routed experts at the grouped GEMMs' measured fraction of the GPU's roofline (" << ceilings.gpu_expert_efficiency_source << "):";
-    for (const auto& [tpe, e] : ceilings.gpu_expert_efficiency) md << " " << fmt("%.3g", tpe) << " tokens/expert " << fmt("%.2f", e) << ";";
-    md << " at this point " << fmt("%.2f", [&] {
-      for (const OpCost& op : ops)
-        if (op.group == OpGroup::routed_experts) return ceilings.gpu_expert_efficiency_at(op.tokens_per_expert);
-      return 1.0;
-    }()) << ".\n\n";
-  }
+  curve_markdown(md, "CPU routed experts at the engine's measured fraction of that roofline", ceilings.cpu_expert_efficiency_source,
+                 ceilings.cpu_expert_efficiency, ops);
+  curve_markdown(md, "GPU routed experts at the grouped GEMMs' measured fraction of the GPU's roofline", ceilings.gpu_expert_efficiency_source,
+                 ceilings.gpu_expert_efficiency, ops);
   md << "## Placements\n\n| placement | predicted ms | measured ms | predicted / measured | GPU memory | host memory | chosen | why | run it with |\n"
         "|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& p : placements) {

@@ -260,6 +260,13 @@ reports::Entry engine_entry(const char* variant, const char* model, double token
   return e;
 }
 
+// Where a placement's predicted time goes: one of its parts (-1 if the plan has no such placement).
+double part_s(const reports::Plan& p, const std::string& placement, const char* part) {
+  for (const auto& x : p.placements)
+    if (x.placement == placement) return x.parts_s.at(part);
+  return -1.0;
+}
+
 TEST(Plan, CpuExpertsRunAtTheEnginesMeasuredEfficiency) {
   auto c = reports::Ceilings::from_machine(machine(), "m.json");
   EXPECT_DOUBLE_EQ(c.cpu_expert_efficiency_at(3), 1.0);  // nothing measured: the roofline
@@ -278,11 +285,7 @@ TEST(Plan, CpuExpertsRunAtTheEnginesMeasuredEfficiency) {
   // The routed experts on the CPU take 1/efficiency of their roofline time; the rest of the plan is unchanged.
   const auto plain = reports::make_plan(request("deepseek-v2-lite", 1, 1, 4096, 80), reports::Ceilings::from_machine(machine(), "m.json"));
   const auto measured = reports::make_plan(request("deepseek-v2-lite", 1, 1, 4096, 80), c);
-  auto cpu_experts = [](const reports::Plan& p) {
-    for (const auto& x : p.placements)
-      if (x.placement == "ktransformers") return x.parts_s.at("cpu experts (inside moe)");
-    return -1.0;
-  };
+  auto cpu_experts = [](const reports::Plan& p) { return part_s(p, "ktransformers", "cpu experts (inside moe)"); };
   double tpe = 0;
   for (const auto& op : measured.ops)
     if (op.group == layer::OpGroup::routed_experts) tpe = op.tokens_per_expert;
@@ -311,11 +314,7 @@ TEST(Plan, GpuExpertsRunAtTheGroupedGemmsMeasuredEfficiency) {
   // A prefill chunk all on the GPU: its routed experts take 1/efficiency of their roofline, nothing else changes.
   const auto plain = reports::make_plan(request("deepseek-v2-lite", 1, 1024, 0, 80), reports::Ceilings::from_machine(machine(), "m.json"));
   const auto measured = reports::make_plan(request("deepseek-v2-lite", 1, 1024, 0, 80), c);
-  auto moe_s = [](const reports::Plan& p) {
-    for (const auto& x : p.placements)
-      if (x.placement == "all_gpu") return x.parts_s.at("moe");
-    return -1.0;
-  };
+  auto moe_s = [](const reports::Plan& p) { return part_s(p, "all_gpu", "moe"); };
   EXPECT_GT(moe_s(measured), 3 * moe_s(plain));
   EXPECT_NE(measured.to_markdown().find("grouped GEMMs' measured fraction"), std::string::npos);
   reports::ResultsFile none;

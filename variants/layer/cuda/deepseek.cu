@@ -155,7 +155,6 @@ struct DeepseekLayerCuda::Plan {
   // MoE layers (the first ones) whose experts stay on the GPU, run by moe/grouped/cuda beside a host op's layers
   // (gpu_experts axis); their weight sets are never reused.
   int64_t resident_moe_layers = 0;
-  double budget_request = 0;  // gpu_budget axis, bytes (0: the device's)
   std::string why_not;
   bool dense(int64_t layer) const { return layer < m.first_k_dense_replace; }
   int64_t tokens() const { return bucket * q_len; }
@@ -224,7 +223,8 @@ struct DeepseekLayerCuda::Plan {
     experts_on_host = moe_op->experts_on_host();
     cpu_threads = p.has("cpu_threads") ? int(p.integer("cpu_threads")) : 0;
     const layer::GpuExperts gpu_experts = layer::parse_gpu_experts(p.has("gpu_experts") ? p.text("gpu_experts") : "none");
-    budget_request = layer::parse_gpu_budget(p.has("gpu_budget") ? p.text("gpu_budget") : "all");
+    const double budget_request = layer::parse_gpu_budget(  // bytes (0: the device's)
+        p.has("gpu_budget") ? p.text("gpu_budget") : "all");
     if (why_not.empty() && cpu_threads > 0 && !experts_on_host) why_not = "cpu_threads: " + moe + " runs no experts on the CPU";
     if (why_not.empty() && gpu_experts.kind != layer::GpuExperts::Kind::none && !experts_on_host)
       why_not = "gpu_experts: " + moe + " keeps every layer's experts on the GPU already (the axis splits a host op's layers, e.g. moe/host/cuda's)";
