@@ -236,6 +236,7 @@ int cmd_run(int argc, char** argv) {
         PointResult r;
         r.variant = pp.entry->name;
         r.suite = pp.suite;
+        r.unverified_reason = pp.unverified_reason;
         r.model = pp.model->name;
         r.device = pp.entry->device;
         r.point = pp.point;
@@ -309,7 +310,7 @@ int cmd_run(int argc, char** argv) {
             // (and the share of the step the GPU sits idle: a hybrid step's wait for the CPU experts)
             if (r.counters.count("step_over_kernel_time"))
               r.counters["gpu_idle_fraction"] = std::max(0.0, 1.0 - 1.0 / r.counters.at("step_over_kernel_time"));
-            if (verify) r.verification = variants[k]->verify();
+            if (verify && r.unverified_reason.empty()) r.verification = variants[k]->verify();
             if (!dump_dir.empty())
               write_safetensors(dump_dir + "/" + file_safe(r.name()) + ".safetensors", variants[k]->tensors(),
                                 {{"variant", r.variant}, {"model", r.model}, {"point", r.point.label()}, {"seed", std::to_string(seed)}});
@@ -324,6 +325,8 @@ int cmd_run(int argc, char** argv) {
           if (r.verification) {
             std::fprintf(stderr, " verify %s %.2e", r.verification->pass() ? "PASS" : "FAIL", r.verification->rel_err);
             failures += !r.verification->pass();
+          } else if (!r.unverified_reason.empty()) {
+            std::fprintf(stderr, " not verified (the suite says: %s)", r.unverified_reason.c_str());
           }
           std::fprintf(stderr, "\n");
         }

@@ -198,6 +198,7 @@ nlohmann::json results_to_json(const nlohmann::json& context, const std::vector<
     } else {
       b["verify_rel_err"] = nullptr;
       b["verify_pass"] = nullptr;
+      if (!r.unverified_reason.empty()) b["unverified"] = r.unverified_reason;
     }
     out["benchmarks"].push_back(b);
   }
@@ -250,7 +251,7 @@ std::string results_table(const std::vector<PointResult>& results) {
       continue;
     }
     const Stats st = summarize(r.samples.seconds);
-    std::string roof = "-", err = "-", verdict = "off";
+    std::string roof = "-", err = "-", verdict = r.unverified_reason.empty() ? "off" : "skipped";
     if (r.compute_ceiling && r.bandwidth_ceiling)
       roof = fmt("%.2f", std::max(r.cost.flops / *r.compute_ceiling, r.cost.bytes / *r.bandwidth_ceiling) / st.median);
     if (r.verification) {

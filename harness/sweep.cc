@@ -68,8 +68,9 @@ Sweep parse_sweep(const nlohmann::json& j, const std::string& source, const std:
     if (!js.is_object()) throw BadInput(where + ": expected an object");
     for (const auto& item : js.items())
       if (item.key() != "name" && item.key() != "model" && item.key() != "variants" && item.key() != "axes" && item.key() != "min_samples" &&
-          item.key() != "timeout")
-        throw BadInput(where + ": field '" + item.key() + "': unknown suite field (expected name, model, variants, axes, min_samples, timeout)");
+          item.key() != "timeout" && item.key() != "unverified")
+        throw BadInput(where + ": field '" + item.key() +
+                       "': unknown suite field (expected name, model, variants, axes, min_samples, timeout, unverified)");
     Suite suite;
     suite.name = js.value("name", "suite" + std::to_string(i));
     suite.model = js.contains("model") ? js["model"].get<std::string>() : model;
@@ -93,6 +94,12 @@ Sweep parse_sweep(const nlohmann::json& j, const std::string& source, const std:
         throw bad_field(where, "timeout", v.dump(), "seconds per point, above 0 and at most 3600");
       suite.timeout_s = v.get<double>();
     }
+    if (js.contains("unverified")) {
+      const auto& v = js["unverified"];
+      if (!v.is_string() || v.get<std::string>().size() < 10)
+        throw bad_field(where, "unverified", v.dump(), "why this suite's points are not verified (a sentence)");
+      suite.unverified_reason = v.get<std::string>();
+    }
     if (js.contains("axes")) {
       if (!js["axes"].is_object()) throw bad_field(where, "axes", js["axes"].dump(), "an object of axis: values");
       for (const auto& item : js["axes"].items())
@@ -111,7 +118,11 @@ Sweep adhoc_sweep(const std::string& model, const std::vector<std::string>& vari
   if (model.empty()) throw BadInput("command line: --model: missing (expected a model name such as deepseek-v2, or a sweep file)");
   if (variants.empty()) throw BadInput("command line: --variant: missing (expected at least one variant; see `dslab list`)");
   for (const auto& v : variants) require_variant(v, "command line");
-  return Sweep{"adhoc", "command line", {Suite{"adhoc", model, variants, {}}}};
+  Suite suite;
+  suite.name = "adhoc";
+  suite.model = model;
+  suite.variants = variants;
+  return Sweep{"adhoc", "command line", {suite}};
 }
 
 void apply_axis_override(Sweep& sweep, const std::string& assignment) {
@@ -257,7 +268,7 @@ Plan expand(const Sweep& sweep) {
           s = a;
         else
           s = variant->supports(*model, p);  // throws BadInput on an invalid model config
-        plan.points.push_back({entry, suite.name, model, p, s, suite.min_samples, suite.timeout_s});
+        plan.points.push_back({entry, suite.name, model, p, s, suite.min_samples, suite.timeout_s, suite.unverified_reason});
       }
   }
   return plan;

@@ -31,6 +31,9 @@ struct Suite {
   // engine efficiencies) and must survive a noisy host.
   int min_samples = 0;
   double timeout_s = 0;
+  // Non-empty: the suite's points are timed but not verified, for this reason (points whose fp64 reference takes
+  // longer than a device call, e.g. a whole-stack 8K prefill; the same code verifies at smaller points and in tests).
+  std::string unverified_reason;
 };
 
 struct Sweep {
@@ -62,6 +65,7 @@ struct PlannedPoint {
   Support support;  // device absent, ISA missing, or the variant's own reason
   int min_samples = 0;  // the suite's floors on the stop rule (Suite)
   double timeout_s = 0;
+  std::string unverified_reason;  // (Suite)
 };
 
 // Validates everything (variants exist, axes known to each variant, models parse) before anything runs.

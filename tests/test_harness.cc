@@ -285,6 +285,33 @@ TEST(Cli, SmallRunWritesVerifiedResults) {
   EXPECT_TRUE(fs::exists(out / "dump" / "mla_cd_cpu_tiny_batch_1_q_len_1_kv_len_32.safetensors"));
 }
 
+// A suite that says why its points are not verified is timed, not verified, and says so in the results, the
+// console and the report; other suites of the same run still verify.
+TEST(Cli, AnUnverifiedSuiteSaysSoEverywhere) {
+  const fs::path out = fs::temp_directory_path() / ("dslab_" + test_name());
+  fs::remove_all(out);
+  const fs::path sweep = write_temp("dslab_" + test_name() + ".json", R"({"model": "tiny", "suites": [
+      {"name": "big", "variants": ["mla/cd/cpu"], "axes": {"kv_len": [32]}, "unverified": "its reference takes an hour"},
+      {"name": "small", "variants": ["mla/cd/cpu"], "axes": {"kv_len": [64]}}]})");
+  const CliRun r = run_cli("run " + sweep.string() + " --min-samples 2 --min-time 0 --timeout 1", out);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("not verified (the suite says: its reference takes an hour)"), std::string::npos) << r.err;
+  std::ifstream f(out / "results.json");
+  const auto j = nlohmann::json::parse(f);
+  ASSERT_EQ(j["benchmarks"].size(), 2u);
+  for (const auto& b : j["benchmarks"]) {
+    const bool big = b["suite"] == "big";
+    EXPECT_EQ(b.contains("unverified"), big) << b.dump();
+    EXPECT_EQ(b["verify_pass"].is_null(), big) << b.dump();
+  }
+  const CliRun report = run_cli("report " + (out / "results.json").string(), out / "report");
+  ASSERT_EQ(report.status, 0) << report.err;
+  std::ifstream md_file(out / "report" / "report.md");
+  std::stringstream md;
+  md << md_file.rdbuf();
+  EXPECT_NE(md.str().find("not verified"), std::string::npos) << md.str();
+}
+
 }  // namespace
 }  // namespace dslab
 

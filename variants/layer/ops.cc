@@ -160,11 +160,18 @@ int64_t positive_integer(const std::string& text, size_t from) {
 
 }  // namespace
 
+double gpu_step_arena_bytes(const ModelConfig& m, const StepScratch& s) {
+  const int64_t T = s.attn.tokens();
+  double largest = mla::gpu_forward_scratch_bytes(m, s.algo, s.attn, s.max_keys, s.fused);
+  if (s.moe_layers > 0) largest = std::max(largest, moe::gpu_moe_forward_scratch_bytes(m, T));
+  if (s.layers > s.moe_layers) largest = std::max(largest, moe::gpu_mlp_scratch_bytes(T, m.intermediate_size));
+  return largest + double(size_t(1) << 20);  // (each buffer starts on a 256-byte boundary: a few KB; 1 MB spare)
+}
+
 double gpu_step_scratch_bytes(const ModelConfig& m, const StepScratch& s) {
   const double T = double(s.attn.tokens()), H = double(m.hidden_size);
-  return double(s.layers) * mla::gpu_scratch_bytes(m, s.algo, s.attn, s.max_keys, s.fused) +
-         double(s.layers - s.moe_layers) * moe::gpu_mlp_scratch_bytes(s.attn.tokens(), m.intermediate_size) +
-         double(s.moe_layers) * moe::gpu_moe_scratch_bytes(m, s.attn.tokens(), m.n_routed_experts) + T * H * 16 +
+  return gpu_step_arena_bytes(m, s) + double(s.layers) * mla::gpu_owned_scratch_bytes(m, s.algo, s.attn, s.max_keys, s.fused) +
+         double(s.moe_layers) * moe::gpu_moe_owned_bytes(m, s.attn.tokens(), m.n_routed_experts) + T * H * 16 +
          (s.whole ? T * double(m.vocab_size) * 4 : double(s.steps) * T * H * 2) + double(size_t(256) << 20);
 }
 

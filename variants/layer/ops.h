@@ -44,10 +44,11 @@ std::vector<OpCost> layer_ops(const ModelConfig& m, int64_t layer, const StepSha
 // The whole step: embedding, every layer, final norm, LM head (for the last token of each request in prefill).
 std::vector<OpCost> step_ops(const ModelConfig& m, const StepShape& s);
 
-// GPU memory layer/deepseek/cuda allocates for a step besides weights and KV caches: every layer's attention
-// scratch (the form's, or the fused kernel's), every MoE layer's and dense layer's MLP scratch (each op its own), the
-// residual streams, the logits (whole model) or the layer inputs, and 256 MB of library workspaces. The layer sizes
-// its memory by it and the planner counts it in a placement's capacity: one formula for both.
+// GPU memory layer/deepseek/cuda allocates for a step besides weights and KV caches: one scratch arena that every
+// op's forward scratch comes from in turn (the largest op's: attention, MoE or dense MLP), every layer's owned
+// attention and MoE buffers, the residual streams, the logits (whole model) or the layer inputs, and 256 MB of
+// library workspaces. The layer sizes its memory by it and the planner counts it in a placement's capacity: one
+// formula for both.
 struct StepScratch {
   mla::Shape attn;        // heads, batch (the graph's bucket), q_len, kv_len
   mla::Algo algo = mla::Algo::a_cc_me;
@@ -57,6 +58,7 @@ struct StepScratch {
   bool whole = false;     // embedding .. LM head: the logits are kept
 };
 double gpu_step_scratch_bytes(const ModelConfig& m, const StepScratch& s);
+double gpu_step_arena_bytes(const ModelConfig& m, const StepScratch& s);  // the arena's part of it
 
 // A hybrid step's routed experts kept on the GPU (layer/deepseek/cuda's `gpu_experts` axis; the planner's
 // gpu_layers:N placement): none, the first N MoE layers' whole, or as many leading MoE layers as the budget holds.

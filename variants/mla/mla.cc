@@ -128,22 +128,41 @@ Cost attention_kernel_cost(const ModelConfig& m, Algo algo, const Shape& s, cons
 
 double weight_bytes(const ModelConfig& m, int64_t heads) { return 2.0 * weight_elements(m, heads); }
 
-double gpu_scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t max_keys, bool fused) {
+double gpu_forward_scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t max_keys, bool fused) {
   const double B = double(s.batch), H = double(s.heads), S = double(s.q_len), T = double(s.tokens());
-  const double N = double(max_keys) + double(kGpuKeyAlign);  // (keys_)
+  const double padded = B * (double(max_keys) + double(kGpuKeyAlign));  // (keys_ per request)
   const double r = double(m.kv_lora_rank), w = r + double(m.qk_rope_head_dim);
+  // q_a / kv_a outputs (fp32) and q_a normed (bf16); the query with RoPE and the attention output (bf16)
   double bytes = T * (double(m.q_lora_rank.value_or(0)) + w) * 6 + T * H * double(m.q_head_dim() + m.v_head_dim) * 2;
-  if (fused) return bytes + T * H * w * 4 * 8;  // q, o_lat, split partials
-  const double padded = B * N;
-  bytes += padded * w * 2;          // gathered latent
-  bytes += padded * H * S * 6;      // scores fp32 + probabilities bf16
+  if (fused) {  // query [latent ‖ rope], latent output, and per split-KV segment a 64-row tile's 512 partials + LSE
+    const double row_tiles = std::ceil(S * H / 64.0);
+    const double parts = s.kv_splits > 0 ? double(std::min<int64_t>(s.kv_splits, 1023)) : std::max(1.0, std::floor(double(kFusedMaxSms) / row_tiles));
+    return bytes + T * H * (w + r) * 2 + (B + parts) * row_tiles * 64 * 513 * 4;
+  }
+  bytes += padded * H * S * 4;  // scores fp32
   switch (algo) {
-    case Algo::cd: bytes += 2 * padded * H * double(m.q_head_dim() + m.v_head_dim) * 2; break;  // pool + gathered
-    case Algo::cc: bytes += padded * H * double(m.qk_nope_head_dim + m.v_head_dim + m.q_head_dim()) * 2; break;
-    case Algo::a_cc: bytes += padded * H * w * 2; break;
-    case Algo::a_cc_me: break;
+    case Algo::cd: bytes += T * w * 2 + T * H * double(m.qk_nope_head_dim + m.v_head_dim) * 2; break;  // new rows, decompressed
+    case Algo::cc: bytes += padded * H * double(m.q_head_dim()) * 2; break;                              // K = [nope ‖ rope]
+    case Algo::a_cc: bytes += padded * H * S * 2 + padded * H * w * 2 + T * H * (w + r) * 2; break;     // probs, K_cat, q_cat, o_lat
+    case Algo::a_cc_me: bytes += padded * H * S * 2 + T * H * r * 4; break;                             // probs, q_abs, o_lat
   }
   return bytes;
+}
+
+double gpu_owned_scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t max_keys, bool fused) {
+  if (fused) return 0;
+  const double B = double(s.batch), H = double(s.heads), S = double(s.q_len);
+  const double padded = B * (double(max_keys) + double(kGpuKeyAlign));
+  const double w = double(m.kv_lora_rank + m.qk_rope_head_dim);
+  switch (algo) {  // (the gathered buffers' padding is zeroed once, in prepare)
+    case Algo::cd:  // the decompressed K/V pages (one slot per cached token, whole pages), the gathered K/V, probs
+      return (padded + B * 64) * H * double(m.q_head_dim() + m.v_head_dim) * 2 + padded * H * double(m.q_head_dim() + m.v_head_dim) * 2 +
+             padded * H * S * 2;
+    case Algo::cc: return padded * w * 2 + padded * H * double(m.qk_nope_head_dim + m.v_head_dim) * 2 + padded * H * S * 2;
+    case Algo::a_cc:
+    case Algo::a_cc_me: return padded * w * 2;  // the gathered latent
+  }
+  return 0;
 }
 
 double cpu_memory_bytes(const ModelConfig& m, Algo algo, const Shape& s) {

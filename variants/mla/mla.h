@@ -49,11 +49,19 @@ Cost attention_kernel_cost(const ModelConfig& m, Algo algo, const Shape& s, cons
 Cost cost_per_cached_token(const ModelConfig& m, Algo algo, int64_t heads);
 // Bytes of the attention module's bf16 weights at `heads` heads.
 double weight_bytes(const ModelConfig& m, int64_t heads);
-// Device scratch one mla/<form>/cuda op allocates for this shape (fused: the decode kernel's query, latent output
-// and split partials; unfused: the gathered latent, scores, and the form's own K/V or decompressed buffers), keys
-// padded to kGpuKeyAlign. The ops size their buffers by it; the layer and the offload planner count it.
+// Device memory one mla/<form>/cuda op allocates beyond its weights and the paged cache, keys padded to
+// kGpuKeyAlign, in two parts. Forward scratch lives only inside one forward() (the projections' outputs, scores,
+// the fused kernel's query, latent output and split partials): a model's layers take it from one arena
+// (mla::cuda::ScratchArena). Owned buffers keep something from step to step (cd's decompressed K/V pages, the
+// gathered latent and K/V whose padding must stay zero). The ops size their buffers by these; the layer and the
+// offload planner count them. kFusedMaxSms bounds the fused kernel's split-KV parts (one CTA per SM and row tile).
 constexpr int64_t kGpuKeyAlign = 8;
-double gpu_scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t max_keys, bool fused);
+constexpr int64_t kFusedMaxSms = 160;  // (H100 and H200: 132; B200: 148)
+double gpu_forward_scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t max_keys, bool fused);
+double gpu_owned_scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t max_keys, bool fused);
+inline double gpu_scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t max_keys, bool fused) {
+  return gpu_forward_scratch_bytes(m, algo, s, max_keys, fused) + gpu_owned_scratch_bytes(m, algo, s, max_keys, fused);
+}
 // Peak host memory of a CPU implementation, for supports().
 double cpu_memory_bytes(const ModelConfig& m, Algo algo, const Shape& s);
 

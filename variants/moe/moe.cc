@@ -218,11 +218,17 @@ Cost Base::cost(const ModelFile& model, const Point& point) const {
   return moe::cost(m, *problem(m, shape_of(m, point), 1));
 }
 
-double gpu_moe_scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts) {
+double gpu_moe_forward_scratch_bytes(const ModelConfig& m, int64_t tokens) {
   const double T = double(tokens), K = double(m.num_experts_per_tok), H = double(m.hidden_size), I = double(m.moe_intermediate_size);
-  const double rows = T * K;
-  return T * double(m.n_routed_experts) * 4 + rows * (H * 4 + I * 2 + 2 * I * 4 + H * 2 + 32) + double(experts) * 64 +
-         gpu_mlp_scratch_bytes(tokens, m.moe_intermediate_size * m.n_shared_experts);
+  // per permuted row: its token and weight; its expert's output (fp32); the loop op's gathered input (bf16),
+  // gate|up (fp32) and product (bf16), which also covers the grouped op's product
+  return T * K * (8 + H * 4 + H * 2 + 2 * I * 4 + I * 2) + gpu_mlp_scratch_bytes(tokens, m.moe_intermediate_size * m.n_shared_experts);
+}
+
+double gpu_moe_owned_bytes(const ModelConfig& m, int64_t tokens, int64_t experts) {
+  const double T = double(tokens), rows = T * double(m.num_experts_per_tok);
+  // logits; top-k ids and weights, each row's slot, the tiles (at most rows/16 + experts); identity and ones per token
+  return T * double(m.n_routed_experts) * 4 + rows * 12 + (rows / 16 + double(experts)) * 8 + T * 8 + double(experts + 2) * 8;
 }
 
 std::string Base::compute_ceiling() const { return cpu_info().amx_bf16 ? "cpu.amx_bf16_flops" : "cpu.avx512_bf16_flops"; }

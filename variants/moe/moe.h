@@ -160,12 +160,18 @@ class Engine : public Base {
   std::vector<float> weights_;
 };
 
-// Device scratch of the GPU MoE ops (variants/moe/cuda): a SwiGLU MLP's over `tokens` rows (gate|up fp32, the
-// product bf16), and one MoE layer's (router logits, routing and permutation, the experts' outputs, the grouped
-// GEMMs' intermediates, the shared experts' MLP). The ops size their buffers by these; the layer and the offload
-// planner count them.
-inline double gpu_mlp_scratch_bytes(int64_t tokens, int64_t intermediate) { return double(tokens) * double(intermediate) * 6; }
-double gpu_moe_scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts);
+// Device memory of the GPU MoE ops (variants/moe/cuda) beyond their weights. A SwiGLU MLP over `tokens` rows: gate|up
+// fp32 and the product bf16, all forward scratch. One MoE layer: forward scratch (the permutation, the experts'
+// outputs, the grouped or per-expert GEMMs' intermediates, the shared experts' MLP), which a model's layers take
+// from one arena (mla::cuda::ScratchArena), and owned buffers that outlive a step (router logits and the routing
+// the verification reads, the expert counts the scan leaves zeroed, the tiles). The ops size their buffers by
+// these; the layer and the offload planner count them.
+inline double gpu_mlp_scratch_bytes(int64_t tokens, int64_t intermediate) { return double(tokens) * double(intermediate) * 10; }
+double gpu_moe_forward_scratch_bytes(const ModelConfig& m, int64_t tokens);
+double gpu_moe_owned_bytes(const ModelConfig& m, int64_t tokens, int64_t experts);
+inline double gpu_moe_scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts) {
+  return gpu_moe_forward_scratch_bytes(m, tokens) + gpu_moe_owned_bytes(m, tokens, experts);
+}
 
 // Rows of an expert padded to the AMX tile height.
 inline int64_t padded_rows(int64_t m) { return (m + 15) / 16 * 16; }

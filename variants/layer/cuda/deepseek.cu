@@ -150,6 +150,7 @@ struct DeepseekLayerCuda::Plan {
   int64_t first = 0, layers = 0;  // decoder layers [first, first + layers)
   int64_t moe_layers = 0, moe_sets = 0;
   double fixed_bytes = 0, moe_set_bytes = 0, full_set_bytes = 0, host_expert_bytes = 0;
+  double arena_bytes = 0;  // the ops' forward scratch, one arena for all (part of fixed_bytes)
   bool experts_on_host = false;  // the moe op runs the routed experts from host memory (moe/host/cuda)
   int cpu_threads = 0;           // of that op (0: its default)
   // MoE layers (the first ones) whose experts stay on the GPU, run by moe/grouped/cuda beside a host op's layers
@@ -253,6 +254,7 @@ struct DeepseekLayerCuda::Plan {
     fixed_bytes = double(layers) * (mla::weight_bytes(m, m.num_attention_heads) + cache + 4 * H) +
                   double(layers - moe_layers) * 3 * H * double(m.intermediate_size) * 2 + (whole ? 2 * double(m.vocab_size) * H * 2 : 0) +
                   layer::gpu_step_scratch_bytes(m, scratch);
+    arena_bytes = layer::gpu_step_arena_bytes(m, scratch);
     const double host_set_bytes = moe::cuda::moe_weight_bytes(m, 0);  // router and shared experts
     full_set_bytes = moe::cuda::moe_weight_bytes(m, m.n_routed_experts);
     moe_set_bytes = experts_on_host ? host_set_bytes : full_set_bytes;
@@ -379,6 +381,7 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
   attn_.clear();
   moe_.clear();
   dense_.clear();
+  arena_.reserve(0);
   caches_.clear();
   weights_.clear();
   active_experts_.clear();
@@ -500,7 +503,9 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
   // (cd decompresses it into its K/V pages) reads the lengths and page table there.
   DSLAB_CUDA(cudaMemcpy(meta_.get(), meta_host_, size_t(meta_ints) * 4, cudaMemcpyHostToDevice));
 
-  // The ops, each on its layer's weights and cache and the shared buffers.
+  // The ops, each on its layer's weights and cache and the shared buffers, and all taking their forward scratch
+  // from one arena: they run one after another on one stream.
+  arena_.reserve(size_t(P.arena_bytes));
   for (int64_t i = 0; i < L; ++i) {
     MlaBuffers b;
     b.x = xb_.get();
@@ -511,7 +516,8 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
     b.rope_sin = reinterpret_cast<const float*>(meta_.get() + off_sin);
     b.schedule = sched_ints ? meta_.get() + off_sched : nullptr;
     attn_.push_back(mla::cuda::make_mla_op(P.attn));
-    attn_.back()->prepare(m_, P.attn_shape(), P.max_keys(), weights_[size_t(i)].attn, b, *blas_, /*lengths_vary=*/P.steps > 1);
+    arena_.rewind();
+    attn_.back()->prepare(m_, P.attn_shape(), P.max_keys(), weights_[size_t(i)].attn, b, *blas_, /*lengths_vary=*/P.steps > 1, &arena_);
     if (weights_[size_t(i)].moe) {
       MoeBuffers mb;
       mb.x = xb_.get();
@@ -519,10 +525,12 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
       // (the first resident_moe_layers MoE layers' experts are on the GPU: the grouped op runs them)
       moe_.push_back(moe::cuda::make_moe_op(moe_.size() < size_t(P.resident_moe_layers) ? "moe/grouped/cuda" : P.moe));
       moe_.back()->set_cpu_threads(P.cpu_threads);
-      moe_.back()->prepare(m_, T, *weights_[size_t(i)].moe, mb, *blas_, side_blas_.get());
+      arena_.rewind();
+      moe_.back()->prepare(m_, T, *weights_[size_t(i)].moe, mb, *blas_, side_blas_.get(), &arena_);
     } else {
       dense_.emplace_back();
-      dense_.back().prepare(m_, weights_[size_t(i)].dense, T);
+      arena_.rewind();
+      dense_.back().prepare(m_, weights_[size_t(i)].dense, T, &arena_);
     }
   }
 
@@ -778,6 +786,9 @@ std::map<std::string, double> DeepseekLayerCuda::counters() {
   c["weights_reused"] = P.resident_moe_layers + P.moe_sets < P.moe_layers ? 1.0 : 0.0;
   c["gpu_moe_layers"] = double(P.experts_on_host ? P.resident_moe_layers : P.moe_layers);  // MoE layers whose experts the GPU runs
   c["device_bytes"] = P.device_bytes();
+  // The ops' forward scratch: the arena the formula sized, and the most any op took of it.
+  c["scratch_arena_bytes"] = double(arena_.capacity());
+  c["scratch_arena_used_bytes"] = double(arena_.high_water());
   c["bucket"] = double(P.bucket);
   c["padded_tokens"] = double((P.bucket - P.batch) * P.q_len);
   c["cuda_graph"] = graph_ ? 1.0 : 0.0;

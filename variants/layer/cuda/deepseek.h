@@ -72,6 +72,7 @@ class DeepseekLayerCuda : public Variant {
   std::unique_ptr<BlasHandle> blas_, side_blas_;  // side: the MoE layers' shared experts, beside their routed ones
   std::vector<LayerWeights> weights_;            // one per layer (MoE weights shared where reused)
   std::vector<mla::cuda::PagedLatentCache> caches_;
+  mla::cuda::ScratchArena arena_;               // every op's forward scratch (they run one after another)
   std::vector<std::unique_ptr<mla::cuda::MlaOp>> attn_;
   std::vector<std::unique_ptr<moe::cuda::MoeOp>> moe_;  // per MoE layer
   std::vector<moe::cuda::MlpRunner> dense_;             // per dense layer

@@ -80,8 +80,8 @@ class MhaForm : public MlaOp {
  protected:
   void prepare_mha(const __nv_bfloat16* k, const __nv_bfloat16* v, int64_t v_ld, int64_t v_head, int64_t v_request) {
     const int64_t B = s_.batch, S = s_.q_len, N = keys_;
-    scores_.resize(size_t(B * nh_ * S * N));
-    probs_.resize(scores_.size());
+    scores_.scratch(arena_, size_t(B * nh_ * S * N));
+    probs_.resize(scores_.size());  // (owned: its padding stays zero)
     probs_.zero();
     std::vector<const void*> k_ptr, q_ptr, v_ptr, p_ptr;
     std::vector<const void*> s_ptr, o_ptr;
@@ -142,8 +142,8 @@ class CdCuda final : public MhaForm {
       DSLAB_CHECK_LAUNCH();
       DSLAB_CUDA(cudaDeviceSynchronize());
     }
-    kv_new_.resize(size_t(T * width_));
-    new_decompressed_.resize(size_t(T * dec));
+    kv_new_.scratch(arena_, size_t(T * width_));
+    new_decompressed_.scratch(arena_, size_t(T * dec));
     k_.resize(size_t(B * N * nh_ * qhd_));
     v_.resize(size_t(B * N * nh_ * vd_));
     k_.zero();
@@ -182,7 +182,7 @@ class CcCuda final : public MhaForm {
     latent_.zero();
     decompressed_.resize(size_t(B * N * dec));
     decompressed_.zero();
-    k_.resize(size_t(B * N * nh_ * qhd_));
+    k_.scratch(arena_, size_t(B * N * nh_ * qhd_));
     prepare_mha(k_.get(), decompressed_.get() + nope_, dec, nope_ + vd_, N * dec);
   }
   void attend() override {
@@ -210,12 +210,12 @@ class ACcCuda final : public MlaOp {
     const int64_t B = s_.batch, S = s_.q_len, N = keys_, T = s_.tokens();
     latent_.resize(size_t(B * N * width_));
     latent_.zero();
-    k_cat_.resize(size_t(B * nh_ * N * width_));
-    q_cat_buffer_.resize(size_t(T * nh_ * width_));
+    k_cat_.scratch(arena_, size_t(B * nh_ * N * width_));
+    q_cat_buffer_.scratch(arena_, size_t(T * nh_ * width_));
     q_cat_ = q_cat_buffer_.get();
-    o_lat_.resize(size_t(T * nh_ * r_));
-    scores_.resize(size_t(B * nh_ * S * N));
-    probs_.resize(scores_.size());
+    o_lat_.scratch(arena_, size_t(T * nh_ * r_));
+    scores_.scratch(arena_, size_t(B * nh_ * S * N));
+    probs_.scratch(arena_, scores_.size());
     std::vector<const void*> k, q, sc, pr, o;
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < nh_; ++h) {
@@ -263,10 +263,10 @@ class ACcMeCuda final : public MlaOp {
     const int64_t B = s_.batch, N = keys_, T = s_.tokens();
     latent_.resize(size_t(B * N * width_));
     latent_.zero();
-    q_abs_.resize(size_t(T * nh_ * r_));
-    o_lat_.resize(size_t(T * nh_ * r_));
-    scores_.resize(size_t(T * nh_ * N));
-    probs_.resize(scores_.size());
+    q_abs_.scratch(arena_, size_t(T * nh_ * r_));
+    o_lat_.scratch(arena_, size_t(T * nh_ * r_));
+    scores_.scratch(arena_, size_t(T * nh_ * N));
+    probs_.scratch(arena_, scores_.size());
   }
   void attend() override {
     // One request's heads and new tokens are the rows M = q_len*heads of an MQA over its shared latent.

@@ -748,11 +748,11 @@ class FusedCuda final : public MlaOp {
     // A request split across CTAs crosses at most one run boundary per piece: segments <= batch + parts.
     max_segments_ = int(s_.batch) + parts_;
     if (parts_ + 1 > kCombineMaxSegments) throw std::logic_error("mla/fused/cuda: more splits per request than the combine kernel merges");
-    q_cat_buffer_.resize(size_t(T * nh_ * width_));
+    q_cat_buffer_.scratch(arena_, size_t(T * nh_ * width_));
     q_cat_ = q_cat_buffer_.get();
-    o_lat_.resize(size_t(T * nh_ * r_));
-    o_partial_.resize(size_t(max_segments_) * size_t(row_tiles_ * roles::kRows) * kLatent);
-    lse_partial_.resize(size_t(max_segments_) * size_t(row_tiles_ * roles::kRows));
+    o_lat_.scratch(arena_, size_t(T * nh_ * r_));
+    o_partial_.scratch(arena_, size_t(max_segments_) * size_t(row_tiles_ * roles::kRows) * kLatent);
+    lse_partial_.scratch(arena_, size_t(max_segments_) * size_t(row_tiles_ * roles::kRows));
     tma_ = b_.cache->page_size % roles::kKeys == 0;
     if (tma_) kv_map_ = cache_tensor_map(*b_.cache);
   }

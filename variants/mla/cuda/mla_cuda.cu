@@ -477,8 +477,9 @@ double MlaOp::scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s, int
 }
 
 void MlaOp::prepare(const ModelConfig& m, const Shape& s, int64_t max_keys, const MlaWeights& w, const MlaBuffers& b, BlasHandle& blas,
-                    bool lengths_vary) {
+                    bool lengths_vary, ScratchArena* arena) {
   m_ = m;
+  arena_ = arena;
   s_ = s;
   w_ = &w;
   b_ = b;
@@ -499,13 +500,13 @@ void MlaOp::prepare(const ModelConfig& m, const Shape& s, int64_t max_keys, cons
   scale_ = float(m_.softmax_scale());
   const int64_t T = s_.tokens();
   if (m_.q_lora_rank) {
-    qa_f32_.resize(size_t(T * (*m_.q_lora_rank + width_)));
-    qa_.resize(size_t(T * *m_.q_lora_rank));
+    qa_f32_.scratch(arena_, size_t(T * (*m_.q_lora_rank + width_)));
+    qa_.scratch(arena_, size_t(T * *m_.q_lora_rank));
   } else {
-    kv_f32_.resize(size_t(T * width_));
+    kv_f32_.scratch(arena_, size_t(T * width_));
   }
-  q_.resize(size_t(T * nh_ * qhd_));
-  attn_.resize(size_t(T * nh_ * vd_));
+  q_.scratch(arena_, size_t(T * nh_ * qhd_));
+  attn_.scratch(arena_, size_t(T * nh_ * vd_));
   pointer_arrays_.clear();
   q_cat_ = nullptr;
   prepare_form();

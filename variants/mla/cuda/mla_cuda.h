@@ -5,7 +5,9 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -16,7 +18,9 @@
 
 namespace dslab::mla::cuda {
 
-// Owning device allocation.
+class ScratchArena;
+
+// A device allocation, owned (resize) or a stretch of a ScratchArena (scratch: the arena owns it).
 template <class T>
 class DeviceArray {
  public:
@@ -24,19 +28,21 @@ class DeviceArray {
   explicit DeviceArray(size_t n) { resize(n); }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
-  DeviceArray(DeviceArray&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  DeviceArray(DeviceArray&& o) noexcept : p_(o.p_), n_(o.n_), owned_(o.owned_) { o.p_ = nullptr, o.n_ = 0; }
   DeviceArray& operator=(DeviceArray&& o) noexcept {
     std::swap(p_, o.p_);
     std::swap(n_, o.n_);
+    std::swap(owned_, o.owned_);
     return *this;
   }
-  ~DeviceArray() { cudaFree(p_); }
+  ~DeviceArray() { release(); }
   void resize(size_t n) {
-    cudaFree(p_);
-    p_ = nullptr;
+    release();
     n_ = n;
     if (n) DSLAB_CUDA(cudaMalloc(&p_, n * sizeof(T)));
   }
+  // n elements of the op's forward()-only scratch: from the arena when one is given, else owned (resize).
+  inline void scratch(ScratchArena* arena, size_t n);
   void zero() { fill_bytes(0); }
   void fill_bytes(uint8_t byte) {
     if (n_) DSLAB_CUDA(cudaMemset(p_, byte, n_ * sizeof(T)));
@@ -51,9 +57,59 @@ class DeviceArray {
   size_t size() const { return n_; }
 
  private:
+  void release() {
+    if (owned_) cudaFree(p_);
+    p_ = nullptr, n_ = 0, owned_ = true;
+  }
   T* p_ = nullptr;
   size_t n_ = 0;
+  bool owned_ = true;
 };
+
+// Scratch that lives only inside one op's forward(): ops that run one after another on one stream (a model's
+// layers: attention, MoE, attention, ...) all take theirs from one arena, each from its start (rewind() before
+// each op's prepare), so a step holds its largest op's scratch instead of every layer's. Sized up front by the
+// formulas the planner counts (layer::gpu_step_arena_bytes): an op that takes more than they say throws, so a
+// formula that falls behind the code is caught by the first run, not by an out-of-memory on a budget.
+class ScratchArena {
+ public:
+  ScratchArena() = default;
+  ScratchArena(const ScratchArena&) = delete;
+  ScratchArena& operator=(const ScratchArena&) = delete;
+  ~ScratchArena() { cudaFree(base_); }
+  void reserve(size_t bytes) {
+    cudaFree(base_);
+    base_ = nullptr, capacity_ = 0, used_ = 0, high_water_ = 0;
+    if (bytes) DSLAB_CUDA(cudaMalloc(&base_, bytes));
+    capacity_ = bytes;
+  }
+  void rewind() { used_ = 0; }
+  void* take(size_t bytes) {
+    const size_t start = (used_ + kAlign - 1) / kAlign * kAlign;
+    if (start + bytes > capacity_)
+      throw std::runtime_error("scratch arena: " + std::to_string(start + bytes) + " bytes taken of " + std::to_string(capacity_) +
+                               " reserved (the scratch formula in variants/*/ counts less than an op allocates)");
+    used_ = start + bytes;
+    high_water_ = std::max(high_water_, used_);
+    return static_cast<char*>(base_) + start;
+  }
+  size_t capacity() const { return capacity_; }
+  size_t high_water() const { return high_water_; }  // the most any op took
+  static constexpr size_t kAlign = 256;  // (cudaMalloc's alignment: vector loads and TMA need no less)
+
+ private:
+  void* base_ = nullptr;
+  size_t capacity_ = 0, used_ = 0, high_water_ = 0;
+};
+
+template <class T>
+void DeviceArray<T>::scratch(ScratchArena* arena, size_t n) {
+  if (!arena) return resize(n);
+  release();
+  n_ = n;
+  owned_ = false;
+  if (n) p_ = static_cast<T*>(arena->take(n * sizeof(T)));
+}
 
 // The paged latent cache: token slot = page * page_size + offset; each slot holds [c_kv (kv_lora_rank) ‖ k_pe
 // (rope)] in the kv_dtype, plus (int8/fp8) one fp32 scale per kQuantGroup values.
@@ -136,8 +192,10 @@ class MlaOp {
   // s: batch, q_len, heads, kv_dtype of every step; max_keys: the longest request (cached + new) any step will
   // have. lengths_vary: steps replayed from one capture have different lengths (the fused kernel then always
   // launches its merge, which skips requests whole in that step's schedule).
+  // arena: where the forward scratch comes from (mla::gpu_forward_scratch_bytes of it; the caller rewinds it
+  // first), or null for buffers of the op's own.
   void prepare(const ModelConfig& m, const Shape& s, int64_t max_keys, const MlaWeights& w, const MlaBuffers& b, BlasHandle& blas,
-               bool lengths_vary);
+               bool lengths_vary, ScratchArena* arena = nullptr);
   virtual MlaSchedule schedule(const std::vector<int64_t>& lengths) const;
   int32_t* schedule_buffer() const { return b_.schedule ? b_.schedule : schedule_dev_.get(); }
   size_t schedule_ints() const { return schedule_ints_for(m_, s_); }
@@ -175,6 +233,7 @@ class MlaOp {
   Shape s_;
   const MlaWeights* w_ = nullptr;
   MlaBuffers b_;
+  ScratchArena* arena_ = nullptr;      // the forward scratch's source (DeviceArray::scratch), or null
   BlasHandle* blas_handle_ = nullptr;  // linear() reads its projections choice
   cublasHandle_t blas_ = nullptr;      // blas_handle_->get(), for the GEMMs
   int64_t max_keys_ = 0;

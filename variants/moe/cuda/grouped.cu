@@ -232,7 +232,7 @@ class MoeGroupedCuda final : public MoeOp {
   bool graph_safe() const override { return true; }
 
  protected:
-  void prepare_experts() override { h_.resize(size_t(rows_ * inter_)); }
+  void prepare_experts() override { h_.scratch(arena_, size_t(rows_ * inter_)); }
   void experts() override {
     const int32_t* offsets = offsets_.get();
     GroupedArgs up{tiles_.get(), num_tiles_.get(), offsets, perm_token_.get(), b_.x, w_->w_gate.get(), w_->w_up.get(),

@@ -27,9 +27,9 @@ class MoeLoopCuda final : public MoeOp {
 
  protected:
   void prepare_experts() override {
-    xg_.resize(size_t(rows_ * hidden_));
-    gate_up_.resize(size_t(rows_ * 2 * inter_));
-    h_.resize(size_t(rows_ * inter_));
+    xg_.scratch(arena_, size_t(rows_ * hidden_));
+    gate_up_.scratch(arena_, size_t(rows_ * 2 * inter_));
+    h_.scratch(arena_, size_t(rows_ * inter_));
     if (!host_offsets_) DSLAB_CUDA(cudaMallocHost(&host_offsets_, size_t(experts_ + 1) * 4));
   }
   void experts() override {

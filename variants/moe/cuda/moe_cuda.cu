@@ -335,12 +335,12 @@ double moe_weight_bytes(const ModelConfig& m, int64_t experts) {
 
 // ---- MLP ---------------------------------------------------------------------------------------------------
 
-void MlpRunner::prepare(const ModelConfig& m, const MlpWeights& w, int64_t tokens) {
+void MlpRunner::prepare(const ModelConfig& m, const MlpWeights& w, int64_t tokens, mla::cuda::ScratchArena* arena) {
   w_ = &w;
   hidden_ = m.hidden_size;
   tokens_ = tokens;
-  gate_up_.resize(size_t(tokens * 2 * w.intermediate));
-  h_.resize(size_t(tokens * w.intermediate));
+  gate_up_.scratch(arena, size_t(tokens * 2 * w.intermediate));
+  h_.scratch(arena, size_t(tokens * w.intermediate));
 }
 
 void MlpRunner::forward(BlasHandle& blas, const __nv_bfloat16* x, float* out, float beta, cudaStream_t stream) const {
@@ -370,7 +370,8 @@ MoeOp::SideStream::~SideStream() {
   cudaStreamDestroy(stream);
 }
 
-void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, const MoeBuffers& b, BlasHandle& blas, BlasHandle* side_blas) {
+void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, const MoeBuffers& b, BlasHandle& blas, BlasHandle* side_blas,
+                    mla::cuda::ScratchArena* arena) {
   if (m.n_routed_experts > kScanThreads) throw BadInput(m.source + ": n_routed_experts above " + std::to_string(kScanThreads) + " is not supported on the GPU");
   if (m.n_group > 32) throw BadInput(m.source + ": n_group above 32 is not supported by the GPU router");
   if (m.hidden_size % 8 || m.moe_intermediate_size % 8)
@@ -388,20 +389,21 @@ void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, c
   w_ = &w;
   b_ = b;
   blas_ = &blas;
+  arena_ = arena;
   logits_.resize(size_t(tokens_ * m.n_routed_experts));
   topk_ids_.resize(size_t(rows_));
   topk_weights_.resize(size_t(rows_));
   counts_.resize(size_t(experts_));
   counts_.zero();  // (then the scan leaves them zero after each step)
   offsets_.resize(size_t(experts_ + 1));
-  perm_token_.resize(size_t(rows_));
+  perm_token_.scratch(arena_, size_t(rows_));
   slot_.resize(size_t(rows_));
   tile_rows_ = tile_rows_for(double(rows_) / double(experts_));
   max_tiles_ = int(rows_ / tile_rows_ + std::min(experts_, rows_));
   tiles_.resize(size_t(max_tiles_));
   num_tiles_.resize(1);
-  y_.resize(size_t(rows_ * hidden_));
-  if (w.shared.intermediate > 0) shared_.prepare(m, w.shared, tokens);
+  y_.scratch(arena_, size_t(rows_ * hidden_));
+  if (w.shared.intermediate > 0) shared_.prepare(m, w.shared, tokens, arena_);
   side_.reset();
   if (side_blas && w.shared.intermediate > 0) side_ = std::make_unique<SideStream>(side_blas);
   prepare_experts();

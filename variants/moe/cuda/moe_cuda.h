@@ -33,7 +33,8 @@ void generate_mlp_weights(const ModelConfig& m, int64_t intermediate, uint64_t s
 // Runs a SwiGLU MLP: out = down(silu(gate x) * up x), with its scratch; out fp32, written (beta 0) or added (beta 1).
 class MlpRunner {
  public:
-  void prepare(const ModelConfig& m, const MlpWeights& w, int64_t tokens);
+  // arena: where gate|up and the product come from (the caller rewinds it), or null for buffers of its own.
+  void prepare(const ModelConfig& m, const MlpWeights& w, int64_t tokens, mla::cuda::ScratchArena* arena = nullptr);
   void forward(BlasHandle& blas, const __nv_bfloat16* x, float* out, float beta, cudaStream_t stream) const;
   static double scratch_bytes(int64_t tokens, int64_t intermediate) { return moe::gpu_mlp_scratch_bytes(tokens, intermediate); }
 
@@ -93,8 +94,10 @@ class MoeOp {
   // side_blas (a handle of its own: cuBLAS workspaces must not be shared by concurrent GEMMs): the shared experts
   // run on a second stream beside the router and routed experts, joined before the combine. Several ops that run
   // one after another may share one side handle.
+  // arena: where the forward scratch comes from (moe::gpu_moe_forward_scratch_bytes of it; the caller rewinds it
+  // first), or null for buffers of the op's own.
   void prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, const MoeBuffers& b, BlasHandle& blas,
-               BlasHandle* side_blas = nullptr);
+               BlasHandle* side_blas = nullptr, mla::cuda::ScratchArena* arena = nullptr);
   // Queues one step; marks, when given, time the router, experts and combine.
   void forward(cudaStream_t stream, gpu::OpMarks* marks = nullptr);
   static double scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts);
@@ -118,6 +121,7 @@ class MoeOp {
   const MoeWeights* w_ = nullptr;
   MoeBuffers b_;
   BlasHandle* blas_ = nullptr;
+  mla::cuda::ScratchArena* arena_ = nullptr;  // the forward scratch's source (DeviceArray::scratch), or null
   cudaStream_t stream_ = 0;
   gpu::OpMarks* marks_ = nullptr;
   // Routing and permutation, all on the device.
