@@ -86,7 +86,8 @@ double gpu_op_s(const OpCost& op, const Ceilings& c) {
   const bool cublas_gemv = op.intensity() < 16 && op.group != OpGroup::routed_experts;
   const double weight_rate = cublas_gemv ? c.gpu_weight_stream_bytes_per_s : c.gpu_bytes_per_s;
   const double bytes_s = op.weight_bytes / weight_rate + (op.kv_bytes + op.act_bytes) / c.gpu_bytes_per_s;
-  return std::max(op.flops / c.gpu_flops, bytes_s) + double(op.gpu_kernels) * c.gpu_kernel_s;
+  return std::max((op.flops + op.extra_flops) / c.gpu_flops, bytes_s) + op.staged_bytes / c.gpu_bytes_per_s +
+         double(op.gpu_kernels) * c.gpu_kernel_s;
 }
 
 double stream_crossover_tokens_per_expert(const ModelConfig& m, const Ceilings& c) {
@@ -105,7 +106,9 @@ double stream_crossover_tokens_per_expert(const ModelConfig& m, const Ceilings& 
   return 0;
 }
 
-double cpu_op_s(const OpCost& op, const Ceilings& c) { return std::max(op.flops / c.cpu_flops, op.bytes() / c.cpu_bytes_per_s); }
+double cpu_op_s(const OpCost& op, const Ceilings& c) {
+  return std::max((op.flops + op.extra_flops) / c.cpu_flops, op.bytes() / c.cpu_bytes_per_s) + op.staged_bytes / c.cpu_bytes_per_s;
+}
 
 namespace {
 

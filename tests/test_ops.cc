@@ -67,6 +67,25 @@ TEST(LayerOps, V3PrefillRoutedExpertsByHand) {
   EXPECT_DOUBLE_EQ(ops.at("attention_core").flops, 4096.0 * 4097 / 2 * 2 * 128 * 1088 + 4096.0 * 2 * 128 * 512 * 256);
 }
 
+TEST(LayerOps, AnUnfusedAttentionPaysItsRectangleAndItsScoresThroughMemory) {
+  const ModelConfig m = test::model("deepseek-v2-lite");  // 16 heads, latent 512 + rope 64
+  layer::StepShape s;
+  s.batch = 1, s.q_len = 4096, s.kv_len = 0;
+  const auto ops = by_name(layer::layer_ops(m, 1, s));
+  const auto& core = ops.at("attention_core");
+  const double pair = 2.0 * 16 * (576 + 512);  // a_cc_me: q.[latent | rope] and p.latent per head
+  EXPECT_DOUBLE_EQ(core.extra_flops, (4096.0 * 4096 - 4096.0 * 4097 / 2) * pair);
+  // fp32 scores written, read and rewritten by the rope product, read by the softmax; bf16 probabilities written
+  // and read; the gathered latent written and read.
+  EXPECT_DOUBLE_EQ(core.staged_bytes, 4096.0 * 4096 * 16 * 20 + 4096.0 * 576 * 4);
+  // A decode step runs the fused kernel: nothing staged, no rectangle; unless the step says it runs unfused.
+  s.q_len = 1, s.kv_len = 4096;
+  EXPECT_EQ(by_name(layer::layer_ops(m, 1, s)).at("attention_core").staged_bytes, 0.0);
+  s.fused_decode = false;
+  EXPECT_DOUBLE_EQ(by_name(layer::layer_ops(m, 1, s)).at("attention_core").staged_bytes, 4097.0 * 16 * 20 + 4097.0 * 576 * 4);
+  EXPECT_DOUBLE_EQ(by_name(layer::layer_ops(m, 1, s)).at("attention_core").extra_flops, 0.0);
+}
+
 TEST(LayerOps, WholeStepWeightsAreTheModelsParameters) {
   // With every expert reached, the step reads each weight once: with the embedding table, the published totals
   // (V2-Lite 15.7 B parameters; V3 671 B, its checkpoint's 685 B less the 14 B multi-token-prediction module).

@@ -99,6 +99,16 @@ std::vector<OpCost> layer_ops(const ModelConfig& m, int64_t layer, const StepSha
   const double per_token = mla::cache_bytes_per_token(m, s.attn, H_heads, s.kv_dtype);
   core.kv_bytes = B * keys * per_token + T * per_token;  // read every cached key, write the new ones
   core.act_bytes = T * nh * qhd * 2 + T * (r + rope) * 4 + T * nh * vd * 2;  // q and the latent in, per-head output out
+  if (!s.scores_on_chip()) {
+    // The unfused forms (variants/mla/cuda/forms.cu): every new token against every key of its request, masked;
+    // scores fp32 written by the first product (a_cc_me: a second one reads and adds to them), read by the softmax,
+    // which writes bf16 probabilities the value product reads; the cache gathered into a padded copy first.
+    const double rectangle = B * S * keys;
+    core.extra_flops = std::max(0.0, rectangle - pairs) * mla::pair_flops(m, s.attn, H_heads);
+    const double per_score = s.attn == mla::Algo::a_cc_me ? 4 + 8 + 4 + 2 + 2 : 4 + 4 + 2 + 2;
+    core.staged_bytes = rectangle * double(H_heads) * per_score + B * keys * (r + rope) * 2 * 2;
+    core.gpu_kernels = 8;
+  }
   ops.push_back(core);
 
   ops.push_back(projection("o_proj", OpGroup::attention, layer, T, nh * vd, H, 4));

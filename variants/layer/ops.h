@@ -21,7 +21,11 @@ struct StepShape {
   int64_t batch = 1, q_len = 1, kv_len = 0;  // requests, new tokens per request, tokens cached per request before
   mla::Algo attn = mla::Algo::a_cc_me;      // the attention form (what its core computes and caches)
   mla::KvDtype kv_dtype = mla::KvDtype::bf16;
+  // Decode steps (q_len up to 2) run the fused kernel (mla/fused/cuda: the a_cc_me form, scores on chip), as the
+  // layer sweeps do; longer chunks, or every step when false, the unfused form (scores through memory).
+  bool fused_decode = true;
   int64_t tokens() const { return batch * q_len; }
+  bool scores_on_chip() const { return fused_decode && q_len <= 2; }
 };
 
 struct OpCost {
@@ -35,6 +39,11 @@ struct OpCost {
   // receives (tokens x topk / active): the number that decides CPU (few) or GPU (many) for them.
   double active_experts = 0, tokens_per_expert = 0;
   int gpu_kernels = 1;  // kernels layer/deepseek/cuda launches for it (each pays a small kernel's fixed cost)
+  // What an implementation does beyond the op's own work, which a time prediction pays and the roofline floor does
+  // not: an unfused attention form multiplies the whole rectangle of new tokens x keys (masked, where causality needs
+  // about half at a prefill), and stages its score matrix through memory between its kernels (GEMM, softmax, GEMM:
+  // a chain of memory-bound passes that does not overlap the products).
+  double extra_flops = 0, staged_bytes = 0;
   double bytes() const { return weight_bytes + kv_bytes + act_bytes; }
   double intensity() const { return bytes() > 0 ? flops / bytes() : 0; }
 };
