@@ -22,8 +22,9 @@ const std::vector<AxisInfo>& known_axes() {
       {"cpu_threads", AxisKind::positive_int,
        "CPU threads of routed experts run on the host (moe/host/cuda); absent: every core but the one driving the GPU"},
       {"gpu_experts", AxisKind::text,
-       "routed experts resident on the GPU when moe runs them on the host: none | layers:N (the first N MoE layers' "
-       "experts, run by moe/grouped/cuda) | fit (as many leading MoE layers as gpu_budget holds)"},
+       "where the routed experts live: with moe/host/cuda none | layers:N (the first N MoE layers' experts on the GPU, "
+       "run by moe/grouped/cuda) | fit (as many leading MoE layers as gpu_budget holds); with a GPU moe, none (on the GPU) "
+       "| streamed (in pinned host memory, copied to the GPU before each layer's use, two layers' in flight)"},
       {"gpu_budget", AxisKind::text, "GPU memory the step may use: all (the device's) | <N>GB (e.g. 24GB, a consumer card)"},
       {"routing", AxisKind::text, "expert routing: model | uniform | zipf:S"},
       {"topk", AxisKind::positive_int, "experts per token"},

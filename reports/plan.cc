@@ -198,7 +198,7 @@ struct Candidate {
   bool attention_on_gpu = true, shared_on_gpu = true, dense_on_gpu = true;
   int64_t gpu_moe_layers = 0;    // MoE layers whose experts all live on the GPU (from the first)
   int64_t hot_experts = 0;       // per other MoE layer, experts resident on the GPU
-  bool stream_experts = false;   // the other layers' active experts copied to the GPU each step
+  bool stream_experts = false;   // the other layers' experts, all of them, copied to the GPU each step
 };
 
 struct Model {
@@ -251,7 +251,7 @@ struct Model {
             const double hot = double(k.hot_experts) * expert_bytes();
             gpu_bytes += hot;
             host_bytes += all - hot;
-            stream_buffer = std::max(stream_buffer, k.stream_experts ? 2 * op.weight_bytes : 0.0);  // two layers' in flight
+            stream_buffer = std::max(stream_buffer, k.stream_experts ? 2 * all : 0.0);  // two layers' in flight
           }
           ++moe_index;
           break;
@@ -298,7 +298,8 @@ struct Model {
       if (moe_index < k.gpu_moe_layers) {
         gpu_s = gpu_routed_experts_s(op, c);
       } else if (k.stream_experts) {
-        gpu_s = std::max(gpu_routed_experts_s(op, c), op.weight_bytes / c.h2d_bytes_per_s + c.transfer_s);
+        // every expert of the layer copied (the layer streams them all: which are reached is the GPU's to know)
+        gpu_s = std::max(gpu_routed_experts_s(op, c), E * expert_bytes() / c.h2d_bytes_per_s + c.transfer_s);
       } else {
         // Uniform routing: hot experts take hot/E of the (token, expert) choices; each side reads the weights of
         // the experts it reaches.
@@ -401,7 +402,7 @@ std::string placement_of(const Entry& e, const PlanRequest& r) {
   const std::string threads = axis_text(e.axes, "cpu_threads");
   if (threads != (r.cpu_threads > 0 ? std::to_string(r.cpu_threads) : "")) return "";
   const std::string moe = axis_text(e.axes, "moe");
-  if (moe == "moe/grouped/cuda") return "all_gpu";
+  if (moe == "moe/grouped/cuda") return axis_text(e.axes, "gpu_experts") == "streamed" ? "streamed_experts" : "all_gpu";
   if (moe != "moe/host/cuda") return "";
   const auto& counters = e.raw.contains("counters") ? e.raw["counters"] : nlohmann::json::object();
   const double resident = counters.contains("gpu_moe_layers") && counters["gpu_moe_layers"].is_number() ? counters["gpu_moe_layers"].get<double>() : 0;
@@ -435,6 +436,7 @@ std::string run_with(const std::string& placement) {
   if (placement == "all_gpu") return layer + "moe=moe/grouped/cuda";
   if (placement == "ktransformers") return layer + "moe=moe/host/cuda";
   if (placement.rfind("gpu_layers:", 0) == 0) return layer + "moe=moe/host/cuda gpu_experts=layers:" + placement.substr(11);
+  if (placement == "streamed_experts") return layer + "moe=moe/grouped/cuda gpu_experts=streamed";
   return "";
 }
 

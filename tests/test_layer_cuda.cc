@@ -141,6 +141,10 @@ TEST(GpuLayer, SplitStepRunsTheFirstMoeLayersExpertsOnTheGpuAndTheRestOnTheCpu) 
   c.gpu_budget = "all";
   c.gpu_experts = "layers:1";
   EXPECT_NE(v->supports(model, layer_point(c)).reason.find("gpu_experts"), std::string::npos);
+  // streaming copies the experts to a GPU op; an op that runs them on the CPU is refused with the reason
+  c.moe = "moe/host/cuda";
+  c.gpu_experts = "streamed";
+  EXPECT_NE(v->supports(model, layer_point(c)).reason.find("gpu_experts: streamed"), std::string::npos);
 }
 
 #ifdef DSLAB_HAVE_CUDA
@@ -161,6 +165,34 @@ std::vector<std::vector<float>> recorded_run(const VariantEntry& entry, const La
   v->run();  // a second run replays the same graph again from step 0
   if (captures) *captures = layer->graph_captures();
   return layer->recorded_steps();
+}
+
+TEST(GpuLayer, StreamedExpertsMatchTheReferenceAndTheResidentExpertsAtEveryStep) {
+  REQUIRE_LAYER();
+  const uint64_t seed = test::fresh_seed();
+  const ModelFile model = load_model_file("deepseek-v2-lite");
+  // Four MoE layers: two staging buffers, each refilled once per step (layers 2 and 3 wait for 0 and 1 to finish).
+  LayerCase c{"deepseek-v2-lite", "4", 2, 150, 3, "mla/fused/cuda", "moe/grouped/cuda", "graph"};
+  c.gpu_experts = "streamed";
+  auto v = entry->make();
+  ASSERT_TRUE(v->supports(model, layer_point(c)).ok) << v->supports(model, layer_point(c)).reason;
+  v->prepare(model, layer_point(c), seed);
+  v->run();
+  const Verification r = v->verify();
+  EXPECT_LE(r.rel_err, 2e-2);
+  EXPECT_GT(r.rel_err, 0.0);
+  const auto counters = v->counters();
+  EXPECT_EQ(counters.at("streamed_expert_bytes"), 4.0 * 64 * 3 * 2048 * 1408 * 2);
+  EXPECT_EQ(counters.at("gpu_moe_layers"), 4);
+  std::printf("%s rel_err %.3e\n", describe(c).c_str(), r.rel_err);
+  // Step by step, replayed from one graph, the same as the same layers with their experts resident.
+  LayerCase resident = c;
+  resident.gpu_experts = "none";
+  resident.executor = "eager";
+  const auto streamed_steps = recorded_run(*entry, c, seed, nullptr);
+  const auto resident_steps = recorded_run(*entry, resident, seed, nullptr);
+  ASSERT_EQ(streamed_steps.size(), resident_steps.size());
+  for (size_t s = 0; s < streamed_steps.size(); ++s) EXPECT_LE(max_rel_diff(streamed_steps[s], resident_steps[s]), 1e-6) << "step " << s;
 }
 
 TEST(GpuLayer, GraphReplayMatchesEagerAtEveryStepWithoutRecapture) {
@@ -203,8 +235,9 @@ TEST(GpuLayer, StepQueuesWithoutAllocationOrHostSynchronisation) {
   REQUIRE_LAYER();
   const uint64_t seed = test::fresh_seed();
   // Global capture mode makes any allocation or synchronising call in the step fail the capture.
-  auto captures_globally = [&](const char* moe) {
-    const LayerCase c{"deepseek-v2-lite", "2", 2, 100, 2, "mla/fused/cuda", moe, "eager"};
+  auto captures_globally = [&](const char* moe, const char* gpu_experts = "none") {
+    LayerCase c{"deepseek-v2-lite", "3", 2, 100, 2, "mla/fused/cuda", moe, "eager"};
+    c.gpu_experts = gpu_experts;
     auto v = entry->make();
     auto* layer = dynamic_cast<layer::cuda::DeepseekLayerCuda*>(v.get());
     v->prepare(load_model_file(c.model), layer_point(c), seed);
@@ -226,6 +259,7 @@ TEST(GpuLayer, StepQueuesWithoutAllocationOrHostSynchronisation) {
     return ok;
   };
   EXPECT_TRUE(captures_globally("moe/grouped/cuda"));
+  EXPECT_TRUE(captures_globally("moe/grouped/cuda", "streamed"));  // the experts' copies and their events too
   EXPECT_FALSE(captures_globally("moe/loop/cuda")) << "the control: the loop's host read of the routing must break the capture";
 }
 #endif

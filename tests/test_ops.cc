@@ -103,6 +103,7 @@ TEST(LayerOps, WholeStepWeightsAreTheModelsParameters) {
 TEST(LayerOps, GpuExpertsAndBudgetAxesParseOrNameTheAxis) {
   EXPECT_EQ(layer::parse_gpu_experts("none").kind, layer::GpuExperts::Kind::none);
   EXPECT_EQ(layer::parse_gpu_experts("fit").kind, layer::GpuExperts::Kind::fit);
+  EXPECT_EQ(layer::parse_gpu_experts("streamed").kind, layer::GpuExperts::Kind::streamed);
   const auto g = layer::parse_gpu_experts("layers:12");
   EXPECT_EQ(g.kind, layer::GpuExperts::Kind::layers);
   EXPECT_EQ(g.layers, 12);

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "harness/errors.h"
+#include "harness/sweep.h"
+#include "harness/variant.h"
 #include "reports/plan.h"
 #include "tests/test_util.h"
 #include "variants/mla/mla.h"
@@ -214,6 +216,38 @@ TEST(Plan, AllGpuCapacityIsTheWeightsTheCacheAndTheLayersScratch) {
     for (const auto& p : plan.placements)
       if (p.placement == "all_gpu") EXPECT_NEAR(p.gpu_bytes, weights + kv + scratch, 1e6);
   }
+}
+
+// The planner's capacity of each runnable placement is what layer/deepseek/cuda sizes its memory by for the same
+// step (one memory model for both), here the ones a 24 GB budget and a 4K prefill bring in: a layer split and
+// the experts streamed through two staging sets.
+TEST(Plan, RunnablePlacementsNeedWhatTheLayerAllocates) {
+  const VariantEntry* entry = find_variant("layer/deepseek/cuda");
+  if (!entry) GTEST_SKIP() << "layer/deepseek/cuda is not built";
+  const auto c = reports::Ceilings::from_machine(machine(), "m.json");
+  const auto r = request("deepseek-v2-lite", 1, 4096, 0, 24);
+  const auto plan = reports::make_plan(r, c);
+  const ModelFile model = load_model_file("deepseek-v2-lite");
+  auto layer = entry->make();
+  int checked = 0;
+  for (const auto& p : plan.placements) {
+    std::string moe = "moe/host/cuda", gpu_experts;
+    if (p.placement == "streamed_experts") moe = "moe/grouped/cuda", gpu_experts = "streamed";
+    else if (p.placement == "ktransformers") gpu_experts = "none";
+    else if (p.placement.rfind("gpu_layers:", 0) == 0) gpu_experts = "layers:" + p.placement.substr(11);
+    else continue;
+    SCOPED_TRACE(p.placement);
+    Point pt;
+    for (const auto& [axis, v] : std::vector<std::pair<const char*, int64_t>>{{"batch", 1}, {"q_len", 4096}, {"kv_len", 0}, {"steps", 1}, {"page_size", 64}})
+      pt.set(axis, {std::to_string(v), v, true});
+    for (const auto& [axis, v] : std::vector<std::pair<const char*, std::string>>{
+             {"layers", "all"}, {"attn", "mla/a_cc_me/cuda"}, {"moe", moe}, {"executor", "graph"}, {"kv_dtype", "bf16"}, {"proj", "own"},
+             {"kv_splits", "auto"}, {"pdl", "on"}, {"gpu_experts", gpu_experts}, {"gpu_budget", "all"}})
+      pt.set(axis, {v, 0, false});
+    EXPECT_NEAR(layer->device_memory_bytes(model, pt), p.gpu_bytes, 0.1e9);
+    ++checked;
+  }
+  EXPECT_GE(checked, 3);
 }
 
 TEST(Plan, SplitRunsAreMeasuredAsTheirGpuLayersPlacement) {

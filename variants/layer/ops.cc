@@ -192,12 +192,16 @@ GpuExperts parse_gpu_experts(const std::string& text) {
     g.kind = GpuExperts::Kind::fit;
     return g;
   }
+  if (text == "streamed") {
+    g.kind = GpuExperts::Kind::streamed;
+    return g;
+  }
   if (text.rfind("layers:", 0) == 0) {
     g.kind = GpuExperts::Kind::layers;
     g.layers = positive_integer(text, 7);
     if (g.layers > 0) return g;
   }
-  throw BadInput("axis 'gpu_experts': value '" + text + "': expected none, layers:N (N >= 1) or fit");
+  throw BadInput("axis 'gpu_experts': value '" + text + "': expected none, layers:N (N >= 1), fit or streamed");
 }
 
 double parse_gpu_budget(const std::string& text) {

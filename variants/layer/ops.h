@@ -69,14 +69,17 @@ struct StepScratch {
 double gpu_step_scratch_bytes(const ModelConfig& m, const StepScratch& s);
 double gpu_step_arena_bytes(const ModelConfig& m, const StepScratch& s);  // the arena's part of it
 
-// A hybrid step's routed experts kept on the GPU (layer/deepseek/cuda's `gpu_experts` axis; the planner's
-// gpu_layers:N placement): none, the first N MoE layers' whole, or as many leading MoE layers as the budget holds.
+// Where a step's routed experts live beside the GPU (layer/deepseek/cuda's `gpu_experts` axis): for an op that
+// runs them on the CPU (moe/host/cuda), none, the first N MoE layers' kept whole on the GPU (the planner's
+// gpu_layers:N), or as many leading MoE layers as the budget holds (fit); for an op that runs them on the GPU
+// (moe/grouped/cuda), streamed: every layer's experts in pinned host memory, copied to the GPU before its use,
+// two layers' in flight (the planner's streamed_experts).
 struct GpuExperts {
-  enum class Kind { none, layers, fit };
+  enum class Kind { none, layers, fit, streamed };
   Kind kind = Kind::none;
   int64_t layers = 0;  // Kind::layers
 };
-GpuExperts parse_gpu_experts(const std::string& text);  // none | layers:N | fit; BadInput naming the axis otherwise
+GpuExperts parse_gpu_experts(const std::string& text);  // none | layers:N | fit | streamed; BadInput naming the axis otherwise
 // The `gpu_budget` axis: all (0: the device's memory) or "<N>GB" (decimal gigabytes) as bytes; BadInput otherwise.
 double parse_gpu_budget(const std::string& text);
 // How many leading MoE layers can keep all their experts on the GPU: each costs full_set_bytes instead of the

@@ -152,6 +152,10 @@ struct DeepseekLayerCuda::Plan {
   double fixed_bytes = 0, moe_set_bytes = 0, full_set_bytes = 0, host_expert_bytes = 0;
   double arena_bytes = 0;  // the ops' forward scratch, one arena for all (part of fixed_bytes)
   bool experts_on_host = false;  // the moe op runs the routed experts from host memory (moe/host/cuda)
+  // gpu_experts=streamed: a GPU op's routed experts live in pinned host memory (routed_set_bytes per MoE layer) and
+  // are copied into one of two staging buffers (staging_bytes) before each layer's use.
+  bool streamed = false;
+  double routed_set_bytes = 0, staging_bytes = 0;
   int cpu_threads = 0;           // of that op (0: its default)
   // MoE layers (the first ones) whose experts stay on the GPU, run by moe/grouped/cuda beside a host op's layers
   // (gpu_experts axis); their weight sets are never reused.
@@ -227,7 +231,11 @@ struct DeepseekLayerCuda::Plan {
     const double budget_request = layer::parse_gpu_budget(  // bytes (0: the device's)
         p.has("gpu_budget") ? p.text("gpu_budget") : "all");
     if (why_not.empty() && cpu_threads > 0 && !experts_on_host) why_not = "cpu_threads: " + moe + " runs no experts on the CPU";
-    if (why_not.empty() && gpu_experts.kind != layer::GpuExperts::Kind::none && !experts_on_host)
+    streamed = gpu_experts.kind == layer::GpuExperts::Kind::streamed;
+    if (why_not.empty() && streamed && experts_on_host)
+      why_not = "gpu_experts: streamed copies the routed experts to a GPU op (e.g. moe/grouped/cuda); " + moe + " runs them on the CPU";
+    if (why_not.empty() && streamed && moe_layers == 0) why_not = "gpu_experts: streamed: the step has no MoE layers";
+    if (why_not.empty() && !streamed && gpu_experts.kind != layer::GpuExperts::Kind::none && !experts_on_host)
       why_not = "gpu_experts: " + moe + " keeps every layer's experts on the GPU already (the axis splits a host op's layers, e.g. moe/host/cuda's)";
     if (why_not.empty() && gpu_experts.kind == layer::GpuExperts::Kind::layers && gpu_experts.layers > moe_layers)
       why_not = "gpu_experts: layers:" + std::to_string(gpu_experts.layers) + ": the step has " + std::to_string(moe_layers) + " MoE layers";
@@ -257,7 +265,9 @@ struct DeepseekLayerCuda::Plan {
     arena_bytes = layer::gpu_step_arena_bytes(m, scratch);
     const double host_set_bytes = moe::cuda::moe_weight_bytes(m, 0);  // router and shared experts
     full_set_bytes = moe::cuda::moe_weight_bytes(m, m.n_routed_experts);
-    moe_set_bytes = experts_on_host ? host_set_bytes : full_set_bytes;
+    moe_set_bytes = experts_on_host || streamed ? host_set_bytes : full_set_bytes;
+    routed_set_bytes = full_set_bytes - host_set_bytes;
+    if (streamed) staging_bytes = double(std::min<int64_t>(2, moe_layers)) * routed_set_bytes;
     const GpuInfo& g = gpu_info();
     if (why_not.empty() && g.present && budget_request > double(g.memory_bytes))
       why_not = "gpu_budget: " + p.text("gpu_budget") + " is more than the " + g.name + "'s " + std::to_string(int64_t(double(g.memory_bytes) / 1e9)) + " GB";
@@ -265,8 +275,8 @@ struct DeepseekLayerCuda::Plan {
     if (experts_on_host && gpu_experts.kind == layer::GpuExperts::Kind::layers) resident_moe_layers = std::min(gpu_experts.layers, moe_layers);
     if (experts_on_host && gpu_experts.kind == layer::GpuExperts::Kind::fit)
       resident_moe_layers = layer::resident_moe_layers(budget, fixed_bytes, moe_layers, host_set_bytes, full_set_bytes);
-    if (experts_on_host) {  // the other MoE layers' routed experts in host memory (made and packed: twice, briefly, per layer)
-      host_expert_bytes = double(moe_layers - resident_moe_layers) * double(m.n_routed_experts) * 3 * H * double(m.moe_intermediate_size) * 2;
+    if (experts_on_host || streamed) {  // the other MoE layers' routed experts in host memory (made and packed: twice, briefly, per layer)
+      host_expert_bytes = double(moe_layers - resident_moe_layers) * routed_set_bytes;
       const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
       if (why_not.empty() && host_expert_bytes > 0.7 * have)
         why_not = "the routed experts of " + std::to_string(moe_layers) + " layers need ~" + std::to_string(int64_t(host_expert_bytes / double(1 << 30))) +
@@ -275,9 +285,9 @@ struct DeepseekLayerCuda::Plan {
     // The other MoE layers' sets: reused cyclically when they do not all fit, but only for a run with no budget and no
     // resident layers (a budget or a split states what fits).
     const int64_t others = moe_layers - resident_moe_layers;
-    const double fixed_and_resident = fixed_bytes + double(resident_moe_layers) * full_set_bytes;
+    const double fixed_and_resident = fixed_bytes + double(resident_moe_layers) * full_set_bytes + staging_bytes;
     moe_sets = others == 0 ? 0 : std::clamp<int64_t>(int64_t((budget - fixed_and_resident) / moe_set_bytes), 0, others);
-    const bool reuse = budget_request == 0 && resident_moe_layers == 0;
+    const bool reuse = budget_request == 0 && resident_moe_layers == 0 && !streamed;
     if (why_not.empty() && g.present && (fixed_and_resident > budget || (others > 0 && moe_sets < 1) || (!reuse && moe_sets < others))) {
       const double need = fixed_and_resident + double(reuse ? std::min<int64_t>(others, 1) : others) * moe_set_bytes;
       why_not = "needs ~" + std::to_string(int64_t(need / 1e9)) + " GB of GPU memory, " +
@@ -286,9 +296,67 @@ struct DeepseekLayerCuda::Plan {
     }
     if (!g.present) moe_sets = others;  // (cost only)
   }
-  double device_bytes() const { return fixed_bytes + double(resident_moe_layers) * full_set_bytes + double(moe_sets) * moe_set_bytes; }
+  double device_bytes() const {
+    return fixed_bytes + double(resident_moe_layers) * full_set_bytes + double(moe_sets) * moe_set_bytes + staging_bytes;
+  }
   // Which weight set MoE layer q (0-based among the step's MoE layers) uses, and whether its experts are on the GPU.
   int64_t moe_set(int64_t q) const { return q < resident_moe_layers ? q : resident_moe_layers + (q - resident_moe_layers) % moe_sets; }
+};
+
+// gpu_experts=streamed: every MoE layer's routed experts in one pinned host buffer, copied on a stream of their own
+// into two staging buffers in turn (MoE layer q into q % 2). Each copy waits until the layer two before is done
+// with its buffer, each layer waits for its copy: the next layer's copy overlaps this layer's work. The events
+// and the copy stream are captured with the step, so a replayed graph streams the same way.
+struct DeepseekLayerCuda::ExpertStreamer {
+  int64_t layers = 0;
+  size_t set_elements = 0;        // one layer's routed experts: gate, up, down, each stacked by expert
+  __nv_bfloat16* host = nullptr;  // pinned, [layers][set_elements]
+  DeviceArray<__nv_bfloat16> staging[2];
+  cudaStream_t copies{};
+  cudaEvent_t fork{};
+  std::vector<cudaEvent_t> loaded, released;  // per MoE layer
+
+  ExpertStreamer(int64_t moe_layers, size_t elements) : layers(moe_layers), set_elements(elements) {
+    DSLAB_CUDA(cudaMallocHost(&host, size_t(layers) * set_elements * 2));
+    for (int64_t k = 0; k < std::min<int64_t>(2, layers); ++k) staging[k].resize(set_elements);
+    DSLAB_CUDA(cudaStreamCreateWithFlags(&copies, cudaStreamNonBlocking));
+    DSLAB_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    loaded.resize(size_t(layers));
+    released.resize(size_t(layers));
+    for (int64_t q = 0; q < layers; ++q) {
+      DSLAB_CUDA(cudaEventCreateWithFlags(&loaded[size_t(q)], cudaEventDisableTiming));
+      DSLAB_CUDA(cudaEventCreateWithFlags(&released[size_t(q)], cudaEventDisableTiming));
+    }
+  }
+  ~ExpertStreamer() {
+    for (auto e : loaded) cudaEventDestroy(e);
+    for (auto e : released) cudaEventDestroy(e);
+    cudaEventDestroy(fork);
+    cudaStreamDestroy(copies);
+    cudaFreeHost(host);
+  }
+  ExpertStreamer(const ExpertStreamer&) = delete;
+  ExpertStreamer& operator=(const ExpertStreamer&) = delete;
+  __nv_bfloat16* slot(int64_t q) const { return staging[q % 2].get(); }
+  __nv_bfloat16* host_set(int64_t q) const { return host + size_t(q) * set_elements; }
+  void copy(int64_t q) {
+    DSLAB_CUDA(cudaMemcpyAsync(slot(q), host_set(q), set_elements * 2, cudaMemcpyHostToDevice, copies));
+    DSLAB_CUDA(cudaEventRecord(loaded[size_t(q)], copies));
+  }
+  // At the step's start: the copy stream joins `stream` there and fetches the first two layers' experts.
+  void begin(cudaStream_t stream) {
+    DSLAB_CUDA(cudaEventRecord(fork, stream));
+    DSLAB_CUDA(cudaStreamWaitEvent(copies, fork));
+    for (int64_t q = 0; q < std::min<int64_t>(2, layers); ++q) copy(q);
+  }
+  void before(int64_t q, cudaStream_t stream) { DSLAB_CUDA(cudaStreamWaitEvent(stream, loaded[size_t(q)])); }
+  // After MoE layer q: its buffer takes layer q + 2's experts.
+  void after(int64_t q, cudaStream_t stream) {
+    if (q + 2 >= layers) return;
+    DSLAB_CUDA(cudaEventRecord(released[size_t(q)], stream));
+    DSLAB_CUDA(cudaStreamWaitEvent(copies, released[size_t(q)]));
+    copy(q + 2);
+  }
 };
 
 // ---- the variant ---------------------------------------------------------------------------------------------
@@ -382,6 +450,7 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
   moe_.clear();
   dense_.clear();
   arena_.reserve(0);
+  streamer_.reset();
   caches_.clear();
   weights_.clear();
   active_experts_.clear();
@@ -436,8 +505,17 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
       w.moe_seed = moe_set_seed(seed, set);
       if (size_t(set) == sets.size()) {
         auto mw = std::make_shared<moe::cuda::MoeWeights>();
-        const bool on_device = !P.experts_on_host || q < P.resident_moe_layers;
+        const bool on_device = (!P.experts_on_host && !P.streamed) || q < P.resident_moe_layers;
         moe::cuda::generate_moe_weights(m_, m_.n_routed_experts, w.moe_seed, mw.get(), /*routed_on_device=*/on_device);
+        if (P.streamed) {  // the experts made in their staging buffer, kept in host memory, read from the staging buffer
+          const int64_t E = m_.n_routed_experts, I = m_.moe_intermediate_size, n = E * I * H;
+          if (!streamer_) streamer_ = std::make_unique<ExpertStreamer>(P.moe_layers, size_t(3 * n));
+          __nv_bfloat16* at = streamer_->slot(q);
+          for (int64_t e = 0; e < E; ++e)
+            moe::cuda::generate_expert_weights(m_, w.moe_seed, e, at + e * I * H, at + n + e * I * H, at + 2 * n + e * H * I);
+          DSLAB_CUDA(cudaMemcpy(streamer_->host_set(q), at, size_t(3 * n) * 2, cudaMemcpyDeviceToHost));
+          mw->staged_gate = at, mw->staged_up = at + n, mw->staged_down = at + 2 * n;
+        }
         sets.push_back(mw);
       }
       w.moe = sets[size_t(set)];
@@ -596,6 +674,7 @@ void DeepseekLayerCuda::forward(cudaStream_t stream, gpu::OpMarks* marks) {
   DSLAB_CHECK_LAUNCH();
   mark(P.whole ? "embed_norm" : "norm");
   size_t moe_i = 0, dense_i = 0;
+  if (streamer_) streamer_->begin(stream);
   for (size_t i = 0; i < weights_.size(); ++i) {
     NvtxRange layer_range("layer");
     attn_[i]->forward(stream, marks);
@@ -604,7 +683,13 @@ void DeepseekLayerCuda::forward(cudaStream_t stream, gpu::OpMarks* marks) {
     DSLAB_CHECK_LAUNCH();
     mark("norm");
     if (weights_[i].moe) {
-      moe_[moe_i++]->forward(stream, marks);
+      if (streamer_) {
+        streamer_->before(int64_t(moe_i), stream);
+        mark("wait_streamed_experts");  // (the copy's stall, if it did not finish under the layers before)
+      }
+      moe_[moe_i]->forward(stream, marks);
+      if (streamer_) streamer_->after(int64_t(moe_i), stream);
+      ++moe_i;
     } else {
       blas_->set_stream(stream);
       dense_[dense_i++].forward(*blas_, xb_.get(), ffn_out_.get(), 0.0f, stream);
@@ -785,6 +870,7 @@ std::map<std::string, double> DeepseekLayerCuda::counters() {
   c["distinct_moe_weight_sets"] = double(P.resident_moe_layers + P.moe_sets);
   c["weights_reused"] = P.resident_moe_layers + P.moe_sets < P.moe_layers ? 1.0 : 0.0;
   c["gpu_moe_layers"] = double(P.experts_on_host ? P.resident_moe_layers : P.moe_layers);  // MoE layers whose experts the GPU runs
+  if (P.streamed) c["streamed_expert_bytes"] = double(P.moe_layers) * P.routed_set_bytes;  // copied to the GPU each step
   c["device_bytes"] = P.device_bytes();
   // The ops' forward scratch: the arena the formula sized, and the most any op took of it.
   c["scratch_arena_bytes"] = double(arena_.capacity());

@@ -64,6 +64,7 @@ class DeepseekLayerCuda : public Variant {
 
  private:
   struct Plan;  // layers, buckets, memory: what supports(), cost() and prepare() all need
+  struct ExpertStreamer;  // gpu_experts=streamed: the routed experts' host copies, staging buffers, copy stream
   void forward(cudaStream_t stream, gpu::OpMarks* marks);
   void capture();
   std::unique_ptr<Plan> plan_;
@@ -73,6 +74,7 @@ class DeepseekLayerCuda : public Variant {
   std::vector<LayerWeights> weights_;            // one per layer (MoE weights shared where reused)
   std::vector<mla::cuda::PagedLatentCache> caches_;
   mla::cuda::ScratchArena arena_;               // every op's forward scratch (they run one after another)
+  std::unique_ptr<ExpertStreamer> streamer_;
   std::vector<std::unique_ptr<mla::cuda::MlaOp>> attn_;
   std::vector<std::unique_ptr<moe::cuda::MoeOp>> moe_;  // per MoE layer
   std::vector<moe::cuda::MlpRunner> dense_;             // per dense layer

@@ -235,11 +235,11 @@ class MoeGroupedCuda final : public MoeOp {
   void prepare_experts() override { h_.scratch(arena_, size_t(rows_ * inter_)); }
   void experts() override {
     const int32_t* offsets = offsets_.get();
-    GroupedArgs up{tiles_.get(), num_tiles_.get(), offsets, perm_token_.get(), b_.x, w_->w_gate.get(), w_->w_up.get(),
+    GroupedArgs up{tiles_.get(), num_tiles_.get(), offsets, perm_token_.get(), b_.x, w_->gate_experts(), w_->up_experts(),
                    int(inter_), int(hidden_), h_.get(), nullptr};
     launch_for_tile<true>(tile_rows_, up, max_tiles_, stream_);
     mark("gate_up");
-    GroupedArgs down{tiles_.get(), num_tiles_.get(), offsets, nullptr, h_.get(), w_->w_down.get(), nullptr,
+    GroupedArgs down{tiles_.get(), num_tiles_.get(), offsets, nullptr, h_.get(), w_->down_experts(), nullptr,
                      int(hidden_), int(inter_), nullptr, y_.get()};
     launch_for_tile<false>(tile_rows_, down, max_tiles_, stream_);
   }

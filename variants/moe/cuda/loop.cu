@@ -42,16 +42,16 @@ class MoeLoopCuda final : public MoeOp {
       const int64_t first = host_offsets_[e], n = host_offsets_[e + 1] - first;
       if (n == 0) continue;
       // gate and up into the two halves of each row of gate_up_ [rows][2I] (ldc 2I)
-      mla::cuda::gemm(blas_->get(), CUBLAS_OP_T, CUBLAS_OP_N, I, n, H, w_->w_gate.get() + e * I * H, H, 0, xg_.get() + first * H, H, 0,
+      mla::cuda::gemm(blas_->get(), CUBLAS_OP_T, CUBLAS_OP_N, I, n, H, w_->gate_experts() + e * I * H, H, 0, xg_.get() + first * H, H, 0,
                       gate_up_.get() + first * 2 * I, CUDA_R_32F, 2 * I, 0, 1);
-      mla::cuda::gemm(blas_->get(), CUBLAS_OP_T, CUBLAS_OP_N, I, n, H, w_->w_up.get() + e * I * H, H, 0, xg_.get() + first * H, H, 0,
+      mla::cuda::gemm(blas_->get(), CUBLAS_OP_T, CUBLAS_OP_N, I, n, H, w_->up_experts() + e * I * H, H, 0, xg_.get() + first * H, H, 0,
                       gate_up_.get() + first * 2 * I + I, CUDA_R_32F, 2 * I, 0, 1);
     }
     silu_mul(gate_up_.get(), rows_, I, h_.get(), stream_);
     for (int64_t e = 0; e < experts_; ++e) {
       const int64_t first = host_offsets_[e], n = host_offsets_[e + 1] - first;
       if (n == 0) continue;
-      mla::cuda::linear(*blas_, h_.get() + first * I, n, I, w_->w_down.get() + e * H * I, H, y_.get() + first * H, CUDA_R_32F);
+      mla::cuda::linear(*blas_, h_.get() + first * I, n, I, w_->down_experts() + e * H * I, H, y_.get() + first * H, CUDA_R_32F);
     }
   }
 

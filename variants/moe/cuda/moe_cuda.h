@@ -55,6 +55,13 @@ struct MoeWeights {
   DeviceArray<float> bias;          // e_score_correction_bias (noaux_tc)
   DeviceArray<__nv_bfloat16> w_gate, w_up, w_down;
   MlpWeights shared;  // intermediate 0 when the model has none
+  // Streamed experts (layer/deepseek/cuda's gpu_experts=streamed): w_gate/w_up/w_down stay empty and the routed
+  // experts are read from a staging buffer the layer copies this layer's experts into before each step's use
+  // (the same stacking). The ops read the experts through these.
+  const __nv_bfloat16 *staged_gate = nullptr, *staged_up = nullptr, *staged_down = nullptr;
+  const __nv_bfloat16* gate_experts() const { return staged_gate ? staged_gate : w_gate.get(); }
+  const __nv_bfloat16* up_experts() const { return staged_up ? staged_up : w_up.get(); }
+  const __nv_bfloat16* down_experts() const { return staged_down ? staged_down : w_down.get(); }
 };
 // Routed expert e of ref::make_moe_params (its gate [I][H], up [I][H], down [H][I]), generated on the device.
 void generate_expert_weights(const ModelConfig& m, uint64_t seed, int64_t e, __nv_bfloat16* gate, __nv_bfloat16* up, __nv_bfloat16* down);
