@@ -273,6 +273,10 @@ struct Model {
     // Time: ops in order; per MoE layer the routed experts overlap the shared experts where they run apart.
     double total = 0, xfer_total = 0, cpu_total = 0;
     moe_index = 0;
+    // Streamed experts: the copies run on their own engine, in order, each into the staging buffer the layer two
+    // before has finished with; a layer waits for its copy. (The step's GPU timeline is `total`.)
+    double copy_done = 0, stalls = 0;
+    std::vector<double> moe_end;
     double shared_s = 0;  // this layer's shared experts, waiting to overlap with its routed experts
     auto add = [&](const char* part, double s) {
       total += s;
@@ -299,7 +303,13 @@ struct Model {
         gpu_s = gpu_routed_experts_s(op, c);
       } else if (k.stream_experts) {
         // every expert of the layer copied (the layer streams them all: which are reached is the GPU's to know)
-        gpu_s = std::max(gpu_routed_experts_s(op, c), E * expert_bytes() / c.h2d_bytes_per_s + c.transfer_s);
+        const size_t q = moe_end.size();
+        const double allowed = q < 2 ? 0 : moe_end[q - 2];
+        copy_done = std::max(copy_done, allowed) + E * expert_bytes() / c.h2d_bytes_per_s + c.transfer_s;
+        const double stall = std::max(0.0, copy_done - total);
+        add("moe", stall);
+        stalls += stall;
+        gpu_s = gpu_routed_experts_s(op, c);
       } else {
         // Uniform routing: hot experts take hot/E of the (token, expert) choices; each side reads the weights of
         // the experts it reaches.
@@ -321,12 +331,14 @@ struct Model {
       const double cpu_side_s = xfer_s + cpu_s + (k.shared_on_gpu ? 0 : shared_s);
       const double layer_s = k.attention_on_gpu ? std::max(gpu_side_s, cpu_side_s) : gpu_side_s + cpu_side_s;
       add("moe", layer_s);
+      if (k.stream_experts) moe_end.push_back(total);
       xfer_total += xfer_s;
       cpu_total += cpu_s;
       shared_s = 0;
       ++moe_index;
     }
     p.parts_s["transfers (inside moe)"] = xfer_total;
+    if (k.stream_experts) p.parts_s["waits for streamed experts (inside moe)"] = stalls;
     p.parts_s["cpu experts (inside moe)"] = cpu_total;
     p.predicted_s = total;
     return p;

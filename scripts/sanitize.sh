@@ -7,7 +7,8 @@
 # decode kernel and cuBLAS's sm90 kernels (nvjet_*), whose shared memory is filled by tensor-memory-accelerator
 # copies and ordered by mbarriers, which racecheck does not model (it reports the same hazard pairs inside cuBLAS's
 # own kernels); those are counted and listed. Usage: scripts/sanitize.sh OUT_DIR [TOOL-NAME...]
-# (dslab on PATH; names such as racecheck-moe-host run only those points)
+# (dslab on PATH; names such as racecheck-moe-host run only those points). The layer points cover the scratch arena
+# (layer-tiny-arena; layer-tiny without it) and the streamed experts' copies (layer-v2-lite-streamed).
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUT_DIR [TOOL-NAME...]}
 shift
@@ -33,7 +34,10 @@ run() {
   rm -rf "$out/tmp-$name"
 }
 for tool in memcheck racecheck; do
-  run "$tool" layer-tiny --model tiny --variant layer/deepseek/cuda --axis layers=all --axis attn=mla/a_cc_me/cuda --axis batch=3 --axis kv_len=40 --axis page_size=16 --axis executor=eager
+  # (layer-tiny with each op's scratch its own allocation, so memcheck sees an overrun of it; -arena: as the layer runs)
+  DSLAB_SCRATCH_ARENA=off run "$tool" layer-tiny --model tiny --variant layer/deepseek/cuda --axis layers=all --axis attn=mla/a_cc_me/cuda --axis batch=3 --axis kv_len=40 --axis page_size=16 --axis executor=eager
+  run "$tool" layer-tiny-arena --model tiny --variant layer/deepseek/cuda --axis layers=all --axis attn=mla/a_cc_me/cuda --axis batch=3 --axis kv_len=40 --axis page_size=16 --axis executor=graph
+  run "$tool" layer-v2-lite-streamed --model deepseek-v2-lite --variant layer/deepseek/cuda --axis layers=3 --axis batch=2 --axis kv_len=150 --axis gpu_experts=streamed --axis executor=graph
   run "$tool" layer-v2-lite-fused --model deepseek-v2-lite --variant layer/deepseek/cuda --axis layers=1 --axis batch=2 --axis kv_len=150 --axis executor=eager
   run "$tool" moe-grouped --model deepseek-v2-lite --variant moe/grouped/cuda --axis tokens=1,300
   run "$tool" moe-loop --model deepseek-v2-lite --variant moe/loop/cuda --axis tokens=37

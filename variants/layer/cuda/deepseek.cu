@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "harness/errors.h"
@@ -18,6 +19,7 @@ namespace dslab::layer::cuda {
 
 using mla::cuda::MlaBuffers;
 using mla::cuda::MlaOp;
+using mla::cuda::ScratchArena;
 using moe::cuda::MoeBuffers;
 using moe::cuda::MoeOp;
 
@@ -582,8 +584,12 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
   DSLAB_CUDA(cudaMemcpy(meta_.get(), meta_host_, size_t(meta_ints) * 4, cudaMemcpyHostToDevice));
 
   // The ops, each on its layer's weights and cache and the shared buffers, and all taking their forward scratch
-  // from one arena: they run one after another on one stream.
-  arena_.reserve(size_t(P.arena_bytes));
+  // from one arena: they run one after another on one stream. DSLAB_SCRATCH_ARENA=off gives each op buffers of its
+  // own instead, for compute-sanitizer's memcheck (it sees an overrun only at an allocation's end, not between
+  // buffers of one arena: scripts/sanitize.sh runs the layer both ways).
+  const char* arena_setting = std::getenv("DSLAB_SCRATCH_ARENA");
+  ScratchArena* arena = arena_setting && std::string(arena_setting) == "off" ? nullptr : &arena_;
+  if (arena) arena_.reserve(size_t(P.arena_bytes));
   for (int64_t i = 0; i < L; ++i) {
     MlaBuffers b;
     b.x = xb_.get();
@@ -594,8 +600,8 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
     b.rope_sin = reinterpret_cast<const float*>(meta_.get() + off_sin);
     b.schedule = sched_ints ? meta_.get() + off_sched : nullptr;
     attn_.push_back(mla::cuda::make_mla_op(P.attn));
-    arena_.rewind();
-    attn_.back()->prepare(m_, P.attn_shape(), P.max_keys(), weights_[size_t(i)].attn, b, *blas_, /*lengths_vary=*/P.steps > 1, &arena_);
+    if (arena) arena->rewind();
+    attn_.back()->prepare(m_, P.attn_shape(), P.max_keys(), weights_[size_t(i)].attn, b, *blas_, /*lengths_vary=*/P.steps > 1, arena);
     if (weights_[size_t(i)].moe) {
       MoeBuffers mb;
       mb.x = xb_.get();
@@ -603,12 +609,12 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
       // (the first resident_moe_layers MoE layers' experts are on the GPU: the grouped op runs them)
       moe_.push_back(moe::cuda::make_moe_op(moe_.size() < size_t(P.resident_moe_layers) ? "moe/grouped/cuda" : P.moe));
       moe_.back()->set_cpu_threads(P.cpu_threads);
-      arena_.rewind();
-      moe_.back()->prepare(m_, T, *weights_[size_t(i)].moe, mb, *blas_, side_blas_.get(), &arena_);
+      if (arena) arena->rewind();
+      moe_.back()->prepare(m_, T, *weights_[size_t(i)].moe, mb, *blas_, side_blas_.get(), arena);
     } else {
       dense_.emplace_back();
-      arena_.rewind();
-      dense_.back().prepare(m_, weights_[size_t(i)].dense, T, &arena_);
+      if (arena) arena->rewind();
+      dense_.back().prepare(m_, weights_[size_t(i)].dense, T, arena);
     }
   }
 
