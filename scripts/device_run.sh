@@ -70,36 +70,7 @@ for s in "${steps[@]}"; do
       results="$OUT/offload/results.json"
       [ -f "$results" ] || results="$OUT/offload/results.partial.json"  # (a run cut short: the points it finished)
       plans="$OUT/offload/plans"
-      mkdir -p "$plans"
-      # each whole-model point run: model batch q_len kv_len budget, and whether the CPU engine and the GPU MoE ran alone at that model
-      python3 - "$results" <<'PY' | while read -r model batch q kv budget engine grouped; do
-import json, sys
-benchmarks = json.load(open(sys.argv[1]))["benchmarks"]
-engine = {b["model"] for b in benchmarks if b.get("variant") == "moe/auto/cpu"}
-grouped = {b["model"] for b in benchmarks if b.get("variant") == "moe/grouped/cuda"}
-seen = set()
-for b in benchmarks:
-    if b.get("variant") != "layer/deepseek/cuda":
-        continue
-    a = b["axes"]
-    budget = a.get("gpu_budget", "all")
-    key = (b["model"], a["batch"], a["q_len"], a["kv_len"], budget[:-2] if budget.endswith("GB") else 0)
-    if key not in seen:
-        seen.add(key)
-        print(*key, int(b["model"] in engine), int(b["model"] in grouped))
-PY
-        phase=$([ "$q" -gt 1 ] && echo prefill || echo decode)
-        engine_runs=(); [ "$engine" = 1 ] && engine_runs=(--cpu-experts "$results")
-        [ "$grouped" = 1 ] && engine_runs+=(--gpu-experts "$results")
-        budget_args=(); suffix=""; [ "$budget" != 0 ] && budget_args=(--gpu-budget "$budget") && suffix="-${budget}gb"
-        dslab plan --model "$model" --phase $phase --batch "$batch" --q-len "$q" --kv-len "$kv" --machine "$machine" --measured "$results" \
-          "${engine_runs[@]}" "${budget_args[@]}" --out "$plans/$model-$phase-b$batch-q$q-kv$kv$suffix" >/dev/null
-      done
-      v3_engine=()
-      python3 -c 'import json, sys; sys.exit(not any(b.get("variant") == "moe/auto/cpu" and b["model"] == "deepseek-v3"
-                  for b in json.load(open(sys.argv[1]))["benchmarks"]))' "$results" 2>/dev/null && v3_engine=(--cpu-experts "$results")
-      dslab plan --model deepseek-v3 --batch 1 --gpu-budget 24 --machine "$machine" "${v3_engine[@]}" --out "$plans/deepseek-v3-decode-b1-24gb" >/dev/null
-      for f in "$plans"/*/plan.md; do echo "$f"; grep -h -E '^\| (all_gpu|ktransformers|gpu_layers:[0-9]+) ' "$f"; done | tee -a "$log"
+      scripts/plan_offload.sh "$results" "$machine" "$plans" 2>&1 | tee -a "$log"
       tar -C "$OUT/offload" -cf "$OUT/offload/plans.tar" plans && rm -rf "$plans" ;;
     default)
       step default
