@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "harness/variant.h"
-#include "variants/common/huge_pages.h"
 #include "variants/common/model_config.h"
 #include "variants/reference/reference.h"
 
@@ -56,7 +55,7 @@ double expected_active_experts(int64_t experts, int64_t topk, int64_t tokens);
 // exactly an AMX B tile, and for AVX-512 one zmm per K pair across 16 columns.
 struct Packed {
   int64_t n_blocks = 0, k_blocks = 0;
-  std::vector<bf16, HugePageAllocator<bf16>> data;  // [n_blocks][k_blocks][16][32], in 2 MB pages (huge_pages.h)
+  std::vector<bf16> data;  // [n_blocks][k_blocks][16][32]
   const bf16* block(int64_t nb) const { return data.data() + nb * k_blocks * 512; }
 };
 Packed pack(const bf16* w, int64_t n, int64_t k);  // w: nn.Linear weight [n][k]
