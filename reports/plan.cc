@@ -617,9 +617,11 @@ options:
   --cpu-threads N    CPU threads the experts get (default: the calibration's; rates from cpu.by_threads)
   --machine FILE     ceilings (default: dslab calibrate's output on this machine)
   --measured FILE    results.json of layer/deepseek/cuda runs (layers all) at the same point: fills measured_s of
-                     all_gpu (moe/grouped/cuda), ktransformers (moe/host/cuda) and gpu_layers:N (moe/host/cuda with
-                     gpu_experts keeping N MoE layers' experts on the GPU: that split is then predicted too); runs
-                     with a cpu_threads axis count only for a plan with that --cpu-threads; repeatable
+                     all_gpu (moe/grouped/cuda), streamed_experts (moe/grouped/cuda, gpu_experts streamed),
+                     ktransformers (moe/host/cuda) and gpu_layers:N (moe/host/cuda with gpu_experts keeping N MoE
+                     layers' experts on the GPU: that split is then predicted too); hot_experts:N and all_cpu have no
+                     runnable layer yet; runs with a cpu_threads axis count only for a plan with that --cpu-threads;
+                     repeatable
   --cpu-experts FILE results.json of the CPU MoE engine (moe/auto/cpu) at this model over tokens: the CPU routed
                      experts are predicted at the engine's measured fraction of their roofline at the step's tokens
                      per expert (default: the roofline alone); repeatable
