@@ -168,19 +168,24 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
     for (const auto& [key, e] : at) steps = steps || (!std::isnan(counter(*e, "tokens_per_s")) && !std::isnan(counter(*e, "kernel_time_s")));
     if (steps) {
       md << "Whole steps: tokens/s at the median; the GPU's busy time (CUPTI) and idle share of the step; the routed experts' CPU "
-            "time per step (measured inside the step, where the CPU runs them); MoE layers whose experts the GPU runs:\n\n"
-            "| variant | point | step | tokens/s | GPU busy | GPU idle | CPU experts | MoE layers on the GPU |\n"
-            "|---|---|---:|---:|---:|---:|---:|---:|\n";
+            "time per step (measured inside the step, where the CPU runs them); MoE layers whose experts the GPU runs; the "
+            "experts streamed to the GPU per step (gpu_experts=streamed) and the link rate that makes over the step:\n\n"
+            "| variant | point | step | tokens/s | GPU busy | GPU idle | CPU experts | MoE layers on the GPU | experts streamed |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
       for (const auto& p : points)
         for (const auto& v : variants) {
           const auto it = at.find({v, p});
           if (it == at.end() || std::isnan(counter(*it->second, "kernel_time_s"))) continue;
           const Entry& e = *it->second;
           const double cpu = counter(e, "cpu_experts_engine_s"), on_gpu = counter(e, "gpu_moe_layers"), moe = counter(e, "moe_layers");
+          const double streamed = counter(e, "streamed_expert_bytes");
           md << "| " << v << " | " << p << " | " << time_str(e.median_us) << " | " << num("%.4g", counter(e, "tokens_per_s")) << " | "
              << time_str(counter(e, "kernel_time_s") * 1e6) << " | " << num("%.0f%%", 100 * counter(e, "gpu_idle_fraction")) << " | "
              << (std::isnan(cpu) ? std::string("—") : time_str(cpu * 1e6)) << " | "
-             << (std::isnan(on_gpu) ? std::string("—") : num("%.0f", on_gpu) + (std::isnan(moe) ? "" : " of " + num("%.0f", moe))) << " |\n";
+             << (std::isnan(on_gpu) ? std::string("—") : num("%.0f", on_gpu) + (std::isnan(moe) ? "" : " of " + num("%.0f", moe))) << " | "
+             << (std::isnan(streamed) ? std::string("—")
+                                      : num("%.1f GB", streamed / 1e9) + " at " + num("%.1f GB/s", streamed / (e.median_us * 1e-6) / 1e9))
+             << " |\n";
         }
       md << "\n";
     }

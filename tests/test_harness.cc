@@ -334,15 +334,21 @@ TEST(Cli, ReportShowsWholeStepsWhereTheirTimeGoes) {
   r.cost = {1e9, 1e9};
   r.counters = {{"tokens_per_s", 75.78}, {"kernel_time_s", 2.98e-3}, {"gpu_idle_fraction", 0.774},
                 {"cpu_experts_engine_s", 9.08e-3}, {"gpu_moe_layers", 18}, {"moe_layers", 26}};
+  PointResult streamed = r;  // the experts streamed over the link instead: 28.8 GB in a 540 ms step
+  streamed.point.set("gpu_experts", {"streamed", 0, false});
+  streamed.samples.seconds = {0.54, 0.54, 0.54};
+  streamed.counters = {{"tokens_per_s", 7585}, {"kernel_time_s", 0.5}, {"gpu_idle_fraction", 0.0}, {"gpu_moe_layers", 26}, {"moe_layers", 26},
+                       {"streamed_expert_bytes", 28.8e9}};
   const fs::path dir = fs::temp_directory_path() / ("dslab_" + test_name());
   fs::remove_all(dir);
-  write_json_atomically((dir / "results.json").string(), results_to_json(run_context("dslab run x"), {r}));
+  write_json_atomically((dir / "results.json").string(), results_to_json(run_context("dslab run x"), {r, streamed}));
   const CliRun run = run_cli("report " + (dir / "results.json").string(), dir / "report");
   ASSERT_EQ(run.status, 0) << run.err;
   std::ifstream f(dir / "report" / "report.md");
   std::stringstream md;
   md << f.rdbuf();
-  EXPECT_NE(md.str().find("| 13.2 ms | 75.78 | 2.98 ms | 77% | 9.08 ms | 18 of 26 |"), std::string::npos) << md.str();
+  EXPECT_NE(md.str().find("| 13.2 ms | 75.78 | 2.98 ms | 77% | 9.08 ms | 18 of 26 | — |"), std::string::npos) << md.str();
+  EXPECT_NE(md.str().find("| 26 of 26 | 28.8 GB at 53.3 GB/s |"), std::string::npos) << md.str();
 }
 
 TEST(CliCompare, DoubledVariantIsSlowerAndFailsTheGate) {
