@@ -215,7 +215,7 @@ struct Model {
            mla::cache_bytes_per_token(r.model, s.attn, r.model.num_attention_heads, s.kv_dtype);
   }
   // What our layer allocates on the GPU besides weights and caches (layer::gpu_step_scratch_bytes), with the attention
-  // the offload sweeps run: the fused decode kernel for decode (q_len up to 2), the unfused form beyond.
+  // the op costs assume (StepShape::scores_on_chip: the fused decode kernel for decode, the unfused form beyond).
   double workspace_bytes() const {
     layer::StepScratch s;
     s.attn.heads = r.model.num_attention_heads;
@@ -223,7 +223,7 @@ struct Model {
     s.attn.q_len = r.shape.q_len;
     s.attn.kv_len = r.shape.kv_len;
     s.algo = r.shape.attn;
-    s.fused = r.shape.q_len <= 2;
+    s.fused = r.shape.scores_on_chip();
     s.max_keys = r.shape.kv_len + r.shape.q_len;
     s.layers = r.model.num_hidden_layers;
     s.moe_layers = moe_layers();

@@ -62,6 +62,22 @@ Point layer_point(const LayerCase& c) {
   return p;
 }
 
+// Prepares and runs the case once and verifies it against the fp64 stack (bf16: within 2e-2, and not exactly 0, so
+// the output is really computed); the variant comes back for its counters, null if the case is not supported.
+std::unique_ptr<Variant> run_verified(const VariantEntry& entry, const ModelFile& model, const LayerCase& c, uint64_t seed) {
+  auto v = entry.make();
+  const Support s = v->supports(model, layer_point(c));
+  EXPECT_TRUE(s.ok) << s.reason;
+  if (!s.ok) return nullptr;
+  v->prepare(model, layer_point(c), seed);
+  v->run();
+  const Verification r = v->verify();
+  EXPECT_LE(r.rel_err, 2e-2);
+  EXPECT_GT(r.rel_err, 0.0) << "bf16 arithmetic cannot match fp64 exactly: is the output really computed?";
+  std::printf("%-90s rel_err %.3e\n", describe(c).c_str(), r.rel_err);
+  return v;
+}
+
 #define REQUIRE_LAYER()                                                                                 \
   const VariantEntry* entry = find_variant("layer/deepseek/cuda");                                    \
   if (!entry) GTEST_SKIP() << "layer/deepseek/cuda is not built (no CUDA toolkit at configure time)"; \
@@ -86,17 +102,7 @@ TEST(GpuLayer, EveryAttentionAndMoeOpMatchesReferenceStack) {
   cases.push_back({"tiny", "all", 3, 40, 1, "mla/cd/cuda", "moe/loop/cuda", "eager"});
   for (const LayerCase& c : cases) {
     SCOPED_TRACE(describe(c));
-    const ModelFile model = load_model_file(c.model);
-    const Point p = layer_point(c);
-    auto v = entry->make();
-    const Support s = v->supports(model, p);
-    ASSERT_TRUE(s.ok) << s.reason;
-    v->prepare(model, p, seed);
-    v->run();
-    const Verification r = v->verify();
-    EXPECT_LE(r.rel_err, 2e-2);
-    EXPECT_GT(r.rel_err, 0.0) << "bf16 arithmetic cannot match fp64 exactly: is the output really computed?";
-    std::printf("%-90s rel_err %.3e\n", describe(c).c_str(), r.rel_err);
+    ASSERT_NE(run_verified(*entry, load_model_file(c.model), c, seed), nullptr);
   }
 }
 
@@ -108,19 +114,14 @@ TEST(GpuLayer, SplitStepRunsTheFirstMoeLayersExpertsOnTheGpuAndTheRestOnTheCpu) 
   LayerCase c{"deepseek-v2-lite", "3", 2, 150, 1, "mla/fused/cuda", "moe/host/cuda", "graph"};
   c.gpu_experts = "layers:1";
   c.cpu_threads = 4;
-  auto v = entry->make();
-  ASSERT_TRUE(v->supports(model, layer_point(c)).ok);
-  v->prepare(model, layer_point(c), seed);
-  v->run();
-  const Verification r = v->verify();
-  EXPECT_LE(r.rel_err, 2e-2);
-  EXPECT_GT(r.rel_err, 0.0);
+  auto v = run_verified(*entry, model, c, seed);
+  ASSERT_NE(v, nullptr);
   const auto counters = v->counters();
   EXPECT_EQ(counters.at("gpu_moe_layers"), 1);
   EXPECT_EQ(counters.at("distinct_moe_weight_sets"), 3);
   EXPECT_EQ(counters.at("cpu_experts_threads"), 4);
   EXPECT_GT(counters.at("cpu_experts_engine_s"), 0);  // the CPU ran the other two layers' experts
-  std::printf("%s rel_err %.3e, CPU experts %.3f ms per step\n", describe(c).c_str(), r.rel_err, counters.at("cpu_experts_engine_s") * 1e3);
+  std::printf("%s: CPU experts %.3f ms per step\n", describe(c).c_str(), counters.at("cpu_experts_engine_s") * 1e3);
 
   // fit under a budget: as many leading MoE layers as it holds (3 GB: not all three 1.1 GB expert sets)
   c.gpu_experts = "fit";
@@ -174,17 +175,11 @@ TEST(GpuLayer, StreamedExpertsMatchTheReferenceAndTheResidentExpertsAtEveryStep)
   // Four MoE layers: two staging buffers, each refilled once per step (layers 2 and 3 wait for 0 and 1 to finish).
   LayerCase c{"deepseek-v2-lite", "4", 2, 150, 3, "mla/fused/cuda", "moe/grouped/cuda", "graph"};
   c.gpu_experts = "streamed";
-  auto v = entry->make();
-  ASSERT_TRUE(v->supports(model, layer_point(c)).ok) << v->supports(model, layer_point(c)).reason;
-  v->prepare(model, layer_point(c), seed);
-  v->run();
-  const Verification r = v->verify();
-  EXPECT_LE(r.rel_err, 2e-2);
-  EXPECT_GT(r.rel_err, 0.0);
+  auto v = run_verified(*entry, model, c, seed);
+  ASSERT_NE(v, nullptr);
   const auto counters = v->counters();
   EXPECT_EQ(counters.at("streamed_expert_bytes"), 4.0 * 64 * 3 * 2048 * 1408 * 2);
   EXPECT_EQ(counters.at("gpu_moe_layers"), 4);
-  std::printf("%s rel_err %.3e\n", describe(c).c_str(), r.rel_err);
   // Step by step, replayed from one graph, the same as the same layers with their experts resident.
   LayerCase resident = c;
   resident.gpu_experts = "none";
