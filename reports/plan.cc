@@ -366,8 +366,11 @@ Plan make_plan(const PlanRequest& r, const Ceilings& c) {
   std::vector<Candidate> candidates;
   candidates.push_back({"all_gpu", true, true, true, L, 0, false});
   candidates.push_back({"ktransformers", true, true, true, 0, 0, false});
-  for (int64_t n : {E / 8, E / 4, E / 2})
-    if (n > 0) candidates.push_back({"hot_experts:" + std::to_string(n), true, true, true, 0, n, false});
+  std::vector<int64_t> hot_counts{E / 8, E / 4, E / 2};
+  for (int64_t n : r.hot_expert_counts)  // the hot splits that were run, so each gets its prediction
+    if (std::find(hot_counts.begin(), hot_counts.end(), n) == hot_counts.end()) hot_counts.push_back(n);
+  for (int64_t n : hot_counts)
+    if (n > 0 && n < E) candidates.push_back({"hot_experts:" + std::to_string(n), true, true, true, 0, n, false});
   // The most whole MoE layers' experts the budget holds beside everything else.
   const double budget = r.gpu_budget_bytes > 0 ? r.gpu_budget_bytes : c.gpu_memory_bytes;
   if (budget > 0) {
@@ -416,6 +419,8 @@ std::string placement_of(const Entry& e, const PlanRequest& r) {
   const std::string moe = axis_text(e.axes, "moe");
   if (moe == "moe/grouped/cuda") return axis_text(e.axes, "gpu_experts") == "streamed" ? "streamed_experts" : "all_gpu";
   if (moe != "moe/host/cuda") return "";
+  const std::string gpu_experts = axis_text(e.axes, "gpu_experts");
+  if (gpu_experts.rfind("hot:", 0) == 0) return "hot_experts:" + gpu_experts.substr(4);
   const auto& counters = e.raw.contains("counters") ? e.raw["counters"] : nlohmann::json::object();
   const double resident = counters.contains("gpu_moe_layers") && counters["gpu_moe_layers"].is_number() ? counters["gpu_moe_layers"].get<double>() : 0;
   return resident > 0 ? "gpu_layers:" + std::to_string(int64_t(resident)) : "ktransformers";
@@ -449,19 +454,35 @@ std::string run_with(const std::string& placement) {
   if (placement == "ktransformers") return layer + "moe=moe/host/cuda";
   if (placement.rfind("gpu_layers:", 0) == 0) return layer + "moe=moe/host/cuda gpu_experts=layers:" + placement.substr(11);
   if (placement == "streamed_experts") return layer + "moe=moe/grouped/cuda gpu_experts=streamed";
+  if (placement.rfind("hot_experts:", 0) == 0) return layer + "moe=moe/host/cuda gpu_experts=hot:" + placement.substr(12);
   return "";
 }
 
-std::vector<int64_t> measured_gpu_layer_counts(const PlanRequest& r, const std::vector<ResultsFile>& files) {
+namespace {
+// The N of every `<prefix>N` placement the files ran at the request's point.
+std::vector<int64_t> measured_counts(const PlanRequest& r, const std::vector<ResultsFile>& files, const std::string& prefix) {
   std::vector<int64_t> counts;
   for (const ResultsFile& f : files)
     for (const Entry& e : f.entries) {
       const std::string p = placement_of(e, r);
-      if (p.rfind("gpu_layers:", 0) != 0) continue;
-      const int64_t n = std::stoll(p.substr(11));
+      if (p.rfind(prefix, 0) != 0) continue;
+      int64_t n = 0;
+      try {
+        n = std::stoll(p.substr(prefix.size()));
+      } catch (const std::exception&) {
+        continue;  // (an axis value the layer itself rejects)
+      }
       if (std::find(counts.begin(), counts.end(), n) == counts.end()) counts.push_back(n);
     }
   return counts;
+}
+}  // namespace
+
+std::vector<int64_t> measured_gpu_layer_counts(const PlanRequest& r, const std::vector<ResultsFile>& files) {
+  return measured_counts(r, files, "gpu_layers:");
+}
+std::vector<int64_t> measured_hot_expert_counts(const PlanRequest& r, const std::vector<ResultsFile>& files) {
+  return measured_counts(r, files, "hot_experts:");
 }
 
 void attach_measurements(Plan& plan, const std::vector<ResultsFile>& files) {
@@ -618,10 +639,10 @@ options:
   --machine FILE     ceilings (default: dslab calibrate's output on this machine)
   --measured FILE    results.json of layer/deepseek/cuda runs (layers all) at the same point: fills measured_s of
                      all_gpu (moe/grouped/cuda), streamed_experts (moe/grouped/cuda, gpu_experts streamed),
-                     ktransformers (moe/host/cuda) and gpu_layers:N (moe/host/cuda with gpu_experts keeping N MoE
-                     layers' experts on the GPU: that split is then predicted too); hot_experts:N and all_cpu have no
-                     runnable layer yet; runs with a cpu_threads axis count only for a plan with that --cpu-threads;
-                     repeatable
+                     ktransformers (moe/host/cuda), gpu_layers:N (moe/host/cuda with gpu_experts keeping N MoE
+                     layers' experts on the GPU) and hot_experts:N (moe/host/cuda, gpu_experts hot:N: each layer's N
+                     hottest experts on the GPU); a split that was run is predicted too; all_cpu has no runnable
+                     layer; runs with a cpu_threads axis count only for a plan with that --cpu-threads; repeatable
   --cpu-experts FILE results.json of the CPU MoE engine (moe/auto/cpu) at this model over tokens: the CPU routed
                      experts are predicted at the engine's measured fraction of their roofline at the step's tokens
                      per expert (default: the roofline alone); repeatable
@@ -666,6 +687,7 @@ int cmd_plan(int argc, char** argv) {
   std::vector<ResultsFile> measured;
   for (const std::string& f : a.all("--measured")) measured.push_back(load_results(f));
   r.gpu_layer_counts = measured_gpu_layer_counts(r, measured);
+  r.hot_expert_counts = measured_hot_expert_counts(r, measured);
   Plan plan = make_plan(r, ceilings);
   attach_measurements(plan, measured);
   const std::string md = plan.to_markdown();

@@ -59,6 +59,7 @@ struct PlanRequest {
   // Splits measured (layer/deepseek/cuda gpu_experts runs: the first N MoE layers' experts on the GPU) to evaluate as
   // gpu_layers:N beside the planner's own candidates (measured_gpu_layer_counts).
   std::vector<int64_t> gpu_layer_counts;
+  std::vector<int64_t> hot_expert_counts;  // likewise gpu_experts=hot:N runs, as hot_experts:N (measured_hot_expert_counts)
 };
 
 struct PlacementPlan {
@@ -85,17 +86,20 @@ struct Plan {
 
 Plan make_plan(const PlanRequest& r, const Ceilings& c);
 
-// How to measure a placement: the layer/deepseek/cuda axes that run it ("" for one dslab predicts but cannot run yet:
-// hot_experts:N, streamed_experts, all_cpu).
+// How to measure a placement: the layer/deepseek/cuda axes that run it ("" for one dslab predicts but cannot run:
+// all_cpu).
 std::string run_with(const std::string& placement);
 
 // Fills measured_s from runs of the whole model at the plan's point: layer/deepseek/cuda, layers all, the same
 // batch, q_len and kv_len (and cpu_threads, when the run set it); moe/grouped/cuda is all_gpu, moe/host/cuda is
-// ktransformers, or gpu_layers:N where the run kept N MoE layers' experts on the GPU (counters.gpu_moe_layers);
-// a graph run is preferred to an eager one.
+// ktransformers, gpu_layers:N where the run kept N MoE layers' experts on the GPU (counters.gpu_moe_layers), or
+// hot_experts:N where it kept each layer's N hottest (gpu_experts=hot:N); moe/grouped/cuda with gpu_experts=streamed
+// is streamed_experts. A graph run is preferred to an eager one.
 void attach_measurements(Plan& plan, const std::vector<ResultsFile>& files);
 // The N of every gpu_layers:N split those files ran at the request's point (for PlanRequest::gpu_layer_counts).
 std::vector<int64_t> measured_gpu_layer_counts(const PlanRequest& r, const std::vector<ResultsFile>& files);
+// The N of every hot_experts:N split they ran there (for PlanRequest::hot_expert_counts).
+std::vector<int64_t> measured_hot_expert_counts(const PlanRequest& r, const std::vector<ResultsFile>& files);
 
 // Fills c.cpu_expert_efficiency from runs of the CPU MoE engine (moe/auto/cpu; else moe/amx/cpu or moe/avx512/cpu,
 // the unit the ceilings name) at `model` in these files. BadInput (naming the files) if they hold none.

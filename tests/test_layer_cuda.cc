@@ -190,6 +190,44 @@ TEST(GpuLayer, StreamedExpertsMatchTheReferenceAndTheResidentExpertsAtEveryStep)
   for (size_t s = 0; s < streamed_steps.size(); ++s) EXPECT_LE(max_rel_diff(streamed_steps[s], resident_steps[s]), 1e-6) << "step " << s;
 }
 
+// gpu_experts=hot:N: each layer's N most routed experts on the GPU beside the CPU's share, in one captured step:
+// against the fp64 stack, and step by step against the same layers with every routed expert on the CPU.
+TEST(GpuLayer, HotExpertsRunOnTheGpuBesideTheCpuShare) {
+  REQUIRE_LAYER();
+  if (!cpu_info().avx512_bf16) GTEST_SKIP() << "moe/host/cuda needs AVX512_BF16";
+  const uint64_t seed = test::fresh_seed();
+  const ModelFile model = load_model_file("deepseek-v2-lite");
+  LayerCase c{"deepseek-v2-lite", "3", 4, 150, 3, "mla/fused/cuda", "moe/host/cuda", "graph"};
+  c.gpu_experts = "hot:16";
+  c.cpu_threads = 4;
+  auto v = run_verified(*entry, model, c, seed);
+  ASSERT_NE(v, nullptr);
+  const auto counters = v->counters();
+  EXPECT_EQ(counters.at("gpu_hot_experts"), 16);
+  EXPECT_GT(counters.at("hot_share"), 0.0);  // both sides had work: 4 tokens x 6 choices over 64 experts
+  EXPECT_LT(counters.at("hot_share"), 1.0);
+  EXPECT_GT(counters.at("hot_share_profiled"), 0.2);  // the profile's 16 busiest of 64 take at least their quarter
+  EXPECT_GT(counters.at("cpu_experts_engine_s"), 0);
+  LayerCase all_cpu = c;
+  all_cpu.gpu_experts = "none";
+  auto plain = entry->make();
+  plain->prepare(model, layer_point(all_cpu), seed);
+  // The hot experts' weights on the GPU: 3 layers x 16 experts x 3 matrices, beside what the CPU split holds.
+  EXPECT_NEAR(counters.at("device_bytes") - plain->counters().at("device_bytes"), 3.0 * 16 * 3 * 2048 * 1408 * 2, 1e6);
+  const auto hot_steps = recorded_run(*entry, c, seed, nullptr);
+  const auto cpu_steps = recorded_run(*entry, all_cpu, seed, nullptr);
+  ASSERT_EQ(hot_steps.size(), cpu_steps.size());
+  // (the same experts in bf16 on either side: only accumulation order and the SwiGLU's rounding differ)
+  for (size_t s = 0; s < hot_steps.size(); ++s) EXPECT_LE(max_rel_diff(hot_steps[s], cpu_steps[s]), 5e-3) << "step " << s;
+  // all of the experts is not a hot set; a GPU op takes none
+  c.gpu_experts = "hot:64";
+  EXPECT_NE(v->supports(model, layer_point(c)).reason.find("gpu_experts: hot:64"), std::string::npos);
+  c.gpu_experts = "hot:8";
+  c.moe = "moe/grouped/cuda";
+  c.cpu_threads = 0;
+  EXPECT_NE(v->supports(model, layer_point(c)).reason.find("gpu_experts"), std::string::npos);
+}
+
 TEST(GpuLayer, GraphReplayMatchesEagerAtEveryStepWithoutRecapture) {
   REQUIRE_LAYER();
   const uint64_t seed = test::fresh_seed();

@@ -103,6 +103,55 @@ TEST(HostExperts, CallsOfAnySizeOnOnePackedLayer) {
   }
 }
 
+// The hybrid layer's hot experts: the GPU runs some experts, so the engine is given only the others (the rest empty,
+// not packed) and those choices come as id -1. Each token's sum must be over its CPU choices alone (zero if none).
+TEST(HostExperts, LeavesOutTheChoicesTheGpuRuns) {
+  const CpuInfo& cpu = cpu_info();
+  if (!cpu.avx512_bf16) GTEST_SKIP() << "needs AVX512_BF16";
+  const ModelConfig m = test::model("deepseek-v2-lite");
+  const int64_t E = 12, K = m.num_experts_per_tok, H = m.hidden_size, tokens = 9;
+  const uint64_t seed = test::fresh_seed();
+  auto on_gpu = [](int64_t e) { return e % 3 == 0; };  // 0, 3, 6, 9
+  std::vector<ref::MlpParams> experts(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e)
+    if (!on_gpu(e)) experts[size_t(e)] = ref::make_mlp_params(m, m.moe_intermediate_size, seed, "experts." + std::to_string(e));
+  moe::HostExperts op(moe::HostExperts::Kernel::avx512, 2);
+  op.set_weights(m, experts);
+  const auto x = ref::random_bf16(seed, "x", size_t(tokens * H), 1.0f);
+  std::vector<int32_t> ids(size_t(tokens * K));
+  std::vector<float> w(ids.size());
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t k = 0; k < K; ++k) {
+      // token 4: every choice on the GPU; the others a mix
+      const int32_t e = t == 4 ? int32_t(3 * (k % 4)) : int32_t((t * 5 + k * 7) % E);
+      ids[size_t(t * K + k)] = on_gpu(e) ? -1 : e;
+      w[size_t(t * K + k)] = 0.1f + 0.05f * float(k);
+    }
+  std::vector<float> out(size_t(tokens * H), std::nanf(""));
+  op.forward(x.data(), tokens, ids.data(), w.data(), K, out.data());
+  double num = 0, den = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<double> xt(static_cast<size_t>(H)), want(static_cast<size_t>(H), 0.0);
+    for (int64_t j = 0; j < H; ++j) xt[size_t(j)] = to_float(x[size_t(t * H + j)]);
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t e = ids[size_t(t * K + k)];
+      if (e < 0) continue;
+      const auto y = ref::mlp(m, experts[size_t(e)], xt, 1);
+      for (int64_t j = 0; j < H; ++j) want[size_t(j)] += double(w[size_t(t * K + k)]) * y[size_t(j)];
+    }
+    for (int64_t j = 0; j < H; ++j) {
+      if (t == 4) ASSERT_EQ(out[size_t(t * H + j)], 0.0f);
+      const double d = double(out[size_t(t * H + j)]) - want[size_t(j)];
+      num += d * d, den += want[size_t(j)] * want[size_t(j)];
+    }
+  }
+  const double rel = std::sqrt(num / den);
+  EXPECT_LE(rel, 1e-2);
+  EXPECT_GT(rel, 0.0);
+  ids[0] = 3;  // an expert it was not given
+  EXPECT_THROW(op.forward(x.data(), tokens, ids.data(), w.data(), K, out.data()), std::logic_error);
+}
+
 // What a flushed sample evicts: the packed weights of exactly the experts the routing reaches (the decode step's
 // DRAM stream), for the bf16 engine and the int8 variant alike.
 TEST_P(MoeCpu, ColdBuffersAreTheReachedExpertsWeights) {

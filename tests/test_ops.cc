@@ -107,7 +107,10 @@ TEST(LayerOps, GpuExpertsAndBudgetAxesParseOrNameTheAxis) {
   const auto g = layer::parse_gpu_experts("layers:12");
   EXPECT_EQ(g.kind, layer::GpuExperts::Kind::layers);
   EXPECT_EQ(g.layers, 12);
-  for (const char* bad : {"layers:", "layers:0", "layers:-1", "layers:3x", "some", ""})
+  const auto hot = layer::parse_gpu_experts("hot:16");
+  EXPECT_EQ(hot.kind, layer::GpuExperts::Kind::hot);
+  EXPECT_EQ(hot.hot, 16);
+  for (const char* bad : {"layers:", "layers:0", "layers:-1", "layers:3x", "hot:", "hot:0", "hot:8.5", "some", ""})
     try {
       layer::parse_gpu_experts(bad);
       ADD_FAILURE() << "'" << bad << "' must be refused";

@@ -235,6 +235,7 @@ TEST(Plan, RunnablePlacementsNeedWhatTheLayerAllocates) {
     if (p.placement == "streamed_experts") moe = "moe/grouped/cuda", gpu_experts = "streamed";
     else if (p.placement == "ktransformers") gpu_experts = "none";
     else if (p.placement.rfind("gpu_layers:", 0) == 0) gpu_experts = "layers:" + p.placement.substr(11);
+    else if (p.placement.rfind("hot_experts:", 0) == 0) gpu_experts = "hot:" + p.placement.substr(12);
     else continue;
     SCOPED_TRACE(p.placement);
     Point pt;
@@ -247,7 +248,7 @@ TEST(Plan, RunnablePlacementsNeedWhatTheLayerAllocates) {
     EXPECT_NEAR(layer->device_memory_bytes(model, pt), p.gpu_bytes, 0.1e9);
     ++checked;
   }
-  EXPECT_GE(checked, 3);
+  EXPECT_GE(checked, 6);  // ktransformers, streamed, a layer split, three hot sets
 }
 
 TEST(Plan, SplitRunsAreMeasuredAsTheirGpuLayersPlacement) {
@@ -287,8 +288,23 @@ TEST(Plan, SplitRunsAreMeasuredAsTheirGpuLayersPlacement) {
   // Each placement says how to run it, so a plan's choice can be measured (the axes parse back to the same placement).
   EXPECT_EQ(reports::run_with("gpu_layers:7"), "layer/deepseek/cuda layers=all moe=moe/host/cuda gpu_experts=layers:7");
   EXPECT_EQ(reports::run_with("all_gpu"), "layer/deepseek/cuda layers=all moe=moe/grouped/cuda");
-  EXPECT_EQ(reports::run_with("hot_experts:8"), "");
+  EXPECT_EQ(reports::run_with("hot_experts:8"), "layer/deepseek/cuda layers=all moe=moe/host/cuda gpu_experts=hot:8");
+  EXPECT_EQ(reports::run_with("all_cpu"), "");
   EXPECT_NE(plan.to_markdown().find("`layer/deepseek/cuda layers=all moe=moe/host/cuda gpu_experts=layers:7`"), std::string::npos);
+
+  // A hot-experts run (gpu_experts=hot:12, not one of the planner's own N) is measured as hot_experts:12 and predicted.
+  auto hot = entry(0, "", 33000);
+  hot.axes["gpu_experts"] = "hot:12";
+  f.entries.push_back(hot);
+  r.cpu_threads = 0;
+  r.hot_expert_counts = reports::measured_hot_expert_counts(r, {f});
+  ASSERT_EQ(r.hot_expert_counts, std::vector<int64_t>{12});
+  plan = reports::make_plan(r, c);
+  reports::attach_measurements(plan, {f});
+  const auto it = std::find_if(plan.placements.begin(), plan.placements.end(), [](const auto& p) { return p.placement == "hot_experts:12"; });
+  ASSERT_NE(it, plan.placements.end());
+  EXPECT_EQ(it->measured_s, 33000 * 1e-6);
+  EXPECT_GT(it->predicted_s, 0);
 }
 
 // A run of the CPU MoE engine: floor (on machine()'s 100 GB/s, 10 TFLOP/s) over time is its efficiency.

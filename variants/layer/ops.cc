@@ -181,7 +181,7 @@ double gpu_step_arena_bytes(const ModelConfig& m, const StepScratch& s) {
 double gpu_step_scratch_bytes(const ModelConfig& m, const StepScratch& s) {
   const double T = double(s.attn.tokens()), H = double(m.hidden_size);
   return gpu_step_arena_bytes(m, s) + double(s.layers) * mla::gpu_owned_scratch_bytes(m, s.algo, s.attn, s.max_keys, s.fused) +
-         double(s.moe_layers) * moe::gpu_moe_owned_bytes(m, s.attn.tokens(), m.n_routed_experts) + T * H * 16 +
+         double(s.moe_layers) * moe::gpu_moe_owned_bytes(m, s.attn.tokens(), m.n_routed_experts, s.hot_experts) + T * H * 16 +
          (s.whole ? T * double(m.vocab_size) * 4 : double(s.steps) * T * H * 2) + double(size_t(256) << 20);
 }
 
@@ -201,7 +201,12 @@ GpuExperts parse_gpu_experts(const std::string& text) {
     g.layers = positive_integer(text, 7);
     if (g.layers > 0) return g;
   }
-  throw BadInput("axis 'gpu_experts': value '" + text + "': expected none, layers:N (N >= 1), fit or streamed");
+  if (text.rfind("hot:", 0) == 0) {
+    g.kind = GpuExperts::Kind::hot;
+    g.hot = positive_integer(text, 4);
+    if (g.hot > 0) return g;
+  }
+  throw BadInput("axis 'gpu_experts': value '" + text + "': expected none, layers:N (N >= 1), fit, streamed or hot:N (N >= 1)");
 }
 
 double parse_gpu_budget(const std::string& text) {

@@ -64,6 +64,7 @@ struct StepScratch {
   bool fused = true;      // the fused decode kernel (mla/fused/cuda) rather than an unfused form
   int64_t max_keys = 0;   // per request, at the run's last step
   int64_t layers = 0, moe_layers = 0, steps = 1;
+  int64_t hot_experts = 0;  // moe/host/cuda's per MoE layer (gpu_experts=hot:N; their weights are not scratch)
   bool whole = false;     // embedding .. LM head: the logits are kept
 };
 double gpu_step_scratch_bytes(const ModelConfig& m, const StepScratch& s);
@@ -73,13 +74,15 @@ double gpu_step_arena_bytes(const ModelConfig& m, const StepScratch& s);  // the
 // runs them on the CPU (moe/host/cuda), none, the first N MoE layers' kept whole on the GPU (the planner's
 // gpu_layers:N), or as many leading MoE layers as the budget holds (fit); for an op that runs them on the GPU
 // (moe/grouped/cuda), streamed: every layer's experts in pinned host memory, copied to the GPU before its use,
-// two layers' in flight (the planner's streamed_experts).
+// two layers' in flight (the planner's streamed_experts); for the CPU op again, hot:N: each MoE layer's N most
+// routed experts kept on the GPU and run there beside the CPU's share (the planner's hot_experts:N).
 struct GpuExperts {
-  enum class Kind { none, layers, fit, streamed };
+  enum class Kind { none, layers, fit, streamed, hot };
   Kind kind = Kind::none;
   int64_t layers = 0;  // Kind::layers
+  int64_t hot = 0;     // Kind::hot
 };
-GpuExperts parse_gpu_experts(const std::string& text);  // none | layers:N | fit | streamed; BadInput naming the axis otherwise
+GpuExperts parse_gpu_experts(const std::string& text);  // none | layers:N | fit | streamed | hot:N; BadInput naming the axis otherwise
 // The `gpu_budget` axis: all (0: the device's memory) or "<N>GB" (decimal gigabytes) as bytes; BadInput otherwise.
 double parse_gpu_budget(const std::string& text);
 // How many leading MoE layers can keep all their experts on the GPU: each costs full_set_bytes instead of the

@@ -225,10 +225,12 @@ double gpu_moe_forward_scratch_bytes(const ModelConfig& m, int64_t tokens) {
   return T * K * (8 + H * 4 + H * 2 + 2 * I * 4 + I * 2) + gpu_mlp_scratch_bytes(tokens, m.moe_intermediate_size * m.n_shared_experts);
 }
 
-double gpu_moe_owned_bytes(const ModelConfig& m, int64_t tokens, int64_t experts) {
-  const double T = double(tokens), rows = T * double(m.num_experts_per_tok);
-  // logits; top-k ids and weights, each row's slot, the tiles (at most rows/16 + experts); identity and ones per token
-  return T * double(m.n_routed_experts) * 4 + rows * 12 + (rows / 16 + double(experts)) * 8 + T * 8 + double(experts + 2) * 8;
+double gpu_moe_owned_bytes(const ModelConfig& m, int64_t tokens, int64_t experts, int64_t hot_experts) {
+  const double T = double(tokens), rows = T * double(m.num_experts_per_tok), N = double(hot_experts);
+  // logits; top-k ids and weights, each row's slot, the tiles (at most rows/16 + experts), counts and offsets; with hot
+  // experts, each choice's CPU id and GPU row, the hot tiles, the expert -> slab map and the slabs' ids
+  const double hot = hot_experts > 0 ? rows * 8 + (rows / 16 + N) * 8 + 4 + double(experts) * 4 + N * 4 : 0;
+  return T * double(m.n_routed_experts) * 4 + rows * 12 + (rows / 16 + double(experts)) * 8 + double(experts + 2) * 8 + hot;
 }
 
 std::string Base::compute_ceiling() const { return cpu_info().amx_bf16 ? "cpu.amx_bf16_flops" : "cpu.avx512_bf16_flops"; }
@@ -318,7 +320,8 @@ std::vector<std::pair<const void*, size_t>> Engine::cold_buffers() const { retur
 
 std::vector<std::pair<const void*, size_t>> HostExperts::weights_of(const int32_t* ids, int64_t count) const {
   std::vector<char> reached(size_t(experts_), 0);
-  for (int64_t i = 0; i < count; ++i) reached[size_t(ids[i])] = 1;
+  for (int64_t i = 0; i < count; ++i)
+    if (ids[i] >= 0) reached[size_t(ids[i])] = 1;
   std::vector<std::pair<const void*, size_t>> out;
   for (int64_t e = 0; e < experts_; ++e)
     if (reached[size_t(e)])
@@ -344,6 +347,7 @@ void HostExperts::set_weights(const ModelConfig& m, const std::vector<ref::MlpPa
 #pragma omp parallel for schedule(dynamic) num_threads(threads_)
   for (int64_t e = 0; e < experts_; ++e) {  // packed once: the tile/VNNI order both kernels read
     const auto& x = experts[size_t(e)];
+    if (x.gate_proj.empty()) continue;  // (not this engine's: see set_weights)
     gate_[size_t(e)] = pack(x.gate_proj.data(), inter_, hidden_);
     up_[size_t(e)] = pack(x.up_proj.data(), inter_, hidden_);
     down_[size_t(e)] = pack(x.down_proj.data(), hidden_, inter_);
@@ -358,7 +362,9 @@ void HostExperts::forward(const bf16* x, int64_t tokens, const int32_t* ids, con
   for (auto& r : rows_) r.clear();
   for (int64_t i = 0; i < tokens * topk; ++i) {
     const int32_t e = ids[i];
-    if (e < 0 || e >= E) throw std::logic_error("HostExperts: expert id " + std::to_string(e) + " out of range");
+    if (e < 0) continue;  // run elsewhere
+    if (e >= E) throw std::logic_error("HostExperts: expert id " + std::to_string(e) + " out of range");
+    if (gate_[size_t(e)].data.empty()) throw std::logic_error("HostExperts: expert " + std::to_string(e) + " was routed here but not given");
     rows_[size_t(e)].push_back(int32_t(i));
   }
   first_row_.assign(size_t(E) + 1, 0);
@@ -444,11 +450,15 @@ void HostExperts::forward(const bf16* x, int64_t tokens, const int32_t* ids, con
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tokens; ++t) {  // the weighted combine
       float* o = out + t * H;
+      bool first = true;
       for (int64_t k = 0; k < topk; ++k) {
+        if (ids[t * topk + k] < 0) continue;
         const float w = weights[t * topk + k];
         const float* y = &y_[size_t(slot_[size_t(t * topk + k)]) * size_t(y_stride_)];
-        for (int64_t j = 0; j < H; ++j) o[j] = (k == 0 ? 0.0f : o[j]) + w * y[j];
+        for (int64_t j = 0; j < H; ++j) o[j] = (first ? 0.0f : o[j]) + w * y[j];
+        first = false;
       }
+      if (first) std::fill_n(o, H, 0.0f);
     }
     if (any_amx) kernels::amx_release();
   }

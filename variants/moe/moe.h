@@ -108,8 +108,11 @@ class HostExperts {
  public:
   enum class Kernel { amx, avx512, choose };
   HostExperts(Kernel k, int threads) : kernel_(k), threads_(threads) {}
+  // An expert given with empty tensors is not packed (the hybrid layer's hot experts: the GPU runs them); a call that
+  // routes a token to one throws.
   void set_weights(const ModelConfig& m, const std::vector<ref::MlpParams>& experts);
   // out[t] = sum over k < topk of weights[t][k] * expert_{ids[t][k]}(x[t]), for t < tokens (x: [tokens][hidden]).
+  // ids[t][k] < 0: that choice runs elsewhere (on the GPU) and is left out of out[t] (0 if every choice is).
   void forward(const bf16* x, int64_t tokens, const int32_t* ids, const float* weights, int64_t topk, float* out);
   // The packed weights of the experts these (token, k) choices reach: what a decode step streams from DRAM.
   std::vector<std::pair<const void*, size_t>> weights_of(const int32_t* ids, int64_t count) const;
@@ -168,7 +171,7 @@ class Engine : public Base {
 // these; the layer and the offload planner count them.
 inline double gpu_mlp_scratch_bytes(int64_t tokens, int64_t intermediate) { return double(tokens) * double(intermediate) * 10; }
 double gpu_moe_forward_scratch_bytes(const ModelConfig& m, int64_t tokens);
-double gpu_moe_owned_bytes(const ModelConfig& m, int64_t tokens, int64_t experts);
+double gpu_moe_owned_bytes(const ModelConfig& m, int64_t tokens, int64_t experts, int64_t hot_experts = 0);  // (hot: moe/host/cuda's split, not its weights)
 inline double gpu_moe_scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts) {
   return gpu_moe_forward_scratch_bytes(m, tokens) + gpu_moe_owned_bytes(m, tokens, experts);
 }

@@ -162,6 +162,9 @@ struct DeepseekLayerCuda::Plan {
   // MoE layers (the first ones) whose experts stay on the GPU, run by moe/grouped/cuda beside a host op's layers
   // (gpu_experts axis); their weight sets are never reused.
   int64_t resident_moe_layers = 0;
+  // gpu_experts=hot:N: each of the other MoE layers keeps its N most routed experts on the GPU (hot_set_bytes).
+  int64_t hot_experts = 0;
+  double hot_set_bytes = 0;
   std::string why_not;
   bool dense(int64_t layer) const { return layer < m.first_k_dense_replace; }
   int64_t tokens() const { return bucket * q_len; }
@@ -241,6 +244,13 @@ struct DeepseekLayerCuda::Plan {
       why_not = "gpu_experts: " + moe + " keeps every layer's experts on the GPU already (the axis splits a host op's layers, e.g. moe/host/cuda's)";
     if (why_not.empty() && gpu_experts.kind == layer::GpuExperts::Kind::layers && gpu_experts.layers > moe_layers)
       why_not = "gpu_experts: layers:" + std::to_string(gpu_experts.layers) + ": the step has " + std::to_string(moe_layers) + " MoE layers";
+    if (gpu_experts.kind == layer::GpuExperts::Kind::hot) {
+      hot_experts = gpu_experts.hot;
+      if (why_not.empty() && hot_experts >= m.n_routed_experts)
+        why_not = "gpu_experts: hot:" + std::to_string(hot_experts) + ": " + m.source + " has " + std::to_string(m.n_routed_experts) +
+                  " routed experts (hot:N keeps fewer than all on the GPU; all of them is gpu_experts=layers:N or moe/grouped/cuda)";
+      if (why_not.empty() && moe_layers == 0) why_not = "gpu_experts: hot:N: the step has no MoE layers";
+    }
     if (why_not.empty() && moe_layers > 0) why_not = moe_op->unavailable();
     if (why_not.empty() && graph && !moe_op->graph_safe())
       why_not = "executor graph: " + moe + " reads the routing on the host (not capturable); use executor eager";
@@ -261,6 +271,7 @@ struct DeepseekLayerCuda::Plan {
     scratch.moe_layers = moe_layers;
     scratch.steps = steps;
     scratch.whole = whole;
+    scratch.hot_experts = hot_experts;
     fixed_bytes = double(layers) * (mla::weight_bytes(m, m.num_attention_heads) + cache + 4 * H) +
                   double(layers - moe_layers) * 3 * H * double(m.intermediate_size) * 2 + (whole ? 2 * double(m.vocab_size) * H * 2 : 0) +
                   layer::gpu_step_scratch_bytes(m, scratch);
@@ -269,6 +280,7 @@ struct DeepseekLayerCuda::Plan {
     full_set_bytes = moe::cuda::moe_weight_bytes(m, m.n_routed_experts);
     moe_set_bytes = experts_on_host || streamed ? host_set_bytes : full_set_bytes;
     routed_set_bytes = full_set_bytes - host_set_bytes;
+    hot_set_bytes = double(hot_experts) / double(m.n_routed_experts) * routed_set_bytes;
     if (streamed) staging_bytes = double(std::min<int64_t>(2, moe_layers)) * routed_set_bytes;
     const GpuInfo& g = gpu_info();
     if (why_not.empty() && g.present && budget_request > double(g.memory_bytes))
@@ -278,7 +290,7 @@ struct DeepseekLayerCuda::Plan {
     if (experts_on_host && gpu_experts.kind == layer::GpuExperts::Kind::fit)
       resident_moe_layers = layer::resident_moe_layers(budget, fixed_bytes, moe_layers, host_set_bytes, full_set_bytes);
     if (experts_on_host || streamed) {  // the other MoE layers' routed experts in host memory (made and packed: twice, briefly, per layer)
-      host_expert_bytes = double(moe_layers - resident_moe_layers) * routed_set_bytes;
+      host_expert_bytes = double(moe_layers - resident_moe_layers) * (routed_set_bytes - hot_set_bytes);
       const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
       if (why_not.empty() && host_expert_bytes > 0.7 * have)
         why_not = "the routed experts of " + std::to_string(moe_layers) + " layers need ~" + std::to_string(int64_t(host_expert_bytes / double(1 << 30))) +
@@ -287,7 +299,7 @@ struct DeepseekLayerCuda::Plan {
     // The other MoE layers' sets: reused cyclically when they do not all fit, but only for a run with no budget and no
     // resident layers (a budget or a split states what fits).
     const int64_t others = moe_layers - resident_moe_layers;
-    const double fixed_and_resident = fixed_bytes + double(resident_moe_layers) * full_set_bytes + staging_bytes;
+    const double fixed_and_resident = fixed_bytes + double(resident_moe_layers) * full_set_bytes + staging_bytes + double(others) * hot_set_bytes;
     moe_sets = others == 0 ? 0 : std::clamp<int64_t>(int64_t((budget - fixed_and_resident) / moe_set_bytes), 0, others);
     const bool reuse = budget_request == 0 && resident_moe_layers == 0 && !streamed;
     if (why_not.empty() && g.present && (fixed_and_resident > budget || (others > 0 && moe_sets < 1) || (!reuse && moe_sets < others))) {
@@ -299,7 +311,8 @@ struct DeepseekLayerCuda::Plan {
     if (!g.present) moe_sets = others;  // (cost only)
   }
   double device_bytes() const {
-    return fixed_bytes + double(resident_moe_layers) * full_set_bytes + double(moe_sets) * moe_set_bytes + staging_bytes;
+    return fixed_bytes + double(resident_moe_layers) * full_set_bytes + double(moe_sets) * moe_set_bytes + staging_bytes +
+           double(moe_layers - resident_moe_layers) * hot_set_bytes;
   }
   // Which weight set MoE layer q (0-based among the step's MoE layers) uses, and whether its experts are on the GPU.
   int64_t moe_set(int64_t q) const { return q < resident_moe_layers ? q : resident_moe_layers + (q - resident_moe_layers) % moe_sets; }
@@ -609,6 +622,7 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
       // (the first resident_moe_layers MoE layers' experts are on the GPU: the grouped op runs them)
       moe_.push_back(moe::cuda::make_moe_op(moe_.size() < size_t(P.resident_moe_layers) ? "moe/grouped/cuda" : P.moe));
       moe_.back()->set_cpu_threads(P.cpu_threads);
+      if (moe_.size() > size_t(P.resident_moe_layers)) moe_.back()->set_hot_experts(P.hot_experts);
       if (arena) arena->rewind();
       moe_.back()->prepare(m_, T, *weights_[size_t(i)].moe, mb, *blas_, side_blas_.get(), arena);
     } else {
@@ -842,11 +856,16 @@ std::map<std::string, double> DeepseekLayerCuda::counters() {
   std::map<std::string, double> c;
   // What the ops measured of themselves in the timed runs (before the runs below add theirs): the CPU experts' own
   // time per step, summed over the layers that run them.
+  int64_t hot_layers = 0;
   for (const auto& op : moe_)
     for (const auto& [name, value] : op->own_counters()) {
       if (name == "cpu_experts_engine_s") c[name] += value;
-      else if (name == "cpu_experts_threads") c[name] = value;
+      else if (name == "cpu_experts_threads" || name == "gpu_hot_experts") c[name] = value;
+      else if (name == "hot_share" || name == "hot_share_profiled") c[name] += value;  // (mean over the layers, below)
+      if (name == "gpu_hot_experts") ++hot_layers;
     }
+  for (const char* name : {"hot_share", "hot_share_profiled"})
+    if (hot_layers > 0) c[name] /= double(hot_layers);
   // Per-op GPU time of one step, eager, queued behind a blocking kernel long enough to hide its launches.
   const double occupy = 2e-3 + 1e-3 * double(P.layers);  // (a layer queues ~50 launches and marks)
   {  // The step's GPU work from CUPTI's records: its busy time is what a launch-free step could take.

@@ -29,6 +29,7 @@ struct GroupedArgs {
   const __nv_bfloat16* a;   // [rows][K]
   const __nv_bfloat16* b0;  // gate (or down) [experts][N][K]
   const __nv_bfloat16* b1;  // up [experts][N][K] (gate+up only)
+  const int32_t* weight_slot;  // an expert's place in b0/b1 (null: the expert itself)
   int N, K;
   __nv_bfloat16* h;         // gate+up: [rows][N]
   float* y;                 // down: [rows][N]
@@ -73,6 +74,7 @@ __global__ void __launch_bounds__(WARPS * 32) grouped_gemm_kernel(GroupedArgs g)
   const int2 tile = g.tiles[blockIdx.x];
   const int expert = tile.x, row0 = tile.y;
   const int rows = min(BM, g.offsets[expert + 1] - row0);
+  const int64_t slab = g.weight_slot ? g.weight_slot[expert] : expert;
   const int out0 = int(blockIdx.y) * (GATE_UP ? kTileN / 2 : kTileN);  // first output column
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int wm = warp / WARPS_N, wn = warp % WARPS_N;
@@ -96,7 +98,7 @@ __global__ void __launch_bounds__(WARPS * 32) grouped_gemm_kernel(GroupedArgs g)
       base = g.b0;
     }
     b_ok[i] = col < g.N;
-    b_row[i] = base + (int64_t(expert) * g.N + (b_ok[i] ? col : 0)) * K;
+    b_row[i] = base + (slab * g.N + (b_ok[i] ? col : 0)) * K;
   }
   constexpr int kAChunks = (BM * 8 + kThreads - 1) / kThreads;
   const __nv_bfloat16* a_row[kAChunks];
@@ -234,14 +236,11 @@ class MoeGroupedCuda final : public MoeOp {
  protected:
   void prepare_experts() override { h_.scratch(arena_, size_t(rows_ * inter_)); }
   void experts() override {
-    const int32_t* offsets = offsets_.get();
-    GroupedArgs up{tiles_.get(), num_tiles_.get(), offsets, perm_token_.get(), b_.x, w_->gate_experts(), w_->up_experts(),
-                   int(inter_), int(hidden_), h_.get(), nullptr};
-    launch_for_tile<true>(tile_rows_, up, max_tiles_, stream_);
+    const GroupedExperts e{tiles_.get(), num_tiles_.get(), offsets_.get(), perm_token_.get(), max_tiles_, tile_rows_, b_.x, w_->gate_experts(),
+                           w_->up_experts(), w_->down_experts(), nullptr, hidden_, inter_, h_.get(), y_.get()};
+    grouped_gate_up(e, stream_);
     mark("gate_up");
-    GroupedArgs down{tiles_.get(), num_tiles_.get(), offsets, nullptr, h_.get(), w_->down_experts(), nullptr,
-                     int(hidden_), int(inter_), nullptr, y_.get()};
-    launch_for_tile<false>(tile_rows_, down, max_tiles_, stream_);
+    grouped_down(e, stream_);
   }
 
  private:
@@ -249,6 +248,16 @@ class MoeGroupedCuda final : public MoeOp {
 };
 
 }  // namespace
+
+void grouped_gate_up(const GroupedExperts& e, cudaStream_t stream) {
+  const GroupedArgs up{e.tiles, e.num_tiles, e.offsets, e.perm_token, e.x, e.gate, e.up, e.weight_slot, int(e.inter), int(e.hidden), e.h, nullptr};
+  launch_for_tile<true>(e.tile_rows, up, e.max_tiles, stream);
+}
+
+void grouped_down(const GroupedExperts& e, cudaStream_t stream) {
+  const GroupedArgs down{e.tiles, e.num_tiles, e.offsets, nullptr, e.h, e.down, nullptr, e.weight_slot, int(e.hidden), int(e.inter), nullptr, e.y};
+  launch_for_tile<false>(e.tile_rows, down, e.max_tiles, stream);
+}
 
 DSLAB_REGISTER_MOE_OP(MoeGroupedCuda, "moe/grouped/cuda",
                       "routed experts as two grouped GEMMs of our own (mma.sync, tiles by expert from the GPU router), SiLU*up fused, "

@@ -231,12 +231,13 @@ __global__ void __launch_bounds__(kGateThreads) gate_logits_kernel(const __nv_bf
 }
 constexpr int64_t kGateKernelTokens = 4;  // up to here the kernel above (it reads the gate once per token); beyond, cuBLAS
 
-// out[t] (+)= sum over k of weight[t][k] * y[slot[t][k]]: the weighted un-permute, onto the shared experts' output.
-// Blocks take (token, 1024 columns): a decode step's few tokens still spread over many SMs. The slots and weights
-// are loaded first, then every chosen row at once (walked k by k, each load waited out its own latency).
+// out[t] (+)= sum over k of weight[t][k] * y[slot[t][k]] (+ add[t]): the weighted un-permute, onto the shared
+// experts' output. A slot < 0 is a choice made elsewhere (in `add`, the CPU's per-token sum). Blocks take (token,
+// 1024 columns): a decode step's few tokens still spread over many SMs. The slots and weights are loaded first,
+// then every chosen row at once (walked k by k, each load waited out its own latency).
 constexpr int kCombineColumns = 1024, kCombineMaxTopk = 16;
 __global__ void combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ slot, const float* __restrict__ weights, int topk,
-                               int hidden, bool accumulate, float* __restrict__ out) {
+                               int hidden, bool accumulate, const float* __restrict__ add, float* __restrict__ out) {
   pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
   pdl_launch_dependents();
   const int t = blockIdx.x, j = int(blockIdx.y) * kCombineColumns + int(threadIdx.x) * 4;
@@ -246,13 +247,17 @@ __global__ void combine_kernel(const float* __restrict__ y, const int32_t* __res
   float4 v[kCombineMaxTopk];
 #pragma unroll
   for (int k = 0; k < kCombineMaxTopk; ++k) {
-    rows[k] = k < topk ? slot[t * topk + k] : 0;
-    w[k] = k < topk ? weights[t * topk + k] : 0.0f;
+    rows[k] = k < topk ? slot[t * topk + k] : -1;
+    w[k] = rows[k] >= 0 ? weights[t * topk + k] : 0.0f;
   }
   float4 acc = accumulate ? *reinterpret_cast<const float4*>(out + int64_t(t) * hidden + j) : make_float4(0, 0, 0, 0);
+  if (add) {
+    const float4 a = *reinterpret_cast<const float4*>(add + int64_t(t) * hidden + j);
+    acc.x += a.x, acc.y += a.y, acc.z += a.z, acc.w += a.w;
+  }
 #pragma unroll
   for (int k = 0; k < kCombineMaxTopk; ++k)
-    v[k] = k < topk ? *reinterpret_cast<const float4*>(y + int64_t(rows[k]) * hidden + j) : make_float4(0, 0, 0, 0);
+    v[k] = rows[k] >= 0 ? *reinterpret_cast<const float4*>(y + int64_t(rows[k]) * hidden + j) : make_float4(0, 0, 0, 0);
 #pragma unroll
   for (int k = 0; k < kCombineMaxTopk; ++k) acc.x += w[k] * v[k].x, acc.y += w[k] * v[k].y, acc.z += w[k] * v[k].z, acc.w += w[k] * v[k].w;
   *reinterpret_cast<float4*>(out + int64_t(t) * hidden + j) = acc;
@@ -406,13 +411,10 @@ void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, c
   if (w.shared.intermediate > 0) shared_.prepare(m, w.shared, tokens, arena_);
   side_.reset();
   if (side_blas && w.shared.intermediate > 0) side_ = std::make_unique<SideStream>(side_blas);
+  combined_by_experts_ = false;
+  combine_slot_ = nullptr;
+  experts_sum_ = nullptr;
   prepare_experts();
-  if (combined_by_experts_) {
-    std::vector<int32_t> iota(static_cast<size_t>(tokens));
-    for (int64_t t = 0; t < tokens; ++t) iota[size_t(t)] = int32_t(t);
-    identity_.upload(iota);
-    ones_.upload(std::vector<float>(static_cast<size_t>(tokens), 1.0f));
-  }
   DSLAB_CUDA(cudaDeviceSynchronize());
 }
 
@@ -478,15 +480,32 @@ void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
     DSLAB_CUDA(cudaStreamWaitEvent(stream, side_->joined, 0));
     mark("shared_experts_join");
   }
-  if (combined_by_experts_)  // y_ is each token's weighted sum already: one row per token, weight 1
-    launch_pdl(combine_kernel, dim3(unsigned(tokens_), unsigned((hidden_ + kCombineColumns - 1) / kCombineColumns)), dim3(kCombineColumns / 4), 0,
-               stream_, y_.get(), identity_.get(), ones_.get(), 1, int(hidden_), shared, b_.out);
-  else
-    launch_pdl(combine_kernel, dim3(unsigned(tokens_), unsigned((hidden_ + kCombineColumns - 1) / kCombineColumns)), dim3(kCombineColumns / 4), 0,
-               stream_, y_.get(), slot_.get(), b_.topk_weights ? b_.topk_weights : topk_weights_.get(), int(topk_), int(hidden_), shared, b_.out);
+  launch_pdl(combine_kernel, dim3(unsigned(tokens_), unsigned((hidden_ + kCombineColumns - 1) / kCombineColumns)), dim3(kCombineColumns / 4), 0,
+             stream_, y_.get(), combine_slot_ ? combine_slot_ : slot_.get(), b_.topk_weights ? b_.topk_weights : topk_weights_.get(),
+             combined_by_experts_ ? 0 : int(topk_), int(hidden_), shared, experts_sum_, b_.out);
   DSLAB_CHECK_LAUNCH();
   mark("combine");
   marks_ = nullptr;
+}
+
+std::vector<int64_t> MoeOp::profiled_counts(int64_t tokens, uint64_t seed) {
+  const int64_t E = m_.n_routed_experts;
+  DeviceArray<__nv_bfloat16> x(size_t(tokens * hidden_));
+  fill_random_bf16(x.get(), x.size(), seed, "moe.profile_inputs", std::sqrt(3.0f));  // uniform, unit variance
+  DeviceArray<float> logits(size_t(tokens * E)), weights(size_t(tokens * topk_));
+  DeviceArray<int32_t> ids{size_t(tokens * topk_)}, counts{size_t(E)};
+  counts.zero();
+  blas_->set_stream(0);
+  linear(*blas_, x.get(), tokens, hidden_, w_->gate.get(), E, logits.get(), CUDA_R_32F);
+  const RouterParams p{logits.get(), w_->bias.get(), int(tokens), int(E), int(topk_), int(m_.n_group), int(m_.topk_group),
+                       m_.scoring_func == "sigmoid", m_.topk_method != "greedy", m_.topk_method == "noaux_tc", m_.norm_topk_prob,
+                       float(m_.routed_scaling_factor), ids.get(), weights.get(), counts.get()};
+  launch_pdl(router_kernel, dim3(unsigned((tokens + kRouterWarps - 1) / kRouterWarps)), dim3(32 * kRouterWarps), kRouterWarps * 2 * size_t(E) * 4,
+             cudaStream_t(0), p);
+  DSLAB_CHECK_LAUNCH();
+  std::vector<int32_t> host(static_cast<size_t>(E));
+  DSLAB_CUDA(cudaMemcpy(host.data(), counts.get(), size_t(E) * 4, cudaMemcpyDeviceToHost));
+  return std::vector<int64_t>(host.begin(), host.end());
 }
 
 void MoeOp::routing(std::vector<int32_t>* ids, std::vector<float>* weights) const {

@@ -95,6 +95,10 @@ class MoeOp {
   // Threads of an op whose routed experts run on the CPU (0: every core but one, which drives the GPU); set before
   // prepare(). Other ops ignore it (the variants reject a value for them).
   void set_cpu_threads(int threads) { cpu_threads_ = threads; }
+  // An op whose routed experts run on the CPU may keep this many of each layer's experts on the GPU (the most routed
+  // ones: see profiled_counts), run there beside the CPU's share; set before prepare(). Others ignore it (the layer
+  // rejects it for them).
+  void set_hot_experts(int64_t n) { hot_experts_ = n; }
   // What the op measured of its own work in the steps it ran since prepare() (e.g. the CPU experts' own wall time
   // per call, beside the stream's view of them), as counters; empty for an op that measures nothing itself.
   virtual std::map<std::string, double> own_counters() const { return {}; }
@@ -116,9 +120,16 @@ class MoeOp {
   // The routed experts over the permuted rows (perm_token_, grouped by expert at offsets_, in tiles_): writes
   // y_ [rows][hidden] fp32, each row its expert's output (the routing weight is applied by the combine).
   virtual void experts() = 0;
-  // Set by an op whose experts() leaves y_ as [tokens][hidden], each token's weighted sum already made: the
-  // combine then only adds it to the shared experts' output.
+  // The combine: out[t] (+)= sum over k of weight[t][k] * y_[slot[t][k]] + experts_sum_[t], with slot_ or
+  // combine_slot_ (a row < 0 is left out), and experts_sum_ ([tokens][hidden]) when set: what an op's experts()
+  // summed per token itself (the CPU's share). combined_by_experts_: every choice is in experts_sum_ (no rows).
   bool combined_by_experts_ = false;
+  const int32_t* combine_slot_ = nullptr;
+  const float* experts_sum_ = nullptr;
+  // Routes `tokens` random hidden states of unit RMS (seeded) through this layer's router; each expert's count. (The
+  // offline profile a serving engine takes on real traffic to pick its hot experts; random weights route about
+  // uniformly, so here it mostly fixes which experts, not how many of the choices they get.)
+  std::vector<int64_t> profiled_counts(int64_t tokens, uint64_t seed);
   void mark(const char* op) const {
     if (marks_) marks_->mark(op, stream_);
   }
@@ -144,9 +155,8 @@ class MoeOp {
   DeviceArray<int32_t> num_tiles_;
   int tile_rows_ = 16, max_tiles_ = 0;
   int cpu_threads_ = 0;
+  int64_t hot_experts_ = 0;
   DeviceArray<float> y_;                // [rows][hidden]
-  DeviceArray<int32_t> identity_;       // [tokens]: t (combined_by_experts_)
-  DeviceArray<float> ones_;             // [tokens]: 1
   MlpRunner shared_;
   struct SideStream {
     explicit SideStream(BlasHandle* side_blas);
@@ -201,6 +211,26 @@ class GpuMoeVariant : public Variant {
   DeviceArray<int32_t> given_ids_;
   DeviceArray<float> given_weights_, out_;
 };
+
+// The grouped GEMMs of moe/grouped/cuda over row tiles (each within one expert; at most max_tiles, the count on the
+// device): for permuted row p of expert e, h[p] = silu(x[perm_token[p]] gate_e^T) * (x[perm_token[p]] up_e^T) (bf16),
+// then y[p] = h[p] down_e^T (fp32). Experts' weights stacked [slab][N][K]; weight_slot maps an expert to its slab
+// (null: the expert's own index), so a subset of the experts (moe/host/cuda's hot experts) can be stacked alone.
+struct GroupedExperts {
+  const int2* tiles;
+  const int32_t* num_tiles;
+  const int32_t* offsets;     // [experts + 1]
+  const int32_t* perm_token;  // [rows]
+  int max_tiles, tile_rows;
+  const __nv_bfloat16* x;     // [tokens][hidden]
+  const __nv_bfloat16 *gate, *up, *down;
+  const int32_t* weight_slot;
+  int64_t hidden, inter;
+  __nv_bfloat16* h;           // [rows][inter]
+  float* y;                   // [rows][hidden]
+};
+void grouped_gate_up(const GroupedExperts& e, cudaStream_t stream);
+void grouped_down(const GroupedExperts& e, cudaStream_t stream);
 
 // Analytic cost of one MoE layer on `tokens` tokens: router, routed experts (`active` experts' weights read),
 // shared experts.
