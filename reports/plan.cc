@@ -409,7 +409,7 @@ std::string axis_text(const nlohmann::json& axes, const char* k) {
 
 // The placement a whole-model layer run at the request's point measured ("" if it is not one, or not at that point).
 std::string placement_of(const Entry& e, const PlanRequest& r) {
-  if (e.variant != "layer/deepseek/cuda" || e.model != r.model_name) return "";
+  if ((e.variant != "layer/deepseek/cuda" && e.variant != "layer/deepseek/hybrid") || e.model != r.model_name) return "";
   const auto& s = r.shape;
   if (axis_text(e.axes, "layers") != "all" || axis_text(e.axes, "batch") != std::to_string(s.batch) ||
       axis_text(e.axes, "q_len") != std::to_string(s.q_len) || axis_text(e.axes, "kv_len") != std::to_string(s.kv_len))
@@ -449,12 +449,12 @@ void curve_markdown(std::ostringstream& md, const char* what, const std::string&
 }  // namespace
 
 std::string run_with(const std::string& placement) {
-  const std::string layer = "layer/deepseek/cuda layers=all ";
+  const std::string layer = "layer/deepseek/cuda layers=all ", hybrid = "layer/deepseek/hybrid layers=all";
   if (placement == "all_gpu") return layer + "moe=moe/grouped/cuda";
-  if (placement == "ktransformers") return layer + "moe=moe/host/cuda";
-  if (placement.rfind("gpu_layers:", 0) == 0) return layer + "moe=moe/host/cuda gpu_experts=layers:" + placement.substr(11);
+  if (placement == "ktransformers") return hybrid;
+  if (placement.rfind("gpu_layers:", 0) == 0) return hybrid + " gpu_experts=layers:" + placement.substr(11);
   if (placement == "streamed_experts") return layer + "moe=moe/grouped/cuda gpu_experts=streamed";
-  if (placement.rfind("hot_experts:", 0) == 0) return layer + "moe=moe/host/cuda gpu_experts=hot:" + placement.substr(12);
+  if (placement.rfind("hot_experts:", 0) == 0) return hybrid + " gpu_experts=hot:" + placement.substr(12);
   return "";
 }
 
@@ -588,7 +588,7 @@ std::string Plan::to_markdown() const {
     md << "| " << p.placement << " | " << fmt("%.3f", p.predicted_s * 1e3) << " | " << (measured ? fmt("%.3f", p.measured_s * 1e3) : "-") << " | "
        << (measured ? fmt("%.2f", p.predicted_s / p.measured_s) : "-") << " | " << gb(p.gpu_bytes) << " | " << gb(p.host_bytes) << " | "
        << (p.chosen ? "**yes**" : "") << " | " << p.reason << " | "
-       << (run_with(p.placement).empty() ? "(predicted only: no runnable layer yet)" : "`" + run_with(p.placement) + "`") << " |\n";
+       << (run_with(p.placement).empty() ? "(predicted only: dslab runs no all-CPU step)" : "`" + run_with(p.placement) + "`") << " |\n";
   }
   md << "\nRouted experts: running one on the GPU with its weights copied over the link beats running it on the CPU from ";
   if (stream_crossover > 0)

@@ -90,7 +90,7 @@ Plan make_plan(const PlanRequest& r, const Ceilings& c);
 // all_cpu).
 std::string run_with(const std::string& placement);
 
-// Fills measured_s from runs of the whole model at the plan's point: layer/deepseek/cuda, layers all, the same
+// Fills measured_s from runs of the whole model at the plan's point: layer/deepseek/cuda (or /hybrid), layers all, the same
 // batch, q_len and kv_len (and cpu_threads, when the run set it); moe/grouped/cuda is all_gpu, moe/host/cuda is
 // ktransformers, gpu_layers:N where the run kept N MoE layers' experts on the GPU (counters.gpu_moe_layers), or
 // hot_experts:N where it kept each layer's N hottest (gpu_experts=hot:N); moe/grouped/cuda with gpu_experts=streamed

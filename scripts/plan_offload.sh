@@ -18,7 +18,7 @@ engine = {b["model"] for b in benchmarks if b.get("variant") == "moe/auto/cpu"}
 grouped = {b["model"] for b in benchmarks if b.get("variant") == "moe/grouped/cuda"}
 seen = set()
 for b in benchmarks:
-    if b.get("variant") != "layer/deepseek/cuda" or b.get("run_type") == "aggregate":
+    if b.get("variant") not in ("layer/deepseek/cuda", "layer/deepseek/hybrid") or b.get("run_type") == "aggregate":
         continue
     a = b["axes"]
     budget = a.get("gpu_budget", "all")

@@ -4,6 +4,7 @@
 // host synchronisation), with the host-synchronising MoE loop as the control that must fail it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "harness/errors.h"
@@ -82,6 +83,22 @@ std::unique_ptr<Variant> run_verified(const VariantEntry& entry, const ModelFile
   const VariantEntry* entry = find_variant("layer/deepseek/cuda");                                    \
   if (!entry) GTEST_SKIP() << "layer/deepseek/cuda is not built (no CUDA toolkit at configure time)"; \
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent
+
+// layer/deepseek/hybrid is the layer with KTransformers' placement by default, and takes only CPU-expert MoE ops
+// (checked without a GPU: the refusal comes before the device's).
+TEST(LayerHybrid, DefaultsToTheCpuExpertsAndRefusesGpuMoeOps) {
+  const VariantEntry* entry = find_variant("layer/deepseek/hybrid");
+  if (!entry) GTEST_SKIP() << "layer/deepseek/hybrid is not built (no CUDA toolkit at configure time)";
+  auto v = entry->make();
+  const auto axes = v->axes();
+  const auto moe = std::find_if(axes.begin(), axes.end(), [](const auto& a) { return a.first == "moe"; });
+  ASSERT_NE(moe, axes.end());
+  EXPECT_EQ(moe->second, "moe/host/cuda");
+  LayerCase c{"deepseek-v2-lite", "2", 1, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph"};
+  const Support s = v->supports(load_model_file(c.model), layer_point(c));
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("use layer/deepseek/cuda"), std::string::npos) << s.reason;
+}
 
 TEST(GpuLayer, EveryAttentionAndMoeOpMatchesReferenceStack) {
   REQUIRE_LAYER();

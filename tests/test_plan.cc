@@ -286,14 +286,15 @@ TEST(Plan, SplitRunsAreMeasuredAsTheirGpuLayersPlacement) {
     if (p.measured_s >= 0) measured[p.placement] = p.measured_s;
   EXPECT_EQ(measured, (std::map<std::string, double>{{"gpu_layers:7", 35000 * 1e-6}, {"ktransformers", 45000 * 1e-6}}));
   // Each placement says how to run it, so a plan's choice can be measured (the axes parse back to the same placement).
-  EXPECT_EQ(reports::run_with("gpu_layers:7"), "layer/deepseek/cuda layers=all moe=moe/host/cuda gpu_experts=layers:7");
+  EXPECT_EQ(reports::run_with("gpu_layers:7"), "layer/deepseek/hybrid layers=all gpu_experts=layers:7");
   EXPECT_EQ(reports::run_with("all_gpu"), "layer/deepseek/cuda layers=all moe=moe/grouped/cuda");
-  EXPECT_EQ(reports::run_with("hot_experts:8"), "layer/deepseek/cuda layers=all moe=moe/host/cuda gpu_experts=hot:8");
+  EXPECT_EQ(reports::run_with("hot_experts:8"), "layer/deepseek/hybrid layers=all gpu_experts=hot:8");
   EXPECT_EQ(reports::run_with("all_cpu"), "");
-  EXPECT_NE(plan.to_markdown().find("`layer/deepseek/cuda layers=all moe=moe/host/cuda gpu_experts=layers:7`"), std::string::npos);
+  EXPECT_NE(plan.to_markdown().find("`layer/deepseek/hybrid layers=all gpu_experts=layers:7`"), std::string::npos);
 
   // A hot-experts run (gpu_experts=hot:12, not one of the planner's own N) is measured as hot_experts:12 and predicted.
   auto hot = entry(0, "", 33000);
+  hot.variant = "layer/deepseek/hybrid";  // (the hybrid layer's name for the same runs)
   hot.axes["gpu_experts"] = "hot:12";
   f.entries.push_back(hot);
   r.cpu_threads = 0;

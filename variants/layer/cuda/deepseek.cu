@@ -919,6 +919,25 @@ std::vector<DumpTensor> DeepseekLayerCuda::tensors() const {
   return t;
 }
 
+std::vector<std::pair<std::string, std::string>> DeepseekLayerHybrid::axes() const {
+  auto a = DeepseekLayerCuda::axes();
+  for (auto& [name, value] : a)
+    if (name == "moe") value = "moe/host/cuda";
+  return a;
+}
+
+Support DeepseekLayerHybrid::supports(const ModelFile& model, const Point& point) const {
+  const std::string& moe = point.text("moe");
+  const auto op = moe::cuda::make_moe_op(moe);
+  if (op && !op->experts_on_host())
+    return Support::no("moe: " + moe + " runs the routed experts on the GPU; layer/deepseek/hybrid runs them on the CPU (moe/host/cuda): use layer/deepseek/cuda");
+  return DeepseekLayerCuda::supports(model, point);
+}
+
+DSLAB_REGISTER_VARIANT(DeepseekLayerHybrid, "layer/deepseek/hybrid", dslab::Device::cuda,
+                       "layer/deepseek/cuda with KTransformers' placement: attention, router and shared experts on the GPU, routed experts on "
+                       "the CPU (moe/host/cuda; gpu_experts keeps the first N layers' or each layer's N hottest on the GPU; gpu_budget, cpu_threads)");
+
 DSLAB_REGISTER_VARIANT(DeepseekLayerCuda, "layer/deepseek/cuda", dslab::Device::cuda,
                        "DeepSeek decoder layers end to end (norms, attn=any mla/*/cuda, moe=any moe/*/cuda or the dense MLP, residuals; "
                        "layers=N or all with embedding and LM head), eager or one CUDA graph per batch bucket");

@@ -95,4 +95,14 @@ class DeepseekLayerCuda : public Variant {
   std::vector<float> host_out_;
 };
 
+// layer/deepseek/hybrid: the same layer with KTransformers' placement as its default (attention, router and shared
+// experts on the GPU, routed experts on the CPU: moe=moe/host/cuda, hidden states over pinned memory, the CPU's experts
+// overlapped with the GPU's shared experts) and the placement axes (gpu_experts, gpu_budget, cpu_threads). It takes
+// only MoE ops that run the routed experts on the CPU; the rest are layer/deepseek/cuda's.
+class DeepseekLayerHybrid final : public DeepseekLayerCuda {
+ public:
+  std::vector<std::pair<std::string, std::string>> axes() const override;
+  Support supports(const ModelFile& model, const Point& point) const override;
+};
+
 }  // namespace dslab::layer::cuda
