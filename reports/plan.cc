@@ -495,6 +495,13 @@ void attach_measurements(Plan& plan, const std::vector<ResultsFile>& files) {
         if (p.measured_s >= 0 && (graph || !is_graph)) continue;  // keep a graph run over an eager one
         p.measured_s = e.median_us * 1e-6;
         p.measured_by = f.path + ": " + e.name;
+        p.measured_spread = -1;
+        if (e.samples_us.size() >= 3 && e.median_us > 0) {
+          std::vector<double> v = e.samples_us;
+          std::sort(v.begin(), v.end());
+          auto at = [&](double q) { return v[size_t(q * double(v.size() - 1) + 0.5)]; };
+          p.measured_spread = (at(0.9) - at(0.1)) / e.median_us;
+        }
         graph = is_graph;
       }
   }
@@ -551,6 +558,7 @@ nlohmann::json Plan::to_json() const {
                           {"predicted_s", p.predicted_s},
                           {"measured_s", p.measured_s >= 0 ? nlohmann::json(p.measured_s) : nlohmann::json(nullptr)},
                           {"measured_by", p.measured_by},
+                          {"measured_spread", p.measured_spread >= 0 ? nlohmann::json(p.measured_spread) : nlohmann::json(nullptr)},
                           {"run_with", run_with(p.placement).empty() ? nlohmann::json(nullptr) : nlohmann::json(run_with(p.placement))},
                           {"chosen", p.chosen},
                           {"fits", p.fits},
@@ -585,7 +593,8 @@ std::string Plan::to_markdown() const {
         "|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& p : placements) {
     const bool measured = p.measured_s >= 0;
-    md << "| " << p.placement << " | " << fmt("%.3f", p.predicted_s * 1e3) << " | " << (measured ? fmt("%.3f", p.measured_s * 1e3) : "-") << " | "
+    const std::string noisy = p.measured_spread > kNoisySpread ? fmt(" (noisy: p10-p90 spans %.0f%% of the median)", 100 * p.measured_spread) : "";
+    md << "| " << p.placement << " | " << fmt("%.3f", p.predicted_s * 1e3) << " | " << (measured ? fmt("%.3f", p.measured_s * 1e3) + noisy : "-") << " | "
        << (measured ? fmt("%.2f", p.predicted_s / p.measured_s) : "-") << " | " << gb(p.gpu_bytes) << " | " << gb(p.host_bytes) << " | "
        << (p.chosen ? "**yes**" : "") << " | " << p.reason << " | "
        << (run_with(p.placement).empty() ? "(predicted only: dslab runs no all-CPU step)" : "`" + run_with(p.placement) + "`") << " |\n";

@@ -67,12 +67,17 @@ struct PlacementPlan {
   double predicted_s = 0;          // the step
   double measured_s = -1;          // a run of that placement at that point (layer/deepseek/cuda), -1: none
   std::string measured_by;         // which results entry
+  // (p90 - p10) / median of that run's samples: above kNoisySpread the run's own samples disagree by more than the
+  // 25% a prediction is judged by (a disturbed host), and the plan says so.
+  double measured_spread = -1;
   double gpu_bytes = 0, host_bytes = 0;
   bool fits = true;
   std::string why_not, reason;
   std::map<std::string, double> parts_s;  // where the time goes: attention, moe, transfers, ...
   bool chosen = false;
 };
+
+constexpr double kNoisySpread = 0.25;
 
 struct Plan {
   PlanRequest request;

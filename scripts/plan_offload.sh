@@ -3,7 +3,7 @@
 # GPU budget), on the machine file of the run's machine, with the run's placements as measured_s and, when the run
 # has them, the CPU engine's and the GPU grouped GEMMs' curves; plus DeepSeek-V3 decode on a 24 GB budget. Then one
 # line per runnable placement (plan, placement, predicted ms, measured ms, predicted/measured, chosen, fastest
-# measured). Used by scripts/device_run.sh's offload step, and here to re-plan committed results with today's planner.
+# measured; `noisy` where the run's p10-p90 spans more than 25% of its median: a disturbed host, re-run it). Used by scripts/device_run.sh's offload step, and here to re-plan committed results with today's planner.
 # Usage: scripts/plan_offload.sh RESULTS_JSON MACHINE_JSON PLANS_DIR   (dslab on PATH)
 set -euo pipefail
 results=${1:?usage: scripts/plan_offload.sh RESULTS_JSON MACHINE_JSON PLANS_DIR}
@@ -46,5 +46,6 @@ for plan_file in sorted(pathlib.Path(sys.argv[1]).glob("*/plan.json")):
     fastest = min((p["measured_s"] for p in runs), default=None)
     for p in runs:
         print(f'{plan_file.parent.name:45s} {p["placement"]:17s} predicted {p["predicted_s"] * 1e3:9.2f} ms  measured {p["measured_s"] * 1e3:9.2f} ms'
-              f'  {p["predicted_s"] / p["measured_s"]:5.2f}  {"chosen" if p.get("chosen") else "      "}  {"fastest" if p["measured_s"] == fastest else ""}')
+              f'  {p["predicted_s"] / p["measured_s"]:5.2f}  {"chosen" if p.get("chosen") else "      "}  {"fastest" if p["measured_s"] == fastest else "       "}'
+              f'  {"noisy" if (p.get("measured_spread") or 0) > 0.25 else ""}')
 PY

@@ -306,6 +306,13 @@ TEST(Plan, SplitRunsAreMeasuredAsTheirGpuLayersPlacement) {
   ASSERT_NE(it, plan.placements.end());
   EXPECT_EQ(it->measured_s, 33000 * 1e-6);
   EXPECT_GT(it->predicted_s, 0);
+  EXPECT_EQ(it->measured_spread, -1);  // (one sample: no spread)
+  // A disturbed run (p10-p90 over 25% of the median) is measured, and the plan says it is noisy.
+  f.entries.back().samples_us = {28000, 28500, 29000, 29500, 30000, 45000, 50000, 60000, 66000, 33000, 31000};
+  reports::attach_measurements(plan, {f});
+  const auto noisy = std::find_if(plan.placements.begin(), plan.placements.end(), [](const auto& p) { return p.placement == "hot_experts:12"; });
+  EXPECT_GT(noisy->measured_spread, reports::kNoisySpread);
+  EXPECT_NE(plan.to_markdown().find("(noisy: p10-p90 spans"), std::string::npos);
 }
 
 // A run of the CPU MoE engine: floor (on machine()'s 100 GB/s, 10 TFLOP/s) over time is its efficiency.
