@@ -115,10 +115,10 @@ int cmd_list(int argc, char** argv) {
   std::printf("%-22s %-6s %-11s %s\n", "variant", "device", "here", "what");
   for (const auto& e : registered_variants()) {
     std::string here = "yes";
-    if (e.device == Device::cuda && !gpu_info().present)
-      here = "no: " + gpu_info().why_absent;
-    else if (Support s = e.make()->available(); !s.ok)
+    if (Support s = e.make()->available(); !s.ok)  // (first: a build without a peer library says so on any machine)
       here = "no: " + s.reason;
+    else if (e.device == Device::cuda && !gpu_info().present)
+      here = "no: " + gpu_info().why_absent;
     std::printf("%-22s %-6s %-11s %s\n", e.name.c_str(), device_name(e.device), here.c_str(), e.summary.c_str());
   }
   return 0;

@@ -11,7 +11,7 @@ log() { printf '[dslab setup] %s\n' "$*" >&2; }
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 install_apt_packages() {
-  local wanted=(libdnnl-dev nlohmann-json3-dev libbenchmark-dev libgtest-dev libbenchmark-tools cmake g++ python3-venv ccache)
+  local wanted=(libdnnl-dev nlohmann-json3-dev libbenchmark-dev libgtest-dev libbenchmark-tools cmake g++ python3-venv ccache unzip)
   local missing=()
   for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -37,12 +37,42 @@ install_python_requirements() {
   fi
 }
 
+# FlashInfer, the peer baseline of mla/flashinfer/cuda: header-only C++/CUDA, taken from the pinned flashinfer-python
+# wheel on PyPI (checked against its SHA-256) and unpacked once per machine: its headers, the CUTLASS and CCCL headers
+# they need. Skipped without nvcc (nothing would build it) or with DSLAB_FLASHINFER=off; a failed fetch leaves the
+# variant unbuilt (dslab list says why), not the build broken.
+FLASHINFER_PIN=0.7.2.post1
+FLASHINFER_SHA256=bfdc18b9e1e4d8d0730fe4343dc0e284cd0c160086de80f99888bc4867922d49
+FLASHINFER_DIR=${DSLAB_FLASHINFER_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dslab/flashinfer-$FLASHINFER_PIN}
+fetch_flashinfer() {
+  [ "${DSLAB_FLASHINFER:-on}" != off ] || return 0
+  [ ! -f "$FLASHINFER_DIR/include/flashinfer/attention/mla_hopper.cuh" ] || return 0
+  command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ] || return 0
+  log "fetching flashinfer-python==$FLASHINFER_PIN (the headers of mla/flashinfer/cuda)"
+  local tmp wheel
+  tmp=$(mktemp -d)
+  if "$VENV/bin/python" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+       "flashinfer-python==$FLASHINFER_PIN" -d "$tmp" >/dev/null 2>&1 &&
+     wheel=$(ls "$tmp"/flashinfer_python-*.whl 2>/dev/null) &&
+     echo "$FLASHINFER_SHA256  $wheel" | sha256sum -c --status; then
+    rm -rf "$FLASHINFER_DIR.partial" && mkdir -p "$FLASHINFER_DIR.partial"
+    unzip -q "$wheel" 'flashinfer/data/include/*' 'flashinfer/data/cutlass/include/*' 'flashinfer/data/cccl/libcudacxx/include/*' \
+      'flashinfer/data/cccl/cub/*' 'flashinfer/data/cccl/thrust/thrust/*' -d "$FLASHINFER_DIR.partial"
+    mv "$FLASHINFER_DIR.partial/flashinfer/data" "$FLASHINFER_DIR" && rm -rf "$FLASHINFER_DIR.partial"
+  else
+    log "could not fetch flashinfer-python==$FLASHINFER_PIN (or its checksum differs): mla/flashinfer/cuda is not built"
+  fi
+  rm -rf "$tmp"
+}
+
 build() {
-  local jobs
+  local jobs flashinfer_arg=()
   jobs=$(nproc)
-  if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
+  [ -f "$FLASHINFER_DIR/include/flashinfer/attention/mla_hopper.cuh" ] && flashinfer_arg=(-DDSLAB_FLASHINFER_DIR="$FLASHINFER_DIR")
+  if [ ! -f "$BUILD_DIR/CMakeCache.txt" ] ||
+     { [ ${#flashinfer_arg[@]} -gt 0 ] && ! grep -q "^DSLAB_FLASHINFER_DIR:PATH=$FLASHINFER_DIR\$" "$BUILD_DIR/CMakeCache.txt"; }; then
     log "configuring $BUILD_DIR (Release)"
-    cmake -S "$DSLAB_ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake -S "$DSLAB_ROOT" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "${flashinfer_arg[@]}" >/dev/null
   fi
   log "building with $jobs jobs"
   cmake --build "$BUILD_DIR" -j "$jobs" -- --no-print-directory 2>&1 | grep -Ev '^\[ *[0-9]+%\]' || true
@@ -51,4 +81,5 @@ build() {
 
 install_apt_packages
 install_python_requirements
+fetch_flashinfer
 build

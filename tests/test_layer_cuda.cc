@@ -79,6 +79,12 @@ std::unique_ptr<Variant> run_verified(const VariantEntry& entry, const ModelFile
   return v;
 }
 
+// Whether an op's peer library was built in (mla/flashinfer/cuda needs the set-up's FlashInfer headers).
+bool available(const char* variant) {
+  const VariantEntry* e = find_variant(variant);
+  return e && e->make()->available().ok;
+}
+
 #define REQUIRE_LAYER()                                                                                 \
   const VariantEntry* entry = find_variant("layer/deepseek/cuda");                                    \
   if (!entry) GTEST_SKIP() << "layer/deepseek/cuda is not built (no CUDA toolkit at configure time)"; \
@@ -112,6 +118,7 @@ TEST(GpuLayer, EveryAttentionAndMoeOpMatchesReferenceStack) {
   cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph", "cublas", "auto", "off"});  // plain launches
   cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "eager", "own", "auto", "off"});
   cases.push_back({"tiny", "all", 3, 40, 1, "mla/a_cc_me/cuda", "moe/grouped/cuda", "graph"});  // embedding, dense + MoE layer, LM head
+  if (available("mla/flashinfer/cuda")) cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/flashinfer/cuda", "moe/grouped/cuda", "graph"});
   if (cpu_info().avx512_bf16) {  // KTransformers' split: routed experts on the CPU, inside the captured step
     cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/host/cuda", "graph"});
     cases.push_back({"tiny", "all", 3, 40, 1, "mla/a_cc_me/cuda", "moe/host/cuda", "eager"});
@@ -248,8 +255,11 @@ TEST(GpuLayer, HotExpertsRunOnTheGpuBesideTheCpuShare) {
 TEST(GpuLayer, GraphReplayMatchesEagerAtEveryStepWithoutRecapture) {
   REQUIRE_LAYER();
   const uint64_t seed = test::fresh_seed();
-  for (const LayerCase& base : {LayerCase{"deepseek-v2-lite", "2", 4, 200, 64, "mla/fused/cuda", "moe/grouped/cuda", "eager"},
-                                LayerCase{"tiny", "all", 2, 30, 16, "mla/a_cc_me/cuda", "moe/grouped/cuda", "eager"}}) {
+  std::vector<LayerCase> bases{LayerCase{"deepseek-v2-lite", "2", 4, 200, 64, "mla/fused/cuda", "moe/grouped/cuda", "eager"},
+                               LayerCase{"tiny", "all", 2, 30, 16, "mla/a_cc_me/cuda", "moe/grouped/cuda", "eager"}};
+  // FlashInfer's plan made again for each step's lengths and copied in before the replay, as the fused kernel's
+  if (available("mla/flashinfer/cuda")) bases.push_back({"deepseek-v2-lite", "2", 4, 200, 16, "mla/flashinfer/cuda", "moe/grouped/cuda", "eager"});
+  for (const LayerCase& base : bases) {
     SCOPED_TRACE(describe(base));
     LayerCase graph = base;
     graph.executor = "graph";

@@ -48,6 +48,7 @@ Point point_of(const GpuCase& c) {
 #define REQUIRE_GPU_VARIANT(name)                                                           \
   const VariantEntry* entry = find_variant(name);                                          \
   if (!entry) GTEST_SKIP() << name << " is not built (no CUDA toolkit at configure time)"; \
+  if (Support a = entry->make()->available(); !a.ok) GTEST_SKIP() << a.reason;             \
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent
 
 // Runs two decode steps (the second rewrites the same cache slots) and returns the verification.
@@ -68,8 +69,9 @@ class GpuMla : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuMla, MatchesReferenceOverPagesLengthsAndCacheTypes) {
   REQUIRE_GPU_VARIANT(GetParam());
-  const bool fused = GetParam() == "mla/fused/cuda";
-  const bool quantised_ok = fused || GetParam() == "mla/a_cc_me/cuda";
+  // (mla/flashinfer/cuda: a decode kernel too, FlashInfer's; bf16 caches only)
+  const bool fused = GetParam() == "mla/fused/cuda" || GetParam() == "mla/flashinfer/cuda";
+  const bool quantised_ok = GetParam() == "mla/fused/cuda" || GetParam() == "mla/a_cc_me/cuda";
   const uint64_t seed = test::fresh_seed();
   std::vector<GpuCase> cases;
   for (int64_t page : {1, 16, 64, 256})
@@ -153,7 +155,8 @@ TEST(GpuMlaFused, RepeatedStepsGiveIdenticalOutputs) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuMla,
-                         ::testing::Values("mla/cd/cuda", "mla/cc/cuda", "mla/a_cc/cuda", "mla/a_cc_me/cuda", "mla/fused/cuda"),
+                         ::testing::Values("mla/cd/cuda", "mla/cc/cuda", "mla/a_cc/cuda", "mla/a_cc_me/cuda", "mla/fused/cuda",
+                                           "mla/flashinfer/cuda"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '/', '_');

@@ -137,7 +137,9 @@ double gpu_forward_scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s
   if (fused) {  // query [latent ‖ rope], latent output, and per split-KV segment a 64-row tile's 512 partials + LSE
     const double row_tiles = std::ceil(S * H / 64.0);
     const double parts = s.kv_splits > 0 ? double(std::min<int64_t>(s.kv_splits, 1023)) : std::max(1.0, std::floor(double(kFusedMaxSms) / row_tiles));
-    return bytes + T * H * (w + r) * 2 + (B + parts) * row_tiles * 64 * 513 * 4;
+    // (mla/flashinfer/cuda, also a fused op: FlashInfer's partial outputs, bf16, for two 64-row tiles per SM)
+    const double flashinfer = 2.0 * double(kFusedMaxSms) * 64 * (r * 2 + 4) + 256;
+    return bytes + T * H * (w + r) * 2 + std::max((B + parts) * row_tiles * 64 * 513 * 4, flashinfer);
   }
   bytes += padded * H * S * 4;  // scores fp32
   switch (algo) {

@@ -461,6 +461,7 @@ double device_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t pag
 // ---- the op ----------------------------------------------------------------------------------------------
 
 std::string MlaOp::unsupported(const ModelConfig& m, const Shape& s) const {
+  if (const std::string why = unavailable(); !why.empty()) return why;
   if (!supports_kv_dtype(s.kv_dtype)) return std::string("kv_dtype ") + kv_dtype_name(s.kv_dtype) + " not implemented by this form";
   if (fused_ && (s.heads * s.q_len) % 16) return "decode kernel: heads x q_len must be a multiple of 16";
   if (fused_ && s.q_len > 2) return "decode kernel: q_len 1 or 2 (MTP); extend runs on the unfused forms";
@@ -469,7 +470,7 @@ std::string MlaOp::unsupported(const ModelConfig& m, const Shape& s) const {
            std::to_string(kNormThreads * kNormLatentPerThread);
   if (m.qk_rope_head_dim > 64 * kRopePairsPerLane) return "RoPE kernel: qk_rope_head_dim up to " + std::to_string(64 * kRopePairsPerLane);
   if (m.kv_lora_rank + m.qk_rope_head_dim != 576 && fused_) return "fused kernel is built for a 512+64 latent";
-  return "";
+  return form_unsupported(m, s);
 }
 
 double MlaOp::scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t max_keys, bool fused) {
@@ -626,6 +627,11 @@ std::vector<std::pair<std::string, std::string>> GpuVariant::axes() const {
           {"kv_dtype", "bf16"}, {"executor", op_->fused() ? "graph" : "eager"}};
   if (op_->fused()) a.push_back({"kv_splits", "auto"});  // the split-KV CTAs per row tile (auto: auto_kv_splits)
   return a;
+}
+
+Support GpuVariant::available() const {
+  if (const std::string why = op_->unavailable(); !why.empty()) return Support::no(why);
+  return {};
 }
 
 Support GpuVariant::supports(const ModelFile& model, const Point& point) const {

@@ -187,6 +187,8 @@ class MlaOp {
   Algo algo() const { return algo_; }
   bool fused() const { return fused_; }
   virtual bool supports_kv_dtype(KvDtype d) const { return d == KvDtype::bf16; }
+  // Why this op cannot run at all in this build or on this machine (e.g. a peer library that was not fetched), or "".
+  virtual std::string unavailable() const { return ""; }
   // Why this op cannot run these shapes, or "" (no GPU needed to ask).
   std::string unsupported(const ModelConfig& m, const Shape& s) const;
   // s: batch, q_len, heads, kv_dtype of every step; max_keys: the longest request (cached + new) any step will
@@ -208,6 +210,8 @@ class MlaOp {
 
  protected:
   virtual void prepare_form() {}
+  // An op's own limits on the shapes, beyond the ones unsupported() checks for every op of its kind.
+  virtual std::string form_unsupported(const ModelConfig&, const Shape&) const { return ""; }
   // Reads q_ (rope applied) and the cache (new tokens written); writes attn_ [tokens][heads][v_head_dim].
   virtual void attend() = 0;
 
@@ -352,6 +356,7 @@ class GpuVariant : public Variant {
   explicit GpuVariant(const std::string& op_name);
   ~GpuVariant() override;
   std::vector<std::pair<std::string, std::string>> axes() const override;
+  Support available() const override;
   Support supports(const ModelFile& model, const Point& point) const override;
   Cost cost(const ModelFile& model, const Point& point) const override;
   double host_memory_bytes(const ModelFile& model, const Point& point) const override;
