@@ -651,7 +651,9 @@ options:
                      ktransformers (moe/host/cuda), gpu_layers:N (moe/host/cuda with gpu_experts keeping N MoE
                      layers' experts on the GPU) and hot_experts:N (moe/host/cuda, gpu_experts hot:N: each layer's N
                      hottest experts on the GPU); a split that was run is predicted too; all_cpu has no runnable
-                     layer; runs with a cpu_threads axis count only for a plan with that --cpu-threads; repeatable
+                     layer; runs with a cpu_threads axis count only for a plan with that --cpu-threads; a run
+                     whose samples' p10-p90 span more than 25% of its median is flagged noisy (measured_spread);
+                     repeatable
   --cpu-experts FILE results.json of the CPU MoE engine (moe/auto/cpu) at this model over tokens: the CPU routed
                      experts are predicted at the engine's measured fraction of their roofline at the step's tokens
                      per expert (default: the roofline alone); repeatable

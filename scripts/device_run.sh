@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Everything one device-machine call does, from the project root after `source .device/env.sh`:
+# Everything one device-machine call does, from the project root after `source .device/env.sh` (the bundle:
+# scripts/device_bundle.sh, here):
 # machine facts, calibration, the test binary (GPU tests run there), and the sweeps whose numbers we
 # report. Logs and results go under $OUT (at most 8 files come back, 2 folders deep).
 # Usage: scripts/device_run.sh [STEP...]
