@@ -1,7 +1,10 @@
 #include "reports/results_file.h"
 
+#include <lzma.h>
+
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <map>
 
 #include "harness/errors.h"
@@ -16,14 +19,37 @@ double to_us(double v, const std::string& unit) {
   if (unit == "s") return v * 1e6;
   return v;
 }
+// The file's text; a name ending in .xz is decompressed (committed device results are kept xz-compressed: what a
+// device call carries is capped, and those files are most of it).
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw BadInput(path + ": cannot open results file");
+  std::string raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (path.size() < 3 || path.compare(path.size() - 3, 3, ".xz") != 0) return raw;
+  lzma_stream z = LZMA_STREAM_INIT;
+  if (lzma_stream_decoder(&z, UINT64_MAX, 0) != LZMA_OK) throw std::runtime_error(path + ": cannot start the xz decoder");
+  std::string out;
+  char buffer[1 << 16];
+  z.next_in = reinterpret_cast<const uint8_t*>(raw.data());
+  z.avail_in = raw.size();
+  lzma_ret r = LZMA_OK;
+  while (r == LZMA_OK) {
+    z.next_out = reinterpret_cast<uint8_t*>(buffer);
+    z.avail_out = sizeof(buffer);
+    r = lzma_code(&z, LZMA_FINISH);
+    out.append(buffer, sizeof(buffer) - z.avail_out);
+  }
+  lzma_end(&z);
+  if (r != LZMA_STREAM_END) throw BadInput(path + ": not a valid xz file (lzma error " + std::to_string(int(r)) + ")");
+  return out;
+}
 }  // namespace
 
 ResultsFile load_results(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw BadInput(path + ": cannot open results file");
+  const std::string text = read_text(path);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(f);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     std::string msg = e.what();
     throw BadInput(path + ": malformed JSON (" + msg.substr(msg.find(']') + 2) + ")");

@@ -12,8 +12,8 @@ plans=${3:?plans folder}
 mkdir -p "$plans"
 # each whole-model point run: model batch q_len kv_len budget, and whether the CPU engine and the GPU MoE ran alone at that model
 python3 - "$results" <<'PY' | while read -r model batch q kv budget engine grouped; do
-import json, sys
-benchmarks = json.load(open(sys.argv[1]))["benchmarks"]
+import json, lzma, sys
+benchmarks = json.load((lzma.open if sys.argv[1].endswith(".xz") else open)(sys.argv[1], "rt"))["benchmarks"]
 engine = {b["model"] for b in benchmarks if b.get("variant") == "moe/auto/cpu"}
 grouped = {b["model"] for b in benchmarks if b.get("variant") == "moe/grouped/cuda"}
 seen = set()
@@ -35,8 +35,8 @@ PY
     "${engine_runs[@]}" "${budget_args[@]}" --out "$plans/$model-$phase-b$batch-q$q-kv$kv$suffix" >/dev/null
 done
 v3_engine=()
-python3 -c 'import json, sys; sys.exit(not any(b.get("variant") == "moe/auto/cpu" and b["model"] == "deepseek-v3"
-            for b in json.load(open(sys.argv[1]))["benchmarks"]))' "$results" 2>/dev/null && v3_engine=(--cpu-experts "$results")
+python3 -c 'import json, lzma, sys; sys.exit(not any(b.get("variant") == "moe/auto/cpu" and b["model"] == "deepseek-v3"
+            for b in json.load((lzma.open if sys.argv[1].endswith(".xz") else open)(sys.argv[1], "rt"))["benchmarks"]))' "$results" 2>/dev/null && v3_engine=(--cpu-experts "$results")
 dslab plan --model deepseek-v3 --batch 1 --gpu-budget 24 --machine "$machine" "${v3_engine[@]}" --out "$plans/deepseek-v3-decode-b1-24gb" >/dev/null
 python3 - "$plans" <<'PY'
 import json, pathlib, sys

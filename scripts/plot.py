@@ -13,6 +13,7 @@ placements' predicted (and, where run, measured) step times. Each figure as PNG 
 Exit status 2 on bad input.
 """
 import argparse
+import lzma
 import json
 import math
 import os
@@ -35,10 +36,13 @@ def fail(msg):
 
 def read_json(path):
     try:
-        with open(path) as f:
+        # (committed device results are kept xz-compressed)
+        with (lzma.open(path, "rt") if path.endswith(".xz") else open(path)) as f:
             return json.load(f)
     except OSError as e:
         fail(f"{path}: cannot open ({e.strerror})")
+    except lzma.LZMAError as e:
+        fail(f"{path}: not a valid xz file ({e})")
     except json.JSONDecodeError as e:
         fail(f"{path}: malformed JSON ({e.msg} at line {e.lineno})")
 

@@ -11,7 +11,7 @@ log() { printf '[dslab setup] %s\n' "$*" >&2; }
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 install_apt_packages() {
-  local wanted=(libdnnl-dev nlohmann-json3-dev libbenchmark-dev libgtest-dev libbenchmark-tools cmake g++ python3-venv ccache unzip)
+  local wanted=(libdnnl-dev nlohmann-json3-dev libbenchmark-dev libgtest-dev libbenchmark-tools cmake g++ python3-venv ccache unzip liblzma-dev xz-utils)
   local missing=()
   for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

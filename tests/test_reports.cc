@@ -1,6 +1,7 @@
 // Reports: the U test against scipy's values, verdicts, normalization, matching by variant and axes.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -158,6 +159,31 @@ TEST(ResultsFile, RepetitionsOfOneRunAreOneEntryInPassOrder) {
   std::ofstream(path) << j.dump();
   EXPECT_THROW(load_results(path.string()), BadInput);
   std::filesystem::remove(path);
+}
+
+// Committed device results are kept xz-compressed: read back as the same entries; a damaged file is bad input.
+TEST(ResultsFile, ReadsXzCompressedResults) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto plain = dir / "dslab_xz_results.json", packed = dir / "dslab_xz_results.json.xz";
+  const nlohmann::json j = {{"context", {{"gpu", "test"}}},
+                            {"benchmarks", {{{"name", "a/tiny/batch:1"}, {"variant", "a"}, {"real_time", 12.5}, {"time_unit", "us"},
+                                             {"sample_times", {12.0, 12.5, 13.0}}}}}};
+  std::ofstream(plain) << j.dump();
+  std::filesystem::remove(packed);
+  ASSERT_EQ(std::system(("xz -k " + plain.string()).c_str()), 0) << "xz (xz-utils) is needed by this test";
+  const ResultsFile a = load_results(plain.string()), b = load_results(packed.string());
+  ASSERT_EQ(b.entries.size(), 1u);
+  EXPECT_EQ(b.entries[0].samples_us, a.entries[0].samples_us);
+  EXPECT_EQ(b.context, a.context);
+  std::ofstream(packed, std::ios::trunc) << "not xz at all";
+  try {
+    load_results(packed.string());
+    ADD_FAILURE() << "a damaged .xz must be refused";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("not a valid xz file"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(plain);
+  std::filesystem::remove(packed);
 }
 
 TEST(Compare, NormalizesEachRepetitionByItsOwnReference) {
