@@ -63,6 +63,9 @@ options:
   --min-samples N       stop rule: at least N samples (default 5)
   --min-time S          stop rule: at least S seconds of samples (default 0.3)
   --max-noise F         stop rule: stop once stdev/sqrt(n)/mean <= F (default 0.01)
+  --max-spread F        a point whose samples' p10-p90 span more than F of their median (a disturbed host) is
+                        sampled again and the steadier window kept; results say so (resampled, discarded_spread)
+                        (default 0: off; a suite may set "max_spread")
   --timeout S           stop rule: give up converging after S seconds per point (default 5)
   --repetitions N       run the whole sweep N times, one pass after another (default 1); results.json gets each
                         pass's entry (repetition_index) and Google Benchmark's aggregates over the passes'
@@ -150,7 +153,7 @@ int cmd_calibrate(int argc, char** argv) {
 int cmd_run(int argc, char** argv) {
   const Args a = parse_args(argc, argv, 2, {"--hot", "--no-verify", "--sequential"},
                             {"--model", "--variant", "--suite", "--axis", "--out", "--dump", "--seed", "--machine", "--min-samples",
-                             "--min-time", "--max-noise", "--timeout", "--repetitions"});
+                             "--min-time", "--max-noise", "--timeout", "--max-spread", "--repetitions"});
   if (a.positional.size() > 1) throw BadInput("command line: expected at most one sweep file, got '" + a.positional[1] + "'");
   Sweep sweep;
   if (a.positional.empty()) {
@@ -167,6 +170,7 @@ int cmd_run(int argc, char** argv) {
   rule.min_time_s = a.number("--min-time", rule.min_time_s, 0);
   rule.max_noise = a.number("--max-noise", rule.max_noise, 0);
   rule.timeout_s = a.number("--timeout", rule.timeout_s, 0);
+  rule.max_spread = a.number("--max-spread", rule.max_spread, 0);
   const uint64_t seed = uint64_t(a.number("--seed", 1, 0));
   const int repetitions = int(a.number("--repetitions", 1, 1));
   const bool hot = a.has("--hot"), verify = !a.has("--no-verify"), sequential = a.has("--sequential");
@@ -209,7 +213,7 @@ int cmd_run(int argc, char** argv) {
     context["repetitions"] = repetitions;
     context["verify"] = verify;
     context["stop_rule"] = {{"min_samples", rule.min_samples}, {"min_time_s", rule.min_time_s},
-                            {"max_noise", rule.max_noise}, {"timeout_s", rule.timeout_s}};
+                            {"max_noise", rule.max_noise}, {"timeout_s", rule.timeout_s}, {"max_spread", rule.max_spread}};
     context["machine_file"] = machine ? nlohmann::json(a.one("--machine", default_machine_path())) : nlohmann::json(nullptr);
     if (machine) context["machine"] = *machine;
     std::string models;
@@ -278,6 +282,8 @@ int cmd_run(int argc, char** argv) {
         StopRule point_rule = rule;  // the suite may raise the floors (never lower the command line's)
         point_rule.min_samples = std::max(rule.min_samples, plan.points[first].min_samples);
         point_rule.timeout_s = std::max(rule.timeout_s, plan.points[first].timeout_s);
+        if (plan.points[first].max_spread > 0)
+          point_rule.max_spread = rule.max_spread > 0 ? std::min(rule.max_spread, plan.points[first].max_spread) : plan.points[first].max_spread;
         samples = measure_interleaved(subjects, point_rule, hot);
       } catch (const std::exception& e) {
         for (size_t k : measured) group[k].error = std::string("run: ") + e.what();
@@ -322,6 +328,9 @@ int cmd_run(int argc, char** argv) {
           }
           const Stats st = summarize(r.samples.seconds);
           std::fprintf(stderr, "%.4g ms (%zu samples, %s)", st.median * 1e3, r.samples.seconds.size(), r.samples.stop_reason.c_str());
+          if (r.samples.discarded_spread >= 0)
+            std::fprintf(stderr, " (sampled twice: a window's p10-p90 spanned %.0f%% of its median; kept the one at %.0f%%)",
+                         100 * std::max(r.samples.discarded_spread, r.samples.spread()), 100 * std::min(r.samples.discarded_spread, r.samples.spread()));
           if (r.verification) {
             std::fprintf(stderr, " verify %s %.2e", r.verification->pass() ? "PASS" : "FAIL", r.verification->rel_err);
             failures += !r.verification->pass();

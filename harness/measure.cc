@@ -64,6 +64,11 @@ Stats summarize(std::vector<double> s) {
   return st;
 }
 
+double SampleSet::spread() const {
+  const Stats st = summarize(seconds);
+  return st.median > 0 ? (st.p90 - st.p10) / st.median : 0;
+}
+
 std::vector<SampleSet> measure_interleaved(const std::vector<Subject>& subjects, const StopRule& rule, bool hot) {
   const size_t n = subjects.size();
   std::vector<SampleSet> out(n);
@@ -124,6 +129,34 @@ std::vector<SampleSet> measure_interleaved(const std::vector<Subject>& subjects,
           --running;
         }
   }
+  // A disturbed window: sample that subject again, alone, and keep the steadier window.
+  if (rule.max_spread > 0)
+    for (size_t i = 0; i < n; ++i) {
+      if (out[i].seconds.size() < 5 || out[i].spread() <= rule.max_spread) continue;
+      SampleSet again;
+      again.cache_state = out[i].cache_state;
+      double total = 0, total_sq = 0;
+      const double again_start = now_s();
+      while (again.stop_reason.empty()) {
+        const double s = one_sample(i);
+        again.seconds.push_back(s);
+        total += s, total_sq += s * s;
+        const double k = double(again.seconds.size());
+        if (again.seconds.size() >= size_t(rule.min_samples) && total >= rule.min_time_s) {
+          const double mean = total / k, var = std::max(0.0, (total_sq - k * mean * mean) / (k - 1));
+          if (std::sqrt(var / k) <= rule.max_noise * mean) again.stop_reason = "converged";
+        }
+        if (again.stop_reason.empty() && again.seconds.size() >= size_t(rule.max_samples)) again.stop_reason = "max_samples";
+        if (again.stop_reason.empty() && now_s() - again_start >= rule.timeout_s && again.seconds.size() >= 2) again.stop_reason = "timeout";
+      }
+      const double first = out[i].spread(), second = again.spread();
+      if (second < first) {
+        again.discarded_spread = first;
+        out[i] = std::move(again);
+      } else {
+        out[i].discarded_spread = second;
+      }
+    }
   return out;
 }
 

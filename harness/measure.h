@@ -13,12 +13,18 @@ struct StopRule {
   double min_time_s = 0.3;  // of summed sample time
   double max_noise = 0.01;  // relative standard error of the mean: stdev / sqrt(n) / mean
   double timeout_s = 5;     // wall time for the point, flushes included
+  // 0: off. Above it, (p90 - p10) / median of a subject's samples says the host was disturbed while it ran (a
+  // second-long stall moved a 25-sample median 38% on a lent machine): the subject is sampled again, alone, under
+  // the same rule, and the window with the smaller spread is kept (the results say so).
+  double max_spread = 0;
 };
 
 struct SampleSet {
   std::vector<double> seconds;
   std::string stop_reason;  // converged | timeout | max_samples
   std::string cache_state;  // hot | flushed (cache overwritten before each sample) | streaming (working set > 4x cache)
+  double discarded_spread = -1;  // resampled (StopRule::max_spread): the spread of the window not kept, else -1
+  double spread() const;         // (p90 - p10) / median of seconds
 };
 
 struct Stats {

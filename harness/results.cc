@@ -172,6 +172,10 @@ nlohmann::json results_to_json(const nlohmann::json& context, const std::vector<
     b["sample_times"] = sample_times;
     b["stop_reason"] = r.samples.stop_reason;
     b["cache_state"] = r.samples.cache_state;
+    if (r.samples.discarded_spread >= 0) {  // sampled twice (a disturbed window): the steadier window is the one above
+      b["resampled"] = true;
+      b["discarded_spread"] = r.samples.discarded_spread;
+    }
     b["flops"] = r.cost.flops;
     b["bytes"] = r.cost.bytes;
     b["arithmetic_intensity"] = r.cost.bytes > 0 ? r.cost.flops / r.cost.bytes : 0.0;

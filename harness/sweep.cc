@@ -68,9 +68,9 @@ Sweep parse_sweep(const nlohmann::json& j, const std::string& source, const std:
     if (!js.is_object()) throw BadInput(where + ": expected an object");
     for (const auto& item : js.items())
       if (item.key() != "name" && item.key() != "model" && item.key() != "variants" && item.key() != "axes" && item.key() != "min_samples" &&
-          item.key() != "timeout" && item.key() != "unverified")
+          item.key() != "timeout" && item.key() != "max_spread" && item.key() != "unverified")
         throw BadInput(where + ": field '" + item.key() +
-                       "': unknown suite field (expected name, model, variants, axes, min_samples, timeout, unverified)");
+                       "': unknown suite field (expected name, model, variants, axes, min_samples, timeout, max_spread, unverified)");
     Suite suite;
     suite.name = js.value("name", "suite" + std::to_string(i));
     suite.model = js.contains("model") ? js["model"].get<std::string>() : model;
@@ -93,6 +93,12 @@ Sweep parse_sweep(const nlohmann::json& j, const std::string& source, const std:
       if (!v.is_number() || v.get<double>() <= 0 || v.get<double>() > 3600)
         throw bad_field(where, "timeout", v.dump(), "seconds per point, above 0 and at most 3600");
       suite.timeout_s = v.get<double>();
+    }
+    if (js.contains("max_spread")) {
+      const auto& v = js["max_spread"];
+      if (!v.is_number() || v.get<double>() <= 0 || v.get<double>() > 10)
+        throw bad_field(where, "max_spread", v.dump(), "a fraction above 0 (e.g. 0.25: a point whose p10-p90 spans more of its median is sampled again)");
+      suite.max_spread = v.get<double>();
     }
     if (js.contains("unverified")) {
       const auto& v = js["unverified"];
@@ -268,7 +274,7 @@ Plan expand(const Sweep& sweep) {
           s = a;
         else
           s = variant->supports(*model, p);  // throws BadInput on an invalid model config
-        plan.points.push_back({entry, suite.name, model, p, s, suite.min_samples, suite.timeout_s, suite.unverified_reason});
+        plan.points.push_back({entry, suite.name, model, p, s, suite.min_samples, suite.timeout_s, suite.max_spread, suite.unverified_reason});
       }
   }
   return plan;

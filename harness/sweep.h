@@ -31,6 +31,7 @@ struct Suite {
   // engine efficiencies) and must survive a noisy host.
   int min_samples = 0;
   double timeout_s = 0;
+  double max_spread = 0;  // (StopRule::max_spread; 0: the run's own)
   // Non-empty: the suite's points are timed but not verified, for this reason (points whose fp64 reference takes
   // longer than a device call, e.g. a whole-stack 8K prefill; the same code verifies at smaller points and in tests).
   std::string unverified_reason;
@@ -65,6 +66,7 @@ struct PlannedPoint {
   Support support;  // device absent, ISA missing, or the variant's own reason
   int min_samples = 0;  // the suite's floors on the stop rule (Suite)
   double timeout_s = 0;
+  double max_spread = 0;
   std::string unverified_reason;  // (Suite)
 };
 
