@@ -4,7 +4,8 @@
 # machine facts, calibration, the test binary (GPU tests run there), and the sweeps whose numbers we
 # report. Logs and results go under $OUT (at most 8 files come back, 2 folders deep).
 # Usage: scripts/device_run.sh [STEP...]
-#   steps: facts calibrate calibrate-twice tests gpu-tests default v2 mla-cpu moe-v2-lite moe-v3 offload[:SUITE,...] mla-decode:SUITE[,SUITE...]
+#   steps: facts calibrate calibrate-twice tests gpu-tests sanitize[:POINT,...] default v2 mla-cpu moe-v2-lite moe-v3 offload[:SUITE,...]
+#          mla-decode:SUITE[,SUITE...]
 #          sweep:NAME:SUITE[,SUITE...] (workloads/sweeps/NAME.json into $OUT/NAME-SUITE/results.json)
 #   (default: facts calibrate tests default v2 mla-cpu). mla-decode:a,b runs those suites of
 #   workloads/sweeps/mla-decode.json into $OUT/mla-decode-a/results.json; GPU_TIMEOUT caps each point (default 1 s);
@@ -41,6 +42,14 @@ for s in "${steps[@]}"; do
       step gpu-tests
       DSLAB_BINARY=$(command -v dslab) timeout "${GPU_TESTS_LIMIT:-540}" dslab_tests --gtest_filter="${GPU_TESTS_FILTER:-Gpu*}" >"$OUT/gpu-tests.log" 2>&1
       echo "dslab_tests (GPU) exit $?" | tee -a "$log"; grep -E '^\[  (FAILED|PASSED|SKIPPED)' "$OUT/gpu-tests.log" | tail -12 | tee -a "$log" ;;
+    sanitize|sanitize:*)
+      # compute-sanitizer memcheck + racecheck over small points of every GPU op (scripts/sanitize.sh; sanitize:a,b
+      # runs only those TOOL-POINT names, e.g. sanitize:memcheck-layer-tiny,racecheck-moe-grouped).
+      points=${s#sanitize}; points=${points#:}
+      step "sanitize ${points:-all}"
+      # shellcheck disable=SC2086  # the names, word-split on purpose
+      timeout "${SANITIZE_LIMIT:-540}" scripts/sanitize.sh "$OUT/sanitize" ${points//,/ } 2>&1 | tee -a "$log" | tail -40 >"$OUT/sanitize.txt"
+      echo "sanitize exit ${PIPESTATUS[0]}" | tee -a "$log" ;;
     mla-decode:*)
       suites=${s#mla-decode:}
       step "mla-decode $suites"
@@ -91,7 +100,7 @@ for s in "${steps[@]}"; do
       suite=$([ "$s" = moe-v3 ] && echo moe-v3-64-experts || echo moe-v2-lite)
       timeout 540 dslab run workloads/sweeps/moe-cpu.json --suite "$suite" --timeout "${MOE_TIMEOUT:-2}" --machine "$machine" --out "$OUT/$s" >>"$log" 2>&1
       echo "exit $?" | tee -a "$log" ;;
-    *) echo "unknown step '$s' (expected facts calibrate calibrate-twice tests gpu-tests default v2 mla-cpu moe-v2-lite moe-v3 offload mla-decode:SUITE sweep:NAME:SUITE)" >&2; exit 2 ;;
+    *) echo "unknown step '$s' (expected facts calibrate calibrate-twice tests gpu-tests sanitize[:POINTS] default v2 mla-cpu moe-v2-lite moe-v3 offload mla-decode:SUITE sweep:NAME:SUITE)" >&2; exit 2 ;;
   esac
 done
 grep -E '^(mla|moe|layer|variant|results)' "$log" | tail -70

@@ -8,7 +8,8 @@
 # copies and ordered by mbarriers, which racecheck does not model (it reports the same hazard pairs inside cuBLAS's
 # own kernels); those are counted and listed. Usage: scripts/sanitize.sh OUT_DIR [TOOL-NAME...]
 # (dslab on PATH; names such as racecheck-moe-host run only those points). The layer points cover the scratch arena
-# (layer-tiny-arena; layer-tiny without it), the streamed experts' copies (layer-v2-lite-streamed) and the hot
+# (layer-tiny-arena; layer-tiny without it), FlashInfer's MLA decode (mla-flashinfer: its kernel is a peer's, so its
+# racecheck reports are listed, not judged), the streamed experts' copies (layer-v2-lite-streamed) and the hot
 # experts' split between the GPU and the CPU (layer-tiny-hot, layer-v2-lite-hot).
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUT_DIR [TOOL-NAME...]}
@@ -42,6 +43,7 @@ for tool in memcheck racecheck; do
   DSLAB_SCRATCH_ARENA=off run "$tool" layer-tiny-hot --model tiny --variant layer/deepseek/cuda --axis layers=all --axis attn=mla/a_cc_me/cuda --axis batch=3 --axis kv_len=40 --axis page_size=16 --axis moe=moe/host/cuda --axis gpu_experts=hot:4 --axis cpu_threads=4 --axis executor=eager
   run "$tool" layer-v2-lite-hot --model deepseek-v2-lite --variant layer/deepseek/cuda --axis layers=2 --axis batch=4 --axis kv_len=150 --axis moe=moe/host/cuda --axis gpu_experts=hot:16 --axis cpu_threads=4 --axis executor=graph
   run "$tool" layer-v2-lite-fused --model deepseek-v2-lite --variant layer/deepseek/cuda --axis layers=1 --axis batch=2 --axis kv_len=150 --axis executor=eager
+  run "$tool" mla-flashinfer --model deepseek-v3 --variant mla/flashinfer/cuda --axis heads=16,128 --axis batch=3 --axis kv_len=300 --axis page_size=16 --axis len_dist=mixed
   run "$tool" moe-grouped --model deepseek-v2-lite --variant moe/grouped/cuda --axis tokens=1,300
   run "$tool" moe-loop --model deepseek-v2-lite --variant moe/loop/cuda --axis tokens=37
   run "$tool" moe-host --model deepseek-v2-lite --variant moe/host/cuda --axis tokens=1,40
