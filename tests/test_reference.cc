@@ -127,6 +127,38 @@ TEST(AbsorptionIdentity, PlainQProjection) {
   expect_forms_agree(m, 1);
 }
 
+// Sparse attention's reference: attention over a selection of keys per request. Selecting every key is dense
+// attention exactly; with a subset, a key left out has no influence (perturbing its latent changes nothing) and a
+// key kept has (perturbing it changes the output); the three forms agree on the subset too.
+TEST(Reference, MlaAttentionOverAKeySelection) {
+  const ModelConfig m = test::model("tiny");
+  const uint64_t seed = test::fresh_seed();
+  const auto p = ref::make_mla_params(m, m.num_attention_heads, seed);
+  auto in = ref::make_mla_inputs(m, 2, 2, 20, seed);
+  const int64_t N = in.kv_len + in.q_len, r = m.kv_lora_rank;
+  std::vector<std::vector<int64_t>> all(2);
+  for (auto& keys : all)
+    for (int64_t j = 0; j < N; ++j) keys.push_back(j);
+  const auto dense = ref::mla_attention(m, p, in, ref::MlaForm::absorbed_split);
+  EXPECT_EQ(ref::mla_attention(m, p, in, ref::MlaForm::absorbed_split, &all), dense);
+  // request 0: two sinks, a middle run and the new tokens; request 1: every third key and the new tokens
+  std::vector<std::vector<int64_t>> some = {{0, 1, 7, 8, 9, 10, 20, 21}, {0, 3, 6, 9, 12, 15, 18, 20, 21}};
+  const auto sparse = ref::mla_attention(m, p, in, ref::MlaForm::absorbed_split, &some);
+  EXPECT_GT(rel_diff(sparse, dense), 1e-6);
+  EXPECT_LE(rel_diff(ref::mla_attention(m, p, in, ref::MlaForm::decompressed, &some), sparse), 1e-10);
+  EXPECT_LE(rel_diff(ref::mla_attention(m, p, in, ref::MlaForm::absorbed_concat, &some), sparse), 1e-10);
+  auto perturbed = [&](int64_t request, int64_t key) {
+    ref::MlaInputs x = in;
+    for (int64_t i = 0; i < r; ++i) x.ckv_cache[size_t((request * in.kv_len + key) * r + i)] = to_bf16(0.5f);
+    return ref::mla_attention(m, p, x, ref::MlaForm::absorbed_split, &some);
+  };
+  EXPECT_EQ(perturbed(0, 5), sparse);       // key 5 of request 0: not selected
+  EXPECT_EQ(perturbed(1, 4), sparse);       // key 4 of request 1: not selected
+  EXPECT_NE(perturbed(0, 8), sparse);       // selected
+  std::vector<std::vector<int64_t>> bad = {{0, N}, {0}};
+  EXPECT_THROW(ref::mla_attention(m, p, in, ref::MlaForm::absorbed_split, &bad), std::invalid_argument);
+}
+
 TEST(Reference, GeneratorIsDeterministicPerSeedAndName) {
   const auto a = ref::random_bf16(7, "w", 1000, 1.0f), b = ref::random_bf16(7, "w", 1000, 1.0f);
   const auto c = ref::random_bf16(8, "w", 1000, 1.0f), d = ref::random_bf16(7, "v", 1000, 1.0f);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -190,10 +191,12 @@ void apply_rope(const ModelConfig& m, int64_t position, double* x) {
   std::copy(out.begin(), out.end(), x);
 }
 
-std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, const MlaInputs& in, MlaForm form) {
+std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, const MlaInputs& in, MlaForm form,
+                                  const std::vector<std::vector<int64_t>>* keys) {
   const int64_t hid = m.hidden_size, nh = p.heads, nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim;
   const int64_t qhd = nope + rope, vd = m.v_head_dim, r = m.kv_lora_rank;
   const int64_t B = in.batch, S = in.q_len, L = in.kv_len, T = B * S, N = L + S;
+  if (keys && int64_t(keys->size()) != B) throw std::invalid_argument("mla_attention: a key selection per request expected");
   const double scale = m.softmax_scale();
   const auto x = to_double(in.hidden_states);
 
@@ -245,6 +248,12 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
       c[size_t(j)] = latent(b, j);
       kpe[size_t(j)] = rope_key(b, j);
     }
+    std::vector<char> attended(static_cast<size_t>(N), keys ? 0 : 1);  // (sparse: the request's selection)
+    if (keys)
+      for (int64_t j : (*keys)[size_t(b)]) {
+        if (j < 0 || j >= N) throw std::invalid_argument("mla_attention: selected key " + std::to_string(j) + " of " + std::to_string(N));
+        attended[size_t(j)] = 1;
+      }
 #pragma omp parallel for schedule(dynamic)
     for (int64_t h = 0; h < nh; ++h) {
       // Decompressed keys/values of this head, only in the decompressed form.
@@ -284,7 +293,7 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
             for (int64_t i = 0; i < r; ++i) s_nope += q_abs[size_t(i)] * c[size_t(j)][size_t(i)];
             sc = s_pe + s_nope;
           }
-          score[size_t(j)] = sc * scale;
+          score[size_t(j)] = attended[size_t(j)] ? sc * scale : -INFINITY;  // (a masked key: no weight)
         }
         const double mx = *std::max_element(score.begin(), score.end());
         double sum = 0;

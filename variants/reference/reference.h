@@ -86,8 +86,11 @@ MlaInputs make_mla_inputs(const ModelConfig& m, int64_t batch, int64_t q_len, in
 // dot with [c_kv ‖ k_pe]; absorbed_split (a_cc_me): q_pe·k_pe + q_abs·c_kv as two sums.
 enum class MlaForm { decompressed, absorbed_concat, absorbed_split };
 
-// Output [batch*q_len][hidden] (after o_proj).
-std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, const MlaInputs& in, MlaForm form);
+// Output [batch*q_len][hidden] (after o_proj). keys (sparse attention: the selection a retrieval method made), when
+// given: per request, the key indices (0 .. kv_len + q_len - 1, the new tokens last) that request attends to; the
+// others are masked out of every new token's softmax (causality still applies).
+std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, const MlaInputs& in, MlaForm form,
+                                  const std::vector<std::vector<int64_t>>* keys = nullptr);
 
 // ---- feed-forward ----
 
