@@ -50,6 +50,40 @@ TEST(SparseSelect, BudgetSinksWindowAndWholeBlocks) {
   }
 }
 
+// Page-level selection for the GPU's block-sparse decode: whole pages (sinks' and window's always), the best-scored
+// others while the budget lasts, ascending so the partial last page is last; its length is the one the host's
+// schedule is made from before the scores exist, and with page-aligned sinks and window it is Quest's own selection.
+TEST(SparsePages, WholePagesTheBestScoredAndALengthKnownBeforehand) {
+  Budget b;
+  b.tokens = 256, b.n_init = 4, b.local = 64;
+  const int64_t keys = 1000, P = 64, pages = 16;  // the last page holds keys 960..999
+  std::vector<double> score(static_cast<size_t>(pages));
+  for (int64_t pg = 0; pg < pages; ++pg) score[size_t(pg)] = double((pg * 7) % 16);  // (distinct, below 16)
+  score[5] = 100;                                                                    // the best other page
+  const auto s = sparse::select_pages(keys, P, b, score);
+  EXPECT_EQ(s.pages, (std::vector<int64_t>{0, 5, 14, 15}));  // sinks' page, the best page, the window's two pages
+  EXPECT_EQ(s.length, 3 * P + (keys - 15 * P));
+  EXPECT_EQ(s.length, sparse::paged_sparse_length(keys, P, b));
+  const auto k = sparse::keys_of(s, keys, P);
+  EXPECT_EQ(int64_t(k.size()), s.length);
+  EXPECT_EQ(k.back(), keys - 1);
+  for (int64_t tokens : {64, 128, 512, 4096}) {  // budgets below, at and above what must be kept, and above the cache
+    b.tokens = tokens;
+    const auto t = sparse::select_pages(keys, P, b, score);
+    EXPECT_EQ(t.length, sparse::paged_sparse_length(keys, P, b)) << tokens;
+    EXPECT_TRUE(std::is_sorted(t.pages.begin(), t.pages.end()));
+    EXPECT_EQ(t.pages.back(), pages - 1);
+    EXPECT_EQ(int64_t(t.pages.size()), std::min(pages, std::max<int64_t>(3, tokens / P)));
+  }
+  // Page-aligned sinks and window: the same keys as Quest's token-budget selection over the same block scores.
+  const auto p = sparse::make_problem(4, 64, 16, 640, CacheKind::clustered, 0, test::fresh_seed());
+  Budget q;
+  q.tokens = 256, q.block = 64, q.n_init = 64, q.local = 64;
+  const sparse::SelectorState st(p, q.block, sparse::Indexer{}, sparse::SelectorState::blocks);
+  const auto paged = sparse::select_pages(p.keys, 64, q, sparse::quest_block_scores(p, q, st));
+  EXPECT_EQ(sparse::keys_of(paged, p.keys, 64), sparse::select_quest(p, q, st));
+}
+
 TEST(SparseSelect, TheOracleKeepsTheMostMassForItsBudget) {
   // The oracle takes the keys of largest summed probability: no selection of the same size (sinks and window
   // included) keeps more mean softmax mass.

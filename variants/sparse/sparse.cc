@@ -111,16 +111,21 @@ std::vector<int64_t> rank_descending(const std::vector<double>& score) {
   return order;
 }
 
-// Blocks ranked by the best head's score of a per-block summary: score_of(h, first, end).
+// Each block's best head's score of a per-block summary: score_of(h, first, end).
 template <class ScoreOf>
-std::vector<int64_t> select_blocks(const Problem& p, const Budget& b, ScoreOf score_of) {
+std::vector<double> block_scores(const Problem& p, const Budget& b, ScoreOf score_of) {
   if (b.block < 1) throw std::invalid_argument("sparse: block must be positive");
   const int64_t blocks = (p.keys + b.block - 1) / b.block;
   std::vector<double> best(size_t(blocks), -INFINITY);
   for (int64_t blk = 0; blk < blocks; ++blk)
     for (int64_t h = 0; h < p.heads; ++h)
       best[size_t(blk)] = std::max(best[size_t(blk)], score_of(h, blk * b.block, std::min(p.keys, (blk + 1) * b.block)));
-  return assemble(p, b, rank_descending(best), b.block);
+  return best;
+}
+// Blocks ranked by those scores, assembled into the selection.
+template <class ScoreOf>
+std::vector<int64_t> select_blocks(const Problem& p, const Budget& b, ScoreOf score_of) {
+  return assemble(p, b, rank_descending(block_scores(p, b, score_of)), b.block);
 }
 
 }  // namespace
@@ -234,9 +239,9 @@ void check_state(const Problem& p, const Budget& b, const SelectorState& st, Sel
 
 }  // namespace
 
-std::vector<int64_t> select_quest(const Problem& p, const Budget& b, const SelectorState& st) {
+std::vector<double> quest_block_scores(const Problem& p, const Budget& b, const SelectorState& st) {
   check_state(p, b, st, SelectorState::blocks);
-  return select_blocks(p, b, [&](int64_t h, int64_t first, int64_t) {
+  return block_scores(p, b, [&](int64_t h, int64_t first, int64_t) {
     const float *lo = st.block_min(first / b.block), *hi = st.block_max(first / b.block);
     double bound = 0;
     for (int64_t d = 0; d < p.latent; ++d) {
@@ -251,7 +256,52 @@ std::vector<int64_t> select_quest(const Problem& p, const Budget& b, const Selec
   });
 }
 
+std::vector<int64_t> select_quest(const Problem& p, const Budget& b, const SelectorState& st) {
+  return assemble(p, b, rank_descending(quest_block_scores(p, b, st)), b.block);
+}
+
 std::vector<int64_t> select_quest(const Problem& p, const Budget& b) { return select_quest(p, b, SelectorState(p, b.block, Indexer{}, SelectorState::blocks)); }
+
+PageSelection select_pages(int64_t keys, int64_t page_size, const Budget& b, const std::vector<double>& page_score) {
+  if (keys < 1 || page_size < 1) throw std::invalid_argument("sparse::select_pages: keys and page_size must be positive");
+  const int64_t pages = (keys + page_size - 1) / page_size;
+  if (int64_t(page_score.size()) != pages) throw std::invalid_argument("sparse::select_pages: one score per page expected");
+  std::vector<char> in(size_t(pages), 0);
+  int64_t used = 0;
+  auto take = [&](int64_t pg) {
+    if (!in[size_t(pg)]) in[size_t(pg)] = 1, ++used;
+  };
+  for (int64_t k = 0; k < std::min(b.n_init, keys); k += page_size) take(k / page_size);  // the sinks' pages
+  for (int64_t pg = std::max<int64_t>(0, keys - b.local) / page_size; pg < pages; ++pg) take(pg);  // the window's
+  const int64_t budget = std::max<int64_t>(1, b.tokens / page_size);
+  for (int64_t pg : rank_descending(page_score)) {
+    if (used >= budget) break;
+    take(pg);
+  }
+  PageSelection s;
+  for (int64_t pg = 0; pg < pages; ++pg)
+    if (in[size_t(pg)]) s.pages.push_back(pg);
+  s.length = (int64_t(s.pages.size()) - 1) * page_size + (keys - (pages - 1) * page_size);  // (the last page is always kept)
+  return s;
+}
+
+int64_t paged_sparse_length(int64_t keys, int64_t page_size, const Budget& b) {
+  // (select_pages keeps max(budget, sinks' and window's pages) pages, at most all; the last one is the cache's last)
+  const int64_t pages = (keys + page_size - 1) / page_size;
+  std::vector<char> kept(size_t(pages), 0);
+  for (int64_t k = 0; k < std::min(b.n_init, keys); k += page_size) kept[size_t(k / page_size)] = 1;
+  for (int64_t pg = std::max<int64_t>(0, keys - b.local) / page_size; pg < pages; ++pg) kept[size_t(pg)] = 1;
+  const int64_t fixed = std::count(kept.begin(), kept.end(), 1);
+  const int64_t count = std::min(pages, std::max(fixed, std::max<int64_t>(1, b.tokens / page_size)));
+  return (count - 1) * page_size + (keys - (pages - 1) * page_size);
+}
+
+std::vector<int64_t> keys_of(const PageSelection& s, int64_t keys, int64_t page_size) {
+  std::vector<int64_t> out;
+  for (int64_t pg : s.pages)
+    for (int64_t k = pg * page_size; k < std::min(keys, (pg + 1) * page_size); ++k) out.push_back(k);
+  return out;
+}
 
 std::vector<int64_t> select_infllm(const Problem& p, const Budget& b, const SelectorState& st) {
   check_state(p, b, st, SelectorState::blocks);

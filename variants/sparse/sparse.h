@@ -96,6 +96,25 @@ std::vector<int64_t> select_oracle(const Problem& p, const Budget& b);
 // sum_j max(q_j min_j, q_j max_j) of any of its keys' scores; blocks ranked by their best head.
 std::vector<int64_t> select_quest(const Problem& p, const Budget& b);
 std::vector<int64_t> select_quest(const Problem& p, const Budget& b, const SelectorState& st);
+// Quest's score of every block (its best head's upper bound): what select_quest ranks, and what a GPU selection
+// kernel must reproduce.
+std::vector<double> quest_block_scores(const Problem& p, const Budget& b, const SelectorState& st);
+
+// Block-level sparse decode on a paged cache (the GPU's: a block is a page). Whole pages: always the pages holding the
+// first n_init keys and the last `local` keys, then the best-scored others while the budget lasts (tokens /
+// page_size pages, at least the kept ones). The layout the decode kernel walks: the pages ascending, so the cache's
+// last page (the only partial one) is last, and its length is (pages - 1) * page_size + the last page's keys.
+struct PageSelection {
+  std::vector<int64_t> pages;  // the request's logical pages, ascending
+  int64_t length = 0;          // keys the decode kernel attends through them
+};
+PageSelection select_pages(int64_t keys, int64_t page_size, const Budget& b, const std::vector<double>& page_score);
+// The length select_pages gives for any scores (the budget fixes it): what the host's split-KV schedule is made from
+// before the GPU has chosen the pages.
+int64_t paged_sparse_length(int64_t keys, int64_t page_size, const Budget& b);
+// The key indices of a page selection (for the reference: ref::mla_attention's key selection).
+std::vector<int64_t> keys_of(const PageSelection& s, int64_t keys, int64_t page_size);
+
 // InfLLM: per block one representative key, the plain mean of its keys; blocks ranked by the best head's score of it.
 std::vector<int64_t> select_infllm(const Problem& p, const Budget& b);
 std::vector<int64_t> select_infllm(const Problem& p, const Budget& b, const SelectorState& st);
