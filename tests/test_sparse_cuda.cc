@@ -1,0 +1,125 @@
+// The GPU's page selection for block-sparse decode (variants/sparse/cuda/paged_select.h) against its CPU reference
+// (variants/sparse/sparse.h) on the same bf16 values: Quest's page bounds exactly, the page scores to fp32
+// rounding, and the selection (pages and length) exactly, through a shuffled page table (ctest label `gpu`; skipped
+// without a GPU).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "harness/host.h"
+#include "tests/test_util.h"
+#include "variants/common/bf16.h"
+#include "variants/sparse/sparse.h"
+#ifdef DSLAB_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "variants/sparse/cuda/paged_select.h"
+#endif
+
+namespace dslab {
+namespace {
+
+#ifdef DSLAB_HAVE_CUDA
+template <class T>
+struct Device {
+  T* p = nullptr;
+  explicit Device(size_t n) { EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess); }
+  Device(const std::vector<T>& host) : Device(host.size()) {
+    EXPECT_EQ(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~Device() { cudaFree(p); }
+  std::vector<T> host(size_t n) const {
+    std::vector<T> out(n);
+    EXPECT_EQ(cudaMemcpy(out.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return out;
+  }
+};
+
+float bf16_round(float x) { return to_float(to_bf16(x)); }
+
+TEST(GpuSparse, PageSelectionMatchesTheCpuReference) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  const uint64_t seed = test::fresh_seed();
+  const int64_t heads = 16, latent = 512, rope = 64, width = latent + rope, P = 64;
+  const std::vector<int64_t> keys = {1000, 640, 130, 4096};  // partial last pages; one request within the budget
+  const int64_t batch = int64_t(keys.size()), ppr = (*std::max_element(keys.begin(), keys.end()) + P - 1) / P;
+  sparse::Budget budget;
+  budget.tokens = 512, budget.block = P, budget.n_init = 4, budget.local = 64;
+  const int64_t max_pages = ppr;
+  // Each request's problem in bf16 values (the CPU reference reads the same numbers the GPU does), its pages
+  // scattered over one shuffled pool.
+  std::vector<sparse::Problem> problems;
+  std::vector<int32_t> pool(size_t(batch * ppr));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), std::mt19937_64(seed));
+  std::vector<int32_t> table(pool), counts, listed, key_counts(keys.begin(), keys.end());
+  std::vector<bf16> cache(size_t(batch * ppr * P * width)), q(size_t(batch * heads * width));
+  for (int64_t r = 0; r < batch; ++r) {
+    sparse::Problem p = sparse::make_problem(heads, latent, rope, keys[size_t(r)], sparse::CacheKind::clustered, 0, sparse::request_seed(seed, r));
+    for (auto* v : {&p.q_lat, &p.q_pe, &p.c_kv, &p.k_pe})
+      for (float& x : *v) x = bf16_round(x);
+    for (int64_t k = 0; k < p.keys; ++k) {
+      const int64_t physical = table[size_t(r * ppr + k / P)];
+      bf16* row = &cache[size_t((physical * P + k % P) * width)];
+      for (int64_t d = 0; d < latent; ++d) row[d] = to_bf16(p.c_kv[size_t(k * latent + d)]);
+      for (int64_t d = 0; d < rope; ++d) row[latent + d] = to_bf16(p.k_pe[size_t(k * rope + d)]);
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t d = 0; d < latent; ++d) q[size_t((r * heads + h) * width + d)] = to_bf16(p.q_lat[size_t(h * latent + d)]);
+      for (int64_t d = 0; d < rope; ++d) q[size_t((r * heads + h) * width + latent + d)] = to_bf16(p.q_pe[size_t(h * rope + d)]);
+    }
+    const int64_t pages = (p.keys + P - 1) / P;
+    for (int64_t pg = 0; pg < pages; ++pg) {
+      listed.push_back(table[size_t(r * ppr + pg)]);
+      counts.push_back(int32_t(std::min(P, p.keys - pg * P)));
+    }
+    problems.push_back(std::move(p));
+  }
+  const Device<bf16> d_cache(cache), d_q(q);
+  const Device<int32_t> d_table(table), d_listed(listed), d_counts(counts), d_keys(key_counts);
+  const Device<float> d_min{size_t(batch * ppr * width)}, d_max{size_t(batch * ppr * width)}, d_scores{size_t(batch * ppr)};
+  const Device<int32_t> d_physical{size_t(batch * max_pages)}, d_logical{size_t(batch * max_pages)}, d_length{size_t(batch)};
+  auto* cache_ptr = reinterpret_cast<const __nv_bfloat16*>(d_cache.p);
+  sparse::cuda::page_bounds(cache_ptr, P, width, d_listed.p, d_counts.p, int(listed.size()), d_min.p, d_max.p, 0);
+  sparse::cuda::quest_scores(reinterpret_cast<const __nv_bfloat16*>(d_q.p), batch, 1, heads, width, d_min.p, d_max.p, d_table.p, ppr, d_keys.p,
+                             P, d_scores.p, 0);
+  sparse::cuda::compact_pages(d_scores.p, d_table.p, ppr, d_keys.p, P, budget, batch, max_pages, d_physical.p, d_logical.p, d_length.p, 0);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto min = d_min.host(size_t(batch * ppr * width)), max = d_max.host(size_t(batch * ppr * width));
+  const auto scores = d_scores.host(size_t(batch * ppr));
+  const auto physical = d_physical.host(size_t(batch * max_pages)), logical = d_logical.host(size_t(batch * max_pages));
+  const auto length = d_length.host(size_t(batch));
+  for (int64_t r = 0; r < batch; ++r) {
+    SCOPED_TRACE("request " + std::to_string(r) + ", " + std::to_string(keys[size_t(r)]) + " keys");
+    const sparse::Problem& p = problems[size_t(r)];
+    const sparse::SelectorState st(p, P, sparse::Indexer{}, sparse::SelectorState::blocks);
+    const int64_t pages = (p.keys + P - 1) / P;
+    for (int64_t pg = 0; pg < pages; ++pg) {  // bounds: the min and max of the same values, exactly
+      const int64_t at = table[size_t(r * ppr + pg)] * width;
+      for (int64_t d = 0; d < width; ++d) {
+        ASSERT_EQ(min[size_t(at + d)], st.block_min(pg)[d]) << "page " << pg << " column " << d;
+        ASSERT_EQ(max[size_t(at + d)], st.block_max(pg)[d]) << "page " << pg << " column " << d;
+      }
+    }
+    const std::vector<double> want = sparse::quest_block_scores(p, budget, st);
+    std::vector<double> got(scores.begin() + r * ppr, scores.begin() + r * ppr + pages);
+    for (int64_t pg = 0; pg < pages; ++pg) EXPECT_NEAR(got[size_t(pg)], want[size_t(pg)], 1e-4 * std::abs(want[size_t(pg)]) + 1e-4) << pg;
+    for (int64_t pg = pages; pg < ppr; ++pg) EXPECT_TRUE(std::isinf(scores[size_t(r * ppr + pg)])) << pg;
+    // The selection from the GPU's own scores (fp32 sums: a near-tie may rank otherwise than the fp64 ones).
+    const sparse::PageSelection cpu = sparse::select_pages(p.keys, P, budget, got);
+    EXPECT_EQ(length[size_t(r)], cpu.length);
+    EXPECT_EQ(length[size_t(r)], sparse::paged_sparse_length(p.keys, P, budget));
+    ASSERT_LE(cpu.pages.size(), size_t(max_pages));
+    for (size_t i = 0; i < cpu.pages.size(); ++i) {
+      EXPECT_EQ(logical[size_t(r * max_pages) + i], cpu.pages[i]) << i;
+      EXPECT_EQ(physical[size_t(r * max_pages) + i], table[size_t(r * ppr + cpu.pages[i])]) << i;
+    }
+  }
+}
+#endif
+
+}  // namespace
+}  // namespace dslab
