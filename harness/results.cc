@@ -265,7 +265,7 @@ std::string results_table(const std::vector<PointResult>& results) {
     std::snprintf(line, sizeof line, "%-16s %-40s %12s %10s..%-10s %9.1f %9.2f %7s %9s %-7s %s\n", r.variant.c_str(),
                   pt.c_str(), human_time(st.median).c_str(), human_time(st.p10).c_str(), human_time(st.p90).c_str(),
                   r.cost.flops / st.median * 1e-9, r.cost.bytes / st.median * 1e-9, roof.c_str(), err.c_str(),
-                  verdict.c_str(), r.samples.stop_reason.c_str());
+                  verdict.c_str(), (r.samples.stop_reason + (r.samples.discarded_spread >= 0 ? ", resampled" : "")).c_str());
     os << line;
   }
   return os.str();

@@ -152,7 +152,7 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
            << num("%.3g", get("achieved_bytes_per_s") * 1e-9) << " | " << num("%.3g", get("arithmetic_intensity")) << " | "
            << (r.contains("roofline_fraction") ? num("%.2f", get("roofline_fraction")) : "—") << " | "
            << r.value("roofline_bound", "—") << " | " << (verified ? num("%.2e", get("verify_rel_err")) : "—") << " | "
-           << (verified ? (r["verify_pass"].get<bool>() ? "PASS" : "**FAIL**") : r.contains("unverified") ? "not verified" : "off") << " | " << r.value("stop_reason", "—")
+           << (verified ? (r["verify_pass"].get<bool>() ? "PASS" : "**FAIL**") : r.contains("unverified") ? "not verified" : "off") << " | " << r.value("stop_reason", "—") << (r.value("resampled", false) ? ", resampled" : "")
            << " | " << r.value("samples", 0) << " | ";
         if (r.contains("counters") && r["counters"].is_object())
           for (const auto& [k, cv] : r["counters"].items()) md << k << "=" << num("%.4g", cv.get<double>()) << " ";

@@ -209,6 +209,12 @@ TEST(Results, RoundTripKeepsTheContract) {
   for (const char* k : {"git_sha", "build_type", "compiler", "cpu_model", "cpu_isa", "dslab_version", "command_line"})
     EXPECT_TRUE(j["context"].contains(k)) << k;
   for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().filename(), "results.json");  // no temp left
+  EXPECT_FALSE(b.contains("resampled"));
+  // A point sampled twice (StopRule::max_spread) says so, with the spread of the window it did not keep.
+  r.samples.discarded_spread = 0.9;
+  const auto again = results_to_json(run_context("dslab run x"), {r});
+  EXPECT_EQ(again["benchmarks"][0]["resampled"], true);
+  EXPECT_DOUBLE_EQ(again["benchmarks"][0]["discarded_spread"].get<double>(), 0.9);
 }
 
 TEST(Results, RepetitionsCarryTheirIndexAndGoogleBenchmarksAggregates) {
