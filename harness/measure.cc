@@ -42,6 +42,17 @@ void evict(const std::vector<std::pair<const void*, size_t>>& buffers) {
   _mm_mfence();
 }
 
+// The stop rule on one subject's samples so far (n of them, their sum and sum of squares), timeout aside: "converged",
+// "max_samples", or "" to go on.
+std::string rule_says_stop(const StopRule& rule, size_t n, double sum, double sum_sq) {
+  const double k = double(n);
+  if (n >= size_t(rule.min_samples) && sum >= rule.min_time_s) {
+    const double mean = sum / k, var = std::max(0.0, (sum_sq - k * mean * mean) / (k - 1));
+    if (std::sqrt(var / k) <= rule.max_noise * mean) return "converged";
+  }
+  return n >= size_t(rule.max_samples) ? "max_samples" : "";
+}
+
 double quantile(const std::vector<double>& sorted, double q) {
   const double pos = q * double(sorted.size() - 1);
   const size_t lo = size_t(std::floor(pos)), hi = std::min(lo + 1, sorted.size() - 1);
@@ -114,12 +125,7 @@ std::vector<SampleSet> measure_interleaved(const std::vector<Subject>& subjects,
       out[i].seconds.push_back(s);
       sum[i] += s;
       sum_sq[i] += s * s;
-      const double k = double(out[i].seconds.size());
-      if (out[i].seconds.size() >= size_t(rule.min_samples) && sum[i] >= rule.min_time_s) {
-        const double mean = sum[i] / k, var = std::max(0.0, (sum_sq[i] - k * mean * mean) / (k - 1));
-        if (std::sqrt(var / k) <= rule.max_noise * mean) out[i].stop_reason = "converged";
-      }
-      if (out[i].stop_reason.empty() && out[i].seconds.size() >= size_t(rule.max_samples)) out[i].stop_reason = "max_samples";
+      out[i].stop_reason = rule_says_stop(rule, out[i].seconds.size(), sum[i], sum_sq[i]);
       running -= !out[i].stop_reason.empty();
     }
     if (now_s() - start >= rule.timeout_s * double(n))
@@ -141,12 +147,7 @@ std::vector<SampleSet> measure_interleaved(const std::vector<Subject>& subjects,
         const double s = one_sample(i);
         again.seconds.push_back(s);
         total += s, total_sq += s * s;
-        const double k = double(again.seconds.size());
-        if (again.seconds.size() >= size_t(rule.min_samples) && total >= rule.min_time_s) {
-          const double mean = total / k, var = std::max(0.0, (total_sq - k * mean * mean) / (k - 1));
-          if (std::sqrt(var / k) <= rule.max_noise * mean) again.stop_reason = "converged";
-        }
-        if (again.stop_reason.empty() && again.seconds.size() >= size_t(rule.max_samples)) again.stop_reason = "max_samples";
+        again.stop_reason = rule_says_stop(rule, again.seconds.size(), total, total_sq);
         if (again.stop_reason.empty() && now_s() - again_start >= rule.timeout_s && again.seconds.size() >= 2) again.stop_reason = "timeout";
       }
       const double first = out[i].spread(), second = again.spread();

@@ -57,6 +57,29 @@ TEST_P(MoeCpu, MatchesReference) {
   }
 }
 
+// Relative L2 error of the engine's out [tokens][hidden] against the fp64 sum over each token's choices of weight x
+// expert(x) (choices with id < 0 run elsewhere and are left out).
+double rel_err_vs_experts(const ModelConfig& m, const std::vector<ref::MlpParams>& experts, const std::vector<bf16>& x, int64_t tokens,
+                          const std::vector<int32_t>& ids, const std::vector<float>& w, int64_t K, const std::vector<float>& out) {
+  const int64_t H = m.hidden_size;
+  double num = 0, den = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<double> xt(static_cast<size_t>(H)), want(static_cast<size_t>(H), 0.0);
+    for (int64_t j = 0; j < H; ++j) xt[size_t(j)] = to_float(x[size_t(t * H + j)]);
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t e = ids[size_t(t * K + k)];
+      if (e < 0) continue;
+      const auto y = ref::mlp(m, experts[size_t(e)], xt, 1);
+      for (int64_t j = 0; j < H; ++j) want[size_t(j)] += double(w[size_t(t * K + k)]) * y[size_t(j)];
+    }
+    for (int64_t j = 0; j < H; ++j) {
+      const double d = double(out[size_t(t * H + j)]) - want[size_t(j)];
+      num += d * d, den += want[size_t(j)] * want[size_t(j)];
+    }
+  }
+  return std::sqrt(num / den);
+}
+
 // The engine as the hybrid layer calls it: one set of packed experts, then calls of different sizes and routings on
 // buffers it is given (growing, then shrinking its arenas), each against the fp64 experts.
 TEST(HostExperts, CallsOfAnySizeOnOnePackedLayer) {
@@ -83,20 +106,7 @@ TEST(HostExperts, CallsOfAnySizeOnOnePackedLayer) {
         }
       std::vector<float> out(size_t(tokens * H), std::nanf(""));
       op.forward(x.data(), tokens, ids.data(), w.data(), K, out.data());
-      double num = 0, den = 0;
-      for (int64_t t = 0; t < tokens; ++t) {
-        std::vector<double> xt(static_cast<size_t>(H)), want(static_cast<size_t>(H), 0.0);
-        for (int64_t j = 0; j < H; ++j) xt[size_t(j)] = to_float(x[size_t(t * H + j)]);
-        for (int64_t k = 0; k < K; ++k) {
-          const auto y = ref::mlp(m, experts[size_t(ids[size_t(t * K + k)])], xt, 1);
-          for (int64_t j = 0; j < H; ++j) want[size_t(j)] += double(w[size_t(t * K + k)]) * y[size_t(j)];
-        }
-        for (int64_t j = 0; j < H; ++j) {
-          const double d = double(out[size_t(t * H + j)]) - want[size_t(j)];
-          num += d * d, den += want[size_t(j)] * want[size_t(j)];
-        }
-      }
-      const double rel = std::sqrt(num / den);
+      const double rel = rel_err_vs_experts(m, experts, x, tokens, ids, w, K, out);
       EXPECT_LE(rel, 1e-2);
       EXPECT_GT(rel, 0.0);
     }
@@ -129,23 +139,8 @@ TEST(HostExperts, LeavesOutTheChoicesTheGpuRuns) {
     }
   std::vector<float> out(size_t(tokens * H), std::nanf(""));
   op.forward(x.data(), tokens, ids.data(), w.data(), K, out.data());
-  double num = 0, den = 0;
-  for (int64_t t = 0; t < tokens; ++t) {
-    std::vector<double> xt(static_cast<size_t>(H)), want(static_cast<size_t>(H), 0.0);
-    for (int64_t j = 0; j < H; ++j) xt[size_t(j)] = to_float(x[size_t(t * H + j)]);
-    for (int64_t k = 0; k < K; ++k) {
-      const int32_t e = ids[size_t(t * K + k)];
-      if (e < 0) continue;
-      const auto y = ref::mlp(m, experts[size_t(e)], xt, 1);
-      for (int64_t j = 0; j < H; ++j) want[size_t(j)] += double(w[size_t(t * K + k)]) * y[size_t(j)];
-    }
-    for (int64_t j = 0; j < H; ++j) {
-      if (t == 4) ASSERT_EQ(out[size_t(t * H + j)], 0.0f);
-      const double d = double(out[size_t(t * H + j)]) - want[size_t(j)];
-      num += d * d, den += want[size_t(j)] * want[size_t(j)];
-    }
-  }
-  const double rel = std::sqrt(num / den);
+  for (int64_t j = 0; j < H; ++j) ASSERT_EQ(out[size_t(4 * H + j)], 0.0f);  // token 4: every choice on the GPU
+  const double rel = rel_err_vs_experts(m, experts, x, tokens, ids, w, K, out);
   EXPECT_LE(rel, 1e-2);
   EXPECT_GT(rel, 0.0);
   ids[0] = 3;  // an expert it was not given

@@ -262,17 +262,26 @@ std::vector<int64_t> select_quest(const Problem& p, const Budget& b, const Selec
 
 std::vector<int64_t> select_quest(const Problem& p, const Budget& b) { return select_quest(p, b, SelectorState(p, b.block, Indexer{}, SelectorState::blocks)); }
 
+namespace {
+// The pages select_pages always keeps: those holding the first n_init keys (sinks) and the last `local` (window).
+std::vector<char> kept_pages(int64_t keys, int64_t page_size, const Budget& b) {
+  const int64_t pages = (keys + page_size - 1) / page_size;
+  std::vector<char> kept(size_t(pages), 0);
+  for (int64_t k = 0; k < std::min(b.n_init, keys); k += page_size) kept[size_t(k / page_size)] = 1;
+  for (int64_t pg = std::max<int64_t>(0, keys - b.local) / page_size; pg < pages; ++pg) kept[size_t(pg)] = 1;
+  return kept;
+}
+}  // namespace
+
 PageSelection select_pages(int64_t keys, int64_t page_size, const Budget& b, const std::vector<double>& page_score) {
   if (keys < 1 || page_size < 1) throw std::invalid_argument("sparse::select_pages: keys and page_size must be positive");
   const int64_t pages = (keys + page_size - 1) / page_size;
   if (int64_t(page_score.size()) != pages) throw std::invalid_argument("sparse::select_pages: one score per page expected");
-  std::vector<char> in(size_t(pages), 0);
-  int64_t used = 0;
+  std::vector<char> in = kept_pages(keys, page_size, b);
+  int64_t used = std::count(in.begin(), in.end(), 1);
   auto take = [&](int64_t pg) {
     if (!in[size_t(pg)]) in[size_t(pg)] = 1, ++used;
   };
-  for (int64_t k = 0; k < std::min(b.n_init, keys); k += page_size) take(k / page_size);  // the sinks' pages
-  for (int64_t pg = std::max<int64_t>(0, keys - b.local) / page_size; pg < pages; ++pg) take(pg);  // the window's
   const int64_t budget = std::max<int64_t>(1, b.tokens / page_size);
   for (int64_t pg : rank_descending(page_score)) {
     if (used >= budget) break;
@@ -288,9 +297,7 @@ PageSelection select_pages(int64_t keys, int64_t page_size, const Budget& b, con
 int64_t paged_sparse_length(int64_t keys, int64_t page_size, const Budget& b) {
   // (select_pages keeps max(budget, sinks' and window's pages) pages, at most all; the last one is the cache's last)
   const int64_t pages = (keys + page_size - 1) / page_size;
-  std::vector<char> kept(size_t(pages), 0);
-  for (int64_t k = 0; k < std::min(b.n_init, keys); k += page_size) kept[size_t(k / page_size)] = 1;
-  for (int64_t pg = std::max<int64_t>(0, keys - b.local) / page_size; pg < pages; ++pg) kept[size_t(pg)] = 1;
+  const std::vector<char> kept = kept_pages(keys, page_size, b);
   const int64_t fixed = std::count(kept.begin(), kept.end(), 1);
   const int64_t count = std::min(pages, std::max(fixed, std::max<int64_t>(1, b.tokens / page_size)));
   return (count - 1) * page_size + (keys - (pages - 1) * page_size);

@@ -138,28 +138,21 @@ __global__ void __launch_bounds__(kSelectThreads) compact_pages_kernel(SelectArg
   Scan(temp).ExclusiveSum(equal, equal_before, equal_total);
   __syncthreads();
   const int equal_taken = need - above_total;
+  // Whether page p is chosen; eq counts the equal-to-threshold pages seen so far (this thread's run walked in order).
+  auto take = [&](int p, int& eq) {
+    if (fixed(p)) return true;
+    if (need == 0) return false;
+    const uint32_t k = key(p);
+    return k > threshold || (k == threshold && eq++ < equal_taken);
+  };
   int chosen = 0;
   int eq = equal_before;
-  for (int p = first; p < last; ++p) {
-    const uint32_t k = key(p);
-    bool take = fixed(p);
-    if (!take && need > 0) {
-      if (k > threshold) take = true;
-      else if (k == threshold) take = eq++ < equal_taken;
-    }
-    chosen += take;
-  }
+  for (int p = first; p < last; ++p) chosen += take(p, eq);
   int position = 0, total = 0;
   Scan(temp).ExclusiveSum(chosen, position, total);
   eq = equal_before;
   for (int p = first; p < last; ++p) {
-    const uint32_t k = key(p);
-    bool take = fixed(p);
-    if (!take && need > 0) {
-      if (k > threshold) take = true;
-      else if (k == threshold) take = eq++ < equal_taken;
-    }
-    if (take && position < a.max_pages) {
+    if (take(p, eq) && position < a.max_pages) {
       a.physical[int64_t(r) * a.max_pages + position] = a.page_table[int64_t(r) * a.pages_per_request + p];
       a.logical[int64_t(r) * a.max_pages + position] = p;
       ++position;
