@@ -11,6 +11,7 @@
 
 #include "harness/gpu.h"
 #include "harness/host.h"
+#include "harness/team_thread.h"
 
 namespace dslab {
 namespace {
@@ -93,15 +94,22 @@ std::vector<SampleSet> measure_interleaved(const std::vector<Subject>& subjects,
   // LLCs read every sample still kept a fifth of it resident (the engine then read 146 GB/s over a 130 GB/s DRAM).
   std::vector<std::vector<std::pair<const void*, size_t>>> cold(n);
   for (size_t i = 0; i < n; ++i)
-    if (!hot && subjects[i].device != Device::cuda) cold[i] = subjects[i].variant->cold_buffers();
+    if (!hot) cold[i] = subjects[i].variant->cold_buffers();  // (a GPU variant's: host memory it reads, e.g. CPU experts)
   auto one_sample = [&](size_t i) {
     Variant& v = *subjects[i].variant;
-    if (subjects[i].device == Device::cuda) return gpu::time_seconds([&] { v.run(); }, flush[i]);
-    if (flush[i]) flush_cpu_caches();
-    evict(cold[i]);
-    const double start = now_s();
-    v.run();
-    return now_s() - start;
+    if (subjects[i].device == Device::cuda) {
+      if (!cold[i].empty()) run_on_team_thread([&] { evict(cold[i]); });
+      return gpu::time_seconds([&] { v.run(); }, flush[i]);
+    }
+    double seconds = 0;
+    run_on_team_thread([&] {  // (one OpenMP team for the flush and the variant's regions: harness/team_thread.h)
+      if (flush[i]) flush_cpu_caches();
+      evict(cold[i]);
+      const double start = now_s();
+      v.run();
+      seconds = now_s() - start;
+    });
+    return seconds;
   };
   // Warm-up: first-touch, lazy initialisation, frequency ramp. At least one call and 50 ms each.
   for (size_t i = 0; i < n; ++i) {

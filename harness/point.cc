@@ -23,7 +23,8 @@ const std::vector<AxisInfo>& known_axes() {
        "CPU threads of routed experts run on the host (moe/host/cuda); absent: every core but the one driving the GPU"},
       {"gpu_experts", AxisKind::text,
        "where the routed experts live: with moe/host/cuda none | layers:N (the first N MoE layers' experts on the GPU, "
-       "run by moe/grouped/cuda) | fit (as many leading MoE layers as gpu_budget holds); with a GPU moe, none (on the GPU) "
+       "run by moe/grouped/cuda) | fit (as many leading MoE layers as gpu_budget holds) | hot:N (each MoE layer's N most "
+       "routed experts on the GPU, the rest on the CPU, both at once); with a GPU moe, none (on the GPU) "
        "| streamed (in pinned host memory, copied to the GPU before each layer's use, two layers' in flight)"},
       {"gpu_budget", AxisKind::text, "GPU memory the step may use: all (the device's) | <N>GB (e.g. 24GB, a consumer card)"},
       {"routing", AxisKind::text, "expert routing: model | uniform | zipf:S"},

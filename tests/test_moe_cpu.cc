@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <thread>
 
 #include "harness/errors.h"
 #include "harness/host.h"
 #include "harness/variant.h"
 #include "tests/test_util.h"
+#include "harness/team_thread.h"
 #include "variants/moe/moe.h"
 
 namespace dslab {
@@ -225,6 +227,31 @@ TEST(MoePack, TilesHoldKPairsOfSixteenColumns) {
   EXPECT_EQ(p.block(0)[0 * 512 + 5 * 32 + 2 * 7 + 0].bits, at(7, 10));
   EXPECT_EQ(to_float(p.block(1)[0 * 512 + 0 * 32 + 2 * 4]), 0.0f);  // column 20 does not exist
   EXPECT_EQ(to_float(p.block(0)[1 * 512 + 4 * 32 + 0]), 0.0f);      // k = 40 does not exist
+}
+
+// The engine's parallel regions all start from one thread, whichever thread calls (alone: the main thread; in the
+// hybrid step: the CUDA runtime's host-function threads), so libgomp keeps one team for them.
+TEST(TeamThread, RunsEveryCallerOnOneThreadAndRethrows) {
+  std::thread::id first, second, nested_outer, nested_inner;
+  run_on_team_thread([&] { first = std::this_thread::get_id(); });
+  std::thread other([&] { run_on_team_thread([&] { second = std::this_thread::get_id(); }); });
+  other.join();
+  EXPECT_NE(first, std::this_thread::get_id());
+  EXPECT_EQ(first, second);
+  run_on_team_thread([&] {
+    nested_outer = std::this_thread::get_id();
+    run_on_team_thread([&] { nested_inner = std::this_thread::get_id(); });  // runs directly: no deadlock
+  });
+  EXPECT_EQ(nested_outer, nested_inner);
+  EXPECT_THROW(run_on_team_thread([] { throw std::runtime_error("from the team thread"); }), std::runtime_error);
+  int64_t sum = 0;
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 4; ++c)
+    callers.emplace_back([&sum] {
+      for (int i = 0; i < 100; ++i) run_on_team_thread([&sum] { ++sum; });  // callers take turns: no lost update
+    });
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(sum, 400);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "harness/errors.h"
 #include "harness/host.h"
+#include "harness/team_thread.h"
 #include "variants/common/rng.h"
 #include "variants/moe/cpu/kernels.h"
 
@@ -344,15 +345,17 @@ void HostExperts::set_weights(const ModelConfig& m, const std::vector<ref::MlpPa
   gate_.resize(size_t(experts_));
   up_.resize(size_t(experts_));
   down_.resize(size_t(experts_));
+  run_on_team_thread([&] {
 #pragma omp parallel for schedule(dynamic) num_threads(threads_)
-  for (int64_t e = 0; e < experts_; ++e) {  // packed once: the tile/VNNI order both kernels read
-    const auto& x = experts[size_t(e)];
-    if (x.gate_proj.empty()) continue;  // (not this engine's: see set_weights)
-    gate_[size_t(e)] = pack(x.gate_proj.data(), inter_, hidden_);
-    up_[size_t(e)] = pack(x.up_proj.data(), inter_, hidden_);
-    down_[size_t(e)] = pack(x.down_proj.data(), hidden_, inter_);
-  }
-  crossover_ = kernel_ == Kernel::choose ? moe::amx_crossover(hidden_, inter_, threads_) : 0;
+    for (int64_t e = 0; e < experts_; ++e) {  // packed once: the tile/VNNI order both kernels read
+      const auto& x = experts[size_t(e)];
+      if (x.gate_proj.empty()) continue;  // (not this engine's: see set_weights)
+      gate_[size_t(e)] = pack(x.gate_proj.data(), inter_, hidden_);
+      up_[size_t(e)] = pack(x.up_proj.data(), inter_, hidden_);
+      down_[size_t(e)] = pack(x.down_proj.data(), hidden_, inter_);
+    }
+    crossover_ = kernel_ == Kernel::choose ? moe::amx_crossover(hidden_, inter_, threads_) : 0;
+  });
 }
 
 void HostExperts::forward(const bf16* x, int64_t tokens, const int32_t* ids, const float* weights, int64_t topk, float* out) {
@@ -397,71 +400,73 @@ void HostExperts::forward(const bf16* x, int64_t tokens, const int32_t* ids, con
     scratch_.assign(size_t(threads_), std::vector<float>(size_t(max_rows * 32)));
   const bool any_amx = amx_experts_ > 0;
   std::atomic<int64_t> next_gate_up{0}, next_down{0};
+  run_on_team_thread([&] {
 #pragma omp parallel num_threads(threads_)
-  {
-    float* c0 = scratch_[size_t(omp_get_thread_num())].data();
-    float* c1 = c0 + max_rows * 16;
-    if (any_amx) kernels::amx_configure();
+    {
+      float* c0 = scratch_[size_t(omp_get_thread_num())].data();
+      float* c1 = c0 + max_rows * 16;
+      if (any_amx) kernels::amx_configure();
 #pragma omp for schedule(dynamic)
-    for (int64_t e = 0; e < E; ++e) {  // pack activations: each expert's tokens into 16 x 32 tiles (padding rows zero)
-      const auto& rows = rows_[size_t(e)];
-      if (rows.empty()) continue;
-      bf16* a = &a_[size_t(first_row_[size_t(e)] * hidden_blocks_ * 32)];
-      const int64_t padded = first_row_[size_t(e) + 1] - first_row_[size_t(e)];
-      for (int64_t r = 0; r < padded; ++r) {
-        bf16* dst = a + (r / 16) * hidden_blocks_ * 512 + (r % 16) * 32;
-        if (r < int64_t(rows.size())) {
-          const bf16* src = x + int64_t(rows[size_t(r)] / topk) * H;
-          for (int64_t kb = 0; kb < hidden_blocks_; ++kb) {
-            const int64_t n = std::min<int64_t>(32, H - kb * 32);
-            std::copy_n(src + kb * 32, n, dst + kb * 512);
-            std::fill_n(dst + kb * 512 + n, 32 - n, bf16{});
+      for (int64_t e = 0; e < E; ++e) {  // pack activations: each expert's tokens into 16 x 32 tiles (padding rows zero)
+        const auto& rows = rows_[size_t(e)];
+        if (rows.empty()) continue;
+        bf16* a = &a_[size_t(first_row_[size_t(e)] * hidden_blocks_ * 32)];
+        const int64_t padded = first_row_[size_t(e) + 1] - first_row_[size_t(e)];
+        for (int64_t r = 0; r < padded; ++r) {
+          bf16* dst = a + (r / 16) * hidden_blocks_ * 512 + (r % 16) * 32;
+          if (r < int64_t(rows.size())) {
+            const bf16* src = x + int64_t(rows[size_t(r)] / topk) * H;
+            for (int64_t kb = 0; kb < hidden_blocks_; ++kb) {
+              const int64_t n = std::min<int64_t>(32, H - kb * 32);
+              std::copy_n(src + kb * 32, n, dst + kb * 512);
+              std::fill_n(dst + kb * 512 + n, 32 - n, bf16{});
+            }
+          } else {
+            for (int64_t kb = 0; kb < hidden_blocks_; ++kb) std::fill_n(dst + kb * 512, 32, bf16{});
           }
-        } else {
-          for (int64_t kb = 0; kb < hidden_blocks_; ++kb) std::fill_n(dst + kb * 512, 32, bf16{});
         }
       }
-    }
-    // Gate and up of the same 16 columns in one pass over the expert's activations; SiLU(gate)*up on the way out.
-    for (int64_t i; (i = next_gate_up.fetch_add(1, std::memory_order_relaxed)) < int64_t(gate_up_tasks_.size());) {
-      const Task t = gate_up_tasks_[size_t(i)];
-      const int64_t m = int64_t(rows_[size_t(t.expert)].size()), row0 = first_row_[size_t(t.expert)];
-      const Packed &g = gate_[size_t(t.expert)], &u = up_[size_t(t.expert)];
-      const bf16* a = &a_[size_t(row0 * hidden_blocks_ * 32)];
-      if (use_amx_[size_t(t.expert)])
-        kernels::amx_two_blocks(a, padded_rows(m), g.block(t.block), u.block(t.block), g.k_blocks, c0, c1, 16);
-      else
-        kernels::avx512_two_blocks(a, m, g.block(t.block), u.block(t.block), g.k_blocks, c0, c1, 16);
-      kernels::swiglu_block(c0, c1, m, &h_[size_t(row0 * inter_blocks_ * 32)] + (t.block / 2) * 512 + (t.block % 2) * 16, inter_blocks_ * 512);
-    }
+      // Gate and up of the same 16 columns in one pass over the expert's activations; SiLU(gate)*up on the way out.
+      for (int64_t i; (i = next_gate_up.fetch_add(1, std::memory_order_relaxed)) < int64_t(gate_up_tasks_.size());) {
+        const Task t = gate_up_tasks_[size_t(i)];
+        const int64_t m = int64_t(rows_[size_t(t.expert)].size()), row0 = first_row_[size_t(t.expert)];
+        const Packed &g = gate_[size_t(t.expert)], &u = up_[size_t(t.expert)];
+        const bf16* a = &a_[size_t(row0 * hidden_blocks_ * 32)];
+        if (use_amx_[size_t(t.expert)])
+          kernels::amx_two_blocks(a, padded_rows(m), g.block(t.block), u.block(t.block), g.k_blocks, c0, c1, 16);
+        else
+          kernels::avx512_two_blocks(a, m, g.block(t.block), u.block(t.block), g.k_blocks, c0, c1, 16);
+        kernels::swiglu_block(c0, c1, m, &h_[size_t(row0 * inter_blocks_ * 32)] + (t.block / 2) * 512 + (t.block % 2) * 16, inter_blocks_ * 512);
+      }
 #pragma omp barrier
-    for (int64_t i; (i = next_down.fetch_add(1, std::memory_order_relaxed)) < int64_t(down_tasks_.size());) {
-      const Task t = down_tasks_[size_t(i)];
-      const int64_t m = int64_t(rows_[size_t(t.expert)].size()), row0 = first_row_[size_t(t.expert)];
-      const Packed& d = down_[size_t(t.expert)];
-      const bf16* h = &h_[size_t(row0 * inter_blocks_ * 32)];
-      float* y = &y_[size_t(row0 * y_stride_)] + t.block * 16;
-      if (use_amx_[size_t(t.expert)])
-        kernels::amx_two_blocks(h, padded_rows(m), d.block(t.block), d.block(t.block + 1), d.k_blocks, y, y + 16, y_stride_);
-      else
-        kernels::avx512_two_blocks(h, m, d.block(t.block), d.block(t.block + 1), d.k_blocks, y, y + 16, y_stride_);
-    }
+      for (int64_t i; (i = next_down.fetch_add(1, std::memory_order_relaxed)) < int64_t(down_tasks_.size());) {
+        const Task t = down_tasks_[size_t(i)];
+        const int64_t m = int64_t(rows_[size_t(t.expert)].size()), row0 = first_row_[size_t(t.expert)];
+        const Packed& d = down_[size_t(t.expert)];
+        const bf16* h = &h_[size_t(row0 * inter_blocks_ * 32)];
+        float* y = &y_[size_t(row0 * y_stride_)] + t.block * 16;
+        if (use_amx_[size_t(t.expert)])
+          kernels::amx_two_blocks(h, padded_rows(m), d.block(t.block), d.block(t.block + 1), d.k_blocks, y, y + 16, y_stride_);
+        else
+          kernels::avx512_two_blocks(h, m, d.block(t.block), d.block(t.block + 1), d.k_blocks, y, y + 16, y_stride_);
+      }
 #pragma omp barrier
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < tokens; ++t) {  // the weighted combine
-      float* o = out + t * H;
-      bool first = true;
-      for (int64_t k = 0; k < topk; ++k) {
-        if (ids[t * topk + k] < 0) continue;
-        const float w = weights[t * topk + k];
-        const float* y = &y_[size_t(slot_[size_t(t * topk + k)]) * size_t(y_stride_)];
-        for (int64_t j = 0; j < H; ++j) o[j] = (first ? 0.0f : o[j]) + w * y[j];
-        first = false;
+      for (int64_t t = 0; t < tokens; ++t) {  // the weighted combine
+        float* o = out + t * H;
+        bool first = true;
+        for (int64_t k = 0; k < topk; ++k) {
+          if (ids[t * topk + k] < 0) continue;
+          const float w = weights[t * topk + k];
+          const float* y = &y_[size_t(slot_[size_t(t * topk + k)]) * size_t(y_stride_)];
+          for (int64_t j = 0; j < H; ++j) o[j] = (first ? 0.0f : o[j]) + w * y[j];
+          first = false;
+        }
+        if (first) std::fill_n(o, H, 0.0f);
       }
-      if (first) std::fill_n(o, H, 0.0f);
+      if (any_amx) kernels::amx_release();
     }
-    if (any_amx) kernels::amx_release();
-  }
+  });
 }
 
 int64_t amx_crossover(int64_t hidden, int64_t intermediate, int threads) {

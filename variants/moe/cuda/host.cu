@@ -156,6 +156,12 @@ class HostMoe final : public MoeOp {
     return c;
   }
 
+  std::vector<std::pair<const void*, size_t>> host_weights() const override {
+    std::vector<int32_t> all(static_cast<size_t>(experts_));
+    for (int64_t e = 0; e < experts_; ++e) all[size_t(e)] = hot_slab_[size_t(e)] >= 0 ? -1 : int32_t(e);
+    return engine_ ? engine_->weights_of(all.data(), experts_) : std::vector<std::pair<const void*, size_t>>{};
+  }
+
   void experts() override {
     if (!error_.empty()) throw std::runtime_error("moe/host/cuda: the CPU experts failed in an earlier step: " + error_);
     const int32_t* ids = b_.topk_ids ? b_.topk_ids : topk_ids_.get();

@@ -102,6 +102,9 @@ class MoeOp {
   // What the op measured of its own work in the steps it ran since prepare() (e.g. the CPU experts' own wall time
   // per call, beside the stream's view of them), as counters; empty for an op that measures nothing itself.
   virtual std::map<std::string, double> own_counters() const { return {}; }
+  // Host memory of the op's routed experts (those on the CPU), which a cold sample must find in DRAM; empty for an op
+  // whose experts are all on the GPU.
+  virtual std::vector<std::pair<const void*, size_t>> host_weights() const { return {}; }
   // side_blas (a handle of its own: cuBLAS workspaces must not be shared by concurrent GEMMs): the shared experts
   // run on a second stream beside the router and routed experts, joined before the combine. Several ops that run
   // one after another may share one side handle.
@@ -196,6 +199,9 @@ class GpuMoeVariant : public Variant {
   void run() override;
   Verification verify() override;
   std::map<std::string, double> counters() override;
+  // moe/host/cuda's experts in host memory: alone, one layer's reached experts (at one token, 104 MB of V2-Lite's)
+  // would sit in a large LLC from sample to sample (the op read 1.7x the DRAM probe on the lent Xeon's 300 MB L3).
+  std::vector<std::pair<const void*, size_t>> cold_buffers() const override { return op_ ? op_->host_weights() : decltype(op_->host_weights()){}; }
 
  private:
   std::unique_ptr<MoeOp> op_;
