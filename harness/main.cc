@@ -316,7 +316,10 @@ int cmd_run(int argc, char** argv) {
             // (and the share of the step the GPU sits idle: a hybrid step's wait for the CPU experts)
             if (r.counters.count("step_over_kernel_time"))
               r.counters["gpu_idle_fraction"] = std::max(0.0, 1.0 - 1.0 / r.counters.at("step_over_kernel_time"));
-            if (verify && r.unverified_reason.empty()) r.verification = variants[k]->verify();
+            if (verify && r.unverified_reason.empty()) {
+              r.verification = variants[k]->verify();
+              for (const auto& [name, value] : variants[k]->verification_counters()) r.counters[name] = value;
+            }
             if (!dump_dir.empty())
               write_safetensors(dump_dir + "/" + file_safe(r.name()) + ".safetensors", variants[k]->tensors(),
                                 {{"variant", r.variant}, {"model", r.model}, {"point", r.point.label()}, {"seed", std::to_string(seed)}});

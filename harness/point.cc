@@ -40,6 +40,7 @@ const std::vector<AxisInfo>& known_axes() {
       {"pdl", AxisKind::text, "programmatic dependent launch between the step's own kernels (Hopper): on | off", {"on", "off"}},
       {"budget", AxisKind::positive_int, "sparse attention: keys attended per request (sinks and window included)"},
       {"block", AxisKind::positive_int, "sparse attention: keys per block for block selectors (Quest, InfLLM)"},
+      {"local", AxisKind::positive_int, "sparse attention: the most recent keys every step attends (the local window, within the budget)"},
       {"cache_kind", AxisKind::text, "sparse attention's synthetic cache: random | clustered | needle", {"random", "clustered", "needle"}},
       {"needle_depth", AxisKind::nonneg_int, "sparse attention: where the needle sits, percent of the cache from its oldest key"},
       {"weight", AxisKind::text, "the linear op's weight: q_proj | q_a_proj | q_b_proj | kv_a_proj_with_mqa | o_proj | shared_gate_up | "

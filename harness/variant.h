@@ -92,6 +92,8 @@ class Variant {
   // travel into the results entry as "counters". Called after timing; it may run the step again to measure
   // its parts (the GPU forms time each op).
   virtual std::map<std::string, double> counters() { return {}; }
+  // What verify() measured besides its verdict (e.g. a sparse op's error against dense attention), as counters.
+  virtual std::map<std::string, double> verification_counters() const { return {}; }
 };
 
 struct VariantEntry {

@@ -10,7 +10,8 @@
 # (dslab on PATH; names such as racecheck-moe-host run only those points). The layer points cover the scratch arena
 # (layer-tiny-arena; layer-tiny without it), FlashInfer's MLA decode (mla-flashinfer: its kernel is a peer's, so its
 # racecheck reports are listed, not judged), the streamed experts' copies (layer-v2-lite-streamed) and the hot
-# experts' split between the GPU and the CPU (layer-tiny-hot, layer-v2-lite-hot).
+# experts' split between the GPU and the CPU (layer-tiny-hot, layer-v2-lite-hot) and Quest's block-sparse decode (sparse-quest:
+# its selection kernels, then the fused kernel over the chosen pages).
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUT_DIR [TOOL-NAME...]}
 shift
@@ -44,6 +45,7 @@ for tool in memcheck racecheck; do
   run "$tool" layer-v2-lite-hot --model deepseek-v2-lite --variant layer/deepseek/cuda --axis layers=2 --axis batch=4 --axis kv_len=150 --axis moe=moe/host/cuda --axis gpu_experts=hot:16 --axis cpu_threads=4 --axis executor=graph
   run "$tool" layer-v2-lite-fused --model deepseek-v2-lite --variant layer/deepseek/cuda --axis layers=1 --axis batch=2 --axis kv_len=150 --axis executor=eager
   run "$tool" mla-flashinfer --model deepseek-v3 --variant mla/flashinfer/cuda --axis heads=16,128 --axis batch=3 --axis kv_len=300 --axis page_size=16 --axis len_dist=mixed
+  run "$tool" sparse-quest --model deepseek-v2-lite --variant sparse/quest/cuda --axis batch=3 --axis kv_len=900 --axis len_dist=mixed --axis budget=256 --axis local=64 --axis executor=eager
   run "$tool" moe-grouped --model deepseek-v2-lite --variant moe/grouped/cuda --axis tokens=1,300
   run "$tool" moe-loop --model deepseek-v2-lite --variant moe/loop/cuda --axis tokens=37
   run "$tool" moe-host --model deepseek-v2-lite --variant moe/host/cuda --axis tokens=1,40

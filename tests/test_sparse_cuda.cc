@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <random>
 
 #include "harness/host.h"
+#include "harness/variant.h"
 #include "tests/test_util.h"
 #include "variants/common/bf16.h"
 #include "variants/sparse/sparse.h"
@@ -118,6 +120,71 @@ TEST(GpuSparse, PageSelectionMatchesTheCpuReference) {
       EXPECT_EQ(physical[size_t(r * max_pages) + i], table[size_t(r * ppr + cpu.pages[i])]) << i;
     }
   }
+}
+
+// sparse/quest/cuda, the whole step (selection + mla/fused/cuda's kernel over the chosen pages, from one captured
+// graph): against the fp64 reference over exactly the keys it chose, at V2-Lite's 16 heads and V3's 128, decode
+// and two new tokens, requests of mixed lengths; a budget that holds every key gives dense attention.
+TEST(GpuSparse, QuestDecodeMatchesTheReferenceOverItsPages) {
+  const VariantEntry* entry = find_variant("sparse/quest/cuda");
+  if (!entry) GTEST_SKIP() << "sparse/quest/cuda is not built (no CUDA toolkit at configure time)";
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  struct Case {
+    const char* model;
+    int64_t batch, q_len, kv_len, budget, local;
+    const char* len_dist;
+  };
+  const std::vector<Case> cases = {
+      {"deepseek-v2-lite", 3, 1, 5000, 1024, 256, "mixed"},  // pages beside the window chosen by score
+      {"deepseek-v2-lite", 2, 2, 3001, 512, 100, "uniform"},  // two new tokens; an unaligned window
+      {"deepseek-v3", 2, 1, 4100, 768, 128, "mixed"},         // 128 heads: the best head's bound
+      {"deepseek-v2-lite", 2, 1, 700, 4096, 64, "uniform"},   // the budget holds every key: dense
+  };
+  const uint64_t seed = test::fresh_seed();
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.model) + " batch " + std::to_string(c.batch) + " q_len " + std::to_string(c.q_len) + " kv_len " +
+                 std::to_string(c.kv_len) + " budget " + std::to_string(c.budget));
+    const ModelFile model = load_model_file(c.model);
+    Point p;
+    p.set("batch", {std::to_string(c.batch), c.batch, true});
+    p.set("q_len", {std::to_string(c.q_len), c.q_len, true});
+    p.set("kv_len", {std::to_string(c.kv_len), c.kv_len, true});
+    p.set("page_size", {"64", 64, true});
+    p.set("len_dist", {c.len_dist, 0, false});
+    p.set("kv_dtype", {"bf16", 0, false});
+    p.set("executor", {"graph", 0, false});
+    p.set("kv_splits", {"auto", 0, false});
+    p.set("budget", {std::to_string(c.budget), c.budget, true});
+    p.set("local", {std::to_string(c.local), c.local, true});
+    auto v = entry->make();
+    const Support s = v->supports(model, p);
+    ASSERT_TRUE(s.ok) << s.reason;
+    v->prepare(model, p, seed);
+    v->run();
+    v->run();  // (the step again: the same keys rewritten, the same pages' bounds remade)
+    const Verification r = v->verify();
+    EXPECT_LE(r.rel_err, 1e-2);
+    EXPECT_GT(r.rel_err, 0.0) << "bf16 arithmetic cannot match fp64 exactly: is the output really computed?";
+    const auto extra = v->verification_counters();
+    ASSERT_TRUE(extra.count("rel_err_vs_dense"));
+    const bool dense = c.budget >= c.kv_len + c.q_len;
+    if (dense) EXPECT_LE(extra.at("rel_err_vs_dense"), 1e-2);
+    EXPECT_LE(extra.at("attended_keys"), double(std::min(c.budget + 64, c.kv_len + c.q_len)));  // (a partial last page)
+    std::printf("sparse/quest/cuda %-17s batch %lld q_len %lld kv_len %5lld budget %4lld: rel_err %.3e, vs dense %.3e, keys %.0f\n", c.model,
+                static_cast<long long>(c.batch), static_cast<long long>(c.q_len), static_cast<long long>(c.kv_len),
+                static_cast<long long>(c.budget), r.rel_err, extra.at("rel_err_vs_dense"), extra.at("attended_keys"));
+  }
+  // An int8 cache is refused (the bounds read bf16 pages)
+  Point bad;
+  bad.set("batch", {"1", 1, true});
+  bad.set("q_len", {"1", 1, true});
+  bad.set("kv_len", {"1000", 1000, true});
+  bad.set("page_size", {"64", 64, true});
+  bad.set("len_dist", {"uniform", 0, false});
+  bad.set("kv_dtype", {"int8", 0, false});
+  bad.set("budget", {"512", 512, true});
+  bad.set("local", {"64", 64, true});
+  EXPECT_FALSE(entry->make()->supports(load_model_file("deepseek-v2-lite"), bad).ok);
 }
 #endif
 

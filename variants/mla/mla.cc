@@ -25,6 +25,8 @@ Shape shape_of(const ModelConfig& m, const Point& p) {
   s.kv_len = p.integer("kv_len");
   if (p.has("kv_dtype")) s.kv_dtype = parse_kv_dtype(p.text("kv_dtype"));
   if (p.has("kv_splits")) s.kv_splits = parse_kv_splits(p.text("kv_splits"));
+  if (p.has("budget")) s.budget = p.integer("budget");
+  if (p.has("local")) s.local = p.integer("local");
   return s;
 }
 

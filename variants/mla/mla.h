@@ -27,6 +27,7 @@ struct Shape {
   int64_t heads = 0, batch = 0, q_len = 0, kv_len = 0;
   KvDtype kv_dtype = KvDtype::bf16;  // the latent cache's (cd caches bf16 K/V)
   int64_t kv_splits = 0;             // the fused kernel's CTAs per row tile (split-KV parts); 0: auto (auto_kv_splits)
+  int64_t budget = 0, local = 0;     // sparse attention: keys attended per request and the local window within them; 0: dense
   int64_t tokens() const { return batch * q_len; }
   int64_t keys() const { return kv_len + q_len; }  // per request, after this step's tokens are written
 };

@@ -735,10 +735,22 @@ int page_shift(int64_t page_size) {
 class FusedCuda final : public MlaOp {
  public:
   FusedCuda() : MlaOp(Algo::a_cc_me, /*fused=*/true) {}
+  // Block-sparse: the kernel walks the selector's pages (see PageSelector).
+  explicit FusedCuda(std::unique_ptr<PageSelector> selector) : MlaOp(Algo::a_cc_me, /*fused=*/true), selector_(std::move(selector)) {}
+  bool sparse() const override { return selector_ != nullptr; }
+  int64_t attended_keys(int64_t keys, int64_t page_size, const Shape& s) const override {
+    return selector_ ? selector_->kept_keys(keys, page_size, s) : keys;
+  }
+  Cost selection_cost(const ModelConfig& m, const Shape& s, int64_t page_size) const override {
+    return selector_ ? selector_->cost(m, s, page_size) : Cost{};
+  }
+  std::vector<std::vector<int64_t>> attended_key_indices() const override { return selector_ ? selector_->key_indices() : std::vector<std::vector<int64_t>>{}; }
 
  protected:
-  bool supports_kv_dtype(KvDtype) const override { return true; }
+  bool supports_kv_dtype(KvDtype d) const override { return !selector_ || d == KvDtype::bf16; }  // (the bounds read bf16 pages)
+  std::string form_unsupported(const ModelConfig& m, const Shape& s) const override { return selector_ ? selector_->unsupported(m, s) : ""; }
   void prepare_form() override {
+    if (selector_) selector_->prepare(m_, s_, *b_.cache, b_.lengths, arena_);
     const int64_t T = s_.tokens(), M = s_.q_len * nh_;
     if (M % 16) throw BadInput("mla/fused/cuda: heads x q_len must be a multiple of 16, got " + std::to_string(M));
     // 64-row tiles always (16 heads pad 16 rows to 64: the spare MMA rows cost less than a lockstep kernel's
@@ -768,8 +780,11 @@ class FusedCuda final : public MlaOp {
     // H200, one run, two rounds: +2-5% of the roofline at 4K-8K, -0.5% at 16K-32K).
     // The grid has parts_ CTAs per row tile; with kv_splits auto the lengths decide how many of them take keys
     // (the rest exit at once), so one captured graph serves short and long steps alike.
-    const int used = s_.kv_splits > 0 ? parts_ : auto_kv_splits(lengths, s_.q_len, kBlockKeys, parts_);
-    const SplitKv plan = split_kv(lengths, s_.q_len, kBlockKeys, used, /*whole_requests=*/true);
+    std::vector<int64_t> walked = lengths;  // (sparse: the keys the selection keeps, before this step's)
+    if (selector_)
+      for (int64_t& l : walked) l = selector_->kept_keys(l + s_.q_len, b_.cache->page_size, s_) - s_.q_len;
+    const int used = s_.kv_splits > 0 ? parts_ : auto_kv_splits(walked, s_.q_len, kBlockKeys, parts_);
+    const SplitKv plan = split_kv(walked, s_.q_len, kBlockKeys, used, /*whole_requests=*/true);
     if (int(plan.segments.size()) > max_segments_ || int64_t(lengths.size()) != s_.batch)
       throw std::logic_error("mla/fused/cuda: schedule exceeds its capacity");
     MlaSchedule out;
@@ -820,10 +835,19 @@ class FusedCuda final : public MlaOp {
     const int M = int(s_.q_len * nh_);
     concat_query();
     mark("absorb_q");
+    CacheView view = cache_view(*b_.cache);
+    const int32_t* lengths = b_.lengths;
+    if (selector_) {
+      selector_->select(q_cat_, stream_);
+      mark("select");
+      view.page_table = selector_->page_table();
+      view.pages_per_request = selector_->pages_per_request();
+      lengths = selector_->lengths();
+    }
     const int4* segments = reinterpret_cast<const int4*>(schedule_buffer());
     const int2* part_segments = reinterpret_cast<const int2*>(schedule_buffer() + 4 * max_segments_);
     const int2* request_segments = part_segments + parts_;
-    Params params{kv_map_, tma_, q_cat_, cache_view((*b_.cache)), b_.lengths, segments, part_segments,
+    Params params{kv_map_, tma_, q_cat_, view, lengths, segments, part_segments,
                   o_partial_.get(), lse_partial_.get(), M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E),
                   page_shift((*b_.cache).page_size), row_tiles_ * roles::kRows, o_lat_.get()};
     switch (s_.kv_dtype) {
@@ -849,6 +873,7 @@ class FusedCuda final : public MlaOp {
     const int per_sm = std::max(1, gpu_info().sms / row_tiles);
     return s.kv_splits > 0 ? int(std::min<int64_t>(s.kv_splits, kCombineMaxSegments - 1)) : per_sm;
   }
+  std::unique_ptr<PageSelector> selector_;
   int row_tiles_ = 1, parts_ = 1, max_segments_ = 0;
   bool tma_ = false;
   mutable bool merges_ = false;  // a schedule made so far splits a request across CTAs, left to combine
@@ -858,6 +883,8 @@ class FusedCuda final : public MlaOp {
 };
 
 }  // namespace
+
+std::unique_ptr<MlaOp> make_fused_op(std::unique_ptr<PageSelector> selector) { return std::make_unique<FusedCuda>(std::move(selector)); }
 
 DSLAB_REGISTER_MLA_OP(FusedCuda, "mla/fused/cuda",
                        "fused decode: split-KV online-softmax MQA over the paged latent (warp-specialised warpgroup MMAs), bf16/int8/fp8 cache");

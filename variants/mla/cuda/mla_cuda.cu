@@ -308,28 +308,32 @@ std::vector<bf16> host_latent(const ModelConfig& m, uint64_t ckv, uint64_t kpe, 
   return out;
 }
 
+std::vector<double> GpuProblem::reference_over(int64_t request, const std::vector<int64_t>* keys) const {
+  // Requests are independent: the reference of one is a batch-1 step over its own cache.
+  const int64_t S = shape.q_len, hid = model.hidden_size, r = model.kv_lora_rank, rope = model.qk_rope_head_dim;
+  ref::MlaInputs in;
+  in.batch = 1;
+  in.q_len = S;
+  in.kv_len = lengths[size_t(request)];
+  in.hidden_states.assign(hidden.begin() + request * S * hid, hidden.begin() + (request + 1) * S * hid);
+  const auto latent = host_latent(*this, request);
+  in.ckv_cache.resize(size_t(in.kv_len * r));
+  in.kpe_cache.resize(size_t(in.kv_len * rope));
+  for (int64_t j = 0; j < in.kv_len; ++j) {
+    std::copy_n(&latent[size_t(j * (r + rope))], r, &in.ckv_cache[size_t(j * r)]);
+    std::copy_n(&latent[size_t(j * (r + rope) + r)], rope, &in.kpe_cache[size_t(j * rope)]);
+  }
+  if (!keys) return ref::mla_attention(model, params, in, ref::MlaForm::absorbed_split);
+  const std::vector<std::vector<int64_t>> selection{*keys};
+  return ref::mla_attention(model, params, in, ref::MlaForm::absorbed_split, &selection);
+}
+
 const std::vector<double>& GpuProblem::reference(int64_t request) const {
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
   if (reference_.empty()) reference_.resize(lengths.size());
   auto& out = reference_[size_t(request)];
-  if (out.empty()) {
-    // Requests are independent: the reference of one is a batch-1 step over its own cache.
-    const int64_t S = shape.q_len, hid = model.hidden_size, r = model.kv_lora_rank, rope = model.qk_rope_head_dim;
-    ref::MlaInputs in;
-    in.batch = 1;
-    in.q_len = S;
-    in.kv_len = lengths[size_t(request)];
-    in.hidden_states.assign(hidden.begin() + request * S * hid, hidden.begin() + (request + 1) * S * hid);
-    const auto latent = host_latent(*this, request);
-    in.ckv_cache.resize(size_t(in.kv_len * r));
-    in.kpe_cache.resize(size_t(in.kv_len * rope));
-    for (int64_t j = 0; j < in.kv_len; ++j) {
-      std::copy_n(&latent[size_t(j * (r + rope))], r, &in.ckv_cache[size_t(j * r)]);
-      std::copy_n(&latent[size_t(j * (r + rope) + r)], rope, &in.kpe_cache[size_t(j * rope)]);
-    }
-    out = ref::mla_attention(model, params, in, ref::MlaForm::absorbed_split);
-  }
+  if (out.empty()) out = reference_over(request, nullptr);
   return out;
 }
 
@@ -626,6 +630,7 @@ std::vector<std::pair<std::string, std::string>> GpuVariant::axes() const {
   std::vector<std::pair<std::string, std::string>> a = {{"batch", "1"}, {"q_len", "1"}, {"kv_len", "4096"}, {"heads", ""}, {"page_size", "64"}, {"len_dist", "uniform"},
           {"kv_dtype", "bf16"}, {"executor", op_->fused() ? "graph" : "eager"}};
   if (op_->fused()) a.push_back({"kv_splits", "auto"});  // the split-KV CTAs per row tile (auto: auto_kv_splits)
+  if (op_->sparse()) a.insert(a.end(), {{"budget", "2048"}, {"local", "64"}});
   return a;
 }
 
@@ -645,7 +650,17 @@ Support GpuVariant::supports(const ModelFile& model, const Point& point) const {
 
 Cost GpuVariant::cost(const ModelFile& model, const Point& point) const {
   const ModelConfig m = parse_model_config(model.config, model.name, model.path);
-  return mla::cost(m, op_->algo(), shape_of(m, point));  // mixed lengths cache the same total, so the same cost
+  Shape s = shape_of(m, point);
+  if (!op_->sparse()) return mla::cost(m, op_->algo(), s);  // mixed lengths cache the same total, so the same cost
+  // Sparse: the attention over the kept keys (of the longest request, as the dense cost counts every request's
+  // keys at kv_len), plus the selection's own reads and work.
+  const int64_t page_size = point.integer("page_size");
+  const Cost select = op_->selection_cost(m, s, page_size);
+  s.kv_len = op_->attended_keys(s.keys(), page_size, s) - s.q_len;
+  Cost c = mla::cost(m, op_->algo(), s);
+  c.flops += select.flops;
+  c.bytes += select.bytes;
+  return c;
 }
 
 double GpuVariant::host_memory_bytes(const ModelFile& model, const Point& point) const {
@@ -719,11 +734,26 @@ Verification GpuVariant::verify() {
   DSLAB_CUDA(cudaMemcpy(host_out_.data(), out_.get(), out_.size() * 4, cudaMemcpyDeviceToHost));
   const int64_t rows = s_.q_len * m_.hidden_size;
   std::vector<float> out;
-  std::vector<double> ref;
+  std::vector<double> ref, dense;
+  // A sparse op against the reference over the keys it chose (what it computes), and against dense attention (what
+  // the choice lost: rel_err_vs_dense, a counter).
+  const std::vector<std::vector<int64_t>> chosen = op_->attended_key_indices();
   for (int64_t b : p_->verified_requests) {
     const auto& r = p_->reference(b);
     out.insert(out.end(), host_out_.begin() + b * rows, host_out_.begin() + (b + 1) * rows);
-    ref.insert(ref.end(), r.begin(), r.end());
+    dense.insert(dense.end(), r.begin(), r.end());
+    if (op_->sparse()) {
+      const auto sparse_ref = p_->reference_over(b, &chosen.at(size_t(b)));
+      ref.insert(ref.end(), sparse_ref.begin(), sparse_ref.end());
+    }
+  }
+  if (op_->sparse()) {
+    rel_err_vs_dense_ = ref::relative_l2_error(out.data(), dense.data(), dense.size());
+    double kept = 0;
+    for (const auto& k : chosen) kept += double(k.size());
+    attended_keys_mean_ = kept / double(std::max<size_t>(1, chosen.size()));
+  } else {
+    ref = std::move(dense);
   }
   // bf16 caches hold the reference's own values; int8 and fp8 caches add their quantisation error.
   const double threshold = s_.kv_dtype == KvDtype::bf16 ? 1e-2 : s_.kv_dtype == KvDtype::int8 ? 3e-2 : 8e-2;
@@ -740,6 +770,7 @@ std::map<std::string, double> GpuVariant::counters() {
     c["segments"] = double(schedule_.segments);
     c["merges"] = schedule_.merges ? 1.0 : 0.0;
   }
+
   // The attention kernel's own numbers beside the step's (comparable with FlashMLA's and FlashInfer's): its time
   // (fused: decode + split merge; unfused: the attend op), work and traffic; the results add its roofline fraction.
   const double kernel_us = op_->fused() ? c["op_us.decode"] + c["op_us.combine"] : c["op_us.attend"];
@@ -752,6 +783,11 @@ std::map<std::string, double> GpuVariant::counters() {
     c["kernel_tb_per_s"] = k.bytes / (kernel_us * 1e-6) * 1e-12;
   }
   return c;
+}
+
+std::map<std::string, double> GpuVariant::verification_counters() const {
+  if (!op_->sparse() || attended_keys_mean_ == 0) return {};
+  return {{"rel_err_vs_dense", rel_err_vs_dense_}, {"attended_keys", attended_keys_mean_}};
 }
 
 std::vector<DumpTensor> GpuVariant::tensors() const {

@@ -205,6 +205,13 @@ class MlaOp {
   virtual size_t schedule_ints_for(const ModelConfig&, const Shape&) const { return 0; }
   // Queues one step on `stream`; marks, when given, time each op inside it.
   void forward(cudaStream_t stream, gpu::OpMarks* marks = nullptr);
+  // Sparse attention (an op built on a PageSelector): whether it attends a selection, the keys it attends of a
+  // request with `keys` keys (cached + new), what the selection itself costs a step, and after a step the key
+  // indices (0 .. keys - 1) each request attended (host copies; synchronises). A dense op attends them all.
+  virtual bool sparse() const { return false; }
+  virtual int64_t attended_keys(int64_t keys, int64_t /*page_size*/, const Shape&) const { return keys; }
+  virtual Cost selection_cost(const ModelConfig&, const Shape&, int64_t /*page_size*/) const { return {}; }
+  virtual std::vector<std::vector<int64_t>> attended_key_indices() const { return {}; }
   // Device bytes beyond the caller's buffers (weights, cache), for supports().
   static double scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t max_keys, bool fused);
 
@@ -259,6 +266,31 @@ class MlaOp {
   std::vector<DeviceArray<const void*>> pointer_arrays_;
 };
 
+// Block-sparse decode (variants/sparse/cuda): a selector the fused kernel asks, after the absorbed query is made and
+// this step's keys are in the cache, for a compact page table and per-request lengths to walk instead of the
+// cache's own (whole pages, ascending, the cache's last page last, so causality among the new tokens holds).
+class PageSelector {
+ public:
+  virtual ~PageSelector() = default;
+  virtual std::string name() const = 0;
+  // Why it cannot run these shapes, or "".
+  virtual std::string unsupported(const ModelConfig& m, const Shape& s) const = 0;
+  // The keys it keeps of a request with `keys` keys: fixed by the budget, whatever the scores (the host's split-KV
+  // schedule is made from it before the GPU has chosen).
+  virtual int64_t kept_keys(int64_t keys, int64_t page_size, const Shape& s) const = 0;
+  virtual Cost cost(const ModelConfig& m, const Shape& s, int64_t page_size) const = 0;
+  // lengths: [batch] cached keys before the step (the op's buffers); the cache as it is after prepare's writes.
+  virtual void prepare(const ModelConfig& m, const Shape& s, const PagedLatentCache& cache, const int32_t* lengths, ScratchArena* arena) = 0;
+  // Queued on `stream` before the decode kernel. q_cat: [tokens][heads][kv_lora_rank + rope] the absorbed query.
+  virtual void select(const __nv_bfloat16* q_cat, cudaStream_t stream) = 0;
+  virtual const int32_t* page_table() const = 0;  // [batch][pages_per_request()] physical pages
+  virtual int64_t pages_per_request() const = 0;
+  virtual const int32_t* lengths() const = 0;  // [batch]: the selection's keys before this step's (as the op's lengths)
+  virtual std::vector<std::vector<int64_t>> key_indices() const = 0;  // after a step (synchronises)
+};
+// mla/fused/cuda's op over a selector's pages.
+std::unique_ptr<MlaOp> make_fused_op(std::unique_ptr<PageSelector> selector);
+
 // The MLA ops by name ("mla/fused/cuda"): each registration also registers the family variant of that name,
 // and every layer can pick it by its `attn` axis.
 using MlaOpFactory = std::unique_ptr<MlaOp> (*)();
@@ -292,6 +324,8 @@ struct GpuProblem {
   // reference output rows [q_len][hidden] each.
   std::vector<int64_t> verified_requests;
   const std::vector<double>& reference(int64_t request) const;
+  // The reference of one request over only these key indices (0 .. its keys - 1, new tokens last), or all (null).
+  std::vector<double> reference_over(int64_t request, const std::vector<int64_t>* keys) const;
 
  private:
   mutable std::vector<std::vector<double>> reference_;
@@ -367,6 +401,7 @@ class GpuVariant : public Variant {
   Verification verify() override;
   std::vector<DumpTensor> tensors() const override;
   std::map<std::string, double> counters() override;
+  std::map<std::string, double> verification_counters() const override;  // a sparse op's: rel_err_vs_dense, attended_keys
 
  private:
   void capture_graph();
@@ -379,6 +414,7 @@ class GpuVariant : public Variant {
   std::vector<float> host_out_;
   MlaSchedule schedule_;
   cudaGraphExec_t graph_exec_ = nullptr;
+  double rel_err_vs_dense_ = 0, attended_keys_mean_ = 0;  // a sparse op's, from its last verification
 };
 
 }  // namespace dslab::mla::cuda

@@ -15,7 +15,7 @@ namespace dslab::sparse::cuda {
 
 // Quest's bounds of the listed physical pages of a [pages][page_size][width] bf16 cache: the element-wise min and max
 // of their first counts[i] keys, into min / max [pages][width] fp32 (the other pages' rows untouched). A decode step
-// lists each request's last page (the one its new keys went to); prepare lists them all.
+// lists the pages its new keys went to (a page listed as -1 is skipped); prepare lists them all.
 void page_bounds(const __nv_bfloat16* cache, int64_t page_size, int64_t width, const int32_t* pages, const int32_t* counts, int n,
                  float* min, float* max, cudaStream_t stream);
 
