@@ -7,6 +7,7 @@
 #   steps: facts calibrate calibrate-twice tests gpu-tests sanitize[:POINT,...] default v2 mla-cpu moe-v2-lite moe-v3 offload[:SUITE,...]
 #          mla-decode:SUITE[,SUITE...]
 #          sweep:NAME:SUITE[,SUITE...] (workloads/sweeps/NAME.json into $OUT/NAME-SUITE/results.json)
+#          pack (last: all but run.log into $OUT/out.tar.xz, as at most 8 files come back)
 #   (default: facts calibrate tests default v2 mla-cpu). mla-decode:a,b runs those suites of
 #   workloads/sweeps/mla-decode.json into $OUT/mla-decode-a/results.json; GPU_TIMEOUT caps each point (default 1 s);
 #   GPU_TESTS_FILTER narrows gpu-tests (a gtest filter, default Gpu*); CALIBRATE_REPEAT: runs per calibrate-twice calibration (3);
@@ -100,7 +101,13 @@ for s in "${steps[@]}"; do
       suite=$([ "$s" = moe-v3 ] && echo moe-v3-64-experts || echo moe-v2-lite)
       timeout 540 dslab run workloads/sweeps/moe-cpu.json --suite "$suite" --timeout "${MOE_TIMEOUT:-2}" --machine "$machine" --out "$OUT/$s" >>"$log" 2>&1
       echo "exit $?" | tee -a "$log" ;;
-    *) echo "unknown step '$s' (expected facts calibrate calibrate-twice tests gpu-tests sanitize[:POINTS] default v2 mla-cpu moe-v2-lite moe-v3 offload mla-decode:SUITE sweep:NAME:SUITE)" >&2; exit 2 ;;
+    pack)
+      # Everything under $OUT but run.log into one out.tar.xz (a call brings back at most 8 files): put it last.
+      step pack
+      (cd "$OUT" && find . -type f ! -name run.log ! -name out.tar.xz | sort | tar -cJf out.tar.xz -T - &&
+        find . -type f ! -name run.log ! -name out.tar.xz -delete && find . -mindepth 1 -type d -empty -delete)
+      echo "packed: $(tar -tJf "$OUT/out.tar.xz" | wc -l) files in out.tar.xz" | tee -a "$log" ;;
+    *) echo "unknown step '$s' (expected facts calibrate calibrate-twice tests gpu-tests sanitize[:POINTS] default v2 mla-cpu moe-v2-lite moe-v3 offload mla-decode:SUITE sweep:NAME:SUITE pack)" >&2; exit 2 ;;
   esac
 done
 grep -E '^(mla|moe|layer|variant|results)' "$log" | tail -70

@@ -18,6 +18,7 @@
 #ifdef DSLAB_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "variants/mla/cuda/mla_cuda.h"
 #include "variants/sparse/cuda/paged_select.h"
 #endif
 
@@ -46,7 +47,7 @@ TEST(GpuSparse, PageSelectionMatchesTheCpuReference) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
   const uint64_t seed = test::fresh_seed();
   const int64_t heads = 16, latent = 512, rope = 64, width = latent + rope, P = 64;
-  const std::vector<int64_t> keys = {1000, 640, 130, 4096};  // partial last pages; one request within the budget
+  const std::vector<int64_t> keys = {1000, 641, 130, 4096};  // partial last pages (641: the step opens one); one within the budget
   const int64_t batch = int64_t(keys.size()), ppr = (*std::max_element(keys.begin(), keys.end()) + P - 1) / P;
   sparse::Budget budget;
   budget.tokens = 512, budget.block = P, budget.n_init = 4, budget.local = 64;
@@ -57,7 +58,7 @@ TEST(GpuSparse, PageSelectionMatchesTheCpuReference) {
   std::vector<int32_t> pool(size_t(batch * ppr));
   std::iota(pool.begin(), pool.end(), 0);
   std::shuffle(pool.begin(), pool.end(), std::mt19937_64(seed));
-  std::vector<int32_t> table(pool), counts, listed, key_counts(keys.begin(), keys.end());
+  std::vector<int32_t> table(pool), counts, listed, rows, lengths_before;
   std::vector<bf16> cache(size_t(batch * ppr * P * width)), q(size_t(batch * heads * width));
   for (int64_t r = 0; r < batch; ++r) {
     sparse::Problem p = sparse::make_problem(heads, latent, rope, keys[size_t(r)], sparse::CacheKind::clustered, 0, sparse::request_seed(seed, r));
@@ -73,46 +74,69 @@ TEST(GpuSparse, PageSelectionMatchesTheCpuReference) {
       for (int64_t d = 0; d < latent; ++d) q[size_t((r * heads + h) * width + d)] = to_bf16(p.q_lat[size_t(h * latent + d)]);
       for (int64_t d = 0; d < rope; ++d) q[size_t((r * heads + h) * width + latent + d)] = to_bf16(p.q_pe[size_t(h * rope + d)]);
     }
-    const int64_t pages = (p.keys + P - 1) / P;
+    // prepare's bounds of the keys before a decode step (the last key's page listed with one key fewer, or not at
+    // all), then the step's own page remade by step_page_bounds.
+    const int64_t cached = p.keys - 1, pages = (cached + P - 1) / P;
     for (int64_t pg = 0; pg < pages; ++pg) {
       listed.push_back(table[size_t(r * ppr + pg)]);
-      counts.push_back(int32_t(std::min(P, p.keys - pg * P)));
+      rows.push_back(int32_t(r * ppr + pg));
+      counts.push_back(int32_t(std::min(P, cached - pg * P)));
     }
+    lengths_before.push_back(int32_t(cached));
     problems.push_back(std::move(p));
   }
   const Device<bf16> d_cache(cache), d_q(q);
-  const Device<int32_t> d_table(table), d_listed(listed), d_counts(counts), d_keys(key_counts);
-  const Device<float> d_min{size_t(batch * ppr * width)}, d_max{size_t(batch * ppr * width)}, d_scores{size_t(batch * ppr)};
+  const Device<int32_t> d_table(table), d_listed(listed), d_rows(rows), d_counts(counts), d_lengths(lengths_before);
+  const Device<int32_t> d_keys{size_t(batch)}, d_before{size_t(batch)};
+  const Device<bf16> d_bounds{size_t(batch * ppr * 2 * width)}, d_split{size_t(batch * heads * 2 * width)};
+  const Device<float> d_products{size_t(batch * ppr * heads)}, d_scores{size_t(batch * ppr)};
   const Device<int32_t> d_physical{size_t(batch * max_pages)}, d_logical{size_t(batch * max_pages)}, d_length{size_t(batch)};
   auto* cache_ptr = reinterpret_cast<const __nv_bfloat16*>(d_cache.p);
-  sparse::cuda::page_bounds(cache_ptr, P, width, d_listed.p, d_counts.p, int(listed.size()), d_min.p, d_max.p, 0);
-  sparse::cuda::quest_scores(reinterpret_cast<const __nv_bfloat16*>(d_q.p), batch, 1, heads, width, d_min.p, d_max.p, d_table.p, ppr, d_keys.p,
-                             P, d_scores.p, 0);
-  sparse::cuda::compact_pages(d_scores.p, d_table.p, ppr, d_keys.p, P, budget, batch, max_pages, d_physical.p, d_logical.p, d_length.p, 0);
+  auto* bounds_ptr = reinterpret_cast<__nv_bfloat16*>(d_bounds.p);
+  sparse::cuda::page_bounds(cache_ptr, P, width, d_listed.p, d_rows.p, d_counts.p, int(listed.size()), bounds_ptr, 0);
+  sparse::cuda::step_page_bounds(cache_ptr, P, width, d_lengths.p, 1, d_table.p, ppr, batch, d_keys.p, bounds_ptr, 0);
+  mla::cuda::BlasHandle blas;
+  blas.set_stream(0);
+  sparse::cuda::quest_scores(blas.get(), reinterpret_cast<const __nv_bfloat16*>(d_q.p), batch, 1, heads, width, bounds_ptr, ppr, d_keys.p, P,
+                             reinterpret_cast<__nv_bfloat16*>(d_split.p), d_products.p, d_scores.p, 0);
+  sparse::cuda::compact_pages(d_scores.p, d_table.p, ppr, d_keys.p, P, budget, batch, max_pages, 1, d_physical.p, d_logical.p, d_length.p,
+                              d_before.p, 0);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const auto min = d_min.host(size_t(batch * ppr * width)), max = d_max.host(size_t(batch * ppr * width));
+  const auto bounds = d_bounds.host(size_t(batch * ppr * 2 * width));
   const auto scores = d_scores.host(size_t(batch * ppr));
   const auto physical = d_physical.host(size_t(batch * max_pages)), logical = d_logical.host(size_t(batch * max_pages));
-  const auto length = d_length.host(size_t(batch));
+  const auto length = d_length.host(size_t(batch)), before = d_before.host(size_t(batch)), keys_after = d_keys.host(size_t(batch));
   for (int64_t r = 0; r < batch; ++r) {
     SCOPED_TRACE("request " + std::to_string(r) + ", " + std::to_string(keys[size_t(r)]) + " keys");
     const sparse::Problem& p = problems[size_t(r)];
     const sparse::SelectorState st(p, P, sparse::Indexer{}, sparse::SelectorState::blocks);
     const int64_t pages = (p.keys + P - 1) / P;
-    for (int64_t pg = 0; pg < pages; ++pg) {  // bounds: the min and max of the same values, exactly
-      const int64_t at = table[size_t(r * ppr + pg)] * width;
+    for (int64_t pg = 0; pg < pages; ++pg) {  // bounds: the max and min of the same values, exactly, in the request's row
+      const int64_t at = (r * ppr + pg) * 2 * width;
       for (int64_t d = 0; d < width; ++d) {
-        ASSERT_EQ(min[size_t(at + d)], st.block_min(pg)[d]) << "page " << pg << " column " << d;
-        ASSERT_EQ(max[size_t(at + d)], st.block_max(pg)[d]) << "page " << pg << " column " << d;
+        ASSERT_EQ(to_float(bounds[size_t(at + d)]), st.block_max(pg)[d]) << "page " << pg << " column " << d;
+        ASSERT_EQ(to_float(bounds[size_t(at + width + d)]), st.block_min(pg)[d]) << "page " << pg << " column " << d;
       }
     }
+    ASSERT_EQ(keys_after[size_t(r)], p.keys);
     const std::vector<double> want = sparse::quest_block_scores(p, budget, st);
     std::vector<double> got(scores.begin() + r * ppr, scores.begin() + r * ppr + pages);
-    for (int64_t pg = 0; pg < pages; ++pg) EXPECT_NEAR(got[size_t(pg)], want[size_t(pg)], 1e-4 * std::abs(want[size_t(pg)]) + 1e-4) << pg;
+    for (int64_t pg = 0; pg < pages; ++pg) {
+      // fp32 sums of exact bf16 products in the tensor cores' order: far within 1e-4 of the sum of magnitudes (a wrong bound or sign is off by a good part of it).
+      double magnitude = 0;
+      for (int64_t h = 0; h < heads; ++h) {
+        double m = 0;
+        for (int64_t d = 0; d < width; ++d)
+          m += std::abs(to_float(q[size_t((r * heads + h) * width + d)])) * std::max(std::abs(st.block_min(pg)[d]), std::abs(st.block_max(pg)[d]));
+        magnitude = std::max(magnitude, m);
+      }
+      EXPECT_NEAR(got[size_t(pg)], want[size_t(pg)], 1e-4 * magnitude) << pg;
+    }
     for (int64_t pg = pages; pg < ppr; ++pg) EXPECT_TRUE(std::isinf(scores[size_t(r * ppr + pg)])) << pg;
     // The selection from the GPU's own scores (fp32 sums: a near-tie may rank otherwise than the fp64 ones).
     const sparse::PageSelection cpu = sparse::select_pages(p.keys, P, budget, got);
     EXPECT_EQ(length[size_t(r)], cpu.length);
+    EXPECT_EQ(before[size_t(r)], cpu.length - 1);
     EXPECT_EQ(length[size_t(r)], sparse::paged_sparse_length(p.keys, P, budget));
     ASSERT_LE(cpu.pages.size(), size_t(max_pages));
     for (size_t i = 0; i < cpu.pages.size(); ++i) {

@@ -838,8 +838,7 @@ class FusedCuda final : public MlaOp {
     CacheView view = cache_view(*b_.cache);
     const int32_t* lengths = b_.lengths;
     if (selector_) {
-      selector_->select(q_cat_, stream_);
-      mark("select");
+      selector_->select(q_cat_, stream_, blas_, [this](const char* op) { mark(op); });
       view.page_table = selector_->page_table();
       view.pages_per_request = selector_->pages_per_request();
       lengths = selector_->lengths();

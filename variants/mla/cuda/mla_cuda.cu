@@ -773,8 +773,24 @@ std::map<std::string, double> GpuVariant::counters() {
 
   // The attention kernel's own numbers beside the step's (comparable with FlashMLA's and FlashInfer's): its time
   // (fused: decode + split merge; unfused: the attend op), work and traffic; the results add its roofline fraction.
-  const double kernel_us = op_->fused() ? c["op_us.decode"] + c["op_us.combine"] : c["op_us.attend"];
-  const Cost k = attention_kernel_cost(m_, op_->algo(), s_, p_->lengths, op_->fused());
+  // A sparse op's attention is its selection plus the decode over the kept keys (selection_share: the first's part).
+  double kernel_us = op_->fused() ? c["op_us.decode"] + c["op_us.combine"] : c["op_us.attend"];
+  Cost k;
+  if (op_->sparse()) {
+    const int64_t page_size = p_->page_size;
+    std::vector<int64_t> kept(p_->lengths);
+    for (int64_t& l : kept) l = op_->attended_keys(l + s_.q_len, page_size, s_) - s_.q_len;
+    k = attention_kernel_cost(m_, op_->algo(), s_, kept, true);
+    const Cost select = op_->selection_cost(m_, s_, page_size);
+    k.flops += select.flops, k.bytes += select.bytes;
+    double select_us = 0;
+    for (const auto& [name, value] : c)
+      if (name.rfind("op_us.select", 0) == 0) select_us += value;
+    kernel_us += select_us;
+    if (kernel_us > 0) c["selection_share"] = select_us / kernel_us;
+  } else {
+    k = attention_kernel_cost(m_, op_->algo(), s_, p_->lengths, op_->fused());
+  }
   if (kernel_us > 0) {
     c["kernel_s"] = kernel_us * 1e-6;
     c["kernel_flops"] = k.flops;

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -281,8 +282,11 @@ class PageSelector {
   virtual Cost cost(const ModelConfig& m, const Shape& s, int64_t page_size) const = 0;
   // lengths: [batch] cached keys before the step (the op's buffers); the cache as it is after prepare's writes.
   virtual void prepare(const ModelConfig& m, const Shape& s, const PagedLatentCache& cache, const int32_t* lengths, ScratchArena* arena) = 0;
-  // Queued on `stream` before the decode kernel. q_cat: [tokens][heads][kv_lora_rank + rope] the absorbed query.
-  virtual void select(const __nv_bfloat16* q_cat, cudaStream_t stream) = 0;
+  // Queued on `stream` before the decode kernel. q_cat: [tokens][heads][kv_lora_rank + rope] the absorbed query;
+  // blas: the op's cuBLAS handle, already on `stream`; mark(op): the work queued since the last mark is op's (the
+  // per-op breakdown; its names start with "select").
+  using Mark = std::function<void(const char*)>;
+  virtual void select(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) = 0;
   virtual const int32_t* page_table() const = 0;  // [batch][pages_per_request()] physical pages
   virtual int64_t pages_per_request() const = 0;
   virtual const int32_t* lengths() const = 0;  // [batch]: the selection's keys before this step's (as the op's lengths)

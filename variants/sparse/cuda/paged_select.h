@@ -5,6 +5,7 @@
 // variants/sparse/sparse.h are the reference each of these is tested against (tests/test_sparse_cuda.cc).
 #pragma once
 #include <cuda_bf16.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -13,26 +14,40 @@
 
 namespace dslab::sparse::cuda {
 
-// Quest's bounds of the listed physical pages of a [pages][page_size][width] bf16 cache: the element-wise min and max
-// of their first counts[i] keys, into min / max [pages][width] fp32 (the other pages' rows untouched). A decode step
-// lists the pages its new keys went to (a page listed as -1 is skipped); prepare lists them all.
-void page_bounds(const __nv_bfloat16* cache, int64_t page_size, int64_t width, const int32_t* pages, const int32_t* counts, int n,
-                 float* min, float* max, cudaStream_t stream);
+// Quest's bounds, kept per (request, logical page): row r * pages_per_request + p of `bounds` [rows][2][width] bf16
+// holds the element-wise max, then min, of that page's first keys (the keys' own bf16 values, so exact). Each of the
+// n entries names the physical page to read (-1: skipped), the row to write and how many keys it holds. A decode
+// step lists the pages its new keys went to; prepare lists them all.
+void page_bounds(const __nv_bfloat16* cache, int64_t page_size, int64_t width, const int32_t* pages, const int32_t* rows, const int32_t* counts,
+                 int n, __nv_bfloat16* bounds, cudaStream_t stream);
+
+// Before a decode step's selection: each request's keys after the step's q_len tokens (keys [batch]), and the bounds
+// of the pages those tokens went to (at most two, as q_len <= page_size) remade in the request's rows. A block per
+// request, so one launch.
+void step_page_bounds(const __nv_bfloat16* cache, int64_t page_size, int64_t width, const int32_t* lengths, int64_t q_len,
+                      const int32_t* page_table, int64_t pages_per_request, int64_t batch, int32_t* keys, __nv_bfloat16* bounds,
+                      cudaStream_t stream);
 
 // Quest's page scores: for request r and its logical page p (p < pages of its keys[r] keys; -inf beyond), the best over
 // heads and the request's q_len queries of sum_d max(q_d min_d, q_d max_d) over the page's bounds (the upper bound of
-// any of its keys' scores). q: [batch * q_len][heads][width] bf16 (the absorbed latent query, then rope); page_table:
-// [batch][pages_per_request]; scores: [batch][pages_per_request].
-void quest_scores(const __nv_bfloat16* q, int64_t batch, int64_t q_len, int64_t heads, int64_t width, const float* min, const float* max,
-                  const int32_t* page_table, int64_t pages_per_request, const int32_t* keys, int64_t page_size, float* scores,
-                  cudaStream_t stream);
+// any of its keys' scores). As max_d >= min_d that sum is exactly q⁺·max + q⁻·min (q⁺ = max(q, 0), q⁻ = min(q, 0)),
+// so one GEMM per request scores every (query row, page) on the tensor cores ([q⁺ ‖ q⁻] against [max ‖ min], bf16
+// products exact, fp32 sums) and a reduction keeps each page's best row.
+// q: [batch * q_len][heads][width] bf16 (the absorbed latent query, then rope); bounds as page_bounds writes them;
+// scores: [batch][pages_per_request]. Scratch: q_split [batch * q_len * heads][2 * width] bf16 and products
+// [batch][pages_per_request][q_len * heads] fp32. `blas` must queue on `stream`.
+void quest_scores(cublasHandle_t blas, const __nv_bfloat16* q, int64_t batch, int64_t q_len, int64_t heads, int64_t width,
+                  const __nv_bfloat16* bounds, int64_t pages_per_request, const int32_t* keys, int64_t page_size, __nv_bfloat16* q_split,
+                  float* products, float* scores, cudaStream_t stream);
 
 // select_pages on every request from its scores (ties to the lower page, as the CPU's stable ranking): the chosen
 // pages ascending as physical ids [batch][max_pages] (page_table's entries) and as logical ones (for verification),
-// and the keys the decode kernel attends through them (select_pages's length). max_pages: at least the most pages
-// select_pages keeps (max(budget pages, the sinks' and window's pages)); at most 16384 pages per request.
+// the keys the decode kernel attends through them (select_pages's length) and, where `before` is given, that length
+// less the step's q_len (the decode kernel's lengths count the keys before the step's). max_pages: at least the most
+// pages select_pages keeps (max(budget pages, the sinks' and window's pages)); at most 65536 pages per request. The
+// budget's best pages are found by a radix select over the scores' bits, a byte at a time.
 void compact_pages(const float* scores, const int32_t* page_table, int64_t pages_per_request, const int32_t* keys, int64_t page_size,
-                   const Budget& budget, int64_t batch, int64_t max_pages, int32_t* physical, int32_t* logical, int32_t* length,
-                   cudaStream_t stream);
+                   const Budget& budget, int64_t batch, int64_t max_pages, int64_t q_len, int32_t* physical, int32_t* logical, int32_t* length,
+                   int32_t* before, cudaStream_t stream);
 
 }  // namespace dslab::sparse::cuda

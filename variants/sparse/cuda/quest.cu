@@ -1,7 +1,8 @@
 // sparse/quest/cuda: Quest's block-sparse decode over the paged latent cache (issue 16). A block is a cache page:
 // each page keeps the element-wise min and max of its [latent ‖ rope] keys (made for every page at prepare; in each
 // step only the pages this step's keys went to are remade, inside run()); a page's score is the best over heads and
-// new tokens of sum_d max(q_d min_d, q_d max_d) with the absorbed query, an upper bound of any of its keys' scores
+// new tokens of sum_d max(q_d min_d, q_d max_d) with the absorbed query, an upper bound of any of its keys' scores,
+// computed as one GEMM per request (paged_select.h)
 // (one selection per request, shared by all heads as they share the latent: a page any head needs is kept); the
 // sinks' and window's pages are always kept, the best-scored others fill the budget. mla/fused/cuda's kernel then
 // walks the chosen pages through a compact page table, as it walks the whole cache (PageSelector).
@@ -28,35 +29,17 @@ const __nv_bfloat16* bf16_values(const mla::cuda::PagedLatentCache& c) { return 
 
 constexpr int kSinkTokens = 4;  // n_init: the first keys every step attends (attention sinks)
 
-// Before the selection: each request's keys after this step's tokens, and the pages those tokens went to (at most
-// two, as q_len <= page_size; the second -1 when it is the first).
-__global__ void step_pages_kernel(const int32_t* lengths, int q_len, const int32_t* page_table, int pages_per_request, int page_size, int batch,
-                                  int32_t* keys, int32_t* pages, int32_t* counts) {
-  const int r = int(blockIdx.x * blockDim.x + threadIdx.x);
-  if (r >= batch) return;
-  const int k = lengths[r] + q_len, first = lengths[r] / page_size, last = (k - 1) / page_size;
-  keys[r] = k;
-  pages[2 * r] = page_table[int64_t(r) * pages_per_request + first];
-  counts[2 * r] = min(page_size, k - first * page_size);
-  pages[2 * r + 1] = last != first ? page_table[int64_t(r) * pages_per_request + last] : -1;
-  counts[2 * r + 1] = k - last * page_size;
-}
-
-// Every page of every request with its cached keys before the first step (pages past a request's keys: -1).
+// Every page of every request with its cached keys before the first step (pages past a request's keys: -1); entry i
+// is bounds row i.
 __global__ void all_pages_kernel(const int32_t* lengths, const int32_t* page_table, int pages_per_request, int page_size, int batch,
-                                 int32_t* pages, int32_t* counts) {
+                                 int32_t* pages, int32_t* rows, int32_t* counts) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(batch) * pages_per_request) return;
   const int r = int(i / pages_per_request), p = int(i % pages_per_request);
   const int count = min(page_size, max(0, lengths[r] - p * page_size));
   pages[i] = count > 0 ? page_table[i] : -1;
+  rows[i] = int32_t(i);
   counts[i] = count;
-}
-
-// The kernel's lengths count the keys before this step's.
-__global__ void before_step_kernel(const int32_t* kept, int q_len, int batch, int32_t* lengths) {
-  const int r = int(blockIdx.x * blockDim.x + threadIdx.x);
-  if (r < batch) lengths[r] = kept[r] - q_len;
 }
 
 class QuestSelector final : public mla::cuda::PageSelector {
@@ -73,12 +56,14 @@ class QuestSelector final : public mla::cuda::PageSelector {
     return paged_sparse_length(keys, page_size, budget_of(s, page_size));
   }
   Cost cost(const ModelConfig& m, const mla::Shape& s, int64_t page_size) const override {
-    // Per request: every page's bounds read (min and max, fp32) and scored by every head and new token; the chosen
-    // page table written. The remade bounds of the step's pages and the scores' round trip are small beside them.
+    // Per request: every page's bounds read (max and min, bf16) and scored against every head's and new token's
+    // split query (a GEMM), its products written and read back for the best row; the chosen page table written.
+    // The remade bounds of the step's pages are small beside them.
     const double pages = double((s.keys() + page_size - 1) / page_size), width = double(m.kv_lora_rank + m.qk_rope_head_dim);
+    const double rows = double(s.q_len * s.heads);
     Cost c;
-    c.flops = double(s.batch) * pages * double(s.q_len * s.heads) * width * 2;
-    c.bytes = double(s.batch) * pages * (width * 8 + 4 * 3);
+    c.flops = double(s.batch) * pages * rows * 2 * width * 2;
+    c.bytes = double(s.batch) * (pages * (2 * width * 2 + rows * 4 * 2 + 4 * 3) + rows * 2 * width * 2 * 2);
     return c;
   }
   void prepare(const ModelConfig& m, const mla::Shape& s, const mla::cuda::PagedLatentCache& cache, const int32_t* lengths,
@@ -91,40 +76,38 @@ class QuestSelector final : public mla::cuda::PageSelector {
     lengths_in_ = lengths;
     width_ = m.kv_lora_rank + m.qk_rope_head_dim;
     budget_ = budget_of(s, cache.page_size);
-    const int64_t P = cache.page_size, ppr = cache.pages_per_request;
+    const int64_t P = cache.page_size, ppr = cache.pages_per_request, rows = s.q_len * s.heads;
     // The most pages select_pages keeps: the budget's, or the sinks' and the window's (an unaligned window spans one more).
     max_pages_ = std::min<int64_t>(ppr, std::max<int64_t>(budget_.tokens / P, (kSinkTokens + P - 1) / P + budget_.local / P + 2) + 1);
-    const int64_t cache_pages = int64_t(cache.values.size() / size_t(width_ * P * 2));
-    min_.resize(size_t(cache_pages * width_));
-    max_.resize(size_t(cache_pages * width_));
+    bounds_.resize(size_t(s.batch * ppr * 2 * width_));
+    bounds_.zero();  // (rows past a request's keys are multiplied but never ranked)
+    q_split_.resize(size_t(s.batch * rows * 2 * width_));
+    products_.resize(size_t(s.batch * ppr * rows));
     scores_.resize(size_t(s.batch * ppr));
     physical_.resize(size_t(s.batch * max_pages_));
     logical_.resize(size_t(s.batch * max_pages_));
     kept_.resize(size_t(s.batch));
     lengths_.resize(size_t(s.batch));
     keys_.resize(size_t(s.batch));
-    step_pages_.resize(size_t(2 * s.batch));
-    step_counts_.resize(size_t(2 * s.batch));
     // Every page's bounds, once (the cache as prepared: the cached keys before the first step).
-    DeviceArray<int32_t> pages(size_t(s.batch * ppr)), counts(size_t(s.batch * ppr));
     const int64_t n = s.batch * ppr;
-    all_pages_kernel<<<unsigned((n + 255) / 256), 256>>>(lengths, page_table(cache), int(ppr), int(P), int(s.batch), pages.get(), counts.get());
+    DeviceArray<int32_t> pages{size_t(n)}, rows_of{size_t(n)}, counts{size_t(n)};
+    all_pages_kernel<<<unsigned((n + 255) / 256), 256>>>(lengths, page_table(cache), int(ppr), int(P), int(s.batch), pages.get(), rows_of.get(),
+                                                         counts.get());
     DSLAB_CHECK_LAUNCH();
-    page_bounds(bf16_values(cache), P, width_, pages.get(), counts.get(), int(n), min_.get(), max_.get(), 0);
+    page_bounds(bf16_values(cache), P, width_, pages.get(), rows_of.get(), counts.get(), int(n), bounds_.get(), 0);
     DSLAB_CUDA(cudaDeviceSynchronize());
   }
-  void select(const __nv_bfloat16* q_cat, cudaStream_t stream) override {
+  void select(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) override {
     const int64_t P = cache_->page_size, ppr = cache_->pages_per_request, B = s_.batch;
-    const unsigned blocks = unsigned((B + 127) / 128);
-    step_pages_kernel<<<blocks, 128, 0, stream>>>(lengths_in_, int(s_.q_len), page_table(*cache_), int(ppr), int(P), int(B), keys_.get(),
-                                                  step_pages_.get(), step_counts_.get());
-    DSLAB_CHECK_LAUNCH();
-    page_bounds(bf16_values(*cache_), P, width_, step_pages_.get(), step_counts_.get(), int(2 * B), min_.get(), max_.get(), stream);
-    quest_scores(q_cat, B, s_.q_len, s_.heads, width_, min_.get(), max_.get(), page_table(*cache_), ppr, keys_.get(), P, scores_.get(), stream);
-    compact_pages(scores_.get(), page_table(*cache_), ppr, keys_.get(), P, budget_, B, max_pages_, physical_.get(), logical_.get(), kept_.get(),
-                  stream);
-    before_step_kernel<<<blocks, 128, 0, stream>>>(kept_.get(), int(s_.q_len), int(B), lengths_.get());
-    DSLAB_CHECK_LAUNCH();
+    step_page_bounds(bf16_values(*cache_), P, width_, lengths_in_, s_.q_len, page_table(*cache_), ppr, B, keys_.get(), bounds_.get(), stream);
+    mark("select_bounds");
+    quest_scores(blas, q_cat, B, s_.q_len, s_.heads, width_, bounds_.get(), ppr, keys_.get(), P, q_split_.get(), products_.get(), scores_.get(),
+                 stream);
+    mark("select_scores");
+    compact_pages(scores_.get(), page_table(*cache_), ppr, keys_.get(), P, budget_, B, max_pages_, s_.q_len, physical_.get(), logical_.get(),
+                  kept_.get(), lengths_.get(), stream);
+    mark("select_pages");
   }
   const int32_t* page_table() const override { return physical_.get(); }
   int64_t pages_per_request() const override { return max_pages_; }
@@ -161,8 +144,9 @@ class QuestSelector final : public mla::cuda::PageSelector {
   const int32_t* lengths_in_ = nullptr;
   int64_t width_ = 0, max_pages_ = 0;
   Budget budget_;
-  DeviceArray<float> min_, max_, scores_;  // [cache pages][width] x 2, [batch][pages per request]
-  DeviceArray<int32_t> physical_, logical_, kept_, lengths_, keys_, step_pages_, step_counts_;
+  DeviceArray<__nv_bfloat16> bounds_, q_split_;  // [batch][pages per request][max ‖ min], [tokens * heads][q⁺ ‖ q⁻]
+  DeviceArray<float> products_, scores_;         // [batch][pages per request][q_len * heads], [batch][pages per request]
+  DeviceArray<int32_t> physical_, logical_, kept_, lengths_, keys_;
 };
 
 const bool registered = mla::cuda::register_mla_op(
