@@ -43,6 +43,7 @@ const std::vector<AxisInfo>& known_axes() {
       {"local", AxisKind::positive_int, "sparse attention: the most recent keys every step attends (the local window, within the budget)"},
       {"cache_kind", AxisKind::text, "sparse attention's synthetic cache: random | clustered | needle", {"random", "clustered", "needle"}},
       {"needle_depth", AxisKind::nonneg_int, "sparse attention: where the needle sits, percent of the cache from its oldest key"},
+      {"needle_norm", AxisKind::positive_int, "sparse attention: the needle's length in typical key lengths (1: a haystack key's)"},
       {"weight", AxisKind::text, "the linear op's weight: q_proj | q_a_proj | q_b_proj | kv_a_proj_with_mqa | o_proj | shared_gate_up | "
                                  "shared_down_proj | dense_gate_up | dense_down_proj | gate | lm_head"},
       {"kv_splits", AxisKind::text, "the fused MLA kernel's split-KV CTAs per row tile: auto (about 4 key blocks each, 32 to one per SM) | N"},

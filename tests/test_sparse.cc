@@ -146,7 +146,7 @@ TEST(SparseVariants, EachAttendsItsSelectionExactlyAndReportsItsFidelity) {
     integer("kv_len", 2048);
     integer("budget", 256);
     integer("block", 64);
-    integer("needle_depth", 30);
+    integer("needle_depth", 30), integer("needle_norm", 1);
     p.set("cache_kind", {"needle", 0, false});
     auto v = e->make();
     ASSERT_TRUE(v->supports(model, p).ok);
@@ -204,7 +204,7 @@ TEST(SparseVariants, EachRunAppendsTheStepsKey) {
   const ModelFile model = load_model_file("deepseek-v2-lite");
   Point p;
   auto integer = [&](const char* axis, int64_t v) { p.set(axis, {std::to_string(v), v, true}); };
-  integer("kv_len", 600), integer("budget", 128), integer("block", 64), integer("needle_depth", 50), integer("heads", 4);
+  integer("kv_len", 600), integer("budget", 128), integer("block", 64), integer("needle_depth", 50), integer("needle_norm", 1), integer("heads", 4);
   p.set("cache_kind", {"random", 0, false});
   for (const auto& [name, steps] : {std::pair<const char*, int>{"sparse/quest/cpu", 1030}, {"sparse/dsa/cpu", 5}}) {
     SCOPED_TRACE(name);
@@ -227,7 +227,7 @@ TEST(SparseVariants, ABatchIsItsRequestsEachWithItsOwnCacheAndSelection) {
   auto point = [](int64_t batch) {
     Point p;
     auto integer = [&](const char* axis, int64_t v) { p.set(axis, {std::to_string(v), v, true}); };
-    integer("batch", batch), integer("kv_len", 1500), integer("budget", 256), integer("block", 64), integer("needle_depth", 50), integer("heads", 4);
+    integer("batch", batch), integer("kv_len", 1500), integer("budget", 256), integer("block", 64), integer("needle_depth", 50), integer("needle_norm", 1), integer("heads", 4);
     p.set("cache_kind", {"clustered", 0, false});
     return p;
   };

@@ -43,115 +43,185 @@ struct Device {
 
 float bf16_round(float x) { return to_float(to_bf16(x)); }
 
-TEST(GpuSparse, PageSelectionMatchesTheCpuReference) {
-  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
-  const uint64_t seed = test::fresh_seed();
-  const int64_t heads = 16, latent = 512, rope = 64, width = latent + rope, P = 64;
-  const std::vector<int64_t> keys = {1000, 641, 130, 4096};  // partial last pages (641: the step opens one); one within the budget
-  const int64_t batch = int64_t(keys.size()), ppr = (*std::max_element(keys.begin(), keys.end()) + P - 1) / P;
-  sparse::Budget budget;
-  budget.tokens = 512, budget.block = P, budget.n_init = 4, budget.local = 64;
-  const int64_t max_pages = ppr;
-  // Each request's problem in bf16 values (the CPU reference reads the same numbers the GPU does), its pages
-  // scattered over one shuffled pool.
-  std::vector<sparse::Problem> problems;
+// One decode step's selection by the GPU's pieces (summaries of the cached keys, the step's page remade, page
+// scores, compact pages) for a batch of CPU problems laid out in a shuffled page pool.
+struct GpuPageSelection {
+  std::vector<bf16> q, summaries;
+  std::vector<float> scores;
+  std::vector<int32_t> table, physical, logical, length, before, keys_after;
+  int64_t ppr = 0, max_pages = 0;
+};
+GpuPageSelection select_on_gpu(sparse::cuda::Summary kind, const std::vector<sparse::Problem>& problems, int64_t P, const sparse::Budget& budget,
+                               uint64_t seed) {
+  const int64_t batch = int64_t(problems.size()), heads = problems[0].heads, latent = problems[0].latent, rope = problems[0].rope;
+  const int64_t width = latent + rope, sw = sparse::cuda::summary_width(kind, width);
+  int64_t most = 0;
+  for (const auto& p : problems) most = std::max(most, p.keys);
+  GpuPageSelection g;
+  g.ppr = g.max_pages = (most + P - 1) / P;
+  const int64_t ppr = g.ppr;
   std::vector<int32_t> pool(size_t(batch * ppr));
   std::iota(pool.begin(), pool.end(), 0);
   std::shuffle(pool.begin(), pool.end(), std::mt19937_64(seed));
-  std::vector<int32_t> table(pool), counts, listed, rows, lengths_before;
-  std::vector<bf16> cache(size_t(batch * ppr * P * width)), q(size_t(batch * heads * width));
+  g.table = pool;
+  std::vector<int32_t> counts, listed, rows, lengths_before;
+  std::vector<bf16> cache(size_t(batch * ppr * P * width));
+  g.q.resize(size_t(batch * heads * width));
   for (int64_t r = 0; r < batch; ++r) {
-    sparse::Problem p = sparse::make_problem(heads, latent, rope, keys[size_t(r)], sparse::CacheKind::clustered, 0, sparse::request_seed(seed, r));
-    for (auto* v : {&p.q_lat, &p.q_pe, &p.c_kv, &p.k_pe})
-      for (float& x : *v) x = bf16_round(x);
+    const sparse::Problem& p = problems[size_t(r)];
     for (int64_t k = 0; k < p.keys; ++k) {
-      const int64_t physical = table[size_t(r * ppr + k / P)];
+      const int64_t physical = g.table[size_t(r * ppr + k / P)];
       bf16* row = &cache[size_t((physical * P + k % P) * width)];
       for (int64_t d = 0; d < latent; ++d) row[d] = to_bf16(p.c_kv[size_t(k * latent + d)]);
       for (int64_t d = 0; d < rope; ++d) row[latent + d] = to_bf16(p.k_pe[size_t(k * rope + d)]);
     }
     for (int64_t h = 0; h < heads; ++h) {
-      for (int64_t d = 0; d < latent; ++d) q[size_t((r * heads + h) * width + d)] = to_bf16(p.q_lat[size_t(h * latent + d)]);
-      for (int64_t d = 0; d < rope; ++d) q[size_t((r * heads + h) * width + latent + d)] = to_bf16(p.q_pe[size_t(h * rope + d)]);
+      for (int64_t d = 0; d < latent; ++d) g.q[size_t((r * heads + h) * width + d)] = to_bf16(p.q_lat[size_t(h * latent + d)]);
+      for (int64_t d = 0; d < rope; ++d) g.q[size_t((r * heads + h) * width + latent + d)] = to_bf16(p.q_pe[size_t(h * rope + d)]);
     }
-    // prepare's bounds of the keys before a decode step (the last key's page listed with one key fewer, or not at
-    // all), then the step's own page remade by step_page_bounds.
+    // prepare's summaries of the keys before a decode step (the last key's page listed with one key fewer, or not
+    // at all), then the step's own page remade by step_page_summaries.
     const int64_t cached = p.keys - 1, pages = (cached + P - 1) / P;
     for (int64_t pg = 0; pg < pages; ++pg) {
-      listed.push_back(table[size_t(r * ppr + pg)]);
+      listed.push_back(g.table[size_t(r * ppr + pg)]);
       rows.push_back(int32_t(r * ppr + pg));
       counts.push_back(int32_t(std::min(P, cached - pg * P)));
     }
     lengths_before.push_back(int32_t(cached));
-    problems.push_back(std::move(p));
   }
-  const Device<bf16> d_cache(cache), d_q(q);
-  const Device<int32_t> d_table(table), d_listed(listed), d_rows(rows), d_counts(counts), d_lengths(lengths_before);
+  const Device<bf16> d_cache(cache), d_q(g.q);
+  const Device<int32_t> d_table(g.table), d_listed(listed), d_rows(rows), d_counts(counts), d_lengths(lengths_before);
   const Device<int32_t> d_keys{size_t(batch)}, d_before{size_t(batch)};
-  const Device<bf16> d_bounds{size_t(batch * ppr * 2 * width)}, d_split{size_t(batch * heads * 2 * width)};
+  const Device<bf16> d_summaries{size_t(batch * ppr * sw)}, d_split{size_t(batch * heads * 2 * width)};
   const Device<float> d_products{size_t(batch * ppr * heads)}, d_scores{size_t(batch * ppr)};
-  const Device<int32_t> d_physical{size_t(batch * max_pages)}, d_logical{size_t(batch * max_pages)}, d_length{size_t(batch)};
+  const Device<int32_t> d_physical{size_t(batch * ppr)}, d_logical{size_t(batch * ppr)}, d_length{size_t(batch)};
   auto* cache_ptr = reinterpret_cast<const __nv_bfloat16*>(d_cache.p);
-  auto* bounds_ptr = reinterpret_cast<__nv_bfloat16*>(d_bounds.p);
-  sparse::cuda::page_bounds(cache_ptr, P, width, d_listed.p, d_rows.p, d_counts.p, int(listed.size()), bounds_ptr, 0);
-  sparse::cuda::step_page_bounds(cache_ptr, P, width, d_lengths.p, 1, d_table.p, ppr, batch, d_keys.p, bounds_ptr, 0);
+  auto* summaries = reinterpret_cast<__nv_bfloat16*>(d_summaries.p);
+  sparse::cuda::page_summaries(kind, cache_ptr, P, width, d_listed.p, d_rows.p, d_counts.p, int(listed.size()), summaries, 0);
+  sparse::cuda::step_page_summaries(kind, cache_ptr, P, width, d_lengths.p, 1, d_table.p, ppr, batch, d_keys.p, summaries, 0);
   mla::cuda::BlasHandle blas;
   blas.set_stream(0);
-  sparse::cuda::quest_scores(blas.get(), reinterpret_cast<const __nv_bfloat16*>(d_q.p), batch, 1, heads, width, bounds_ptr, ppr, d_keys.p, P,
-                             reinterpret_cast<__nv_bfloat16*>(d_split.p), d_products.p, d_scores.p, 0);
-  sparse::cuda::compact_pages(d_scores.p, d_table.p, ppr, d_keys.p, P, budget, batch, max_pages, 1, d_physical.p, d_logical.p, d_length.p,
-                              d_before.p, 0);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const auto bounds = d_bounds.host(size_t(batch * ppr * 2 * width));
-  const auto scores = d_scores.host(size_t(batch * ppr));
-  const auto physical = d_physical.host(size_t(batch * max_pages)), logical = d_logical.host(size_t(batch * max_pages));
-  const auto length = d_length.host(size_t(batch)), before = d_before.host(size_t(batch)), keys_after = d_keys.host(size_t(batch));
-  for (int64_t r = 0; r < batch; ++r) {
-    SCOPED_TRACE("request " + std::to_string(r) + ", " + std::to_string(keys[size_t(r)]) + " keys");
-    const sparse::Problem& p = problems[size_t(r)];
-    const sparse::SelectorState st(p, P, sparse::Indexer{}, sparse::SelectorState::blocks);
-    const int64_t pages = (p.keys + P - 1) / P;
-    for (int64_t pg = 0; pg < pages; ++pg) {  // bounds: the max and min of the same values, exactly, in the request's row
-      const int64_t at = (r * ppr + pg) * 2 * width;
-      for (int64_t d = 0; d < width; ++d) {
-        ASSERT_EQ(to_float(bounds[size_t(at + d)]), st.block_max(pg)[d]) << "page " << pg << " column " << d;
-        ASSERT_EQ(to_float(bounds[size_t(at + width + d)]), st.block_min(pg)[d]) << "page " << pg << " column " << d;
+  sparse::cuda::page_scores(kind, blas.get(), reinterpret_cast<const __nv_bfloat16*>(d_q.p), batch, 1, heads, width, summaries, ppr, d_keys.p, P,
+                            reinterpret_cast<__nv_bfloat16*>(d_split.p), d_products.p, d_scores.p, 0);
+  sparse::cuda::compact_pages(d_scores.p, d_table.p, ppr, d_keys.p, P, budget, batch, ppr, 1, d_physical.p, d_logical.p, d_length.p, d_before.p, 0);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  g.summaries = d_summaries.host(size_t(batch * ppr * sw));
+  g.scores = d_scores.host(size_t(batch * ppr));
+  g.physical = d_physical.host(size_t(batch * ppr)), g.logical = d_logical.host(size_t(batch * ppr));
+  g.length = d_length.host(size_t(batch)), g.before = d_before.host(size_t(batch)), g.keys_after = d_keys.host(size_t(batch));
+  return g;
+}
+
+// Each problem in bf16 values (the CPU reference reads the same numbers the GPU does).
+sparse::Problem bf16_problem(int64_t heads, int64_t keys, sparse::CacheKind kind, double depth, uint64_t seed, double needle_norm = 1) {
+  sparse::Problem p = sparse::make_problem(heads, 512, 64, keys, kind, depth, seed, needle_norm);
+  for (auto* v : {&p.q_lat, &p.q_pe, &p.c_kv, &p.k_pe})
+    for (float& x : *v) x = bf16_round(x);
+  return p;
+}
+
+TEST(GpuSparse, PageSelectionMatchesTheCpuReference) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  using sparse::cuda::Summary;
+  const uint64_t seed = test::fresh_seed();
+  const int64_t heads = 16, width = 576, P = 64;
+  const std::vector<int64_t> keys = {1000, 641, 130, 4096};  // partial last pages (641: the step opens one); one within the budget
+  const int64_t batch = int64_t(keys.size());
+  sparse::Budget budget;
+  budget.tokens = 512, budget.block = P, budget.n_init = 4, budget.local = 64;
+  std::vector<sparse::Problem> problems;
+  for (int64_t r = 0; r < batch; ++r)
+    problems.push_back(bf16_problem(heads, keys[size_t(r)], sparse::CacheKind::clustered, 0, sparse::request_seed(seed, r)));
+  for (const Summary kind : {Summary::quest_bounds, Summary::infllm_mean}) {
+    const bool quest = kind == Summary::quest_bounds;
+    SCOPED_TRACE(quest ? "quest" : "infllm");
+    const GpuPageSelection g = select_on_gpu(kind, problems, P, budget, seed);
+    const int64_t ppr = g.ppr, sw = sparse::cuda::summary_width(kind, width);
+    for (int64_t r = 0; r < batch; ++r) {
+      SCOPED_TRACE("request " + std::to_string(r) + ", " + std::to_string(keys[size_t(r)]) + " keys");
+      const sparse::Problem& p = problems[size_t(r)];
+      const sparse::SelectorState st(p, P, sparse::Indexer{}, sparse::SelectorState::blocks);
+      const int64_t pages = (p.keys + P - 1) / P;
+      ASSERT_EQ(g.keys_after[size_t(r)], p.keys);
+      // Summaries in the request's row: Quest's max and min of the same values exactly; InfLLM's mean to bf16.
+      std::vector<std::vector<float>> mean(static_cast<size_t>(pages), std::vector<float>(static_cast<size_t>(width)));
+      for (int64_t pg = 0; pg < pages; ++pg) {
+        const int64_t at = (r * ppr + pg) * sw, count = std::min(P, p.keys - pg * P);
+        for (int64_t d = 0; d < width; ++d) {
+          if (quest) {
+            ASSERT_EQ(to_float(g.summaries[size_t(at + d)]), st.block_max(pg)[d]) << "page " << pg << " column " << d;
+            ASSERT_EQ(to_float(g.summaries[size_t(at + width + d)]), st.block_min(pg)[d]) << "page " << pg << " column " << d;
+          } else {
+            mean[size_t(pg)][size_t(d)] = st.block_sum(pg)[d] / float(count);
+            ASSERT_NEAR(to_float(g.summaries[size_t(at + d)]), mean[size_t(pg)][size_t(d)], std::abs(mean[size_t(pg)][size_t(d)]) * 0x1p-8 + 1e-30)
+                << "page " << pg << " column " << d;
+          }
+        }
       }
-    }
-    ASSERT_EQ(keys_after[size_t(r)], p.keys);
-    const std::vector<double> want = sparse::quest_block_scores(p, budget, st);
-    std::vector<double> got(scores.begin() + r * ppr, scores.begin() + r * ppr + pages);
-    for (int64_t pg = 0; pg < pages; ++pg) {
-      // fp32 sums of exact bf16 products in the tensor cores' order: far within 1e-4 of the sum of magnitudes (a wrong bound or sign is off by a good part of it).
-      double magnitude = 0;
-      for (int64_t h = 0; h < heads; ++h) {
-        double m = 0;
-        for (int64_t d = 0; d < width; ++d)
-          m += std::abs(to_float(q[size_t((r * heads + h) * width + d)])) * std::max(std::abs(st.block_min(pg)[d]), std::abs(st.block_max(pg)[d]));
-        magnitude = std::max(magnitude, m);
+      const std::vector<double> want = quest ? sparse::quest_block_scores(p, budget, st) : sparse::infllm_block_scores(p, budget, st);
+      const std::vector<double> got(g.scores.begin() + r * ppr, g.scores.begin() + r * ppr + pages);
+      for (int64_t pg = 0; pg < pages; ++pg) {
+        // Quest: fp32 sums of exact bf16 products, far within 1e-4 of the sum of magnitudes; InfLLM's bf16 mean adds
+        // up to 2^-9 of it. A wrong bound, sign or row is off by a good part of it.
+        double magnitude = 0;
+        for (int64_t h = 0; h < heads; ++h) {
+          double m = 0;
+          for (int64_t d = 0; d < width; ++d) {
+            const double summary = quest ? std::max(std::abs(st.block_min(pg)[d]), std::abs(st.block_max(pg)[d])) : std::abs(mean[size_t(pg)][size_t(d)]);
+            m += std::abs(to_float(g.q[size_t((r * heads + h) * width + d)])) * summary;
+          }
+          magnitude = std::max(magnitude, m);
+        }
+        EXPECT_NEAR(got[size_t(pg)], want[size_t(pg)], (quest ? 1e-4 : 4e-3) * magnitude) << pg;
       }
-      EXPECT_NEAR(got[size_t(pg)], want[size_t(pg)], 1e-4 * magnitude) << pg;
-    }
-    for (int64_t pg = pages; pg < ppr; ++pg) EXPECT_TRUE(std::isinf(scores[size_t(r * ppr + pg)])) << pg;
-    // The selection from the GPU's own scores (fp32 sums: a near-tie may rank otherwise than the fp64 ones).
-    const sparse::PageSelection cpu = sparse::select_pages(p.keys, P, budget, got);
-    EXPECT_EQ(length[size_t(r)], cpu.length);
-    EXPECT_EQ(before[size_t(r)], cpu.length - 1);
-    EXPECT_EQ(length[size_t(r)], sparse::paged_sparse_length(p.keys, P, budget));
-    ASSERT_LE(cpu.pages.size(), size_t(max_pages));
-    for (size_t i = 0; i < cpu.pages.size(); ++i) {
-      EXPECT_EQ(logical[size_t(r * max_pages) + i], cpu.pages[i]) << i;
-      EXPECT_EQ(physical[size_t(r * max_pages) + i], table[size_t(r * ppr + cpu.pages[i])]) << i;
+      for (int64_t pg = pages; pg < ppr; ++pg) EXPECT_TRUE(std::isinf(g.scores[size_t(r * ppr + pg)])) << pg;
+      // The selection from the GPU's own scores (fp32 sums: a near-tie may rank otherwise than the fp64 ones).
+      const sparse::PageSelection cpu = sparse::select_pages(p.keys, P, budget, got);
+      EXPECT_EQ(g.length[size_t(r)], cpu.length);
+      EXPECT_EQ(g.before[size_t(r)], cpu.length - 1);
+      EXPECT_EQ(g.length[size_t(r)], sparse::paged_sparse_length(p.keys, P, budget));
+      ASSERT_LE(cpu.pages.size(), size_t(g.max_pages));
+      for (size_t i = 0; i < cpu.pages.size(); ++i) {
+        EXPECT_EQ(g.logical[size_t(r * g.max_pages) + i], cpu.pages[i]) << i;
+        EXPECT_EQ(g.physical[size_t(r * g.max_pages) + i], g.table[size_t(r * ppr + cpu.pages[i])]) << i;
+      }
     }
   }
 }
 
-// sparse/quest/cuda, the whole step (selection + mla/fused/cuda's kernel over the chosen pages, from one captured
-// graph): against the fp64 reference over exactly the keys it chose, at V2-Lite's 16 heads and V3's 128, decode
-// and two new tokens, requests of mixed lengths; a budget that holds every key gives dense attention.
-TEST(GpuSparse, QuestDecodeMatchesTheReferenceOverItsPages) {
-  const VariantEntry* entry = find_variant("sparse/quest/cuda");
-  if (!entry) GTEST_SKIP() << "sparse/quest/cuda is not built (no CUDA toolkit at configure time)";
+// needle_recall on the GPU: a key planted at depths 0-100% of the cache along the heads' mean query, 4 typical key
+// lengths long; the page holding it is among the GPU's chosen pages for Quest and InfLLM at every depth (16 pages of
+// 256 chosen). (A needle of a haystack key's length stands out of a page's summary too little for either: the CPU
+// sweep's cpu-needle-depth shows where.)
+TEST(GpuSparse, NeedlePageIsChosenAtEveryDepth) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  using sparse::cuda::Summary;
+  const uint64_t seed = test::fresh_seed();
+  const int64_t P = 64, keys = 16384;
+  sparse::Budget budget;
+  budget.tokens = 1024, budget.block = P, budget.n_init = 4, budget.local = 128;
+  std::vector<sparse::Problem> problems;
+  const std::vector<double> depths = {0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0};
+  for (size_t i = 0; i < depths.size(); ++i)
+    problems.push_back(bf16_problem(16, keys, sparse::CacheKind::needle, depths[i], sparse::request_seed(seed, int64_t(i)), 4));
+  for (const Summary kind : {Summary::quest_bounds, Summary::infllm_mean}) {
+    const GpuPageSelection g = select_on_gpu(kind, problems, P, budget, seed);
+    for (size_t r = 0; r < problems.size(); ++r) {
+      const int64_t needle_page = problems[r].needle / P, chosen = (g.length[r] + P - 1) / P;
+      bool found = false;
+      for (int64_t i = 0; i < chosen; ++i) found |= g.logical[r * size_t(g.max_pages) + size_t(i)] == needle_page;
+      EXPECT_TRUE(found) << (kind == Summary::quest_bounds ? "quest" : "infllm") << " depth " << depths[r] << " (page " << needle_page << ")";
+    }
+  }
+}
+
+// sparse/{quest,infllm}/cuda, the whole step (selection + mla/fused/cuda's kernel over the chosen pages, from one
+// captured graph): against the fp64 reference over exactly the keys it chose, at V2-Lite's 16 heads and V3's 128,
+// decode and two new tokens, requests of mixed lengths; a budget that holds every key gives dense attention.
+class GpuBlockSparse : public ::testing::TestWithParam<const char*> {};
+TEST_P(GpuBlockSparse, DecodeMatchesTheReferenceOverItsPages) {
+  const VariantEntry* entry = find_variant(GetParam());
+  if (!entry) GTEST_SKIP() << GetParam() << " is not built (no CUDA toolkit at configure time)";
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
   struct Case {
     const char* model;
@@ -194,11 +264,11 @@ TEST(GpuSparse, QuestDecodeMatchesTheReferenceOverItsPages) {
     const bool dense = c.budget >= c.kv_len + c.q_len;
     if (dense) EXPECT_LE(extra.at("rel_err_vs_dense"), 1e-2);
     EXPECT_LE(extra.at("attended_keys"), double(std::min(c.budget + 64, c.kv_len + c.q_len)));  // (a partial last page)
-    std::printf("sparse/quest/cuda %-17s batch %lld q_len %lld kv_len %5lld budget %4lld: rel_err %.3e, vs dense %.3e, keys %.0f\n", c.model,
+    std::printf("%s %-17s batch %lld q_len %lld kv_len %5lld budget %4lld: rel_err %.3e, vs dense %.3e, keys %.0f\n", GetParam(), c.model,
                 static_cast<long long>(c.batch), static_cast<long long>(c.q_len), static_cast<long long>(c.kv_len),
                 static_cast<long long>(c.budget), r.rel_err, extra.at("rel_err_vs_dense"), extra.at("attended_keys"));
   }
-  // An int8 cache is refused (the bounds read bf16 pages)
+  // An int8 cache is refused (the summaries read bf16 pages)
   Point bad;
   bad.set("batch", {"1", 1, true});
   bad.set("q_len", {"1", 1, true});
@@ -210,6 +280,8 @@ TEST(GpuSparse, QuestDecodeMatchesTheReferenceOverItsPages) {
   bad.set("local", {"64", 64, true});
   EXPECT_FALSE(entry->make()->supports(load_model_file("deepseek-v2-lite"), bad).ok);
 }
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuBlockSparse, ::testing::Values("sparse/quest/cuda", "sparse/infllm/cuda"),
+                         [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param).substr(7, std::string(i.param).find('/', 7) - 7); });
 #endif
 
 }  // namespace

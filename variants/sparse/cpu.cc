@@ -42,12 +42,14 @@ class SparseCpu : public Variant {
  public:
   explicit SparseCpu(Selector s) : selector_(s) {}
   std::vector<std::pair<std::string, std::string>> axes() const override {
-    return {{"batch", "1"}, {"kv_len", "32768"}, {"heads", ""}, {"budget", "2048"}, {"block", "64"}, {"cache_kind", "clustered"}, {"needle_depth", "50"}};
+    return {{"batch", "1"}, {"kv_len", "32768"}, {"heads", ""}, {"budget", "2048"}, {"block", "64"}, {"cache_kind", "clustered"}, {"needle_depth", "50"},
+            {"needle_norm", "1"}};
   }
   Support supports(const ModelFile& model, const Point& point) const override {
     const ModelConfig m = parse_model_config(model.config, model.name, model.path);
     parse_cache_kind(point.text("cache_kind"));
     if (point.integer("needle_depth") > 100) throw BadInput("axis needle_depth: expected a percentage 0..100");
+    if (point.integer("needle_norm") < 1) throw BadInput("axis needle_norm: expected the needle's length in typical key lengths, 1 or more");
     if (point.integer("kv_len") < 1) return Support::no("an empty cache selects nothing");
     if (double(batch_of(point)) * double(point.integer("kv_len")) * double(m.kv_lora_rank + m.qk_rope_head_dim) * 4 > 8e9)
       return Support::no("caches above 8 GB");
@@ -91,7 +93,7 @@ class SparseCpu : public Variant {
       Request& q = requests_[r];
       const uint64_t own = request_seed(seed, int64_t(r));
       q.p = make_problem(heads, m.kv_lora_rank, m.qk_rope_head_dim, point.integer("kv_len"), parse_cache_kind(point.text("cache_kind")),
-                         double(point.integer("needle_depth")) / 100.0, own);
+                         double(point.integer("needle_depth")) / 100.0, own, double(point.integer("needle_norm")));
       // The keys decode appends: fresh random latents and rope keys (the cache kind shapes the prefix only).
       q.new_keys = make_problem(1, m.kv_lora_rank, m.qk_rope_head_dim, kRewind, CacheKind::random, 0, own ^ 0x9e3779b97f4a7c15ull);
       if (selector_ != Selector::oracle)

@@ -12,7 +12,8 @@ namespace dslab::sparse {
 
 uint64_t request_seed(uint64_t seed, int64_t request) { return request == 0 ? seed : splitmix64(seed ^ (0x5e0000ull + uint64_t(request))); }
 
-Problem make_problem(int64_t heads, int64_t latent, int64_t rope, int64_t keys, CacheKind kind, double needle_depth, uint64_t seed) {
+Problem make_problem(int64_t heads, int64_t latent, int64_t rope, int64_t keys, CacheKind kind, double needle_depth, uint64_t seed,
+                     double needle_norm) {
   if (heads < 1 || latent < 1 || rope < 0 || keys < 1) throw std::invalid_argument("sparse::make_problem: empty problem");
   Problem p;
   p.heads = heads, p.latent = latent, p.rope = rope, p.keys = keys;
@@ -45,12 +46,16 @@ Problem make_problem(int64_t heads, int64_t latent, int64_t rope, int64_t keys, 
   }
   if (kind == CacheKind::needle) {
     p.needle = std::clamp<int64_t>(int64_t(std::llround(needle_depth * double(keys - 1))), 0, keys - 1);
-    // The needle's latent is the heads' mean query, scaled so its score stands well above the rest.
+    // The needle's latent points along the heads' mean query, needle_norm times a haystack key's typical norm
+    // (sqrt(latent)): every head's score of it stands out, by more the longer it is.
+    std::vector<double> mean(size_t(latent), 0.0);
+    double norm = 0;
     for (int64_t d = 0; d < latent; ++d) {
-      float mean = 0;
-      for (int64_t h = 0; h < heads; ++h) mean += p.q_lat[size_t(h * latent + d)];
-      p.c_kv[size_t(p.needle * latent + d)] = 4.0f * mean / float(heads);
+      for (int64_t h = 0; h < heads; ++h) mean[size_t(d)] += p.q_lat[size_t(h * latent + d)];
+      norm += mean[size_t(d)] * mean[size_t(d)];
     }
+    const double length = needle_norm * std::sqrt(double(latent)) / std::sqrt(norm);
+    for (int64_t d = 0; d < latent; ++d) p.c_kv[size_t(p.needle * latent + d)] = float(mean[size_t(d)] * length);
   }
   return p;
 }
@@ -122,12 +127,6 @@ std::vector<double> block_scores(const Problem& p, const Budget& b, ScoreOf scor
       best[size_t(blk)] = std::max(best[size_t(blk)], score_of(h, blk * b.block, std::min(p.keys, (blk + 1) * b.block)));
   return best;
 }
-// Blocks ranked by those scores, assembled into the selection.
-template <class ScoreOf>
-std::vector<int64_t> select_blocks(const Problem& p, const Budget& b, ScoreOf score_of) {
-  return assemble(p, b, rank_descending(block_scores(p, b, score_of)), b.block);
-}
-
 }  // namespace
 
 std::vector<int64_t> select_oracle(const Problem& p, const Budget& b) {
@@ -310,15 +309,19 @@ std::vector<int64_t> keys_of(const PageSelection& s, int64_t keys, int64_t page_
   return out;
 }
 
-std::vector<int64_t> select_infllm(const Problem& p, const Budget& b, const SelectorState& st) {
+std::vector<double> infllm_block_scores(const Problem& p, const Budget& b, const SelectorState& st) {
   check_state(p, b, st, SelectorState::blocks);
-  return select_blocks(p, b, [&](int64_t h, int64_t first, int64_t end) {
+  return block_scores(p, b, [&](int64_t h, int64_t first, int64_t end) {
     const float* sum = st.block_sum(first / b.block);
     double dot = 0;
     for (int64_t d = 0; d < p.latent; ++d) dot += double(p.q_lat[size_t(h * p.latent + d)]) * sum[d];
     for (int64_t d = 0; d < p.rope; ++d) dot += double(p.q_pe[size_t(h * p.rope + d)]) * sum[p.latent + d];
     return dot / double(end - first);  // the mean key's score
   });
+}
+
+std::vector<int64_t> select_infllm(const Problem& p, const Budget& b, const SelectorState& st) {
+  return assemble(p, b, rank_descending(infllm_block_scores(p, b, st)), b.block);
 }
 
 std::vector<int64_t> select_infllm(const Problem& p, const Budget& b) { return select_infllm(p, b, SelectorState(p, b.block, Indexer{}, SelectorState::blocks)); }

@@ -22,9 +22,11 @@ struct Problem {
 // random: unit-variance values (the scores spread little: random weights say nothing of trained attention);
 // clustered: keys drawn around a few centres, the query close to one of them, with a recency bias (what a trained
 // model's attention looks like, roughly: a few regions matter); needle: random, with one key at `needle_depth`
-// (0 = oldest, 1 = newest) aligned with the queries.
+// (0 = oldest, 1 = newest) along the heads' mean query, needle_norm times a random key's typical norm (1: a key of the
+// haystack's length whose score stands several deviations above theirs; longer needles stand out of block summaries too).
 enum class CacheKind { random, clustered, needle };
-Problem make_problem(int64_t heads, int64_t latent, int64_t rope, int64_t keys, CacheKind kind, double needle_depth, uint64_t seed);
+Problem make_problem(int64_t heads, int64_t latent, int64_t rope, int64_t keys, CacheKind kind, double needle_depth, uint64_t seed,
+                     double needle_norm = 1.0);
 // The seed of request r of a batch: request 0 keeps the run's seed (batch 1 is the single-request problem), the
 // others get streams of their own.
 uint64_t request_seed(uint64_t seed, int64_t request);
@@ -118,6 +120,8 @@ std::vector<int64_t> keys_of(const PageSelection& s, int64_t keys, int64_t page_
 // InfLLM: per block one representative key, the plain mean of its keys; blocks ranked by the best head's score of it.
 std::vector<int64_t> select_infllm(const Problem& p, const Budget& b);
 std::vector<int64_t> select_infllm(const Problem& p, const Budget& b, const SelectorState& st);
+// InfLLM's score of every block (its best head's score of the mean key), as quest_block_scores.
+std::vector<double> infllm_block_scores(const Problem& p, const Budget& b, const SelectorState& st);
 
 // DSA: the top tokens by the lightning indexer's score (Indexer above).
 std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const Indexer& ix);

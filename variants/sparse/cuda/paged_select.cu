@@ -5,47 +5,56 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "harness/cuda_check.h"
+#include "harness/errors.h"
 #include "variants/mla/cuda/mla_cuda.h"
 #include "variants/sparse/cuda/paged_select.h"
 
 namespace dslab::sparse::cuda {
 namespace {
 
-constexpr int kBoundsThreads = 256;
-// One page's bounds by the block: the max, then the min, of its first `count` keys into `row`.
-__device__ void bounds_of_page(const __nv_bfloat16* __restrict__ keys, int count, int width, __nv_bfloat16* __restrict__ row) {
+constexpr int kSummaryThreads = 256;
+// One page's summary by the block, from its first `count` keys into `row`.
+__device__ void summarise_page(Summary kind, const __nv_bfloat16* __restrict__ keys, int count, int width, __nv_bfloat16* __restrict__ row) {
   for (int d = int(threadIdx.x); d < width; d += int(blockDim.x)) {
-    float lo = INFINITY, hi = -INFINITY;
+    float lo = INFINITY, hi = -INFINITY, sum = 0;
     for (int k = 0; k < count; ++k) {
       const float v = __bfloat162float(keys[int64_t(k) * width + d]);
-      lo = fminf(lo, v), hi = fmaxf(hi, v);
+      lo = fminf(lo, v), hi = fmaxf(hi, v), sum += v;
     }
-    row[d] = __float2bfloat16(hi);  // (bf16 values: exact)
-    row[width + d] = __float2bfloat16(lo);
+    if (kind == Summary::quest_bounds) {
+      row[d] = __float2bfloat16(hi);  // (bf16 values: exact)
+      row[width + d] = __float2bfloat16(lo);
+    } else {
+      row[d] = __float2bfloat16(sum / float(max(count, 1)));
+    }
   }
 }
 
-__global__ void __launch_bounds__(kBoundsThreads) page_bounds_kernel(const __nv_bfloat16* __restrict__ cache, int page_size, int width,
-                                                                     const int32_t* __restrict__ pages, const int32_t* __restrict__ rows,
-                                                                     const int32_t* __restrict__ counts, __nv_bfloat16* __restrict__ bounds) {
+__global__ void __launch_bounds__(kSummaryThreads) page_summaries_kernel(Summary kind, const __nv_bfloat16* __restrict__ cache, int page_size,
+                                                                         int width, const int32_t* __restrict__ pages,
+                                                                         const int32_t* __restrict__ rows, const int32_t* __restrict__ counts,
+                                                                         __nv_bfloat16* __restrict__ summaries) {
   const int64_t page = pages[blockIdx.x];
-  if (page < 0) return;  // (an entry a step does not need: see page_bounds)
-  bounds_of_page(cache + page * page_size * width, counts[blockIdx.x], width, bounds + int64_t(rows[blockIdx.x]) * 2 * width);
+  if (page < 0) return;  // (an entry a step does not need: see page_summaries)
+  const int64_t row_width = kind == Summary::quest_bounds ? 2 * width : width;
+  summarise_page(kind, cache + page * page_size * width, counts[blockIdx.x], width, summaries + int64_t(rows[blockIdx.x]) * row_width);
 }
 
-__global__ void __launch_bounds__(kBoundsThreads) step_page_bounds_kernel(const __nv_bfloat16* __restrict__ cache, int page_size, int width,
-                                                                          const int32_t* __restrict__ lengths, int q_len,
-                                                                          const int32_t* __restrict__ page_table, int pages_per_request,
-                                                                          int32_t* __restrict__ keys, __nv_bfloat16* __restrict__ bounds) {
+__global__ void __launch_bounds__(kSummaryThreads) step_page_summaries_kernel(Summary kind, const __nv_bfloat16* __restrict__ cache, int page_size,
+                                                                              int width, const int32_t* __restrict__ lengths, int q_len,
+                                                                              const int32_t* __restrict__ page_table, int pages_per_request,
+                                                                              int32_t* __restrict__ keys, __nv_bfloat16* __restrict__ summaries) {
   const int r = int(blockIdx.x);
   const int k = lengths[r] + q_len, first = lengths[r] / page_size, last = (k - 1) / page_size;
-  const int64_t at = int64_t(r) * pages_per_request;
+  const int64_t at = int64_t(r) * pages_per_request, row_width = kind == Summary::quest_bounds ? 2 * width : width;
   if (threadIdx.x == 0) keys[r] = k;
   for (int p = first; p <= last; ++p)
-    bounds_of_page(cache + int64_t(page_table[at + p]) * page_size * width, min(page_size, k - p * page_size), width,
-                   bounds + (at + p) * 2 * width);
+    summarise_page(kind, cache + int64_t(page_table[at + p]) * page_size * width, min(page_size, k - p * page_size), width,
+                   summaries + (at + p) * row_width);
 }
 
 // [q⁺ ‖ q⁻] per query row, the GEMM's left operand (signs split exactly in bf16).
@@ -189,37 +198,41 @@ __global__ void __launch_bounds__(kSelectThreads) compact_pages_kernel(SelectArg
 
 }  // namespace
 
-void page_bounds(const __nv_bfloat16* cache, int64_t page_size, int64_t width, const int32_t* pages, const int32_t* rows, const int32_t* counts,
-                 int n, __nv_bfloat16* bounds, cudaStream_t stream) {
+void page_summaries(Summary kind, const __nv_bfloat16* cache, int64_t page_size, int64_t width, const int32_t* pages, const int32_t* rows,
+                    const int32_t* counts, int n, __nv_bfloat16* summaries, cudaStream_t stream) {
   if (n <= 0) return;
-  page_bounds_kernel<<<unsigned(n), kBoundsThreads, 0, stream>>>(cache, int(page_size), int(width), pages, rows, counts, bounds);
+  page_summaries_kernel<<<unsigned(n), kSummaryThreads, 0, stream>>>(kind, cache, int(page_size), int(width), pages, rows, counts, summaries);
   DSLAB_CHECK_LAUNCH();
 }
 
-void quest_scores(cublasHandle_t blas, const __nv_bfloat16* q, int64_t batch, int64_t q_len, int64_t heads, int64_t width,
-                  const __nv_bfloat16* bounds, int64_t pages_per_request, const int32_t* keys, int64_t page_size, __nv_bfloat16* q_split,
-                  float* products, float* scores, cudaStream_t stream) {
-  if (width % 8) throw std::invalid_argument("sparse quest_scores: the key width must be a multiple of 8 (16-byte rows)");
-  const int64_t rows = q_len * heads, k = 2 * width;
-  const int64_t pairs = batch * rows * (width / 2);
-  split_signs_kernel<<<unsigned(std::min<int64_t>((pairs + 255) / 256, 4096)), 256, 0, stream>>>(
-      reinterpret_cast<const __nv_bfloat162*>(q), batch * rows, int(width / 2), reinterpret_cast<__nv_bfloat162*>(q_split));
+void step_page_summaries(Summary kind, const __nv_bfloat16* cache, int64_t page_size, int64_t width, const int32_t* lengths, int64_t q_len,
+                         const int32_t* page_table, int64_t pages_per_request, int64_t batch, int32_t* keys, __nv_bfloat16* summaries,
+                         cudaStream_t stream) {
+  if (q_len > page_size) throw std::invalid_argument("sparse step_page_summaries: q_len above page_size");
+  step_page_summaries_kernel<<<unsigned(batch), kSummaryThreads, 0, stream>>>(kind, cache, int(page_size), int(width), lengths, int(q_len),
+                                                                              page_table, int(pages_per_request), keys, summaries);
   DSLAB_CHECK_LAUNCH();
-  // Per request, column-major: products (rows x pages) = q_split^T (rows x k) . bounds (k x pages): row-major
+}
+
+void page_scores(Summary kind, cublasHandle_t blas, const __nv_bfloat16* q, int64_t batch, int64_t q_len, int64_t heads, int64_t width,
+                 const __nv_bfloat16* summaries, int64_t pages_per_request, const int32_t* keys, int64_t page_size, __nv_bfloat16* q_split,
+                 float* products, float* scores, cudaStream_t stream) {
+  if (width % 8) throw std::invalid_argument("sparse page_scores: the key width must be a multiple of 8 (16-byte rows)");
+  const int64_t rows = q_len * heads, k = summary_width(kind, width);
+  const __nv_bfloat16* left = q;
+  if (kind == Summary::quest_bounds) {
+    const int64_t pairs = batch * rows * (width / 2);
+    split_signs_kernel<<<unsigned(std::min<int64_t>((pairs + 255) / 256, 4096)), 256, 0, stream>>>(
+        reinterpret_cast<const __nv_bfloat162*>(q), batch * rows, int(width / 2), reinterpret_cast<__nv_bfloat162*>(q_split));
+    DSLAB_CHECK_LAUNCH();
+    left = q_split;
+  }
+  // Per request, column-major: products (rows x pages) = left^T (rows x k) . summaries (k x pages): row-major
   // [pages][rows], each page's rows side by side for the reduction.
-  mla::cuda::gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, pages_per_request, k, q_split, k, rows * k, bounds, k, pages_per_request * k, products,
+  mla::cuda::gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, pages_per_request, k, left, k, rows * k, summaries, k, pages_per_request * k, products,
                   CUDA_R_32F, rows, pages_per_request * rows, batch);
   const dim3 grid(unsigned((pages_per_request + kReduceWarps - 1) / kReduceWarps), unsigned(batch));
   best_row_kernel<<<grid, kReduceWarps * 32, 0, stream>>>(products, int(rows), int(pages_per_request), keys, int(page_size), scores);
-  DSLAB_CHECK_LAUNCH();
-}
-
-void step_page_bounds(const __nv_bfloat16* cache, int64_t page_size, int64_t width, const int32_t* lengths, int64_t q_len,
-                      const int32_t* page_table, int64_t pages_per_request, int64_t batch, int32_t* keys, __nv_bfloat16* bounds,
-                      cudaStream_t stream) {
-  if (q_len > page_size) throw std::invalid_argument("sparse step_page_bounds: q_len above page_size");
-  step_page_bounds_kernel<<<unsigned(batch), kBoundsThreads, 0, stream>>>(cache, int(page_size), int(width), lengths, int(q_len), page_table,
-                                                                        int(pages_per_request), keys, bounds);
   DSLAB_CHECK_LAUNCH();
 }
 
@@ -232,5 +245,146 @@ void compact_pages(const float* scores, const int32_t* page_table, int64_t pages
   compact_pages_kernel<<<unsigned(batch), kSelectThreads, 0, stream>>>(a);
   DSLAB_CHECK_LAUNCH();
 }
+
+namespace {
+
+using mla::cuda::DeviceArray;
+
+std::vector<int32_t> download(const DeviceArray<int32_t>& a, size_t n) {
+  std::vector<int32_t> h(n);
+  DSLAB_CUDA(cudaMemcpy(h.data(), a.get(), n * 4, cudaMemcpyDeviceToHost));
+  return h;
+}
+const __nv_bfloat16* bf16_values(const mla::cuda::PagedLatentCache& c) { return reinterpret_cast<const __nv_bfloat16*>(c.values.get()); }
+
+constexpr int kSinkTokens = 4;  // n_init: the first keys every step attends (attention sinks)
+
+// Every page of every request with its cached keys before the first step (pages past a request's keys: -1); entry i
+// is summary row i.
+__global__ void all_pages_kernel(const int32_t* lengths, const int32_t* page_table, int pages_per_request, int page_size, int batch,
+                                 int32_t* pages, int32_t* rows, int32_t* counts) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(batch) * pages_per_request) return;
+  const int r = int(i / pages_per_request), p = int(i % pages_per_request);
+  const int count = min(page_size, max(0, lengths[r] - p * page_size));
+  pages[i] = count > 0 ? page_table[i] : -1;
+  rows[i] = int32_t(i);
+  counts[i] = count;
+}
+
+class BlockSelector final : public mla::cuda::PageSelector {
+ public:
+  BlockSelector(Summary kind, const char* name) : kind_(kind), name_(name) {}
+  std::string name() const override { return name_; }
+  std::string unsupported(const ModelConfig& m, const mla::Shape& s) const override {
+    if (s.budget < 1) return name_ + ": the budget axis (keys attended per request) must be set";
+    if (s.local < 1) return name_ + ": the local axis (the window every step attends) must be set";
+    if (s.kv_dtype != mla::KvDtype::bf16) return name_ + ": the page summaries read a bf16 cache";
+    if (m.kv_lora_rank + m.qk_rope_head_dim > 1024) return name_ + ": keys wider than 1024";
+    return "";
+  }
+  int64_t kept_keys(int64_t keys, int64_t page_size, const mla::Shape& s) const override {
+    return paged_sparse_length(keys, page_size, budget_of(s, page_size));
+  }
+  Cost cost(const ModelConfig& m, const mla::Shape& s, int64_t page_size) const override {
+    // Per request: every page's summary read (bf16) and scored against every head's and new token's query (a GEMM;
+    // Quest's query split by sign first, written and read), its products written and read back for the best row;
+    // the chosen page table written. The remade summaries of the step's pages are small beside them.
+    const double pages = double((s.keys() + page_size - 1) / page_size), width = double(m.kv_lora_rank + m.qk_rope_head_dim);
+    const double rows = double(s.q_len * s.heads), k = double(summary_width(kind_, int64_t(width)));
+    Cost c;
+    c.flops = double(s.batch) * pages * rows * k * 2;
+    c.bytes = double(s.batch) * (pages * (k * 2 + rows * 4 * 2 + 4 * 3) + rows * (width * 2 + (kind_ == Summary::quest_bounds ? k * 2 * 2 : 0)));
+    return c;
+  }
+  void prepare(const ModelConfig& m, const mla::Shape& s, const mla::cuda::PagedLatentCache& cache, const int32_t* lengths,
+               mla::cuda::ScratchArena*) override {
+    if (s.q_len > cache.page_size)
+      throw BadInput(name_ + ": q_len " + std::to_string(s.q_len) + " above page_size " + std::to_string(cache.page_size) +
+                     " (a step's keys must reach at most two pages)");
+    s_ = s;
+    cache_ = &cache;
+    lengths_in_ = lengths;
+    width_ = m.kv_lora_rank + m.qk_rope_head_dim;
+    budget_ = budget_of(s, cache.page_size);
+    const int64_t P = cache.page_size, ppr = cache.pages_per_request, rows = s.q_len * s.heads;
+    // The most pages select_pages keeps: the budget's, or the sinks' and the window's (an unaligned window spans one more).
+    max_pages_ = std::min<int64_t>(ppr, std::max<int64_t>(budget_.tokens / P, (kSinkTokens + P - 1) / P + budget_.local / P + 2) + 1);
+    summaries_.resize(size_t(s.batch * ppr * summary_width(kind_, width_)));
+    summaries_.zero();  // (rows past a request's keys are multiplied but never ranked)
+    q_split_.resize(kind_ == Summary::quest_bounds ? size_t(s.batch * rows * 2 * width_) : 0);
+    products_.resize(size_t(s.batch * ppr * rows));
+    scores_.resize(size_t(s.batch * ppr));
+    physical_.resize(size_t(s.batch * max_pages_));
+    logical_.resize(size_t(s.batch * max_pages_));
+    kept_.resize(size_t(s.batch));
+    lengths_.resize(size_t(s.batch));
+    keys_.resize(size_t(s.batch));
+    // Every page's summary, once (the cache as prepared: the cached keys before the first step).
+    const int64_t n = s.batch * ppr;
+    DeviceArray<int32_t> pages{size_t(n)}, rows_of{size_t(n)}, counts{size_t(n)};
+    all_pages_kernel<<<unsigned((n + 255) / 256), 256>>>(lengths, page_table(cache), int(ppr), int(P), int(s.batch), pages.get(), rows_of.get(),
+                                                         counts.get());
+    DSLAB_CHECK_LAUNCH();
+    page_summaries(kind_, bf16_values(cache), P, width_, pages.get(), rows_of.get(), counts.get(), int(n), summaries_.get(), 0);
+    DSLAB_CUDA(cudaDeviceSynchronize());
+  }
+  void select(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) override {
+    const int64_t P = cache_->page_size, ppr = cache_->pages_per_request, B = s_.batch;
+    step_page_summaries(kind_, bf16_values(*cache_), P, width_, lengths_in_, s_.q_len, page_table(*cache_), ppr, B, keys_.get(), summaries_.get(),
+                        stream);
+    mark("select_summaries");
+    page_scores(kind_, blas, q_cat, B, s_.q_len, s_.heads, width_, summaries_.get(), ppr, keys_.get(), P, q_split_.get(), products_.get(),
+                scores_.get(), stream);
+    mark("select_scores");
+    compact_pages(scores_.get(), page_table(*cache_), ppr, keys_.get(), P, budget_, B, max_pages_, s_.q_len, physical_.get(), logical_.get(),
+                  kept_.get(), lengths_.get(), stream);
+    mark("select_pages");
+  }
+  const int32_t* page_table() const override { return physical_.get(); }
+  int64_t pages_per_request() const override { return max_pages_; }
+  const int32_t* lengths() const override { return lengths_.get(); }
+  std::vector<std::vector<int64_t>> key_indices() const override {
+    DSLAB_CUDA(cudaDeviceSynchronize());
+    const size_t B = size_t(s_.batch);
+    const std::vector<int32_t> logical = download(logical_, B * size_t(max_pages_)), kept = download(kept_, B), keys = download(keys_, B);
+    const int64_t P = cache_->page_size;
+    std::vector<std::vector<int64_t>> out(static_cast<size_t>(s_.batch));
+    for (int64_t r = 0; r < s_.batch; ++r) {
+      const int64_t k = keys[size_t(r)], pages = (k + P - 1) / P, last = k - (pages - 1) * P;
+      PageSelection sel;
+      sel.length = kept[size_t(r)];
+      for (int64_t i = 0; i < (sel.length - last) / P + 1; ++i) sel.pages.push_back(logical[size_t(r * max_pages_ + i)]);
+      out[size_t(r)] = keys_of(sel, k, P);
+    }
+    return out;
+  }
+
+ private:
+  static Budget budget_of(const mla::Shape& s, int64_t page_size) {
+    Budget b;
+    b.tokens = s.budget;
+    b.block = page_size;
+    b.n_init = kSinkTokens;
+    b.local = s.local;
+    return b;
+  }
+  static const int32_t* page_table(const mla::cuda::PagedLatentCache& c) { return c.shared_page_table ? c.shared_page_table : c.page_table.get(); }
+
+  Summary kind_;
+  std::string name_;
+  mla::Shape s_;
+  const mla::cuda::PagedLatentCache* cache_ = nullptr;
+  const int32_t* lengths_in_ = nullptr;
+  int64_t width_ = 0, max_pages_ = 0;
+  Budget budget_;
+  DeviceArray<__nv_bfloat16> summaries_, q_split_;  // [batch][pages per request][summary_width], [tokens * heads][q⁺ ‖ q⁻]
+  DeviceArray<float> products_, scores_;         // [batch][pages per request][q_len * heads], [batch][pages per request]
+  DeviceArray<int32_t> physical_, logical_, kept_, lengths_, keys_;
+};
+
+}  // namespace
+
+std::unique_ptr<mla::cuda::PageSelector> make_block_selector(Summary kind, const char* name) { return std::make_unique<BlockSelector>(kind, name); }
 
 }  // namespace dslab::sparse::cuda

@@ -1,7 +1,8 @@
-// Block-level sparse decode on the GPU, its selection half (issue 16): Quest's page bounds kept beside the paged
-// latent cache, every page's score for the step's queries, and the selection as sparse::select_pages makes it (whole
-// pages: the sinks' and window's, then the best-scored; ascending) written as a compact page table and a key count
-// per request, which the fused decode kernel can walk as it walks the whole cache. The CPU functions of
+// Block-level sparse decode on the GPU, its selection half (issue 16): Quest's page bounds or InfLLM's
+// representative keys kept beside the paged latent cache, every page's score for the step's queries, and the
+// selection as sparse::select_pages makes it (whole pages: the sinks' and window's, then the best-scored; ascending)
+// written as a compact page table and a key count per request, which the fused decode kernel walks as it walks the
+// whole cache. The CPU functions of
 // variants/sparse/sparse.h are the reference each of these is tested against (tests/test_sparse_cuda.cc).
 #pragma once
 #include <cuda_bf16.h>
@@ -9,36 +10,43 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 
+#include "variants/mla/cuda/mla_cuda.h"
 #include "variants/sparse/sparse.h"
 
 namespace dslab::sparse::cuda {
 
-// Quest's bounds, kept per (request, logical page): row r * pages_per_request + p of `bounds` [rows][2][width] bf16
-// holds the element-wise max, then min, of that page's first keys (the keys' own bf16 values, so exact). Each of the
-// n entries names the physical page to read (-1: skipped), the row to write and how many keys it holds. A decode
-// step lists the pages its new keys went to; prepare lists them all.
-void page_bounds(const __nv_bfloat16* cache, int64_t page_size, int64_t width, const int32_t* pages, const int32_t* rows, const int32_t* counts,
-                 int n, __nv_bfloat16* bounds, cudaStream_t stream);
+// What a block selector keeps per page (its blocks are the cache's pages), in row r * pages_per_request + p of a
+// [rows][summary_width] bf16 array for request r's logical page p:
+//   quest_bounds: the element-wise max, then min, of the page's keys (the keys' own bf16 values, so exact);
+//   infllm_mean: InfLLM's representative key, the plain mean of the page's keys (fp32 sums, rounded to bf16).
+enum class Summary { quest_bounds, infllm_mean };
+inline int64_t summary_width(Summary s, int64_t width) { return s == Summary::quest_bounds ? 2 * width : width; }
 
-// Before a decode step's selection: each request's keys after the step's q_len tokens (keys [batch]), and the bounds
-// of the pages those tokens went to (at most two, as q_len <= page_size) remade in the request's rows. A block per
-// request, so one launch.
-void step_page_bounds(const __nv_bfloat16* cache, int64_t page_size, int64_t width, const int32_t* lengths, int64_t q_len,
-                      const int32_t* page_table, int64_t pages_per_request, int64_t batch, int32_t* keys, __nv_bfloat16* bounds,
-                      cudaStream_t stream);
+// The summaries of listed pages: each of the n entries names the physical page to read (-1: skipped), the row to
+// write and how many keys it holds (prepare lists every page).
+void page_summaries(Summary kind, const __nv_bfloat16* cache, int64_t page_size, int64_t width, const int32_t* pages, const int32_t* rows,
+                    const int32_t* counts, int n, __nv_bfloat16* summaries, cudaStream_t stream);
 
-// Quest's page scores: for request r and its logical page p (p < pages of its keys[r] keys; -inf beyond), the best over
-// heads and the request's q_len queries of sum_d max(q_d min_d, q_d max_d) over the page's bounds (the upper bound of
-// any of its keys' scores). As max_d >= min_d that sum is exactly q⁺·max + q⁻·min (q⁺ = max(q, 0), q⁻ = min(q, 0)),
-// so one GEMM per request scores every (query row, page) on the tensor cores ([q⁺ ‖ q⁻] against [max ‖ min], bf16
-// products exact, fp32 sums) and a reduction keeps each page's best row.
-// q: [batch * q_len][heads][width] bf16 (the absorbed latent query, then rope); bounds as page_bounds writes them;
-// scores: [batch][pages_per_request]. Scratch: q_split [batch * q_len * heads][2 * width] bf16 and products
-// [batch][pages_per_request][q_len * heads] fp32. `blas` must queue on `stream`.
-void quest_scores(cublasHandle_t blas, const __nv_bfloat16* q, int64_t batch, int64_t q_len, int64_t heads, int64_t width,
-                  const __nv_bfloat16* bounds, int64_t pages_per_request, const int32_t* keys, int64_t page_size, __nv_bfloat16* q_split,
-                  float* products, float* scores, cudaStream_t stream);
+// Before a decode step's selection: each request's keys after the step's q_len tokens (keys [batch]), and the
+// summaries of the pages those tokens went to (at most two, as q_len <= page_size) remade. A block per request.
+void step_page_summaries(Summary kind, const __nv_bfloat16* cache, int64_t page_size, int64_t width, const int32_t* lengths, int64_t q_len,
+                         const int32_t* page_table, int64_t pages_per_request, int64_t batch, int32_t* keys, __nv_bfloat16* summaries,
+                         cudaStream_t stream);
+
+// Page scores: for request r and its logical page p (p < pages of its keys[r] keys; -inf beyond), the best over heads
+// and the request's q_len queries of
+//   quest_bounds: sum_d max(q_d min_d, q_d max_d), the upper bound of any of its keys' scores. As max_d >= min_d that
+//     sum is exactly q⁺·max + q⁻·min (q⁺ = max(q, 0), q⁻ = min(q, 0)): the query rows are split by sign first;
+//   infllm_mean: q · mean, the representative key's score.
+// Either way one GEMM per request scores every (query row, page) on the tensor cores (bf16 products, fp32 sums) and
+// a reduction keeps each page's best row. q: [batch * q_len][heads][width] bf16 (the absorbed latent query, then
+// rope); scores: [batch][pages_per_request]. Scratch: q_split [batch * q_len * heads][2 * width] bf16 (quest_bounds
+// only) and products [batch][pages_per_request][q_len * heads] fp32. `blas` must queue on `stream`.
+void page_scores(Summary kind, cublasHandle_t blas, const __nv_bfloat16* q, int64_t batch, int64_t q_len, int64_t heads, int64_t width,
+                 const __nv_bfloat16* summaries, int64_t pages_per_request, const int32_t* keys, int64_t page_size, __nv_bfloat16* q_split,
+                 float* products, float* scores, cudaStream_t stream);
 
 // select_pages on every request from its scores (ties to the lower page, as the CPU's stable ranking): the chosen
 // pages ascending as physical ids [batch][max_pages] (page_table's entries) and as logical ones (for verification),
@@ -49,5 +57,10 @@ void quest_scores(cublasHandle_t blas, const __nv_bfloat16* q, int64_t batch, in
 void compact_pages(const float* scores, const int32_t* page_table, int64_t pages_per_request, const int32_t* keys, int64_t page_size,
                    const Budget& budget, int64_t batch, int64_t max_pages, int64_t q_len, int32_t* physical, int32_t* logical, int32_t* length,
                    int32_t* before, cudaStream_t stream);
+
+// A block selector for mla/fused/cuda's kernel (sparse/quest/cuda, sparse/infllm/cuda): the summaries of every
+// page made at prepare and the step's pages remade inside run(), the pages scored, select_pages's pages kept (n_init
+// 4 sink tokens, the `local` and `budget` axes) as a compact page table and lengths.
+std::unique_ptr<mla::cuda::PageSelector> make_block_selector(Summary kind, const char* name);
 
 }  // namespace dslab::sparse::cuda
