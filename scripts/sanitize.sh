@@ -10,8 +10,8 @@
 # (dslab on PATH; names such as racecheck-moe-host run only those points). The layer points cover the scratch arena
 # (layer-tiny-arena; layer-tiny without it), FlashInfer's MLA decode (mla-flashinfer: its kernel is a peer's, so its
 # racecheck reports are listed, not judged), the streamed experts' copies (layer-v2-lite-streamed) and the hot
-# experts' split between the GPU and the CPU (layer-tiny-hot, layer-v2-lite-hot) and Quest's block-sparse decode (sparse-quest:
-# its selection kernels, then the fused kernel over the chosen pages).
+# experts' split between the GPU and the CPU (layer-tiny-hot, layer-v2-lite-hot) and the sparse decodes (sparse-quest,
+# sparse-infllm, sparse-dsa: their selection kernels, then the fused kernel over the chosen pages or keys).
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUT_DIR [TOOL-NAME...]}
 shift
@@ -46,6 +46,8 @@ for tool in memcheck racecheck; do
   run "$tool" layer-v2-lite-fused --model deepseek-v2-lite --variant layer/deepseek/cuda --axis layers=1 --axis batch=2 --axis kv_len=150 --axis executor=eager
   run "$tool" mla-flashinfer --model deepseek-v3 --variant mla/flashinfer/cuda --axis heads=16,128 --axis batch=3 --axis kv_len=300 --axis page_size=16 --axis len_dist=mixed
   run "$tool" sparse-quest --model deepseek-v2-lite --variant sparse/quest/cuda --axis batch=3 --axis kv_len=900 --axis len_dist=mixed --axis budget=256 --axis local=64 --axis executor=eager
+  run "$tool" sparse-infllm --model deepseek-v2-lite --variant sparse/infllm/cuda --axis batch=3 --axis kv_len=900 --axis len_dist=mixed --axis budget=256 --axis local=64 --axis executor=eager
+  run "$tool" sparse-dsa --model deepseek-v2-lite --variant sparse/dsa/cuda --axis batch=3 --axis kv_len=900 --axis len_dist=mixed --axis budget=256 --axis local=64 --axis executor=eager
   run "$tool" moe-grouped --model deepseek-v2-lite --variant moe/grouped/cuda --axis tokens=1,300
   run "$tool" moe-loop --model deepseek-v2-lite --variant moe/loop/cuda --axis tokens=37
   run "$tool" moe-host --model deepseek-v2-lite --variant moe/host/cuda --axis tokens=1,40

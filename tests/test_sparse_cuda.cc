@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include "variants/mla/cuda/mla_cuda.h"
+#include "variants/sparse/cuda/indexer.h"
 #include "variants/sparse/cuda/paged_select.h"
 #endif
 
@@ -215,11 +216,125 @@ TEST(GpuSparse, NeedlePageIsChosenAtEveryDepth) {
   }
 }
 
-// sparse/{quest,infllm}/cuda, the whole step (selection + mla/fused/cuda's kernel over the chosen pages, from one
-// captured graph): against the fp64 reference over exactly the keys it chose, at V2-Lite's 16 heads and V3's 128,
-// decode and two new tokens, requests of mixed lengths; a budget that holds every key gives dense attention.
-class GpuBlockSparse : public ::testing::TestWithParam<const char*> {};
-TEST_P(GpuBlockSparse, DecodeMatchesTheReferenceOverItsPages) {
+// An e4m3 byte's value (sign, 4 exponent bits of bias 7, 3 mantissa bits; subnormals below 2^-6).
+float e4m3_value(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  const float v = e == 0 ? std::ldexp(float(m) / 8.0f, -6) : std::ldexp(1.0f + float(m) / 8.0f, e - 7);
+  return (b & 0x80) ? -v : v;
+}
+
+// The lightning indexer's GPU pieces against the CPU state and scores: the index keys of every cached key (prepare's
+// GEMM) and of the step's new key (a block per key), the index queries and every key's score, and the top-k from the
+// GPU's own scores as select_tokens makes it; the keys scattered over a shuffled page pool.
+TEST(GpuSparse, IndexerMatchesTheCpuReference) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  const uint64_t seed = test::fresh_seed();
+  const int64_t heads = 16, latent = 512, rope = 64, width = latent + rope, P = 64, D = sparse::cuda::kIndexDim;
+  const std::vector<int64_t> keys = {1000, 641, 130, 4096};
+  const int64_t batch = int64_t(keys.size()), ppr = (4096 + P - 1) / P, slots = batch * ppr * P;
+  sparse::Budget budget;
+  budget.tokens = 512, budget.block = 1, budget.n_init = 4, budget.local = 64;
+  std::vector<sparse::Problem> problems;
+  for (int64_t r = 0; r < batch; ++r)
+    problems.push_back(bf16_problem(heads, keys[size_t(r)], sparse::CacheKind::clustered, 0, sparse::request_seed(seed, r)));
+  std::vector<int32_t> table(size_t(batch * ppr)), lengths_before;
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937_64(seed));
+  std::vector<bf16> cache(size_t(slots * width), to_bf16(0.0f)), q(size_t(batch * heads * width));
+  for (int64_t r = 0; r < batch; ++r) {
+    const sparse::Problem& p = problems[size_t(r)];
+    for (int64_t k = 0; k < p.keys; ++k) {
+      bf16* row = &cache[size_t((table[size_t(r * ppr + k / P)] * P + k % P) * width)];
+      for (int64_t d = 0; d < latent; ++d) row[d] = to_bf16(p.c_kv[size_t(k * latent + d)]);
+      for (int64_t d = 0; d < rope; ++d) row[latent + d] = to_bf16(p.k_pe[size_t(k * rope + d)]);
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t d = 0; d < latent; ++d) q[size_t((r * heads + h) * width + d)] = to_bf16(p.q_lat[size_t(h * latent + d)]);
+      for (int64_t d = 0; d < rope; ++d) q[size_t((r * heads + h) * width + latent + d)] = to_bf16(p.q_pe[size_t(h * rope + d)]);
+    }
+    lengths_before.push_back(int32_t(p.keys - 1));
+  }
+  const std::vector<float> projection = sparse::indexer_projection(sparse::Indexer{}, width);
+  std::vector<bf16> projection_bf16(projection.size());
+  for (size_t i = 0; i < projection.size(); ++i) projection_bf16[i] = to_bf16(projection[i]);
+  const Device<bf16> d_cache(cache), d_q(q), d_projection(projection_bf16);
+  const Device<int32_t> d_table(table), d_lengths(lengths_before), d_keys{size_t(batch)};
+  const Device<uint8_t> d_index{size_t(slots * D)};
+  const Device<float> d_scales{size_t(slots)}, d_scratch{size_t(1000 * D)}, d_scores{size_t(batch * ppr * P)};
+  const Device<__half> d_queries{size_t(batch * sparse::cuda::kIndexHeads * D)};
+  const Device<int32_t> d_slots{size_t(batch * budget.tokens + 1)}, d_logical{size_t(batch * budget.tokens + 1)}, d_length{size_t(batch)},
+      d_before{size_t(batch)};
+  auto* cache_ptr = reinterpret_cast<const __nv_bfloat16*>(d_cache.p);
+  auto* projection_ptr = reinterpret_cast<const __nv_bfloat16*>(d_projection.p);
+  mla::cuda::BlasHandle blas;
+  blas.set_stream(0);
+  // Every slot by prepare's GEMM (1000-row chunks: a partial last chunk), then the step's new keys remade; each
+  // request's last key's slot zeroed first, so the step must write it.
+  sparse::cuda::index_all_keys(blas.get(), cache_ptr, slots, width, projection_ptr, d_scratch.p, 1000, d_index.p, d_scales.p, 0);
+  for (int64_t r = 0; r < batch; ++r) {
+    const int64_t k = keys[size_t(r)] - 1, slot = table[size_t(r * ppr + k / P)] * P + k % P;
+    ASSERT_EQ(cudaMemset(d_index.p + slot * D, 0, size_t(D)), cudaSuccess);
+  }
+  sparse::cuda::index_step_keys(cache_ptr, width, d_lengths.p, 1, d_table.p, ppr, P, batch, projection_ptr, d_index.p, d_scales.p, d_keys.p, 0);
+  sparse::cuda::index_queries(reinterpret_cast<const __nv_bfloat16*>(d_q.p), batch, heads, width, projection_ptr, d_queries.p, 0);
+  sparse::cuda::indexer_scores(d_queries.p, d_index.p, d_scales.p, d_table.p, ppr, P, d_keys.p, batch, ppr * P, 132, d_scores.p, 0);
+  sparse::cuda::compact_tokens(d_scores.p, ppr * P, d_table.p, ppr, d_keys.p, P, budget, batch, budget.tokens + 1, 1, d_slots.p, d_logical.p,
+                               d_length.p, d_before.p, 0);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto index = d_index.host(size_t(slots * D));
+  const auto scales = d_scales.host(size_t(slots)), scores = d_scores.host(size_t(batch * ppr * P));
+  const auto out_slots = d_slots.host(size_t(batch * (budget.tokens + 1))), logical = d_logical.host(size_t(batch * (budget.tokens + 1)));
+  const auto length = d_length.host(size_t(batch)), before = d_before.host(size_t(batch)), keys_after = d_keys.host(size_t(batch));
+  const int64_t max_tokens = budget.tokens + 1;
+  for (int64_t r = 0; r < batch; ++r) {
+    SCOPED_TRACE("request " + std::to_string(r) + ", " + std::to_string(keys[size_t(r)]) + " keys");
+    const sparse::Problem& p = problems[size_t(r)];
+    const sparse::SelectorState st(p, 1, sparse::Indexer{}, sparse::SelectorState::index_keys);
+    ASSERT_EQ(keys_after[size_t(r)], p.keys);
+    // Index keys: the same fp32 sums in another order, so an element may round to the neighbouring e4m3 value.
+    int64_t exact = 0;
+    for (int64_t k = 0; k < p.keys; ++k) {
+      const int64_t slot = table[size_t(r * ppr + k / P)] * P + k % P;
+      const float* want = st.index_key(k);
+      float amax = 0;
+      for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::abs(want[d]));
+      ASSERT_NEAR(scales[size_t(slot)], amax / 448.0f, 1e-3 * amax / 448.0f) << "key " << k;
+      for (int64_t d = 0; d < D; ++d) {
+        const float got = e4m3_value(index[size_t(slot * D + d)]) * scales[size_t(slot)];
+        exact += got == want[d];
+        ASSERT_NEAR(got, want[d], std::abs(want[d]) / 8 + std::ldexp(scales[size_t(slot)], -9) * 1.01f) << "key " << k << " dim " << d;
+      }
+    }
+    EXPECT_GE(double(exact), 0.99 * double(p.keys * D));
+    // Scores: fp16 queries (2^-11 relative) and fp32 sums, within 2e-3 of the score's sum of magnitudes.
+    const std::vector<double> want = sparse::dsa_token_scores(p, st);
+    const std::vector<double> got(scores.begin() + r * ppr * P, scores.begin() + r * ppr * P + p.keys);
+    std::vector<float> iq(size_t(sparse::cuda::kIndexHeads * D));
+    for (int64_t j = 0; j < sparse::cuda::kIndexHeads; ++j)
+      st.project(&p.q_lat[size_t((j % heads) * latent)], &p.q_pe[size_t((j % heads) * rope)], &iq[size_t(j * D)]);
+    for (int64_t k = 0; k < p.keys; ++k) {
+      double magnitude = 0;
+      for (int64_t j = 0; j < sparse::cuda::kIndexHeads; ++j)
+        for (int64_t d = 0; d < D; ++d) magnitude += std::abs(double(iq[size_t(j * D + d)]) * st.index_key(k)[d]) / double(sparse::cuda::kIndexHeads);
+      ASSERT_NEAR(got[size_t(k)], want[size_t(k)], 2e-3 * magnitude + 1e-6) << "key " << k;
+    }
+    // The selection from the GPU's own scores.
+    const std::vector<int64_t> cpu = sparse::select_tokens(p.keys, budget, got);
+    ASSERT_EQ(length[size_t(r)], int32_t(cpu.size()));
+    EXPECT_EQ(before[size_t(r)], int32_t(cpu.size()) - 1);
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      ASSERT_EQ(logical[size_t(r * max_tokens) + i], cpu[i]) << i;
+      EXPECT_EQ(out_slots[size_t(r * max_tokens) + i], table[size_t(r * ppr + cpu[i] / P)] * P + cpu[i] % P) << i;
+    }
+  }
+}
+
+// sparse/{quest,infllm,dsa}/cuda, the whole step (selection + mla/fused/cuda's kernel over the chosen pages or keys,
+// from one captured graph): against the fp64 reference over exactly the keys it chose, at V2-Lite's 16 heads and
+// V3's 128, decode and two new tokens (not DSA's: one index query per request), requests of mixed lengths; a budget
+// that holds every key gives dense attention.
+class GpuSparseDecode : public ::testing::TestWithParam<const char*> {};
+TEST_P(GpuSparseDecode, DecodeMatchesTheReferenceOverItsPages) {
   const VariantEntry* entry = find_variant(GetParam());
   if (!entry) GTEST_SKIP() << GetParam() << " is not built (no CUDA toolkit at configure time)";
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
@@ -252,6 +367,10 @@ TEST_P(GpuBlockSparse, DecodeMatchesTheReferenceOverItsPages) {
     p.set("local", {std::to_string(c.local), c.local, true});
     auto v = entry->make();
     const Support s = v->supports(model, p);
+    if (c.q_len > 1 && std::string(GetParam()) == "sparse/dsa/cuda") {
+      EXPECT_FALSE(s.ok);
+      continue;
+    }
     ASSERT_TRUE(s.ok) << s.reason;
     v->prepare(model, p, seed);
     v->run();
@@ -280,7 +399,7 @@ TEST_P(GpuBlockSparse, DecodeMatchesTheReferenceOverItsPages) {
   bad.set("local", {"64", 64, true});
   EXPECT_FALSE(entry->make()->supports(load_model_file("deepseek-v2-lite"), bad).ok);
 }
-INSTANTIATE_TEST_SUITE_P(Gpu, GpuBlockSparse, ::testing::Values("sparse/quest/cuda", "sparse/infllm/cuda"),
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuSparseDecode, ::testing::Values("sparse/quest/cuda", "sparse/infllm/cuda", "sparse/dsa/cuda"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param).substr(7, std::string(i.param).find('/', 7) - 7); });
 #endif
 

@@ -6,6 +6,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "variants/common/bf16.h"
 #include "variants/common/rng.h"
 
 namespace dslab::sparse {
@@ -161,6 +162,14 @@ void SelectorState::truncate(const Problem& p) {
   for (int64_t k = keys_; k < p.keys; ++k) append_row(&p.c_kv[size_t(k * latent_)], &p.k_pe[size_t(k * rope_)]);
 }
 
+std::vector<float> indexer_projection(const Indexer& ix, int64_t width) {
+  std::mt19937_64 gen(ix.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(float(ix.dim)));
+  std::vector<float> proj(size_t(width * ix.dim));
+  for (float& v : proj) v = to_float(to_bf16(normal(gen)));  // (bf16 weights, as a model's: the GPU multiplies the same numbers)
+  return proj;
+}
+
 SelectorState::SelectorState(const Problem& p, int64_t block, const Indexer& ix, Keep keep)
     : block_(block), latent_(p.latent), rope_(p.rope), width_(p.latent + p.rope), ix_(ix), keep_(keep) {
   if (block < 1) throw std::invalid_argument("sparse: block must be positive");
@@ -170,10 +179,7 @@ SelectorState::SelectorState(const Problem& p, int64_t block, const Indexer& ix,
     max_.reserve(min_.capacity()), sum_.reserve(min_.capacity());
   }
   if (keeps(index_keys)) {
-    std::mt19937_64 gen(ix.seed);
-    std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(float(ix.dim)));
-    proj_.resize(size_t(width_ * ix.dim));
-    for (float& v : proj_) v = normal(gen);
+    proj_ = indexer_projection(ix, width_);
     index_keys_.reserve(size_t(keys * ix.dim));
   }
   for (int64_t k = 0; k < keys; ++k) append_row(&p.c_kv[size_t(k * latent_)], &p.k_pe[size_t(k * rope_)]);  // key by key
@@ -336,8 +342,9 @@ float round_e4m3(float x) {
   return std::copysign(std::min(448.0f, std::nearbyint(a / step) * step), x);
 }
 
-std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const SelectorState& st) {
-  check_state(p, b, st, SelectorState::index_keys);
+std::vector<double> dsa_token_scores(const Problem& p, const SelectorState& st) {
+  if (st.keys() != p.keys || st.width() != p.latent + p.rope || !st.keeps(SelectorState::index_keys))
+    throw std::logic_error("sparse: the selector state does not describe this cache");
   const Indexer& ix = st.indexer();
   std::vector<float> q(size_t(ix.heads * ix.dim));
   for (int64_t j = 0; j < ix.heads; ++j) {
@@ -353,8 +360,17 @@ std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const Selecto
       score[size_t(k)] += std::max(0.0, dot) / double(ix.heads);
     }
   }
-  return assemble(p, b, rank_descending(score), 1);
+  return score;
 }
+
+std::vector<int64_t> select_tokens(int64_t keys, const Budget& b, const std::vector<double>& score) {
+  if (int64_t(score.size()) != keys) throw std::invalid_argument("sparse::select_tokens: one score per key expected");
+  Problem shape;
+  shape.keys = keys;
+  return assemble(shape, b, rank_descending(score), 1);
+}
+
+std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const SelectorState& st) { return select_tokens(p.keys, b, dsa_token_scores(p, st)); }
 
 std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const Indexer& ix) { return select_dsa(p, b, SelectorState(p, b.block, ix, SelectorState::index_keys)); }
 

@@ -126,6 +126,13 @@ std::vector<double> infllm_block_scores(const Problem& p, const Budget& b, const
 // DSA: the top tokens by the lightning indexer's score (Indexer above).
 std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const Indexer& ix);
 std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const SelectorState& st);
+// The indexer's score of every key (what select_dsa ranks, and what a GPU indexer must reproduce).
+std::vector<double> dsa_token_scores(const Problem& p, const SelectorState& st);
+// A token-level selection from any scores: the sinks and the window, then the best-scored others (ties to the lower
+// index) while the budget lasts; ascending.
+std::vector<int64_t> select_tokens(int64_t keys, const Budget& b, const std::vector<double>& score);
+// The indexer's projection [width][dim] (bf16 values): the same numbers for the CPU state and the GPU's indexer.
+std::vector<float> indexer_projection(const Indexer& ix, int64_t width);
 // e4m3 rounding (to nearest, saturating at 448; subnormals below 2^-6): the value an FP8 cache holds.
 float round_e4m3(float x);
 

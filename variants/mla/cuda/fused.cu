@@ -841,14 +841,16 @@ class FusedCuda final : public MlaOp {
       selector_->select(q_cat_, stream_, blas_, [this](const char* op) { mark(op); });
       view.page_table = selector_->page_table();
       view.pages_per_request = selector_->pages_per_request();
+      view.page_size = selector_->keys_per_entry(view.page_size);
       lengths = selector_->lengths();
     }
     const int4* segments = reinterpret_cast<const int4*>(schedule_buffer());
     const int2* part_segments = reinterpret_cast<const int2*>(schedule_buffer() + 4 * max_segments_);
     const int2* request_segments = part_segments + parts_;
-    Params params{kv_map_, tma_, q_cat_, view, lengths, segments, part_segments,
+    // (a token selector's entries are single keys: copied key by key, not by the tensor memory accelerator)
+    Params params{kv_map_, tma_ && view.page_size % roles::kKeys == 0, q_cat_, view, lengths, segments, part_segments,
                   o_partial_.get(), lse_partial_.get(), M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E),
-                  page_shift((*b_.cache).page_size), row_tiles_ * roles::kRows, o_lat_.get()};
+                  page_shift(view.page_size), row_tiles_ * roles::kRows, o_lat_.get()};
     switch (s_.kv_dtype) {
       case KvDtype::bf16: launch_decode_kernel<KvDtype::bf16>(params, parts_, row_tiles_, stream_); break;
       case KvDtype::int8: launch_decode_kernel<KvDtype::int8>(params, parts_, row_tiles_, stream_); break;

@@ -288,6 +288,8 @@ class PageSelector {
   using Mark = std::function<void(const char*)>;
   virtual void select(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) = 0;
   virtual const int32_t* page_table() const = 0;  // [batch][pages_per_request()] physical pages
+  // Keys per entry of that table: the cache's pages (block selectors), or 1 (token selectors: entries are slots).
+  virtual int64_t keys_per_entry(int64_t page_size) const { return page_size; }
   virtual int64_t pages_per_request() const = 0;
   virtual const int32_t* lengths() const = 0;  // [batch]: the selection's keys before this step's (as the op's lengths)
   virtual std::vector<std::vector<int64_t>> key_indices() const = 0;  // after a step (synchronises)

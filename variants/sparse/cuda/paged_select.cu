@@ -89,47 +89,32 @@ __device__ inline uint32_t order_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-constexpr int kSelectThreads = 1024, kMaxPages = 65536;
-struct SelectArgs {
-  const float* scores;
-  const int32_t* page_table;
-  int pages_per_request;
-  const int32_t* keys;
-  int page_size, tokens, n_init, local, max_pages, q_len;
-  int32_t *physical, *logical, *length, *before;
-};
+constexpr int kSelectThreads = 1024, kMaxPages = 65536, kMaxTokens = 1 << 22;
 
-// A block per request: the pages always kept, the `need` best others (the need-th largest score found a byte at a
-// time from the top: a 256-bin histogram of the candidates' next byte, the byte where the count from the top reaches
-// what is still needed; then those above it and the lowest-indexed ones equal to it), the chosen pages in order.
-__global__ void __launch_bounds__(kSelectThreads) compact_pages_kernel(SelectArgs a) {
+// The block's selection of one request's units (pages or tokens): every fixed unit, and the `need` best of the others
+// by key (ties to the lower unit, as the CPU's stable ranking); emit(unit, position) for each chosen one, positions
+// in unit order. Returns how many were chosen. The need-th largest key is found a byte at a time from the top: a
+// 256-bin histogram of the candidates' next byte, the byte where the count from the top reaches what is still needed.
+// Each thread walks a contiguous run of units, so scans over threads are scans over units in order.
+template <class Fixed, class Key, class Emit>
+__device__ int select_in_order(int units, int need, Fixed fixed, Key key, Emit emit) {
   using Scan = cub::BlockScan<int, kSelectThreads>;
   __shared__ typename Scan::TempStorage temp;
   __shared__ int histogram[256];
   __shared__ uint32_t chosen_digit;
   __shared__ int chosen_above;
-  const int r = int(blockIdx.x), tid = int(threadIdx.x);
-  const int keys = a.keys[r], P = a.page_size;
-  const int pages = (keys + P - 1) / P;
-  const int sink_end = (min(a.n_init, keys) + P - 1) / P;   // pages [0, sink_end)
-  const int window_first = max(0, keys - a.local) / P;      // pages [window_first, pages)
-  auto fixed = [&](int p) { return p < sink_end || p >= window_first; };
-  const int fixed_count = min(sink_end, window_first) + (pages - window_first);
-  const int budget = max(1, a.tokens / P);
-  const int need = max(0, min(pages, budget) - fixed_count);
-  const float* score = a.scores + int64_t(r) * a.pages_per_request;
-  auto key = [&](int p) { return fixed(p) ? 0u : order_key(score[p]); };
-  // Each thread's contiguous run of pages (so that scans over threads are scans over pages in order).
-  const int per = (pages + kSelectThreads - 1) / kSelectThreads, first = tid * per, last = min(pages, first + per);
-  uint32_t threshold = 0xffffffffu;  // (need 0: nothing is chosen by score)
+  const int tid = int(threadIdx.x);
+  const int per = (units + kSelectThreads - 1) / kSelectThreads, first = min(units, tid * per), last = min(units, first + per);
+  auto candidate_key = [&](int u) { return fixed(u) ? 0u : key(u); };  // (0: below every real key)
+  uint32_t threshold = 0xffffffffu;  // (need 0: nothing is chosen by key)
   if (need > 0) {
     uint32_t prefix = 0, mask = 0;
     int remaining = need;  // of the keys matching prefix under mask, how many more must be taken from the top
     for (int shift = 24; shift >= 0; shift -= 8) {
       if (tid < 256) histogram[tid] = 0;
       __syncthreads();
-      for (int p = first; p < last; ++p) {
-        const uint32_t k = key(p);
+      for (int u = first; u < last; ++u) {
+        const uint32_t k = candidate_key(u);
         if ((k & mask) == prefix) atomicAdd(&histogram[(k >> shift) & 255u], 1);
       }
       __syncthreads();
@@ -156,43 +141,90 @@ __global__ void __launch_bounds__(kSelectThreads) compact_pages_kernel(SelectArg
     }
     threshold = prefix;  // the need-th largest key
   }
-  // Above the threshold: all; equal to it: the lowest-indexed, as many as are still needed.
-  int above = 0, equal = 0;
-  for (int p = first; p < last; ++p) {
-    const uint32_t k = key(p);
-    above += k > threshold && need > 0;
-    equal += k == threshold && need > 0;
+  // One counting pass: this run's fixed units, keys above the threshold and keys equal to it.
+  int fixed_here = 0, above = 0, equal = 0;
+  for (int u = first; u < last; ++u) {
+    if (fixed(u)) {
+      ++fixed_here;
+    } else if (need > 0) {
+      const uint32_t k = key(u);
+      above += k > threshold, equal += k == threshold;
+    }
   }
-  int above_before = 0, above_total = 0, equal_before = 0, equal_total = 0;
-  Scan(temp).ExclusiveSum(above, above_before, above_total);
+  int above_total = 0, equal_before = 0, equal_total = 0, unused = 0;
+  Scan(temp).ExclusiveSum(above, unused, above_total);
   __syncthreads();
   Scan(temp).ExclusiveSum(equal, equal_before, equal_total);
   __syncthreads();
-  const int equal_taken = need - above_total;
-  // Whether page p is chosen; eq counts the equal-to-threshold pages seen so far (this thread's run walked in order).
-  auto take = [&](int p, int& eq) {
-    if (fixed(p)) return true;
-    if (need == 0) return false;
-    const uint32_t k = key(p);
-    return k > threshold || (k == threshold && eq++ < equal_taken);
-  };
-  int chosen = 0;
-  int eq = equal_before;
-  for (int p = first; p < last; ++p) chosen += take(p, eq);
+  const int equal_taken = need - above_total;  // the lowest-indexed equal ones
+  const int equal_here = max(0, min(equal, equal_taken - equal_before));
   int position = 0, total = 0;
-  Scan(temp).ExclusiveSum(chosen, position, total);
-  eq = equal_before;
-  for (int p = first; p < last; ++p) {
-    if (take(p, eq) && position < a.max_pages) {
-      a.physical[int64_t(r) * a.max_pages + position] = a.page_table[int64_t(r) * a.pages_per_request + p];
-      a.logical[int64_t(r) * a.max_pages + position] = p;
-      ++position;
+  Scan(temp).ExclusiveSum(fixed_here + above + equal_here, position, total);
+  int eq = equal_before;
+  for (int u = first; u < last; ++u) {
+    bool take = fixed(u);
+    if (!take && need > 0) {
+      const uint32_t k = key(u);
+      take = k > threshold || (k == threshold && eq++ < equal_taken);
     }
+    if (take) emit(u, position++);
   }
-  if (tid == 0) {
+  return total;
+}
+
+struct SelectArgs {
+  const float* scores;
+  const int32_t* page_table;
+  int pages_per_request;
+  const int32_t* keys;
+  int page_size, tokens, n_init, local, max_out, q_len;
+  int32_t *physical, *logical, *length, *before;
+};
+
+// A block per request: the sinks' and window's pages, the best-scored others while the budget lasts.
+__global__ void __launch_bounds__(kSelectThreads) compact_pages_kernel(SelectArgs a) {
+  const int r = int(blockIdx.x);
+  const int keys = a.keys[r], P = a.page_size;
+  const int pages = (keys + P - 1) / P;
+  const int sink_end = (min(a.n_init, keys) + P - 1) / P;   // pages [0, sink_end)
+  const int window_first = max(0, keys - a.local) / P;      // pages [window_first, pages)
+  const int fixed_count = min(sink_end, window_first) + (pages - window_first);
+  const int need = max(0, min(pages, max(1, a.tokens / P)) - fixed_count);
+  const float* score = a.scores + int64_t(r) * a.pages_per_request;
+  const int32_t* table = a.page_table + int64_t(r) * a.pages_per_request;
+  const int total = select_in_order(
+      pages, need, [&](int p) { return p < sink_end || p >= window_first; }, [&](int p) { return order_key(score[p]); },
+      [&](int p, int position) {
+        if (position < a.max_out) a.physical[int64_t(r) * a.max_out + position] = table[p], a.logical[int64_t(r) * a.max_out + position] = p;
+      });
+  if (threadIdx.x == 0) {
     const int length = (total - 1) * P + (keys - (pages - 1) * P);
     a.length[r] = length;
     if (a.before) a.before[r] = length - a.q_len;
+  }
+}
+
+// A block per request: the sink and window tokens, the best-scored others while the budget lasts; each as its
+// cache slot (page_table's page * page_size + offset), so the decode kernel walks them as pages of one key.
+__global__ void __launch_bounds__(kSelectThreads) compact_tokens_kernel(SelectArgs a, int64_t scores_per_request) {
+  const int r = int(blockIdx.x);
+  const int keys = a.keys[r], P = a.page_size;
+  const int sinks = min(a.n_init, keys), window_first = max(0, keys - a.local);
+  const int fixed_count = min(sinks, window_first) + (keys - window_first);
+  const int need = max(0, min(keys, a.tokens) - fixed_count);
+  const float* score = a.scores + int64_t(r) * scores_per_request;
+  const int32_t* table = a.page_table + int64_t(r) * a.pages_per_request;
+  const int total = select_in_order(
+      keys, need, [&](int k) { return k < sinks || k >= window_first; }, [&](int k) { return order_key(score[k]); },
+      [&](int k, int position) {
+        if (position < a.max_out) {
+          a.physical[int64_t(r) * a.max_out + position] = table[k / P] * P + k % P;
+          a.logical[int64_t(r) * a.max_out + position] = k;
+        }
+      });
+  if (threadIdx.x == 0) {
+    a.length[r] = total;
+    if (a.before) a.before[r] = total - a.q_len;
   }
 }
 
@@ -243,6 +275,16 @@ void compact_pages(const float* scores, const int32_t* page_table, int64_t pages
   const SelectArgs a{scores, page_table, int(pages_per_request), keys, int(page_size), int(budget.tokens), int(budget.n_init),
                      int(budget.local), int(max_pages), int(q_len), physical, logical, length, before};
   compact_pages_kernel<<<unsigned(batch), kSelectThreads, 0, stream>>>(a);
+  DSLAB_CHECK_LAUNCH();
+}
+
+void compact_tokens(const float* scores, int64_t scores_per_request, const int32_t* page_table, int64_t pages_per_request, const int32_t* keys,
+                    int64_t page_size, const Budget& budget, int64_t batch, int64_t max_tokens, int64_t q_len, int32_t* slots, int32_t* logical,
+                    int32_t* length, int32_t* before, cudaStream_t stream) {
+  if (pages_per_request * page_size > kMaxTokens) throw std::invalid_argument("sparse compact_tokens: at most 4M keys per request");
+  const SelectArgs a{scores, page_table, int(pages_per_request), keys, int(page_size), int(budget.tokens), int(budget.n_init),
+                     int(budget.local), int(max_tokens), int(q_len), slots, logical, length, before};
+  compact_tokens_kernel<<<unsigned(batch), kSelectThreads, 0, stream>>>(a, scores_per_request);
   DSLAB_CHECK_LAUNCH();
 }
 

@@ -58,6 +58,14 @@ void compact_pages(const float* scores, const int32_t* page_table, int64_t pages
                    const Budget& budget, int64_t batch, int64_t max_pages, int64_t q_len, int32_t* physical, int32_t* logical, int32_t* length,
                    int32_t* before, cudaStream_t stream);
 
+// The token-level selection of sparse::select_tokens on every request from its per-key scores ([batch]
+// [scores_per_request]): the chosen keys ascending as cache slots [batch][max_tokens] (page_table's page * page_size +
+// offset: the decode kernel walks them as pages of one key) and as logical indices, their count, and that count less
+// q_len (`before`, if given). max_tokens: at least max(budget, n_init + local). A block per request.
+void compact_tokens(const float* scores, int64_t scores_per_request, const int32_t* page_table, int64_t pages_per_request, const int32_t* keys,
+                    int64_t page_size, const Budget& budget, int64_t batch, int64_t max_tokens, int64_t q_len, int32_t* slots, int32_t* logical,
+                    int32_t* length, int32_t* before, cudaStream_t stream);
+
 // A block selector for mla/fused/cuda's kernel (sparse/quest/cuda, sparse/infllm/cuda): the summaries of every
 // page made at prepare and the step's pages remade inside run(), the pages scored, select_pages's pages kept (n_init
 // 4 sink tokens, the `local` and `budget` axes) as a compact page table and lengths.

@@ -1,0 +1,186 @@
+// The lightning indexer's kernels (indexer.h): index keys by a cuBLAS GEMM (prepare) or a block per new key (a step),
+// e4m3 with a scale per key as the CPU state rounds them; index queries by a block per (token, index head); scores by
+// tensor-core tiles of 64 keys x 64 heads.
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "harness/cuda_check.h"
+#include "variants/mla/cuda/mla_cuda.h"
+#include "variants/sparse/cuda/indexer.h"
+
+namespace dslab::sparse::cuda {
+namespace {
+
+static_assert(kIndexDim == 128 && kIndexHeads == 64, "the kernels below tile 64 heads x 128 dims");
+
+// e4m3 (saturating at 448, round to nearest even) of x / scale, as sparse::round_e4m3 rounds it.
+__device__ inline uint8_t to_e4m3(float x, float scale) { return uint8_t(__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3)); }
+__device__ inline float key_scale(float amax) { return amax > 0 ? __fdiv_rn(amax, 448.0f) : 1.0f; }
+
+// A warp per row of 128 fp32 values: the row's scale and its e4m3 bytes.
+__global__ void quantize_rows_kernel(const float* __restrict__ rows, int64_t n, uint8_t* __restrict__ keys, float* __restrict__ scales) {
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = int(threadIdx.x) % 32;
+  if (row >= n) return;
+  const float4 v = reinterpret_cast<const float4*>(rows + row * kIndexDim)[lane];
+  float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+  for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float scale = key_scale(amax);
+  const uint32_t packed = uint32_t(to_e4m3(v.x, scale)) | uint32_t(to_e4m3(v.y, scale)) << 8 | uint32_t(to_e4m3(v.z, scale)) << 16 |
+                          uint32_t(to_e4m3(v.w, scale)) << 24;
+  reinterpret_cast<uint32_t*>(keys + row * kIndexDim)[lane] = packed;
+  if (lane == 0) scales[row] = scale;
+}
+
+// A block of 128 threads per new key: thread j's projection sum, the block's amax, the e4m3 byte.
+__global__ void __launch_bounds__(kIndexDim) step_keys_kernel(const __nv_bfloat16* __restrict__ cache, int width, const int32_t* __restrict__ lengths,
+                                                               int q_len, const int32_t* __restrict__ page_table, int pages_per_request, int page_size,
+                                                               const __nv_bfloat16* __restrict__ projection, uint8_t* __restrict__ keys,
+                                                               float* __restrict__ scales, int32_t* __restrict__ keys_after) {
+  __shared__ float warp_amax[kIndexDim / 32];
+  const int r = int(blockIdx.x) / q_len, k = lengths[r] + int(blockIdx.x) % q_len, j = int(threadIdx.x);
+  if (j == 0 && int(blockIdx.x) % q_len == 0) keys_after[r] = lengths[r] + q_len;
+  const int64_t slot = int64_t(page_table[int64_t(r) * pages_per_request + k / page_size]) * page_size + k % page_size;
+  const __nv_bfloat16* row = cache + slot * width;
+  float acc = 0;
+  for (int d = 0; d < width; ++d) acc += __bfloat162float(row[d]) * __bfloat162float(projection[int64_t(d) * kIndexDim + j]);
+  float amax = fabsf(acc);
+  for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (j % 32 == 0) warp_amax[j / 32] = amax;
+  __syncthreads();
+  amax = fmaxf(fmaxf(warp_amax[0], warp_amax[1]), fmaxf(warp_amax[2], warp_amax[3]));
+  const float scale = key_scale(amax);
+  keys[slot * kIndexDim + j] = to_e4m3(acc, scale);
+  if (j == 0) scales[slot] = scale;
+}
+
+// A block of 128 threads per (token, index head).
+__global__ void __launch_bounds__(kIndexDim) queries_kernel(const __nv_bfloat16* __restrict__ q, int heads, int width,
+                                                            const __nv_bfloat16* __restrict__ projection, __half* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  const int j = int(blockIdx.y), dim = int(threadIdx.x);
+  const __nv_bfloat16* row = q + (t * heads + j % heads) * width;
+  float acc = 0;
+  for (int d = 0; d < width; ++d) acc += __bfloat162float(row[d]) * __bfloat162float(projection[int64_t(d) * kIndexDim + dim]);
+  out[(t * kIndexHeads + j) * kIndexDim + dim] = __float2half_rn(acc);
+}
+
+// Scores by mma.sync m16n8k16 (fp16 in, fp32 accumulate): a CTA holds the request's 64 x 128 queries in shared memory
+// and walks tiles of 64 keys (e4m3 -> fp16 exactly); warp w multiplies all 64 heads (4 m-tiles) by the tile's keys
+// 16w..16w+15 (2 n-tiles), then ReLU, sums its heads and reduces over the lanes sharing a key.
+constexpr int kTileKeys = 64, kScoreThreads = 128, kQueryStride = kIndexDim + 8, kKeyStride = kIndexDim + 16;  // (padding: no bank conflicts)
+
+__device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ inline uint32_t e4m3x2_to_half2(const uint8_t* p) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(*reinterpret_cast<const __nv_fp8x2_storage_t*>(p), __NV_E4M3);
+  return uint32_t(h.x) | uint32_t(h.y) << 16;
+}
+
+__global__ void __launch_bounds__(kScoreThreads) scores_kernel(const __half* __restrict__ queries, const uint8_t* __restrict__ index_keys,
+                                                               const float* __restrict__ index_scales, const int32_t* __restrict__ page_table,
+                                                               int pages_per_request, int page_size, const int32_t* __restrict__ keys,
+                                                               int64_t scores_per_request, float* __restrict__ scores) {
+  __shared__ __align__(16) __half sq[kIndexHeads * kQueryStride];
+  __shared__ __align__(16) uint8_t sk[kTileKeys * kKeyStride];
+  __shared__ float sscale[kTileKeys];
+  const int r = int(blockIdx.y), tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int n_keys = keys[r];
+  const int32_t* table = page_table + int64_t(r) * pages_per_request;
+  for (int i = tid; i < kIndexHeads * kIndexDim / 8; i += kScoreThreads) {
+    const int row = i / (kIndexDim / 8), c = i % (kIndexDim / 8);
+    *reinterpret_cast<uint4*>(&sq[row * kQueryStride + c * 8]) =
+        reinterpret_cast<const uint4*>(queries + (int64_t(r) * kIndexHeads + row) * kIndexDim)[c];
+  }
+  for (int tile = int(blockIdx.x); tile * kTileKeys < n_keys; tile += int(gridDim.x)) {
+    __syncthreads();  // (the queries landed; the last tile's keys are consumed)
+    for (int i = tid; i < kTileKeys * kIndexDim / 16; i += kScoreThreads) {
+      const int key = i / (kIndexDim / 16), c = i % (kIndexDim / 16), k = tile * kTileKeys + key;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (k < n_keys) v = reinterpret_cast<const uint4*>(index_keys + (int64_t(table[k / page_size]) * page_size + k % page_size) * kIndexDim)[c];
+      *reinterpret_cast<uint4*>(&sk[key * kKeyStride + c * 16]) = v;
+    }
+    if (tid < kTileKeys) {
+      const int k = tile * kTileKeys + tid;
+      sscale[tid] = k < n_keys ? index_scales[int64_t(table[k / page_size]) * page_size + k % page_size] : 0.0f;
+    }
+    __syncthreads();
+    float acc[4][2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < kIndexDim / 16; ++ks) {
+      uint32_t b[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const uint8_t* key = &sk[(warp * 16 + nt * 8 + g) * kKeyStride + ks * 16 + 2 * t];
+        b[nt][0] = e4m3x2_to_half2(key), b[nt][1] = e4m3x2_to_half2(key + 8);
+      }
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        const __half* q0 = &sq[(mt * 16 + g) * kQueryStride + ks * 16 + 2 * t];
+        const __half* q8 = q0 + 8 * kQueryStride;
+        const uint32_t a[4] = {*reinterpret_cast<const uint32_t*>(q0), *reinterpret_cast<const uint32_t*>(q8),
+                               *reinterpret_cast<const uint32_t*>(q0 + 8), *reinterpret_cast<const uint32_t*>(q8 + 8)};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) mma_16816(acc[mt][nt], a, b[nt][0], b[nt][1]);
+      }
+    }
+    // acc[mt][nt][c]: head mt*16 + g (+8 for c >= 2), key warp*16 + nt*8 + 2t + (c & 1).
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int col = 0; col < 2; ++col) {
+        float sum = 0;
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) sum += fmaxf(acc[mt][nt][col], 0.0f) + fmaxf(acc[mt][nt][2 + col], 0.0f);
+        for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        const int key = warp * 16 + nt * 8 + 2 * t + col, k = tile * kTileKeys + key;
+        if (g == 0 && k < n_keys) scores[int64_t(r) * scores_per_request + k] = sum * (1.0f / kIndexHeads) * sscale[key];
+      }
+  }
+}
+
+}  // namespace
+
+void index_all_keys(cublasHandle_t blas, const __nv_bfloat16* cache, int64_t slots, int64_t width, const __nv_bfloat16* projection,
+                    float* scratch, int64_t chunk, uint8_t* index_keys, float* index_scales, cudaStream_t stream) {
+  for (int64_t first = 0; first < slots; first += chunk) {
+    const int64_t rows = std::min(chunk, slots - first);
+    // Column-major: scratch (128 x rows) = projection^T (128 x width) . rows^T (width x rows).
+    mla::cuda::gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, kIndexDim, rows, width, projection, kIndexDim, 0, cache + first * width, width, 0, scratch,
+                    CUDA_R_32F, kIndexDim, 0, 1);
+    quantize_rows_kernel<<<unsigned((rows * 32 + 255) / 256), 256, 0, stream>>>(scratch, rows, index_keys + first * kIndexDim, index_scales + first);
+    DSLAB_CHECK_LAUNCH();
+  }
+}
+
+void index_step_keys(const __nv_bfloat16* cache, int64_t width, const int32_t* lengths, int64_t q_len, const int32_t* page_table,
+                     int64_t pages_per_request, int64_t page_size, int64_t batch, const __nv_bfloat16* projection, uint8_t* index_keys,
+                     float* index_scales, int32_t* keys, cudaStream_t stream) {
+  step_keys_kernel<<<unsigned(batch * q_len), kIndexDim, 0, stream>>>(cache, int(width), lengths, int(q_len), page_table, int(pages_per_request),
+                                                                     int(page_size), projection, index_keys, index_scales, keys);
+  DSLAB_CHECK_LAUNCH();
+}
+
+void index_queries(const __nv_bfloat16* q, int64_t tokens, int64_t heads, int64_t width, const __nv_bfloat16* projection, __half* out,
+                   cudaStream_t stream) {
+  queries_kernel<<<dim3(unsigned(tokens), kIndexHeads), kIndexDim, 0, stream>>>(q, int(heads), int(width), projection, out);
+  DSLAB_CHECK_LAUNCH();
+}
+
+void indexer_scores(const __half* queries, const uint8_t* index_keys, const float* index_scales, const int32_t* page_table,
+                    int64_t pages_per_request, int64_t page_size, const int32_t* keys, int64_t batch, int64_t scores_per_request, int sms,
+                    float* scores, cudaStream_t stream) {
+  // Enough CTAs for four per SM over the batch, each walking several tiles (its queries loaded once).
+  const int64_t tiles = (scores_per_request + kTileKeys - 1) / kTileKeys;
+  const unsigned per_request = unsigned(std::clamp<int64_t>((4 * int64_t(sms) + batch - 1) / batch, 1, tiles));
+  scores_kernel<<<dim3(per_request, unsigned(batch)), kScoreThreads, 0, stream>>>(queries, index_keys, index_scales, page_table, int(pages_per_request),
+                                                                                 int(page_size), keys, scores_per_request, scores);
+  DSLAB_CHECK_LAUNCH();
+}
+
+}  // namespace dslab::sparse::cuda

@@ -1,0 +1,43 @@
+// DeepSeek-V3.2's lightning indexer on the GPU (sparse/dsa/cuda, issue 16): the index-key cache beside the paged
+// latent cache, the step's index queries and every key's index score, as sparse::SelectorState and
+// sparse::dsa_token_scores make them on the CPU (the reference these are tested against, tests/test_sparse_cuda.cc).
+// The indexer is sparse::Indexer's: kIndexHeads heads of kIndexDim dims, a projection of MLA's own [latent ‖ rope]
+// key and absorbed query (sparse::indexer_projection, bf16), e4m3 index keys with one fp32 scale per key, and
+// score_k = scale_k * sum_j ReLU(q_j · key_k) / kIndexHeads.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dslab::sparse::cuda {
+
+constexpr int kIndexHeads = 64, kIndexDim = 128;
+
+// Every slot's index key (prepare): rows [slots][width] of the cache through a bf16 GEMM with the projection
+// [width][kIndexDim], `chunk` rows at a time through scratch [chunk][kIndexDim] fp32, then e4m3 with the row's scale:
+// index_keys [slots][kIndexDim], index_scales [slots]. `blas` must queue on `stream`.
+void index_all_keys(cublasHandle_t blas, const __nv_bfloat16* cache, int64_t slots, int64_t width, const __nv_bfloat16* projection,
+                    float* scratch, int64_t chunk, uint8_t* index_keys, float* index_scales, cudaStream_t stream);
+
+// The index keys of a decode step's new keys: request r's keys lengths[r] .. lengths[r] + q_len - 1, at their slots;
+// keys[r] = lengths[r] + q_len (the keys after the step).
+void index_step_keys(const __nv_bfloat16* cache, int64_t width, const int32_t* lengths, int64_t q_len, const int32_t* page_table,
+                     int64_t pages_per_request, int64_t page_size, int64_t batch, const __nv_bfloat16* projection, uint8_t* index_keys,
+                     float* index_scales, int32_t* keys, cudaStream_t stream);
+
+// The index queries: q [tokens][heads][width] (the absorbed query) -> [tokens][kIndexHeads][kIndexDim] fp16, index
+// head j taking MLA head j mod heads (fp32 sums).
+void index_queries(const __nv_bfloat16* q, int64_t tokens, int64_t heads, int64_t width, const __nv_bfloat16* projection, __half* out,
+                   cudaStream_t stream);
+
+// Every key's index score, one query per request (q_len 1): scores [batch][scores_per_request], keys < keys[r] of
+// request r (the rest untouched). Tensor-core products (fp16 queries, e4m3 keys exact in fp16, fp32 sums); grid
+// sized for `sms` multiprocessors.
+void indexer_scores(const __half* queries, const uint8_t* index_keys, const float* index_scales, const int32_t* page_table,
+                    int64_t pages_per_request, int64_t page_size, const int32_t* keys, int64_t batch, int64_t scores_per_request, int sms,
+                    float* scores, cudaStream_t stream);
+
+}  // namespace dslab::sparse::cuda
