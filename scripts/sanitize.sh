@@ -11,7 +11,7 @@
 # (layer-tiny-arena; layer-tiny without it), FlashInfer's MLA decode (mla-flashinfer: its kernel is a peer's, so its
 # racecheck reports are listed, not judged), the streamed experts' copies (layer-v2-lite-streamed) and the hot
 # experts' split between the GPU and the CPU (layer-tiny-hot, layer-v2-lite-hot) and the sparse decodes (sparse-quest,
-# sparse-infllm, sparse-dsa: their selection kernels, then the fused kernel over the chosen pages or keys).
+# sparse-infllm, sparse-dsa, sparse-oracle: their selection kernels, then the fused kernel over the chosen pages or keys).
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUT_DIR [TOOL-NAME...]}
 shift
@@ -47,6 +47,7 @@ for tool in memcheck racecheck; do
   run "$tool" mla-flashinfer --model deepseek-v3 --variant mla/flashinfer/cuda --axis heads=16,128 --axis batch=3 --axis kv_len=300 --axis page_size=16 --axis len_dist=mixed
   run "$tool" sparse-quest --model deepseek-v2-lite --variant sparse/quest/cuda --axis batch=3 --axis kv_len=900 --axis len_dist=mixed --axis budget=256 --axis local=64 --axis executor=eager
   run "$tool" sparse-infllm --model deepseek-v2-lite --variant sparse/infllm/cuda --axis batch=3 --axis kv_len=900 --axis len_dist=mixed --axis budget=256 --axis local=64 --axis executor=eager
+  run "$tool" sparse-oracle --model deepseek-v2-lite --variant sparse/oracle/cuda --axis batch=3 --axis kv_len=900 --axis len_dist=mixed --axis budget=256 --axis local=64 --axis executor=eager
   run "$tool" sparse-dsa --model deepseek-v2-lite --variant sparse/dsa/cuda --axis batch=3 --axis kv_len=900 --axis len_dist=mixed --axis budget=256 --axis local=64 --axis executor=eager
   run "$tool" moe-grouped --model deepseek-v2-lite --variant moe/grouped/cuda --axis tokens=1,300
   run "$tool" moe-loop --model deepseek-v2-lite --variant moe/loop/cuda --axis tokens=37

@@ -53,6 +53,45 @@ TEST(SparseSelect, BudgetSinksWindowAndWholeBlocks) {
 // Page-level selection for the GPU's block-sparse decode: whole pages (sinks' and window's always), the best-scored
 // others while the budget lasts, ascending so the partial last page is last; its length is the one the host's
 // schedule is made from before the scores exist, and with page-aligned sinks and window it is Quest's own selection.
+// Token-level selection (the GPU's DSA and oracle attend exactly these): the sinks and window, then the best-scored
+// others while the budget lasts, ties to the lower key; a length the budget fixes beforehand; select_dsa is it over
+// the indexer's scores.
+TEST(SparseTokens, SinksWindowAndTheBestScoredWithALengthKnownBeforehand) {
+  Budget b;
+  b.n_init = 4, b.local = 100;
+  const int64_t keys = 1000;
+  std::vector<double> score(static_cast<size_t>(keys));
+  for (int64_t k = 0; k < keys; ++k) score[size_t(k)] = double((k * 37) % 101);  // (ties: every value ~10 times)
+  for (int64_t tokens : {50, 104, 300, 2000}) {
+    b.tokens = tokens;
+    const auto sel = sparse::select_tokens(keys, b, score);
+    EXPECT_EQ(int64_t(sel.size()), sparse::token_sparse_length(keys, b)) << tokens;
+    EXPECT_EQ(int64_t(sel.size()), std::min(keys, std::max<int64_t>(104, tokens))) << tokens;
+    ASSERT_TRUE(std::is_sorted(sel.begin(), sel.end()));
+    std::vector<char> in(size_t(keys), 0);
+    for (int64_t k : sel) in[size_t(k)] = 1;
+    for (int64_t k = 0; k < 4; ++k) EXPECT_TRUE(in[size_t(k)]) << k;
+    for (int64_t k = keys - 100; k < keys; ++k) EXPECT_TRUE(in[size_t(k)]) << k;
+    // Every chosen other scores at least every left-out one; among equals the lower keys go first.
+    double lowest_in = INFINITY, highest_out = -INFINITY;
+    int64_t last_in_at_lowest = -1, first_out_at_lowest = keys;
+    for (int64_t k = 4; k < keys - 100; ++k) {
+      if (in[size_t(k)]) lowest_in = std::min(lowest_in, score[size_t(k)]);
+      else highest_out = std::max(highest_out, score[size_t(k)]);
+    }
+    if (tokens > 104 && tokens < keys) {
+      EXPECT_GE(lowest_in, highest_out) << tokens;
+      for (int64_t k = 4; k < keys - 100; ++k)
+        if (score[size_t(k)] == lowest_in) (in[size_t(k)] ? last_in_at_lowest = k : first_out_at_lowest = std::min(first_out_at_lowest, k));
+      EXPECT_LT(last_in_at_lowest, first_out_at_lowest) << tokens;
+    }
+  }
+  const auto p = sparse::make_problem(4, 64, 16, 700, CacheKind::clustered, 0, test::fresh_seed());
+  b.tokens = 128, b.local = 32;
+  const sparse::SelectorState st(p, 1, sparse::Indexer{}, sparse::SelectorState::index_keys);
+  EXPECT_EQ(sparse::select_dsa(p, b, st), sparse::select_tokens(p.keys, b, sparse::dsa_token_scores(p, st)));
+}
+
 TEST(SparsePages, WholePagesTheBestScoredAndALengthKnownBeforehand) {
   Budget b;
   b.tokens = 256, b.n_init = 4, b.local = 64;

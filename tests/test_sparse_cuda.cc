@@ -329,9 +329,9 @@ TEST(GpuSparse, IndexerMatchesTheCpuReference) {
   }
 }
 
-// sparse/{quest,infllm,dsa}/cuda, the whole step (selection + mla/fused/cuda's kernel over the chosen pages or keys,
+// sparse/{quest,infllm,dsa,oracle}/cuda, the whole step (selection + mla/fused/cuda's kernel over the chosen pages or keys,
 // from one captured graph): against the fp64 reference over exactly the keys it chose, at V2-Lite's 16 heads and
-// V3's 128, decode and two new tokens (not DSA's: one index query per request), requests of mixed lengths; a budget
+// V3's 128, decode and two new tokens (not DSA's or the oracle's: one query per request), requests of mixed lengths; a budget
 // that holds every key gives dense attention.
 class GpuSparseDecode : public ::testing::TestWithParam<const char*> {};
 TEST_P(GpuSparseDecode, DecodeMatchesTheReferenceOverItsPages) {
@@ -367,7 +367,8 @@ TEST_P(GpuSparseDecode, DecodeMatchesTheReferenceOverItsPages) {
     p.set("local", {std::to_string(c.local), c.local, true});
     auto v = entry->make();
     const Support s = v->supports(model, p);
-    if (c.q_len > 1 && std::string(GetParam()) == "sparse/dsa/cuda") {
+    const std::string name = GetParam();
+    if (c.q_len > 1 && (name == "sparse/dsa/cuda" || name == "sparse/oracle/cuda")) {  // (one query per request)
       EXPECT_FALSE(s.ok);
       continue;
     }
@@ -399,7 +400,7 @@ TEST_P(GpuSparseDecode, DecodeMatchesTheReferenceOverItsPages) {
   bad.set("local", {"64", 64, true});
   EXPECT_FALSE(entry->make()->supports(load_model_file("deepseek-v2-lite"), bad).ok);
 }
-INSTANTIATE_TEST_SUITE_P(Gpu, GpuSparseDecode, ::testing::Values("sparse/quest/cuda", "sparse/infllm/cuda", "sparse/dsa/cuda"),
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuSparseDecode, ::testing::Values("sparse/quest/cuda", "sparse/infllm/cuda", "sparse/dsa/cuda", "sparse/oracle/cuda"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param).substr(7, std::string(i.param).find('/', 7) - 7); });
 #endif
 

@@ -370,6 +370,11 @@ std::vector<int64_t> select_tokens(int64_t keys, const Budget& b, const std::vec
   return assemble(shape, b, rank_descending(score), 1);
 }
 
+int64_t token_sparse_length(int64_t keys, const Budget& b) {
+  const int64_t sinks = std::min(b.n_init, keys), window_first = std::max<int64_t>(0, keys - b.local);
+  return std::max(std::min(sinks, window_first) + (keys - window_first), std::min(b.tokens, keys));
+}
+
 std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const SelectorState& st) { return select_tokens(p.keys, b, dsa_token_scores(p, st)); }
 
 std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const Indexer& ix) { return select_dsa(p, b, SelectorState(p, b.block, ix, SelectorState::index_keys)); }

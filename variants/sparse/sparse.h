@@ -131,6 +131,8 @@ std::vector<double> dsa_token_scores(const Problem& p, const SelectorState& st);
 // A token-level selection from any scores: the sinks and the window, then the best-scored others (ties to the lower
 // index) while the budget lasts; ascending.
 std::vector<int64_t> select_tokens(int64_t keys, const Budget& b, const std::vector<double>& score);
+// The keys select_tokens keeps for any scores (the budget fixes it): max(the sinks and window, min(budget, keys)).
+int64_t token_sparse_length(int64_t keys, const Budget& b);
 // The indexer's projection [width][dim] (bf16 values): the same numbers for the CPU state and the GPU's indexer.
 std::vector<float> indexer_projection(const Indexer& ix, int64_t width);
 // e4m3 rounding (to nearest, saturating at 448; subnormals below 2^-6): the value an FP8 cache holds.

@@ -21,14 +21,7 @@ namespace {
 
 using mla::cuda::DeviceArray;
 
-constexpr int kSinkTokens = 4;        // n_init: the first keys every step attends (attention sinks)
 constexpr int64_t kIndexChunk = 65536;  // cache rows per GEMM of the prepare's index keys (32 MB of fp32 scratch)
-
-std::vector<int32_t> download(const DeviceArray<int32_t>& a, size_t n) {
-  std::vector<int32_t> h(n);
-  DSLAB_CUDA(cudaMemcpy(h.data(), a.get(), n * 4, cudaMemcpyDeviceToHost));
-  return h;
-}
 
 class DsaSelector final : public mla::cuda::PageSelector {
  public:
@@ -41,11 +34,7 @@ class DsaSelector final : public mla::cuda::PageSelector {
     if ((m.kv_lora_rank + m.qk_rope_head_dim) % 8) return "sparse/dsa/cuda: keys of a multiple of 8 values";
     return "";
   }
-  int64_t kept_keys(int64_t keys, int64_t, const mla::Shape& s) const override {
-    const int64_t sinks = std::min<int64_t>(kSinkTokens, keys), window_first = std::max<int64_t>(0, keys - s.local);
-    const int64_t fixed = std::min(sinks, window_first) + (keys - window_first);
-    return std::max(fixed, std::min(s.budget, keys));
-  }
+  int64_t kept_keys(int64_t keys, int64_t, const mla::Shape& s) const override { return token_sparse_length(keys, sparse_budget(s, 1)); }
   int64_t keys_per_entry(int64_t) const override { return 1; }
   Cost cost(const ModelConfig& m, const mla::Shape& s, int64_t) const override {
     // Per request: every key's index key and scale read and multiplied by the 64 index queries, its score written and
@@ -64,7 +53,7 @@ class DsaSelector final : public mla::cuda::PageSelector {
     cache_ = &cache;
     lengths_in_ = lengths;
     width_ = m.kv_lora_rank + m.qk_rope_head_dim;
-    budget_.tokens = s.budget, budget_.block = 1, budget_.n_init = kSinkTokens, budget_.local = s.local;
+    budget_ = sparse_budget(s, 1);
     const Indexer ix;
     if (ix.heads != kIndexHeads || ix.dim != kIndexDim) throw std::logic_error("sparse/dsa/cuda: the kernels' indexer is not sparse::Indexer's");
     const std::vector<float> projection = indexer_projection(ix, width_);  // (bf16 values)
@@ -112,15 +101,7 @@ class DsaSelector final : public mla::cuda::PageSelector {
   const int32_t* page_table() const override { return slots_.get(); }
   int64_t pages_per_request() const override { return max_tokens_; }
   const int32_t* lengths() const override { return lengths_.get(); }
-  std::vector<std::vector<int64_t>> key_indices() const override {
-    DSLAB_CUDA(cudaDeviceSynchronize());
-    const size_t B = size_t(s_.batch);
-    const std::vector<int32_t> logical = download(logical_, B * size_t(max_tokens_)), kept = download(kept_, B);
-    std::vector<std::vector<int64_t>> out(B);
-    for (size_t r = 0; r < B; ++r)
-      out[r].assign(logical.begin() + ptrdiff_t(r * size_t(max_tokens_)), logical.begin() + ptrdiff_t(r * size_t(max_tokens_) + size_t(kept[r])));
-    return out;
-  }
+  std::vector<std::vector<int64_t>> key_indices() const override { return chosen_keys(logical_, kept_, s_.batch, max_tokens_); }
 
  private:
   static const int32_t* page_table_of(const mla::cuda::PagedLatentCache& c) { return c.shared_page_table ? c.shared_page_table : c.page_table.get(); }

@@ -292,14 +292,8 @@ namespace {
 
 using mla::cuda::DeviceArray;
 
-std::vector<int32_t> download(const DeviceArray<int32_t>& a, size_t n) {
-  std::vector<int32_t> h(n);
-  DSLAB_CUDA(cudaMemcpy(h.data(), a.get(), n * 4, cudaMemcpyDeviceToHost));
-  return h;
-}
 const __nv_bfloat16* bf16_values(const mla::cuda::PagedLatentCache& c) { return reinterpret_cast<const __nv_bfloat16*>(c.values.get()); }
 
-constexpr int kSinkTokens = 4;  // n_init: the first keys every step attends (attention sinks)
 
 // Every page of every request with its cached keys before the first step (pages past a request's keys: -1); entry i
 // is summary row i.
@@ -326,7 +320,7 @@ class BlockSelector final : public mla::cuda::PageSelector {
     return "";
   }
   int64_t kept_keys(int64_t keys, int64_t page_size, const mla::Shape& s) const override {
-    return paged_sparse_length(keys, page_size, budget_of(s, page_size));
+    return paged_sparse_length(keys, page_size, sparse_budget(s, page_size));
   }
   Cost cost(const ModelConfig& m, const mla::Shape& s, int64_t page_size) const override {
     // Per request: every page's summary read (bf16) and scored against every head's and new token's query (a GEMM;
@@ -348,7 +342,7 @@ class BlockSelector final : public mla::cuda::PageSelector {
     cache_ = &cache;
     lengths_in_ = lengths;
     width_ = m.kv_lora_rank + m.qk_rope_head_dim;
-    budget_ = budget_of(s, cache.page_size);
+    budget_ = sparse_budget(s, cache.page_size);
     const int64_t P = cache.page_size, ppr = cache.pages_per_request, rows = s.q_len * s.heads;
     // The most pages select_pages keeps: the budget's, or the sinks' and the window's (an unaligned window spans one more).
     max_pages_ = std::min<int64_t>(ppr, std::max<int64_t>(budget_.tokens / P, (kSinkTokens + P - 1) / P + budget_.local / P + 2) + 1);
@@ -389,7 +383,7 @@ class BlockSelector final : public mla::cuda::PageSelector {
   std::vector<std::vector<int64_t>> key_indices() const override {
     DSLAB_CUDA(cudaDeviceSynchronize());
     const size_t B = size_t(s_.batch);
-    const std::vector<int32_t> logical = download(logical_, B * size_t(max_pages_)), kept = download(kept_, B), keys = download(keys_, B);
+    const std::vector<int32_t> logical = to_host(logical_, B * size_t(max_pages_)), kept = to_host(kept_, B), keys = to_host(keys_, B);
     const int64_t P = cache_->page_size;
     std::vector<std::vector<int64_t>> out(static_cast<size_t>(s_.batch));
     for (int64_t r = 0; r < s_.batch; ++r) {
@@ -403,14 +397,6 @@ class BlockSelector final : public mla::cuda::PageSelector {
   }
 
  private:
-  static Budget budget_of(const mla::Shape& s, int64_t page_size) {
-    Budget b;
-    b.tokens = s.budget;
-    b.block = page_size;
-    b.n_init = kSinkTokens;
-    b.local = s.local;
-    return b;
-  }
   static const int32_t* page_table(const mla::cuda::PagedLatentCache& c) { return c.shared_page_table ? c.shared_page_table : c.page_table.get(); }
 
   Summary kind_;
@@ -426,6 +412,31 @@ class BlockSelector final : public mla::cuda::PageSelector {
 };
 
 }  // namespace
+
+Budget sparse_budget(const mla::Shape& s, int64_t block) {
+  Budget b;
+  b.tokens = s.budget;
+  b.block = block;
+  b.n_init = kSinkTokens;
+  b.local = s.local;
+  return b;
+}
+
+std::vector<int32_t> to_host(const mla::cuda::DeviceArray<int32_t>& a, size_t n) {
+  std::vector<int32_t> h(n);
+  DSLAB_CUDA(cudaMemcpy(h.data(), a.get(), n * 4, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+std::vector<std::vector<int64_t>> chosen_keys(const mla::cuda::DeviceArray<int32_t>& logical, const mla::cuda::DeviceArray<int32_t>& kept,
+                                              int64_t batch, int64_t max_tokens) {
+  DSLAB_CUDA(cudaDeviceSynchronize());
+  const size_t B = size_t(batch), T = size_t(max_tokens);
+  const std::vector<int32_t> all = to_host(logical, B * T), count = to_host(kept, B);
+  std::vector<std::vector<int64_t>> out(B);
+  for (size_t r = 0; r < B; ++r) out[r].assign(all.begin() + ptrdiff_t(r * T), all.begin() + ptrdiff_t(r * T + size_t(count[r])));
+  return out;
+}
 
 std::unique_ptr<mla::cuda::PageSelector> make_block_selector(Summary kind, const char* name) { return std::make_unique<BlockSelector>(kind, name); }
 

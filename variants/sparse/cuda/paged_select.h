@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "variants/mla/cuda/mla_cuda.h"
 #include "variants/sparse/sparse.h"
@@ -65,6 +66,16 @@ void compact_pages(const float* scores, const int32_t* page_table, int64_t pages
 void compact_tokens(const float* scores, int64_t scores_per_request, const int32_t* page_table, int64_t pages_per_request, const int32_t* keys,
                     int64_t page_size, const Budget& budget, int64_t batch, int64_t max_tokens, int64_t q_len, int32_t* slots, int32_t* logical,
                     int32_t* length, int32_t* before, cudaStream_t stream);
+
+// What every GPU sparse decode keeps besides its choice: the first kSinkTokens keys (attention sinks) and the `local`
+// window; the budget counts both.
+constexpr int64_t kSinkTokens = 4;
+Budget sparse_budget(const mla::Shape& s, int64_t block);
+// A token selector's chosen keys after a step, per request (host copies; synchronises): the first kept[r] of
+// logical [batch][max_tokens].
+std::vector<std::vector<int64_t>> chosen_keys(const mla::cuda::DeviceArray<int32_t>& logical, const mla::cuda::DeviceArray<int32_t>& kept,
+                                              int64_t batch, int64_t max_tokens);
+std::vector<int32_t> to_host(const mla::cuda::DeviceArray<int32_t>& a, size_t n);
 
 // A block selector for mla/fused/cuda's kernel (sparse/quest/cuda, sparse/infllm/cuda): the summaries of every
 // page made at prepare and the step's pages remade inside run(), the pages scored, select_pages's pages kept (n_init

@@ -1,0 +1,167 @@
+// sparse/oracle/cuda: the exact top keys by true attention mass on the GPU (issue 16): the fidelity bound for a budget,
+// beside the selectors that approximate it. Every key's score for every head (the request's keys gathered from the
+// paged cache, one GEMM against the absorbed query), each head's softmax over them, each key's mass summed over the
+// heads; the sinks (4 keys), the `local` window and the most massive others up to the `budget` kept, as
+// sparse::select_oracle keeps them, and attended by mla/fused/cuda's kernel through their slots. It reads the whole
+// cache and more each step: a bound to compare against, not a method to time.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "harness/cuda_check.h"
+#include "harness/errors.h"
+#include "variants/mla/cuda/mla_cuda.h"
+#include "variants/sparse/cuda/paged_select.h"
+#include "variants/sparse/sparse.h"
+
+namespace dslab::sparse::cuda {
+namespace {
+
+using mla::cuda::DeviceArray;
+
+// Request r's keys (lengths[r] + q_len of them) as rows [batch][max_keys][width]; keys[r] written once.
+__global__ void gather_keys_kernel(const uint4* __restrict__ cache, int width16, const int32_t* __restrict__ lengths, int q_len,
+                                   const int32_t* __restrict__ page_table, int pages_per_request, int page_size, int64_t max_keys,
+                                   uint4* __restrict__ out, int32_t* __restrict__ keys) {
+  const int r = int(blockIdx.y), n = lengths[r] + q_len;
+  if (blockIdx.x == 0 && threadIdx.x == 0) keys[r] = n;
+  const int64_t total = int64_t(n) * width16;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int k = int(i / width16), c = int(i % width16);
+    const int64_t slot = int64_t(page_table[int64_t(r) * pages_per_request + k / page_size]) * page_size + k % page_size;
+    out[(int64_t(r) * max_keys + k) * width16 + c] = cache[slot * width16 + c];
+  }
+}
+
+// A block per (head, request): the max and the sum of exp over the request's keys of scale * score.
+constexpr int kStatsThreads = 256;
+__global__ void __launch_bounds__(kStatsThreads) softmax_stats_kernel(const float* __restrict__ scores, int heads, int64_t max_keys,
+                                                                      const int32_t* __restrict__ keys, float scale, float* __restrict__ row_max,
+                                                                      float* __restrict__ row_sum) {
+  __shared__ float part[kStatsThreads / 32];
+  const int h = int(blockIdx.x), r = int(blockIdx.y), n = keys[r], tid = int(threadIdx.x);
+  const float* row = scores + (int64_t(r) * heads + h) * max_keys;
+  auto block_reduce = [&](float v, bool is_max) {
+    for (int o = 16; o; o >>= 1) {
+      const float other = __shfl_xor_sync(0xffffffffu, v, o);
+      v = is_max ? fmaxf(v, other) : v + other;
+    }
+    __syncthreads();
+    if (tid % 32 == 0) part[tid / 32] = v;
+    __syncthreads();
+    v = part[0];
+    for (int w = 1; w < kStatsThreads / 32; ++w) v = is_max ? fmaxf(v, part[w]) : v + part[w];
+    return v;
+  };
+  float mx = -INFINITY;
+  for (int k = tid; k < n; k += kStatsThreads) mx = fmaxf(mx, row[k] * scale);
+  mx = block_reduce(mx, true);
+  float sum = 0;
+  for (int k = tid; k < n; k += kStatsThreads) sum += __expf(row[k] * scale - mx);
+  sum = block_reduce(sum, false);
+  if (tid == 0) row_max[r * heads + h] = mx, row_sum[r * heads + h] = sum;
+}
+
+// A thread per key: its softmax probability summed over the heads.
+__global__ void mass_kernel(const float* __restrict__ scores, int heads, int64_t max_keys, const int32_t* __restrict__ keys, float scale,
+                            const float* __restrict__ row_max, const float* __restrict__ row_sum, float* __restrict__ mass) {
+  const int r = int(blockIdx.y);
+  const int k = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (k >= keys[r]) return;
+  float m = 0;
+  for (int h = 0; h < heads; ++h)
+    m += __expf(scores[(int64_t(r) * heads + h) * max_keys + k] * scale - row_max[r * heads + h]) / row_sum[r * heads + h];
+  mass[int64_t(r) * max_keys + k] = m;
+}
+
+class OracleSelector final : public mla::cuda::PageSelector {
+ public:
+  std::string name() const override { return "sparse/oracle/cuda"; }
+  std::string unsupported(const ModelConfig& m, const mla::Shape& s) const override {
+    if (s.budget < 1) return "sparse/oracle/cuda: the budget axis (keys attended per request) must be set";
+    if (s.local < 1) return "sparse/oracle/cuda: the local axis (the window every step attends) must be set";
+    if (s.kv_dtype != mla::KvDtype::bf16) return "sparse/oracle/cuda: the scores read a bf16 cache";
+    if (s.q_len != 1) return "sparse/oracle/cuda: one query per request (decode steps of one token), as the CPU oracle";
+    if ((m.kv_lora_rank + m.qk_rope_head_dim) % 8) return "sparse/oracle/cuda: keys of a multiple of 8 values";
+    return "";
+  }
+  int64_t kept_keys(int64_t keys, int64_t, const mla::Shape& s) const override { return token_sparse_length(keys, sparse_budget(s, 1)); }
+  int64_t keys_per_entry(int64_t) const override { return 1; }
+  Cost cost(const ModelConfig& m, const mla::Shape& s, int64_t) const override {
+    // Per request: every key gathered (read, written, read by the GEMM), scored by every head, the scores written and
+    // read twice by the softmax and once by the mass, the mass written and read by the top-k's passes.
+    const double keys = double(s.keys()), width = double(m.kv_lora_rank + m.qk_rope_head_dim), H = double(s.heads), B = double(s.batch);
+    Cost c;
+    c.flops = B * keys * H * width * 2;
+    c.bytes = B * keys * (width * 2 * 3 + H * 4 * 4 + 4 * 7);
+    return c;
+  }
+  void prepare(const ModelConfig& m, const mla::Shape& s, const mla::cuda::PagedLatentCache& cache, const int32_t* lengths,
+               mla::cuda::ScratchArena*) override {
+    s_ = s;
+    cache_ = &cache;
+    lengths_in_ = lengths;
+    width_ = m.kv_lora_rank + m.qk_rope_head_dim;
+    scale_ = float(m.softmax_scale());
+    budget_ = sparse_budget(s, 1);
+    max_keys_ = cache.pages_per_request * cache.page_size;
+    max_tokens_ = std::min(max_keys_, std::max<int64_t>(s.budget, kSinkTokens + s.local) + 1);
+    gathered_.resize(size_t(s.batch * max_keys_ * width_));
+    scores_.resize(size_t(s.batch * s.heads * max_keys_));
+    row_max_.resize(size_t(s.batch * s.heads));
+    row_sum_.resize(size_t(s.batch * s.heads));
+    mass_.resize(size_t(s.batch * max_keys_));
+    slots_.resize(size_t(s.batch * max_tokens_));
+    logical_.resize(size_t(s.batch * max_tokens_));
+    kept_.resize(size_t(s.batch));
+    lengths_.resize(size_t(s.batch));
+    keys_.resize(size_t(s.batch));
+  }
+  void select(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) override {
+    const int64_t P = cache_->page_size, ppr = cache_->pages_per_request, B = s_.batch, H = s_.heads;
+    const int32_t* table = cache_->shared_page_table ? cache_->shared_page_table : cache_->page_table.get();
+    const int width16 = int(width_ / 8);
+    gather_keys_kernel<<<dim3(unsigned(std::min<int64_t>((max_keys_ * width16 + 255) / 256, 2048)), unsigned(B)), 256, 0, stream>>>(
+        reinterpret_cast<const uint4*>(cache_->values.get()), width16, lengths_in_, int(s_.q_len), table, int(ppr), int(P), max_keys_,
+        reinterpret_cast<uint4*>(gathered_.get()), keys_.get());
+    DSLAB_CHECK_LAUNCH();
+    // Column-major per request: scores (max_keys x heads) = gathered (max_keys x width) . q^T (width x heads), so
+    // row-major [heads][max_keys].
+    mla::cuda::gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, max_keys_, H, width_, gathered_.get(), width_, max_keys_ * width_, q_cat, width_, H * width_,
+                    scores_.get(), CUDA_R_32F, max_keys_, H * max_keys_, B);
+    softmax_stats_kernel<<<dim3(unsigned(H), unsigned(B)), kStatsThreads, 0, stream>>>(scores_.get(), int(H), max_keys_, keys_.get(), scale_,
+                                                                                      row_max_.get(), row_sum_.get());
+    DSLAB_CHECK_LAUNCH();
+    mass_kernel<<<dim3(unsigned((max_keys_ + 255) / 256), unsigned(B)), 256, 0, stream>>>(scores_.get(), int(H), max_keys_, keys_.get(), scale_,
+                                                                                         row_max_.get(), row_sum_.get(), mass_.get());
+    DSLAB_CHECK_LAUNCH();
+    mark("select_scores");
+    compact_tokens(mass_.get(), max_keys_, table, ppr, keys_.get(), P, budget_, B, max_tokens_, s_.q_len, slots_.get(), logical_.get(), kept_.get(),
+                   lengths_.get(), stream);
+    mark("select_tokens");
+  }
+  const int32_t* page_table() const override { return slots_.get(); }
+  int64_t pages_per_request() const override { return max_tokens_; }
+  const int32_t* lengths() const override { return lengths_.get(); }
+  std::vector<std::vector<int64_t>> key_indices() const override { return chosen_keys(logical_, kept_, s_.batch, max_tokens_); }
+
+ private:
+  mla::Shape s_;
+  const mla::cuda::PagedLatentCache* cache_ = nullptr;
+  const int32_t* lengths_in_ = nullptr;
+  int64_t width_ = 0, max_keys_ = 0, max_tokens_ = 0;
+  float scale_ = 1;
+  Budget budget_;
+  DeviceArray<__nv_bfloat16> gathered_;                       // [batch][max_keys][width]
+  DeviceArray<float> scores_, row_max_, row_sum_, mass_;      // [batch][heads][max_keys], [batch][heads] x 2, [batch][max_keys]
+  DeviceArray<int32_t> slots_, logical_, kept_, lengths_, keys_;
+};
+
+const bool registered = mla::cuda::register_mla_op(
+    "sparse/oracle/cuda",
+    "exact top keys by true attention mass (every head's softmax over every key, summed over heads; sinks + window kept): the "
+    "fidelity bound for a budget, attended by mla/fused/cuda's kernel through their slots; reads the whole cache, not a method to time",
+    [] { return mla::cuda::make_fused_op(std::make_unique<OracleSelector>()); });
+
+}  // namespace
+}  // namespace dslab::sparse::cuda
