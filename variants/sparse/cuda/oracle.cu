@@ -74,19 +74,9 @@ __global__ void mass_kernel(const float* __restrict__ scores, int heads, int64_t
   mass[int64_t(r) * max_keys + k] = m;
 }
 
-class OracleSelector final : public mla::cuda::PageSelector {
+class OracleSelector final : public TokenSelector {
  public:
-  std::string name() const override { return "sparse/oracle/cuda"; }
-  std::string unsupported(const ModelConfig& m, const mla::Shape& s) const override {
-    if (s.budget < 1) return "sparse/oracle/cuda: the budget axis (keys attended per request) must be set";
-    if (s.local < 1) return "sparse/oracle/cuda: the local axis (the window every step attends) must be set";
-    if (s.kv_dtype != mla::KvDtype::bf16) return "sparse/oracle/cuda: the scores read a bf16 cache";
-    if (s.q_len != 1) return "sparse/oracle/cuda: one query per request (decode steps of one token), as the CPU oracle";
-    if ((m.kv_lora_rank + m.qk_rope_head_dim) % 8) return "sparse/oracle/cuda: keys of a multiple of 8 values";
-    return "";
-  }
-  int64_t kept_keys(int64_t keys, int64_t, const mla::Shape& s) const override { return token_sparse_length(keys, sparse_budget(s, 1)); }
-  int64_t keys_per_entry(int64_t) const override { return 1; }
+  OracleSelector() : TokenSelector("sparse/oracle/cuda") {}
   Cost cost(const ModelConfig& m, const mla::Shape& s, int64_t) const override {
     // Per request: every key gathered (read, written, read by the GEMM), scored by every head, the scores written and
     // read twice by the softmax and once by the mass, the mass written and read by the top-k's passes.
@@ -96,65 +86,39 @@ class OracleSelector final : public mla::cuda::PageSelector {
     c.bytes = B * keys * (width * 2 * 3 + H * 4 * 4 + 4 * 7);
     return c;
   }
-  void prepare(const ModelConfig& m, const mla::Shape& s, const mla::cuda::PagedLatentCache& cache, const int32_t* lengths,
-               mla::cuda::ScratchArena*) override {
-    s_ = s;
-    cache_ = &cache;
-    lengths_in_ = lengths;
-    width_ = m.kv_lora_rank + m.qk_rope_head_dim;
+
+ private:
+  void prepare_scores(const ModelConfig& m) override {
     scale_ = float(m.softmax_scale());
-    budget_ = sparse_budget(s, 1);
-    max_keys_ = cache.pages_per_request * cache.page_size;
-    max_tokens_ = std::min(max_keys_, std::max<int64_t>(s.budget, kSinkTokens + s.local) + 1);
-    gathered_.resize(size_t(s.batch * max_keys_ * width_));
-    scores_.resize(size_t(s.batch * s.heads * max_keys_));
-    row_max_.resize(size_t(s.batch * s.heads));
-    row_sum_.resize(size_t(s.batch * s.heads));
-    mass_.resize(size_t(s.batch * max_keys_));
-    slots_.resize(size_t(s.batch * max_tokens_));
-    logical_.resize(size_t(s.batch * max_tokens_));
-    kept_.resize(size_t(s.batch));
-    lengths_.resize(size_t(s.batch));
-    keys_.resize(size_t(s.batch));
+    const int64_t max_keys = scores_per_request();
+    gathered_.resize(size_t(s_.batch * max_keys * width_));
+    head_scores_.resize(size_t(s_.batch * s_.heads * max_keys));
+    row_max_.resize(size_t(s_.batch * s_.heads));
+    row_sum_.resize(size_t(s_.batch * s_.heads));
   }
-  void select(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) override {
-    const int64_t P = cache_->page_size, ppr = cache_->pages_per_request, B = s_.batch, H = s_.heads;
-    const int32_t* table = cache_->shared_page_table ? cache_->shared_page_table : cache_->page_table.get();
+  void score(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) override {
+    const int64_t max_keys = scores_per_request(), B = s_.batch, H = s_.heads;
     const int width16 = int(width_ / 8);
-    gather_keys_kernel<<<dim3(unsigned(std::min<int64_t>((max_keys_ * width16 + 255) / 256, 2048)), unsigned(B)), 256, 0, stream>>>(
-        reinterpret_cast<const uint4*>(cache_->values.get()), width16, lengths_in_, int(s_.q_len), table, int(ppr), int(P), max_keys_,
-        reinterpret_cast<uint4*>(gathered_.get()), keys_.get());
+    gather_keys_kernel<<<dim3(unsigned(std::min<int64_t>((max_keys * width16 + 255) / 256, 2048)), unsigned(B)), 256, 0, stream>>>(
+        reinterpret_cast<const uint4*>(cache_->values.get()), width16, lengths_in_, int(s_.q_len), cache_page_table(), int(cache_->pages_per_request),
+        int(cache_->page_size), max_keys, reinterpret_cast<uint4*>(gathered_.get()), keys_.get());
     DSLAB_CHECK_LAUNCH();
     // Column-major per request: scores (max_keys x heads) = gathered (max_keys x width) . q^T (width x heads), so
     // row-major [heads][max_keys].
-    mla::cuda::gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, max_keys_, H, width_, gathered_.get(), width_, max_keys_ * width_, q_cat, width_, H * width_,
-                    scores_.get(), CUDA_R_32F, max_keys_, H * max_keys_, B);
-    softmax_stats_kernel<<<dim3(unsigned(H), unsigned(B)), kStatsThreads, 0, stream>>>(scores_.get(), int(H), max_keys_, keys_.get(), scale_,
+    mla::cuda::gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, max_keys, H, width_, gathered_.get(), width_, max_keys * width_, q_cat, width_, H * width_,
+                    head_scores_.get(), CUDA_R_32F, max_keys, H * max_keys, B);
+    softmax_stats_kernel<<<dim3(unsigned(H), unsigned(B)), kStatsThreads, 0, stream>>>(head_scores_.get(), int(H), max_keys, keys_.get(), scale_,
                                                                                       row_max_.get(), row_sum_.get());
     DSLAB_CHECK_LAUNCH();
-    mass_kernel<<<dim3(unsigned((max_keys_ + 255) / 256), unsigned(B)), 256, 0, stream>>>(scores_.get(), int(H), max_keys_, keys_.get(), scale_,
-                                                                                         row_max_.get(), row_sum_.get(), mass_.get());
+    mass_kernel<<<dim3(unsigned((max_keys + 255) / 256), unsigned(B)), 256, 0, stream>>>(head_scores_.get(), int(H), max_keys, keys_.get(), scale_,
+                                                                                        row_max_.get(), row_sum_.get(), scores_.get());
     DSLAB_CHECK_LAUNCH();
     mark("select_scores");
-    compact_tokens(mass_.get(), max_keys_, table, ppr, keys_.get(), P, budget_, B, max_tokens_, s_.q_len, slots_.get(), logical_.get(), kept_.get(),
-                   lengths_.get(), stream);
-    mark("select_tokens");
   }
-  const int32_t* page_table() const override { return slots_.get(); }
-  int64_t pages_per_request() const override { return max_tokens_; }
-  const int32_t* lengths() const override { return lengths_.get(); }
-  std::vector<std::vector<int64_t>> key_indices() const override { return chosen_keys(logical_, kept_, s_.batch, max_tokens_); }
 
- private:
-  mla::Shape s_;
-  const mla::cuda::PagedLatentCache* cache_ = nullptr;
-  const int32_t* lengths_in_ = nullptr;
-  int64_t width_ = 0, max_keys_ = 0, max_tokens_ = 0;
   float scale_ = 1;
-  Budget budget_;
-  DeviceArray<__nv_bfloat16> gathered_;                       // [batch][max_keys][width]
-  DeviceArray<float> scores_, row_max_, row_sum_, mass_;      // [batch][heads][max_keys], [batch][heads] x 2, [batch][max_keys]
-  DeviceArray<int32_t> slots_, logical_, kept_, lengths_, keys_;
+  DeviceArray<__nv_bfloat16> gathered_;                 // [batch][max_keys][width]
+  DeviceArray<float> head_scores_, row_max_, row_sum_;  // [batch][heads][max_keys], [batch][heads] x 2
 };
 
 const bool registered = mla::cuda::register_mla_op(

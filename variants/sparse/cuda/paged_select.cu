@@ -312,13 +312,7 @@ class BlockSelector final : public mla::cuda::PageSelector {
  public:
   BlockSelector(Summary kind, const char* name) : kind_(kind), name_(name) {}
   std::string name() const override { return name_; }
-  std::string unsupported(const ModelConfig& m, const mla::Shape& s) const override {
-    if (s.budget < 1) return name_ + ": the budget axis (keys attended per request) must be set";
-    if (s.local < 1) return name_ + ": the local axis (the window every step attends) must be set";
-    if (s.kv_dtype != mla::KvDtype::bf16) return name_ + ": the page summaries read a bf16 cache";
-    if (m.kv_lora_rank + m.qk_rope_head_dim > 1024) return name_ + ": keys wider than 1024";
-    return "";
-  }
+  std::string unsupported(const ModelConfig& m, const mla::Shape& s) const override { return sparse_unsupported(name_, m, s, false); }
   int64_t kept_keys(int64_t keys, int64_t page_size, const mla::Shape& s) const override {
     return paged_sparse_length(keys, page_size, sparse_budget(s, page_size));
   }
@@ -428,11 +422,41 @@ std::vector<int32_t> to_host(const mla::cuda::DeviceArray<int32_t>& a, size_t n)
   return h;
 }
 
-std::vector<std::vector<int64_t>> chosen_keys(const mla::cuda::DeviceArray<int32_t>& logical, const mla::cuda::DeviceArray<int32_t>& kept,
-                                              int64_t batch, int64_t max_tokens) {
+std::string sparse_unsupported(const std::string& name, const ModelConfig& m, const mla::Shape& s, bool one_query) {
+  if (s.budget < 1) return name + ": the budget axis (keys attended per request) must be set";
+  if (s.local < 1) return name + ": the local axis (the window every step attends) must be set";
+  if (s.kv_dtype != mla::KvDtype::bf16) return name + ": the selection reads a bf16 cache";
+  if ((m.kv_lora_rank + m.qk_rope_head_dim) % 8) return name + ": keys of a multiple of 8 values";
+  if (one_query && s.q_len != 1) return name + ": one query per request (decode steps of one token)";
+  return "";
+}
+
+void TokenSelector::prepare(const ModelConfig& m, const mla::Shape& s, const mla::cuda::PagedLatentCache& cache, const int32_t* lengths,
+                            mla::cuda::ScratchArena*) {
+  s_ = s;
+  cache_ = &cache;
+  lengths_in_ = lengths;
+  width_ = m.kv_lora_rank + m.qk_rope_head_dim;
+  budget_ = sparse_budget(s, 1);
+  max_tokens_ = std::min(scores_per_request(), std::max<int64_t>(s.budget, kSinkTokens + s.local) + 1);
+  scores_.resize(size_t(s.batch * scores_per_request()));
+  keys_.resize(size_t(s.batch));
+  for (auto* a : {&slots_, &logical_}) a->resize(size_t(s.batch * max_tokens_));
+  for (auto* a : {&kept_, &lengths_}) a->resize(size_t(s.batch));
+  prepare_scores(m);
+}
+
+void TokenSelector::select(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) {
+  score(q_cat, stream, blas, mark);
+  compact_tokens(scores_.get(), scores_per_request(), cache_page_table(), cache_->pages_per_request, keys_.get(), cache_->page_size, budget_,
+                 s_.batch, max_tokens_, s_.q_len, slots_.get(), logical_.get(), kept_.get(), lengths_.get(), stream);
+  mark("select_tokens");
+}
+
+std::vector<std::vector<int64_t>> TokenSelector::key_indices() const {
   DSLAB_CUDA(cudaDeviceSynchronize());
-  const size_t B = size_t(batch), T = size_t(max_tokens);
-  const std::vector<int32_t> all = to_host(logical, B * T), count = to_host(kept, B);
+  const size_t B = size_t(s_.batch), T = size_t(max_tokens_);
+  const std::vector<int32_t> all = to_host(logical_, B * T), count = to_host(kept_, B);
   std::vector<std::vector<int64_t>> out(B);
   for (size_t r = 0; r < B; ++r) out[r].assign(all.begin() + ptrdiff_t(r * T), all.begin() + ptrdiff_t(r * T + size_t(count[r])));
   return out;

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "variants/mla/cuda/mla_cuda.h"
@@ -71,11 +73,49 @@ void compact_tokens(const float* scores, int64_t scores_per_request, const int32
 // window; the budget counts both.
 constexpr int64_t kSinkTokens = 4;
 Budget sparse_budget(const mla::Shape& s, int64_t block);
-// A token selector's chosen keys after a step, per request (host copies; synchronises): the first kept[r] of
-// logical [batch][max_tokens].
-std::vector<std::vector<int64_t>> chosen_keys(const mla::cuda::DeviceArray<int32_t>& logical, const mla::cuda::DeviceArray<int32_t>& kept,
-                                              int64_t batch, int64_t max_tokens);
+// Why a sparse decode cannot run these shapes, or "": the checks every GPU selector makes (budget and local set, a
+// bf16 cache, 16-byte key rows; one_query: decode steps of one token only).
+std::string sparse_unsupported(const std::string& name, const ModelConfig& m, const mla::Shape& s, bool one_query);
 std::vector<int32_t> to_host(const mla::cuda::DeviceArray<int32_t>& a, size_t n);
+
+// What the token selectors (sparse/dsa/cuda, sparse/oracle/cuda) share: per-key scores of one query per request
+// ranked by compact_tokens into the chosen keys' slots, which the decode kernel walks as pages of one key. A subclass
+// sizes its own buffers in prepare_scores() and fills scores() ([batch][scores_per_request()]) in score().
+class TokenSelector : public mla::cuda::PageSelector {
+ public:
+  explicit TokenSelector(std::string name) : name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  std::string unsupported(const ModelConfig& m, const mla::Shape& s) const override { return sparse_unsupported(name_, m, s, true); }
+  int64_t kept_keys(int64_t keys, int64_t, const mla::Shape& s) const override { return token_sparse_length(keys, sparse_budget(s, 1)); }
+  int64_t keys_per_entry(int64_t) const override { return 1; }
+  void prepare(const ModelConfig& m, const mla::Shape& s, const mla::cuda::PagedLatentCache& cache, const int32_t* lengths,
+               mla::cuda::ScratchArena* arena) final;
+  void select(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) final;
+  const int32_t* page_table() const final { return slots_.get(); }
+  int64_t pages_per_request() const final { return max_tokens_; }
+  const int32_t* lengths() const final { return lengths_.get(); }
+  std::vector<std::vector<int64_t>> key_indices() const final;
+
+ protected:
+  virtual void prepare_scores(const ModelConfig& m) = 0;
+  // Queues the scores of request r's keys 0 .. keys[r] - 1 and keys[r] = cached + q_len (the keys after the step).
+  virtual void score(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) = 0;
+  const int32_t* cache_page_table() const { return cache_->shared_page_table ? cache_->shared_page_table : cache_->page_table.get(); }
+  int64_t scores_per_request() const { return cache_->pages_per_request * cache_->page_size; }
+
+  std::string name_;
+  mla::Shape s_;
+  const mla::cuda::PagedLatentCache* cache_ = nullptr;
+  const int32_t* lengths_in_ = nullptr;  // [batch] cached keys before the step
+  int64_t width_ = 0;
+  mla::cuda::DeviceArray<float> scores_;
+  mla::cuda::DeviceArray<int32_t> keys_;
+
+ private:
+  Budget budget_;
+  int64_t max_tokens_ = 0;
+  mla::cuda::DeviceArray<int32_t> slots_, logical_, kept_, lengths_;
+};
 
 // A block selector for mla/fused/cuda's kernel (sparse/quest/cuda, sparse/infllm/cuda): the summaries of every
 // page made at prepare and the step's pages remade inside run(), the pages scored, select_pages's pages kept (n_init
