@@ -19,7 +19,9 @@ const char* kReportHelp = R"(usage: dslab report RESULTS.json [RESULTS.json ...]
 Writes DIR/report.md: for each results file, its context (device, commit, command line, ceilings), then
 per suite: median time per variant per point, speedup against the baseline variant (default: the
 suite's first variant), achieved TFLOP/s and GB/s with arithmetic intensity and roofline fraction,
-verification error and verdict, stop reason; and the points that were skipped, with why.
+verification error and verdict, stop reason; whole layer steps' tokens/s and GPU/CPU time; sparse attention beside
+the dense fused kernel at the same point (its attention alone, the selection's share, the speed-ups); and the points
+that were skipped, with why.
 Plots: scripts/plot.py RESULTS.json --out DIR.
 )";
 
@@ -39,6 +41,46 @@ std::string axes_label(const nlohmann::json& axes) {
   std::string s;
   for (const auto& [k, v] : axes.items()) s += (s.empty() ? "" : " ") + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
   return s;
+}
+
+double counter(const Entry& e, const char* k) {
+  const auto& r = e.raw;
+  return r.contains("counters") && r["counters"].contains(k) && r["counters"][k].is_number() ? r["counters"][k].get<double>() : NAN;
+}
+
+// Sparse attention against dense: each sparse result's attention (kernel_s: its selection + decode + combine) and where
+// it goes, beside mla/fused/cuda's at the same model, batch, q_len, kv_len and page size in the same file.
+void write_sparse_against_dense(const ResultsFile& f, std::ostringstream& md) {
+  std::vector<const Entry*> sparse;
+  for (const Entry& e : f.entries)
+    if (!std::isnan(counter(e, "selection_share"))) sparse.push_back(&e);
+  if (sparse.empty()) return;
+  auto same_point = [](const Entry& a, const Entry& b) {
+    for (const char* k : {"batch", "q_len", "kv_len", "page_size", "kv_dtype"})
+      if (a.axes.value(k, nlohmann::json()) != b.axes.value(k, nlohmann::json())) return false;
+    return a.model == b.model;
+  };
+  md << "Sparse attention against dense mla/fused/cuda at the same point (attention = `kernel_s`: a sparse step's selection, "
+        "the `op_us.select_*` stages, then its decode and combine; the step adds the projections both share):\n\n"
+        "| variant | point | step | attention | of it: selection | dense step | dense attention | dense / sparse attention | "
+        "dense / sparse step | keys attended | rel. err vs dense |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const Entry* e : sparse) {
+    const Entry* dense = nullptr;
+    for (const Entry& d : f.entries)
+      if (d.variant == "mla/fused/cuda" && same_point(*e, d)) dense = &d;
+    const double attention = counter(*e, "kernel_s");
+    md << "| " << e->variant << " | " << axes_label(e->axes) << " | " << time_str(e->median_us) << " | " << time_str(attention * 1e6) << " | "
+       << num("%.0f%%", 100 * counter(*e, "selection_share")) << " | ";
+    if (dense) {
+      const double dense_attention = counter(*dense, "kernel_s");
+      md << time_str(dense->median_us) << " | " << time_str(dense_attention * 1e6) << " | " << num("%.2fx", dense_attention / attention) << " | "
+         << num("%.2fx", dense->median_us / e->median_us) << " | ";
+    } else {
+      md << "— | — | — | — | ";
+    }
+    md << num("%.0f", counter(*e, "attended_keys")) << " | " << num("%.2e", counter(*e, "rel_err_vs_dense")) << " |\n";
+  }
+  md << "\n";
 }
 
 void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostringstream& md) {
@@ -160,10 +202,6 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
       }
     md << "\n";
     // Whole steps (layer runs): what a step delivers and where its time goes between the GPU and the CPU.
-    auto counter = [](const Entry& e, const char* k) {
-      const auto& r = e.raw;
-      return r.contains("counters") && r["counters"].contains(k) && r["counters"][k].is_number() ? r["counters"][k].get<double>() : NAN;
-    };
     bool steps = false;
     for (const auto& [key, e] : at) steps = steps || (!std::isnan(counter(*e, "tokens_per_s")) && !std::isnan(counter(*e, "kernel_time_s")));
     if (steps) {
@@ -190,6 +228,7 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
       md << "\n";
     }
   }
+  write_sparse_against_dense(f, md);
   std::vector<const Entry*> above;  // faster than its floor: the ceilings are stale or wrong, not the kernel fast
   for (const Entry& e : f.entries)
     if (e.raw.contains("roofline_fraction") && e.raw["roofline_fraction"].is_number() && e.raw["roofline_fraction"].get<double>() > 1.0)

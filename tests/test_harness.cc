@@ -378,9 +378,6 @@ TEST(Cli, AnUnverifiedSuiteSaysSoEverywhere) {
 namespace dslab {
 namespace {
 
-// dslab compare end to end: an unchanged pair exits 0; a copy with one variant's times doubled exits 1
-// and names that variant SLOWER. Forty hot samples each: under a parallel ctest on two cores, a dozen
-// cold ones can spread so wide that a doubling is honestly NOISY.
 TEST(Cli, ReportShowsWholeStepsWhereTheirTimeGoes) {
   PointResult r;
   r.variant = "layer/deepseek/cuda";
@@ -411,6 +408,45 @@ TEST(Cli, ReportShowsWholeStepsWhereTheirTimeGoes) {
   EXPECT_NE(md.str().find("| 26 of 26 | 28.8 GB at 53.3 GB/s |"), std::string::npos) << md.str();
 }
 
+// A sparse result beside the dense fused kernel at its point (the same model, batch, kv_len, page size; its own
+// budget and window axes aside): the attention alone, the selection's share, both ratios; no dense match, dashes.
+TEST(Cli, ReportPutsSparseAttentionBesideDense) {
+  PointResult dense;
+  dense.variant = "mla/fused/cuda";
+  dense.suite = "gpu-dense-v3";
+  dense.model = "deepseek-v3";
+  for (const auto& [k, v] : std::vector<std::pair<const char*, int64_t>>{{"batch", 16}, {"q_len", 1}, {"kv_len", 131072}, {"page_size", 64}})
+    dense.point.set(k, {std::to_string(v), v, true});
+  dense.point.set("kv_dtype", {"bf16", 0, false});
+  dense.samples.seconds = {1.317e-3, 1.317e-3, 1.317e-3};
+  dense.samples.stop_reason = "converged";
+  dense.samples.cache_state = "flushed";
+  dense.cost = {1e9, 1e9};
+  dense.counters = {{"kernel_s", 1.2e-3}};
+  PointResult quest = dense;
+  quest.variant = "sparse/quest/cuda";
+  quest.suite = "gpu-sparse-v3";
+  quest.point.set("budget", {"6144", 6144, true});
+  quest.point.set("local", {"4096", 4096, true});
+  quest.samples.seconds = {0.2e-3, 0.2e-3, 0.2e-3};
+  quest.counters = {{"kernel_s", 1e-4}, {"selection_share", 0.4}, {"attended_keys", 6144}, {"rel_err_vs_dense", 0.5}};
+  PointResult alone = quest;  // (no dense run at 32K in the file)
+  alone.point.set("kv_len", {"32768", 32768, true});
+  const fs::path dir = fs::temp_directory_path() / ("dslab_" + test_name());
+  fs::remove_all(dir);
+  write_json_atomically((dir / "results.json").string(), results_to_json(run_context("dslab run x"), {dense, quest, alone}));
+  const CliRun run = run_cli("report " + (dir / "results.json").string(), dir / "report");
+  ASSERT_EQ(run.status, 0) << run.err;
+  std::ifstream f(dir / "report" / "report.md");
+  std::stringstream md;
+  md << f.rdbuf();
+  EXPECT_NE(md.str().find("| 200 us | 100 us | 40% | 1.32 ms | 1.2 ms | 12.00x | 6.58x | 6144 | 5.00e-01 |"), std::string::npos) << md.str();
+  EXPECT_NE(md.str().find("| 200 us | 100 us | 40% | — | — | — | — | 6144 | 5.00e-01 |"), std::string::npos) << md.str();
+}
+
+// dslab compare end to end: an unchanged pair exits 0; a copy with one variant's times doubled exits 1
+// and names that variant SLOWER. Forty hot samples each: under a parallel ctest on two cores, a dozen
+// cold ones can spread so wide that a doubling is honestly NOISY.
 TEST(CliCompare, DoubledVariantIsSlowerAndFailsTheGate) {
   const fs::path dir = fs::temp_directory_path() / "dslab_cli_compare";
   fs::remove_all(dir);
