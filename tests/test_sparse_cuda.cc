@@ -44,6 +44,43 @@ struct Device {
 
 float bf16_round(float x) { return to_float(to_bf16(x)); }
 
+// CPU problems (one request each) as the GPU holds them: every request's keys in a paged bf16 cache whose pages are
+// scattered over one shuffled pool (table [batch][ppr]), the queries [batch][heads][latent ‖ rope] bf16, and each
+// request's cached keys before its decode step (its last key is the step's new one).
+struct PagedProblems {
+  int64_t batch = 0, heads = 0, width = 0, ppr = 0, slots = 0;
+  std::vector<int32_t> table, lengths_before;
+  std::vector<bf16> cache, q;
+};
+PagedProblems lay_out(const std::vector<sparse::Problem>& problems, int64_t P, uint64_t seed) {
+  PagedProblems l;
+  l.batch = int64_t(problems.size()), l.heads = problems[0].heads;
+  const int64_t latent = problems[0].latent, rope = problems[0].rope;
+  l.width = latent + rope;
+  int64_t most = 0;
+  for (const auto& p : problems) most = std::max(most, p.keys);
+  l.ppr = (most + P - 1) / P, l.slots = l.batch * l.ppr * P;
+  l.table.resize(size_t(l.batch * l.ppr));
+  std::iota(l.table.begin(), l.table.end(), 0);
+  std::shuffle(l.table.begin(), l.table.end(), std::mt19937_64(seed));
+  l.cache.assign(size_t(l.slots * l.width), to_bf16(0.0f));
+  l.q.resize(size_t(l.batch * l.heads * l.width));
+  for (int64_t r = 0; r < l.batch; ++r) {
+    const sparse::Problem& p = problems[size_t(r)];
+    for (int64_t k = 0; k < p.keys; ++k) {
+      bf16* row = &l.cache[size_t((l.table[size_t(r * l.ppr + k / P)] * P + k % P) * l.width)];
+      for (int64_t d = 0; d < latent; ++d) row[d] = to_bf16(p.c_kv[size_t(k * latent + d)]);
+      for (int64_t d = 0; d < rope; ++d) row[latent + d] = to_bf16(p.k_pe[size_t(k * rope + d)]);
+    }
+    for (int64_t h = 0; h < l.heads; ++h) {
+      for (int64_t d = 0; d < latent; ++d) l.q[size_t((r * l.heads + h) * l.width + d)] = to_bf16(p.q_lat[size_t(h * latent + d)]);
+      for (int64_t d = 0; d < rope; ++d) l.q[size_t((r * l.heads + h) * l.width + latent + d)] = to_bf16(p.q_pe[size_t(h * rope + d)]);
+    }
+    l.lengths_before.push_back(int32_t(p.keys - 1));
+  }
+  return l;
+}
+
 // One decode step's selection by the GPU's pieces (summaries of the cached keys, the step's page remade, page
 // scores, compact pages) for a batch of CPU problems laid out in a shuffled page pool.
 struct GpuPageSelection {
@@ -54,44 +91,25 @@ struct GpuPageSelection {
 };
 GpuPageSelection select_on_gpu(sparse::cuda::Summary kind, const std::vector<sparse::Problem>& problems, int64_t P, const sparse::Budget& budget,
                                uint64_t seed) {
-  const int64_t batch = int64_t(problems.size()), heads = problems[0].heads, latent = problems[0].latent, rope = problems[0].rope;
-  const int64_t width = latent + rope, sw = sparse::cuda::summary_width(kind, width);
-  int64_t most = 0;
-  for (const auto& p : problems) most = std::max(most, p.keys);
+  const PagedProblems l = lay_out(problems, P, seed);
+  const int64_t batch = l.batch, heads = l.heads, width = l.width, ppr = l.ppr, sw = sparse::cuda::summary_width(kind, width);
   GpuPageSelection g;
-  g.ppr = g.max_pages = (most + P - 1) / P;
-  const int64_t ppr = g.ppr;
-  std::vector<int32_t> pool(size_t(batch * ppr));
-  std::iota(pool.begin(), pool.end(), 0);
-  std::shuffle(pool.begin(), pool.end(), std::mt19937_64(seed));
-  g.table = pool;
-  std::vector<int32_t> counts, listed, rows, lengths_before;
-  std::vector<bf16> cache(size_t(batch * ppr * P * width));
-  g.q.resize(size_t(batch * heads * width));
+  g.ppr = g.max_pages = ppr;
+  g.table = l.table;
+  g.q = l.q;
+  // prepare's summaries of the keys before a decode step (the last key's page listed with one key fewer, or not at
+  // all), then the step's own page remade by step_page_summaries.
+  std::vector<int32_t> counts, listed, rows;
   for (int64_t r = 0; r < batch; ++r) {
-    const sparse::Problem& p = problems[size_t(r)];
-    for (int64_t k = 0; k < p.keys; ++k) {
-      const int64_t physical = g.table[size_t(r * ppr + k / P)];
-      bf16* row = &cache[size_t((physical * P + k % P) * width)];
-      for (int64_t d = 0; d < latent; ++d) row[d] = to_bf16(p.c_kv[size_t(k * latent + d)]);
-      for (int64_t d = 0; d < rope; ++d) row[latent + d] = to_bf16(p.k_pe[size_t(k * rope + d)]);
-    }
-    for (int64_t h = 0; h < heads; ++h) {
-      for (int64_t d = 0; d < latent; ++d) g.q[size_t((r * heads + h) * width + d)] = to_bf16(p.q_lat[size_t(h * latent + d)]);
-      for (int64_t d = 0; d < rope; ++d) g.q[size_t((r * heads + h) * width + latent + d)] = to_bf16(p.q_pe[size_t(h * rope + d)]);
-    }
-    // prepare's summaries of the keys before a decode step (the last key's page listed with one key fewer, or not
-    // at all), then the step's own page remade by step_page_summaries.
-    const int64_t cached = p.keys - 1, pages = (cached + P - 1) / P;
+    const int64_t cached = l.lengths_before[size_t(r)], pages = (cached + P - 1) / P;
     for (int64_t pg = 0; pg < pages; ++pg) {
       listed.push_back(g.table[size_t(r * ppr + pg)]);
       rows.push_back(int32_t(r * ppr + pg));
       counts.push_back(int32_t(std::min(P, cached - pg * P)));
     }
-    lengths_before.push_back(int32_t(cached));
   }
-  const Device<bf16> d_cache(cache), d_q(g.q);
-  const Device<int32_t> d_table(g.table), d_listed(listed), d_rows(rows), d_counts(counts), d_lengths(lengths_before);
+  const Device<bf16> d_cache(l.cache), d_q(g.q);
+  const Device<int32_t> d_table(g.table), d_listed(listed), d_rows(rows), d_counts(counts), d_lengths(l.lengths_before);
   const Device<int32_t> d_keys{size_t(batch)}, d_before{size_t(batch)};
   const Device<bf16> d_summaries{size_t(batch * ppr * sw)}, d_split{size_t(batch * heads * 2 * width)};
   const Device<float> d_products{size_t(batch * ppr * heads)}, d_scores{size_t(batch * ppr)};
@@ -231,34 +249,20 @@ TEST(GpuSparse, IndexerMatchesTheCpuReference) {
   const uint64_t seed = test::fresh_seed();
   const int64_t heads = 16, latent = 512, rope = 64, width = latent + rope, P = 64, D = sparse::cuda::kIndexDim;
   const std::vector<int64_t> keys = {1000, 641, 130, 4096};
-  const int64_t batch = int64_t(keys.size()), ppr = (4096 + P - 1) / P, slots = batch * ppr * P;
+  const int64_t batch = int64_t(keys.size());
   sparse::Budget budget;
   budget.tokens = 512, budget.block = 1, budget.n_init = 4, budget.local = 64;
   std::vector<sparse::Problem> problems;
   for (int64_t r = 0; r < batch; ++r)
     problems.push_back(bf16_problem(heads, keys[size_t(r)], sparse::CacheKind::clustered, 0, sparse::request_seed(seed, r)));
-  std::vector<int32_t> table(size_t(batch * ppr)), lengths_before;
-  std::iota(table.begin(), table.end(), 0);
-  std::shuffle(table.begin(), table.end(), std::mt19937_64(seed));
-  std::vector<bf16> cache(size_t(slots * width), to_bf16(0.0f)), q(size_t(batch * heads * width));
-  for (int64_t r = 0; r < batch; ++r) {
-    const sparse::Problem& p = problems[size_t(r)];
-    for (int64_t k = 0; k < p.keys; ++k) {
-      bf16* row = &cache[size_t((table[size_t(r * ppr + k / P)] * P + k % P) * width)];
-      for (int64_t d = 0; d < latent; ++d) row[d] = to_bf16(p.c_kv[size_t(k * latent + d)]);
-      for (int64_t d = 0; d < rope; ++d) row[latent + d] = to_bf16(p.k_pe[size_t(k * rope + d)]);
-    }
-    for (int64_t h = 0; h < heads; ++h) {
-      for (int64_t d = 0; d < latent; ++d) q[size_t((r * heads + h) * width + d)] = to_bf16(p.q_lat[size_t(h * latent + d)]);
-      for (int64_t d = 0; d < rope; ++d) q[size_t((r * heads + h) * width + latent + d)] = to_bf16(p.q_pe[size_t(h * rope + d)]);
-    }
-    lengths_before.push_back(int32_t(p.keys - 1));
-  }
+  const PagedProblems l = lay_out(problems, P, seed);
+  const int64_t ppr = l.ppr, slots = l.slots;
+  const std::vector<int32_t>& table = l.table;
   const std::vector<float> projection = sparse::indexer_projection(sparse::Indexer{}, width);
   std::vector<bf16> projection_bf16(projection.size());
   for (size_t i = 0; i < projection.size(); ++i) projection_bf16[i] = to_bf16(projection[i]);
-  const Device<bf16> d_cache(cache), d_q(q), d_projection(projection_bf16);
-  const Device<int32_t> d_table(table), d_lengths(lengths_before), d_keys{size_t(batch)};
+  const Device<bf16> d_cache(l.cache), d_q(l.q), d_projection(projection_bf16);
+  const Device<int32_t> d_table(table), d_lengths(l.lengths_before), d_keys{size_t(batch)};
   const Device<uint8_t> d_index{size_t(slots * D)};
   const Device<float> d_scales{size_t(slots)}, d_scratch{size_t(1000 * D)}, d_scores{size_t(batch * ppr * P)};
   const Device<__half> d_queries{size_t(batch * sparse::cuda::kIndexHeads * D)};
@@ -326,6 +330,54 @@ TEST(GpuSparse, IndexerMatchesTheCpuReference) {
       ASSERT_EQ(logical[size_t(r * max_tokens) + i], cpu[i]) << i;
       EXPECT_EQ(out_slots[size_t(r * max_tokens) + i], table[size_t(r * ppr + cpu[i] / P)] * P + cpu[i] % P) << i;
     }
+  }
+}
+
+// The oracle's attention mass on the GPU against the CPU's (each key's softmax probability summed over the heads, at
+// the CPU problem's scale), and its top-k from the GPU's own mass as select_tokens makes it.
+TEST(GpuSparse, OracleMassMatchesTheCpuReference) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  const uint64_t seed = test::fresh_seed();
+  const int64_t heads = 16, P = 64;
+  const std::vector<int64_t> keys = {1000, 641, 3000};
+  sparse::Budget budget;
+  budget.tokens = 256, budget.block = 1, budget.n_init = 4, budget.local = 64;
+  std::vector<sparse::Problem> problems;
+  for (size_t r = 0; r < keys.size(); ++r)
+    problems.push_back(bf16_problem(heads, keys[r], sparse::CacheKind::clustered, 0, sparse::request_seed(seed, int64_t(r))));
+  const PagedProblems l = lay_out(problems, P, seed);
+  const int64_t batch = l.batch, max_keys = l.ppr * P, max_tokens = budget.tokens + 1;
+  const Device<bf16> d_cache(l.cache), d_q(l.q), d_gathered{size_t(batch * max_keys * l.width)};
+  const Device<int32_t> d_table(l.table), d_lengths(l.lengths_before), d_keys{size_t(batch)};
+  const Device<float> d_head_scores{size_t(batch * heads * max_keys)}, d_max{size_t(batch * heads)}, d_sum{size_t(batch * heads)},
+      d_mass{size_t(batch * max_keys)};
+  const Device<int32_t> d_slots{size_t(batch * max_tokens)}, d_logical{size_t(batch * max_tokens)}, d_length{size_t(batch)};
+  mla::cuda::BlasHandle blas;
+  blas.set_stream(0);
+  sparse::cuda::attention_mass(blas.get(), reinterpret_cast<const __nv_bfloat16*>(d_cache.p), l.width, d_lengths.p, 1, d_table.p, l.ppr, P, batch,
+                               reinterpret_cast<const __nv_bfloat16*>(d_q.p), heads, problems[0].scale, max_keys,
+                               reinterpret_cast<__nv_bfloat16*>(d_gathered.p), d_head_scores.p, d_max.p, d_sum.p, d_keys.p, d_mass.p, 0);
+  sparse::cuda::compact_tokens(d_mass.p, max_keys, d_table.p, l.ppr, d_keys.p, P, budget, batch, max_tokens, 1, d_slots.p, d_logical.p, d_length.p,
+                               nullptr, 0);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto mass = d_mass.host(size_t(batch * max_keys));
+  const auto keys_after = d_keys.host(size_t(batch));
+  const auto logical = d_logical.host(size_t(batch * max_tokens)), length = d_length.host(size_t(batch));
+  for (int64_t r = 0; r < batch; ++r) {
+    SCOPED_TRACE("request " + std::to_string(r));
+    const sparse::Problem& p = problems[size_t(r)];
+    ASSERT_EQ(keys_after[size_t(r)], p.keys);
+    const std::vector<double> want = sparse::oracle_key_mass(p);
+    const std::vector<double> got(mass.begin() + r * max_keys, mass.begin() + r * max_keys + p.keys);
+    double total = 0;
+    for (int64_t k = 0; k < p.keys; ++k) {
+      ASSERT_NEAR(got[size_t(k)], want[size_t(k)], 2e-3 * want[size_t(k)] + 1e-7) << "key " << k;
+      total += got[size_t(k)];
+    }
+    EXPECT_NEAR(total, double(heads), 1e-3 * double(heads));  // (each head's probabilities sum to one)
+    const std::vector<int64_t> cpu = sparse::select_tokens(p.keys, budget, got);
+    ASSERT_EQ(length[size_t(r)], int32_t(cpu.size()));
+    for (size_t i = 0; i < cpu.size(); ++i) ASSERT_EQ(logical[size_t(r * max_tokens) + i], cpu[i]) << i;
   }
 }
 

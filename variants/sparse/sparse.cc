@@ -130,14 +130,16 @@ std::vector<double> block_scores(const Problem& p, const Budget& b, ScoreOf scor
 }
 }  // namespace
 
-std::vector<int64_t> select_oracle(const Problem& p, const Budget& b) {
+std::vector<double> oracle_key_mass(const Problem& p) {
   std::vector<float> prob = scores(p);
   softmax_rows(prob, p.heads, p.keys);
   std::vector<double> mass(size_t(p.keys), 0.0);
   for (int64_t h = 0; h < p.heads; ++h)
     for (int64_t k = 0; k < p.keys; ++k) mass[size_t(k)] += prob[size_t(h * p.keys + k)];
-  return assemble(p, b, rank_descending(mass), 1);
+  return mass;
 }
+
+std::vector<int64_t> select_oracle(const Problem& p, const Budget& b) { return select_tokens(p.keys, b, oracle_key_mass(p)); }
 
 void append_key(Problem& p, const float* latent, const float* rope) {
   p.c_kv.insert(p.c_kv.end(), latent, latent + p.latent);

@@ -94,6 +94,8 @@ void truncate_keys(Problem& p, int64_t keys);
 // The exact top keys by the true scores: each key's softmax probability summed over the heads (the fidelity bound
 // for a token budget).
 std::vector<int64_t> select_oracle(const Problem& p, const Budget& b);
+// Each key's softmax probability summed over the heads: what select_oracle ranks.
+std::vector<double> oracle_key_mass(const Problem& p);
 // Quest: per block the element-wise min and max of its keys; a block's score for a head is the upper bound
 // sum_j max(q_j min_j, q_j max_j) of any of its keys' scores; blocks ranked by their best head.
 std::vector<int64_t> select_quest(const Problem& p, const Budget& b);

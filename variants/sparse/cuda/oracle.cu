@@ -5,6 +5,7 @@
 // sparse::select_oracle keeps them, and attended by mla/fused/cuda's kernel through their slots. It reads the whole
 // cache and more each step: a bound to compare against, not a method to time.
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,31 @@ __global__ void mass_kernel(const float* __restrict__ scores, int heads, int64_t
   mass[int64_t(r) * max_keys + k] = m;
 }
 
+}  // namespace
+
+void attention_mass(cublasHandle_t blas, const __nv_bfloat16* cache, int64_t width, const int32_t* lengths, int64_t q_len, const int32_t* page_table,
+                    int64_t pages_per_request, int64_t page_size, int64_t batch, const __nv_bfloat16* q, int64_t heads, float scale, int64_t max_keys,
+                    __nv_bfloat16* gathered, float* head_scores, float* row_max, float* row_sum, int32_t* keys, float* mass, cudaStream_t stream) {
+  if (width % 8) throw std::invalid_argument("sparse attention_mass: the key width must be a multiple of 8 (16-byte rows)");
+  const int width16 = int(width / 8);
+  gather_keys_kernel<<<dim3(unsigned(std::min<int64_t>((max_keys * width16 + 255) / 256, 2048)), unsigned(batch)), 256, 0, stream>>>(
+      reinterpret_cast<const uint4*>(cache), width16, lengths, int(q_len), page_table, int(pages_per_request), int(page_size), max_keys,
+      reinterpret_cast<uint4*>(gathered), keys);
+  DSLAB_CHECK_LAUNCH();
+  // Column-major per request: scores (max_keys x heads) = gathered (max_keys x width) . q^T (width x heads), so
+  // row-major [heads][max_keys].
+  mla::cuda::gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, max_keys, heads, width, gathered, width, max_keys * width, q, width, heads * width, head_scores,
+                  CUDA_R_32F, max_keys, heads * max_keys, batch);
+  softmax_stats_kernel<<<dim3(unsigned(heads), unsigned(batch)), kStatsThreads, 0, stream>>>(head_scores, int(heads), max_keys, keys, scale, row_max,
+                                                                                            row_sum);
+  DSLAB_CHECK_LAUNCH();
+  mass_kernel<<<dim3(unsigned((max_keys + 255) / 256), unsigned(batch)), 256, 0, stream>>>(head_scores, int(heads), max_keys, keys, scale, row_max,
+                                                                                          row_sum, mass);
+  DSLAB_CHECK_LAUNCH();
+}
+
+namespace {
+
 class OracleSelector final : public TokenSelector {
  public:
   OracleSelector() : TokenSelector("sparse/oracle/cuda") {}
@@ -97,22 +123,9 @@ class OracleSelector final : public TokenSelector {
     row_sum_.resize(size_t(s_.batch * s_.heads));
   }
   void score(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) override {
-    const int64_t max_keys = scores_per_request(), B = s_.batch, H = s_.heads;
-    const int width16 = int(width_ / 8);
-    gather_keys_kernel<<<dim3(unsigned(std::min<int64_t>((max_keys * width16 + 255) / 256, 2048)), unsigned(B)), 256, 0, stream>>>(
-        reinterpret_cast<const uint4*>(cache_->values.get()), width16, lengths_in_, int(s_.q_len), cache_page_table(), int(cache_->pages_per_request),
-        int(cache_->page_size), max_keys, reinterpret_cast<uint4*>(gathered_.get()), keys_.get());
-    DSLAB_CHECK_LAUNCH();
-    // Column-major per request: scores (max_keys x heads) = gathered (max_keys x width) . q^T (width x heads), so
-    // row-major [heads][max_keys].
-    mla::cuda::gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, max_keys, H, width_, gathered_.get(), width_, max_keys * width_, q_cat, width_, H * width_,
-                    head_scores_.get(), CUDA_R_32F, max_keys, H * max_keys, B);
-    softmax_stats_kernel<<<dim3(unsigned(H), unsigned(B)), kStatsThreads, 0, stream>>>(head_scores_.get(), int(H), max_keys, keys_.get(), scale_,
-                                                                                      row_max_.get(), row_sum_.get());
-    DSLAB_CHECK_LAUNCH();
-    mass_kernel<<<dim3(unsigned((max_keys + 255) / 256), unsigned(B)), 256, 0, stream>>>(head_scores_.get(), int(H), max_keys, keys_.get(), scale_,
-                                                                                        row_max_.get(), row_sum_.get(), scores_.get());
-    DSLAB_CHECK_LAUNCH();
+    attention_mass(blas, reinterpret_cast<const __nv_bfloat16*>(cache_->values.get()), width_, lengths_in_, s_.q_len, cache_page_table(),
+                   cache_->pages_per_request, cache_->page_size, s_.batch, q_cat, s_.heads, scale_, scores_per_request(), gathered_.get(),
+                   head_scores_.get(), row_max_.get(), row_sum_.get(), keys_.get(), scores_.get(), stream);
     mark("select_scores");
   }
 

@@ -73,6 +73,14 @@ void compact_tokens(const float* scores, int64_t scores_per_request, const int32
 // window; the budget counts both.
 constexpr int64_t kSinkTokens = 4;
 Budget sparse_budget(const mla::Shape& s, int64_t block);
+// The oracle's scores (sparse/oracle/cuda): every key's softmax probability summed over the heads, mass [batch]
+// [max_keys] for keys < keys[r] = lengths[r] + q_len (written too): the keys gathered into [batch][max_keys][width],
+// one GEMM against the query q [batch][heads][width] (q_len 1) into head_scores [batch][heads][max_keys] fp32, each
+// head's max and sum of exp(scale * score) over the keys (row_max, row_sum [batch][heads]), then the mass.
+void attention_mass(cublasHandle_t blas, const __nv_bfloat16* cache, int64_t width, const int32_t* lengths, int64_t q_len, const int32_t* page_table,
+                    int64_t pages_per_request, int64_t page_size, int64_t batch, const __nv_bfloat16* q, int64_t heads, float scale, int64_t max_keys,
+                    __nv_bfloat16* gathered, float* head_scores, float* row_max, float* row_sum, int32_t* keys, float* mass, cudaStream_t stream);
+
 // Why a sparse decode cannot run these shapes, or "": the checks every GPU selector makes (budget and local set, a
 // bf16 cache, 16-byte key rows; one_query: decode steps of one token only).
 std::string sparse_unsupported(const std::string& name, const ModelConfig& m, const mla::Shape& s, bool one_query);
