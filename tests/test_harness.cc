@@ -378,6 +378,19 @@ TEST(Cli, AnUnverifiedSuiteSaysSoEverywhere) {
 namespace dslab {
 namespace {
 
+// `dslab report` of these results, written as a run would write them: its report.md (empty if the report failed).
+std::string report_of(const std::vector<PointResult>& results) {
+  const fs::path dir = fs::temp_directory_path() / ("dslab_" + test_name());
+  fs::remove_all(dir);
+  write_json_atomically((dir / "results.json").string(), results_to_json(run_context("dslab run x"), results));
+  const CliRun run = run_cli("report " + (dir / "results.json").string(), dir / "report");
+  EXPECT_EQ(run.status, 0) << run.err;
+  std::ifstream f(dir / "report" / "report.md");
+  std::stringstream md;
+  md << f.rdbuf();
+  return md.str();
+}
+
 TEST(Cli, ReportShowsWholeStepsWhereTheirTimeGoes) {
   PointResult r;
   r.variant = "layer/deepseek/cuda";
@@ -396,16 +409,9 @@ TEST(Cli, ReportShowsWholeStepsWhereTheirTimeGoes) {
   streamed.samples.seconds = {0.54, 0.54, 0.54};
   streamed.counters = {{"tokens_per_s", 7585}, {"kernel_time_s", 0.5}, {"gpu_idle_fraction", 0.0}, {"gpu_moe_layers", 26}, {"moe_layers", 26},
                        {"streamed_expert_bytes", 28.8e9}};
-  const fs::path dir = fs::temp_directory_path() / ("dslab_" + test_name());
-  fs::remove_all(dir);
-  write_json_atomically((dir / "results.json").string(), results_to_json(run_context("dslab run x"), {r, streamed}));
-  const CliRun run = run_cli("report " + (dir / "results.json").string(), dir / "report");
-  ASSERT_EQ(run.status, 0) << run.err;
-  std::ifstream f(dir / "report" / "report.md");
-  std::stringstream md;
-  md << f.rdbuf();
-  EXPECT_NE(md.str().find("| 13.2 ms | 75.78 | 2.98 ms | 77% | 9.08 ms | 18 of 26 | — |"), std::string::npos) << md.str();
-  EXPECT_NE(md.str().find("| 26 of 26 | 28.8 GB at 53.3 GB/s |"), std::string::npos) << md.str();
+  const std::string md = report_of({r, streamed});
+  EXPECT_NE(md.find("| 13.2 ms | 75.78 | 2.98 ms | 77% | 9.08 ms | 18 of 26 | — |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 26 of 26 | 28.8 GB at 53.3 GB/s |"), std::string::npos) << md;
 }
 
 // A sparse result beside the dense fused kernel at its point (the same model, batch, kv_len, page size; its own
@@ -432,16 +438,9 @@ TEST(Cli, ReportPutsSparseAttentionBesideDense) {
   quest.counters = {{"kernel_s", 1e-4}, {"selection_share", 0.4}, {"attended_keys", 6144}, {"rel_err_vs_dense", 0.5}};
   PointResult alone = quest;  // (no dense run at 32K in the file)
   alone.point.set("kv_len", {"32768", 32768, true});
-  const fs::path dir = fs::temp_directory_path() / ("dslab_" + test_name());
-  fs::remove_all(dir);
-  write_json_atomically((dir / "results.json").string(), results_to_json(run_context("dslab run x"), {dense, quest, alone}));
-  const CliRun run = run_cli("report " + (dir / "results.json").string(), dir / "report");
-  ASSERT_EQ(run.status, 0) << run.err;
-  std::ifstream f(dir / "report" / "report.md");
-  std::stringstream md;
-  md << f.rdbuf();
-  EXPECT_NE(md.str().find("| 200 us | 100 us | 40% | 1.32 ms | 1.2 ms | 12.00x | 6.58x | 6144 | 5.00e-01 |"), std::string::npos) << md.str();
-  EXPECT_NE(md.str().find("| 200 us | 100 us | 40% | — | — | — | — | 6144 | 5.00e-01 |"), std::string::npos) << md.str();
+  const std::string md = report_of({dense, quest, alone});
+  EXPECT_NE(md.find("| 200 us | 100 us | 40% | 1.32 ms | 1.2 ms | 12.00x | 6.58x | 6144 | 5.00e-01 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 200 us | 100 us | 40% | — | — | — | — | 6144 | 5.00e-01 |"), std::string::npos) << md;
 }
 
 // dslab compare end to end: an unchanged pair exits 0; a copy with one variant's times doubled exits 1
