@@ -1,7 +1,5 @@
 // The selection half of the GPU's block-sparse decode (paged_select.h): a block per listed page for its bounds, the
 // page scores as a cuBLAS GEMM between two small kernels, a block per request for its selection.
-#include <cub/block/block_scan.cuh>
-
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -94,18 +92,18 @@ constexpr int kSelectThreads = 1024, kMaxPages = 65536, kMaxTokens = 1 << 22;
 // The block's selection of one request's units (pages or tokens): every fixed unit, and the `need` best of the others
 // by key (ties to the lower unit, as the CPU's stable ranking); emit(unit, position) for each chosen one, positions
 // in unit order. Returns how many were chosen. The need-th largest key is found a byte at a time from the top: a
-// 256-bin histogram of the candidates' next byte, the byte where the count from the top reaches what is still needed.
-// Each thread walks a contiguous run of units, so scans over threads are scans over units in order.
+// 256-bin histogram of the candidates' next byte (threads stride over the units, so loads coalesce), the byte where
+// the count from the top reaches what is still needed. Then each warp counts, and emits, a contiguous segment of
+// units 32 at a time (ballots give the order within a step, a scan over the warps the order between segments).
 template <class Fixed, class Key, class Emit>
 __device__ int select_in_order(int units, int need, Fixed fixed, Key key, Emit emit) {
-  using Scan = cub::BlockScan<int, kSelectThreads>;
-  __shared__ typename Scan::TempStorage temp;
+  constexpr int kWarps = kSelectThreads / 32;
   __shared__ int histogram[256];
   __shared__ uint32_t chosen_digit;
-  __shared__ int chosen_above;
-  const int tid = int(threadIdx.x);
-  const int per = (units + kSelectThreads - 1) / kSelectThreads, first = min(units, tid * per), last = min(units, first + per);
-  auto candidate_key = [&](int u) { return fixed(u) ? 0u : key(u); };  // (0: below every real key)
+  __shared__ int chosen_above, equal_taken, chosen_total;
+  __shared__ int warp_above[kWarps], warp_equal[kWarps], warp_fixed[kWarps], equal_before[kWarps], chosen_before[kWarps];
+  const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const unsigned lanes_below = (1u << lane) - 1;
   uint32_t threshold = 0xffffffffu;  // (need 0: nothing is chosen by key)
   if (need > 0) {
     uint32_t prefix = 0, mask = 0;
@@ -113,24 +111,25 @@ __device__ int select_in_order(int units, int need, Fixed fixed, Key key, Emit e
     for (int shift = 24; shift >= 0; shift -= 8) {
       if (tid < 256) histogram[tid] = 0;
       __syncthreads();
-      for (int u = first; u < last; ++u) {
-        const uint32_t k = candidate_key(u);
+      for (int u = tid; u < units; u += kSelectThreads) {
+        if (fixed(u)) continue;
+        const uint32_t k = key(u);
         if ((k & mask) == prefix) atomicAdd(&histogram[(k >> shift) & 255u], 1);
       }
       __syncthreads();
-      if (tid < 32) {  // one warp: lane l holds bins 8l..8l+7; counts from the top by a suffix sum over lanes
+      if (warp == 0) {  // lane l holds bins 8l..8l+7; counts from the top by a suffix sum over lanes
         int bins[8], sum = 0;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) bins[i] = histogram[tid * 8 + i], sum += bins[i];
-        int suffix = sum;  // bins 8 * tid .. 255
+        for (int i = 0; i < 8; ++i) bins[i] = histogram[lane * 8 + i], sum += bins[i];
+        int suffix = sum;  // bins 8 * lane .. 255
         for (int o = 1; o < 32; o <<= 1) {
           const int v = __shfl_down_sync(0xffffffffu, suffix, o);
-          if (tid + o < 32) suffix += v;
+          if (lane + o < 32) suffix += v;
         }
         int above = suffix - sum;  // bins above this lane's
 #pragma unroll
         for (int i = 7; i >= 0; --i) {
-          if (above < remaining && above + bins[i] >= remaining) chosen_digit = uint32_t(tid * 8 + i), chosen_above = above;
+          if (above < remaining && above + bins[i] >= remaining) chosen_digit = uint32_t(lane * 8 + i), chosen_above = above;
           above += bins[i];
         }
       }
@@ -141,35 +140,62 @@ __device__ int select_in_order(int units, int need, Fixed fixed, Key key, Emit e
     }
     threshold = prefix;  // the need-th largest key
   }
-  // One counting pass: this run's fixed units, keys above the threshold and keys equal to it.
-  int fixed_here = 0, above = 0, equal = 0;
-  for (int u = first; u < last; ++u) {
-    if (fixed(u)) {
-      ++fixed_here;
-    } else if (need > 0) {
+  // Warp w's segment [begin, end), walked 32 units a step (bounds uniform over the warp, for the ballots).
+  const int segment = ((units + kWarps - 1) / kWarps + 31) / 32 * 32;
+  const int begin = min(units, warp * segment), end = min(units, begin + segment);
+  struct Unit {
+    bool valid, fixed, above, equal;
+  };
+  auto look = [&](int u) {
+    Unit x{u < end, false, false, false};
+    if (!x.valid) return x;
+    x.fixed = fixed(u);
+    if (!x.fixed && need > 0) {
       const uint32_t k = key(u);
-      above += k > threshold, equal += k == threshold;
+      x.above = k > threshold, x.equal = k == threshold;
     }
+    return x;
+  };
+  int above = 0, equal = 0, fixed_count = 0;
+  for (int base = begin; base < end; base += 32) {
+    const Unit x = look(base + lane);
+    above += __popc(__ballot_sync(0xffffffffu, x.above));
+    equal += __popc(__ballot_sync(0xffffffffu, x.equal));
+    fixed_count += __popc(__ballot_sync(0xffffffffu, x.fixed));
   }
-  int above_total = 0, equal_before = 0, equal_total = 0, unused = 0;
-  Scan(temp).ExclusiveSum(above, unused, above_total);
+  if (lane == 0) warp_above[warp] = above, warp_equal[warp] = equal, warp_fixed[warp] = fixed_count;
   __syncthreads();
-  Scan(temp).ExclusiveSum(equal, equal_before, equal_total);
-  __syncthreads();
-  const int equal_taken = need - above_total;  // the lowest-indexed equal ones
-  const int equal_here = max(0, min(equal, equal_taken - equal_before));
-  int position = 0, total = 0;
-  Scan(temp).ExclusiveSum(fixed_here + above + equal_here, position, total);
-  int eq = equal_before;
-  for (int u = first; u < last; ++u) {
-    bool take = fixed(u);
-    if (!take && need > 0) {
-      const uint32_t k = key(u);
-      take = k > threshold || (k == threshold && eq++ < equal_taken);
+  if (warp == 0) {  // the warps' offsets: equal keys before each (the lowest-indexed are taken), chosen units before each
+    const int a = lane < kWarps ? warp_above[lane] : 0, e = lane < kWarps ? warp_equal[lane] : 0, f = lane < kWarps ? warp_fixed[lane] : 0;
+    int above_total = a, e_incl = e;
+    for (int o = 1; o < 32; o <<= 1) {
+      above_total += __shfl_xor_sync(0xffffffffu, above_total, o);
+      const int v = __shfl_up_sync(0xffffffffu, e_incl, o);
+      if (lane >= o) e_incl += v;
     }
-    if (take) emit(u, position++);
+    const int taken = need - above_total, e_before = e_incl - e;
+    const int chosen = f + a + max(0, min(e, taken - e_before));
+    int c_incl = chosen;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, c_incl, o);
+      if (lane >= o) c_incl += v;
+    }
+    if (lane < kWarps) equal_before[lane] = e_before, chosen_before[lane] = c_incl - chosen;
+    if (lane == 31) chosen_total = c_incl;
+    if (lane == 0) equal_taken = taken;
   }
-  return total;
+  __syncthreads();
+  int eq = equal_before[warp], position = chosen_before[warp];
+  for (int base = begin; base < end; base += 32) {
+    const int u = base + lane;
+    const Unit x = look(u);
+    const unsigned equal_mask = __ballot_sync(0xffffffffu, x.equal);
+    const bool take = x.fixed || x.above || (x.equal && eq + __popc(equal_mask & lanes_below) < equal_taken);
+    const unsigned take_mask = __ballot_sync(0xffffffffu, take);
+    if (take) emit(u, position + __popc(take_mask & lanes_below));
+    position += __popc(take_mask), eq += __popc(equal_mask);
+  }
+  return chosen_total;
 }
 
 struct SelectArgs {
