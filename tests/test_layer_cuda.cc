@@ -106,6 +106,17 @@ TEST(LayerHybrid, DefaultsToTheCpuExpertsAndRefusesGpuMoeOps) {
   EXPECT_NE(s.reason.find("use layer/deepseek/cuda"), std::string::npos) << s.reason;
 }
 
+// A sparse attention op is refused by the layers with the reason (their reference attends every key), before any
+// device is needed.
+TEST(LayerCuda, RefusesSparseAttentionWithTheReason) {
+  const VariantEntry* entry = find_variant("layer/deepseek/cuda");
+  if (!entry) GTEST_SKIP() << "layer/deepseek/cuda is not built (no CUDA toolkit at configure time)";
+  const LayerCase c{"deepseek-v2-lite", "2", 1, 150, 1, "sparse/quest/cuda", "moe/grouped/cuda", "graph"};
+  const Support s = entry->make()->supports(load_model_file(c.model), layer_point(c));
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("verify dense attention"), std::string::npos) << s.reason;
+}
+
 TEST(GpuLayer, EveryAttentionAndMoeOpMatchesReferenceStack) {
   REQUIRE_LAYER();
   const uint64_t seed = test::fresh_seed();

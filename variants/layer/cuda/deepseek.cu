@@ -227,7 +227,9 @@ struct DeepseekLayerCuda::Plan {
     }
     for (int64_t i = first; i < first + layers; ++i) moe_layers += dense(i) ? 0 : 1;
     const auto attn_op = mla::cuda::make_mla_op(attn);
-    why_not = attn_op->unsupported(m, attn_shape());
+    // (a sparse op attends the keys it selects; the layers' fp64 reference attends them all)
+    why_not = attn_op->sparse() ? "attn: " + attn + " attends a selection of the keys; the layers verify dense attention, so they take dense attn ops"
+                                : attn_op->unsupported(m, attn_shape());
     if (why_not.empty() && kv_splits > 0 && !attn_op->fused()) why_not = "kv_splits: only the fused attention splits the keys (" + attn + " does not)";
     const auto moe_op = moe::cuda::make_moe_op(moe);
     experts_on_host = moe_op->experts_on_host();
