@@ -92,7 +92,7 @@ constexpr int kSelectThreads = 1024, kMaxPages = 65536, kMaxTokens = 1 << 22;
 // The block's selection of one request's units (pages or tokens): every fixed unit, and the `need` best of the others
 // by key (ties to the lower unit, as the CPU's stable ranking); emit(unit, position) for each chosen one, positions
 // in unit order. Returns how many were chosen. The need-th largest key is found a byte at a time from the top: a
-// 256-bin histogram of the candidates' next byte (threads stride over the units, so loads coalesce), the byte where
+// 256-bin histogram of the candidates' next byte (warps stride over the units, so loads coalesce), the byte where
 // the count from the top reaches what is still needed. Then each warp counts, and emits, a contiguous segment of
 // units 32 at a time (ballots give the order within a step, a scan over the warps the order between segments).
 template <class Fixed, class Key, class Emit>
@@ -111,10 +111,15 @@ __device__ int select_in_order(int units, int need, Fixed fixed, Key key, Emit e
     for (int shift = 24; shift >= 0; shift -= 8) {
       if (tid < 256) histogram[tid] = 0;
       __syncthreads();
-      for (int u = tid; u < units; u += kSelectThreads) {
-        if (fixed(u)) continue;
-        const uint32_t k = key(u);
-        if ((k & mask) == prefix) atomicAdd(&histogram[(k >> shift) & 255u], 1);
+      for (int base = warp * 32; base < units; base += kSelectThreads) {  // (bounds uniform over the warp)
+        const int u = base + lane;
+        uint32_t k = 0;
+        const bool counted = u < units && !fixed(u) && ((k = key(u)) & mask) == prefix;
+        // Lanes with the same byte add once together: scores crowd into few bins, and a bin's shared-memory atomics
+        // serialise (128K keys into one bin would take the pass hundreds of microseconds).
+        const uint32_t bin = counted ? (k >> shift) & 255u : 256u + uint32_t(lane);
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);
+        if (counted && lane == __ffs(peers) - 1) atomicAdd(&histogram[bin], __popc(peers));
       }
       __syncthreads();
       if (warp == 0) {  // lane l holds bins 8l..8l+7; counts from the top by a suffix sum over lanes
