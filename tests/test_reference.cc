@@ -129,7 +129,8 @@ TEST(AbsorptionIdentity, PlainQProjection) {
 
 // Sparse attention's reference: attention over a selection of keys per request. Selecting every key is dense
 // attention exactly; with a subset, a key left out has no influence (perturbing its latent changes nothing) and a
-// key kept has (perturbing it changes the output); the three forms agree on the subset too.
+// key kept has (perturbing it changes the output); the three forms agree on the subset too; the dense mass inside
+// a selection adds up over complementary ones.
 TEST(Reference, MlaAttentionOverAKeySelection) {
   const ModelConfig m = test::model("tiny");
   const uint64_t seed = test::fresh_seed();
@@ -157,6 +158,18 @@ TEST(Reference, MlaAttentionOverAKeySelection) {
   EXPECT_NE(perturbed(0, 8), sparse);       // selected
   std::vector<std::vector<int64_t>> bad = {{0, N}, {0}};
   EXPECT_THROW(ref::mla_attention(m, p, in, ref::MlaForm::absorbed_split, &bad), std::invalid_argument);
+  // mass_recall: dense attention's mass inside the selection; every key keeps it all, a split into two halves shares it.
+  double mass_all = 0, mass_even = 0, mass_odd = 0;
+  ref::mla_attention(m, p, in, ref::MlaForm::absorbed_split, &all, &mass_all);
+  std::vector<std::vector<int64_t>> even(2), odd(2);
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t j = 0; j < N; ++j) (j % 2 ? odd : even)[size_t(b)].push_back(j);
+  ref::mla_attention(m, p, in, ref::MlaForm::absorbed_split, &even, &mass_even);
+  ref::mla_attention(m, p, in, ref::MlaForm::absorbed_split, &odd, &mass_odd);
+  EXPECT_NEAR(mass_all, 1.0, 1e-12);
+  EXPECT_NEAR(mass_even + mass_odd, 1.0, 1e-12);
+  EXPECT_GT(mass_even, 0.05);
+  EXPECT_GT(mass_odd, 0.05);
 }
 
 TEST(Reference, GeneratorIsDeterministicPerSeedAndName) {

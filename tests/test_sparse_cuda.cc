@@ -435,10 +435,14 @@ TEST_P(GpuSparseDecode, DecodeMatchesTheReferenceOverItsPages) {
     ASSERT_TRUE(extra.count("rel_err_vs_dense"));
     const bool dense = c.budget >= c.kv_len + c.q_len;
     if (dense) EXPECT_LE(extra.at("rel_err_vs_dense"), 1e-2);
+    ASSERT_TRUE(extra.count("mass_recall"));
+    EXPECT_GT(extra.at("mass_recall"), 0.0);
+    EXPECT_LE(extra.at("mass_recall"), 1.0 + 1e-12);
+    if (dense) EXPECT_NEAR(extra.at("mass_recall"), 1.0, 1e-12);
     EXPECT_LE(extra.at("attended_keys"), double(std::min(c.budget + 64, c.kv_len + c.q_len)));  // (a partial last page)
-    std::printf("%s %-17s batch %lld q_len %lld kv_len %5lld budget %4lld: rel_err %.3e, vs dense %.3e, keys %.0f\n", GetParam(), c.model,
+    std::printf("%s %-17s batch %lld q_len %lld kv_len %5lld budget %4lld: rel_err %.3e, vs dense %.3e, mass %.3f, keys %.0f\n", GetParam(), c.model,
                 static_cast<long long>(c.batch), static_cast<long long>(c.q_len), static_cast<long long>(c.kv_len),
-                static_cast<long long>(c.budget), r.rel_err, extra.at("rel_err_vs_dense"), extra.at("attended_keys"));
+                static_cast<long long>(c.budget), r.rel_err, extra.at("rel_err_vs_dense"), extra.at("mass_recall"), extra.at("attended_keys"));
   }
   // An int8 cache is refused (the summaries read bf16 pages)
   Point bad;

@@ -192,7 +192,7 @@ void apply_rope(const ModelConfig& m, int64_t position, double* x) {
 }
 
 std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, const MlaInputs& in, MlaForm form,
-                                  const std::vector<std::vector<int64_t>>* keys) {
+                                  const std::vector<std::vector<int64_t>>* keys, double* mass_recall) {
   const int64_t hid = m.hidden_size, nh = p.heads, nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim;
   const int64_t qhd = nope + rope, vd = m.v_head_dim, r = m.kv_lora_rank;
   const int64_t B = in.batch, S = in.q_len, L = in.kv_len, T = B * S, N = L + S;
@@ -242,6 +242,8 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
   auto w_uv = [&](int64_t h, int64_t d, int64_t i) { return double(to_float(p.kv_b_proj[size_t((h * (nope + vd) + nope + d) * r + i)])); };
 
   std::vector<double> attn(static_cast<size_t>(T * nh * vd));
+  // Dense attention's softmax mass inside the selection, per (request, new token, head); their mean is mass_recall.
+  std::vector<double> inside(static_cast<size_t>(B * S * nh), 1.0);
   for (int64_t b = 0; b < B; ++b) {
     std::vector<std::vector<double>> c(static_cast<size_t>(N)), kpe(static_cast<size_t>(N));
     for (int64_t j = 0; j < N; ++j) {
@@ -278,7 +280,7 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
           for (int64_t d = 0; d < nope; ++d)
             for (int64_t i = 0; i < r; ++i) q_abs[size_t(i)] += qh[d] * w_uk(h, d, i);
         }
-        std::vector<double> score(static_cast<size_t>(visible));
+        std::vector<double> score(static_cast<size_t>(visible)), unmasked(keys && mass_recall ? size_t(visible) : 0);
         for (int64_t j = 0; j < visible; ++j) {
           double sc = 0;
           if (form == MlaForm::decompressed) {
@@ -294,6 +296,16 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
             sc = s_pe + s_nope;
           }
           score[size_t(j)] = attended[size_t(j)] ? sc * scale : -INFINITY;  // (a masked key: no weight)
+          if (keys && mass_recall) unmasked[size_t(j)] = sc * scale;
+        }
+        if (keys && mass_recall) {
+          const double top = *std::max_element(unmasked.begin(), unmasked.begin() + visible);
+          double all = 0, kept = 0;
+          for (int64_t j = 0; j < visible; ++j) {
+            const double e = std::exp(unmasked[size_t(j)] - top);
+            all += e, kept += attended[size_t(j)] ? e : 0.0;
+          }
+          inside[size_t(t * nh + h)] = kept / all;
         }
         const double mx = *std::max_element(score.begin(), score.end());
         double sum = 0;
@@ -319,6 +331,7 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
       }
     }
   }
+  if (mass_recall) *mass_recall = std::accumulate(inside.begin(), inside.end(), 0.0) / double(inside.size());
   std::vector<double> y(static_cast<size_t>(T * hid));
   for (int64_t t = 0; t < T; ++t) matvec(p.o_proj.data(), hid, nh * vd, &attn[size_t(t * nh * vd)], &y[size_t(t * hid)]);
   return y;

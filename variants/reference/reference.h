@@ -88,9 +88,10 @@ enum class MlaForm { decompressed, absorbed_concat, absorbed_split };
 
 // Output [batch*q_len][hidden] (after o_proj). keys (sparse attention: the selection a retrieval method made), when
 // given: per request, the key indices (0 .. kv_len + q_len - 1, the new tokens last) that request attends to; the
-// others are masked out of every new token's softmax (causality still applies).
+// others are masked out of every new token's softmax (causality still applies). mass_recall, when given with keys: the
+// mean over requests, new tokens and heads of dense attention's softmax mass inside the selection.
 std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, const MlaInputs& in, MlaForm form,
-                                  const std::vector<std::vector<int64_t>>* keys = nullptr);
+                                  const std::vector<std::vector<int64_t>>* keys = nullptr, double* mass_recall = nullptr);
 
 // ---- feed-forward ----
 

@@ -308,7 +308,7 @@ std::vector<bf16> host_latent(const ModelConfig& m, uint64_t ckv, uint64_t kpe, 
   return out;
 }
 
-std::vector<double> GpuProblem::reference_over(int64_t request, const std::vector<int64_t>* keys) const {
+std::vector<double> GpuProblem::reference_over(int64_t request, const std::vector<int64_t>* keys, double* mass_recall) const {
   // Requests are independent: the reference of one is a batch-1 step over its own cache.
   const int64_t S = shape.q_len, hid = model.hidden_size, r = model.kv_lora_rank, rope = model.qk_rope_head_dim;
   ref::MlaInputs in;
@@ -325,7 +325,7 @@ std::vector<double> GpuProblem::reference_over(int64_t request, const std::vecto
   }
   if (!keys) return ref::mla_attention(model, params, in, ref::MlaForm::absorbed_split);
   const std::vector<std::vector<int64_t>> selection{*keys};
-  return ref::mla_attention(model, params, in, ref::MlaForm::absorbed_split, &selection);
+  return ref::mla_attention(model, params, in, ref::MlaForm::absorbed_split, &selection, mass_recall);
 }
 
 const std::vector<double>& GpuProblem::reference(int64_t request) const {
@@ -738,13 +738,16 @@ Verification GpuVariant::verify() {
   // A sparse op against the reference over the keys it chose (what it computes), and against dense attention (what
   // the choice lost: rel_err_vs_dense, a counter).
   const std::vector<std::vector<int64_t>> chosen = op_->attended_key_indices();
+  double mass = 0;
   for (int64_t b : p_->verified_requests) {
     const auto& r = p_->reference(b);
     out.insert(out.end(), host_out_.begin() + b * rows, host_out_.begin() + (b + 1) * rows);
     dense.insert(dense.end(), r.begin(), r.end());
     if (op_->sparse()) {
-      const auto sparse_ref = p_->reference_over(b, &chosen.at(size_t(b)));
+      double inside = 0;
+      const auto sparse_ref = p_->reference_over(b, &chosen.at(size_t(b)), &inside);
       ref.insert(ref.end(), sparse_ref.begin(), sparse_ref.end());
+      mass += inside / double(p_->verified_requests.size());
     }
   }
   if (op_->sparse()) {
@@ -752,6 +755,7 @@ Verification GpuVariant::verify() {
     double kept = 0;
     for (const auto& k : chosen) kept += double(k.size());
     attended_keys_mean_ = kept / double(std::max<size_t>(1, chosen.size()));
+    mass_recall_ = mass;
   } else {
     ref = std::move(dense);
   }
@@ -803,7 +807,7 @@ std::map<std::string, double> GpuVariant::counters() {
 
 std::map<std::string, double> GpuVariant::verification_counters() const {
   if (!op_->sparse() || attended_keys_mean_ == 0) return {};
-  return {{"rel_err_vs_dense", rel_err_vs_dense_}, {"attended_keys", attended_keys_mean_}};
+  return {{"rel_err_vs_dense", rel_err_vs_dense_}, {"attended_keys", attended_keys_mean_}, {"mass_recall", mass_recall_}};
 }
 
 std::vector<DumpTensor> GpuVariant::tensors() const {

@@ -331,7 +331,8 @@ struct GpuProblem {
   std::vector<int64_t> verified_requests;
   const std::vector<double>& reference(int64_t request) const;
   // The reference of one request over only these key indices (0 .. its keys - 1, new tokens last), or all (null).
-  std::vector<double> reference_over(int64_t request, const std::vector<int64_t>* keys) const;
+  // mass_recall (with keys): dense attention's softmax mass inside them, the mean over new tokens and heads.
+  std::vector<double> reference_over(int64_t request, const std::vector<int64_t>* keys, double* mass_recall = nullptr) const;
 
  private:
   mutable std::vector<std::vector<double>> reference_;
@@ -407,7 +408,7 @@ class GpuVariant : public Variant {
   Verification verify() override;
   std::vector<DumpTensor> tensors() const override;
   std::map<std::string, double> counters() override;
-  std::map<std::string, double> verification_counters() const override;  // a sparse op's: rel_err_vs_dense, attended_keys
+  std::map<std::string, double> verification_counters() const override;  // a sparse op's: rel_err_vs_dense, attended_keys, mass_recall
 
  private:
   void capture_graph();
@@ -420,7 +421,7 @@ class GpuVariant : public Variant {
   std::vector<float> host_out_;
   MlaSchedule schedule_;
   cudaGraphExec_t graph_exec_ = nullptr;
-  double rel_err_vs_dense_ = 0, attended_keys_mean_ = 0;  // a sparse op's, from its last verification
+  double rel_err_vs_dense_ = 0, attended_keys_mean_ = 0, mass_recall_ = 0;  // a sparse op's, from its last verification
 };
 
 }  // namespace dslab::mla::cuda
