@@ -44,6 +44,7 @@ for tool in memcheck racecheck; do
   DSLAB_SCRATCH_ARENA=off run "$tool" layer-tiny-hot --model tiny --variant layer/deepseek/cuda --axis layers=all --axis attn=mla/a_cc_me/cuda --axis batch=3 --axis kv_len=40 --axis page_size=16 --axis moe=moe/host/cuda --axis gpu_experts=hot:4 --axis cpu_threads=4 --axis executor=eager
   run "$tool" layer-v2-lite-hot --model deepseek-v2-lite --variant layer/deepseek/cuda --axis layers=2 --axis batch=4 --axis kv_len=150 --axis moe=moe/host/cuda --axis gpu_experts=hot:16 --axis cpu_threads=4 --axis executor=graph
   run "$tool" layer-v2-lite-fused --model deepseek-v2-lite --variant layer/deepseek/cuda --axis layers=1 --axis batch=2 --axis kv_len=150 --axis executor=eager
+  run "$tool" mla-cd-paged --model deepseek-v2-lite --variant mla/cd_paged/cuda --axis batch=3 --axis q_len=1,5 --axis kv_len=300 --axis page_size=16 --axis len_dist=mixed
   run "$tool" mla-flashinfer --model deepseek-v3 --variant mla/flashinfer/cuda --axis heads=16,128 --axis batch=3 --axis kv_len=300 --axis page_size=16 --axis len_dist=mixed
   run "$tool" sparse-quest --model deepseek-v2-lite --variant sparse/quest/cuda --axis batch=3 --axis kv_len=900 --axis len_dist=mixed --axis budget=256 --axis local=64 --axis executor=eager
   run "$tool" sparse-infllm --model deepseek-v2-lite --variant sparse/infllm/cuda --axis batch=3 --axis kv_len=900 --axis len_dist=mixed --axis budget=256 --axis local=64 --axis executor=eager

@@ -121,7 +121,7 @@ TEST(GpuLayer, EveryAttentionAndMoeOpMatchesReferenceStack) {
   REQUIRE_LAYER();
   const uint64_t seed = test::fresh_seed();
   std::vector<LayerCase> cases;
-  for (const char* attn : {"mla/fused/cuda", "mla/a_cc_me/cuda", "mla/a_cc/cuda", "mla/cc/cuda", "mla/cd/cuda"})
+  for (const char* attn : {"mla/fused/cuda", "mla/a_cc_me/cuda", "mla/a_cc/cuda", "mla/cc/cuda", "mla/cd/cuda", "mla/cd_paged/cuda"})
     for (const char* moe : {"moe/grouped/cuda", "moe/loop/cuda"}) cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, attn, moe, "eager"});
   cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph"});
   cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph", "cublas"});  // cuBLAS projections

@@ -155,7 +155,7 @@ TEST(GpuMlaFused, RepeatedStepsGiveIdenticalOutputs) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuMla,
-                         ::testing::Values("mla/cd/cuda", "mla/cc/cuda", "mla/a_cc/cuda", "mla/a_cc_me/cuda", "mla/fused/cuda",
+                         ::testing::Values("mla/cd/cuda", "mla/cd_paged/cuda", "mla/cc/cuda", "mla/a_cc/cuda", "mla/a_cc_me/cuda", "mla/fused/cuda",
                                            "mla/flashinfer/cuda"),
                          [](const auto& info) {
                            std::string n = info.param;

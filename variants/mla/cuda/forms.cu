@@ -71,6 +71,126 @@ __global__ void gather_decompressed_kernel(CacheView pages, const int32_t* lengt
 
 unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256, 132 * 32)); }
 
+// cd's attention read straight from its K/V pages (no gather): flash-decoding per (request, head, split of the
+// keys, block of up to kCdQueries new tokens). Each warp walks keys kCdUnroll at a time (their loads issued together,
+// so enough bytes are in flight), a key's score by lanes over bf16 pairs and a shuffle sum, an online softmax per
+// query; the warps' states merge in shared memory into the split's normalised output and log-sum-exp, which
+// cd_merge_kernel combines across splits.
+constexpr int kCdWarps = 4, kCdQueries = 4, kCdUnroll = 4, kCdMaxQPairs = 4, kCdMaxVPairs = 2;  // qhd <= 256, vd <= 128
+__global__ void __launch_bounds__(kCdWarps * 32) cd_decode_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_pool,
+                                                                  const __nv_bfloat16* __restrict__ v_pool, CacheView pages,
+                                                                  const int32_t* __restrict__ lengths, int heads, int qhd, int vd, int q_len,
+                                                                  float scale, int chunk, int splits, float* __restrict__ o_part,
+                                                                  float* __restrict__ lse_part) {
+  __shared__ float state_m[kCdWarps][kCdQueries], state_l[kCdWarps][kCdQueries];
+  __shared__ float state_o[kCdWarps][kCdQueries][2 * 32 * kCdMaxVPairs];
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int split = int(blockIdx.x), h = int(blockIdx.y) % heads, b = int(blockIdx.y) / heads, q0 = int(blockIdx.z) * kCdQueries;
+  const int nq = min(kCdQueries, q_len - q0), L = lengths[b];
+  const int first = split * chunk, last = min(L + q0 + nq, first + chunk);  // (keys the block's last query sees)
+  const int q_pairs = qhd / 2, v_pairs = vd / 2;
+  // This lane's query pairs, as floats.
+  float2 qv[kCdQueries][kCdMaxQPairs];
+#pragma unroll
+  for (int i = 0; i < kCdQueries; ++i)
+#pragma unroll
+    for (int j = 0; j < kCdMaxQPairs; ++j) {
+      const int pair = lane + 32 * j;
+      qv[i][j] = i < nq && pair < q_pairs
+                     ? __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(q + ((int64_t(b) * q_len + q0 + i) * heads + h) * qhd)[pair])
+                     : make_float2(0.0f, 0.0f);
+    }
+  float m[kCdQueries], l[kCdQueries];
+  float2 acc[kCdQueries][kCdMaxVPairs];
+#pragma unroll
+  for (int i = 0; i < kCdQueries; ++i) {
+    m[i] = -INFINITY, l[i] = 0;
+#pragma unroll
+    for (int j = 0; j < kCdMaxVPairs; ++j) acc[i][j] = make_float2(0.0f, 0.0f);
+  }
+  for (int base = first + warp * kCdUnroll; base < last; base += kCdWarps * kCdUnroll) {
+    __nv_bfloat162 kr[kCdUnroll][kCdMaxQPairs], vr[kCdUnroll][kCdMaxVPairs];
+#pragma unroll
+    for (int u = 0; u < kCdUnroll; ++u) {  // every load of the group first
+      const int key = base + u;
+      const int64_t slot = key < last ? pages.slot(b, key) : 0;
+      const auto* krow = reinterpret_cast<const __nv_bfloat162*>(k_pool + (slot * heads + h) * qhd);
+      const auto* vrow = reinterpret_cast<const __nv_bfloat162*>(v_pool + (slot * heads + h) * vd);
+#pragma unroll
+      for (int j = 0; j < kCdMaxQPairs; ++j) kr[u][j] = key < last && lane + 32 * j < q_pairs ? krow[lane + 32 * j] : __float2bfloat162_rn(0.0f);
+#pragma unroll
+      for (int j = 0; j < kCdMaxVPairs; ++j) vr[u][j] = key < last && lane + 32 * j < v_pairs ? vrow[lane + 32 * j] : __float2bfloat162_rn(0.0f);
+    }
+#pragma unroll
+    for (int u = 0; u < kCdUnroll; ++u) {
+      const int key = base + u;
+      if (key >= last) break;  // (uniform over the warp)
+#pragma unroll
+      for (int i = 0; i < kCdQueries; ++i) {
+        if (i >= nq) break;
+        float dot = 0;
+#pragma unroll
+        for (int j = 0; j < kCdMaxQPairs; ++j) {
+          const float2 kf = __bfloat1622float2(kr[u][j]);
+          dot += qv[i][j].x * kf.x + qv[i][j].y * kf.y;
+        }
+        for (int o = 16; o; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        if (key > L + q0 + i) continue;  // causal: query i sees keys up to its own position
+        const float s = dot * scale, m_new = fmaxf(m[i], s), alpha = __expf(m[i] - m_new), p = __expf(s - m_new);
+        l[i] = l[i] * alpha + p, m[i] = m_new;
+#pragma unroll
+        for (int j = 0; j < kCdMaxVPairs; ++j) {
+          const float2 vf = __bfloat1622float2(vr[u][j]);
+          acc[i][j].x = acc[i][j].x * alpha + p * vf.x, acc[i][j].y = acc[i][j].y * alpha + p * vf.y;
+        }
+      }
+    }
+  }
+  // The warps' states merged: each query's max, sum and weighted values over the split's keys.
+#pragma unroll
+  for (int i = 0; i < kCdQueries; ++i) {
+    if (lane == 0) state_m[warp][i] = m[i], state_l[warp][i] = l[i];
+#pragma unroll
+    for (int j = 0; j < kCdMaxVPairs; ++j) {
+      state_o[warp][i][2 * (lane + 32 * j)] = acc[i][j].x;
+      state_o[warp][i][2 * (lane + 32 * j) + 1] = acc[i][j].y;
+    }
+  }
+  __syncthreads();
+  for (int e = int(threadIdx.x); e < nq * vd; e += kCdWarps * 32) {
+    const int i = e / vd, d = e % vd;
+    float top = -INFINITY;
+    for (int w = 0; w < kCdWarps; ++w) top = fmaxf(top, state_m[w][i]);
+    float sum = 0, out = 0;
+    if (top > -INFINITY)
+      for (int w = 0; w < kCdWarps; ++w) {
+        const float f = __expf(state_m[w][i] - top);
+        sum += state_l[w][i] * f, out += state_o[w][i][d] * f;
+      }
+    const int64_t row = (int64_t(b) * q_len + q0 + i) * heads + h;  // (token, head)
+    o_part[(row * splits + split) * vd + d] = sum > 0 ? out / sum : 0.0f;
+    if (d == 0) lse_part[row * splits + split] = sum > 0 ? top + __logf(sum) : -INFINITY;
+  }
+}
+
+// The splits of each (token, head) combined by their log-sum-exps into the attention output [tokens][heads][vd].
+__global__ void cd_merge_kernel(const float* __restrict__ o_part, const float* __restrict__ lse_part, int splits, int vd,
+                                __nv_bfloat16* __restrict__ attn) {
+  const int64_t row = blockIdx.x;
+  float top = -INFINITY;
+  for (int s = 0; s < splits; ++s) top = fmaxf(top, lse_part[row * splits + s]);
+  for (int d = int(threadIdx.x); d < vd; d += int(blockDim.x)) {
+    float sum = 0, out = 0;
+    for (int s = 0; s < splits; ++s) {
+      const float lse = lse_part[row * splits + s];
+      if (lse == -INFINITY) continue;
+      const float w = __expf(lse - top);
+      sum += w, out += w * o_part[(row * splits + s) * vd + d];
+    }
+    attn[row * vd + d] = __float2bfloat16(out / sum);
+  }
+}
+
 // cd and cc: multi-head attention over contiguous per-request K [keys][heads][qhd] and V (token stride v_ld,
 // head stride v_head), cuBLAS batched over (request, head) through pointer arrays built once.
 class MhaForm : public MlaOp {
@@ -120,12 +240,13 @@ class MhaForm : public MlaOp {
   int64_t v_ld_ = 0;
 };
 
-class CdCuda final : public MhaForm {
+// cd's K/V pages: every cached token decompressed once at prepare; each step's tokens decompressed into them.
+class CdForm : public MhaForm {
  public:
-  CdCuda() : MhaForm(Algo::cd, false) {}
+  using MhaForm::MhaForm;
 
  protected:
-  void prepare_form() override {
+  void prepare_pages() {
     const int64_t B = s_.batch, N = keys_, T = s_.tokens(), dec = nh_ * (nope_ + vd_);
     const int64_t slots = int64_t((*b_.cache).values.size() / (*b_.cache).element_bytes()) / width_;
     k_pool_.resize(size_t(slots * nh_ * qhd_));
@@ -144,6 +265,27 @@ class CdCuda final : public MhaForm {
     }
     kv_new_.scratch(arena_, size_t(T * width_));
     new_decompressed_.scratch(arena_, size_t(T * dec));
+  }
+  void store_step() {  // this step's tokens decompressed into the K/V pages
+    const int64_t T = s_.tokens(), dec = nh_ * (nope_ + vd_);
+    gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, T, r_, w_->kv_b.get(), r_, 0, kv_new_.get(), width_, 0, new_decompressed_.get(),
+         CUDA_R_16BF, dec, 0, 1);
+    store_decompressed_kernel<<<grid_for(T * nh_ * (qhd_ + vd_)), 256, 0, stream_>>>(new_decompressed_.get(), kv_new_.get(), width_, T, s_.q_len,
+                                                                          true, cache_view((*b_.cache)), b_.lengths, nh_,
+                                                                          nope_, vd_, rope_, r_, k_pool_.get(), v_pool_.get());
+    DSLAB_CHECK_LAUNCH();
+  }
+  DeviceArray<__nv_bfloat16> k_pool_, v_pool_, new_decompressed_;
+};
+
+class CdCuda final : public CdForm {
+ public:
+  CdCuda() : CdForm(Algo::cd, false) {}
+
+ protected:
+  void prepare_form() override {
+    const int64_t B = s_.batch, N = keys_;
+    prepare_pages();
     k_.resize(size_t(B * N * nh_ * qhd_));
     v_.resize(size_t(B * N * nh_ * vd_));
     k_.zero();
@@ -151,15 +293,9 @@ class CdCuda final : public MhaForm {
     prepare_mha(k_.get(), v_.get(), nh_ * vd_, vd_, N * nh_ * vd_);
   }
   void attend() override {
-    const int64_t B = s_.batch, T = s_.tokens(), dec = nh_ * (nope_ + vd_);
-    // This step's tokens decompressed into the K/V pages, then every request's pages gathered for cuBLAS.
-    gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, T, r_, w_->kv_b.get(), r_, 0, kv_new_.get(), width_, 0, new_decompressed_.get(),
-         CUDA_R_16BF, dec, 0, 1);
-    store_decompressed_kernel<<<grid_for(T * nh_ * (qhd_ + vd_)), 256, 0, stream_>>>(new_decompressed_.get(), kv_new_.get(), width_, T, s_.q_len,
-                                                                          true, cache_view((*b_.cache)), b_.lengths, nh_,
-                                                                          nope_, vd_, rope_, r_, k_pool_.get(), v_pool_.get());
-    DSLAB_CHECK_LAUNCH();
-    gather_decompressed_kernel<<<dim3(unsigned(std::min<int64_t>(keys_, 4096)), unsigned(B)), 128, 0, stream_>>>(
+    // Every request's pages gathered for cuBLAS.
+    store_step();
+    gather_decompressed_kernel<<<dim3(unsigned(std::min<int64_t>(keys_, 4096)), unsigned(s_.batch)), 128, 0, stream_>>>(
         cache_view((*b_.cache)), b_.lengths, s_.q_len, keys_, nh_ * qhd_ / 8, nh_ * vd_ / 8,
         reinterpret_cast<const uint4*>(k_pool_.get()), reinterpret_cast<const uint4*>(v_pool_.get()),
         reinterpret_cast<uint4*>(k_.get()), reinterpret_cast<uint4*>(v_.get()));
@@ -168,7 +304,48 @@ class CdCuda final : public MhaForm {
   }
 
  private:
-  DeviceArray<__nv_bfloat16> k_pool_, v_pool_, new_decompressed_, k_, v_;
+  DeviceArray<__nv_bfloat16> k_, v_;
+};
+
+// cd without the gather: its own flash-decoding kernel reads each key's K and V once, from the pages.
+class CdPagedCuda final : public CdForm {
+ public:
+  CdPagedCuda() : CdForm(Algo::cd, false) {}
+
+ protected:
+  std::string form_unsupported(const ModelConfig& m, const Shape&) const override {
+    if (m.q_head_dim() % 2 || m.v_head_dim % 2 || m.q_head_dim() > 64 * kCdMaxQPairs || m.v_head_dim > 64 * kCdMaxVPairs)
+      return "mla/cd_paged/cuda: head dims even, q_head_dim <= " + std::to_string(64 * kCdMaxQPairs) + " and v_head_dim <= " +
+             std::to_string(64 * kCdMaxVPairs);
+    return "";
+  }
+  void prepare_form() override {
+    prepare_pages();
+    // Splits of each request's keys: about four CTAs per SM over the step's (request, head, query block) triples,
+    // at least 256 keys each; fixed here so one captured graph serves steps of any length up to keys_.
+    int device = 0, sms = 0;
+    DSLAB_CUDA(cudaGetDevice(&device));
+    DSLAB_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const int64_t blocks = s_.batch * nh_ * ((s_.q_len + kCdQueries - 1) / kCdQueries);
+    splits_ = int(std::clamp<int64_t>((4 * int64_t(sms) + blocks - 1) / blocks, 1, std::max<int64_t>(1, keys_ / 256)));
+    chunk_ = int((keys_ + splits_ - 1) / splits_);
+    o_part_.scratch(arena_, size_t(s_.tokens() * nh_ * splits_ * vd_));
+    lse_part_.scratch(arena_, size_t(s_.tokens() * nh_ * splits_));
+  }
+  void attend() override {
+    store_step();
+    const dim3 grid(unsigned(splits_), unsigned(s_.batch * nh_), unsigned((s_.q_len + kCdQueries - 1) / kCdQueries));
+    cd_decode_kernel<<<grid, kCdWarps * 32, 0, stream_>>>(q_.get(), k_pool_.get(), v_pool_.get(), cache_view(*b_.cache), b_.lengths, int(nh_),
+                                                         int(qhd_), int(vd_), int(s_.q_len), scale_, chunk_, splits_, o_part_.get(),
+                                                         lse_part_.get());
+    DSLAB_CHECK_LAUNCH();
+    cd_merge_kernel<<<unsigned(s_.tokens() * nh_), 128, 0, stream_>>>(o_part_.get(), lse_part_.get(), splits_, int(vd_), attn_.get());
+    DSLAB_CHECK_LAUNCH();
+  }
+
+ private:
+  int splits_ = 1, chunk_ = 0;
+  DeviceArray<float> o_part_, lse_part_;
 };
 
 class CcCuda final : public MhaForm {
@@ -294,6 +471,8 @@ class ACcMeCuda final : public MlaOp {
 
 DSLAB_REGISTER_MLA_OP(CdCuda, "mla/cd/cuda",
                        "CacheDecompressed on the GPU: paged K/V, gathered, cuBLAS batched MHA");
+DSLAB_REGISTER_MLA_OP(CdPagedCuda, "mla/cd_paged/cuda",
+                       "CacheDecompressed on the GPU, its K/V read once from the pages by a flash-decoding kernel of ours (no gather)");
 DSLAB_REGISTER_MLA_OP(CcCuda, "mla/cc/cuda",
                        "CacheCompressed on the GPU: the whole latent cache re-decompressed by cuBLAS every step");
 DSLAB_REGISTER_MLA_OP(ACcCuda, "mla/a_cc/cuda",
