@@ -87,7 +87,7 @@ __device__ inline uint32_t order_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-constexpr int kSelectThreads = 1024, kMaxPages = 65536, kMaxTokens = 1 << 22;
+constexpr int kSelectThreads = 1024, kSelectUnroll = 4, kMaxPages = 65536, kMaxTokens = 1 << 22;
 
 // The block's selection of one request's units (pages or tokens): every fixed unit, and the `need` best of the others
 // by key (ties to the lower unit, as the CPU's stable ranking); emit(unit, position) for each chosen one, positions
@@ -111,15 +111,25 @@ __device__ int select_in_order(int units, int need, Fixed fixed, Key key, Emit e
     for (int shift = 24; shift >= 0; shift -= 8) {
       if (tid < 256) histogram[tid] = 0;
       __syncthreads();
-      for (int base = warp * 32; base < units; base += kSelectThreads) {  // (bounds uniform over the warp)
-        const int u = base + lane;
-        uint32_t k = 0;
-        const bool counted = u < units && !fixed(u) && ((k = key(u)) & mask) == prefix;
-        // Lanes with the same byte add once together: scores crowd into few bins, and a bin's shared-memory atomics
-        // serialise (128K keys into one bin would take the pass hundreds of microseconds).
-        const uint32_t bin = counted ? (k >> shift) & 255u : 256u + uint32_t(lane);
-        const unsigned peers = __match_any_sync(0xffffffffu, bin);
-        if (counted && lane == __ffs(peers) - 1) atomicAdd(&histogram[bin], __popc(peers));
+      // kSelectUnroll steps of 32 units per warp at a time, their loads issued together (bounds uniform over the warp).
+      for (int base = warp * 32 * kSelectUnroll; base < units; base += kSelectThreads * kSelectUnroll) {
+        uint32_t k[kSelectUnroll];
+        bool counted[kSelectUnroll];
+#pragma unroll
+        for (int j = 0; j < kSelectUnroll; ++j) {
+          const int u = base + 32 * j + lane;
+          counted[j] = u < units && !fixed(u);
+          k[j] = counted[j] ? key(u) : 0u;
+        }
+#pragma unroll
+        for (int j = 0; j < kSelectUnroll; ++j) {
+          counted[j] = counted[j] && (k[j] & mask) == prefix;
+          // Lanes with the same byte add once together: scores crowd into few bins, and a bin's shared-memory atomics
+          // serialise (128K keys into one bin would take the pass hundreds of microseconds).
+          const uint32_t bin = counted[j] ? (k[j] >> shift) & 255u : 256u + uint32_t(lane);
+          const unsigned peers = __match_any_sync(0xffffffffu, bin);
+          if (counted[j] && lane == __ffs(peers) - 1) atomicAdd(&histogram[bin], __popc(peers));
+        }
       }
       __syncthreads();
       if (warp == 0) {  // lane l holds bins 8l..8l+7; counts from the top by a suffix sum over lanes
@@ -145,8 +155,10 @@ __device__ int select_in_order(int units, int need, Fixed fixed, Key key, Emit e
     }
     threshold = prefix;  // the need-th largest key
   }
-  // Warp w's segment [begin, end), walked 32 units a step (bounds uniform over the warp, for the ballots).
-  const int segment = ((units + kWarps - 1) / kWarps + 31) / 32 * 32;
+  // Warp w's segment [begin, end), walked 32 units a step (bounds uniform over the warp, for the ballots); whole groups
+  // of kSelectUnroll steps, so a step past `end` only ever holds invalid units.
+  constexpr int kGroup = 32 * kSelectUnroll;
+  const int segment = ((units + kWarps - 1) / kWarps + kGroup - 1) / kGroup * kGroup;
   const int begin = min(units, warp * segment), end = min(units, begin + segment);
   struct Unit {
     bool valid, fixed, above, equal;
@@ -162,11 +174,16 @@ __device__ int select_in_order(int units, int need, Fixed fixed, Key key, Emit e
     return x;
   };
   int above = 0, equal = 0, fixed_count = 0;
-  for (int base = begin; base < end; base += 32) {
-    const Unit x = look(base + lane);
-    above += __popc(__ballot_sync(0xffffffffu, x.above));
-    equal += __popc(__ballot_sync(0xffffffffu, x.equal));
-    fixed_count += __popc(__ballot_sync(0xffffffffu, x.fixed));
+  for (int base = begin; base < end; base += 32 * kSelectUnroll) {
+    Unit x[kSelectUnroll];
+#pragma unroll
+    for (int j = 0; j < kSelectUnroll; ++j) x[j] = look(base + 32 * j + lane);
+#pragma unroll
+    for (int j = 0; j < kSelectUnroll; ++j) {
+      above += __popc(__ballot_sync(0xffffffffu, x[j].above));
+      equal += __popc(__ballot_sync(0xffffffffu, x[j].equal));
+      fixed_count += __popc(__ballot_sync(0xffffffffu, x[j].fixed));
+    }
   }
   if (lane == 0) warp_above[warp] = above, warp_equal[warp] = equal, warp_fixed[warp] = fixed_count;
   __syncthreads();
@@ -191,14 +208,18 @@ __device__ int select_in_order(int units, int need, Fixed fixed, Key key, Emit e
   }
   __syncthreads();
   int eq = equal_before[warp], position = chosen_before[warp];
-  for (int base = begin; base < end; base += 32) {
-    const int u = base + lane;
-    const Unit x = look(u);
-    const unsigned equal_mask = __ballot_sync(0xffffffffu, x.equal);
-    const bool take = x.fixed || x.above || (x.equal && eq + __popc(equal_mask & lanes_below) < equal_taken);
-    const unsigned take_mask = __ballot_sync(0xffffffffu, take);
-    if (take) emit(u, position + __popc(take_mask & lanes_below));
-    position += __popc(take_mask), eq += __popc(equal_mask);
+  for (int base = begin; base < end; base += 32 * kSelectUnroll) {
+    Unit x[kSelectUnroll];
+#pragma unroll
+    for (int j = 0; j < kSelectUnroll; ++j) x[j] = look(base + 32 * j + lane);
+#pragma unroll
+    for (int j = 0; j < kSelectUnroll; ++j) {  // (in unit order: step j's 32 units after step j - 1's)
+      const unsigned equal_mask = __ballot_sync(0xffffffffu, x[j].equal);
+      const bool take = x[j].fixed || x[j].above || (x[j].equal && eq + __popc(equal_mask & lanes_below) < equal_taken);
+      const unsigned take_mask = __ballot_sync(0xffffffffu, take);
+      if (take) emit(base + 32 * j + lane, position + __popc(take_mask & lanes_below));
+      position += __popc(take_mask), eq += __popc(equal_mask);
+    }
   }
   return chosen_total;
 }
