@@ -381,6 +381,49 @@ TEST(GpuSparse, OracleMassMatchesTheCpuReference) {
   }
 }
 
+// The token top-k at every size it meets (one CTA up to 16K keys and past 160K, a cluster of eight between), on
+// scores with many ties and mixed lengths: the keys, their slots and their count as select_tokens makes them.
+TEST(GpuSparse, TokenSelectionMatchesTheCpuAtEverySize) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  const uint64_t seed = test::fresh_seed();
+  std::mt19937_64 gen(seed);
+  const int64_t P = 64;
+  sparse::Budget budget;
+  budget.tokens = 2048 + 260, budget.block = 1, budget.n_init = 4, budget.local = 256;
+  for (const int64_t most : {3000, 40000, 131072 + 64, 200000}) {
+    SCOPED_TRACE(std::to_string(most) + " keys at most");
+    const std::vector<int64_t> keys = {most, most / 2 + 7, 1000};
+    const int64_t batch = int64_t(keys.size()), ppr = (most + P - 1) / P, per_request = ppr * P, max_tokens = budget.tokens + 1;
+    std::vector<int32_t> table(size_t(batch * ppr));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), gen);
+    std::vector<float> scores(size_t(batch * per_request), 0.0f);
+    std::uniform_int_distribution<int> level(0, 4000);  // (about 50 keys per value at 200K: ties at the threshold)
+    for (float& x : scores) x = float(level(gen) - 1000) * 0.25f;
+    std::vector<int32_t> key_counts(keys.begin(), keys.end());
+    const Device<float> d_scores(scores);
+    const Device<int32_t> d_table(table), d_keys(key_counts);
+    const Device<int32_t> d_slots{size_t(batch * max_tokens)}, d_logical{size_t(batch * max_tokens)}, d_length{size_t(batch)}, d_before{size_t(batch)};
+    sparse::cuda::compact_tokens(d_scores.p, per_request, d_table.p, ppr, d_keys.p, P, budget, batch, max_tokens, 1, d_slots.p, d_logical.p,
+                                 d_length.p, d_before.p, 0);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto slots = d_slots.host(size_t(batch * max_tokens)), logical = d_logical.host(size_t(batch * max_tokens));
+    const auto length = d_length.host(size_t(batch)), before = d_before.host(size_t(batch));
+    for (int64_t r = 0; r < batch; ++r) {
+      SCOPED_TRACE("request " + std::to_string(r));
+      const int64_t n = keys[size_t(r)];
+      const std::vector<double> mine(scores.begin() + r * per_request, scores.begin() + r * per_request + n);
+      const std::vector<int64_t> cpu = sparse::select_tokens(n, budget, mine);
+      ASSERT_EQ(length[size_t(r)], int32_t(cpu.size()));
+      EXPECT_EQ(before[size_t(r)], int32_t(cpu.size()) - 1);
+      for (size_t i = 0; i < cpu.size(); ++i) {
+        ASSERT_EQ(logical[size_t(r * max_tokens) + i], cpu[i]) << i;
+        ASSERT_EQ(slots[size_t(r * max_tokens) + i], table[size_t(r * ppr + cpu[i] / P)] * P + cpu[i] % P) << i;
+      }
+    }
+  }
+}
+
 // sparse/{quest,infllm,dsa,oracle}/cuda, the whole step (selection + mla/fused/cuda's kernel over the chosen pages or keys,
 // from one captured graph): against the fp64 reference over exactly the keys it chose, at V2-Lite's 16 heads and
 // V3's 128, decode and two new tokens (not DSA's or the oracle's: one query per request), requests of mixed lengths; a budget

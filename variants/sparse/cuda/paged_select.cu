@@ -1,5 +1,8 @@
 // The selection half of the GPU's block-sparse decode (paged_select.h): a block per listed page for its bounds, the
 // page scores as a cuBLAS GEMM between two small kernels, a block per request for its selection.
+#include <cooperative_groups.h>
+#include <cub/block/block_scan.cuh>
+
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -280,6 +283,132 @@ __global__ void __launch_bounds__(kSelectThreads) compact_tokens_kernel(SelectAr
   }
 }
 
+// Tokens of one request, 8 CTAs of a thread-block cluster (one CTA walking 128K scores is a batch-1 step's slowest
+// kernel): each thread keeps a contiguous run of up to kClusterKeysPerThread keys in registers, so the scores are read
+// once; the byte histograms add into CTA 0's shared memory (distributed shared memory) and CTA 0 picks each byte; the
+// CTAs' counts meet there too, for each CTA's offsets. Same selection as compact_tokens_kernel.
+constexpr int kClusterCtas = 8, kClusterKeysPerThread = 20, kClusterMinKeys = 16384;
+constexpr int64_t kClusterMaxKeys = int64_t(kClusterCtas) * kSelectThreads * kClusterKeysPerThread;
+__global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectThreads)
+    compact_tokens_cluster_kernel(SelectArgs a, int64_t scores_per_request) {
+  namespace cg = cooperative_groups;
+  using Scan = cub::BlockScan<int, kSelectThreads>;
+  __shared__ typename Scan::TempStorage temp;
+  __shared__ int histogram[256], local[256];  // CTA 0's histogram is the cluster's
+  __shared__ uint32_t chosen_digit;
+  __shared__ int chosen_above, cta_above[kClusterCtas], cta_equal[kClusterCtas], cta_chosen[kClusterCtas];
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank()), r = int(blockIdx.y), tid = int(threadIdx.x), lane = tid % 32;
+  const int keys = a.keys[r], P = a.page_size;
+  const int sinks = min(a.n_init, keys), window_first = max(0, keys - a.local);
+  const int fixed_count = min(sinks, window_first) + (keys - window_first);
+  const int need = max(0, min(keys, a.tokens) - fixed_count);
+  const float* score = a.scores + int64_t(r) * scores_per_request;
+  const int32_t* table = a.page_table + int64_t(r) * a.pages_per_request;
+  const int per_cta = (keys + kClusterCtas - 1) / kClusterCtas, per_thread = (per_cta + kSelectThreads - 1) / kSelectThreads;
+  const int first = min(keys, rank * per_cta + tid * per_thread), last = min(min(keys, (rank + 1) * per_cta), first + per_thread);
+  uint32_t key[kClusterKeysPerThread];
+  uint32_t fixed_bits = 0, candidate_bits = 0;
+#pragma unroll
+  for (int i = 0; i < kClusterKeysPerThread; ++i) {
+    const int u = first + i;
+    key[i] = 0;
+    if (u < last) {
+      if (u < sinks || u >= window_first) fixed_bits |= 1u << i;
+      else key[i] = order_key(score[u]), candidate_bits |= 1u << i;
+    }
+  }
+  int* cluster_histogram = cluster.map_shared_rank(histogram, 0);
+  uint32_t threshold = 0xffffffffu;
+  if (need > 0) {
+    uint32_t prefix = 0, mask = 0;
+    int remaining = need;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      if (tid < 256) local[tid] = 0;
+      if (rank == 0 && tid < 256) histogram[tid] = 0;
+      cluster.sync();  // (CTA 0's zeroed histogram, and every CTA done reading the last answer)
+#pragma unroll
+      for (int i = 0; i < kClusterKeysPerThread; ++i) {
+        const bool counted = (candidate_bits >> i & 1u) && (key[i] & mask) == prefix;
+        const uint32_t bin = counted ? (key[i] >> shift) & 255u : 256u + uint32_t(lane);
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);
+        if (counted && lane == __ffs(peers) - 1) atomicAdd(&local[bin], __popc(peers));
+      }
+      __syncthreads();
+      if (tid < 256 && local[tid]) atomicAdd(&cluster_histogram[tid], local[tid]);
+      cluster.sync();
+      if (rank == 0 && tid < 32) {  // lane l holds bins 8l..8l+7; counts from the top by a suffix sum over lanes
+        int bins[8], sum = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) bins[i] = histogram[lane * 8 + i], sum += bins[i];
+        int suffix = sum;
+        for (int o = 1; o < 32; o <<= 1) {
+          const int v = __shfl_down_sync(0xffffffffu, suffix, o);
+          if (lane + o < 32) suffix += v;
+        }
+        int above = suffix - sum;
+#pragma unroll
+        for (int i = 7; i >= 0; --i) {
+          if (above < remaining && above + bins[i] >= remaining) chosen_digit = uint32_t(lane * 8 + i), chosen_above = above;
+          above += bins[i];
+        }
+      }
+      cluster.sync();
+      prefix |= *cluster.map_shared_rank(&chosen_digit, 0) << shift, mask |= 255u << shift;
+      remaining -= *cluster.map_shared_rank(&chosen_above, 0);
+    }
+    threshold = prefix;
+  }
+  // This thread's fixed units, keys above the threshold and keys equal to it; the CTA's, then the cluster's.
+  int fixed_here = __popc(fixed_bits), above = 0, equal = 0;
+#pragma unroll
+  for (int i = 0; i < kClusterKeysPerThread; ++i)
+    if ((candidate_bits >> i & 1u) && need > 0) above += key[i] > threshold, equal += key[i] == threshold;
+  int above_cta = 0, equal_before = 0, equal_cta = 0, unused = 0;
+  Scan(temp).ExclusiveSum(above, unused, above_cta);
+  __syncthreads();
+  Scan(temp).ExclusiveSum(equal, equal_before, equal_cta);
+  __syncthreads();
+  if (tid == 0) cluster.map_shared_rank(cta_above, 0)[rank] = above_cta, cluster.map_shared_rank(cta_equal, 0)[rank] = equal_cta;
+  cluster.sync();
+  int above_total = 0, equal_before_cta = 0;
+  for (int c = 0; c < kClusterCtas; ++c) {
+    above_total += cluster.map_shared_rank(cta_above, 0)[c];
+    if (c < rank) equal_before_cta += cluster.map_shared_rank(cta_equal, 0)[c];
+  }
+  const int equal_taken = need - above_total;  // the lowest-indexed equal ones
+  equal_before += equal_before_cta;
+  const int chosen = fixed_here + above + max(0, min(equal, equal_taken - equal_before));
+  int position = 0, chosen_cta = 0;
+  Scan(temp).ExclusiveSum(chosen, position, chosen_cta);
+  if (tid == 0) cluster.map_shared_rank(cta_chosen, 0)[rank] = chosen_cta;
+  cluster.sync();
+  int total = 0;
+  for (int c = 0; c < kClusterCtas; ++c) {
+    const int n = cluster.map_shared_rank(cta_chosen, 0)[c];
+    total += n, position += c < rank ? n : 0;
+  }
+  int eq = equal_before;
+#pragma unroll
+  for (int i = 0; i < kClusterKeysPerThread; ++i) {
+    const int u = first + i;
+    bool take = fixed_bits >> i & 1u;
+    if (!take && (candidate_bits >> i & 1u) && need > 0) take = key[i] > threshold || (key[i] == threshold && eq++ < equal_taken);
+    if (take) {
+      if (position < a.max_out) {
+        a.physical[int64_t(r) * a.max_out + position] = table[u / P] * P + u % P;
+        a.logical[int64_t(r) * a.max_out + position] = u;
+      }
+      ++position;
+    }
+  }
+  if (rank == 0 && tid == 0) {
+    a.length[r] = total;
+    if (a.before) a.before[r] = total - a.q_len;
+  }
+  cluster.sync();  // (no CTA leaves while another still reads CTA 0's shared memory)
+}
+
 }  // namespace
 
 void page_summaries(Summary kind, const __nv_bfloat16* cache, int64_t page_size, int64_t width, const int32_t* pages, const int32_t* rows,
@@ -336,7 +465,10 @@ void compact_tokens(const float* scores, int64_t scores_per_request, const int32
   if (pages_per_request * page_size > kMaxTokens) throw std::invalid_argument("sparse compact_tokens: at most 4M keys per request");
   const SelectArgs a{scores, page_table, int(pages_per_request), keys, int(page_size), int(budget.tokens), int(budget.n_init),
                      int(budget.local), int(max_tokens), int(q_len), slots, logical, length, before};
-  compact_tokens_kernel<<<unsigned(batch), kSelectThreads, 0, stream>>>(a, scores_per_request);
+  if (scores_per_request >= kClusterMinKeys && scores_per_request <= kClusterMaxKeys)
+    compact_tokens_cluster_kernel<<<dim3(kClusterCtas, unsigned(batch)), kSelectThreads, 0, stream>>>(a, scores_per_request);
+  else
+    compact_tokens_kernel<<<unsigned(batch), kSelectThreads, 0, stream>>>(a, scores_per_request);
   DSLAB_CHECK_LAUNCH();
 }
 
