@@ -92,6 +92,26 @@ __device__ inline uint32_t order_key(float f) {
 
 constexpr int kSelectThreads = 1024, kSelectUnroll = 4, kMaxPages = 65536, kMaxTokens = 1 << 22;
 
+// One warp: the byte whose bin holds the remaining-th largest candidate (counting from the top bin down), and how
+// many candidates lie in the bins above it. Lane l holds bins 8l..8l+7; a suffix sum over the lanes.
+__device__ void pick_byte(const int* histogram, int remaining, uint32_t* digit, int* above_it) {
+  const int lane = int(threadIdx.x) % 32;
+  int bins[8], sum = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) bins[i] = histogram[lane * 8 + i], sum += bins[i];
+  int suffix = sum;  // bins 8 * lane .. 255
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_down_sync(0xffffffffu, suffix, o);
+    if (lane + o < 32) suffix += v;
+  }
+  int above = suffix - sum;  // bins above this lane's
+#pragma unroll
+  for (int i = 7; i >= 0; --i) {
+    if (above < remaining && above + bins[i] >= remaining) *digit = uint32_t(lane * 8 + i), *above_it = above;
+    above += bins[i];
+  }
+}
+
 // The block's selection of one request's units (pages or tokens): every fixed unit, and the `need` best of the others
 // by key (ties to the lower unit, as the CPU's stable ranking); emit(unit, position) for each chosen one, positions
 // in unit order. Returns how many were chosen. The need-th largest key is found a byte at a time from the top: a
@@ -135,22 +155,7 @@ __device__ int select_in_order(int units, int need, Fixed fixed, Key key, Emit e
         }
       }
       __syncthreads();
-      if (warp == 0) {  // lane l holds bins 8l..8l+7; counts from the top by a suffix sum over lanes
-        int bins[8], sum = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) bins[i] = histogram[lane * 8 + i], sum += bins[i];
-        int suffix = sum;  // bins 8 * lane .. 255
-        for (int o = 1; o < 32; o <<= 1) {
-          const int v = __shfl_down_sync(0xffffffffu, suffix, o);
-          if (lane + o < 32) suffix += v;
-        }
-        int above = suffix - sum;  // bins above this lane's
-#pragma unroll
-        for (int i = 7; i >= 0; --i) {
-          if (above < remaining && above + bins[i] >= remaining) chosen_digit = uint32_t(lane * 8 + i), chosen_above = above;
-          above += bins[i];
-        }
-      }
+      if (warp == 0) pick_byte(histogram, remaining, &chosen_digit, &chosen_above);
       __syncthreads();
       prefix |= chosen_digit << shift, mask |= 255u << shift;
       remaining -= chosen_above;
@@ -259,16 +264,32 @@ __global__ void __launch_bounds__(kSelectThreads) compact_pages_kernel(SelectArg
   }
 }
 
+// Request r of a token selection: its keys, the sinks [0, sinks) and window [window_first, keys) always kept, how many
+// others the budget takes, its scores and page table row.
+struct TokenRequest {
+  int keys, sinks, window_first, need;
+  const float* score;
+  const int32_t* table;
+};
+__device__ TokenRequest token_request(const SelectArgs& a, int r, int64_t scores_per_request) {
+  TokenRequest q;
+  q.keys = a.keys[r];
+  q.sinks = min(a.n_init, q.keys), q.window_first = max(0, q.keys - a.local);
+  const int fixed_count = min(q.sinks, q.window_first) + (q.keys - q.window_first);
+  q.need = max(0, min(q.keys, a.tokens) - fixed_count);
+  q.score = a.scores + int64_t(r) * scores_per_request;
+  q.table = a.page_table + int64_t(r) * a.pages_per_request;
+  return q;
+}
+
 // A block per request: the sink and window tokens, the best-scored others while the budget lasts; each as its
 // cache slot (page_table's page * page_size + offset), so the decode kernel walks them as pages of one key.
 __global__ void __launch_bounds__(kSelectThreads) compact_tokens_kernel(SelectArgs a, int64_t scores_per_request) {
-  const int r = int(blockIdx.x);
-  const int keys = a.keys[r], P = a.page_size;
-  const int sinks = min(a.n_init, keys), window_first = max(0, keys - a.local);
-  const int fixed_count = min(sinks, window_first) + (keys - window_first);
-  const int need = max(0, min(keys, a.tokens) - fixed_count);
-  const float* score = a.scores + int64_t(r) * scores_per_request;
-  const int32_t* table = a.page_table + int64_t(r) * a.pages_per_request;
+  const int r = int(blockIdx.x), P = a.page_size;
+  const TokenRequest q = token_request(a, r, scores_per_request);
+  const int keys = q.keys, sinks = q.sinks, window_first = q.window_first, need = q.need;
+  const float* score = q.score;
+  const int32_t* table = q.table;
   const int total = select_in_order(
       keys, need, [&](int k) { return k < sinks || k >= window_first; }, [&](int k) { return order_key(score[k]); },
       [&](int k, int position) {
@@ -298,13 +319,11 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectTh
   __shared__ uint32_t chosen_digit;
   __shared__ int chosen_above, cta_above[kClusterCtas], cta_equal[kClusterCtas], cta_chosen[kClusterCtas];
   cg::cluster_group cluster = cg::this_cluster();
-  const int rank = int(cluster.block_rank()), r = int(blockIdx.y), tid = int(threadIdx.x), lane = tid % 32;
-  const int keys = a.keys[r], P = a.page_size;
-  const int sinks = min(a.n_init, keys), window_first = max(0, keys - a.local);
-  const int fixed_count = min(sinks, window_first) + (keys - window_first);
-  const int need = max(0, min(keys, a.tokens) - fixed_count);
-  const float* score = a.scores + int64_t(r) * scores_per_request;
-  const int32_t* table = a.page_table + int64_t(r) * a.pages_per_request;
+  const int rank = int(cluster.block_rank()), r = int(blockIdx.y), tid = int(threadIdx.x), lane = tid % 32, P = a.page_size;
+  const TokenRequest q = token_request(a, r, scores_per_request);
+  const int keys = q.keys, sinks = q.sinks, window_first = q.window_first, need = q.need;
+  const float* score = q.score;
+  const int32_t* table = q.table;
   const int per_cta = (keys + kClusterCtas - 1) / kClusterCtas, per_thread = (per_cta + kSelectThreads - 1) / kSelectThreads;
   const int first = min(keys, rank * per_cta + tid * per_thread), last = min(min(keys, (rank + 1) * per_cta), first + per_thread);
   uint32_t key[kClusterKeysPerThread];
@@ -337,22 +356,7 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectTh
       __syncthreads();
       if (tid < 256 && local[tid]) atomicAdd(&cluster_histogram[tid], local[tid]);
       cluster.sync();
-      if (rank == 0 && tid < 32) {  // lane l holds bins 8l..8l+7; counts from the top by a suffix sum over lanes
-        int bins[8], sum = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) bins[i] = histogram[lane * 8 + i], sum += bins[i];
-        int suffix = sum;
-        for (int o = 1; o < 32; o <<= 1) {
-          const int v = __shfl_down_sync(0xffffffffu, suffix, o);
-          if (lane + o < 32) suffix += v;
-        }
-        int above = suffix - sum;
-#pragma unroll
-        for (int i = 7; i >= 0; --i) {
-          if (above < remaining && above + bins[i] >= remaining) chosen_digit = uint32_t(lane * 8 + i), chosen_above = above;
-          above += bins[i];
-        }
-      }
+      if (rank == 0 && tid < 32) pick_byte(histogram, remaining, &chosen_digit, &chosen_above);
       cluster.sync();
       prefix |= *cluster.map_shared_rank(&chosen_digit, 0) << shift, mask |= 255u << shift;
       remaining -= *cluster.map_shared_rank(&chosen_above, 0);
