@@ -163,6 +163,20 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuMla,
                            return n;
                          });
 
+// mla/cd_paged/cuda needs cd's K/V pages but not its gathered copy: at V3's 128 heads, batch 32, 16K keys it asks
+// for about the gathered K/V (21 GB) less than mla/cd/cuda (checked without a GPU: supports() compares this with it).
+TEST(MlaCudaMemory, PagedCdNeedsNoGatheredCopy) {
+  const VariantEntry* cd = find_variant("mla/cd/cuda");
+  const VariantEntry* paged = find_variant("mla/cd_paged/cuda");
+  if (!cd || !paged) GTEST_SKIP() << "the CUDA MLA variants are not built (no CUDA toolkit at configure time)";
+  const ModelFile model = load_model_file("deepseek-v3");
+  const Point p = point_of({"deepseek-v3", 128, 32, 1, 16384, 64, "uniform", "bf16"});
+  const double gathered = 32.0 * (16385 + 8) * 128 * (192 + 128) * 2;
+  const double saved = cd->make()->device_memory_bytes(model, p) - paged->make()->device_memory_bytes(model, p);
+  EXPECT_GT(saved, gathered);
+  EXPECT_LT(saved, 1.1 * gathered);
+}
+
 TEST(GpuMlaVerify, UnwrittenOutputFails) {
   REQUIRE_GPU_VARIANT("mla/fused/cuda");
   const ModelFile model = load_model_file("deepseek-v2-lite");

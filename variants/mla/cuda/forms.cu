@@ -311,6 +311,13 @@ class CdCuda final : public CdForm {
 class CdPagedCuda final : public CdForm {
  public:
   CdPagedCuda() : CdForm(Algo::cd, false) {}
+  double scratch_bytes(const ModelConfig& m, const Shape& s, int64_t max_keys) const override {
+    // cd's, less what it never allocates (the gathered K/V, the scores and probabilities), plus the splits' partials.
+    const double padded = double(s.batch) * double(max_keys + kGpuKeyAlign), H = double(s.heads), S = double(s.q_len);
+    const double splits = double(std::max<int64_t>(1, max_keys / 256));
+    return mla::gpu_scratch_bytes(m, Algo::cd, s, max_keys, false) - padded * H * double(m.q_head_dim() + m.v_head_dim) * 2 -
+           padded * H * S * 6 + double(s.tokens()) * H * splits * double(m.v_head_dim + 1) * 4;
+  }
 
  protected:
   std::string form_unsupported(const ModelConfig& m, const Shape&) const override {

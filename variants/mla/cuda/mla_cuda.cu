@@ -453,13 +453,13 @@ std::shared_ptr<GpuProblem> gpu_problem(const ModelConfig& m, const Shape& s, in
   return p;
 }
 
-double device_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t page_size, const std::string& len_dist, bool fused) {
+double device_bytes(const MlaOp& op, const ModelConfig& m, const Shape& s, int64_t page_size, const std::string& len_dist) {
   const double B = double(s.batch), S = double(s.q_len), w = double(m.kv_lora_rank + m.qk_rope_head_dim);
   const double total_keys = B * (double(s.kv_len) + S + double(page_size));
   // Unfused forms pad every request to the longest; mixed lengths put the longest at a few times kv_len.
   const int64_t max_keys = s.kv_len * (len_dist == "mixed" && s.batch > 1 ? 4 : 1) + s.q_len;
   // The cache, the weights (and q_a/kv_a stacked again), the op's scratch.
-  return total_keys * w * 2 + 2 * weight_bytes(m, s.heads) + MlaOp::scratch_bytes(m, algo, s, max_keys, fused);
+  return total_keys * w * 2 + 2 * weight_bytes(m, s.heads) + op.scratch_bytes(m, s, max_keys);
 }
 
 // ---- the op ----------------------------------------------------------------------------------------------
@@ -477,8 +477,8 @@ std::string MlaOp::unsupported(const ModelConfig& m, const Shape& s) const {
   return form_unsupported(m, s);
 }
 
-double MlaOp::scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t max_keys, bool fused) {
-  return mla::gpu_scratch_bytes(m, algo, s, max_keys, fused);
+double MlaOp::scratch_bytes(const ModelConfig& m, const Shape& s, int64_t max_keys) const {
+  return mla::gpu_scratch_bytes(m, algo_, s, max_keys, fused_);
 }
 
 void MlaOp::prepare(const ModelConfig& m, const Shape& s, int64_t max_keys, const MlaWeights& w, const MlaBuffers& b, BlasHandle& blas,
@@ -672,7 +672,7 @@ double GpuVariant::host_memory_bytes(const ModelFile& model, const Point& point)
 
 double GpuVariant::device_memory_bytes(const ModelFile& model, const Point& point) const {
   const ModelConfig m = parse_model_config(model.config, model.name, model.path);
-  return device_bytes(m, op_->algo(), shape_of(m, point), point.integer("page_size"), point.text("len_dist"), op_->fused());
+  return device_bytes(*op_, m, shape_of(m, point), point.integer("page_size"), point.text("len_dist"));
 }
 
 void GpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t seed) {

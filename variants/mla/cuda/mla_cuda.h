@@ -213,8 +213,9 @@ class MlaOp {
   virtual int64_t attended_keys(int64_t keys, int64_t /*page_size*/, const Shape&) const { return keys; }
   virtual Cost selection_cost(const ModelConfig&, const Shape&, int64_t /*page_size*/) const { return {}; }
   virtual std::vector<std::vector<int64_t>> attended_key_indices() const { return {}; }
-  // Device bytes beyond the caller's buffers (weights, cache), for supports().
-  static double scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t max_keys, bool fused);
+  // Device bytes beyond the caller's buffers (weights, cache), for supports(): the form's (mla::gpu_scratch_bytes),
+  // or an op's own where it allocates otherwise.
+  virtual double scratch_bytes(const ModelConfig& m, const Shape& s, int64_t max_keys) const;
 
  protected:
   virtual void prepare_form() {}
@@ -360,7 +361,7 @@ void rope_tables(const ModelConfig& m, const std::vector<int64_t>& lengths, int6
                  std::vector<float>* sin_table);
 
 // Device bytes a point needs beyond the shared problem, per form, for supports().
-double device_bytes(const ModelConfig& m, Algo algo, const Shape& s, int64_t page_size, const std::string& len_dist, bool fused);
+double device_bytes(const MlaOp& op, const ModelConfig& m, const Shape& s, int64_t page_size, const std::string& len_dist);
 
 // cuBLAS column-major GEMM over a strided batch with fp32 accumulation; every MLA matmul goes through here.
 void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k, const void* a,
