@@ -338,6 +338,7 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectTh
     }
   }
   int* cluster_histogram = cluster.map_shared_rank(histogram, 0);
+  cluster.sync();  // (every CTA of the cluster running before any reaches into another's shared memory)
   uint32_t threshold = 0xffffffffu;
   if (need > 0) {
     uint32_t prefix = 0, mask = 0;
