@@ -281,7 +281,7 @@ TEST(GpuSparse, IndexerMatchesTheCpuReference) {
   }
   sparse::cuda::index_step_keys(cache_ptr, width, d_lengths.p, 1, d_table.p, ppr, P, batch, projection_ptr, d_index.p, d_scales.p, d_keys.p, 0);
   sparse::cuda::index_queries(reinterpret_cast<const __nv_bfloat16*>(d_q.p), batch, heads, width, projection_ptr, d_queries.p, 0);
-  sparse::cuda::indexer_scores(d_queries.p, d_index.p, d_scales.p, d_table.p, ppr, P, d_keys.p, batch, ppr * P, 132, d_scores.p, 0);
+  sparse::cuda::indexer_scores(d_queries.p, d_index.p, d_scales.p, d_table.p, ppr, P, d_keys.p, batch, ppr * P, d_scores.p, 0);
   sparse::cuda::compact_tokens(d_scores.p, ppr * P, d_table.p, ppr, d_keys.p, P, budget, batch, budget.tokens + 1, 1, d_slots.p, d_logical.p,
                                d_length.p, d_before.p, 0);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

@@ -280,7 +280,7 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
           for (int64_t d = 0; d < nope; ++d)
             for (int64_t i = 0; i < r; ++i) q_abs[size_t(i)] += qh[d] * w_uk(h, d, i);
         }
-        std::vector<double> score(static_cast<size_t>(visible)), unmasked(keys && mass_recall ? size_t(visible) : 0);
+        std::vector<double> score(static_cast<size_t>(visible));
         for (int64_t j = 0; j < visible; ++j) {
           double sc = 0;
           if (form == MlaForm::decompressed) {
@@ -295,18 +295,19 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
             for (int64_t i = 0; i < r; ++i) s_nope += q_abs[size_t(i)] * c[size_t(j)][size_t(i)];
             sc = s_pe + s_nope;
           }
-          score[size_t(j)] = attended[size_t(j)] ? sc * scale : -INFINITY;  // (a masked key: no weight)
-          if (keys && mass_recall) unmasked[size_t(j)] = sc * scale;
+          score[size_t(j)] = sc * scale;
         }
-        if (keys && mass_recall) {
-          const double top = *std::max_element(unmasked.begin(), unmasked.begin() + visible);
+        if (keys && mass_recall) {  // (dense attention's softmax, before the mask)
+          const double top = *std::max_element(score.begin(), score.end());
           double all = 0, kept = 0;
           for (int64_t j = 0; j < visible; ++j) {
-            const double e = std::exp(unmasked[size_t(j)] - top);
+            const double e = std::exp(score[size_t(j)] - top);
             all += e, kept += attended[size_t(j)] ? e : 0.0;
           }
           inside[size_t(t * nh + h)] = kept / all;
         }
+        for (int64_t j = 0; j < visible; ++j)
+          if (!attended[size_t(j)]) score[size_t(j)] = -INFINITY;  // (a masked key: no weight)
         const double mx = *std::max_element(score.begin(), score.end());
         double sum = 0;
         for (auto& e : score) sum += (e = std::exp(e - mx));

@@ -87,25 +87,25 @@ void softmax_rows(std::vector<float>& s, int64_t rows, int64_t cols) {
 }
 
 // The always-kept keys (sinks, window), then the ranked candidates until the budget is spent; sorted indices.
-std::vector<int64_t> assemble(const Problem& p, const Budget& b, const std::vector<int64_t>& ranked, int64_t unit) {
-  std::vector<char> in(size_t(p.keys), 0);
+std::vector<int64_t> assemble(int64_t keys, const Budget& b, const std::vector<int64_t>& ranked, int64_t unit) {
+  std::vector<char> in(size_t(keys), 0);
   int64_t used = 0;
   auto take = [&](int64_t k) {
-    if (k >= 0 && k < p.keys && !in[size_t(k)]) in[size_t(k)] = 1, ++used;
+    if (k >= 0 && k < keys && !in[size_t(k)]) in[size_t(k)] = 1, ++used;
   };
-  for (int64_t k = 0; k < std::min(b.n_init, p.keys); ++k) take(k);
-  for (int64_t k = std::max<int64_t>(0, p.keys - b.local); k < p.keys; ++k) take(k);
+  for (int64_t k = 0; k < std::min(b.n_init, keys); ++k) take(k);
+  for (int64_t k = std::max<int64_t>(0, keys - b.local); k < keys; ++k) take(k);
   for (int64_t r : ranked) {  // a unit (token or block) at a time, while it fits
     int64_t adds = 0;
-    for (int64_t k = r * unit; k < std::min(p.keys, (r + 1) * unit); ++k) adds += !in[size_t(k)];
+    for (int64_t k = r * unit; k < std::min(keys, (r + 1) * unit); ++k) adds += !in[size_t(k)];
     if (used + adds > b.tokens) {
       if (unit == 1) break;
       continue;
     }
-    for (int64_t k = r * unit; k < std::min(p.keys, (r + 1) * unit); ++k) take(k);
+    for (int64_t k = r * unit; k < std::min(keys, (r + 1) * unit); ++k) take(k);
   }
   std::vector<int64_t> out;
-  for (int64_t k = 0; k < p.keys; ++k)
+  for (int64_t k = 0; k < keys; ++k)
     if (in[size_t(k)]) out.push_back(k);
   return out;
 }
@@ -264,7 +264,7 @@ std::vector<double> quest_block_scores(const Problem& p, const Budget& b, const 
 }
 
 std::vector<int64_t> select_quest(const Problem& p, const Budget& b, const SelectorState& st) {
-  return assemble(p, b, rank_descending(quest_block_scores(p, b, st)), b.block);
+  return assemble(p.keys, b, rank_descending(quest_block_scores(p, b, st)), b.block);
 }
 
 std::vector<int64_t> select_quest(const Problem& p, const Budget& b) { return select_quest(p, b, SelectorState(p, b.block, Indexer{}, SelectorState::blocks)); }
@@ -329,7 +329,7 @@ std::vector<double> infllm_block_scores(const Problem& p, const Budget& b, const
 }
 
 std::vector<int64_t> select_infllm(const Problem& p, const Budget& b, const SelectorState& st) {
-  return assemble(p, b, rank_descending(infllm_block_scores(p, b, st)), b.block);
+  return assemble(p.keys, b, rank_descending(infllm_block_scores(p, b, st)), b.block);
 }
 
 std::vector<int64_t> select_infllm(const Problem& p, const Budget& b) { return select_infllm(p, b, SelectorState(p, b.block, Indexer{}, SelectorState::blocks)); }
@@ -367,9 +367,7 @@ std::vector<double> dsa_token_scores(const Problem& p, const SelectorState& st) 
 
 std::vector<int64_t> select_tokens(int64_t keys, const Budget& b, const std::vector<double>& score) {
   if (int64_t(score.size()) != keys) throw std::invalid_argument("sparse::select_tokens: one score per key expected");
-  Problem shape;
-  shape.keys = keys;
-  return assemble(shape, b, rank_descending(score), 1);
+  return assemble(keys, b, rank_descending(score), 1);
 }
 
 int64_t token_sparse_length(int64_t keys, const Budget& b) {

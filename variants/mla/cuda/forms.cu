@@ -1,8 +1,10 @@
 // The four unfused MLA forms on the GPU, written as the seed benchmark's PyTorch forms are: cuBLAS for every
 // matmul, small kernels between them. They read the paged cache by gathering each request's pages into a
-// contiguous buffer first (cuBLAS cannot follow a page table); that copy is part of their timed step.
+// contiguous buffer first (cuBLAS cannot follow a page table); that copy is part of their timed step. mla/cd_paged/cuda
+// is cd with a kernel of ours that follows the page table instead, read beside it.
 #include <algorithm>
 
+#include "harness/host.h"
 #include "variants/mla/cuda/kernels.cuh"
 #include "variants/mla/cuda/mla_cuda.h"
 
@@ -330,11 +332,8 @@ class CdPagedCuda final : public CdForm {
     prepare_pages();
     // Splits of each request's keys: about four CTAs per SM over the step's (request, head, query block) triples,
     // at least 256 keys each; fixed here so one captured graph serves steps of any length up to keys_.
-    int device = 0, sms = 0;
-    DSLAB_CUDA(cudaGetDevice(&device));
-    DSLAB_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     const int64_t blocks = s_.batch * nh_ * ((s_.q_len + kCdQueries - 1) / kCdQueries);
-    splits_ = int(std::clamp<int64_t>((4 * int64_t(sms) + blocks - 1) / blocks, 1, std::max<int64_t>(1, keys_ / 256)));
+    splits_ = int(std::clamp<int64_t>((4 * int64_t(gpu_info().sms) + blocks - 1) / blocks, 1, std::max<int64_t>(1, keys_ / 256)));
     chunk_ = int((keys_ + splits_ - 1) / splits_);
     o_part_.scratch(arena_, size_t(s_.tokens() * nh_ * splits_ * vd_));
     lse_part_.scratch(arena_, size_t(s_.tokens() * nh_ * splits_));

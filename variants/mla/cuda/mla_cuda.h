@@ -360,7 +360,7 @@ void fill_paged_cache(PagedLatentCache& c, const int32_t* lengths_dev, int64_t b
 void rope_tables(const ModelConfig& m, const std::vector<int64_t>& lengths, int64_t q_len, std::vector<float>* cos_table,
                  std::vector<float>* sin_table);
 
-// Device bytes a point needs beyond the shared problem, per form, for supports().
+// Device bytes a point needs beyond the shared problem, for an op (its own scratch), for supports().
 double device_bytes(const MlaOp& op, const ModelConfig& m, const Shape& s, int64_t page_size, const std::string& len_dist);
 
 // cuBLAS column-major GEMM over a strided batch with fp32 accumulation; every MLA matmul goes through here.

@@ -50,31 +50,26 @@ class DsaSelector final : public TokenSelector {
     index_keys_.resize(size_t(slots * kIndexDim));
     index_scales_.resize(size_t(slots));
     queries_.resize(size_t(s_.tokens() * kIndexHeads * kIndexDim));
-    int device = 0;
-    DSLAB_CUDA(cudaGetDevice(&device));
-    DSLAB_CUDA(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
     // Every slot's index key, once (slots past a request's keys hold whatever the cache holds there; a step remakes
     // its new keys' before they are scored).
     mla::cuda::BlasHandle blas;
     blas.set_stream(0);
     DeviceArray<float> scratch{size_t(std::min(kIndexChunk, slots) * kIndexDim)};
-    index_all_keys(blas.get(), cache_values(), slots, width_, projection_.get(), scratch.get(), std::min(kIndexChunk, slots), index_keys_.get(),
+    index_all_keys(blas.get(), bf16_values(*cache_), slots, width_, projection_.get(), scratch.get(), std::min(kIndexChunk, slots), index_keys_.get(),
                    index_scales_.get(), 0);
     DSLAB_CUDA(cudaDeviceSynchronize());
   }
   void score(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t, const Mark& mark) override {
     const int64_t P = cache_->page_size, ppr = cache_->pages_per_request;
-    index_step_keys(cache_values(), width_, lengths_in_, s_.q_len, cache_page_table(), ppr, P, s_.batch, projection_.get(), index_keys_.get(),
+    index_step_keys(bf16_values(*cache_), width_, lengths_in_, s_.q_len, page_table_of(*cache_), ppr, P, s_.batch, projection_.get(), index_keys_.get(),
                     index_scales_.get(), keys_.get(), stream);
     mark("select_index_keys");
     index_queries(q_cat, s_.tokens(), s_.heads, width_, projection_.get(), queries_.get(), stream);
-    indexer_scores(queries_.get(), index_keys_.get(), index_scales_.get(), cache_page_table(), ppr, P, keys_.get(), s_.batch, scores_per_request(), sms_,
+    indexer_scores(queries_.get(), index_keys_.get(), index_scales_.get(), page_table_of(*cache_), ppr, P, keys_.get(), s_.batch, scores_per_request(),
                    scores_.get(), stream);
     mark("select_scores");
   }
-  const __nv_bfloat16* cache_values() const { return reinterpret_cast<const __nv_bfloat16*>(cache_->values.get()); }
 
-  int sms_ = 0;
   DeviceArray<__nv_bfloat16> projection_;  // [width][128]
   DeviceArray<uint8_t> index_keys_;        // [cache slots][128] e4m3
   DeviceArray<float> index_scales_;        // [cache slots]

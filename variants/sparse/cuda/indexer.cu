@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "harness/cuda_check.h"
+#include "harness/host.h"
 #include "variants/mla/cuda/mla_cuda.h"
 #include "variants/sparse/cuda/indexer.h"
 
@@ -173,11 +174,11 @@ void index_queries(const __nv_bfloat16* q, int64_t tokens, int64_t heads, int64_
 }
 
 void indexer_scores(const __half* queries, const uint8_t* index_keys, const float* index_scales, const int32_t* page_table,
-                    int64_t pages_per_request, int64_t page_size, const int32_t* keys, int64_t batch, int64_t scores_per_request, int sms,
+                    int64_t pages_per_request, int64_t page_size, const int32_t* keys, int64_t batch, int64_t scores_per_request,
                     float* scores, cudaStream_t stream) {
   // Enough CTAs for four per SM over the batch, each walking several tiles (its queries loaded once).
   const int64_t tiles = (scores_per_request + kTileKeys - 1) / kTileKeys;
-  const unsigned per_request = unsigned(std::clamp<int64_t>((4 * int64_t(sms) + batch - 1) / batch, 1, tiles));
+  const unsigned per_request = unsigned(std::clamp<int64_t>((4 * int64_t(gpu_info().sms) + batch - 1) / batch, 1, tiles));
   scores_kernel<<<dim3(per_request, unsigned(batch)), kScoreThreads, 0, stream>>>(queries, index_keys, index_scales, page_table, int(pages_per_request),
                                                                                  int(page_size), keys, scores_per_request, scores);
   DSLAB_CHECK_LAUNCH();

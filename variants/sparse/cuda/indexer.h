@@ -34,10 +34,9 @@ void index_queries(const __nv_bfloat16* q, int64_t tokens, int64_t heads, int64_
                    cudaStream_t stream);
 
 // Every key's index score, one query per request (q_len 1): scores [batch][scores_per_request], keys < keys[r] of
-// request r (the rest untouched). Tensor-core products (fp16 queries, e4m3 keys exact in fp16, fp32 sums); grid
-// sized for `sms` multiprocessors.
+// request r (the rest untouched). Tensor-core products (fp16 queries, e4m3 keys exact in fp16, fp32 sums).
 void indexer_scores(const __half* queries, const uint8_t* index_keys, const float* index_scales, const int32_t* page_table,
-                    int64_t pages_per_request, int64_t page_size, const int32_t* keys, int64_t batch, int64_t scores_per_request, int sms,
+                    int64_t pages_per_request, int64_t page_size, const int32_t* keys, int64_t batch, int64_t scores_per_request,
                     float* scores, cudaStream_t stream);
 
 }  // namespace dslab::sparse::cuda

@@ -123,7 +123,7 @@ class OracleSelector final : public TokenSelector {
     row_sum_.resize(size_t(s_.batch * s_.heads));
   }
   void score(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) override {
-    attention_mass(blas, reinterpret_cast<const __nv_bfloat16*>(cache_->values.get()), width_, lengths_in_, s_.q_len, cache_page_table(),
+    attention_mass(blas, bf16_values(*cache_), width_, lengths_in_, s_.q_len, page_table_of(*cache_),
                    cache_->pages_per_request, cache_->page_size, s_.batch, q_cat, s_.heads, scale_, scores_per_request(), gathered_.get(),
                    head_scores_.get(), row_max_.get(), row_sum_.get(), keys_.get(), scores_.get(), stream);
     mark("select_scores");

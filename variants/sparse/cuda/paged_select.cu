@@ -481,9 +481,6 @@ namespace {
 
 using mla::cuda::DeviceArray;
 
-const __nv_bfloat16* bf16_values(const mla::cuda::PagedLatentCache& c) { return reinterpret_cast<const __nv_bfloat16*>(c.values.get()); }
-
-
 // Every page of every request with its cached keys before the first step (pages past a request's keys: -1); entry i
 // is summary row i.
 __global__ void all_pages_kernel(const int32_t* lengths, const int32_t* page_table, int pages_per_request, int page_size, int batch,
@@ -542,7 +539,7 @@ class BlockSelector final : public mla::cuda::PageSelector {
     // Every page's summary, once (the cache as prepared: the cached keys before the first step).
     const int64_t n = s.batch * ppr;
     DeviceArray<int32_t> pages{size_t(n)}, rows_of{size_t(n)}, counts{size_t(n)};
-    all_pages_kernel<<<unsigned((n + 255) / 256), 256>>>(lengths, page_table(cache), int(ppr), int(P), int(s.batch), pages.get(), rows_of.get(),
+    all_pages_kernel<<<unsigned((n + 255) / 256), 256>>>(lengths, page_table_of(cache), int(ppr), int(P), int(s.batch), pages.get(), rows_of.get(),
                                                          counts.get());
     DSLAB_CHECK_LAUNCH();
     page_summaries(kind_, bf16_values(cache), P, width_, pages.get(), rows_of.get(), counts.get(), int(n), summaries_.get(), 0);
@@ -550,13 +547,13 @@ class BlockSelector final : public mla::cuda::PageSelector {
   }
   void select(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) override {
     const int64_t P = cache_->page_size, ppr = cache_->pages_per_request, B = s_.batch;
-    step_page_summaries(kind_, bf16_values(*cache_), P, width_, lengths_in_, s_.q_len, page_table(*cache_), ppr, B, keys_.get(), summaries_.get(),
+    step_page_summaries(kind_, bf16_values(*cache_), P, width_, lengths_in_, s_.q_len, page_table_of(*cache_), ppr, B, keys_.get(), summaries_.get(),
                         stream);
     mark("select_summaries");
     page_scores(kind_, blas, q_cat, B, s_.q_len, s_.heads, width_, summaries_.get(), ppr, keys_.get(), P, q_split_.get(), products_.get(),
                 scores_.get(), stream);
     mark("select_scores");
-    compact_pages(scores_.get(), page_table(*cache_), ppr, keys_.get(), P, budget_, B, max_pages_, s_.q_len, physical_.get(), logical_.get(),
+    compact_pages(scores_.get(), page_table_of(*cache_), ppr, keys_.get(), P, budget_, B, max_pages_, s_.q_len, physical_.get(), logical_.get(),
                   kept_.get(), lengths_.get(), stream);
     mark("select_pages");
   }
@@ -580,8 +577,6 @@ class BlockSelector final : public mla::cuda::PageSelector {
   }
 
  private:
-  static const int32_t* page_table(const mla::cuda::PagedLatentCache& c) { return c.shared_page_table ? c.shared_page_table : c.page_table.get(); }
-
   Summary kind_;
   std::string name_;
   mla::Shape s_;
@@ -637,7 +632,7 @@ void TokenSelector::prepare(const ModelConfig& m, const mla::Shape& s, const mla
 
 void TokenSelector::select(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) {
   score(q_cat, stream, blas, mark);
-  compact_tokens(scores_.get(), scores_per_request(), cache_page_table(), cache_->pages_per_request, keys_.get(), cache_->page_size, budget_,
+  compact_tokens(scores_.get(), scores_per_request(), page_table_of(*cache_), cache_->pages_per_request, keys_.get(), cache_->page_size, budget_,
                  s_.batch, max_tokens_, s_.q_len, slots_.get(), logical_.get(), kept_.get(), lengths_.get(), stream);
   mark("select_tokens");
 }

@@ -85,6 +85,9 @@ void attention_mass(cublasHandle_t blas, const __nv_bfloat16* cache, int64_t wid
 // bf16 cache, 16-byte key rows; one_query: decode steps of one token only).
 std::string sparse_unsupported(const std::string& name, const ModelConfig& m, const mla::Shape& s, bool one_query);
 std::vector<int32_t> to_host(const mla::cuda::DeviceArray<int32_t>& a, size_t n);
+// The cache's rows as bf16 (the selectors read bf16 caches only) and the page table its requests use.
+inline const __nv_bfloat16* bf16_values(const mla::cuda::PagedLatentCache& c) { return reinterpret_cast<const __nv_bfloat16*>(c.values.get()); }
+inline const int32_t* page_table_of(const mla::cuda::PagedLatentCache& c) { return c.shared_page_table ? c.shared_page_table : c.page_table.get(); }
 
 // What the token selectors (sparse/dsa/cuda, sparse/oracle/cuda) share: per-key scores of one query per request
 // ranked by compact_tokens into the chosen keys' slots, which the decode kernel walks as pages of one key. A subclass
@@ -108,7 +111,6 @@ class TokenSelector : public mla::cuda::PageSelector {
   virtual void prepare_scores(const ModelConfig& m) = 0;
   // Queues the scores of request r's keys 0 .. keys[r] - 1 and keys[r] = cached + q_len (the keys after the step).
   virtual void score(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) = 0;
-  const int32_t* cache_page_table() const { return cache_->shared_page_table ? cache_->shared_page_table : cache_->page_table.get(); }
   int64_t scores_per_request() const { return cache_->pages_per_request * cache_->page_size; }
 
   std::string name_;
