@@ -37,7 +37,9 @@ struct Device {
   ~Device() { cudaFree(p); }
   std::vector<T> host(size_t n) const {
     std::vector<T> out(n);
-    EXPECT_EQ(cudaMemcpy(out.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    const cudaError_t copied = cudaMemcpy(out.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    EXPECT_EQ(copied, cudaSuccess) << cudaGetErrorString(copied);
+    (void)cudaGetLastError();  // a failed copy leaves its error for the next test's launch checks to find otherwise
     return out;
   }
 };
@@ -266,7 +268,7 @@ TEST(GpuSparse, IndexerMatchesTheCpuReference) {
   const Device<uint8_t> d_index{size_t(slots * D)};
   const Device<float> d_scales{size_t(slots)}, d_scratch{size_t(1000 * D)}, d_scores{size_t(batch * ppr * P)};
   const Device<__half> d_queries{size_t(batch * sparse::cuda::kIndexHeads * D)};
-  const Device<int32_t> d_slots{size_t(batch * budget.tokens + 1)}, d_logical{size_t(batch * budget.tokens + 1)}, d_length{size_t(batch)},
+  const Device<int32_t> d_slots{size_t(batch * (budget.tokens + 1))}, d_logical{size_t(batch * (budget.tokens + 1))}, d_length{size_t(batch)},
       d_before{size_t(batch)};
   auto* cache_ptr = reinterpret_cast<const __nv_bfloat16*>(d_cache.p);
   auto* projection_ptr = reinterpret_cast<const __nv_bfloat16*>(d_projection.p);
@@ -280,7 +282,9 @@ TEST(GpuSparse, IndexerMatchesTheCpuReference) {
     ASSERT_EQ(cudaMemset(d_index.p + slot * D, 0, size_t(D)), cudaSuccess);
   }
   sparse::cuda::index_step_keys(cache_ptr, width, d_lengths.p, 1, d_table.p, ppr, P, batch, projection_ptr, d_index.p, d_scales.p, d_keys.p, 0);
-  sparse::cuda::index_queries(reinterpret_cast<const __nv_bfloat16*>(d_q.p), batch, heads, width, projection_ptr, d_queries.p, 0);
+  const Device<float> d_projected{size_t(batch * heads * D)};
+  sparse::cuda::index_queries(blas.get(), reinterpret_cast<const __nv_bfloat16*>(d_q.p), batch, heads, width, projection_ptr, d_projected.p,
+                              d_queries.p, 0);
   sparse::cuda::indexer_scores(d_queries.p, d_index.p, d_scales.p, d_table.p, ppr, P, d_keys.p, batch, ppr * P, d_scores.p, 0);
   sparse::cuda::compact_tokens(d_scores.p, ppr * P, d_table.p, ppr, d_keys.p, P, budget, batch, budget.tokens + 1, 1, d_slots.p, d_logical.p,
                                d_length.p, d_before.p, 0);
@@ -295,7 +299,9 @@ TEST(GpuSparse, IndexerMatchesTheCpuReference) {
     const sparse::Problem& p = problems[size_t(r)];
     const sparse::SelectorState st(p, 1, sparse::Indexer{}, sparse::SelectorState::index_keys);
     ASSERT_EQ(keys_after[size_t(r)], p.keys);
-    // Index keys: the same fp32 sums in another order, so an element may round to the neighbouring e4m3 value.
+    // Index keys: the same fp32 sums in another order, so an element may round to the neighbouring e4m3 value, and
+    // the token's scale (amax / 448) may differ in its last bit: the same e4m3 code is a match within 1e-4 (the
+    // neighbouring codes are 1/16 apart).
     int64_t exact = 0;
     for (int64_t k = 0; k < p.keys; ++k) {
       const int64_t slot = table[size_t(r * ppr + k / P)] * P + k % P;
@@ -305,7 +311,7 @@ TEST(GpuSparse, IndexerMatchesTheCpuReference) {
       ASSERT_NEAR(scales[size_t(slot)], amax / 448.0f, 1e-3 * amax / 448.0f) << "key " << k;
       for (int64_t d = 0; d < D; ++d) {
         const float got = e4m3_value(index[size_t(slot * D + d)]) * scales[size_t(slot)];
-        exact += got == want[d];
+        exact += std::abs(got - want[d]) <= 1e-4f * std::abs(want[d]);
         ASSERT_NEAR(got, want[d], std::abs(want[d]) / 8 + std::ldexp(scales[size_t(slot)], -9) * 1.01f) << "key " << k << " dim " << d;
       }
     }

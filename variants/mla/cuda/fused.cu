@@ -27,20 +27,6 @@ constexpr int kGroups = kWidth / kQuantGroup;
 
 // ---- PTX wrappers --------------------------------------------------------------------------------------
 
-__device__ inline uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
-__device__ inline void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ inline void cp_async4(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0));
-}
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ inline void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 // Q and K tiles in shared memory, in the layout Hopper's warpgroup MMA reads ("K-major, 128-byte swizzle"): the
 // 576 columns are 9 blocks of 64; a block holds its `rows` rows of 128 bytes, each row's 16-byte chunks
 // XOR-ed by the row (mod 8). The 8 rows an ldmatrix reads then fall in 8 different bank groups, and a

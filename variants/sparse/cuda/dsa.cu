@@ -28,13 +28,16 @@ class DsaSelector final : public TokenSelector {
   DsaSelector() : TokenSelector("sparse/dsa/cuda") {}
   Cost cost(const ModelConfig& m, const mla::Shape& s, int64_t) const override {
     // Per request: every key's index key and scale read and multiplied by the 64 index queries, its score written and
-    // read back by the top-k's passes (six: four radix bytes, a count, the emit); the index queries and the new key's
-    // index key projected (width x 128 each); the chosen slots written.
+    // read back by the top-k's passes (six: four radix bytes, a count, the emit); every head's query projected
+    // (width x 128, fp32 out and read back as fp16) and the new key's index key; the chosen slots written. The
+    // projection (width x 128 bf16) once.
     const double keys = double(s.keys()), width = double(m.kv_lora_rank + m.qk_rope_head_dim), B = double(s.batch);
+    const double rows = double(s.q_len * s.heads + s.q_len);
     Cost c;
-    c.flops = B * (keys * kIndexHeads * kIndexDim * 2 + double(kIndexHeads + s.q_len) * width * kIndexDim * 2);
-    c.bytes = B * (keys * (kIndexDim + 4 + 4 * 7) + double(kIndexHeads + s.q_len) * width * 2 + width * kIndexDim * 2 +
-                   double(kept_keys(s.keys(), 0, s)) * 8);
+    c.flops = B * (keys * kIndexHeads * kIndexDim * 2 + rows * width * kIndexDim * 2);
+    c.bytes = B * (keys * (kIndexDim + 4 + 4 * 7) + rows * width * 2 + double(s.q_len * s.heads) * kIndexDim * 4 * 2 +
+                   double(kept_keys(s.keys(), 0, s)) * 8) +
+              width * kIndexDim * 2;
     return c;
   }
 
@@ -50,6 +53,7 @@ class DsaSelector final : public TokenSelector {
     index_keys_.resize(size_t(slots * kIndexDim));
     index_scales_.resize(size_t(slots));
     queries_.resize(size_t(s_.tokens() * kIndexHeads * kIndexDim));
+    projected_.resize(size_t(s_.tokens() * s_.heads * kIndexDim));
     // Every slot's index key, once (slots past a request's keys hold whatever the cache holds there; a step remakes
     // its new keys' before they are scored).
     mla::cuda::BlasHandle blas;
@@ -59,12 +63,12 @@ class DsaSelector final : public TokenSelector {
                    index_scales_.get(), 0);
     DSLAB_CUDA(cudaDeviceSynchronize());
   }
-  void score(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t, const Mark& mark) override {
+  void score(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) override {
     const int64_t P = cache_->page_size, ppr = cache_->pages_per_request;
     index_step_keys(bf16_values(*cache_), width_, lengths_in_, s_.q_len, page_table_of(*cache_), ppr, P, s_.batch, projection_.get(), index_keys_.get(),
                     index_scales_.get(), keys_.get(), stream);
     mark("select_index_keys");
-    index_queries(q_cat, s_.tokens(), s_.heads, width_, projection_.get(), queries_.get(), stream);
+    index_queries(blas, q_cat, s_.tokens(), s_.heads, width_, projection_.get(), projected_.get(), queries_.get(), stream);
     indexer_scores(queries_.get(), index_keys_.get(), index_scales_.get(), page_table_of(*cache_), ppr, P, keys_.get(), s_.batch, scores_per_request(),
                    scores_.get(), stream);
     mark("select_scores");
@@ -74,6 +78,7 @@ class DsaSelector final : public TokenSelector {
   DeviceArray<uint8_t> index_keys_;        // [cache slots][128] e4m3
   DeviceArray<float> index_scales_;        // [cache slots]
   DeviceArray<__half> queries_;            // [tokens][64][128]
+  DeviceArray<float> projected_;           // [tokens][heads][128]: every head's query projected, fp32
 };
 
 const bool registered = mla::cuda::register_mla_op(

@@ -1,5 +1,5 @@
 // The lightning indexer's kernels (indexer.h): index keys by a cuBLAS GEMM (prepare) or a block per new key (a step),
-// e4m3 with a scale per key as the CPU state rounds them; index queries by a block per (token, index head); scores by
+// e4m3 with a scale per key as the CPU state rounds them; index queries by a cuBLAS GEMM; scores by
 // tensor-core tiles of 64 keys x 64 heads.
 #include <cuda_fp8.h>
 
@@ -8,6 +8,7 @@
 
 #include "harness/cuda_check.h"
 #include "harness/host.h"
+#include "variants/mla/cuda/kernels.cuh"
 #include "variants/mla/cuda/mla_cuda.h"
 #include "variants/sparse/cuda/indexer.h"
 
@@ -35,43 +36,62 @@ __global__ void quantize_rows_kernel(const float* __restrict__ rows, int64_t n, 
   if (lane == 0) scales[row] = scale;
 }
 
-// A block of 128 threads per new key: thread j's projection sum, the block's amax, the e4m3 byte.
-__global__ void __launch_bounds__(kIndexDim) step_keys_kernel(const __nv_bfloat16* __restrict__ cache, int width, const int32_t* __restrict__ lengths,
-                                                               int q_len, const int32_t* __restrict__ page_table, int pages_per_request, int page_size,
-                                                               const __nv_bfloat16* __restrict__ projection, uint8_t* __restrict__ keys,
-                                                               float* __restrict__ scales, int32_t* __restrict__ keys_after) {
+// A block per new key, kStepSlices slices of the width x 128 output dims: each thread sums its slice of the key
+// (staged in shared memory) against the projection's column, its loads unrolled (a single thread walking all 576
+// dims waited on one load at a time: 50 us for one key), then the slices meet in shared memory; the block's amax,
+// the e4m3 byte.
+constexpr int kStepSlices = 8, kStepThreads = kStepSlices * kIndexDim, kMaxStepWidth = 1024;
+__global__ void __launch_bounds__(kStepThreads) step_keys_kernel(const __nv_bfloat16* __restrict__ cache, int width, const int32_t* __restrict__ lengths,
+                                                                  int q_len, const int32_t* __restrict__ page_table, int pages_per_request,
+                                                                  int page_size, const __nv_bfloat16* __restrict__ projection,
+                                                                  uint8_t* __restrict__ keys, float* __restrict__ scales,
+                                                                  int32_t* __restrict__ keys_after) {
+  __shared__ float row[kMaxStepWidth];
+  __shared__ float partial[kStepSlices][kIndexDim];
   __shared__ float warp_amax[kIndexDim / 32];
-  const int r = int(blockIdx.x) / q_len, k = lengths[r] + int(blockIdx.x) % q_len, j = int(threadIdx.x);
-  if (j == 0 && int(blockIdx.x) % q_len == 0) keys_after[r] = lengths[r] + q_len;
+  const int r = int(blockIdx.x) / q_len, k = lengths[r] + int(blockIdx.x) % q_len, tid = int(threadIdx.x);
+  const int j = tid % kIndexDim, slice = tid / kIndexDim;
+  if (tid == 0 && int(blockIdx.x) % q_len == 0) keys_after[r] = lengths[r] + q_len;
   const int64_t slot = int64_t(page_table[int64_t(r) * pages_per_request + k / page_size]) * page_size + k % page_size;
-  const __nv_bfloat16* row = cache + slot * width;
+  for (int d = tid; d < width; d += kStepThreads) row[d] = __bfloat162float(cache[slot * width + d]);
+  __syncthreads();
+  const int per_slice = (width + kStepSlices - 1) / kStepSlices, first = slice * per_slice, last = min(width, first + per_slice);
   float acc = 0;
-  for (int d = 0; d < width; ++d) acc += __bfloat162float(row[d]) * __bfloat162float(projection[int64_t(d) * kIndexDim + j]);
+#pragma unroll 8
+  for (int d = first; d < last; ++d) acc += row[d] * __bfloat162float(projection[int64_t(d) * kIndexDim + j]);
+  partial[slice][j] = acc;
+  __syncthreads();
+  if (slice != 0) return;
+  acc = 0;
+#pragma unroll
+  for (int s = 0; s < kStepSlices; ++s) acc += partial[s][j];
   float amax = fabsf(acc);
   for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   if (j % 32 == 0) warp_amax[j / 32] = amax;
-  __syncthreads();
+  asm volatile("bar.sync 1, %0;" ::"n"(kIndexDim));  // (slice 0's four warps only)
   amax = fmaxf(fmaxf(warp_amax[0], warp_amax[1]), fmaxf(warp_amax[2], warp_amax[3]));
   const float scale = key_scale(amax);
   keys[slot * kIndexDim + j] = to_e4m3(acc, scale);
   if (j == 0) scales[slot] = scale;
 }
 
-// A block of 128 threads per (token, index head).
-__global__ void __launch_bounds__(kIndexDim) queries_kernel(const __nv_bfloat16* __restrict__ q, int heads, int width,
-                                                            const __nv_bfloat16* __restrict__ projection, __half* __restrict__ out) {
-  const int64_t t = blockIdx.x;
-  const int j = int(blockIdx.y), dim = int(threadIdx.x);
-  const __nv_bfloat16* row = q + (t * heads + j % heads) * width;
-  float acc = 0;
-  for (int d = 0; d < width; ++d) acc += __bfloat162float(row[d]) * __bfloat162float(projection[int64_t(d) * kIndexDim + dim]);
-  out[(t * kIndexHeads + j) * kIndexDim + dim] = __float2half_rn(acc);
+// Index head j of token t takes MLA head j mod heads: fp16 of the GEMM's fp32 row.
+__global__ void queries_to_half_kernel(const float* __restrict__ projected, int heads, int64_t tokens, __half* __restrict__ out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // over tokens x kIndexHeads x kIndexDim / 2
+  if (i >= tokens * kIndexHeads * kIndexDim / 2) return;
+  const int64_t t = i / (kIndexHeads * kIndexDim / 2);
+  const int j = int(i / (kIndexDim / 2) % kIndexHeads), d2 = int(i % (kIndexDim / 2));
+  const float2 v = reinterpret_cast<const float2*>(projected + (t * heads + j % heads) * kIndexDim)[d2];
+  reinterpret_cast<__half2*>(out)[i] = __floats2half2_rn(v.x, v.y);
 }
 
 // Scores by mma.sync m16n8k16 (fp16 in, fp32 accumulate): a CTA holds the request's 64 x 128 queries in shared memory
-// and walks tiles of 64 keys (e4m3 -> fp16 exactly); warp w multiplies all 64 heads (4 m-tiles) by the tile's keys
-// 16w..16w+15 (2 n-tiles), then ReLU, sums its heads and reduces over the lanes sharing a key.
+// and walks tiles of 64 keys (e4m3 -> fp16 exactly), the next tile's keys and scales copied in (cp.async) while this
+// one's are multiplied (a load-then-compute loop left HBM idle half the time); warp w multiplies all 64 heads (4
+// m-tiles) by the tile's keys 16w..16w+15 (2 n-tiles), then ReLU, sums its heads and reduces over the lanes sharing
+// a key.
 constexpr int kTileKeys = 64, kScoreThreads = 128, kQueryStride = kIndexDim + 8, kKeyStride = kIndexDim + 16;  // (padding: no bank conflicts)
+constexpr int kScoreCtasPerSm = 6;  // (shared memory: 17 KB of queries + two 9 KB key tiles each)
 
 __device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
@@ -87,37 +107,50 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(const __half* __r
                                                                const float* __restrict__ index_scales, const int32_t* __restrict__ page_table,
                                                                int pages_per_request, int page_size, const int32_t* __restrict__ keys,
                                                                int64_t scores_per_request, float* __restrict__ scores) {
+  using mla::cuda::cp_async16;
+  using mla::cuda::cp_async4;
   __shared__ __align__(16) __half sq[kIndexHeads * kQueryStride];
-  __shared__ __align__(16) uint8_t sk[kTileKeys * kKeyStride];
-  __shared__ float sscale[kTileKeys];
+  __shared__ __align__(16) uint8_t sk[2][kTileKeys * kKeyStride];
+  __shared__ __align__(16) float sscale[2][kTileKeys];
   const int r = int(blockIdx.y), tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int n_keys = keys[r];
   const int32_t* table = page_table + int64_t(r) * pages_per_request;
+  // Tile `tile`'s keys (zeros past the request's) into buffer `buf`, as one commit group.
+  auto load_tile = [&](int tile, int buf) {
+    for (int i = tid; i < kTileKeys * kIndexDim / 16; i += kScoreThreads) {
+      const int key = i / (kIndexDim / 16), c = i % (kIndexDim / 16), k = tile * kTileKeys + key;
+      const bool valid = k < n_keys;
+      const int64_t slot = valid ? int64_t(table[k / page_size]) * page_size + k % page_size : 0;
+      cp_async16(&sk[buf][key * kKeyStride + c * 16], index_keys + slot * kIndexDim + c * 16, valid);
+    }
+    if (tid < kTileKeys) {
+      const int k = tile * kTileKeys + tid;
+      const bool valid = k < n_keys;
+      cp_async4(&sscale[buf][tid], index_scales + (valid ? int64_t(table[k / page_size]) * page_size + k % page_size : 0), valid);
+    }
+    mla::cuda::cp_async_commit();
+  };
+  int tile = int(blockIdx.x);
+  if (tile * kTileKeys >= n_keys) return;
+  load_tile(tile, 0);
   for (int i = tid; i < kIndexHeads * kIndexDim / 8; i += kScoreThreads) {
     const int row = i / (kIndexDim / 8), c = i % (kIndexDim / 8);
     *reinterpret_cast<uint4*>(&sq[row * kQueryStride + c * 8]) =
         reinterpret_cast<const uint4*>(queries + (int64_t(r) * kIndexHeads + row) * kIndexDim)[c];
   }
-  for (int tile = int(blockIdx.x); tile * kTileKeys < n_keys; tile += int(gridDim.x)) {
-    __syncthreads();  // (the queries landed; the last tile's keys are consumed)
-    for (int i = tid; i < kTileKeys * kIndexDim / 16; i += kScoreThreads) {
-      const int key = i / (kIndexDim / 16), c = i % (kIndexDim / 16), k = tile * kTileKeys + key;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (k < n_keys) v = reinterpret_cast<const uint4*>(index_keys + (int64_t(table[k / page_size]) * page_size + k % page_size) * kIndexDim)[c];
-      *reinterpret_cast<uint4*>(&sk[key * kKeyStride + c * 16]) = v;
-    }
-    if (tid < kTileKeys) {
-      const int k = tile * kTileKeys + tid;
-      sscale[tid] = k < n_keys ? index_scales[int64_t(table[k / page_size]) * page_size + k % page_size] : 0.0f;
-    }
-    __syncthreads();
+  for (int buf = 0; tile * kTileKeys < n_keys; tile += int(gridDim.x), buf ^= 1) {
+    const int next = tile + int(gridDim.x);
+    if (next * kTileKeys < n_keys) load_tile(next, buf ^ 1);
+    else mla::cuda::cp_async_commit();  // (an empty group: the wait below always leaves the newest one in flight)
+    mla::cuda::cp_async_wait<1>();
+    __syncthreads();  // (this tile's keys and, the first time, the queries landed for every thread)
     float acc[4][2][4] = {};
 #pragma unroll
     for (int ks = 0; ks < kIndexDim / 16; ++ks) {
       uint32_t b[2][2];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
-        const uint8_t* key = &sk[(warp * 16 + nt * 8 + g) * kKeyStride + ks * 16 + 2 * t];
+        const uint8_t* key = &sk[buf][(warp * 16 + nt * 8 + g) * kKeyStride + ks * 16 + 2 * t];
         b[nt][0] = e4m3x2_to_half2(key), b[nt][1] = e4m3x2_to_half2(key + 8);
       }
 #pragma unroll
@@ -140,8 +173,9 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(const __half* __r
         for (int mt = 0; mt < 4; ++mt) sum += fmaxf(acc[mt][nt][col], 0.0f) + fmaxf(acc[mt][nt][2 + col], 0.0f);
         for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         const int key = warp * 16 + nt * 8 + 2 * t + col, k = tile * kTileKeys + key;
-        if (g == 0 && k < n_keys) scores[int64_t(r) * scores_per_request + k] = sum * (1.0f / kIndexHeads) * sscale[key];
+        if (g == 0 && k < n_keys) scores[int64_t(r) * scores_per_request + k] = sum * (1.0f / kIndexHeads) * sscale[buf][key];
       }
+    __syncthreads();  // (every warp done with this buffer before the next iteration's copy overwrites it)
   }
 }
 
@@ -162,23 +196,29 @@ void index_all_keys(cublasHandle_t blas, const __nv_bfloat16* cache, int64_t slo
 void index_step_keys(const __nv_bfloat16* cache, int64_t width, const int32_t* lengths, int64_t q_len, const int32_t* page_table,
                      int64_t pages_per_request, int64_t page_size, int64_t batch, const __nv_bfloat16* projection, uint8_t* index_keys,
                      float* index_scales, int32_t* keys, cudaStream_t stream) {
-  step_keys_kernel<<<unsigned(batch * q_len), kIndexDim, 0, stream>>>(cache, int(width), lengths, int(q_len), page_table, int(pages_per_request),
-                                                                     int(page_size), projection, index_keys, index_scales, keys);
+  if (width > kMaxStepWidth) throw std::invalid_argument("sparse index_step_keys: keys of at most 1024 values");
+  step_keys_kernel<<<unsigned(batch * q_len), kStepThreads, 0, stream>>>(cache, int(width), lengths, int(q_len), page_table, int(pages_per_request),
+                                                                        int(page_size), projection, index_keys, index_scales, keys);
   DSLAB_CHECK_LAUNCH();
 }
 
-void index_queries(const __nv_bfloat16* q, int64_t tokens, int64_t heads, int64_t width, const __nv_bfloat16* projection, __half* out,
-                   cudaStream_t stream) {
-  queries_kernel<<<dim3(unsigned(tokens), kIndexHeads), kIndexDim, 0, stream>>>(q, int(heads), int(width), projection, out);
+void index_queries(cublasHandle_t blas, const __nv_bfloat16* q, int64_t tokens, int64_t heads, int64_t width, const __nv_bfloat16* projection,
+                   float* scratch, __half* out, cudaStream_t stream) {
+  // Column-major: scratch (128 x tokens*heads) = projection^T (128 x width) . q^T (width x tokens*heads).
+  mla::cuda::gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, kIndexDim, tokens * heads, width, projection, kIndexDim, 0, q, width, 0, scratch, CUDA_R_32F,
+                  kIndexDim, 0, 1);
+  const int64_t pairs = tokens * kIndexHeads * kIndexDim / 2;
+  queries_to_half_kernel<<<unsigned((pairs + 255) / 256), 256, 0, stream>>>(scratch, int(heads), tokens, out);
   DSLAB_CHECK_LAUNCH();
 }
 
 void indexer_scores(const __half* queries, const uint8_t* index_keys, const float* index_scales, const int32_t* page_table,
                     int64_t pages_per_request, int64_t page_size, const int32_t* keys, int64_t batch, int64_t scores_per_request,
                     float* scores, cudaStream_t stream) {
-  // Enough CTAs for four per SM over the batch, each walking several tiles (its queries loaded once).
+  // Enough CTAs for kScoreCtasPerSm per SM over the batch, each walking several tiles (its queries loaded once).
   const int64_t tiles = (scores_per_request + kTileKeys - 1) / kTileKeys;
-  const unsigned per_request = unsigned(std::clamp<int64_t>((4 * int64_t(gpu_info().sms) + batch - 1) / batch, 1, tiles));
+  const unsigned per_request =
+      unsigned(std::clamp<int64_t>((kScoreCtasPerSm * int64_t(gpu_info().sms) + batch - 1) / batch, 1, tiles));
   scores_kernel<<<dim3(per_request, unsigned(batch)), kScoreThreads, 0, stream>>>(queries, index_keys, index_scales, page_table, int(pages_per_request),
                                                                                  int(page_size), keys, scores_per_request, scores);
   DSLAB_CHECK_LAUNCH();

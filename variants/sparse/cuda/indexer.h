@@ -29,9 +29,10 @@ void index_step_keys(const __nv_bfloat16* cache, int64_t width, const int32_t* l
                      float* index_scales, int32_t* keys, cudaStream_t stream);
 
 // The index queries: q [tokens][heads][width] (the absorbed query) -> [tokens][kIndexHeads][kIndexDim] fp16, index
-// head j taking MLA head j mod heads (fp32 sums).
-void index_queries(const __nv_bfloat16* q, int64_t tokens, int64_t heads, int64_t width, const __nv_bfloat16* projection, __half* out,
-                   cudaStream_t stream);
+// head j taking MLA head j mod heads (fp32 sums: a GEMM of every head's row into scratch [tokens * heads][kIndexDim]
+// fp32, then fp16). `blas` must queue on `stream`.
+void index_queries(cublasHandle_t blas, const __nv_bfloat16* q, int64_t tokens, int64_t heads, int64_t width, const __nv_bfloat16* projection,
+                   float* scratch, __half* out, cudaStream_t stream);
 
 // Every key's index score, one query per request (q_len 1): scores [batch][scores_per_request], keys < keys[r] of
 // request r (the rest untouched). Tensor-core products (fp16 queries, e4m3 keys exact in fp16, fp32 sums).

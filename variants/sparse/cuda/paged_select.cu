@@ -359,8 +359,12 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectTh
       cluster.sync();
       if (rank == 0 && tid < 32) pick_byte(histogram, remaining, &chosen_digit, &chosen_above);
       cluster.sync();
-      prefix |= *cluster.map_shared_rank(&chosen_digit, 0) << shift, mask |= 255u << shift;
-      remaining -= *cluster.map_shared_rank(&chosen_above, 0);
+      // One thread per CTA fetches the answer from CTA 0 (8192 threads reading one remote word queue at CTA 0's SM:
+      // ~100 us a selection), the others read the local copy.
+      if (rank != 0 && tid == 0) chosen_digit = *cluster.map_shared_rank(&chosen_digit, 0), chosen_above = *cluster.map_shared_rank(&chosen_above, 0);
+      __syncthreads();
+      prefix |= chosen_digit << shift, mask |= 255u << shift;
+      remaining -= chosen_above;
     }
     threshold = prefix;
   }
@@ -376,10 +380,12 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectTh
   __syncthreads();
   if (tid == 0) cluster.map_shared_rank(cta_above, 0)[rank] = above_cta, cluster.map_shared_rank(cta_equal, 0)[rank] = equal_cta;
   cluster.sync();
+  if (rank != 0 && tid < kClusterCtas) cta_above[tid] = cluster.map_shared_rank(cta_above, 0)[tid], cta_equal[tid] = cluster.map_shared_rank(cta_equal, 0)[tid];
+  __syncthreads();
   int above_total = 0, equal_before_cta = 0;
   for (int c = 0; c < kClusterCtas; ++c) {
-    above_total += cluster.map_shared_rank(cta_above, 0)[c];
-    if (c < rank) equal_before_cta += cluster.map_shared_rank(cta_equal, 0)[c];
+    above_total += cta_above[c];
+    if (c < rank) equal_before_cta += cta_equal[c];
   }
   const int equal_taken = need - above_total;  // the lowest-indexed equal ones
   equal_before += equal_before_cta;
@@ -388,9 +394,11 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectTh
   Scan(temp).ExclusiveSum(chosen, position, chosen_cta);
   if (tid == 0) cluster.map_shared_rank(cta_chosen, 0)[rank] = chosen_cta;
   cluster.sync();
+  if (rank != 0 && tid < kClusterCtas) cta_chosen[tid] = cluster.map_shared_rank(cta_chosen, 0)[tid];
+  __syncthreads();
   int total = 0;
   for (int c = 0; c < kClusterCtas; ++c) {
-    const int n = cluster.map_shared_rank(cta_chosen, 0)[c];
+    const int n = cta_chosen[c];
     total += n, position += c < rank ? n : 0;
   }
   int eq = equal_before;
