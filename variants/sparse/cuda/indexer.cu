@@ -85,21 +85,23 @@ __global__ void queries_to_half_kernel(const float* __restrict__ projected, int 
   reinterpret_cast<__half2*>(out)[i] = __floats2half2_rn(v.x, v.y);
 }
 
-// Scores by mma.sync m16n8k16 (fp16 in, fp32 accumulate): a CTA holds the request's 64 x 128 queries in shared memory
-// and walks tiles of 64 keys (e4m3 -> fp16 exactly), the next tile's keys and scales copied in (cp.async) while this
-// one's are multiplied (a load-then-compute loop left HBM idle half the time); warp w multiplies all 64 heads (4
-// m-tiles) by the tile's keys 16w..16w+15 (2 n-tiles), then ReLU, sums its heads and reduces over the lanes sharing
-// a key.
-constexpr int kTileKeys = 64, kScoreThreads = 128, kQueryStride = kIndexDim + 8, kKeyStride = kIndexDim + 16;  // (padding: no bank conflicts)
-constexpr int kScoreCtasPerSm = 6;  // (shared memory: 17 KB of queries + two 9 KB key tiles each)
+// Scores by mma.sync m16n8k16 (fp16 in, fp32 accumulate). Warp w keeps index heads 16w..16w+15 of the request's
+// query in registers (its A fragments, loaded once) and multiplies them by every key of a tile of 64 (8 n-tiles),
+// ReLU and sums its heads per key; the four warps' sums meet in shared memory. The next tile's keys and scales are
+// copied in (cp.async) while this one's are multiplied. (The first version had every warp re-read all 64 heads'
+// queries from shared memory for 16 keys: 16 KB of shared-memory reads per warp per tile, the kernel's limit.)
+// The dot product's order within each 16-dim step is permuted alike in A and B (mma slots 2t, 2t+1, 2t+8, 2t+9 take
+// dims 4t..4t+3), so a lane's four key bytes are one aligned 32-bit load and two fp8x2 -> half2 conversions.
+constexpr int kTileKeys = 64, kScoreThreads = 128, kKeyStride = kIndexDim + 16;  // (144-byte rows: conflict-free 32-bit loads)
+constexpr int kScoreCtasPerSm = 5;                                                // (registers: ~100 a thread)
 
 __device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ inline uint32_t e4m3x2_to_half2(const uint8_t* p) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(*reinterpret_cast<const __nv_fp8x2_storage_t*>(p), __NV_E4M3);
+__device__ inline uint32_t e4m3x2_to_half2(uint16_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two), __NV_E4M3);
   return uint32_t(h.x) | uint32_t(h.y) << 16;
 }
 
@@ -109,9 +111,10 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(const __half* __r
                                                                int64_t scores_per_request, float* __restrict__ scores) {
   using mla::cuda::cp_async16;
   using mla::cuda::cp_async4;
-  __shared__ __align__(16) __half sq[kIndexHeads * kQueryStride];
+  constexpr int kWarps = kScoreThreads / 32, kSteps = kIndexDim / 16;
   __shared__ __align__(16) uint8_t sk[2][kTileKeys * kKeyStride];
   __shared__ __align__(16) float sscale[2][kTileKeys];
+  __shared__ float warp_sum[kWarps][kTileKeys];
   const int r = int(blockIdx.y), tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int n_keys = keys[r];
   const int32_t* table = page_table + int64_t(r) * pages_per_request;
@@ -133,49 +136,48 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(const __half* __r
   int tile = int(blockIdx.x);
   if (tile * kTileKeys >= n_keys) return;
   load_tile(tile, 0);
-  for (int i = tid; i < kIndexHeads * kIndexDim / 8; i += kScoreThreads) {
-    const int row = i / (kIndexDim / 8), c = i % (kIndexDim / 8);
-    *reinterpret_cast<uint4*>(&sq[row * kQueryStride + c * 8]) =
-        reinterpret_cast<const uint4*>(queries + (int64_t(r) * kIndexHeads + row) * kIndexDim)[c];
+  // A fragments: rows g and g + 8 of this warp's heads; step ks's dims 4t..4t+1 in slots 2t, 2t+1, 4t+2..4t+3 in 2t+8, 2t+9.
+  uint32_t a[kSteps][4];
+  {
+    const __half* q0 = queries + (int64_t(r) * kIndexHeads + warp * 16 + g) * kIndexDim;
+    const __half* q8 = q0 + 8 * kIndexDim;
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) {
+      const uint2 lo = *reinterpret_cast<const uint2*>(q0 + ks * 16 + 4 * t), hi = *reinterpret_cast<const uint2*>(q8 + ks * 16 + 4 * t);
+      a[ks][0] = lo.x, a[ks][1] = hi.x, a[ks][2] = lo.y, a[ks][3] = hi.y;
+    }
   }
   for (int buf = 0; tile * kTileKeys < n_keys; tile += int(gridDim.x), buf ^= 1) {
     const int next = tile + int(gridDim.x);
     if (next * kTileKeys < n_keys) load_tile(next, buf ^ 1);
     else mla::cuda::cp_async_commit();  // (an empty group: the wait below always leaves the newest one in flight)
     mla::cuda::cp_async_wait<1>();
-    __syncthreads();  // (this tile's keys and, the first time, the queries landed for every thread)
-    float acc[4][2][4] = {};
+    __syncthreads();  // (this tile's keys landed for every thread; the last tile's sums were read)
+    float acc[kTileKeys / 8][4] = {};
 #pragma unroll
-    for (int ks = 0; ks < kIndexDim / 16; ++ks) {
-      uint32_t b[2][2];
+    for (int ks = 0; ks < kSteps; ++ks)
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const uint8_t* key = &sk[buf][(warp * 16 + nt * 8 + g) * kKeyStride + ks * 16 + 2 * t];
-        b[nt][0] = e4m3x2_to_half2(key), b[nt][1] = e4m3x2_to_half2(key + 8);
+      for (int nt = 0; nt < kTileKeys / 8; ++nt) {
+        const uint32_t four = *reinterpret_cast<const uint32_t*>(&sk[buf][(nt * 8 + g) * kKeyStride + ks * 16 + 4 * t]);
+        mma_16816(acc[nt], a[ks], e4m3x2_to_half2(uint16_t(four)), e4m3x2_to_half2(uint16_t(four >> 16)));
       }
+    // acc[nt][c]: head 16 warp + g (+8 for c >= 2), key nt*8 + 2t + (c & 1): ReLU, the warp's 16 heads summed.
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
-        const __half* q0 = &sq[(mt * 16 + g) * kQueryStride + ks * 16 + 2 * t];
-        const __half* q8 = q0 + 8 * kQueryStride;
-        const uint32_t a[4] = {*reinterpret_cast<const uint32_t*>(q0), *reinterpret_cast<const uint32_t*>(q8),
-                               *reinterpret_cast<const uint32_t*>(q0 + 8), *reinterpret_cast<const uint32_t*>(q8 + 8)};
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) mma_16816(acc[mt][nt], a, b[nt][0], b[nt][1]);
-      }
-    }
-    // acc[mt][nt][c]: head mt*16 + g (+8 for c >= 2), key warp*16 + nt*8 + 2t + (c & 1).
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int nt = 0; nt < kTileKeys / 8; ++nt)
 #pragma unroll
       for (int col = 0; col < 2; ++col) {
-        float sum = 0;
-#pragma unroll
-        for (int mt = 0; mt < 4; ++mt) sum += fmaxf(acc[mt][nt][col], 0.0f) + fmaxf(acc[mt][nt][2 + col], 0.0f);
+        float sum = fmaxf(acc[nt][col], 0.0f) + fmaxf(acc[nt][2 + col], 0.0f);
         for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        const int key = warp * 16 + nt * 8 + 2 * t + col, k = tile * kTileKeys + key;
-        if (g == 0 && k < n_keys) scores[int64_t(r) * scores_per_request + k] = sum * (1.0f / kIndexHeads) * sscale[buf][key];
+        if (g == 0) warp_sum[warp][nt * 8 + 2 * t + col] = sum;
       }
-    __syncthreads();  // (every warp done with this buffer before the next iteration's copy overwrites it)
+    __syncthreads();  // (every warp's sums written; every warp done with this buffer before the next copy into it)
+    if (tid < kTileKeys) {
+      const int k = tile * kTileKeys + tid;
+      float sum = 0;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) sum += warp_sum[w][tid];
+      if (k < n_keys) scores[int64_t(r) * scores_per_request + k] = sum * (1.0f / kIndexHeads) * sscale[buf][tid];
+    }
   }
 }
 

@@ -92,6 +92,34 @@ __device__ inline uint32_t order_key(float f) {
 
 constexpr int kSelectThreads = 1024, kSelectUnroll = 4, kMaxPages = 65536, kMaxTokens = 1 << 22;
 
+// A thread's run of equal histogram bins, added to the histogram once when the bin changes: scores crowd into few
+// bins (the top byte is nearly every key's), and a bin's shared-memory atomics serialise. (__match_any_sync over the
+// lanes did this before and cost ~100 us a selection whatever the key count: its time grows with the distinct
+// values in the warp, and it ran for every unrolled slot.)
+struct BinRun {
+  uint32_t bin = 0xffffffffu;
+  int count = 0;
+  __device__ void add(uint32_t b, int* histogram) {
+    if (b != bin) {
+      if (count) atomicAdd(&histogram[bin], count);
+      bin = b, count = 0;
+    }
+    ++count;
+  }
+  // Every lane of the warp: the last runs, one atomic for the warp where all lanes end in the same bin.
+  __device__ void flush(int* histogram) {
+    const unsigned all = 0xffffffffu;
+    const uint32_t first = __shfl_sync(all, bin, 0);
+    if (__all_sync(all, count > 0 && bin == first)) {
+      const int total = __reduce_add_sync(all, unsigned(count));
+      if (threadIdx.x % 32 == 0) atomicAdd(&histogram[first], total);
+    } else if (count) {
+      atomicAdd(&histogram[bin], count);
+    }
+    bin = 0xffffffffu, count = 0;
+  }
+};
+
 // One warp: the byte whose bin holds the remaining-th largest candidate (counting from the top bin down), and how
 // many candidates lie in the bins above it. Lane l holds bins 8l..8l+7; a suffix sum over the lanes.
 __device__ void pick_byte(const int* histogram, int remaining, uint32_t* digit, int* above_it) {
@@ -135,6 +163,7 @@ __device__ int select_in_order(int units, int need, Fixed fixed, Key key, Emit e
       if (tid < 256) histogram[tid] = 0;
       __syncthreads();
       // kSelectUnroll steps of 32 units per warp at a time, their loads issued together (bounds uniform over the warp).
+      BinRun run;
       for (int base = warp * 32 * kSelectUnroll; base < units; base += kSelectThreads * kSelectUnroll) {
         uint32_t k[kSelectUnroll];
         bool counted[kSelectUnroll];
@@ -145,15 +174,10 @@ __device__ int select_in_order(int units, int need, Fixed fixed, Key key, Emit e
           k[j] = counted[j] ? key(u) : 0u;
         }
 #pragma unroll
-        for (int j = 0; j < kSelectUnroll; ++j) {
-          counted[j] = counted[j] && (k[j] & mask) == prefix;
-          // Lanes with the same byte add once together: scores crowd into few bins, and a bin's shared-memory atomics
-          // serialise (128K keys into one bin would take the pass hundreds of microseconds).
-          const uint32_t bin = counted[j] ? (k[j] >> shift) & 255u : 256u + uint32_t(lane);
-          const unsigned peers = __match_any_sync(0xffffffffu, bin);
-          if (counted[j] && lane == __ffs(peers) - 1) atomicAdd(&histogram[bin], __popc(peers));
-        }
+        for (int j = 0; j < kSelectUnroll; ++j)
+          if (counted[j] && (k[j] & mask) == prefix) run.add((k[j] >> shift) & 255u, histogram);
       }
+      run.flush(histogram);
       __syncthreads();
       if (warp == 0) pick_byte(histogram, remaining, &chosen_digit, &chosen_above);
       __syncthreads();
@@ -319,7 +343,7 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectTh
   __shared__ uint32_t chosen_digit;
   __shared__ int chosen_above, cta_above[kClusterCtas], cta_equal[kClusterCtas], cta_chosen[kClusterCtas];
   cg::cluster_group cluster = cg::this_cluster();
-  const int rank = int(cluster.block_rank()), r = int(blockIdx.y), tid = int(threadIdx.x), lane = tid % 32, P = a.page_size;
+  const int rank = int(cluster.block_rank()), r = int(blockIdx.y), tid = int(threadIdx.x), P = a.page_size;
   const TokenRequest q = token_request(a, r, scores_per_request);
   const int keys = q.keys, sinks = q.sinks, window_first = q.window_first, need = q.need;
   const float* score = q.score;
@@ -347,13 +371,11 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectTh
       if (tid < 256) local[tid] = 0;
       if (rank == 0 && tid < 256) histogram[tid] = 0;
       cluster.sync();  // (CTA 0's zeroed histogram, and every CTA done reading the last answer)
+      BinRun run;
 #pragma unroll
-      for (int i = 0; i < kClusterKeysPerThread; ++i) {
-        const bool counted = (candidate_bits >> i & 1u) && (key[i] & mask) == prefix;
-        const uint32_t bin = counted ? (key[i] >> shift) & 255u : 256u + uint32_t(lane);
-        const unsigned peers = __match_any_sync(0xffffffffu, bin);
-        if (counted && lane == __ffs(peers) - 1) atomicAdd(&local[bin], __popc(peers));
-      }
+      for (int i = 0; i < kClusterKeysPerThread; ++i)
+        if ((candidate_bits >> i & 1u) && (key[i] & mask) == prefix) run.add((key[i] >> shift) & 255u, local);
+      run.flush(local);
       __syncthreads();
       if (tid < 256 && local[tid]) atomicAdd(&cluster_histogram[tid], local[tid]);
       cluster.sync();
