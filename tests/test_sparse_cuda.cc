@@ -267,7 +267,8 @@ TEST(GpuSparse, IndexerMatchesTheCpuReference) {
   const Device<int32_t> d_table(table), d_lengths(l.lengths_before), d_keys{size_t(batch)};
   const Device<uint8_t> d_index{size_t(slots * D)};
   const Device<float> d_scales{size_t(slots)}, d_scratch{size_t(1000 * D)}, d_scores{size_t(batch * ppr * P)};
-  const Device<__half> d_queries{size_t(batch * sparse::cuda::kIndexHeads * D)};
+  const Device<uint8_t> d_queries{size_t(batch * sparse::cuda::kIndexHeads * D)};
+  const Device<float> d_query_scales{size_t(batch * sparse::cuda::kIndexHeads)};
   const Device<int32_t> d_slots{size_t(batch * (budget.tokens + 1))}, d_logical{size_t(batch * (budget.tokens + 1))}, d_length{size_t(batch)},
       d_before{size_t(batch)};
   auto* cache_ptr = reinterpret_cast<const __nv_bfloat16*>(d_cache.p);
@@ -284,13 +285,15 @@ TEST(GpuSparse, IndexerMatchesTheCpuReference) {
   sparse::cuda::index_step_keys(cache_ptr, width, d_lengths.p, 1, d_table.p, ppr, P, batch, projection_ptr, d_index.p, d_scales.p, d_keys.p, 0);
   const Device<float> d_projected{size_t(batch * heads * D)};
   sparse::cuda::index_queries(blas.get(), reinterpret_cast<const __nv_bfloat16*>(d_q.p), batch, heads, width, projection_ptr, d_projected.p,
-                              d_queries.p, 0);
-  sparse::cuda::indexer_scores(d_queries.p, d_index.p, d_scales.p, d_table.p, ppr, P, d_keys.p, batch, ppr * P, d_scores.p, 0);
+                              d_queries.p, d_query_scales.p, 0);
+  sparse::cuda::indexer_scores(d_queries.p, d_query_scales.p, d_index.p, d_scales.p, d_table.p, ppr, P, d_keys.p, batch, ppr * P, d_scores.p, 0);
   sparse::cuda::compact_tokens(d_scores.p, ppr * P, d_table.p, ppr, d_keys.p, P, budget, batch, budget.tokens + 1, 1, d_slots.p, d_logical.p,
                                d_length.p, d_before.p, 0);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto index = d_index.host(size_t(slots * D));
   const auto scales = d_scales.host(size_t(slots)), scores = d_scores.host(size_t(batch * ppr * P));
+  const auto queries = d_queries.host(size_t(batch * sparse::cuda::kIndexHeads * D));
+  const auto query_scales = d_query_scales.host(size_t(batch * sparse::cuda::kIndexHeads));
   const auto out_slots = d_slots.host(size_t(batch * (budget.tokens + 1))), logical = d_logical.host(size_t(batch * (budget.tokens + 1)));
   const auto length = d_length.host(size_t(batch)), before = d_before.host(size_t(batch)), keys_after = d_keys.host(size_t(batch));
   const int64_t max_tokens = budget.tokens + 1;
@@ -316,12 +319,28 @@ TEST(GpuSparse, IndexerMatchesTheCpuReference) {
       }
     }
     EXPECT_GE(double(exact), 0.99 * double(p.keys * D));
-    // Scores: fp16 queries (2^-11 relative) and fp32 sums, within 2e-3 of the score's sum of magnitudes.
+    // Index queries: e4m3 with a scale per head, index head j from MLA head j mod heads; the same codes as the CPU's
+    // but for neighbouring-value roundings of fp32 sums taken in another order.
+    std::vector<float> iq(size_t(sparse::cuda::kIndexHeads * D));
+    int64_t same_query = 0;
+    for (int64_t j = 0; j < sparse::cuda::kIndexHeads; ++j) {
+      float* row = &iq[size_t(j * D)];
+      st.project(&p.q_lat[size_t((j % heads) * latent)], &p.q_pe[size_t((j % heads) * rope)], row);
+      std::vector<float> rounded(row, row + D);
+      const float scale = sparse::round_e4m3_scaled(rounded.data(), D);
+      const size_t at = size_t((r * sparse::cuda::kIndexHeads + j) * D);
+      ASSERT_NEAR(query_scales[size_t(r * sparse::cuda::kIndexHeads + j)], scale, 1e-3 * scale) << "index head " << j;
+      for (int64_t d = 0; d < D; ++d) {
+        const float got = e4m3_value(queries[at + size_t(d)]) * query_scales[size_t(r * sparse::cuda::kIndexHeads + j)];
+        same_query += std::abs(got - rounded[size_t(d)]) <= 1e-4f * std::abs(rounded[size_t(d)]);
+        ASSERT_NEAR(got, rounded[size_t(d)], std::abs(rounded[size_t(d)]) / 8 + std::ldexp(scale, -9) * 1.01f) << "index head " << j << " dim " << d;
+      }
+    }
+    EXPECT_GE(double(same_query), 0.99 * double(sparse::cuda::kIndexHeads * D));
+    // Scores: the same e4m3 values, fp32 sums in another order (and the rare neighbouring rounding above), within
+    // 2e-3 of the score's sum of magnitudes.
     const std::vector<double> want = sparse::dsa_token_scores(p, st);
     const std::vector<double> got(scores.begin() + r * ppr * P, scores.begin() + r * ppr * P + p.keys);
-    std::vector<float> iq(size_t(sparse::cuda::kIndexHeads * D));
-    for (int64_t j = 0; j < sparse::cuda::kIndexHeads; ++j)
-      st.project(&p.q_lat[size_t((j % heads) * latent)], &p.q_pe[size_t((j % heads) * rope)], &iq[size_t(j * D)]);
     for (int64_t k = 0; k < p.keys; ++k) {
       double magnitude = 0;
       for (int64_t j = 0; j < sparse::cuda::kIndexHeads; ++j)

@@ -223,12 +223,7 @@ void SelectorState::append_row(const float* latent, const float* rope) {
     index_keys_.resize(at + size_t(ix_.dim));
     float* key = &index_keys_[at];
     project(latent, rope, key);
-    if (ix_.fp8) {  // the cache holds e4m3 values and one fp32 scale per token
-      float amax = 0;
-      for (int64_t j = 0; j < ix_.dim; ++j) amax = std::max(amax, std::fabs(key[j]));
-      const float scale = amax > 0 ? amax / 448.0f : 1.0f;
-      for (int64_t j = 0; j < ix_.dim; ++j) key[j] = round_e4m3(key[j] / scale) * scale;
-    }
+    if (ix_.fp8) round_e4m3_scaled(key, ix_.dim);  // the cache holds e4m3 values and one fp32 scale per token
   }
 }
 
@@ -344,6 +339,14 @@ float round_e4m3(float x) {
   return std::copysign(std::min(448.0f, std::nearbyint(a / step) * step), x);
 }
 
+float round_e4m3_scaled(float* v, int64_t n) {
+  float amax = 0;
+  for (int64_t j = 0; j < n; ++j) amax = std::max(amax, std::fabs(v[j]));
+  const float scale = amax > 0 ? amax / 448.0f : 1.0f;
+  for (int64_t j = 0; j < n; ++j) v[j] = round_e4m3(v[j] / scale) * scale;
+  return scale;
+}
+
 std::vector<double> dsa_token_scores(const Problem& p, const SelectorState& st) {
   if (st.keys() != p.keys || st.width() != p.latent + p.rope || !st.keeps(SelectorState::index_keys))
     throw std::logic_error("sparse: the selector state does not describe this cache");
@@ -352,6 +355,7 @@ std::vector<double> dsa_token_scores(const Problem& p, const SelectorState& st) 
   for (int64_t j = 0; j < ix.heads; ++j) {
     const int64_t h = j % p.heads;
     st.project(&p.q_lat[size_t(h * p.latent)], &p.q_pe[size_t(h * p.rope)], &q[size_t(j * ix.dim)]);
+    if (ix.fp8) round_e4m3_scaled(&q[size_t(j * ix.dim)], ix.dim);  // e4m3 queries, one scale per head, as the keys
   }
   std::vector<double> score(size_t(p.keys), 0.0);
   for (int64_t k = 0; k < p.keys; ++k) {

@@ -47,7 +47,7 @@ struct Budget {
 // trained-free weights could not (a random indexer selects at random).
 struct Indexer {
   int64_t heads = 64, dim = 128;
-  bool fp8 = true;  // the index keys rounded to e4m3 with a per-token scale
+  bool fp8 = true;  // the index keys (a scale per token) and queries (a scale per head) rounded to e4m3
   uint64_t seed = 1;
 };
 
@@ -139,6 +139,9 @@ int64_t token_sparse_length(int64_t keys, const Budget& b);
 std::vector<float> indexer_projection(const Indexer& ix, int64_t width);
 // e4m3 rounding (to nearest, saturating at 448; subnormals below 2^-6): the value an FP8 cache holds.
 float round_e4m3(float x);
+// A vector as FP8 with one scale (amax / 448; 1 for all zeros): each value becomes its e4m3 value times the scale,
+// which is returned.
+float round_e4m3_scaled(float* v, int64_t n);
 
 // fp64 attention over the keys `selected` (all keys: dense attention): out[h] = softmax(scores of h over them) ·
 // their latents, [heads][latent].

@@ -29,7 +29,7 @@ class DsaSelector final : public TokenSelector {
   Cost cost(const ModelConfig& m, const mla::Shape& s, int64_t) const override {
     // Per request: every key's index key and scale read and multiplied by the 64 index queries, its score written and
     // read back by the top-k's passes (six: four radix bytes, a count, the emit); every head's query projected
-    // (width x 128, fp32 out and read back as fp16) and the new key's index key; the chosen slots written. The
+    // (width x 128, fp32 out and read back as e4m3) and the new key's index key; the chosen slots written. The
     // projection (width x 128 bf16) once.
     const double keys = double(s.keys()), width = double(m.kv_lora_rank + m.qk_rope_head_dim), B = double(s.batch);
     const double rows = double(s.q_len * s.heads + s.q_len);
@@ -53,6 +53,7 @@ class DsaSelector final : public TokenSelector {
     index_keys_.resize(size_t(slots * kIndexDim));
     index_scales_.resize(size_t(slots));
     queries_.resize(size_t(s_.tokens() * kIndexHeads * kIndexDim));
+    query_scales_.resize(size_t(s_.tokens() * kIndexHeads));
     projected_.resize(size_t(s_.tokens() * s_.heads * kIndexDim));
     // Every slot's index key, once (slots past a request's keys hold whatever the cache holds there; a step remakes
     // its new keys' before they are scored).
@@ -68,8 +69,8 @@ class DsaSelector final : public TokenSelector {
     index_step_keys(bf16_values(*cache_), width_, lengths_in_, s_.q_len, page_table_of(*cache_), ppr, P, s_.batch, projection_.get(), index_keys_.get(),
                     index_scales_.get(), keys_.get(), stream);
     mark("select_index_keys");
-    index_queries(blas, q_cat, s_.tokens(), s_.heads, width_, projection_.get(), projected_.get(), queries_.get(), stream);
-    indexer_scores(queries_.get(), index_keys_.get(), index_scales_.get(), page_table_of(*cache_), ppr, P, keys_.get(), s_.batch, scores_per_request(),
+    index_queries(blas, q_cat, s_.tokens(), s_.heads, width_, projection_.get(), projected_.get(), queries_.get(), query_scales_.get(), stream);
+    indexer_scores(queries_.get(), query_scales_.get(), index_keys_.get(), index_scales_.get(), page_table_of(*cache_), ppr, P, keys_.get(), s_.batch, scores_per_request(),
                    scores_.get(), stream);
     mark("select_scores");
   }
@@ -77,7 +78,8 @@ class DsaSelector final : public TokenSelector {
   DeviceArray<__nv_bfloat16> projection_;  // [width][128]
   DeviceArray<uint8_t> index_keys_;        // [cache slots][128] e4m3
   DeviceArray<float> index_scales_;        // [cache slots]
-  DeviceArray<__half> queries_;            // [tokens][64][128]
+  DeviceArray<uint8_t> queries_;           // [tokens][64][128] e4m3
+  DeviceArray<float> query_scales_;        // [tokens][64]
   DeviceArray<float> projected_;           // [tokens][heads][128]: every head's query projected, fp32
 };
 

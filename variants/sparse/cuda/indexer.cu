@@ -1,6 +1,6 @@
 // The lightning indexer's kernels (indexer.h): index keys by a cuBLAS GEMM (prepare) or a block per new key (a step),
-// e4m3 with a scale per key as the CPU state rounds them; index queries by a cuBLAS GEMM; scores by
-// tensor-core tiles of 64 keys x 64 heads.
+// e4m3 with a scale per key as the CPU state rounds them; index queries by a cuBLAS GEMM, e4m3 with a scale per head;
+// scores by FP8 tensor-core tiles of 64 keys x 64 heads.
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -21,18 +21,21 @@ static_assert(kIndexDim == 128 && kIndexHeads == 64, "the kernels below tile 64 
 __device__ inline uint8_t to_e4m3(float x, float scale) { return uint8_t(__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3)); }
 __device__ inline float key_scale(float amax) { return amax > 0 ? __fdiv_rn(amax, 448.0f) : 1.0f; }
 
-// A warp per row of 128 fp32 values: the row's scale and its e4m3 bytes.
-__global__ void quantize_rows_kernel(const float* __restrict__ rows, int64_t n, uint8_t* __restrict__ keys, float* __restrict__ scales) {
+// A warp per output row of 128 fp32 values: the row's scale and its e4m3 bytes. Output row i = t * out_group + j
+// reads input row t * in_group + j mod in_group (index queries: index head j takes MLA head j mod heads; keys: 1, 1).
+__global__ void quantize_rows_kernel(const float* __restrict__ rows, int64_t n, int in_group, int out_group, uint8_t* __restrict__ out,
+                                     float* __restrict__ scales) {
   const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = int(threadIdx.x) % 32;
   if (row >= n) return;
-  const float4 v = reinterpret_cast<const float4*>(rows + row * kIndexDim)[lane];
+  const int64_t in_row = row / out_group * in_group + row % out_group % in_group;
+  const float4 v = reinterpret_cast<const float4*>(rows + in_row * kIndexDim)[lane];
   float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
   for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const float scale = key_scale(amax);
   const uint32_t packed = uint32_t(to_e4m3(v.x, scale)) | uint32_t(to_e4m3(v.y, scale)) << 8 | uint32_t(to_e4m3(v.z, scale)) << 16 |
                           uint32_t(to_e4m3(v.w, scale)) << 24;
-  reinterpret_cast<uint32_t*>(keys + row * kIndexDim)[lane] = packed;
+  reinterpret_cast<uint32_t*>(out + row * kIndexDim)[lane] = packed;
   if (lane == 0) scales[row] = scale;
 }
 
@@ -75,46 +78,35 @@ __global__ void __launch_bounds__(kStepThreads) step_keys_kernel(const __nv_bflo
   if (j == 0) scales[slot] = scale;
 }
 
-// Index head j of token t takes MLA head j mod heads: fp16 of the GEMM's fp32 row.
-__global__ void queries_to_half_kernel(const float* __restrict__ projected, int heads, int64_t tokens, __half* __restrict__ out) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // over tokens x kIndexHeads x kIndexDim / 2
-  if (i >= tokens * kIndexHeads * kIndexDim / 2) return;
-  const int64_t t = i / (kIndexHeads * kIndexDim / 2);
-  const int j = int(i / (kIndexDim / 2) % kIndexHeads), d2 = int(i % (kIndexDim / 2));
-  const float2 v = reinterpret_cast<const float2*>(projected + (t * heads + j % heads) * kIndexDim)[d2];
-  reinterpret_cast<__half2*>(out)[i] = __floats2half2_rn(v.x, v.y);
-}
+// Scores by FP8 tensor-core products (mma.sync m16n8k32 e4m3, fp32 accumulate: the products of e4m3 codes and
+// their sums are exact in fp32), scaled per head and per key. Warp w keeps all 64 index heads' query codes in
+// registers (its A fragments, loaded once) and multiplies them by keys 16w..16w+15 of a tile of 64 (2 n-tiles), then
+// ReLU(query scale x dot), sums the heads and reduces over the lanes sharing a key. The next tiles' keys and scales
+// are copied in (cp.async, kScoreStages deep) while this one's are multiplied. Each 32-dim step's order is permuted alike in A and B
+// (mma slots 4t..4t+3 take dims 8t..8t+3, slots 16+4t.. take 8t+4..8t+7), so a lane's eight key bytes of a step are
+// one 64-bit load. (An fp16 version, keys converted e4m3 -> fp16 in the loop, ran at 1.2 TB/s: the conversions and
+// the fp16 MMAs, not HBM, were its limit.)
+constexpr int kTileKeys = 64, kScoreThreads = 128, kKeyStride = kIndexDim + 32;  // (160-byte rows: conflict-free 64-bit loads)
+// Tiles in flight per CTA: at ~170 registers a thread two CTAs fit an SM, so each keeps three tiles' copies going
+// while it multiplies a fourth.
+constexpr int kScoreStages = 4;
 
-// Scores by mma.sync m16n8k16 (fp16 in, fp32 accumulate). Warp w keeps index heads 16w..16w+15 of the request's
-// query in registers (its A fragments, loaded once) and multiplies them by every key of a tile of 64 (8 n-tiles),
-// ReLU and sums its heads per key; the four warps' sums meet in shared memory. The next tile's keys and scales are
-// copied in (cp.async) while this one's are multiplied. (The first version had every warp re-read all 64 heads'
-// queries from shared memory for 16 keys: 16 KB of shared-memory reads per warp per tile, the kernel's limit.)
-// The dot product's order within each 16-dim step is permuted alike in A and B (mma slots 2t, 2t+1, 2t+8, 2t+9 take
-// dims 4t..4t+3), so a lane's four key bytes are one aligned 32-bit load and two fp8x2 -> half2 conversions.
-constexpr int kTileKeys = 64, kScoreThreads = 128, kKeyStride = kIndexDim + 16;  // (144-byte rows: conflict-free 32-bit loads)
-constexpr int kScoreCtasPerSm = 5;                                                // (registers: ~100 a thread)
-
-__device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+__device__ inline void mma_fp8_16832(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ inline uint32_t e4m3x2_to_half2(uint16_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two), __NV_E4M3);
-  return uint32_t(h.x) | uint32_t(h.y) << 16;
-}
 
-__global__ void __launch_bounds__(kScoreThreads) scores_kernel(const __half* __restrict__ queries, const uint8_t* __restrict__ index_keys,
-                                                               const float* __restrict__ index_scales, const int32_t* __restrict__ page_table,
-                                                               int pages_per_request, int page_size, const int32_t* __restrict__ keys,
-                                                               int64_t scores_per_request, float* __restrict__ scores) {
+__global__ void __launch_bounds__(kScoreThreads) scores_kernel(const uint8_t* __restrict__ queries, const float* __restrict__ query_scales,
+                                                               const uint8_t* __restrict__ index_keys, const float* __restrict__ index_scales,
+                                                               const int32_t* __restrict__ page_table, int pages_per_request, int page_size,
+                                                               const int32_t* __restrict__ keys, int64_t scores_per_request,
+                                                               float* __restrict__ scores) {
   using mla::cuda::cp_async16;
   using mla::cuda::cp_async4;
-  constexpr int kWarps = kScoreThreads / 32, kSteps = kIndexDim / 16;
-  __shared__ __align__(16) uint8_t sk[2][kTileKeys * kKeyStride];
-  __shared__ __align__(16) float sscale[2][kTileKeys];
-  __shared__ float warp_sum[kWarps][kTileKeys];
+  constexpr int kSteps = kIndexDim / 32, kHeadTiles = kIndexHeads / 16;
+  __shared__ __align__(16) uint8_t sk[kScoreStages][kTileKeys * kKeyStride];
+  __shared__ __align__(16) float sscale[kScoreStages][kTileKeys];
   const int r = int(blockIdx.y), tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int n_keys = keys[r];
   const int32_t* table = page_table + int64_t(r) * pages_per_request;
@@ -133,51 +125,58 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(const __half* __r
     }
     mla::cuda::cp_async_commit();
   };
-  int tile = int(blockIdx.x);
-  if (tile * kTileKeys >= n_keys) return;
-  load_tile(tile, 0);
-  // A fragments: rows g and g + 8 of this warp's heads; step ks's dims 4t..4t+1 in slots 2t, 2t+1, 4t+2..4t+3 in 2t+8, 2t+9.
-  uint32_t a[kSteps][4];
-  {
-    const __half* q0 = queries + (int64_t(r) * kIndexHeads + warp * 16 + g) * kIndexDim;
-    const __half* q8 = q0 + 8 * kIndexDim;
+  const int first = int(blockIdx.x), stride = int(gridDim.x);
+  if (first * kTileKeys >= n_keys) return;
+  // The first kScoreStages - 1 tiles in flight (an empty group for each past the request's: the waits count groups).
+#pragma unroll
+  for (int i = 0; i < kScoreStages - 1; ++i) {
+    if ((first + i * stride) * kTileKeys < n_keys) load_tile(first + i * stride, i);
+    else mla::cuda::cp_async_commit();
+  }
+  // A fragments: heads 16 mt + g and + 8; step ks's dims 8t..8t+3 in slots 4t.., 8t+4..8t+7 in slots 16+4t..
+  uint32_t a[kHeadTiles][kSteps][4];
+  float head_scale[kHeadTiles][2];
+#pragma unroll
+  for (int mt = 0; mt < kHeadTiles; ++mt) {
+    const int64_t row = int64_t(r) * kIndexHeads + mt * 16 + g;
+    const uint8_t* q0 = queries + row * kIndexDim;
+    const uint8_t* q8 = q0 + 8 * kIndexDim;
+    head_scale[mt][0] = query_scales[row], head_scale[mt][1] = query_scales[row + 8];
 #pragma unroll
     for (int ks = 0; ks < kSteps; ++ks) {
-      const uint2 lo = *reinterpret_cast<const uint2*>(q0 + ks * 16 + 4 * t), hi = *reinterpret_cast<const uint2*>(q8 + ks * 16 + 4 * t);
-      a[ks][0] = lo.x, a[ks][1] = hi.x, a[ks][2] = lo.y, a[ks][3] = hi.y;
+      const uint2 lo = *reinterpret_cast<const uint2*>(q0 + ks * 32 + 8 * t), hi = *reinterpret_cast<const uint2*>(q8 + ks * 32 + 8 * t);
+      a[mt][ks][0] = lo.x, a[mt][ks][1] = hi.x, a[mt][ks][2] = lo.y, a[mt][ks][3] = hi.y;
     }
   }
-  for (int buf = 0; tile * kTileKeys < n_keys; tile += int(gridDim.x), buf ^= 1) {
-    const int next = tile + int(gridDim.x);
-    if (next * kTileKeys < n_keys) load_tile(next, buf ^ 1);
-    else mla::cuda::cp_async_commit();  // (an empty group: the wait below always leaves the newest one in flight)
-    mla::cuda::cp_async_wait<1>();
-    __syncthreads();  // (this tile's keys landed for every thread; the last tile's sums were read)
-    float acc[kTileKeys / 8][4] = {};
+  for (int i = 0, tile = first; tile * kTileKeys < n_keys; ++i, tile += stride) {
+    const int buf = i % kScoreStages, ahead = tile + (kScoreStages - 1) * stride;
+    if (ahead * kTileKeys < n_keys) load_tile(ahead, (i + kScoreStages - 1) % kScoreStages);
+    else mla::cuda::cp_async_commit();
+    mla::cuda::cp_async_wait<kScoreStages - 1>();
+    __syncthreads();  // (this tile's keys landed for every thread)
+    float acc[kHeadTiles][2][4] = {};
 #pragma unroll
     for (int ks = 0; ks < kSteps; ++ks)
 #pragma unroll
-      for (int nt = 0; nt < kTileKeys / 8; ++nt) {
-        const uint32_t four = *reinterpret_cast<const uint32_t*>(&sk[buf][(nt * 8 + g) * kKeyStride + ks * 16 + 4 * t]);
-        mma_16816(acc[nt], a[ks], e4m3x2_to_half2(uint16_t(four)), e4m3x2_to_half2(uint16_t(four >> 16)));
-      }
-    // acc[nt][c]: head 16 warp + g (+8 for c >= 2), key nt*8 + 2t + (c & 1): ReLU, the warp's 16 heads summed.
+      for (int nt = 0; nt < 2; ++nt) {
+        const uint2 b = *reinterpret_cast<const uint2*>(&sk[buf][(warp * 16 + nt * 8 + g) * kKeyStride + ks * 32 + 8 * t]);
 #pragma unroll
-    for (int nt = 0; nt < kTileKeys / 8; ++nt)
+        for (int mt = 0; mt < kHeadTiles; ++mt) mma_fp8_16832(acc[mt][nt], a[mt][ks], b.x, b.y);
+      }
+    // acc[mt][nt][c]: head 16 mt + g (+8 for c >= 2), key warp*16 + nt*8 + 2t + (c & 1).
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int col = 0; col < 2; ++col) {
-        float sum = fmaxf(acc[nt][col], 0.0f) + fmaxf(acc[nt][2 + col], 0.0f);
-        for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (g == 0) warp_sum[warp][nt * 8 + 2 * t + col] = sum;
-      }
-    __syncthreads();  // (every warp's sums written; every warp done with this buffer before the next copy into it)
-    if (tid < kTileKeys) {
-      const int k = tile * kTileKeys + tid;
-      float sum = 0;
+        float sum = 0;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) sum += warp_sum[w][tid];
-      if (k < n_keys) scores[int64_t(r) * scores_per_request + k] = sum * (1.0f / kIndexHeads) * sscale[buf][tid];
-    }
+        for (int mt = 0; mt < kHeadTiles; ++mt)
+          sum += fmaxf(acc[mt][nt][col] * head_scale[mt][0], 0.0f) + fmaxf(acc[mt][nt][2 + col] * head_scale[mt][1], 0.0f);
+        for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        const int key = warp * 16 + nt * 8 + 2 * t + col, k = tile * kTileKeys + key;
+        if (g == 0 && k < n_keys) scores[int64_t(r) * scores_per_request + k] = sum * (1.0f / kIndexHeads) * sscale[buf][key];
+      }
+    __syncthreads();  // (every warp done with this buffer before a later iteration's copy overwrites it)
   }
 }
 
@@ -190,7 +189,8 @@ void index_all_keys(cublasHandle_t blas, const __nv_bfloat16* cache, int64_t slo
     // Column-major: scratch (128 x rows) = projection^T (128 x width) . rows^T (width x rows).
     mla::cuda::gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, kIndexDim, rows, width, projection, kIndexDim, 0, cache + first * width, width, 0, scratch,
                     CUDA_R_32F, kIndexDim, 0, 1);
-    quantize_rows_kernel<<<unsigned((rows * 32 + 255) / 256), 256, 0, stream>>>(scratch, rows, index_keys + first * kIndexDim, index_scales + first);
+    quantize_rows_kernel<<<unsigned((rows * 32 + 255) / 256), 256, 0, stream>>>(scratch, rows, 1, 1, index_keys + first * kIndexDim,
+                                                                                index_scales + first);
     DSLAB_CHECK_LAUNCH();
   }
 }
@@ -205,23 +205,28 @@ void index_step_keys(const __nv_bfloat16* cache, int64_t width, const int32_t* l
 }
 
 void index_queries(cublasHandle_t blas, const __nv_bfloat16* q, int64_t tokens, int64_t heads, int64_t width, const __nv_bfloat16* projection,
-                   float* scratch, __half* out, cudaStream_t stream) {
+                   float* scratch, uint8_t* out, float* scales, cudaStream_t stream) {
   // Column-major: scratch (128 x tokens*heads) = projection^T (128 x width) . q^T (width x tokens*heads).
   mla::cuda::gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, kIndexDim, tokens * heads, width, projection, kIndexDim, 0, q, width, 0, scratch, CUDA_R_32F,
                   kIndexDim, 0, 1);
-  const int64_t pairs = tokens * kIndexHeads * kIndexDim / 2;
-  queries_to_half_kernel<<<unsigned((pairs + 255) / 256), 256, 0, stream>>>(scratch, int(heads), tokens, out);
+  const int64_t rows = tokens * kIndexHeads;
+  quantize_rows_kernel<<<unsigned((rows * 32 + 255) / 256), 256, 0, stream>>>(scratch, rows, int(heads), kIndexHeads, out, scales);
   DSLAB_CHECK_LAUNCH();
 }
 
-void indexer_scores(const __half* queries, const uint8_t* index_keys, const float* index_scales, const int32_t* page_table,
+void indexer_scores(const uint8_t* queries, const float* query_scales, const uint8_t* index_keys, const float* index_scales, const int32_t* page_table,
                     int64_t pages_per_request, int64_t page_size, const int32_t* keys, int64_t batch, int64_t scores_per_request,
                     float* scores, cudaStream_t stream) {
-  // Enough CTAs for kScoreCtasPerSm per SM over the batch, each walking several tiles (its queries loaded once).
+  // As many CTAs as fit at once over the batch (registers bound it), each walking several tiles (its queries loaded
+  // once): a second wave would leave its CTAs' whole share of tiles for the end.
+  static const int resident = [] {
+    int n = 0;
+    DSLAB_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, scores_kernel, kScoreThreads, 0));
+    return std::max(1, n);
+  }();
   const int64_t tiles = (scores_per_request + kTileKeys - 1) / kTileKeys;
-  const unsigned per_request =
-      unsigned(std::clamp<int64_t>((kScoreCtasPerSm * int64_t(gpu_info().sms) + batch - 1) / batch, 1, tiles));
-  scores_kernel<<<dim3(per_request, unsigned(batch)), kScoreThreads, 0, stream>>>(queries, index_keys, index_scales, page_table, int(pages_per_request),
+  const unsigned per_request = unsigned(std::clamp<int64_t>(resident * int64_t(gpu_info().sms) / batch, 1, tiles));
+  scores_kernel<<<dim3(per_request, unsigned(batch)), kScoreThreads, 0, stream>>>(queries, query_scales, index_keys, index_scales, page_table, int(pages_per_request),
                                                                                  int(page_size), keys, scores_per_request, scores);
   DSLAB_CHECK_LAUNCH();
 }

@@ -28,15 +28,15 @@ void index_step_keys(const __nv_bfloat16* cache, int64_t width, const int32_t* l
                      int64_t pages_per_request, int64_t page_size, int64_t batch, const __nv_bfloat16* projection, uint8_t* index_keys,
                      float* index_scales, int32_t* keys, cudaStream_t stream);
 
-// The index queries: q [tokens][heads][width] (the absorbed query) -> [tokens][kIndexHeads][kIndexDim] fp16, index
-// head j taking MLA head j mod heads (fp32 sums: a GEMM of every head's row into scratch [tokens * heads][kIndexDim]
-// fp32, then fp16). `blas` must queue on `stream`.
+// The index queries: q [tokens][heads][width] (the absorbed query) -> [tokens][kIndexHeads][kIndexDim] e4m3 with a
+// scale per (token, index head) in scales [tokens][kIndexHeads], index head j taking MLA head j mod heads (fp32 sums:
+// a GEMM of every head's row into scratch [tokens * heads][kIndexDim] fp32, then e4m3). `blas` must queue on `stream`.
 void index_queries(cublasHandle_t blas, const __nv_bfloat16* q, int64_t tokens, int64_t heads, int64_t width, const __nv_bfloat16* projection,
-                   float* scratch, __half* out, cudaStream_t stream);
+                   float* scratch, uint8_t* out, float* scales, cudaStream_t stream);
 
 // Every key's index score, one query per request (q_len 1): scores [batch][scores_per_request], keys < keys[r] of
-// request r (the rest untouched). Tensor-core products (fp16 queries, e4m3 keys exact in fp16, fp32 sums).
-void indexer_scores(const __half* queries, const uint8_t* index_keys, const float* index_scales, const int32_t* page_table,
+// request r (the rest untouched). FP8 tensor-core products (e4m3 queries and keys, fp32 sums), scaled per head and key.
+void indexer_scores(const uint8_t* queries, const float* query_scales, const uint8_t* index_keys, const float* index_scales, const int32_t* page_table,
                     int64_t pages_per_request, int64_t page_size, const int32_t* keys, int64_t batch, int64_t scores_per_request,
                     float* scores, cudaStream_t stream);
 
