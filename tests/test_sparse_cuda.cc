@@ -246,10 +246,9 @@ float e4m3_value(uint8_t b) {
 // The lightning indexer's GPU pieces against the CPU state and scores: the index keys of every cached key (prepare's
 // GEMM) and of the step's new key (a block per key), the index queries and every key's score, and the top-k from the
 // GPU's own scores as select_tokens makes it; the keys scattered over a shuffled page pool.
-TEST(GpuSparse, IndexerMatchesTheCpuReference) {
-  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
-  const uint64_t seed = test::fresh_seed();
-  const int64_t heads = 16, latent = 512, rope = 64, width = latent + rope, P = 64, D = sparse::cuda::kIndexDim;
+void check_indexer(int64_t P, uint64_t seed) {
+  SCOPED_TRACE("page_size " + std::to_string(P));
+  const int64_t heads = 16, latent = 512, rope = 64, width = latent + rope, D = sparse::cuda::kIndexDim;
   const std::vector<int64_t> keys = {1000, 641, 130, 4096};
   const int64_t batch = int64_t(keys.size());
   sparse::Budget budget;
@@ -356,6 +355,13 @@ TEST(GpuSparse, IndexerMatchesTheCpuReference) {
       EXPECT_EQ(out_slots[size_t(r * max_tokens) + i], table[size_t(r * ppr + cpu[i] / P)] * P + cpu[i] % P) << i;
     }
   }
+}
+
+// Pages of whole 64-key tiles (one page-table lookup a tile) and of 48 keys (a lookup per key).
+TEST(GpuSparse, IndexerMatchesTheCpuReference) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  const uint64_t seed = test::fresh_seed();
+  for (const int64_t page_size : {64, 48}) check_indexer(page_size, seed);
 }
 
 // The oracle's attention mass on the GPU against the CPU's (each key's softmax probability summed over the heads, at

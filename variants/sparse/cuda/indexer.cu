@@ -110,18 +110,26 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(const uint8_t* __
   const int r = int(blockIdx.y), tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int n_keys = keys[r];
   const int32_t* table = page_table + int64_t(r) * pages_per_request;
-  // Tile `tile`'s keys (zeros past the request's) into buffer `buf`, as one commit group.
+  // Tile `tile`'s keys (zeros past the request's) into buffer `buf`, as one commit group. Thread tid copies chunk
+  // tid % 8 of keys tid / 8 + 16 j. Where pages hold whole tiles (page_size a multiple of 64) a tile's keys are
+  // consecutive slots of one page: one page-table lookup a tile (ncu: the per-chunk lookups' integer divisions were
+  // most of this kernel's instructions, issue-bound at two warps a scheduler); otherwise a lookup per key.
+  const int chunk = tid % (kIndexDim / 16), key0 = tid / (kIndexDim / 16);
+  constexpr int kKeysPerPass = kScoreThreads / (kIndexDim / 16);
+  const bool whole_tiles = page_size % kTileKeys == 0;
   auto load_tile = [&](int tile, int buf) {
-    for (int i = tid; i < kTileKeys * kIndexDim / 16; i += kScoreThreads) {
-      const int key = i / (kIndexDim / 16), c = i % (kIndexDim / 16), k = tile * kTileKeys + key;
-      const bool valid = k < n_keys;
-      const int64_t slot = valid ? int64_t(table[k / page_size]) * page_size + k % page_size : 0;
-      cp_async16(&sk[buf][key * kKeyStride + c * 16], index_keys + slot * kIndexDim + c * 16, valid);
+    const int k0 = tile * kTileKeys;
+    const int64_t base = whole_tiles ? int64_t(table[k0 / page_size]) * page_size + k0 % page_size : 0;
+    auto slot_of = [&](int key) { return whole_tiles ? base + key : int64_t(table[(k0 + key) / page_size]) * page_size + (k0 + key) % page_size; };
+#pragma unroll
+    for (int j = 0; j < kTileKeys / kKeysPerPass; ++j) {
+      const int key = key0 + j * kKeysPerPass;
+      const bool valid = k0 + key < n_keys;
+      cp_async16(&sk[buf][key * kKeyStride + chunk * 16], index_keys + (valid ? slot_of(key) : 0) * kIndexDim + chunk * 16, valid);
     }
     if (tid < kTileKeys) {
-      const int k = tile * kTileKeys + tid;
-      const bool valid = k < n_keys;
-      cp_async4(&sscale[buf][tid], index_scales + (valid ? int64_t(table[k / page_size]) * page_size + k % page_size : 0), valid);
+      const bool valid = k0 + tid < n_keys;
+      cp_async4(&sscale[buf][tid], index_scales + (valid ? slot_of(tid) : 0), valid);
     }
     mla::cuda::cp_async_commit();
   };
@@ -170,8 +178,8 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(const uint8_t* __
       for (int col = 0; col < 2; ++col) {
         float sum = 0;
 #pragma unroll
-        for (int mt = 0; mt < kHeadTiles; ++mt)
-          sum += fmaxf(acc[mt][nt][col] * head_scale[mt][0], 0.0f) + fmaxf(acc[mt][nt][2 + col] * head_scale[mt][1], 0.0f);
+        for (int mt = 0; mt < kHeadTiles; ++mt)  // (ReLU(s x) = s ReLU(x): scales are positive)
+          sum = fmaf(head_scale[mt][0], fmaxf(acc[mt][nt][col], 0.0f), fmaf(head_scale[mt][1], fmaxf(acc[mt][nt][2 + col], 0.0f), sum));
         for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         const int key = warp * 16 + nt * 8 + 2 * t + col, k = tile * kTileKeys + key;
         if (g == 0 && k < n_keys) scores[int64_t(r) * scores_per_request + k] = sum * (1.0f / kIndexHeads) * sscale[buf][key];
