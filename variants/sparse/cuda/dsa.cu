@@ -1,7 +1,7 @@
 // sparse/dsa/cuda: DeepSeek-V3.2's sparse attention (DSA) over the paged latent cache (issue 16). The lightning indexer
 // (indexer.h: 64 index heads x 128 dims, an e4m3 index key with one scale per cached key, kept beside the latent cache:
-// every key's made at prepare, the step's new keys' inside run()) scores every key, score_k = sum_j ReLU(q_j · key_k)
-// / 64; the sinks (4 keys), the `local` window and the best-scored others up to the `budget` are kept, one selection
+// every key's made at prepare, the step's new keys' inside run(); e4m3 index queries with a scale per head, FP8
+// tensor-core products) scores every key, score_k = sum_j ReLU(q_j · key_k) / 64; the sinks (4 keys), the `local` window and the best-scored others up to the `budget` are kept, one selection
 // per request shared by all heads (they share the latent), and mla/fused/cuda's kernel attends exactly those keys: its
 // page table becomes their cache slots, walked as pages of one key (FlashMLA's sparse decode gathers top-k token
 // indices through the page table the same way).
@@ -85,8 +85,8 @@ class DsaSelector final : public TokenSelector {
 
 const bool registered = mla::cuda::register_mla_op(
     "sparse/dsa/cuda",
-    "DeepSeek-V3.2 sparse attention: the lightning indexer (64 heads x 128, e4m3 index keys beside the latent cache, the step's "
-    "made in run()) scores every key, sinks + window + top keys within the budget, attended by mla/fused/cuda's kernel through their slots",
+    "DeepSeek-V3.2 sparse attention: the lightning indexer (64 heads x 128, FP8: e4m3 index keys beside the latent cache, the "
+    "step's made in run(), e4m3 queries) scores every key, sinks + window + top keys within the budget, attended by mla/fused/cuda's kernel through their slots",
     [] { return mla::cuda::make_fused_op(std::make_unique<DsaSelector>()); });
 
 }  // namespace
