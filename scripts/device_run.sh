@@ -7,7 +7,8 @@
 #   steps: facts calibrate calibrate-twice tests gpu-tests sanitize[:POINT,...] default v2 mla-cpu moe-v2-lite moe-v3 offload[:SUITE,...]
 #          mla-decode:SUITE[,SUITE...]
 #          sweep:NAME:SUITE[,SUITE...] (workloads/sweeps/NAME.json into $OUT/NAME-SUITE/results.json)
-#          pack (last: all but run.log into $OUT/out.tar.xz, as at most 8 files come back)
+#          ncu:KERNEL_REGEX:RUN,ARGS (Nsight Compute's main sections for the matching kernels of one `dslab run` point)
+#          pack (all but run.log into $OUT/out.tar.xz, as at most 8 files come back; a later pack adds to it)
 #   (default: facts calibrate tests default v2 mla-cpu). mla-decode:a,b runs those suites of
 #   workloads/sweeps/mla-decode.json into $OUT/mla-decode-a/results.json; GPU_TIMEOUT caps each point (default 1 s);
 #   GPU_TESTS_FILTER narrows gpu-tests (a gtest filter, default Gpu*); CALIBRATE_REPEAT: runs per calibrate-twice calibration (3);
@@ -102,12 +103,29 @@ for s in "${steps[@]}"; do
       timeout 540 dslab run workloads/sweeps/moe-cpu.json --suite "$suite" --timeout "${MOE_TIMEOUT:-2}" --machine "$machine" --out "$OUT/$s" >>"$log" 2>&1
       echo "exit $?" | tee -a "$log" ;;
     pack)
-      # Everything under $OUT but run.log into one out.tar.xz (a call brings back at most 8 files): put it last.
+      # Everything under $OUT but run.log into out.tar.xz (a call brings back at most 8 files): put it last, or after
+      # any step whose files must survive a later step running out of time; a later pack adds to the same archive.
       step pack
-      (cd "$OUT" && find . -type f ! -name run.log ! -name out.tar.xz | sort | tar -cJf out.tar.xz -T - &&
-        find . -type f ! -name run.log ! -name out.tar.xz -delete && find . -mindepth 1 -type d -empty -delete)
+      (cd "$OUT" && find . -type f ! -name run.log ! -name out.tar.xz ! -name out.tar ! -name .pack-list | sort >.pack-list &&
+        { [ ! -f out.tar.xz ] || xz -d out.tar.xz; } && tar -rf out.tar -T .pack-list && xz -T0 out.tar &&
+        xargs -d '\n' rm -f <.pack-list && rm -f .pack-list && find . -mindepth 1 -type d -empty -delete)
       echo "packed: $(tar -tJf "$OUT/out.tar.xz" | wc -l) files in out.tar.xz" | tee -a "$log" ;;
-    *) echo "unknown step '$s' (expected facts calibrate calibrate-twice tests gpu-tests sanitize[:POINTS] default v2 mla-cpu moe-v2-lite moe-v3 offload mla-decode:SUITE sweep:NAME:SUITE pack)" >&2; exit 2 ;;
+    ncu:*)
+      # Nsight Compute on one point: ncu:KERNEL_REGEX:DSLAB_RUN_ARGS (the run's arguments, commas for spaces), e.g.
+      # ncu:scores_kernel:--model,deepseek-v3,--variant,sparse/dsa/cuda,--axis,batch=16. Each matching kernel's first
+      # NCU_LAUNCHES (default 2) launches after NCU_SKIP (2: past the warm-up) with the speed-of-light, memory, warp
+      # state, occupancy and launch sections, clocks left alone (METHOD.md), into $OUT/ncu-KERNEL_REGEX.txt.
+      spec=${s#ncu:}; kernel=${spec%%:*}; run_args=${spec#*:}
+      step "ncu $kernel"
+      name=$(printf '%s' "$kernel" | tr -c 'A-Za-z0-9_.-' '_')
+      # shellcheck disable=SC2086  # the run's arguments, word-split on purpose
+      timeout "${NCU_LIMIT:-240}" ncu --clock-control none -k "regex:$kernel" --launch-skip "${NCU_SKIP:-2}" --launch-count "${NCU_LAUNCHES:-2}" \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+        dslab run ${run_args//,/ } --no-verify --min-samples 1 --min-time 0 --timeout 0.2 --out "$OUT/ncu-run" >"$OUT/ncu-$name.txt" 2>&1
+      echo "ncu exit $?" | tee -a "$log"
+      grep -E '^  [A-Za-z_(].*\(|Duration|DRAM Throughput|Compute \(SM\)|Warp Cycles Per Issued|Achieved Active Warps' "$OUT/ncu-$name.txt" | tee -a "$log"
+      rm -rf "$OUT/ncu-run" ;;
+    *) echo "unknown step '$s' (expected facts calibrate calibrate-twice tests gpu-tests sanitize[:POINTS] default v2 mla-cpu moe-v2-lite moe-v3 offload mla-decode:SUITE sweep:NAME:SUITE ncu:KERNEL:ARGS pack)" >&2; exit 2 ;;
   esac
 done
 grep -E '^(mla|moe|layer|variant|results)' "$log" | tail -70
