@@ -110,12 +110,19 @@ __global__ void __launch_bounds__(kCdWarps * 32) cd_decode_kernel(const __nv_bfl
 #pragma unroll
     for (int j = 0; j < kCdMaxVPairs; ++j) acc[i][j] = make_float2(0.0f, 0.0f);
   }
+  // A group's keys are consecutive slots of one page where pages and splits hold whole groups (chunk is a multiple
+  // of kCdUnroll): one page-table lookup a group, in 32-bit arithmetic (CacheView::slot's 64-bit division per key
+  // cost more instructions than the key's dot product and softmax).
+  const int P = int(pages.page_size);
+  const int32_t* table = pages.page_table + int64_t(b) * pages.pages_per_request;
+  const bool group_in_page = P % kCdUnroll == 0 && chunk % kCdUnroll == 0;
   for (int base = first + warp * kCdUnroll; base < last; base += kCdWarps * kCdUnroll) {
     __nv_bfloat162 kr[kCdUnroll][kCdMaxQPairs], vr[kCdUnroll][kCdMaxVPairs];
+    const int64_t group_slot = group_in_page ? int64_t(table[base / P]) * P + base % P : 0;
 #pragma unroll
     for (int u = 0; u < kCdUnroll; ++u) {  // every load of the group first
       const int key = base + u;
-      const int64_t slot = key < last ? pages.slot(b, key) : 0;
+      const int64_t slot = key >= last ? 0 : group_in_page ? group_slot + u : int64_t(table[key / P]) * P + key % P;
       const auto* krow = reinterpret_cast<const __nv_bfloat162*>(k_pool + (slot * heads + h) * qhd);
       const auto* vrow = reinterpret_cast<const __nv_bfloat162*>(v_pool + (slot * heads + h) * vd);
 #pragma unroll
@@ -334,7 +341,7 @@ class CdPagedCuda final : public CdForm {
     // at least 256 keys each; fixed here so one captured graph serves steps of any length up to keys_.
     const int64_t blocks = s_.batch * nh_ * ((s_.q_len + kCdQueries - 1) / kCdQueries);
     splits_ = int(std::clamp<int64_t>((4 * int64_t(gpu_info().sms) + blocks - 1) / blocks, 1, std::max<int64_t>(1, keys_ / 256)));
-    chunk_ = int((keys_ + splits_ - 1) / splits_);
+    chunk_ = int((keys_ + splits_ - 1) / splits_ + kCdUnroll - 1) / kCdUnroll * kCdUnroll;  // (whole key groups: see cd_decode_kernel)
     o_part_.scratch(arena_, size_t(s_.tokens() * nh_ * splits_ * vd_));
     lse_part_.scratch(arena_, size_t(s_.tokens() * nh_ * splits_));
   }
