@@ -62,15 +62,29 @@ void write_sparse_against_dense(const ResultsFile& f, std::ostringstream& md) {
   };
   md << "Sparse attention against dense mla/fused/cuda at the same point (attention = `kernel_s`: a sparse step's selection, "
         "the `op_us.select_*` stages, then its decode and combine; the step adds the projections both share):\n\n"
-        "| variant | point | step | attention | of it: selection | dense step | dense attention | dense / sparse attention | "
-        "dense / sparse step | keys attended | rel. err vs dense |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+        "| variant | point | step | attention | of it: selection | its stages, us | dense step | dense attention | dense / sparse attention | "
+        "dense / sparse step | keys attended | rel. err vs dense |\n|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n";
+  // The attention's stages (op_us.select_*, then decode and combine), so where a selector's time goes reads off the row.
+  auto stages = [](const Entry& e) {
+    std::string out;
+    if (!e.raw.contains("counters")) return out;
+    const auto& c = e.raw["counters"];
+    auto add = [&](const std::string& key, const std::string& label) {
+      if (c.contains(key) && c[key].is_number()) out += (out.empty() ? "" : ", ") + label + " " + num("%.3g", c[key].get<double>());
+    };
+    for (const auto& [k, v] : c.items())
+      if (k.rfind("op_us.select_", 0) == 0) add(k, k.substr(13));
+    add("op_us.decode", "decode");
+    add("op_us.combine", "combine");
+    return out;
+  };
   for (const Entry* e : sparse) {
     const Entry* dense = nullptr;
     for (const Entry& d : f.entries)
       if (d.variant == "mla/fused/cuda" && same_point(*e, d)) dense = &d;
     const double attention = counter(*e, "kernel_s");
     md << "| " << e->variant << " | " << axes_label(e->axes) << " | " << time_str(e->median_us) << " | " << time_str(attention * 1e6) << " | "
-       << num("%.0f%%", 100 * counter(*e, "selection_share")) << " | ";
+       << num("%.0f%%", 100 * counter(*e, "selection_share")) << " | " << stages(*e) << " | ";
     if (dense) {
       const double dense_attention = counter(*dense, "kernel_s");
       md << time_str(dense->median_us) << " | " << time_str(dense_attention * 1e6) << " | " << num("%.2fx", dense_attention / attention) << " | "

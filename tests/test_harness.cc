@@ -435,12 +435,14 @@ TEST(Cli, ReportPutsSparseAttentionBesideDense) {
   quest.point.set("budget", {"6144", 6144, true});
   quest.point.set("local", {"4096", 4096, true});
   quest.samples.seconds = {0.2e-3, 0.2e-3, 0.2e-3};
-  quest.counters = {{"kernel_s", 1e-4}, {"selection_share", 0.4}, {"attended_keys", 6144}, {"rel_err_vs_dense", 0.5}};
+  quest.counters = {{"kernel_s", 1e-4},           {"selection_share", 0.4},   {"attended_keys", 6144},    {"rel_err_vs_dense", 0.5},
+                    {"op_us.select_scores", 30}, {"op_us.select_pages", 10}, {"op_us.decode", 52.5}, {"op_us.combine", 7.25}};
   PointResult alone = quest;  // (no dense run at 32K in the file)
   alone.point.set("kv_len", {"32768", 32768, true});
   const std::string md = report_of({dense, quest, alone});
-  EXPECT_NE(md.find("| 200 us | 100 us | 40% | 1.32 ms | 1.2 ms | 12.00x | 6.58x | 6144 | 5.00e-01 |"), std::string::npos) << md;
-  EXPECT_NE(md.find("| 200 us | 100 us | 40% | — | — | — | — | 6144 | 5.00e-01 |"), std::string::npos) << md;
+  const std::string stages = " | pages 10, scores 30, decode 52.5, combine 7.25 | ";
+  EXPECT_NE(md.find("| 200 us | 100 us | 40%" + stages + "1.32 ms | 1.2 ms | 12.00x | 6.58x | 6144 | 5.00e-01 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 200 us | 100 us | 40%" + stages + "— | — | — | — | 6144 | 5.00e-01 |"), std::string::npos) << md;
 }
 
 // dslab compare end to end: an unchanged pair exits 0; a copy with one variant's times doubled exits 1
