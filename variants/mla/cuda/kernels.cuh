@@ -6,23 +6,10 @@
 
 #include <cstdint>
 
+#include "variants/common/cp_async.cuh"
 #include "variants/mla/cuda/mla_cuda.h"
 
 namespace dslab::mla::cuda {
-
-// Asynchronous global -> shared copies (cp.async, sm_80+): `valid` false writes zeros and reads nothing.
-__device__ inline uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-__device__ inline void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ inline void cp_async4(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0));
-}
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ inline void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 // A warp holds one token's values, element i = lane + 32 k; 18 per lane covers the 576-wide latent.
 constexpr int kMaxValuesPerLane = 18;

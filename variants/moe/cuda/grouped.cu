@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "harness/cuda_check.h"
+#include "variants/common/cp_async.cuh"
 #include "variants/common/pdl.cuh"
 #include "variants/moe/cuda/moe_cuda.h"
 #include "variants/moe/cuda/moe_kernels.cuh"
@@ -34,12 +35,6 @@ struct GroupedArgs {
   __nv_bfloat16* h;         // gate+up: [rows][N]
   float* y;                 // down: [rows][N]
 };
-
-__device__ inline uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
-__device__ inline void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
 
 __device__ inline void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -119,14 +114,14 @@ __global__ void __launch_bounds__(WARPS * 32) grouped_gemm_kernel(GroupedArgs g)
       if (id >= BM * 8) break;
       const int r = id / 8, c = id % 8;
       const bool ok = a_ok[i] && k0 + c * 8 < g.K;
-      cp_async16(smem_addr(sa + stage * BM * kTileK + swz(r, c)), ok ? a_row[i] + k0 + c * 8 : g.a, ok);
+      cp_async16(sa + stage * BM * kTileK + swz(r, c), ok ? a_row[i] + k0 + c * 8 : g.a, ok);
     }
 #pragma unroll
     for (int i = 0; i < kBChunks; ++i) {
       const int id = tid + i * kThreads;
       const int n = id / 8, c = id % 8;
       const bool ok = b_ok[i] && k0 + c * 8 < g.K;
-      cp_async16(smem_addr(sb + stage * kTileN * kTileK + swz(n, c)), ok ? b_row[i] + k0 + c * 8 : g.b0, ok);
+      cp_async16(sb + stage * kTileN * kTileK + swz(n, c), ok ? b_row[i] + k0 + c * 8 : g.b0, ok);
     }
   };
 
@@ -139,14 +134,14 @@ __global__ void __launch_bounds__(WARPS * 32) grouped_gemm_kernel(GroupedArgs g)
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < k_tiles) load_stage(s, s);
-    asm volatile("cp.async.commit_group;\n" ::);
+    cp_async_commit();
   }
   for (int kt = 0; kt < k_tiles; ++kt) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
+    cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage kt landed for every thread; stage kt - 1 is no longer read by anyone
     const int next = kt + STAGES - 1;
     if (next < k_tiles) load_stage(next % STAGES, next);
-    asm volatile("cp.async.commit_group;\n" ::);
+    cp_async_commit();
     const __nv_bfloat16* ta = sa + (kt % STAGES) * BM * kTileK;
     const __nv_bfloat16* tb = sb + (kt % STAGES) * kTileN * kTileK;
 #pragma unroll
@@ -170,7 +165,7 @@ __global__ void __launch_bounds__(WARPS * 32) grouped_gemm_kernel(GroupedArgs g)
       }
     }
   }
-  asm volatile("cp.async.wait_group 0;\n" ::);
+  cp_async_wait<0>();
 
   // Epilogue. Accumulator (i, j): rows lane/4 and lane/4 + 8 of m-tile i, columns 2 (lane % 4) + {0, 1} of n-tile j.
 #pragma unroll

@@ -8,7 +8,7 @@
 
 #include "harness/cuda_check.h"
 #include "harness/host.h"
-#include "variants/mla/cuda/kernels.cuh"
+#include "variants/common/cp_async.cuh"
 #include "variants/mla/cuda/mla_cuda.h"
 #include "variants/sparse/cuda/indexer.h"
 
@@ -102,8 +102,6 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(const uint8_t* __
                                                                const int32_t* __restrict__ page_table, int pages_per_request, int page_size,
                                                                const int32_t* __restrict__ keys, int64_t scores_per_request,
                                                                float* __restrict__ scores) {
-  using mla::cuda::cp_async16;
-  using mla::cuda::cp_async4;
   constexpr int kSteps = kIndexDim / 32, kHeadTiles = kIndexHeads / 16;
   __shared__ __align__(16) uint8_t sk[kScoreStages][kTileKeys * kKeyStride];
   __shared__ __align__(16) float sscale[kScoreStages][kTileKeys];
@@ -131,7 +129,7 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(const uint8_t* __
       const bool valid = k0 + tid < n_keys;
       cp_async4(&sscale[buf][tid], index_scales + (valid ? slot_of(tid) : 0), valid);
     }
-    mla::cuda::cp_async_commit();
+    cp_async_commit();
   };
   const int first = int(blockIdx.x), stride = int(gridDim.x);
   if (first * kTileKeys >= n_keys) return;
@@ -139,7 +137,7 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(const uint8_t* __
 #pragma unroll
   for (int i = 0; i < kScoreStages - 1; ++i) {
     if ((first + i * stride) * kTileKeys < n_keys) load_tile(first + i * stride, i);
-    else mla::cuda::cp_async_commit();
+    else cp_async_commit();
   }
   // A fragments: heads 16 mt + g and + 8; step ks's dims 8t..8t+3 in slots 4t.., 8t+4..8t+7 in slots 16+4t..
   uint32_t a[kHeadTiles][kSteps][4];
@@ -159,8 +157,8 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(const uint8_t* __
   for (int i = 0, tile = first; tile * kTileKeys < n_keys; ++i, tile += stride) {
     const int buf = i % kScoreStages, ahead = tile + (kScoreStages - 1) * stride;
     if (ahead * kTileKeys < n_keys) load_tile(ahead, (i + kScoreStages - 1) % kScoreStages);
-    else mla::cuda::cp_async_commit();
-    mla::cuda::cp_async_wait<kScoreStages - 1>();
+    else cp_async_commit();
+    cp_async_wait<kScoreStages - 1>();
     __syncthreads();  // (this tile's keys landed for every thread)
     float acc[kHeadTiles][2][4] = {};
 #pragma unroll
