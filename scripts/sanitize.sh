@@ -53,6 +53,7 @@ for tool in memcheck racecheck; do
   # (past 16K keys a request's top-k is the 8-CTA cluster kernel, its histograms in CTA 0's shared memory)
   run "$tool" sparse-dsa-cluster --model deepseek-v2-lite --variant sparse/dsa/cuda --axis batch=2 --axis kv_len=20000 --axis len_dist=mixed --axis budget=1024 --axis local=256 --axis executor=eager
   run "$tool" moe-grouped --model deepseek-v2-lite --variant moe/grouped/cuda --axis tokens=1,300
+  run "$tool" moe-grouped-wgmma --model deepseek-v2-lite --variant moe/grouped_wgmma/cuda --axis tokens=2048
   run "$tool" moe-loop --model deepseek-v2-lite --variant moe/loop/cuda --axis tokens=37
   run "$tool" moe-host --model deepseek-v2-lite --variant moe/host/cuda --axis tokens=1,40
   run "$tool" linear-own --model deepseek-v2-lite --variant linear/own/cuda --axis weight=kv_a_proj_with_mqa,o_proj,lm_head --axis tokens=1,3,8

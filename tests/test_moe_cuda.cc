@@ -67,7 +67,7 @@ TEST_P(GpuMoe, MatchesReferenceOverRoutersTokensAndRoutings) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Gpu, GpuMoe, ::testing::Values("moe/grouped/cuda", "moe/loop/cuda", "moe/host/cuda"),
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuMoe, ::testing::Values("moe/grouped/cuda", "moe/grouped_wgmma/cuda", "moe/loop/cuda", "moe/host/cuda"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n)

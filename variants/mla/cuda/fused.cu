@@ -14,6 +14,7 @@
 #include "harness/errors.h"
 #include "harness/host.h"
 #include "variants/common/pdl.cuh"
+#include "variants/common/wgmma.cuh"
 #include "variants/mla/cuda/kernels.cuh"
 #include "variants/mla/cuda/mla_cuda.h"
 
@@ -27,24 +28,9 @@ constexpr int kGroups = kWidth / kQuantGroup;
 
 // ---- PTX wrappers --------------------------------------------------------------------------------------
 
-// Q and K tiles in shared memory, in the layout Hopper's warpgroup MMA reads ("K-major, 128-byte swizzle"): the
-// 576 columns are 9 blocks of 64; a block holds its `rows` rows of 128 bytes, each row's 16-byte chunks
-// XOR-ed by the row (mod 8). The 8 rows an ldmatrix reads then fall in 8 different bank groups, and a
-// wgmma descriptor can address any 8-row x 64-column atom. Tiles start 1024-byte aligned.
-__device__ inline int swz(int row, int col, int rows) {
-  return (col >> 6) * (rows * 64) + row * 64 + ((((col & 63) >> 3) ^ (row & 7)) << 3) + (col & 7);
-}
-
-// wgmma shared-memory matrix descriptor for a K-major, 128-byte-swizzled operand starting at `p`:
-// stride between 8-row groups 1024 bytes; the leading-dimension offset is unused for this layout.
-__device__ inline uint64_t wgmma_desc(const void* p) {
-  return uint64_t((smem_addr(p) & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-// The same tile read as an MN-major operand (its 64-column blocks along N, `rows` rows each, 8-row groups along K).
-__device__ inline uint64_t wgmma_desc_mn(const void* p, int rows) {
-  return uint64_t((smem_addr(p) & 0x3FFFF) >> 4) | (uint64_t(rows * 128 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
-         (uint64_t(1) << 62);
-}
+// Q and K tiles in shared memory are in the layout Hopper's warpgroup MMA reads (variants/common/wgmma.cuh: swz,
+// wgmma_desc): the 576 columns are 9 blocks of 64. The 8 rows an ldmatrix reads fall in 8 different bank groups, and
+// a wgmma descriptor can address any 8-row x 64-column atom.
 
 // S[64 x 64] (+)= A[64 x 16] · B[64 x 16]^T, as above with 64 keys.
 __device__ inline void wgmma_m64n64k16(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) {
@@ -67,13 +53,6 @@ __device__ inline void wgmma_m64n128k16_vt(float (&d)[32][4], uint64_t a, uint64
       : "+f"(d[16 * H + 0][0]), "+f"(d[16 * H + 0][1]), "+f"(d[16 * H + 0][2]), "+f"(d[16 * H + 0][3]), "+f"(d[16 * H + 1][0]), "+f"(d[16 * H + 1][1]), "+f"(d[16 * H + 1][2]), "+f"(d[16 * H + 1][3]), "+f"(d[16 * H + 2][0]), "+f"(d[16 * H + 2][1]), "+f"(d[16 * H + 2][2]), "+f"(d[16 * H + 2][3]), "+f"(d[16 * H + 3][0]), "+f"(d[16 * H + 3][1]), "+f"(d[16 * H + 3][2]), "+f"(d[16 * H + 3][3]), "+f"(d[16 * H + 4][0]), "+f"(d[16 * H + 4][1]), "+f"(d[16 * H + 4][2]), "+f"(d[16 * H + 4][3]), "+f"(d[16 * H + 5][0]), "+f"(d[16 * H + 5][1]), "+f"(d[16 * H + 5][2]), "+f"(d[16 * H + 5][3]), "+f"(d[16 * H + 6][0]), "+f"(d[16 * H + 6][1]), "+f"(d[16 * H + 6][2]), "+f"(d[16 * H + 6][3]), "+f"(d[16 * H + 7][0]), "+f"(d[16 * H + 7][1]), "+f"(d[16 * H + 7][2]), "+f"(d[16 * H + 7][3]), "+f"(d[16 * H + 8][0]), "+f"(d[16 * H + 8][1]), "+f"(d[16 * H + 8][2]), "+f"(d[16 * H + 8][3]), "+f"(d[16 * H + 9][0]), "+f"(d[16 * H + 9][1]), "+f"(d[16 * H + 9][2]), "+f"(d[16 * H + 9][3]), "+f"(d[16 * H + 10][0]), "+f"(d[16 * H + 10][1]), "+f"(d[16 * H + 10][2]), "+f"(d[16 * H + 10][3]), "+f"(d[16 * H + 11][0]), "+f"(d[16 * H + 11][1]), "+f"(d[16 * H + 11][2]), "+f"(d[16 * H + 11][3]), "+f"(d[16 * H + 12][0]), "+f"(d[16 * H + 12][1]), "+f"(d[16 * H + 12][2]), "+f"(d[16 * H + 12][3]), "+f"(d[16 * H + 13][0]), "+f"(d[16 * H + 13][1]), "+f"(d[16 * H + 13][2]), "+f"(d[16 * H + 13][3]), "+f"(d[16 * H + 14][0]), "+f"(d[16 * H + 14][1]), "+f"(d[16 * H + 14][2]), "+f"(d[16 * H + 14][3]), "+f"(d[16 * H + 15][0]), "+f"(d[16 * H + 15][1]), "+f"(d[16 * H + 15][2]), "+f"(d[16 * H + 15][3])
       : "l"(a), "l"(b));
 }
-__device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ inline void wgmma_commit_and_wait() {
-  asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-// Makes this thread's shared-memory writes (cp.async, st.shared) visible to the tensor cores' async reads.
-__device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
 struct Params {
   CUtensorMap kv_map;      // the cache as a [slots][576] tensor, 64 x 64 boxes (when tma)
   bool tma;                // page_size a multiple of 64: blocks copied by the tensor memory accelerator

@@ -14,6 +14,7 @@
 #include "harness/cuda_check.h"
 #include "variants/common/cp_async.cuh"
 #include "variants/common/pdl.cuh"
+#include "variants/common/wgmma.cuh"
 #include "variants/moe/cuda/moe_cuda.h"
 #include "variants/moe/cuda/moe_kernels.cuh"
 
@@ -52,6 +53,66 @@ __device__ inline void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32
 // Element offset of (row, 16-byte chunk) in a [rows][64] tile, chunks XOR-swizzled by the row.
 __device__ inline int swz(int row, int chunk) { return row * kTileK + ((chunk ^ (row & 7)) << 3); }
 
+// One CTA's operand copies, a stage (64 K values) at a time into [rows][64] swizzled tiles: its BM permuted A rows
+// (gathered through perm_token) and its BN B rows of expert `slab` (gate+up: rows 16q..16q+7 the gate rows of outputs
+// out0 + 8q.., rows 16q+8.. the up rows of the same outputs). Each thread's global row pointers are fixed over K,
+// so they are found once; rows past the expert's or N, and K past its end, are copied as zeros.
+template <int BM, int BN, int THREADS, bool GATE_UP>
+struct TileLoader {
+  static constexpr int kBChunks = BN * 8 / THREADS, kAChunks = (BM * 8 + THREADS - 1) / THREADS;
+  const __nv_bfloat16* b_row[kBChunks];
+  bool b_ok[kBChunks];
+  const __nv_bfloat16* a_row[kAChunks];
+  bool a_ok[kAChunks];
+  const GroupedArgs& g;
+  int tid;
+
+  __device__ TileLoader(const GroupedArgs& args, int thread, int64_t slab, int out0, int row0, int rows) : g(args), tid(thread) {
+    const int64_t K = g.K;
+#pragma unroll
+    for (int i = 0; i < kBChunks; ++i) {
+      const int n = (tid + i * THREADS) / 8;
+      int col;
+      const __nv_bfloat16* base;
+      if (GATE_UP) {
+        col = out0 + 8 * (n / 16) + n % 8;
+        base = (n % 16) < 8 ? g.b0 : g.b1;
+      } else {
+        col = out0 + n;
+        base = g.b0;
+      }
+      b_ok[i] = col < g.N;
+      b_row[i] = base + (slab * g.N + (b_ok[i] ? col : 0)) * K;
+    }
+#pragma unroll
+    for (int i = 0; i < kAChunks; ++i) {
+      const int r = (tid + i * THREADS) / 8;
+      a_ok[i] = r < rows && tid + i * THREADS < BM * 8;
+      const int p = row0 + (a_ok[i] ? r : 0);
+      a_row[i] = g.a + int64_t(g.perm_token ? g.perm_token[p] : p) * K;
+    }
+  }
+
+  __device__ void load(__nv_bfloat16* sa, __nv_bfloat16* sb, int kt) const {
+    const int k0 = kt * kTileK;
+#pragma unroll
+    for (int i = 0; i < kAChunks; ++i) {
+      const int id = tid + i * THREADS;
+      if (id >= BM * 8) break;
+      const int r = id / 8, c = id % 8;
+      const bool ok = a_ok[i] && k0 + c * 8 < g.K;
+      cp_async16(sa + swz(r, c), ok ? a_row[i] + k0 + c * 8 : g.a, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < kBChunks; ++i) {
+      const int id = tid + i * THREADS;
+      const int n = id / 8, c = id % 8;
+      const bool ok = b_ok[i] && k0 + c * 8 < g.K;
+      cp_async16(sb + swz(n, c), ok ? b_row[i] + k0 + c * 8 : g.b0, ok);
+    }
+  }
+};
+
 // BM rows x BN B rows (gate+up: BN / 2 gate + BN / 2 up rows = BN / 2 outputs) per CTA, WARPS warps of which
 // WARPS_M along the rows.
 template <int BM, int BN, int WARPS, int WARPS_M, int STAGES, bool GATE_UP>
@@ -73,57 +134,10 @@ __global__ void __launch_bounds__(WARPS * 32) grouped_gemm_kernel(GroupedArgs g)
   const int out0 = int(blockIdx.y) * (GATE_UP ? kTileN / 2 : kTileN);  // first output column
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int wm = warp / WARPS_N, wn = warp % WARPS_N;
-  const int64_t K = g.K;
   const int k_tiles = (g.K + kTileK - 1) / kTileK;
 
-  // This thread's B rows (4 chunks each stage): their global row pointers are fixed over K.
-  constexpr int kBChunks = kTileN * 8 / kThreads;
-  const __nv_bfloat16* b_row[kBChunks];
-  bool b_ok[kBChunks];
-#pragma unroll
-  for (int i = 0; i < kBChunks; ++i) {
-    const int n = (tid + i * kThreads) / 8;
-    int col;
-    const __nv_bfloat16* base;
-    if (GATE_UP) {  // rows 16q..16q+7: gate of outputs out0+8q.., rows 16q+8..: up of the same outputs
-      col = out0 + 8 * (n / 16) + n % 8;
-      base = (n % 16) < 8 ? g.b0 : g.b1;
-    } else {
-      col = out0 + n;
-      base = g.b0;
-    }
-    b_ok[i] = col < g.N;
-    b_row[i] = base + (slab * g.N + (b_ok[i] ? col : 0)) * K;
-  }
-  constexpr int kAChunks = (BM * 8 + kThreads - 1) / kThreads;
-  const __nv_bfloat16* a_row[kAChunks];
-  bool a_ok[kAChunks];
-#pragma unroll
-  for (int i = 0; i < kAChunks; ++i) {
-    const int r = (tid + i * kThreads) / 8;
-    a_ok[i] = r < rows && tid + i * kThreads < BM * 8;
-    const int p = row0 + (a_ok[i] ? r : 0);
-    a_row[i] = g.a + int64_t(g.perm_token ? g.perm_token[p] : p) * K;
-  }
-
-  auto load_stage = [&](int stage, int kt) {
-    const int k0 = kt * kTileK;
-#pragma unroll
-    for (int i = 0; i < kAChunks; ++i) {
-      const int id = tid + i * kThreads;
-      if (id >= BM * 8) break;
-      const int r = id / 8, c = id % 8;
-      const bool ok = a_ok[i] && k0 + c * 8 < g.K;
-      cp_async16(sa + stage * BM * kTileK + swz(r, c), ok ? a_row[i] + k0 + c * 8 : g.a, ok);
-    }
-#pragma unroll
-    for (int i = 0; i < kBChunks; ++i) {
-      const int id = tid + i * kThreads;
-      const int n = id / 8, c = id % 8;
-      const bool ok = b_ok[i] && k0 + c * 8 < g.K;
-      cp_async16(sb + stage * kTileN * kTileK + swz(n, c), ok ? b_row[i] + k0 + c * 8 : g.b0, ok);
-    }
-  };
+  const TileLoader<BM, kTileN, kThreads, GATE_UP> loader(g, tid, slab, out0, row0, rows);
+  auto load_stage = [&](int stage, int kt) { loader.load(sa + stage * BM * kTileK, sb + stage * kTileN * kTileK, kt); };
 
   float acc[MT][NT][4];
 #pragma unroll
@@ -213,8 +227,113 @@ void launch(const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
   DSLAB_CHECK_LAUNCH();
 }
 
+// ---- Prefill tiles on Hopper's warpgroup MMA (moe/grouped_wgmma/cuda) ---------------------------------------------
+// 128 rows x 128 B rows per CTA, two warpgroups of 64 rows sharing each stage's B tile; every thread copies (cp.async,
+// four stages, two in flight ahead), each warpgroup multiplies its 64 rows by wgmma m64n128k16 from the swizzled
+// tiles (both operands K-major), keeping one k-stage's MMAs in flight while the next one's are issued.
+constexpr int kWgRows = 128, kWgCols = 128, kWgStages = 4, kWgThreads = 256;
+constexpr size_t kWgSmem = size_t(kWgStages) * (kWgRows + kWgCols) * kTileK * 2 + 1024;  // (+ room to align to 1024)
+
+// d (+)= A[64 x 16] . B[128 x 16]^T, fp32 accumulators d[16][4] in the m16n8 layout per warp (rows 16 w + lane / 4
+// and + 8, columns 8 j + 2 (lane % 4) and + 1).
+__device__ inline void wgmma_m64n128k16(float (&d)[16][4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "l"(a), "l"(b));
+}
+
 template <bool GATE_UP>
-void launch_for_tile(int tile_rows, const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
+__global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArgs g) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
+  extern __shared__ unsigned char wg_smem[];
+  // Stages start 1024-byte aligned (the swizzle's period, which the descriptors assume).
+  __nv_bfloat16* sa = reinterpret_cast<__nv_bfloat16*>(wg_smem + ((1024 - (smem_addr(wg_smem) & 1023)) & 1023));  // [stages][128][64]
+  __nv_bfloat16* sb = sa + kWgStages * kWgRows * kTileK;                                                        // [stages][128][64]
+
+  if (int(blockIdx.x) >= *g.num_tiles) return;
+  const int2 tile = g.tiles[blockIdx.x];
+  const int expert = tile.x, row0 = tile.y;
+  const int rows = min(kWgRows, g.offsets[expert + 1] - row0);
+  const int64_t slab = g.weight_slot ? g.weight_slot[expert] : expert;
+  const int out0 = int(blockIdx.y) * (GATE_UP ? kWgCols / 2 : kWgCols);  // first output column
+  const int tid = int(threadIdx.x), warpgroup = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
+  const int k_tiles = (g.K + kTileK - 1) / kTileK;
+  const TileLoader<kWgRows, kWgCols, kWgThreads, GATE_UP> loader(g, tid, slab, out0, row0, rows);
+  auto load_stage = [&](int kt) { loader.load(sa + (kt % kWgStages) * kWgRows * kTileK, sb + (kt % kWgStages) * kWgCols * kTileK, kt); };
+
+  float acc[16][4];
+#pragma unroll
+  for (auto& x : acc) x[0] = x[1] = x[2] = x[3] = 0.0f;
+  // Tiles 0 and 1 in flight; iteration kt copies tile kt + 2 into the stage tile kt - 2 used, whose MMAs every warp
+  // has waited for (wgmma_wait<1> at the end of iteration kt - 1, before this iteration's barrier).
+  load_stage(0);
+  cp_async_commit();
+  if (k_tiles > 1) load_stage(1);
+  cp_async_commit();
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<1>();   // (groups: tiles 0 .. kt + 1 committed; all but the newest landed)
+    fence_proxy_async();  // this thread's copies (generic proxy) are read by the tensor cores (async proxy)
+    __syncthreads();
+    if (kt + 2 < k_tiles) load_stage(kt + 2);
+    cp_async_commit();
+    const uint64_t a_desc = wgmma_desc(sa + (kt % kWgStages) * kWgRows * kTileK + warpgroup * 64 * kTileK);
+    const uint64_t b_desc = wgmma_desc(sb + (kt % kWgStages) * kWgCols * kTileK);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kTileK / 16; ++ks) wgmma_m64n128k16(acc, a_desc + 2 * ks, b_desc + 2 * ks);  // (+32 bytes a k16 step)
+    wgmma_commit();
+    wgmma_wait<1>();
+  }
+  wgmma_wait<0>();
+  cp_async_wait<0>();
+
+  // Epilogue: this thread's rows warpgroup * 64 + 16 warp + lane / 4 (+ 8), n8 block j's columns 2 (lane % 4) + {0, 1}.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = warpgroup * 64 + warp * 16 + lane / 4 + half * 8;
+    if (r >= rows) continue;
+    const int64_t row = row0 + r;
+    if (GATE_UP) {
+#pragma unroll
+      for (int j = 0; j < 16; j += 2) {  // n8 block j: gate, j + 1: up, of the same 8 outputs
+        const int col = out0 + 8 * (j / 2) + 2 * (lane % 4);
+        if (col >= g.N) continue;
+        const float h0 = silu(acc[j][2 * half]) * acc[j + 1][2 * half];
+        const float h1 = silu(acc[j][2 * half + 1]) * acc[j + 1][2 * half + 1];
+        *reinterpret_cast<__nv_bfloat162*>(g.h + row * g.N + col) = __floats2bfloat162_rn(h0, h1);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int col = out0 + j * 8 + 2 * (lane % 4);
+        if (col >= g.N) continue;
+        *reinterpret_cast<float2*>(g.y + row * g.N + col) = make_float2(acc[j][2 * half], acc[j][2 * half + 1]);
+      }
+    }
+  }
+}
+
+template <bool GATE_UP>
+void launch_wgmma(const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
+  auto kernel = grouped_wgmma_kernel<GATE_UP>;
+  static bool configured = false;  // (first call is outside any capture: the variants run a step before capturing)
+  if (!configured) {
+    DSLAB_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgSmem)));
+    configured = true;
+  }
+  const int outputs = GATE_UP ? kWgCols / 2 : kWgCols;
+  const dim3 grid(unsigned(max_tiles), unsigned((g.N + outputs - 1) / outputs));  // (row tiles fastest, as launch)
+  launch_pdl(kernel, grid, dim3(kWgThreads), kWgSmem, stream, g);
+  DSLAB_CHECK_LAUNCH();
+}
+
+template <bool GATE_UP>
+void launch_for_tile(int tile_rows, bool wgmma, const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
+  if (wgmma && tile_rows == kWgRows) return launch_wgmma<GATE_UP>(g, max_tiles, stream);
   switch (tile_rows) {
     // Decode: weight streaming, so narrow CTAs (64 B rows, 4 warps, 60 KB: three per SM) for more of them in
     // flight (a V2-Lite layer's 6 experts x 1408 outputs made 132 CTAs of 128 B rows; its down GEMM 96).
@@ -224,15 +343,18 @@ void launch_for_tile(int tile_rows, const GroupedArgs& g, int max_tiles, cudaStr
   }
 }
 
-class MoeGroupedCuda final : public MoeOp {
+// kWgmma: 128-row (prefill) tiles on grouped_wgmma_kernel, the others as moe/grouped/cuda.
+template <bool kWgmma>
+class MoeGrouped final : public MoeOp {
  public:
   bool graph_safe() const override { return true; }
 
  protected:
   void prepare_experts() override { h_.scratch(arena_, size_t(rows_ * inter_)); }
   void experts() override {
-    const GroupedExperts e{tiles_.get(), num_tiles_.get(), offsets_.get(), perm_token_.get(), max_tiles_, tile_rows_, b_.x, w_->gate_experts(),
-                           w_->up_experts(), w_->down_experts(), nullptr, hidden_, inter_, h_.get(), y_.get()};
+    GroupedExperts e{tiles_.get(), num_tiles_.get(), offsets_.get(), perm_token_.get(), max_tiles_, tile_rows_, b_.x, w_->gate_experts(),
+                     w_->up_experts(), w_->down_experts(), nullptr, hidden_, inter_, h_.get(), y_.get()};
+    e.wgmma = kWgmma;
     grouped_gate_up(e, stream_);
     mark("gate_up");
     grouped_down(e, stream_);
@@ -241,19 +363,24 @@ class MoeGroupedCuda final : public MoeOp {
  private:
   DeviceArray<__nv_bfloat16> h_;  // [rows][I]: silu(gate) * up of each permuted row
 };
+using MoeGroupedCuda = MoeGrouped<false>;
+using MoeGroupedWgmma = MoeGrouped<true>;
 
 }  // namespace
 
 void grouped_gate_up(const GroupedExperts& e, cudaStream_t stream) {
   const GroupedArgs up{e.tiles, e.num_tiles, e.offsets, e.perm_token, e.x, e.gate, e.up, e.weight_slot, int(e.inter), int(e.hidden), e.h, nullptr};
-  launch_for_tile<true>(e.tile_rows, up, e.max_tiles, stream);
+  launch_for_tile<true>(e.tile_rows, e.wgmma, up, e.max_tiles, stream);
 }
 
 void grouped_down(const GroupedExperts& e, cudaStream_t stream) {
   const GroupedArgs down{e.tiles, e.num_tiles, e.offsets, nullptr, e.h, e.down, nullptr, e.weight_slot, int(e.hidden), int(e.inter), nullptr, e.y};
-  launch_for_tile<false>(e.tile_rows, down, e.max_tiles, stream);
+  launch_for_tile<false>(e.tile_rows, e.wgmma, down, e.max_tiles, stream);
 }
 
+DSLAB_REGISTER_MOE_OP(MoeGroupedWgmma, "moe/grouped_wgmma/cuda",
+                      "moe/grouped/cuda with prefill's 128-row tiles on Hopper's warpgroup MMA (wgmma m64n128k16, two warpgroups a "
+                      "CTA, four cp.async stages); decode tiles as moe/grouped/cuda");
 DSLAB_REGISTER_MOE_OP(MoeGroupedCuda, "moe/grouped/cuda",
                       "routed experts as two grouped GEMMs of our own (mma.sync, tiles by expert from the GPU router), SiLU*up fused, "
                       "graph-capturable");

@@ -234,6 +234,7 @@ struct GroupedExperts {
   int64_t hidden, inter;
   __nv_bfloat16* h;           // [rows][inter]
   float* y;                   // [rows][hidden]
+  bool wgmma = false;         // 128-row tiles on the warpgroup-MMA kernel (moe/grouped_wgmma/cuda)
 };
 void grouped_gate_up(const GroupedExperts& e, cudaStream_t stream);
 void grouped_down(const GroupedExperts& e, cudaStream_t stream);
