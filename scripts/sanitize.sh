@@ -11,7 +11,7 @@
 # (layer-tiny-arena; layer-tiny without it), FlashInfer's MLA decode (mla-flashinfer: its kernel is a peer's, so its
 # racecheck reports are listed, not judged), the streamed experts' copies (layer-v2-lite-streamed) and the hot
 # experts' split between the GPU and the CPU (layer-tiny-hot, layer-v2-lite-hot) and the sparse decodes (sparse-quest,
-# sparse-infllm, sparse-dsa, sparse-dsa-cluster, sparse-oracle: their selection kernels, then the fused kernel over the chosen pages or keys).
+# sparse-infllm, sparse-dsa, sparse-dsa-cluster, sparse-dsa-stream, sparse-oracle: their selection kernels, then the fused kernel over the chosen pages or keys).
 set -uo pipefail
 out=${1:?usage: scripts/sanitize.sh OUT_DIR [TOOL-NAME...]}
 shift
@@ -52,6 +52,8 @@ for tool in memcheck racecheck; do
   run "$tool" sparse-dsa --model deepseek-v2-lite --variant sparse/dsa/cuda --axis batch=3 --axis kv_len=900 --axis len_dist=mixed --axis budget=256 --axis local=64 --axis executor=eager
   # (past 16K keys a request's top-k is the 8-CTA cluster kernel, its histograms in CTA 0's shared memory)
   run "$tool" sparse-dsa-cluster --model deepseek-v2-lite --variant sparse/dsa/cuda --axis batch=2 --axis kv_len=20000 --axis len_dist=mixed --axis budget=1024 --axis local=256 --axis executor=eager
+  # (past 160K keys the cluster re-reads the scores each pass)
+  run "$tool" sparse-dsa-stream --model deepseek-v2-lite --variant sparse/dsa/cuda --axis batch=1 --axis kv_len=170000 --axis budget=1024 --axis local=256 --axis executor=eager
   run "$tool" moe-grouped --model deepseek-v2-lite --variant moe/grouped/cuda --axis tokens=1,300
   run "$tool" moe-grouped-wgmma --model deepseek-v2-lite --variant moe/grouped_wgmma/cuda --axis tokens=2048
   run "$tool" moe-loop --model deepseek-v2-lite --variant moe/loop/cuda --axis tokens=37

@@ -412,8 +412,9 @@ TEST(GpuSparse, OracleMassMatchesTheCpuReference) {
   }
 }
 
-// The token top-k at every size it meets (one CTA up to 16K keys and past 160K, a cluster of eight between), on
-// scores with many ties and mixed lengths: the keys, their slots and their count as select_tokens makes them.
+// The token top-k at every size it meets (one CTA up to 16K keys, a cluster of eight past it: the keys in registers up
+// to 160K, read again each pass past that), on scores with many ties and mixed lengths: the keys, their slots and
+// their count as select_tokens makes them.
 TEST(GpuSparse, TokenSelectionMatchesTheCpuAtEverySize) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
   const uint64_t seed = test::fresh_seed();
@@ -421,7 +422,7 @@ TEST(GpuSparse, TokenSelectionMatchesTheCpuAtEverySize) {
   const int64_t P = 64;
   sparse::Budget budget;
   budget.tokens = 2048 + 260, budget.block = 1, budget.n_init = 4, budget.local = 256;
-  for (const int64_t most : {3000, 40000, 131072 + 64, 200000}) {
+  for (const int64_t most : {3000, 40000, 131072 + 64, 200000, 1048576}) {
     SCOPED_TRACE(std::to_string(most) + " keys at most");
     const std::vector<int64_t> keys = {most, most / 2 + 7, 1000};
     const int64_t batch = int64_t(keys.size()), ppr = (most + P - 1) / P, per_request = ppr * P, max_tokens = budget.tokens + 1;

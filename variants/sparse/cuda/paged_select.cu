@@ -329,11 +329,13 @@ __global__ void __launch_bounds__(kSelectThreads) compact_tokens_kernel(SelectAr
 }
 
 // Tokens of one request, 8 CTAs of a thread-block cluster (one CTA walking 128K scores is a batch-1 step's slowest
-// kernel): each thread keeps a contiguous run of up to kClusterKeysPerThread keys in registers, so the scores are read
-// once; the byte histograms add into CTA 0's shared memory (distributed shared memory) and CTA 0 picks each byte; the
-// CTAs' counts meet there too, for each CTA's offsets. Same selection as compact_tokens_kernel.
+// kernel): each thread owns a contiguous run of keys, kept in registers up to kClusterKeysPerThread of them (the scores
+// read once) or, past kClusterMaxKeys keys, read again from global memory (L2) at each pass (kStream: one CTA walking
+// 1M scores took 1.4 ms); the byte histograms add into CTA 0's shared memory (distributed shared memory) and CTA 0
+// picks each byte; the CTAs' counts meet there too, for each CTA's offsets. Same selection as compact_tokens_kernel.
 constexpr int kClusterCtas = 8, kClusterKeysPerThread = 20, kClusterMinKeys = 16384;
 constexpr int64_t kClusterMaxKeys = int64_t(kClusterCtas) * kSelectThreads * kClusterKeysPerThread;
+template <bool kStream>
 __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectThreads)
     compact_tokens_cluster_kernel(SelectArgs a, int64_t scores_per_request) {
   namespace cg = cooperative_groups;
@@ -350,17 +352,32 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectTh
   const int32_t* table = q.table;
   const int per_cta = (keys + kClusterCtas - 1) / kClusterCtas, per_thread = (per_cta + kSelectThreads - 1) / kSelectThreads;
   const int first = min(keys, rank * per_cta + tid * per_thread), last = min(min(keys, (rank + 1) * per_cta), first + per_thread);
-  uint32_t key[kClusterKeysPerThread];
+  uint32_t key[kStream ? 1 : kClusterKeysPerThread];
   uint32_t fixed_bits = 0, candidate_bits = 0;
+  if constexpr (!kStream) {
 #pragma unroll
-  for (int i = 0; i < kClusterKeysPerThread; ++i) {
-    const int u = first + i;
-    key[i] = 0;
-    if (u < last) {
-      if (u < sinks || u >= window_first) fixed_bits |= 1u << i;
-      else key[i] = order_key(score[u]), candidate_bits |= 1u << i;
+    for (int i = 0; i < kClusterKeysPerThread; ++i) {
+      const int u = first + i;
+      key[i] = 0;
+      if (u < last) {
+        if (u < sinks || u >= window_first) fixed_bits |= 1u << i;
+        else key[i] = order_key(score[u]), candidate_bits |= 1u << i;
+      }
     }
   }
+  // f(unit, fixed, candidate, key) for each of this thread's keys, in order (registers: also the slots past its run,
+  // neither fixed nor candidates).
+  auto for_each_key = [&](auto&& f) {
+    if constexpr (kStream) {
+      for (int u = first; u < last; ++u) {
+        const bool fixed = u < sinks || u >= window_first;
+        f(u, fixed, !fixed, fixed ? 0u : order_key(score[u]));
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kClusterKeysPerThread; ++i) f(first + i, bool(fixed_bits >> i & 1u), bool(candidate_bits >> i & 1u), key[i]);
+    }
+  };
   int* cluster_histogram = cluster.map_shared_rank(histogram, 0);
   cluster.sync();  // (every CTA of the cluster running before any reaches into another's shared memory)
   uint32_t threshold = 0xffffffffu;
@@ -372,9 +389,9 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectTh
       if (rank == 0 && tid < 256) histogram[tid] = 0;
       cluster.sync();  // (CTA 0's zeroed histogram, and every CTA done reading the last answer)
       BinRun run;
-#pragma unroll
-      for (int i = 0; i < kClusterKeysPerThread; ++i)
-        if ((candidate_bits >> i & 1u) && (key[i] & mask) == prefix) run.add((key[i] >> shift) & 255u, local);
+      for_each_key([&](int, bool, bool candidate, uint32_t k) {
+        if (candidate && (k & mask) == prefix) run.add((k >> shift) & 255u, local);
+      });
       run.flush(local);
       __syncthreads();
       if (tid < 256 && local[tid]) atomicAdd(&cluster_histogram[tid], local[tid]);
@@ -391,10 +408,11 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectTh
     threshold = prefix;
   }
   // This thread's fixed units, keys above the threshold and keys equal to it; the CTA's, then the cluster's.
-  int fixed_here = __popc(fixed_bits), above = 0, equal = 0;
-#pragma unroll
-  for (int i = 0; i < kClusterKeysPerThread; ++i)
-    if ((candidate_bits >> i & 1u) && need > 0) above += key[i] > threshold, equal += key[i] == threshold;
+  int fixed_here = 0, above = 0, equal = 0;
+  for_each_key([&](int, bool fixed, bool candidate, uint32_t k) {
+    fixed_here += fixed;
+    if (candidate && need > 0) above += k > threshold, equal += k == threshold;
+  });
   int above_cta = 0, equal_before = 0, equal_cta = 0, unused = 0;
   Scan(temp).ExclusiveSum(above, unused, above_cta);
   __syncthreads();
@@ -424,11 +442,9 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectTh
     total += n, position += c < rank ? n : 0;
   }
   int eq = equal_before;
-#pragma unroll
-  for (int i = 0; i < kClusterKeysPerThread; ++i) {
-    const int u = first + i;
-    bool take = fixed_bits >> i & 1u;
-    if (!take && (candidate_bits >> i & 1u) && need > 0) take = key[i] > threshold || (key[i] == threshold && eq++ < equal_taken);
+  for_each_key([&](int u, bool fixed, bool candidate, uint32_t k) {
+    bool take = fixed;
+    if (!take && candidate && need > 0) take = k > threshold || (k == threshold && eq++ < equal_taken);
     if (take) {
       if (position < a.max_out) {
         a.physical[int64_t(r) * a.max_out + position] = table[u / P] * P + u % P;
@@ -436,7 +452,7 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectTh
       }
       ++position;
     }
-  }
+  });
   if (rank == 0 && tid == 0) {
     a.length[r] = total;
     if (a.before) a.before[r] = total - a.q_len;
@@ -500,8 +516,10 @@ void compact_tokens(const float* scores, int64_t scores_per_request, const int32
   if (pages_per_request * page_size > kMaxTokens) throw std::invalid_argument("sparse compact_tokens: at most 4M keys per request");
   const SelectArgs a{scores, page_table, int(pages_per_request), keys, int(page_size), int(budget.tokens), int(budget.n_init),
                      int(budget.local), int(max_tokens), int(q_len), slots, logical, length, before};
-  if (scores_per_request >= kClusterMinKeys && scores_per_request <= kClusterMaxKeys)
-    compact_tokens_cluster_kernel<<<dim3(kClusterCtas, unsigned(batch)), kSelectThreads, 0, stream>>>(a, scores_per_request);
+  if (scores_per_request > kClusterMaxKeys)
+    compact_tokens_cluster_kernel<true><<<dim3(kClusterCtas, unsigned(batch)), kSelectThreads, 0, stream>>>(a, scores_per_request);
+  else if (scores_per_request >= kClusterMinKeys)
+    compact_tokens_cluster_kernel<false><<<dim3(kClusterCtas, unsigned(batch)), kSelectThreads, 0, stream>>>(a, scores_per_request);
   else
     compact_tokens_kernel<<<unsigned(batch), kSelectThreads, 0, stream>>>(a, scores_per_request);
   DSLAB_CHECK_LAUNCH();
