@@ -53,6 +53,40 @@ __device__ inline void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32
 // Element offset of (row, 16-byte chunk) in a [rows][64] tile, chunks XOR-swizzled by the row.
 __device__ inline int swz(int row, int chunk) { return row * kTileK + ((chunk ^ (row & 7)) << 3); }
 
+// The CTA's row tile and output columns: (expert, first permuted row) from the router's list, its rows (up to BM),
+// the expert's weight slab, and the first output column (gate+up: BN B rows make BN / 2 outputs).
+struct CtaTile {
+  int row0, rows, out0;
+  int64_t slab;
+};
+template <int BM, int BN, bool GATE_UP>
+__device__ inline CtaTile cta_tile(const GroupedArgs& g) {
+  const int2 tile = g.tiles[blockIdx.x];
+  const int expert = tile.x;
+  return {tile.y, min(BM, g.offsets[expert + 1] - tile.y), int(blockIdx.y) * (GATE_UP ? BN / 2 : BN),
+          g.weight_slot ? g.weight_slot[expert] : expert};
+}
+
+// One output row's share of a warp's accumulators: n8 blocks acc[j] in the mma/wgmma layout (this lane's columns
+// 2 (lane % 4) + {0, 1}; elements 2 half + {0, 1}). Gate+up: blocks j (gate) and j + 1 (up) are the same 8 outputs,
+// from col0 + 8 (j / 2), written as silu(gate) * up in bf16; down: block j is columns col0 + 8 j, written as fp32.
+template <bool GATE_UP, int N8>
+__device__ inline void store_row(const GroupedArgs& g, int64_t row, int half, int col0, const float (&acc)[N8][4]) {
+  const int lane = int(threadIdx.x) % 32;
+#pragma unroll
+  for (int j = 0; j < N8; j += GATE_UP ? 2 : 1) {
+    const int col = col0 + 8 * (GATE_UP ? j / 2 : j) + 2 * (lane % 4);
+    if (col >= g.N) continue;
+    if (GATE_UP) {
+      const float h0 = silu(acc[j][2 * half]) * acc[j + 1][2 * half];
+      const float h1 = silu(acc[j][2 * half + 1]) * acc[j + 1][2 * half + 1];
+      *reinterpret_cast<__nv_bfloat162*>(g.h + row * g.N + col) = __floats2bfloat162_rn(h0, h1);
+    } else {
+      *reinterpret_cast<float2*>(g.y + row * g.N + col) = make_float2(acc[j][2 * half], acc[j][2 * half + 1]);
+    }
+  }
+}
+
 // One CTA's operand copies, a stage (64 K values) at a time into [rows][64] swizzled tiles: its BM permuted A rows
 // (gathered through perm_token) and its BN B rows of expert `slab` (gate+up: rows 16q..16q+7 the gate rows of outputs
 // out0 + 8q.., rows 16q+8.. the up rows of the same outputs). Each thread's global row pointers are fixed over K,
@@ -127,16 +161,12 @@ __global__ void __launch_bounds__(WARPS * 32) grouped_gemm_kernel(GroupedArgs g)
   __nv_bfloat16* sb = smem + STAGES * BM * kTileK;  // [STAGES][128][64]
 
   if (int(blockIdx.x) >= *g.num_tiles) return;
-  const int2 tile = g.tiles[blockIdx.x];
-  const int expert = tile.x, row0 = tile.y;
-  const int rows = min(BM, g.offsets[expert + 1] - row0);
-  const int64_t slab = g.weight_slot ? g.weight_slot[expert] : expert;
-  const int out0 = int(blockIdx.y) * (GATE_UP ? kTileN / 2 : kTileN);  // first output column
+  const CtaTile ct = cta_tile<BM, kTileN, GATE_UP>(g);
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int wm = warp / WARPS_N, wn = warp % WARPS_N;
   const int k_tiles = (g.K + kTileK - 1) / kTileK;
 
-  const TileLoader<BM, kTileN, kThreads, GATE_UP> loader(g, tid, slab, out0, row0, rows);
+  const TileLoader<BM, kTileN, kThreads, GATE_UP> loader(g, tid, ct.slab, ct.out0, ct.row0, ct.rows);
   auto load_stage = [&](int stage, int kt) { loader.load(sa + stage * BM * kTileK, sb + stage * kTileN * kTileK, kt); };
 
   float acc[MT][NT][4];
@@ -181,31 +211,14 @@ __global__ void __launch_bounds__(WARPS * 32) grouped_gemm_kernel(GroupedArgs g)
   }
   cp_async_wait<0>();
 
-  // Epilogue. Accumulator (i, j): rows lane/4 and lane/4 + 8 of m-tile i, columns 2 (lane % 4) + {0, 1} of n-tile j.
+  // Epilogue. Accumulator (i, j): rows lane/4 and lane/4 + 8 of m-tile i, columns 2 (lane % 4) + {0, 1} of n-tile j;
+  // this warp's n-tiles start at B row wn * WTN (gate+up: output wn * WTN / 2).
 #pragma unroll
   for (int i = 0; i < MT; ++i)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = wm * WTM + i * 16 + lane / 4 + half * 8;
-      if (r >= rows) continue;
-      const int64_t row = row0 + r;
-      if (GATE_UP) {
-#pragma unroll
-        for (int j = 0; j < NT; j += 2) {  // n-tile j: gate, j + 1: up, of the same 8 outputs
-          const int col = out0 + 8 * ((wn * WTN / 8 + j) / 2) + 2 * (lane % 4);
-          if (col >= g.N) continue;
-          const float h0 = silu(acc[i][j][2 * half]) * acc[i][j + 1][2 * half];
-          const float h1 = silu(acc[i][j][2 * half + 1]) * acc[i][j + 1][2 * half + 1];
-          *reinterpret_cast<__nv_bfloat162*>(g.h + row * g.N + col) = __floats2bfloat162_rn(h0, h1);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-          const int col = out0 + wn * WTN + j * 8 + 2 * (lane % 4);
-          if (col >= g.N) continue;
-          *reinterpret_cast<float2*>(g.y + row * g.N + col) = make_float2(acc[i][j][2 * half], acc[i][j][2 * half + 1]);
-        }
-      }
+      if (r < ct.rows) store_row<GATE_UP>(g, ct.row0 + r, half, ct.out0 + (GATE_UP ? wn * WTN / 2 : wn * WTN), acc[i]);
     }
 }
 
@@ -255,14 +268,10 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArg
   __nv_bfloat16* sb = sa + kWgStages * kWgRows * kTileK;                                                        // [stages][128][64]
 
   if (int(blockIdx.x) >= *g.num_tiles) return;
-  const int2 tile = g.tiles[blockIdx.x];
-  const int expert = tile.x, row0 = tile.y;
-  const int rows = min(kWgRows, g.offsets[expert + 1] - row0);
-  const int64_t slab = g.weight_slot ? g.weight_slot[expert] : expert;
-  const int out0 = int(blockIdx.y) * (GATE_UP ? kWgCols / 2 : kWgCols);  // first output column
+  const CtaTile ct = cta_tile<kWgRows, kWgCols, GATE_UP>(g);
   const int tid = int(threadIdx.x), warpgroup = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
   const int k_tiles = (g.K + kTileK - 1) / kTileK;
-  const TileLoader<kWgRows, kWgCols, kWgThreads, GATE_UP> loader(g, tid, slab, out0, row0, rows);
+  const TileLoader<kWgRows, kWgCols, kWgThreads, GATE_UP> loader(g, tid, ct.slab, ct.out0, ct.row0, ct.rows);
   auto load_stage = [&](int kt) { loader.load(sa + (kt % kWgStages) * kWgRows * kTileK, sb + (kt % kWgStages) * kWgCols * kTileK, kt); };
 
   float acc[16][4];
@@ -295,25 +304,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArg
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = warpgroup * 64 + warp * 16 + lane / 4 + half * 8;
-    if (r >= rows) continue;
-    const int64_t row = row0 + r;
-    if (GATE_UP) {
-#pragma unroll
-      for (int j = 0; j < 16; j += 2) {  // n8 block j: gate, j + 1: up, of the same 8 outputs
-        const int col = out0 + 8 * (j / 2) + 2 * (lane % 4);
-        if (col >= g.N) continue;
-        const float h0 = silu(acc[j][2 * half]) * acc[j + 1][2 * half];
-        const float h1 = silu(acc[j][2 * half + 1]) * acc[j + 1][2 * half + 1];
-        *reinterpret_cast<__nv_bfloat162*>(g.h + row * g.N + col) = __floats2bfloat162_rn(h0, h1);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const int col = out0 + j * 8 + 2 * (lane % 4);
-        if (col >= g.N) continue;
-        *reinterpret_cast<float2*>(g.y + row * g.N + col) = make_float2(acc[j][2 * half], acc[j][2 * half + 1]);
-      }
-    }
+    if (r < ct.rows) store_row<GATE_UP>(g, ct.row0 + r, half, ct.out0, acc);
   }
 }
 
