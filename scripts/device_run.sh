@@ -105,10 +105,11 @@ for s in "${steps[@]}"; do
     pack)
       # Everything under $OUT but run.log into out.tar.xz (a call brings back at most 8 files): put it last, or after
       # any step whose files must survive a later step running out of time; a later pack adds to the same archive.
+      # The calibration (machine*.json) stays too: later sweeps compute their roofline fractions from it.
       step pack
       (cd "$OUT" && find . -type f ! -name run.log ! -name out.tar.xz ! -name out.tar ! -name .pack-list | sort >.pack-list &&
         { [ ! -f out.tar.xz ] || xz -d out.tar.xz; } && tar -rf out.tar -T .pack-list && xz -T0 out.tar &&
-        xargs -d '\n' rm -f <.pack-list && rm -f .pack-list && find . -mindepth 1 -type d -empty -delete)
+        grep -v -E '^\./machine(-[0-9]+)?\.json$' .pack-list | xargs -d '\n' rm -f && rm -f .pack-list && find . -mindepth 1 -type d -empty -delete)
       echo "packed: $(tar -tJf "$OUT/out.tar.xz" | wc -l) files in out.tar.xz" | tee -a "$log" ;;
     ncu:*)
       # Nsight Compute on one point: ncu:KERNEL_REGEX:DSLAB_RUN_ARGS (the run's arguments, commas for spaces), e.g.

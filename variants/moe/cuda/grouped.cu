@@ -10,8 +10,11 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "harness/cuda_check.h"
+#include "harness/errors.h"
 #include "variants/common/cp_async.cuh"
 #include "variants/common/pdl.cuh"
 #include "variants/common/wgmma.cuh"
@@ -54,17 +57,31 @@ __device__ inline void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32
 __device__ inline int swz(int row, int chunk) { return row * kTileK + ((chunk ^ (row & 7)) << 3); }
 
 // The CTA's row tile and output columns: (expert, first permuted row) from the router's list, its rows (up to BM),
-// the expert's weight slab, and the first output column (gate+up: BN B rows make BN / 2 outputs).
+// the expert's weight slab, and the first output column (gate+up: BN B rows make BN / 2 outputs); false past the
+// list's end. CTAs run in launch order (x fastest), taken here in groups of kTileGroup row tiles that walk every
+// column tile together: a group's A rows (a few MB) are read from HBM once and from L2 for each column tile, and an
+// expert's weight tile by its row tiles side by side. (With row tiles fastest over the whole list, each column tile
+// walked every expert's rows: prefill's A, 117 MB of gathered rows at V3 8192 tokens, past L2, came from HBM once per
+// column tile: ncu saw DRAM 74-83% busy moving ~1.6x the weights' bytes.) The grid's x is a multiple of kTileGroup.
+constexpr int kTileGroup = 4;
 struct CtaTile {
   int row0, rows, out0;
   int64_t slab;
 };
 template <int BM, int BN, bool GATE_UP>
-__device__ inline CtaTile cta_tile(const GroupedArgs& g) {
-  const int2 tile = g.tiles[blockIdx.x];
+__device__ inline bool cta_tile(const GroupedArgs& g, CtaTile& ct) {
+  const int column_tiles = int(gridDim.y), linear = int(blockIdx.x) + int(gridDim.x) * int(blockIdx.y);
+  const int group = linear / (kTileGroup * column_tiles), within = linear % (kTileGroup * column_tiles);
+  const int tile_index = group * kTileGroup + within % kTileGroup, column_tile = within / kTileGroup;
+  if (tile_index >= *g.num_tiles) return false;
+  const int2 tile = g.tiles[tile_index];
   const int expert = tile.x;
-  return {tile.y, min(BM, g.offsets[expert + 1] - tile.y), int(blockIdx.y) * (GATE_UP ? BN / 2 : BN),
-          g.weight_slot ? g.weight_slot[expert] : expert};
+  ct = {tile.y, min(BM, g.offsets[expert + 1] - tile.y), column_tile * (GATE_UP ? BN / 2 : BN), g.weight_slot ? g.weight_slot[expert] : expert};
+  return true;
+}
+// The grid over `max_tiles` row tiles and the column tiles of N outputs (gate+up: BN / 2 a tile).
+inline dim3 tile_grid(int max_tiles, int N, int outputs) {
+  return dim3(unsigned((max_tiles + kTileGroup - 1) / kTileGroup * kTileGroup), unsigned((N + outputs - 1) / outputs));
 }
 
 // One output row's share of a warp's accumulators: n8 blocks acc[j] in the mma/wgmma layout (this lane's columns
@@ -160,8 +177,8 @@ __global__ void __launch_bounds__(WARPS * 32) grouped_gemm_kernel(GroupedArgs g)
   __nv_bfloat16* sa = smem;                        // [STAGES][BM][64]
   __nv_bfloat16* sb = smem + STAGES * BM * kTileK;  // [STAGES][128][64]
 
-  if (int(blockIdx.x) >= *g.num_tiles) return;
-  const CtaTile ct = cta_tile<BM, kTileN, GATE_UP>(g);
+  CtaTile ct;
+  if (!cta_tile<BM, kTileN, GATE_UP>(g, ct)) return;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int wm = warp / WARPS_N, wn = warp % WARPS_N;
   const int k_tiles = (g.K + kTileK - 1) / kTileK;
@@ -233,21 +250,23 @@ void launch(const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
     configured = true;
   }
   const int outputs = GATE_UP ? kTileN / 2 : kTileN;
-  // Row tiles fastest: the tiles of one expert (adjacent in the list) run side by side on the same columns, so
-  // its weight slab comes from HBM once and from L2 for the others (columns fastest re-read it per row tile).
-  const dim3 grid(unsigned(max_tiles), unsigned((g.N + outputs - 1) / outputs));
-  launch_pdl(kernel, dim3(grid), dim3(kThreads), smem, stream, g);
+  launch_pdl(kernel, tile_grid(max_tiles, g.N, outputs), dim3(kThreads), smem, stream, g);
   DSLAB_CHECK_LAUNCH();
 }
 
 // ---- Prefill tiles on Hopper's warpgroup MMA (moe/grouped_wgmma/cuda) ---------------------------------------------
-// 128 rows x 128 B rows per CTA, two warpgroups of 64 rows sharing each stage's B tile; every thread copies (cp.async,
-// four stages, two in flight ahead), each warpgroup multiplies its 64 rows by wgmma m64n128k16 from the swizzled
-// tiles (both operands K-major), keeping one k-stage's MMAs in flight while the next one's are issued.
-constexpr int kWgRows = 128, kWgCols = 128, kWgStages = 4, kWgThreads = 256;
-constexpr size_t kWgSmem = size_t(kWgStages) * (kWgRows + kWgCols) * kTileK * 2 + 1024;  // (+ room to align to 1024)
+// 128 rows x BN B rows per CTA, two warpgroups of 64 rows sharing each stage's B tile; every thread copies (cp.async,
+// STAGES stages, STAGES - 2 in flight ahead of the one multiplied), each warpgroup multiplies its 64 rows by wgmma
+// m64nBNk16 from the swizzled tiles (both operands K-major), keeping one k-stage's MMAs in flight while the next
+// one's are issued. BN 256 (the default) reads each A byte from shared memory once per 256 columns instead of 128 and
+// copies 48 KB a k-stage for twice the FLOPs of BN 128's 32 KB: at BN 128 the stage copies plus the operand reads
+// (80 KB a 64-deep k-stage) exceeded what shared memory serves while the tensor cores do its 2 MFLOP.
+// DSLAB_WGMMA_TILE=128x128 selects the BN 128 kernel (six stages) for A/B runs (reports/nvidia-h100, session 18).
+constexpr int kWgRows = 128, kWgThreads = 256;
+template <int BN, int STAGES>
+constexpr size_t wg_smem() { return size_t(STAGES) * (kWgRows + BN) * kTileK * 2 + 1024; }  // (+ room to align to 1024)
 
-// d (+)= A[64 x 16] . B[128 x 16]^T, fp32 accumulators d[16][4] in the m16n8 layout per warp (rows 16 w + lane / 4
+// d (+)= A[64 x 16] . B[BN x 16]^T, fp32 accumulators d[BN / 8][4] in the m16n8 layout per warp (rows 16 w + lane / 4
 // and + 8, columns 8 j + 2 (lane % 4) and + 1).
 __device__ inline void wgmma_m64n128k16(float (&d)[16][4], uint64_t a, uint64_t b) {
   asm volatile(
@@ -257,43 +276,58 @@ __device__ inline void wgmma_m64n128k16(float (&d)[16][4], uint64_t a, uint64_t 
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
       : "l"(a), "l"(b));
 }
+__device__ inline void wgmma_m64n256k16(float (&d)[32][4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+      : "l"(a), "l"(b));
+}
+template <int BN>
+__device__ inline void wgmma_tile(float (&d)[BN / 8][4], uint64_t a, uint64_t b) {
+  if constexpr (BN == 256) wgmma_m64n256k16(d, a, b);
+  else wgmma_m64n128k16(d, a, b);
+}
 
-template <bool GATE_UP>
+template <int BN, int STAGES, bool GATE_UP>
 __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArgs g) {
   pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
   pdl_launch_dependents();
-  extern __shared__ unsigned char wg_smem[];
+  constexpr int kAhead = STAGES - 2;  // (the stage being multiplied and the one whose MMAs may still be in flight)
+  extern __shared__ unsigned char wg_smem_raw[];
   // Stages start 1024-byte aligned (the swizzle's period, which the descriptors assume).
-  __nv_bfloat16* sa = reinterpret_cast<__nv_bfloat16*>(wg_smem + ((1024 - (smem_addr(wg_smem) & 1023)) & 1023));  // [stages][128][64]
-  __nv_bfloat16* sb = sa + kWgStages * kWgRows * kTileK;                                                        // [stages][128][64]
+  __nv_bfloat16* sa = reinterpret_cast<__nv_bfloat16*>(wg_smem_raw + ((1024 - (smem_addr(wg_smem_raw) & 1023)) & 1023));  // [stages][128][64]
+  __nv_bfloat16* sb = sa + STAGES * kWgRows * kTileK;                                                                // [stages][BN][64]
 
-  if (int(blockIdx.x) >= *g.num_tiles) return;
-  const CtaTile ct = cta_tile<kWgRows, kWgCols, GATE_UP>(g);
+  CtaTile ct;
+  if (!cta_tile<kWgRows, BN, GATE_UP>(g, ct)) return;
   const int tid = int(threadIdx.x), warpgroup = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
   const int k_tiles = (g.K + kTileK - 1) / kTileK;
-  const TileLoader<kWgRows, kWgCols, kWgThreads, GATE_UP> loader(g, tid, ct.slab, ct.out0, ct.row0, ct.rows);
-  auto load_stage = [&](int kt) { loader.load(sa + (kt % kWgStages) * kWgRows * kTileK, sb + (kt % kWgStages) * kWgCols * kTileK, kt); };
+  const TileLoader<kWgRows, BN, kWgThreads, GATE_UP> loader(g, tid, ct.slab, ct.out0, ct.row0, ct.rows);
+  auto load_stage = [&](int kt) { loader.load(sa + (kt % STAGES) * kWgRows * kTileK, sb + (kt % STAGES) * BN * kTileK, kt); };
 
-  float acc[16][4];
+  float acc[BN / 8][4];
 #pragma unroll
   for (auto& x : acc) x[0] = x[1] = x[2] = x[3] = 0.0f;
-  // Tiles 0 and 1 in flight; iteration kt copies tile kt + 2 into the stage tile kt - 2 used, whose MMAs every warp
-  // has waited for (wgmma_wait<1> at the end of iteration kt - 1, before this iteration's barrier).
-  load_stage(0);
-  cp_async_commit();
-  if (k_tiles > 1) load_stage(1);
-  cp_async_commit();
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<1>();   // (groups: tiles 0 .. kt + 1 committed; all but the newest landed)
-    fence_proxy_async();  // this thread's copies (generic proxy) are read by the tensor cores (async proxy)
-    __syncthreads();
-    if (kt + 2 < k_tiles) load_stage(kt + 2);
+  // Tiles 0 .. kAhead - 1 in flight; iteration kt copies tile kt + kAhead into the stage tile kt - 2 used, whose MMAs
+  // every warp has waited for (wgmma_wait<1> at the end of iteration kt - 1, before this iteration's barrier).
+#pragma unroll
+  for (int s = 0; s < kAhead; ++s) {
+    if (s < k_tiles) load_stage(s);
     cp_async_commit();
-    const uint64_t a_desc = wgmma_desc(sa + (kt % kWgStages) * kWgRows * kTileK + warpgroup * 64 * kTileK);
-    const uint64_t b_desc = wgmma_desc(sb + (kt % kWgStages) * kWgCols * kTileK);
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<kAhead - 1>();  // (groups: tiles 0 .. kt + kAhead - 1 committed; tile kt and those before landed)
+    fence_proxy_async();          // this thread's copies (generic proxy) are read by the tensor cores (async proxy)
+    __syncthreads();
+    if (kt + kAhead < k_tiles) load_stage(kt + kAhead);
+    cp_async_commit();
+    const uint64_t a_desc = wgmma_desc(sa + (kt % STAGES) * kWgRows * kTileK + warpgroup * 64 * kTileK);
+    const uint64_t b_desc = wgmma_desc(sb + (kt % STAGES) * BN * kTileK);
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < kTileK / 16; ++ks) wgmma_m64n128k16(acc, a_desc + 2 * ks, b_desc + 2 * ks);  // (+32 bytes a k16 step)
+    for (int ks = 0; ks < kTileK / 16; ++ks) wgmma_tile<BN>(acc, a_desc + 2 * ks, b_desc + 2 * ks);  // (+32 bytes a k16 step)
     wgmma_commit();
     wgmma_wait<1>();
   }
@@ -308,23 +342,35 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArg
   }
 }
 
-template <bool GATE_UP>
+template <int BN, int STAGES, bool GATE_UP>
 void launch_wgmma(const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
-  auto kernel = grouped_wgmma_kernel<GATE_UP>;
+  auto kernel = grouped_wgmma_kernel<BN, STAGES, GATE_UP>;
+  constexpr size_t smem = wg_smem<BN, STAGES>();
   static bool configured = false;  // (first call is outside any capture: the variants run a step before capturing)
   if (!configured) {
-    DSLAB_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kWgSmem)));
+    DSLAB_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     configured = true;
   }
-  const int outputs = GATE_UP ? kWgCols / 2 : kWgCols;
-  const dim3 grid(unsigned(max_tiles), unsigned((g.N + outputs - 1) / outputs));  // (row tiles fastest, as launch)
-  launch_pdl(kernel, grid, dim3(kWgThreads), kWgSmem, stream, g);
+  const int outputs = GATE_UP ? BN / 2 : BN;
+  launch_pdl(kernel, tile_grid(max_tiles, g.N, outputs), dim3(kWgThreads), smem, stream, g);
   DSLAB_CHECK_LAUNCH();
+}
+
+// The wgmma tile's width: 256 unless DSLAB_WGMMA_TILE=128x128 (read once; anything else is an error).
+bool wgmma_narrow_tile() {
+  static const bool narrow = [] {
+    const char* v = std::getenv("DSLAB_WGMMA_TILE");
+    if (!v || !*v || std::string(v) == "128x256") return false;
+    if (std::string(v) == "128x128") return true;
+    throw BadInput(std::string("DSLAB_WGMMA_TILE: \"") + v + "\" is not a tile (expected 128x256 or 128x128)");
+  }();
+  return narrow;
 }
 
 template <bool GATE_UP>
 void launch_for_tile(int tile_rows, bool wgmma, const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
-  if (wgmma && tile_rows == kWgRows) return launch_wgmma<GATE_UP>(g, max_tiles, stream);
+  if (wgmma && tile_rows == kWgRows)
+    return wgmma_narrow_tile() ? launch_wgmma<128, 6, GATE_UP>(g, max_tiles, stream) : launch_wgmma<256, 4, GATE_UP>(g, max_tiles, stream);
   switch (tile_rows) {
     // Decode: weight streaming, so narrow CTAs (64 B rows, 4 warps, 60 KB: three per SM) for more of them in
     // flight (a V2-Lite layer's 6 experts x 1408 outputs made 132 CTAs of 128 B rows; its down GEMM 96).
@@ -370,8 +416,8 @@ void grouped_down(const GroupedExperts& e, cudaStream_t stream) {
 }
 
 DSLAB_REGISTER_MOE_OP(MoeGroupedWgmma, "moe/grouped_wgmma/cuda",
-                      "moe/grouped/cuda with prefill's 128-row tiles on Hopper's warpgroup MMA (wgmma m64n128k16, two warpgroups a "
-                      "CTA, four cp.async stages); decode tiles as moe/grouped/cuda");
+                      "moe/grouped/cuda with prefill's 128-row tiles on Hopper's warpgroup MMA (128 x 256 CTA tiles, wgmma m64n256k16, "
+                      "two warpgroups a CTA, four cp.async stages); decode tiles as moe/grouped/cuda");
 DSLAB_REGISTER_MOE_OP(MoeGroupedCuda, "moe/grouped/cuda",
                       "routed experts as two grouped GEMMs of our own (mma.sync, tiles by expert from the GPU router), SiLU*up fused, "
                       "graph-capturable");

@@ -90,6 +90,9 @@ constexpr int kTileKeys = 64, kScoreThreads = 128, kKeyStride = kIndexDim + 32; 
 // Tiles in flight per CTA: at ~170 registers a thread two CTAs fit an SM, so each keeps three tiles' copies going
 // while it multiplies a fourth.
 constexpr int kScoreStages = 4;
+// Three CTAs an SM (at most 168 registers a thread, no spills): at two, each scheduler had two warps to hide a tile's
+// wait with (ncu, session 17).
+constexpr int kScoreCtasPerSm = 3;
 
 __device__ inline void mma_fp8_16832(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
@@ -97,7 +100,7 @@ __device__ inline void mma_fp8_16832(float (&d)[4], const uint32_t (&a)[4], uint
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__global__ void __launch_bounds__(kScoreThreads) scores_kernel(const uint8_t* __restrict__ queries, const float* __restrict__ query_scales,
+__global__ void __launch_bounds__(kScoreThreads, kScoreCtasPerSm) scores_kernel(const uint8_t* __restrict__ queries, const float* __restrict__ query_scales,
                                                                const uint8_t* __restrict__ index_keys, const float* __restrict__ index_scales,
                                                                const int32_t* __restrict__ page_table, int pages_per_request, int page_size,
                                                                const int32_t* __restrict__ keys, int64_t scores_per_request,
@@ -115,9 +118,12 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(const uint8_t* __
   const int chunk = tid % (kIndexDim / 16), key0 = tid / (kIndexDim / 16);
   constexpr int kKeysPerPass = kScoreThreads / (kIndexDim / 16);
   const bool whole_tiles = page_size % kTileKeys == 0;
-  auto load_tile = [&](int tile, int buf) {
+  // (page: the tile's page-table entry where tiles are whole, loaded an iteration before its copy is issued, so the
+  // copy does not wait on the table read)
+  auto page_of = [&](int tile) { return whole_tiles && tile * kTileKeys < n_keys ? __ldg(table + tile * kTileKeys / page_size) : 0; };
+  auto load_tile = [&](int tile, int buf, int32_t page) {
     const int k0 = tile * kTileKeys;
-    const int64_t base = whole_tiles ? int64_t(table[k0 / page_size]) * page_size + k0 % page_size : 0;
+    const int64_t base = int64_t(page) * page_size + k0 % page_size;
     auto slot_of = [&](int key) { return whole_tiles ? base + key : int64_t(table[(k0 + key) / page_size]) * page_size + (k0 + key) % page_size; };
 #pragma unroll
     for (int j = 0; j < kTileKeys / kKeysPerPass; ++j) {
@@ -136,7 +142,7 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(const uint8_t* __
   // The first kScoreStages - 1 tiles in flight (an empty group for each past the request's: the waits count groups).
 #pragma unroll
   for (int i = 0; i < kScoreStages - 1; ++i) {
-    if ((first + i * stride) * kTileKeys < n_keys) load_tile(first + i * stride, i);
+    if ((first + i * stride) * kTileKeys < n_keys) load_tile(first + i * stride, i, page_of(first + i * stride));
     else cp_async_commit();
   }
   // A fragments: heads 16 mt + g and + 8; step ks's dims 8t..8t+3 in slots 4t.., 8t+4..8t+7 in slots 16+4t..
@@ -154,10 +160,12 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(const uint8_t* __
       a[mt][ks][0] = lo.x, a[mt][ks][1] = hi.x, a[mt][ks][2] = lo.y, a[mt][ks][3] = hi.y;
     }
   }
+  int32_t ahead_page = page_of(first + (kScoreStages - 1) * stride);
   for (int i = 0, tile = first; tile * kTileKeys < n_keys; ++i, tile += stride) {
     const int buf = i % kScoreStages, ahead = tile + (kScoreStages - 1) * stride;
-    if (ahead * kTileKeys < n_keys) load_tile(ahead, (i + kScoreStages - 1) % kScoreStages);
+    if (ahead * kTileKeys < n_keys) load_tile(ahead, (i + kScoreStages - 1) % kScoreStages, ahead_page);
     else cp_async_commit();
+    ahead_page = page_of(ahead + stride);
     cp_async_wait<kScoreStages - 1>();
     __syncthreads();  // (this tile's keys landed for every thread)
     float acc[kHeadTiles][2][4] = {};
