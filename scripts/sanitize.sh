@@ -55,8 +55,9 @@ for tool in memcheck racecheck; do
   # (past 160K keys the cluster re-reads the scores each pass)
   run "$tool" sparse-dsa-stream --model deepseek-v2-lite --variant sparse/dsa/cuda --axis batch=1 --axis kv_len=170000 --axis budget=1024 --axis local=256 --axis executor=eager
   run "$tool" moe-grouped --model deepseek-v2-lite --variant moe/grouped/cuda --axis tokens=1,300
-  # (512 tokens: 48 rows an expert, the 128-row tiles the wgmma kernel takes; 2048 ran past 2.5 minutes under racecheck)
-  run "$tool" moe-grouped-wgmma --model deepseek-v2-lite --variant moe/grouped_wgmma/cuda --axis tokens=512
+  # (8 experts, 64 tokens choosing 6: 48 rows an expert, the 128-row tiles the wgmma kernel takes, 32 k-stages deep;
+  # all 64 experts at 512 or 2048 tokens ran past 90-150 s under racecheck)
+  run "$tool" moe-grouped-wgmma --model deepseek-v2-lite --variant moe/grouped_wgmma/cuda --axis experts=8 --axis routing=uniform --axis tokens=64
   run "$tool" moe-loop --model deepseek-v2-lite --variant moe/loop/cuda --axis tokens=37
   run "$tool" moe-host --model deepseek-v2-lite --variant moe/host/cuda --axis tokens=1,40
   run "$tool" linear-own --model deepseek-v2-lite --variant linear/own/cuda --axis weight=kv_a_proj_with_mqa,o_proj,lm_head --axis tokens=1,3,8
