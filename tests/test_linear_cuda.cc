@@ -3,12 +3,16 @@
 // Also here (no GPU needed): how many warps the GEMV gives one output feature.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "harness/errors.h"
 #include "harness/host.h"
 #include "harness/variant.h"
 #include "tests/test_util.h"
 #ifdef DSLAB_HAVE_CUDA
+#include "variants/common/bf16.h"
 #include "variants/mla/cuda/mla_cuda.h"
+#include "variants/reference/reference.h"
 #endif
 
 namespace dslab {
@@ -90,6 +94,45 @@ TEST(Linear, GemvSplitFillsOneWave) {
   // Long rows: about one batch of 8 loads per lane, many waves (V3's o_proj: 7168 x 16384; V2-Lite's dense down).
   EXPECT_EQ(mla::cuda::gemv_split(7168, 16384, 4224), 8);
   EXPECT_EQ(mla::cuda::gemv_split(2048, 10944, 4224), 4);
+}
+
+// linear_pair over V2-Lite's stacked q_proj (bf16 out) and kv_a_proj_with_mqa (fp32 out): each output against the
+// fp64 product, with the own GEMV (1 and 2 rows: one launch for both) and past it (3 rows: cuBLAS, two GEMMs).
+TEST(GpuLinearPair, StackedProjectionsMatchFp64) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  using namespace mla::cuda;
+  const int64_t in = 2048, out1 = 16 * 192, out2 = 576;
+  const uint64_t seed = test::fresh_seed();
+  const std::vector<bf16> w = ref::random_bf16(seed, "w", size_t((out1 + out2) * in), 0.02f);
+  for (int64_t rows : {1, 2, 3}) {
+    SCOPED_TRACE("rows " + std::to_string(rows));
+    const std::vector<bf16> x = ref::random_bf16(seed + uint64_t(rows), "x", size_t(rows * in), 1.0f);
+    DeviceArray<__nv_bfloat16> dx, dw, y1(size_t(rows * out1));
+    DeviceArray<float> y2(size_t(rows * out2));
+    dx.upload(x);
+    dw.upload(w);
+    y1.fill_bytes(0xFF), y2.fill_bytes(0xFF);  // NaN until written
+    BlasHandle h;
+    h.set_projections(Projections::own);
+    linear_pair(h, dx.get(), rows, in, dw.get(), out1, y1.get(), CUDA_R_16BF, out2, y2.get());
+    DSLAB_CUDA(cudaDeviceSynchronize());
+    std::vector<bf16> got1(size_t(rows * out1));
+    std::vector<float> got2(size_t(rows * out2));
+    DSLAB_CUDA(cudaMemcpy(got1.data(), y1.get(), got1.size() * 2, cudaMemcpyDeviceToHost));
+    DSLAB_CUDA(cudaMemcpy(got2.data(), y2.get(), got2.size() * 4, cudaMemcpyDeviceToHost));
+    double err1 = 0, norm1 = 0, err2 = 0, norm2 = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t n = 0; n < out1 + out2; ++n) {
+        double want = 0;
+        for (int64_t k = 0; k < in; ++k) want += double(to_float(x[size_t(r * in + k)])) * double(to_float(w[size_t(n * in + k)]));
+        const double got = n < out1 ? double(to_float(got1[size_t(r * out1 + n)])) : double(got2[size_t(r * out2 + n - out1)]);
+        (n < out1 ? err1 : err2) += (got - want) * (got - want);
+        (n < out1 ? norm1 : norm2) += want * want;
+      }
+    EXPECT_LE(std::sqrt(err1 / norm1), 1e-2);  // bf16 output
+    EXPECT_LE(std::sqrt(err2 / norm2), 1e-5);  // fp32 output
+    EXPECT_GT(std::sqrt(err2 / norm2), 0.0) << "fp32 sums cannot match fp64 exactly: is the output really computed?";
+  }
 }
 #endif
 

@@ -17,7 +17,8 @@ constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
 constexpr int kGemvUnroll = 8;  // 16-byte weight loads each lane keeps in flight
 
-// y[m][n] (+ beta y) = sum_k x[m][k] w[n][k] for M rows. `split` warps share one output feature, each streaming
+// y[m][n] (+ beta y) = sum_k x[m][k] w[n][k] for M rows; features n >= N1 (a second weight stacked under the
+// first) go to y2[m][n - N1] in fp32 instead (N1 = N: none). `split` warps share one output feature, each streaming
 // one K slice of its weight row, so that a small matrix (kv_a: 576 rows) still spreads over every SM with all of
 // its bytes in flight at once; a CTA holds kGemvWarps / split output features.
 //
@@ -26,7 +27,8 @@ constexpr int kGemvUnroll = 8;  // 16-byte weight loads each lane keeps in fligh
 // depend on it). That overlap is what cuBLAS's GEMMs, launched without the attribute, cannot have.
 template <int M>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const __nv_bfloat16* x, int64_t K, const __nv_bfloat16* w,
-                                                            int64_t N, int split, void* y, bool y_bf16, float beta) {
+                                                            int64_t N, int split, void* y, bool y_bf16, float beta, int64_t N1,
+                                                            float* y2) {
   __shared__ float partial[kGemvWarps][M];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int64_t n = int64_t(blockIdx.x) * (kGemvWarps / split) + warp / split;
@@ -96,7 +98,11 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const __nv_bfloat16*
   float out = 0;
 #pragma unroll
   for (int m = 0; m < M; ++m) out = lane == m ? acc[m] : out;
-  const int64_t at = int64_t(lane) * N + n;
+  if (n >= N1) {
+    y2[int64_t(lane) * (N - N1) + (n - N1)] = out;
+    return;
+  }
+  const int64_t at = int64_t(lane) * N1 + n;
   if (y_bf16) {
     __nv_bfloat16* yb = static_cast<__nv_bfloat16*>(y);
     yb[at] = __float2bfloat16_rn(beta != 0.0f ? out + beta * __bfloat162float(yb[at]) : out);
@@ -119,13 +125,25 @@ int64_t resident_warps() {
   return warps;
 }
 
+// (out2 > 0: the last out2 of the `out` features into y2, see gemv_kernel)
 template <int M>
 void launch_gemv(const __nv_bfloat16* x, int64_t in, const __nv_bfloat16* w, int64_t out, void* y, bool bf16, float beta,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, int64_t out2 = 0, float* y2 = nullptr) {
   const int split = gemv_split(out, in, resident_warps<M>());
   const int64_t features_per_cta = kGemvWarps / split;
   const unsigned blocks = unsigned((out + features_per_cta - 1) / features_per_cta);
-  launch_pdl(gemv_kernel<M>, dim3(blocks), dim3(kGemvThreads), 0, stream, x, in, w, out, split, y, bf16, beta);
+  launch_pdl(gemv_kernel<M>, dim3(blocks), dim3(kGemvThreads), 0, stream, x, in, w, out, split, y, bf16, beta, out - out2, y2);
+}
+
+// Whether linear() takes the own GEMV for these operands.
+bool own_gemv(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, cudaDataType y_type) {
+  const bool aligned = in % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  return rows <= kGemvRows && h.projections() == Projections::own && aligned && (y_type == CUDA_R_32F || y_type == CUDA_R_16BF);
+}
+cudaStream_t stream_of(const BlasHandle& h) {
+  cudaStream_t stream{};
+  DSLAB_CUBLAS(cublasGetStream(h.get(), &stream));
+  return stream;
 }
 
 }  // namespace
@@ -150,10 +168,8 @@ int own_gemv_split(int64_t rows, int64_t out, int64_t in) {
 
 void linear(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out, void* y,
             cudaDataType y_type, float beta) {
-  const bool aligned = in % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
-  if (rows <= kGemvRows && h.projections() == Projections::own && aligned && (y_type == CUDA_R_32F || y_type == CUDA_R_16BF)) {
-    cudaStream_t stream{};
-    DSLAB_CUBLAS(cublasGetStream(h.get(), &stream));
+  if (own_gemv(h, x, rows, in, w, y_type)) {
+    const cudaStream_t stream = stream_of(h);
     const bool bf16 = y_type == CUDA_R_16BF;
     switch (rows) {
       case 1: launch_gemv<1>(x, in, w, out, y, bf16, beta, stream); break;
@@ -165,6 +181,20 @@ void linear(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t i
   }
   // Column-major view: y^T [out x rows] = w [in x out]^T · x^T [in x rows].
   gemm(h.get(), CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, 0, x, in, 0, y, y_type, out, 0, 1, beta);
+}
+
+void linear_pair(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out1, void* y1,
+                 cudaDataType y1_type, int64_t out2, float* y2) {
+  if (own_gemv(h, x, rows, in, w, y1_type)) {
+    const cudaStream_t stream = stream_of(h);
+    const bool bf16 = y1_type == CUDA_R_16BF;
+    if (rows == 1) launch_gemv<1>(x, in, w, out1 + out2, y1, bf16, 0.0f, stream, out2, y2);
+    else launch_gemv<2>(x, in, w, out1 + out2, y1, bf16, 0.0f, stream, out2, y2);
+    DSLAB_CHECK_LAUNCH();
+    return;
+  }
+  linear(h, x, rows, in, w, out1, y1, y1_type);
+  linear(h, x, rows, in, w + out1 * in, out2, y2, CUDA_R_32F);
 }
 
 }  // namespace dslab::mla::cuda

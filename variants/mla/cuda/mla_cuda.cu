@@ -257,10 +257,10 @@ void generate_mla_weights(const ModelConfig& m, int64_t heads, uint64_t seed, Ml
     w->q_b.resize(size_t(heads * qhd * ql));
     fill_random_bf16(w->q_b.get(), w->q_b.size(), seed, "q_b_proj", fan_in_scale(ql));
   } else {
-    w->q_proj.resize(size_t(heads * qhd * H));
-    fill_random_bf16(w->q_proj.get(), w->q_proj.size(), seed, "q_proj", fan_in_scale(H));
-    w->kv_a.resize(size_t(width * H));
-    fill_random_bf16(w->kv_a.get(), w->kv_a.size(), seed, "kv_a_proj_with_mqa", fan_in_scale(H));
+    const int64_t q_out = heads * qhd;
+    w->qkv_a.resize(size_t((q_out + width) * H));
+    fill_random_bf16(w->qkv_a.get(), size_t(q_out * H), seed, "q_proj", fan_in_scale(H));
+    fill_random_bf16(w->qkv_a.get() + q_out * H, size_t(width * H), seed, "kv_a_proj_with_mqa", fan_in_scale(H));
   }
   w->kv_a_norm.resize(size_t(r));
   fill_random_bf16(w->kv_a_norm.get(), size_t(r), seed, "kv_a_layernorm", 0.1f, 1.0f);
@@ -271,16 +271,11 @@ void generate_mla_weights(const ModelConfig& m, int64_t heads, uint64_t seed, Ml
 }
 
 void upload_mla_weights(const ModelConfig& m, const ref::MlaParams& p, MlaWeights* w) {
-  if (m.q_lora_rank) {
-    std::vector<bf16> stacked(p.q_a_proj);
-    stacked.insert(stacked.end(), p.kv_a_proj_with_mqa.begin(), p.kv_a_proj_with_mqa.end());
-    w->qkv_a.upload(stacked);
-  } else {
-    w->kv_a.upload(p.kv_a_proj_with_mqa);
-  }
+  std::vector<bf16> stacked(m.q_lora_rank ? p.q_a_proj : p.q_proj);
+  stacked.insert(stacked.end(), p.kv_a_proj_with_mqa.begin(), p.kv_a_proj_with_mqa.end());
+  w->qkv_a.upload(stacked);
   w->q_a_norm.upload(p.q_a_layernorm);
   w->q_b.upload(p.q_b_proj);
-  w->q_proj.upload(p.q_proj);
   w->kv_a_norm.upload(p.kv_a_layernorm);
   w->kv_b.upload(p.kv_b_proj);
   w->o_proj.upload(p.o_proj);
@@ -550,10 +545,9 @@ void MlaOp::project() {
     kv = qa_f32_.get() + ql;
     ld = int(ql + width_);
   } else {
-    linear(*blas_handle_, b_.x, T, hid_, w_->q_proj.get(), nh_ * qhd_, q_.get(), CUDA_R_16BF);
-    mark("q_proj");
-    linear(*blas_handle_, b_.x, T, hid_, w_->kv_a.get(), width_, kv_f32_.get(), CUDA_R_32F);
-    mark("kv_a");
+    // q_proj (bf16, for RoPE and the absorb) and kv_a_proj_with_mqa (fp32, for its RMSNorm) over their stacked weights.
+    linear_pair(*blas_handle_, b_.x, T, hid_, w_->qkv_a.get(), nh_ * qhd_, q_.get(), CUDA_R_16BF, width_, kv_f32_.get());
+    mark("qkv_a");
   }
   launch_pdl(norm_and_cache_kernel, dim3(unsigned(T)), dim3(kNormThreads), 0, stream_, qa_f32_.get(), int(ql), w_->q_a_norm.get(), qa_.get(), kv, ld,
                                                                    w_->kv_a_norm.get(), b_.rope_cos, b_.rope_sin, cache_view(*b_.cache),

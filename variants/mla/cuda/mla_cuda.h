@@ -146,10 +146,11 @@ class BlasHandle {
   Projections projections_ = Projections::cublas;
 };
 
-// One layer's attention weights on the device (HF names; q_a_proj and kv_a_proj_with_mqa stacked into qkv_a
-// for q_lora_rank models, since both read the same input).
+// One layer's attention weights on the device (HF names). The two projections of the layer input are stacked
+// into qkv_a, since both read the same input: q_a_proj and kv_a_proj_with_mqa for q_lora_rank models, q_proj and
+// kv_a_proj_with_mqa for the others.
 struct MlaWeights {
-  DeviceArray<__nv_bfloat16> qkv_a, q_a_norm, q_b, q_proj, kv_a, kv_a_norm, kv_b, o_proj;
+  DeviceArray<__nv_bfloat16> qkv_a, q_a_norm, q_b, kv_a_norm, kv_b, o_proj;
 };
 void upload_mla_weights(const ModelConfig& m, const ref::MlaParams& p, MlaWeights* w);
 // ref::make_mla_params(m, heads, seed)'s tensors, generated on the device.
@@ -374,6 +375,12 @@ void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int6
 // per-row FMAs and input loads made it 0.5-0.8x cuBLAS from 4 rows on (session 10), hence the limit of 2.
 void linear(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out,
             void* y, cudaDataType y_type, float beta = 0.0f);
+// Two nn.Linears of one input whose weights are stacked, w = [out1 + out2][in]: y1[rows][out1] (y1_type) from the
+// first out1 rows, y2[rows][out2] (fp32) from the rest. Where linear() would take the own GEMV, one launch streams
+// both (a decode step's kv_a_proj_with_mqa alone, 2.4 MB at V2-Lite, took ~10 us, mostly the launch's ramp and
+// tail); otherwise two linear() calls.
+void linear_pair(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out1, void* y1,
+                 cudaDataType y1_type, int64_t out2, float* y2);
 constexpr int64_t kGemvRows = 2;
 // Warps per output feature of the own GEMV (1..8, one CTA at most): for a small matrix the most that keep the grid
 // within one wave of `resident_warps`, for a long row enough that each lane loads about one batch; at least one
