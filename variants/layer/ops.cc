@@ -77,6 +77,7 @@ std::vector<OpCost> layer_ops(const ModelConfig& m, int64_t layer, const StepSha
     ops.push_back(projection("q_proj", OpGroup::attention, layer, T, H, nh * qhd));
   }
   ops.push_back(projection("kv_a_proj", OpGroup::attention, layer, T, H, r + rope, 4));
+  ops.back().gpu_kernels = 0;  // (its weights stacked under q_a_proj's or q_proj's: one launch for both)
 
   // The core: scores and the weighted sum over the cache (and this step's new keys, causal among them), with
   // kv_b_proj as the form uses it: absorbed into q and the output per new token (a_cc, a_cc_me), decompressing
@@ -95,7 +96,9 @@ std::vector<OpCost> layer_ops(const ModelConfig& m, int64_t layer, const StepSha
     default: core.flops += T * 2 * nh * r * (nope + vd); break;
   }
   core.weight_bytes = 2 * r * nh * (nope + vd);  // kv_b_proj
-  core.gpu_kernels = 6;  // norm + cache write, RoPE, W_UK into q, attention, split merge, W_UV out (fused form)
+  // norm + cache write, RoPE (inside the norm's kernel without q_lora_rank), W_UK into q, attention, split merge,
+  // W_UV out (fused form)
+  core.gpu_kernels = m.q_lora_rank ? 6 : 5;
   const double per_token = mla::cache_bytes_per_token(m, s.attn, H_heads, s.kv_dtype);
   core.kv_bytes = B * keys * per_token + T * per_token;  // read every cached key, write the new ones
   core.act_bytes = T * nh * qhd * 2 + T * (r + rope) * 4 + T * nh * vd * 2;  // q and the latent in, per-head output out

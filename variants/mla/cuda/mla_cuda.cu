@@ -57,18 +57,54 @@ __device__ inline float2 rope_pair(float2 pair, float cs, float sn) {
   return make_float2(pair.x * cs - pair.y * sn, pair.y * cs + pair.x * sn);
 }
 
+// RoPE of one (token, head) row of q (row = token * heads + head) by one warp, in place, and into q_cat's rope part
+// behind the absorbed query where a form uses it; lane i takes pairs i, i + 32, ...
+constexpr int kRopePairsPerLane = 4;  // rope parts up to 256 wide (DeepSeek: 64)
+__device__ inline void rope_q_row(__nv_bfloat16* q, const float* cos_table, const float* sin_table, int64_t row, int64_t t, int nope, int rope,
+                                  int r, __nv_bfloat16* q_cat) {
+  const int lane = int(threadIdx.x) % 32, half = rope / 2;
+  __nv_bfloat16* x = q + row * (nope + rope) + nope;
+  __nv_bfloat16 lo[kRopePairsPerLane], hi[kRopePairsPerLane];
+#pragma unroll
+  for (int k = 0; k < kRopePairsPerLane; ++k) {
+    const int p = lane + 32 * k;
+    if (p >= half) break;
+    const float2 y = rope_pair(__bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(x)[p]), cos_table[t * half + p], sin_table[t * half + p]);
+    lo[k] = __float2bfloat16_rn(y.x);
+    hi[k] = __float2bfloat16_rn(y.y);
+  }
+  __syncwarp();  // every lane has read its pairs before any lane writes over them
+  __nv_bfloat16* y = q_cat ? q_cat + row * (r + rope) + r : nullptr;
+#pragma unroll
+  for (int k = 0; k < kRopePairsPerLane; ++k) {
+    const int p = lane + 32 * k;
+    if (p >= half) break;
+    x[p] = lo[k];
+    x[p + half] = hi[k];
+    if (y) y[p] = lo[k], y[p + half] = hi[k];
+  }
+}
+
 // After the q_a / kv_a projection, one block per new token: RMSNorm of q_a into qa (q_lora_rank models; ql 0
 // skips it), and the token's latent (RMSNorm) and rope key (RoPE) into the cache at its position (and, bf16, into
 // kv_new for the forms that decompress it). Every load is issued up front, each value is read once and held in
 // registers, and both sums of squares share one reduction: the kernel is a short chain of latencies, not work.
+// Models without q_lora_rank have their q (q_proj) before this kernel: given `q`, its warps also apply RoPE to the
+// token's heads (rope_q_row), one launch less a layer than rope_q_kernel after it.
 constexpr int kNormThreads = 256, kNormQPerThread = 8, kNormLatentPerThread = 4;  // q_lora_rank <= 2048, kv_lora_rank <= 1024
 __global__ void __launch_bounds__(kNormThreads) norm_and_cache_kernel(const float* qa_f32, int ql, const __nv_bfloat16* q_a_norm,
                                                                       __nv_bfloat16* qa, const float* kv_f32, int ld,
                                                                       const __nv_bfloat16* kv_norm, const float* cos_table,
                                                                       const float* sin_table, CacheView cache, const int32_t* lengths,
-                                                                      int q_len, int r, float eps, __nv_bfloat16* kv_new) {
+                                                                      int q_len, int r, float eps, __nv_bfloat16* kv_new, __nv_bfloat16* q,
+                                                                      int heads, int nope, __nv_bfloat16* q_cat) {
   pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
   pdl_launch_dependents();
+  if (q) {
+    const int rope = int(cache.width) - r;
+    for (int h = int(threadIdx.x) / 32; h < heads; h += kNormThreads / 32)
+      rope_q_row(q, cos_table, sin_table, int64_t(blockIdx.x) * heads + h, blockIdx.x, nope, rope, r, q_cat);
+  }
   __shared__ float2 warp_sums[kNormThreads / 32];
   __shared__ float token[32 * kMaxValuesPerLane];  // int8 / fp8 caches: the row, bf16-rounded, for one warp to quantise
   const int t = blockIdx.x, b = t / q_len, s = t % q_len, width = int(cache.width), half = (width - r) / 2;
@@ -147,35 +183,13 @@ __global__ void __launch_bounds__(kNormThreads) norm_and_cache_kernel(const floa
 
 // After q_b (or q_proj), which wrote q in bf16: RoPE on each head's rope part, in place, and behind the absorbed
 // part of q_cat where a form uses it (rope_pair). One warp per (token, head); lane i takes pairs i, i + 32, ...
-constexpr int kRopePairsPerLane = 4;  // rope parts up to 256 wide (DeepSeek: 64)
 __global__ void rope_q_kernel(__nv_bfloat16* q, const float* cos_table, const float* sin_table, int64_t rows, int heads, int nope, int rope,
                               int r, __nv_bfloat16* q_cat) {
   pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
   pdl_launch_dependents();
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;  // token * heads + head
   if (row >= rows) return;
-  const int lane = threadIdx.x % 32, half = rope / 2;
-  const int64_t t = row / heads;
-  __nv_bfloat16* x = q + row * (nope + rope) + nope;
-  __nv_bfloat16 lo[kRopePairsPerLane], hi[kRopePairsPerLane];
-#pragma unroll
-  for (int k = 0; k < kRopePairsPerLane; ++k) {
-    const int p = lane + 32 * k;
-    if (p >= half) break;
-    const float2 y = rope_pair(__bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(x)[p]), cos_table[t * half + p], sin_table[t * half + p]);
-    lo[k] = __float2bfloat16_rn(y.x);
-    hi[k] = __float2bfloat16_rn(y.y);
-  }
-  __syncwarp();  // every lane has read its pairs before any lane writes over them
-  __nv_bfloat16* y = q_cat ? q_cat + row * (r + rope) + r : nullptr;
-#pragma unroll
-  for (int k = 0; k < kRopePairsPerLane; ++k) {
-    const int p = lane + 32 * k;
-    if (p >= half) break;
-    x[p] = lo[k];
-    x[p + half] = hi[k];
-    if (y) y[p] = lo[k], y[p + half] = hi[k];
-  }
+  rope_q_row(q, cos_table, sin_table, row, row / heads, nope, rope, r, q_cat);
 }
 
 // Paged cache -> contiguous [batch][keys][width] bf16, one warp per token.
@@ -549,18 +563,18 @@ void MlaOp::project() {
     linear_pair(*blas_handle_, b_.x, T, hid_, w_->qkv_a.get(), nh_ * qhd_, q_.get(), CUDA_R_16BF, width_, kv_f32_.get());
     mark("qkv_a");
   }
+  // (without q_lora_rank, q is here already: its RoPE rides in this kernel)
   launch_pdl(norm_and_cache_kernel, dim3(unsigned(T)), dim3(kNormThreads), 0, stream_, qa_f32_.get(), int(ql), w_->q_a_norm.get(), qa_.get(), kv, ld,
-                                                                   w_->kv_a_norm.get(), b_.rope_cos, b_.rope_sin, cache_view(*b_.cache),
-                                                                   b_.lengths, int(s_.q_len), int(r_), float(m_.rms_norm_eps), kv_new_.get());
+             w_->kv_a_norm.get(), b_.rope_cos, b_.rope_sin, cache_view(*b_.cache), b_.lengths, int(s_.q_len), int(r_), float(m_.rms_norm_eps),
+             kv_new_.get(), ql ? nullptr : q_.get(), int(nh_), int(nope_), q_cat_);
   DSLAB_CHECK_LAUNCH();
   mark("norm_cache_write");
-  if (ql) {
-    linear(*blas_handle_, qa_.get(), T, ql, w_->q_b.get(), nh_ * qhd_, q_.get(), CUDA_R_16BF);
-    mark("q_b");
-  }
+  if (!ql) return;
+  linear(*blas_handle_, qa_.get(), T, ql, w_->q_b.get(), nh_ * qhd_, q_.get(), CUDA_R_16BF);
+  mark("q_b");
   const int64_t heads_x_tokens = T * nh_;
   launch_pdl(rope_q_kernel, dim3(unsigned((heads_x_tokens + 7) / 8)), dim3(256), 0, stream_, q_.get(), b_.rope_cos, b_.rope_sin, heads_x_tokens, int(nh_),
-                                                                         int(nope_), int(rope_), int(r_), q_cat_);
+             int(nope_), int(rope_), int(r_), q_cat_);
   DSLAB_CHECK_LAUNCH();
   mark("rope_q");
 }
