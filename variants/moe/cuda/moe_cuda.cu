@@ -231,6 +231,78 @@ __global__ void __launch_bounds__(kGateThreads) gate_logits_kernel(const __nv_bf
 }
 constexpr int64_t kGateKernelTokens = 4;  // up to here the kernel above (it reads the gate once per token); beyond, cuBLAS
 
+// Decode's whole routing in one kernel (one launch less per MoE layer than gate_logits_kernel +
+// route_scan_scatter_kernel): blocks of (token, 8 experts), four warps an expert each taking a quarter of the
+// hidden size, write the logits; the last block to finish (a counter in global memory, which that block resets for
+// the next step or replay) reads them back from L2, routes every token (a warp each, as route_token) and runs the
+// scan + scatter. (Each block's logit writes are fenced before its count, the last block's reads after it: the
+// threadFenceReduction pattern.)
+constexpr int kGateRouteExperts = 8, kGateRouteSplit = kScanThreads / 32 / kGateRouteExperts;
+__global__ void __launch_bounds__(kScanThreads) gate_route_scan_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ gate,
+                                                                       int hidden, float* logits, unsigned* blocks_done, RouterParams p,
+                                                                       ScanArgs a) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
+  extern __shared__ float smem[];  // [tokens][E] logits, then [tokens][2 E] routing scratch
+  __shared__ float partial[kScanThreads / 32];
+  __shared__ bool last;
+  const int t = int(blockIdx.x), warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int e = int(blockIdx.y) * kGateRouteExperts + warp / kGateRouteSplit, part = warp % kGateRouteSplit;
+  {
+    const int chunks = hidden / 8, per_part = (chunks + kGateRouteSplit - 1) / kGateRouteSplit;
+    const int begin = min(chunks, part * per_part), end = min(chunks, begin + per_part);
+    float acc = 0;
+    if (e < p.E) {
+      const uint4* xr = reinterpret_cast<const uint4*>(x + int64_t(t) * hidden);
+      const uint4* w = reinterpret_cast<const uint4*>(gate + int64_t(e) * hidden);
+      auto dot = [&](const uint4& u, const uint4& v) {
+        const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&u);
+        const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 fa = __bfloat1622float2(a2[i]), fb = __bfloat1622float2(b2[i]);
+          acc += fa.x * fb.x + fa.y * fb.y;
+        }
+      };
+      int j = begin + lane;
+      for (; j + 96 < end; j += 128) {
+        uint4 u[4], v[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) u[k] = __ldg(xr + j + 32 * k), v[k] = __ldg(w + j + 32 * k);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) dot(u[k], v[k]);
+      }
+      for (; j < end; j += 32) dot(__ldg(xr + j), __ldg(w + j));
+    }
+    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) partial[warp] = acc;
+  }
+  __syncthreads();
+  if (int(threadIdx.x) < kGateRouteExperts) {
+    const int ex = int(blockIdx.y) * kGateRouteExperts + int(threadIdx.x);
+    if (ex < p.E) {
+      float sum = 0;
+      for (int k = 0; k < kGateRouteSplit; ++k) sum += partial[int(threadIdx.x) * kGateRouteSplit + k];
+      logits[int64_t(t) * p.E + ex] = sum;
+    }
+    __threadfence();  // this block's logits visible to every block before it is counted
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(blocks_done, 1u) == gridDim.x * gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x == 0) *blocks_done = 0;  // (the next step's count starts from zero)
+  float* staged = smem;
+  for (int i = int(threadIdx.x); i < p.tokens * p.E; i += kScanThreads) staged[i] = __ldcg(logits + i);  // (L2: not a stale L1 line)
+  __syncthreads();
+  RouterParams from_smem = p;
+  from_smem.logits = staged;
+  if (warp < p.tokens) route_token(from_smem, warp, staged + p.tokens * p.E + warp * 2 * p.E);
+  __syncthreads();  // (also makes the warps' global writes visible to the whole block)
+  scan_scatter(a);
+}
+
 // out[t] (+)= sum over k of weight[t][k] * y[slot[t][k]] (+ add[t]): the weighted un-permute, onto the shared
 // experts' output. A slot < 0 is a choice made elsewhere (in `add`, the CPU's per-token sum). Blocks take (token,
 // 1024 columns): a decode step's few tokens still spread over many SMs. The slots and weights are loaded first,
@@ -400,6 +472,8 @@ void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, c
   topk_weights_.resize(size_t(rows_));
   counts_.resize(size_t(experts_));
   counts_.zero();  // (then the scan leaves them zero after each step)
+  gate_blocks_done_.resize(1);
+  gate_blocks_done_.zero();  // (then gate_route_scan_kernel's last block leaves it zero)
   offsets_.resize(size_t(experts_ + 1));
   perm_token_.scratch(arena_, size_t(rows_));
   slot_.resize(size_t(rows_));
@@ -427,6 +501,18 @@ void MoeOp::route() {
     launch_pdl(count_kernel, dim3(unsigned((rows_ + 255) / 256)), dim3(256), 0, stream_, b_.topk_ids, int(rows_), counts_.get());
     DSLAB_CHECK_LAUNCH();
   } else {
+    const size_t per_warp = 2 * size_t(m_.n_routed_experts) * 4;
+    const size_t gate_route_smem = size_t(tokens_) * (per_warp + size_t(m_.n_routed_experts) * 4);
+    if (tokens_ <= kGateKernelTokens && tokens_ <= kFusedRouteTokens && gate_route_smem <= kMaxRouterSmem) {
+      RouterParams p{nullptr, w_->bias.get(), int(tokens_), int(m_.n_routed_experts), int(topk_), int(m_.n_group), int(m_.topk_group),
+                     m_.scoring_func == "sigmoid", m_.topk_method != "greedy", m_.topk_method == "noaux_tc", m_.norm_topk_prob,
+                     float(m_.routed_scaling_factor), topk_ids_.get(), topk_weights_.get(), counts_.get()};
+      launch_pdl(gate_route_scan_kernel, dim3(unsigned(tokens_), unsigned((m_.n_routed_experts + kGateRouteExperts - 1) / kGateRouteExperts)),
+                 dim3(kScanThreads), gate_route_smem, stream_, b_.x, w_->gate.get(), int(hidden_), logits_.get(), gate_blocks_done_.get(), p, a);
+      DSLAB_CHECK_LAUNCH();
+      mark("route");
+      return;
+    }
     if (tokens_ <= kGateKernelTokens) {
       launch_pdl(gate_logits_kernel, dim3(unsigned(tokens_), unsigned((m_.n_routed_experts + 7) / 8)), dim3(kGateThreads), 0, stream_, b_.x, w_->gate.get(), int(hidden_), int(m_.n_routed_experts),
                                                                           logits_.get());
@@ -438,7 +524,6 @@ void MoeOp::route() {
     RouterParams p{logits_.get(), w_->bias.get(), int(tokens_), int(m_.n_routed_experts), int(topk_), int(m_.n_group), int(m_.topk_group),
                    m_.scoring_func == "sigmoid", m_.topk_method != "greedy", m_.topk_method == "noaux_tc", m_.norm_topk_prob,
                    float(m_.routed_scaling_factor), topk_ids_.get(), topk_weights_.get(), counts_.get()};
-    const size_t per_warp = 2 * size_t(m_.n_routed_experts) * 4;
     if (tokens_ <= kFusedRouteTokens && size_t(tokens_) * per_warp <= kMaxRouterSmem) {
       launch_pdl(route_scan_scatter_kernel, dim3(1), dim3(kScanThreads), size_t(tokens_) * per_warp, stream_, p, a);
       DSLAB_CHECK_LAUNCH();

@@ -150,6 +150,7 @@ class MoeOp {
   DeviceArray<int32_t> topk_ids_;       // [tokens][topk]
   DeviceArray<float> topk_weights_;     // [tokens][topk]
   DeviceArray<int32_t> counts_;         // [experts]: rows routed to each expert
+  DeviceArray<unsigned> gate_blocks_done_;  // decode's gate_route_scan_kernel: its blocks finished so far
   DeviceArray<int32_t> offsets_;        // [experts + 1]: first permuted row of each expert
   DeviceArray<int32_t> perm_token_;     // [rows]: the token of each permuted row
   DeviceArray<float> perm_weight_;      // [rows]
