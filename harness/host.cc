@@ -1,8 +1,11 @@
 #include "harness/host.h"
 
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -59,6 +62,45 @@ void parallel_noop(int threads) {
   volatile int sink = 0;
 #pragma omp parallel num_threads(threads)
   { sink = sink + 1; }
+}
+
+bool parse_proc_stat_cpu_line(const std::string& line, double ticks_per_s, double* busy_s, double* steal_s) {
+  std::istringstream in(line);
+  std::string label;
+  in >> label;
+  if (label != "cpu" || ticks_per_s <= 0) return false;
+  // user nice system idle iowait irq softirq steal (guest time is already inside user and nice)
+  double v[8] = {};
+  int n = 0;
+  while (n < 8 && in >> v[n]) ++n;
+  if (n < 4) return false;
+  *busy_s = (v[0] + v[1] + v[2] + v[5] + v[6]) / ticks_per_s;
+  *steal_s = v[7] / ticks_per_s;
+  return true;
+}
+
+CpuCounters cpu_counters() {
+  CpuCounters c;
+  c.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) == 0)
+    c.own_s = double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + 1e-6 * double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+  std::ifstream stat("/proc/stat");
+  std::string line;
+  if (stat && std::getline(stat, line) && !parse_proc_stat_cpu_line(line, double(sysconf(_SC_CLK_TCK)), &c.busy_s, &c.steal_s))
+    c.busy_s = c.steal_s = 0;
+  return c;
+}
+
+HostActivity host_activity(const CpuCounters& before, const CpuCounters& after, int logical_cpus) {
+  HostActivity h;
+  const double capacity = (after.wall_s - before.wall_s) * std::max(1, logical_cpus);
+  if (capacity > 0 && after.busy_s > 0) {
+    h.others_fraction = std::clamp(((after.busy_s - before.busy_s) - (after.own_s - before.own_s)) / capacity, 0.0, 1.0);
+    h.steal_fraction = std::clamp((after.steal_s - before.steal_s) / capacity, 0.0, 1.0);
+  }
+  if (std::ifstream load("/proc/loadavg"); load) load >> h.load_average;
+  return h;
 }
 
 }  // namespace dslab

@@ -24,6 +24,23 @@ std::string request_amx_permission();
 // of a hybrid step's host round trip runs it from a CUDA host function, as the CPU experts are run).
 void parallel_noop(int threads);
 
+// What else the host's CPUs did over an interval (from /proc/stat and this process's own CPU time): a calibration
+// run beside other work, or on a VM whose hypervisor takes cycles (steal), reads low ceilings. Zeros where
+// /proc/stat is unreadable.
+struct CpuCounters {
+  double busy_s = 0, steal_s = 0, own_s = 0, wall_s = 0;  // all CPUs' busy and stolen time, this process's, wall clock
+};
+CpuCounters cpu_counters();
+struct HostActivity {
+  double others_fraction = 0;  // other processes' share of the host's CPU capacity over the interval
+  double steal_fraction = 0;   // the hypervisor's share (steal time)
+  double load_average = 0;     // 1-minute load average at the interval's end
+};
+HostActivity host_activity(const CpuCounters& before, const CpuCounters& after, int logical_cpus);
+// /proc/stat's aggregate "cpu" line as (busy, steal) seconds, given the kernel's clock ticks per second; false where
+// it is not such a line.
+bool parse_proc_stat_cpu_line(const std::string& line, double ticks_per_s, double* busy_s, double* steal_s);
+
 struct GpuInfo {
   bool present = false;
   std::string why_absent;  // "built without CUDA", "no CUDA device: ..."

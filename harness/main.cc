@@ -134,12 +134,25 @@ int cmd_calibrate(int argc, char** argv) {
   const int repeat = int(a.number("--repeat", 1, 1));
   const std::string out = a.one("--out", default_machine_path());
   std::vector<nlohmann::json> runs;
+  const CpuCounters before = cpu_counters();
   for (int i = 0; i < repeat; ++i) {
     std::fprintf(stderr, "calibrating with %d CPU threads%s (%d of %d) ...\n", threads,
                  gpu_info().present ? (" and " + gpu_info().name).c_str() : "", i + 1, repeat);
     runs.push_back(calibrate_machine(threads));
   }
-  const nlohmann::json m = combine_calibrations(runs);
+  nlohmann::json m = combine_calibrations(runs);
+  // What else ran on the host meanwhile: a busy host (a fresh device machine still settling, a neighbour's job) or a
+  // hypervisor taking cycles reads low CPU ceilings, and every roofline fraction against them comes out high.
+  const HostActivity activity = host_activity(before, cpu_counters(), cpu_info().logical_cpus);
+  m["host_activity"] = {{"others_cpu_fraction", activity.others_fraction},
+                        {"steal_fraction", activity.steal_fraction},
+                        {"load_average_1m", activity.load_average},
+                        {"how", "/proc/stat busy and steal time of all CPUs less this process's CPU time, over the calibration"}};
+  if (activity.others_fraction > 0.05 || activity.steal_fraction > 0.02)
+    std::fprintf(stderr,
+                 "warning: other work used %.0f%% of the CPUs and the hypervisor took %.0f%% while calibrating: the CPU ceilings "
+                 "may read low; calibrate again on an idle host\n",
+                 100 * activity.others_fraction, 100 * activity.steal_fraction);
   write_json_atomically(out, m);
   std::printf("%s\n", m.dump(2).c_str());
   if (m.contains("spread"))  // how far the runs agree, ceiling by ceiling

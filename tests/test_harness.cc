@@ -23,6 +23,29 @@ namespace dslab {
 namespace {
 namespace fs = std::filesystem;
 
+TEST(HostActivity, ProcStatLineAndOthersShare) {
+  double busy = 0, steal = 0;
+  // user nice system idle iowait irq softirq steal guest guest_nice, in ticks of 1/100 s
+  ASSERT_TRUE(parse_proc_stat_cpu_line("cpu  1000 50 250 9000 30 10 40 20 0 0", 100, &busy, &steal));
+  EXPECT_DOUBLE_EQ(busy, (1000 + 50 + 250 + 10 + 40) / 100.0);  // idle and iowait are not busy
+  EXPECT_DOUBLE_EQ(steal, 0.2);
+  EXPECT_FALSE(parse_proc_stat_cpu_line("cpu0 1 2 3 4", 100, &busy, &steal));  // one CPU's line, not the total
+  EXPECT_FALSE(parse_proc_stat_cpu_line("intr 12 13", 100, &busy, &steal));
+  // 10 s on 4 CPUs (40 CPU-seconds): the host busy 30 of them, this process 20, the hypervisor 2 -> others 25%, steal 5%.
+  CpuCounters before, after;
+  before.wall_s = 100, after.wall_s = 110;
+  before.busy_s = 500, after.busy_s = 530;
+  before.own_s = 1, after.own_s = 21;
+  before.steal_s = 3, after.steal_s = 5;
+  const HostActivity h = host_activity(before, after, 4);
+  EXPECT_DOUBLE_EQ(h.others_fraction, 0.25);
+  EXPECT_DOUBLE_EQ(h.steal_fraction, 0.05);
+  // This machine, now: fractions in [0, 1].
+  const HostActivity here = host_activity(cpu_counters(), cpu_counters(), cpu_info().logical_cpus);
+  EXPECT_GE(here.others_fraction, 0.0);
+  EXPECT_LE(here.others_fraction, 1.0);
+}
+
 TEST(Axes, ListsRangesAndText) {
   auto v = parse_axis_values("kv_len", "pow2:9:12", "t");
   ASSERT_EQ(v.size(), 4u);
