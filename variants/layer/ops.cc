@@ -132,7 +132,7 @@ std::vector<OpCost> layer_ops(const ModelConfig& m, int64_t layer, const StepSha
   routed.tokens_per_expert = T * K / routed.active_experts;
   routed.flops = 6 * T * K * H * I;
   routed.weight_bytes = routed.active_experts * 3 * H * I * 2;
-  routed.act_bytes = T * K * (H * 2 + H * 4);  // each (token, expert) row in (bf16) and out (fp32)
+  routed.act_bytes = T * K * (H * 2 + H * 2);  // each (token, expert) row in and out, bf16 (moe/grouped*: MoeOp::bf16_rows)
   routed.gpu_kernels = 3;                        // grouped gate+up, grouped down, weighted combine
   ops.push_back(routed);
   return ops;

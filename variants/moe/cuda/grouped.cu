@@ -38,6 +38,7 @@ struct GroupedArgs {
   int N, K;
   __nv_bfloat16* h;         // gate+up: [rows][N]
   float* y;                 // down: [rows][N]
+  __nv_bfloat16* y16;       // down, where given: the rows in bf16 instead of y
 };
 
 __device__ inline void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
@@ -98,6 +99,8 @@ __device__ inline void store_row(const GroupedArgs& g, int64_t row, int half, in
       const float h0 = silu(acc[j][2 * half]) * acc[j + 1][2 * half];
       const float h1 = silu(acc[j][2 * half + 1]) * acc[j + 1][2 * half + 1];
       *reinterpret_cast<__nv_bfloat162*>(g.h + row * g.N + col) = __floats2bfloat162_rn(h0, h1);
+    } else if (g.y16) {
+      *reinterpret_cast<__nv_bfloat162*>(g.y16 + row * g.N + col) = __floats2bfloat162_rn(acc[j][2 * half], acc[j][2 * half + 1]);
     } else {
       *reinterpret_cast<float2*>(g.y + row * g.N + col) = make_float2(acc[j][2 * half], acc[j][2 * half + 1]);
     }
@@ -388,10 +391,12 @@ class MoeGrouped final : public MoeOp {
 
  protected:
   void prepare_experts() override { h_.scratch(arena_, size_t(rows_ * inter_)); }
+  bool bf16_rows() const override { return true; }
   void experts() override {
     GroupedExperts e{tiles_.get(), num_tiles_.get(), offsets_.get(), perm_token_.get(), max_tiles_, tile_rows_, b_.x, w_->gate_experts(),
-                     w_->up_experts(), w_->down_experts(), nullptr, hidden_, inter_, h_.get(), y_.get()};
+                     w_->up_experts(), w_->down_experts(), nullptr, hidden_, inter_, h_.get(), nullptr};
     e.wgmma = kWgmma;
+    e.y16 = y16_.get();
     grouped_gate_up(e, stream_);
     mark("gate_up");
     grouped_down(e, stream_);
@@ -406,12 +411,14 @@ using MoeGroupedWgmma = MoeGrouped<true>;
 }  // namespace
 
 void grouped_gate_up(const GroupedExperts& e, cudaStream_t stream) {
-  const GroupedArgs up{e.tiles, e.num_tiles, e.offsets, e.perm_token, e.x, e.gate, e.up, e.weight_slot, int(e.inter), int(e.hidden), e.h, nullptr};
+  const GroupedArgs up{e.tiles, e.num_tiles, e.offsets, e.perm_token, e.x, e.gate, e.up, e.weight_slot, int(e.inter), int(e.hidden), e.h, nullptr,
+                       nullptr};
   launch_for_tile<true>(e.tile_rows, e.wgmma, up, e.max_tiles, stream);
 }
 
 void grouped_down(const GroupedExperts& e, cudaStream_t stream) {
-  const GroupedArgs down{e.tiles, e.num_tiles, e.offsets, nullptr, e.h, e.down, nullptr, e.weight_slot, int(e.hidden), int(e.inter), nullptr, e.y};
+  const GroupedArgs down{e.tiles, e.num_tiles, e.offsets, nullptr, e.h, e.down, nullptr, e.weight_slot, int(e.hidden), int(e.inter), nullptr, e.y,
+                         e.y16};
   launch_for_tile<false>(e.tile_rows, e.wgmma, down, e.max_tiles, stream);
 }
 

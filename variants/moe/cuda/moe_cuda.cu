@@ -308,7 +308,14 @@ __global__ void __launch_bounds__(kScanThreads) gate_route_scan_kernel(const __n
 // 1024 columns): a decode step's few tokens still spread over many SMs. The slots and weights are loaded first,
 // then every chosen row at once (walked k by k, each load waited out its own latency).
 constexpr int kCombineColumns = 1024, kCombineMaxTopk = 16;
-__global__ void combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ slot, const float* __restrict__ weights, int topk,
+__device__ inline float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ inline float4 load4(const __nv_bfloat16* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x)), b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+template <class Row>  // (the rows' type: fp32, or bf16 where the op writes them so)
+__global__ void combine_kernel(const Row* __restrict__ y, const int32_t* __restrict__ slot, const float* __restrict__ weights, int topk,
                                int hidden, bool accumulate, const float* __restrict__ add, float* __restrict__ out) {
   pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
   pdl_launch_dependents();
@@ -329,7 +336,7 @@ __global__ void combine_kernel(const float* __restrict__ y, const int32_t* __res
   }
 #pragma unroll
   for (int k = 0; k < kCombineMaxTopk; ++k)
-    v[k] = rows[k] >= 0 ? *reinterpret_cast<const float4*>(y + int64_t(rows[k]) * hidden + j) : make_float4(0, 0, 0, 0);
+    v[k] = rows[k] >= 0 ? load4(y + int64_t(rows[k]) * hidden + j) : make_float4(0, 0, 0, 0);
 #pragma unroll
   for (int k = 0; k < kCombineMaxTopk; ++k) acc.x += w[k] * v[k].x, acc.y += w[k] * v[k].y, acc.z += w[k] * v[k].z, acc.w += w[k] * v[k].w;
   *reinterpret_cast<float4*>(out + int64_t(t) * hidden + j) = acc;
@@ -481,7 +488,8 @@ void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, c
   max_tiles_ = int(rows_ / tile_rows_ + std::min(experts_, rows_));
   tiles_.resize(size_t(max_tiles_));
   num_tiles_.resize(1);
-  y_.scratch(arena_, size_t(rows_ * hidden_));
+  if (bf16_rows()) y16_.scratch(arena_, size_t(rows_ * hidden_));
+  else y_.scratch(arena_, size_t(rows_ * hidden_));
   if (w.shared.intermediate > 0) shared_.prepare(m, w.shared, tokens, arena_);
   side_.reset();
   if (side_blas && w.shared.intermediate > 0) side_ = std::make_unique<SideStream>(side_blas);
@@ -565,9 +573,16 @@ void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
     DSLAB_CUDA(cudaStreamWaitEvent(stream, side_->joined, 0));
     mark("shared_experts_join");
   }
-  launch_pdl(combine_kernel, dim3(unsigned(tokens_), unsigned((hidden_ + kCombineColumns - 1) / kCombineColumns)), dim3(kCombineColumns / 4), 0,
-             stream_, y_.get(), combine_slot_ ? combine_slot_ : slot_.get(), b_.topk_weights ? b_.topk_weights : topk_weights_.get(),
-             combined_by_experts_ ? 0 : int(topk_), int(hidden_), shared, experts_sum_, b_.out);
+  const dim3 grid(unsigned(tokens_), unsigned((hidden_ + kCombineColumns - 1) / kCombineColumns)), block(kCombineColumns / 4);
+  const int32_t* slot = combine_slot_ ? combine_slot_ : slot_.get();
+  const float* weights = b_.topk_weights ? b_.topk_weights : topk_weights_.get();
+  const int topk = combined_by_experts_ ? 0 : int(topk_);
+  if (bf16_rows())
+    launch_pdl(combine_kernel<__nv_bfloat16>, grid, block, 0, stream_, static_cast<const __nv_bfloat16*>(y16_.get()), slot, weights, topk,
+               int(hidden_), shared, experts_sum_, b_.out);
+  else
+    launch_pdl(combine_kernel<float>, grid, block, 0, stream_, static_cast<const float*>(y_.get()), slot, weights, topk, int(hidden_), shared,
+               experts_sum_, b_.out);
   DSLAB_CHECK_LAUNCH();
   mark("combine");
   marks_ = nullptr;

@@ -121,8 +121,12 @@ class MoeOp {
  protected:
   virtual void prepare_experts() {}
   // The routed experts over the permuted rows (perm_token_, grouped by expert at offsets_, in tiles_): writes
-  // y_ [rows][hidden] fp32, each row its expert's output (the routing weight is applied by the combine).
+  // y_ [rows][hidden] fp32, or y16_ in bf16 where bf16_rows(), each row its expert's output (the routing weight is
+  // applied by the combine).
   virtual void experts() = 0;
+  // Whether experts() writes its rows in bf16 (y16_): half the bytes the down GEMM writes and the combine reads
+  // again (at V3 prefill, 8192 tokens, fp32 rows were 1.9 GB each way, as serving engines' MoE GEMMs write bf16).
+  virtual bool bf16_rows() const { return false; }
   // The combine: out[t] (+)= sum over k of weight[t][k] * y_[slot[t][k]] + experts_sum_[t], with slot_ or
   // combine_slot_ (a row < 0 is left out), and experts_sum_ ([tokens][hidden]) when set: what an op's experts()
   // summed per token itself (the CPU's share). combined_by_experts_: every choice is in experts_sum_ (no rows).
@@ -160,7 +164,8 @@ class MoeOp {
   int tile_rows_ = 16, max_tiles_ = 0;
   int cpu_threads_ = 0;
   int64_t hot_experts_ = 0;
-  DeviceArray<float> y_;                // [rows][hidden]
+  DeviceArray<float> y_;                // [rows][hidden] (unless bf16_rows())
+  DeviceArray<__nv_bfloat16> y16_;      // [rows][hidden] where bf16_rows()
   MlpRunner shared_;
   struct SideStream {
     explicit SideStream(BlasHandle* side_blas);
@@ -236,6 +241,7 @@ struct GroupedExperts {
   __nv_bfloat16* h;           // [rows][inter]
   float* y;                   // [rows][hidden]
   bool wgmma = false;         // 128-row tiles on the warpgroup-MMA kernel (moe/grouped_wgmma/cuda)
+  __nv_bfloat16* y16 = nullptr;  // down's rows in bf16 instead of y (MoeOp::bf16_rows)
 };
 void grouped_gate_up(const GroupedExperts& e, cudaStream_t stream);
 void grouped_down(const GroupedExperts& e, cudaStream_t stream);
