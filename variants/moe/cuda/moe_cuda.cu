@@ -610,6 +610,11 @@ std::vector<int64_t> MoeOp::profiled_counts(int64_t tokens, uint64_t seed) {
 
 void MoeOp::routing(std::vector<int32_t>* ids, std::vector<float>* weights) const {
   DSLAB_CUDA(cudaDeviceSynchronize());
+  // (every verification passes here: gate_route_scan_kernel's last block must have left its counter at zero, or the
+  // next step's routing would never run and keep this one's - invisible to a check that replays the same inputs)
+  unsigned pending = 0;
+  if (gate_blocks_done_.get()) DSLAB_CUDA(cudaMemcpy(&pending, gate_blocks_done_.get(), sizeof(pending), cudaMemcpyDeviceToHost));
+  if (pending != 0) throw std::logic_error("MoE router: " + std::to_string(pending) + " blocks left counted after a step (expected 0)");
   ids->resize(size_t(rows_));
   weights->resize(size_t(rows_));
   DSLAB_CUDA(cudaMemcpy(ids->data(), b_.topk_ids ? b_.topk_ids : topk_ids_.get(), size_t(rows_) * 4, cudaMemcpyDeviceToHost));
