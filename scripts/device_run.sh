@@ -11,7 +11,8 @@
 #          pack (all but run.log into $OUT/out.tar.xz, as at most 8 files come back; a later pack adds to it)
 #   (default: facts calibrate tests default v2 mla-cpu). mla-decode:a,b runs those suites of
 #   workloads/sweeps/mla-decode.json into $OUT/mla-decode-a/results.json; GPU_TIMEOUT caps each point (default 1 s);
-#   GPU_TESTS_FILTER narrows gpu-tests (a gtest filter, default Gpu*); CALIBRATE_REPEAT: runs per calibrate-twice calibration (3);
+#   GPU_TESTS_FILTER narrows gpu-tests (a gtest filter, default Gpu*); CALIBRATE_REPEAT: runs per calibration (calibrate: 1,
+#   calibrate-twice: 3);
 #   RUN_ARGS adds dslab run options to sweep:* steps (e.g. RUN_ARGS="--repetitions 5").
 set -uo pipefail
 OUT=${OUT:-results/device}
@@ -29,7 +30,10 @@ for s in "${steps[@]}"; do
         lscpu | grep -E 'Model name|^CPU\(s\)|Thread|Socket|L3|Flags' | cut -c1-300; echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>&1)"; dslab list; } >>"$log" 2>&1 ;;
     calibrate)
       step calibrate
-      timeout 120 dslab calibrate --out "$machine" >>"$log" 2>&1 || echo "calibrate failed: $?" | tee -a "$log" ;;
+      # (one run by default: the GPU's ceilings moved 2-7% between single calibrations of one host; for CPU sweeps set
+      # CALIBRATE_REPEAT=3, as its ceilings moved up to 49%, lowest right after the host started: session 18)
+      timeout $((120 * ${CALIBRATE_REPEAT:-1})) dslab calibrate --repeat "${CALIBRATE_REPEAT:-1}" --out "$machine" >>"$log" 2>&1 ||
+        echo "calibrate failed: $?" | tee -a "$log" ;;
     calibrate-twice)
       # Two calibrations of this machine (each the best of 3), then whether they agree within 5% on every ceiling.
       step calibrate-twice
