@@ -36,7 +36,7 @@ examples:
   dslab list
   dslab run --model deepseek-v2 --variant mla/cd/cpu --variant mla/a_cc_me/cpu --axis kv_len=pow2:9:12 --out results/mla
   dslab run workloads/sweeps/default.json --axis kv_len=4096 --out results/default
-  dslab calibrate
+  dslab calibrate --repeat 3
 )";
 
 const char* kRunHelp = R"(usage: dslab run [SWEEP.json] [options]
@@ -88,7 +88,10 @@ measured, to FILE (default: $DSLAB_MACHINE or ~/.cache/dslab/machine.json):
 options:
   --threads N   CPU threads (default: all, as OpenMP sees them)
   --repeat N    calibrate N times: each ceiling is the best seen (a rate's largest, a cost's smallest), and
-                "spread" says how far the runs disagree (min, median, max)
+                "spread" says how far the runs disagree (min, median, max). On a shared VM one run's DRAM rate
+                moved 72% with nothing else on the VM; use 3 or more where the ceilings matter
+The file also records host_activity: other processes' share of the CPUs and the hypervisor's steal while it
+measured (from /proc/stat), with a warning above 5% / 2%: ceilings read on a busy host are low.
 )";
 
 const char* kListHelp = R"(usage: dslab list
