@@ -264,24 +264,23 @@ class CdForm : public MhaForm {
       DeviceArray<__nv_bfloat16> latent(size_t(B * N * width_)), decompressed(size_t(B * N * dec));
       latent.zero();
       gather_latent(latent.get());
-      gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, B * N, r_, w_->kv_b.get(), r_, 0, latent.get(), width_, 0, decompressed.get(),
-           CUDA_R_16BF, dec, 0, 1);
-      store_decompressed_kernel<<<grid_for(B * N * nh_ * (qhd_ + vd_)), 256>>>(
-          decompressed.get(), latent.get(), width_, B * N, N, false, cache_view((*b_.cache)), b_.lengths, nh_, nope_, vd_,
-          rope_, r_, k_pool_.get(), v_pool_.get());
-      DSLAB_CHECK_LAUNCH();
+      decompress_into_pages(latent.get(), B * N, N, false, decompressed.get(), 0);
       DSLAB_CUDA(cudaDeviceSynchronize());
     }
     kv_new_.scratch(arena_, size_t(T * width_));
     new_decompressed_.scratch(arena_, size_t(T * dec));
   }
   void store_step() {  // this step's tokens decompressed into the K/V pages
-    const int64_t T = s_.tokens(), dec = nh_ * (nope_ + vd_);
-    gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, T, r_, w_->kv_b.get(), r_, 0, kv_new_.get(), width_, 0, new_decompressed_.get(),
-         CUDA_R_16BF, dec, 0, 1);
-    store_decompressed_kernel<<<grid_for(T * nh_ * (qhd_ + vd_)), 256, 0, stream_>>>(new_decompressed_.get(), kv_new_.get(), width_, T, s_.q_len,
-                                                                          true, cache_view((*b_.cache)), b_.lengths, nh_,
-                                                                          nope_, vd_, rope_, r_, k_pool_.get(), v_pool_.get());
+    decompress_into_pages(kv_new_.get(), s_.tokens(), s_.q_len, true, new_decompressed_.get(), stream_);
+  }
+  // Latent rows (`per_request` a request, in request order; step: this step's new tokens, after each request's cached
+  // ones) decompressed through `decompressed` and stored as K and V at their slots in the pages.
+  void decompress_into_pages(const __nv_bfloat16* latent, int64_t rows, int64_t per_request, bool step, __nv_bfloat16* decompressed,
+                             cudaStream_t stream) {
+    decompress(latent, rows, decompressed);
+    store_decompressed_kernel<<<grid_for(rows * nh_ * (qhd_ + vd_)), 256, 0, stream>>>(decompressed, latent, width_, rows, per_request, step,
+                                                                            cache_view(*b_.cache), b_.lengths, nh_, nope_, vd_, rope_, r_,
+                                                                            k_pool_.get(), v_pool_.get());
     DSLAB_CHECK_LAUNCH();
   }
   DeviceArray<__nv_bfloat16> k_pool_, v_pool_, new_decompressed_;
@@ -376,11 +375,9 @@ class CcCuda final : public MhaForm {
     prepare_mha(k_.get(), decompressed_.get() + nope_, dec, nope_ + vd_, N * dec);
   }
   void attend() override {
-    const int64_t B = s_.batch, N = keys_, dec = nh_ * (nope_ + vd_);
+    const int64_t B = s_.batch, N = keys_;
     gather_latent(latent_.get());
-    // Every cached token decompressed again, every step: [B*N][heads*(nope+vd)] = latent · kv_b_proj^T.
-    gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, B * N, r_, w_->kv_b.get(), r_, 0, latent_.get(), width_, 0, decompressed_.get(),
-         CUDA_R_16BF, dec, 0, 1);
+    decompress(latent_.get(), B * N, decompressed_.get());  // every cached token again, every step
     concat_key_kernel<<<grid_for(B * N * nh_ * qhd_), 256, 0, stream_>>>(decompressed_.get(), latent_.get(), B * N, nh_, nope_, vd_, rope_, r_,
                                                               width_, k_.get());
     DSLAB_CHECK_LAUNCH();

@@ -590,6 +590,11 @@ void MlaOp::softmax(const float* scores, __nv_bfloat16* probs, int64_t rows, int
   DSLAB_CHECK_LAUNCH();
 }
 
+void MlaOp::decompress(const __nv_bfloat16* latent, int64_t rows, __nv_bfloat16* out) const {
+  const int64_t dec = nh_ * (nope_ + vd_);
+  gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, rows, r_, w_->kv_b.get(), r_, 0, latent, width_, 0, out, CUDA_R_16BF, dec, 0, 1);
+}
+
 void MlaOp::absorb_query(__nv_bfloat16* q_abs, int64_t ld) const {
   // Per head h: q_abs[t][h][0..r) = q_nope[t][h] · W_UK[h] (W_UK[h]: rows h*(nope+vd) .. +nope of kv_b_proj, [nope][r]).
   gemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, r_, s_.tokens(), nope_, w_->kv_b.get(), r_, (nope_ + vd_) * r_, q_.get(), nh_ * qhd_, qhd_, q_abs,

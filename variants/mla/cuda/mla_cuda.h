@@ -233,6 +233,8 @@ class MlaOp {
   void absorb_query(__nv_bfloat16* q_abs, int64_t ld) const;  // q_nope·W_UK per head into q_abs[t][h][0..r)
   void concat_query() const;  // q_cat_ = [q_nope·W_UK ‖ q_pe] per (token, head); forms that use it allocate q_cat_
   void absorb_output(const __nv_bfloat16* o_lat) const;         // attn = o_lat·W_UV^T per head
+  // Latent rows [rows][width] decompressed through kv_b_proj: out [rows][heads*(nope+vd)] (cd's K/V, cc every step).
+  void decompress(const __nv_bfloat16* latent, int64_t rows, __nv_bfloat16* out) const;
   // Device pointer array for cublasGemmBatchedEx, built once in prepare.
   const void** pointer_array(const std::vector<const void*>& host);
   // Op boundary for per-op timing: the work queued since the last boundary is `op`'s.

@@ -242,19 +242,23 @@ __global__ void __launch_bounds__(WARPS * 32) grouped_gemm_kernel(GroupedArgs g)
     }
 }
 
-template <int BM, int BN, int WARPS, int WARPS_M, int STAGES, bool GATE_UP>
-void launch(const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
-  constexpr int kTileN = BN, kThreads = WARPS * 32;
-  constexpr size_t smem = size_t(STAGES) * (BM + kTileN) * kTileK * 2;
-  auto kernel = grouped_gemm_kernel<BM, BN, WARPS, WARPS_M, STAGES, GATE_UP>;
-  static bool configured = false;  // (first call is outside any capture: the variants run a step before capturing)
+// One of the grouped kernels over the router's row tiles (tile_grid) and the column tiles of its BN B rows, its
+// dynamic shared memory opted into on first use (outside any capture: the variants run a step before capturing).
+template <auto kKernel, int BN, bool GATE_UP>
+void launch_tiles(const GroupedArgs& g, int max_tiles, int threads, size_t smem, cudaStream_t stream) {
+  static bool configured = false;
   if (!configured) {
-    DSLAB_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    DSLAB_CUDA(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     configured = true;
   }
-  const int outputs = GATE_UP ? kTileN / 2 : kTileN;
-  launch_pdl(kernel, tile_grid(max_tiles, g.N, outputs), dim3(kThreads), smem, stream, g);
+  launch_pdl(kKernel, tile_grid(max_tiles, g.N, GATE_UP ? BN / 2 : BN), dim3(threads), smem, stream, g);
   DSLAB_CHECK_LAUNCH();
+}
+
+template <int BM, int BN, int WARPS, int WARPS_M, int STAGES, bool GATE_UP>
+void launch(const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
+  launch_tiles<grouped_gemm_kernel<BM, BN, WARPS, WARPS_M, STAGES, GATE_UP>, BN, GATE_UP>(g, max_tiles, WARPS * 32,
+                                                                                        size_t(STAGES) * (BM + BN) * kTileK * 2, stream);
 }
 
 // ---- Prefill tiles on Hopper's warpgroup MMA (moe/grouped_wgmma/cuda) ---------------------------------------------
@@ -347,16 +351,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArg
 
 template <int BN, int STAGES, bool GATE_UP>
 void launch_wgmma(const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
-  auto kernel = grouped_wgmma_kernel<BN, STAGES, GATE_UP>;
-  constexpr size_t smem = wg_smem<BN, STAGES>();
-  static bool configured = false;  // (first call is outside any capture: the variants run a step before capturing)
-  if (!configured) {
-    DSLAB_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    configured = true;
-  }
-  const int outputs = GATE_UP ? BN / 2 : BN;
-  launch_pdl(kernel, tile_grid(max_tiles, g.N, outputs), dim3(kWgThreads), smem, stream, g);
-  DSLAB_CHECK_LAUNCH();
+  launch_tiles<grouped_wgmma_kernel<BN, STAGES, GATE_UP>, BN, GATE_UP>(g, max_tiles, kWgThreads, wg_smem<BN, STAGES>(), stream);
 }
 
 // The wgmma tile's width: 256 unless DSLAB_WGMMA_TILE=128x128 (read once; anything else is an error).

@@ -194,19 +194,12 @@ __global__ void __launch_bounds__(kScanThreads) route_scan_scatter_kernel(Router
   scan_scatter(a);
 }
 
-// The router's logits for a handful of tokens (decode) without a GEMM launch: one warp per (token, expert) dot
-// product, 16-byte loads issued four at a time (one at a time, each lane waited out 8 (V2-Lite) to 28 (V3) HBM
-// latencies in turn); blocks of 8 experts spread the gate's rows over the SMs.
-constexpr int kGateThreads = 256;
-__global__ void __launch_bounds__(kGateThreads) gate_logits_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ gate,
-                                                                   int hidden, int E, float* __restrict__ logits) {
-  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
-  pdl_launch_dependents();
-  const int t = blockIdx.x, e = int(blockIdx.y) * (kGateThreads / 32) + int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  if (e >= E) return;
-  const uint4* xr = reinterpret_cast<const uint4*>(x + int64_t(t) * hidden);
-  const uint4* w = reinterpret_cast<const uint4*>(gate + int64_t(e) * hidden);
-  const int chunks = hidden / 8;
+// A warp's dot product of a token's hidden state x with an expert's gate row over their 16-byte chunks [begin, end),
+// summed over the lanes: each lane's loads issued four at a time (one at a time, each lane waited out 8 (V2-Lite) to
+// 28 (V3) HBM latencies in turn).
+__device__ inline float gate_dot(const __nv_bfloat16* x, const __nv_bfloat16* gate_row, int begin, int end) {
+  const uint4* xr = reinterpret_cast<const uint4*>(x);
+  const uint4* w = reinterpret_cast<const uint4*>(gate_row);
   float acc = 0;
   auto dot = [&](const uint4& a, const uint4& b) {
     const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&a);
@@ -217,17 +210,30 @@ __global__ void __launch_bounds__(kGateThreads) gate_logits_kernel(const __nv_bf
       acc += fa.x * fb.x + fa.y * fb.y;
     }
   };
-  int j = lane;
-  for (; j + 96 < chunks; j += 128) {
+  int j = begin + int(threadIdx.x) % 32;
+  for (; j + 96 < end; j += 128) {
     uint4 a[4], b[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) a[u] = __ldg(xr + j + 32 * u), b[u] = __ldg(w + j + 32 * u);
 #pragma unroll
     for (int u = 0; u < 4; ++u) dot(a[u], b[u]);
   }
-  for (; j < chunks; j += 32) dot(__ldg(xr + j), __ldg(w + j));
+  for (; j < end; j += 32) dot(__ldg(xr + j), __ldg(w + j));
   for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (lane == 0) logits[int64_t(t) * E + e] = acc;
+  return acc;
+}
+
+// The router's logits for a handful of tokens (decode) without a GEMM launch: one warp per (token, expert) dot
+// product; blocks of 8 experts spread the gate's rows over the SMs.
+constexpr int kGateThreads = 256;
+__global__ void __launch_bounds__(kGateThreads) gate_logits_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ gate,
+                                                                   int hidden, int E, float* __restrict__ logits) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
+  const int t = blockIdx.x, e = int(blockIdx.y) * (kGateThreads / 32) + int(threadIdx.x) / 32;
+  if (e >= E) return;
+  const float acc = gate_dot(x + int64_t(t) * hidden, gate + int64_t(e) * hidden, 0, hidden / 8);
+  if (threadIdx.x % 32 == 0) logits[int64_t(t) * E + e] = acc;
 }
 constexpr int64_t kGateKernelTokens = 4;  // up to here the kernel above (it reads the gate once per token); beyond, cuBLAS
 
@@ -251,30 +257,7 @@ __global__ void __launch_bounds__(kScanThreads) gate_route_scan_kernel(const __n
   {
     const int chunks = hidden / 8, per_part = (chunks + kGateRouteSplit - 1) / kGateRouteSplit;
     const int begin = min(chunks, part * per_part), end = min(chunks, begin + per_part);
-    float acc = 0;
-    if (e < p.E) {
-      const uint4* xr = reinterpret_cast<const uint4*>(x + int64_t(t) * hidden);
-      const uint4* w = reinterpret_cast<const uint4*>(gate + int64_t(e) * hidden);
-      auto dot = [&](const uint4& u, const uint4& v) {
-        const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&u);
-        const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 fa = __bfloat1622float2(a2[i]), fb = __bfloat1622float2(b2[i]);
-          acc += fa.x * fb.x + fa.y * fb.y;
-        }
-      };
-      int j = begin + lane;
-      for (; j + 96 < end; j += 128) {
-        uint4 u[4], v[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) u[k] = __ldg(xr + j + 32 * k), v[k] = __ldg(w + j + 32 * k);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) dot(u[k], v[k]);
-      }
-      for (; j < end; j += 32) dot(__ldg(xr + j), __ldg(w + j));
-    }
-    for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    const float acc = e < p.E ? gate_dot(x + int64_t(t) * hidden, gate + int64_t(e) * hidden, begin, end) : 0.0f;
     if (lane == 0) partial[warp] = acc;
   }
   __syncthreads();

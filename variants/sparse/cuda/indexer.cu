@@ -87,12 +87,9 @@ __global__ void __launch_bounds__(kStepThreads) step_keys_kernel(const __nv_bflo
 // one 64-bit load. (An fp16 version, keys converted e4m3 -> fp16 in the loop, ran at 1.2 TB/s: the conversions and
 // the fp16 MMAs, not HBM, were its limit.)
 constexpr int kTileKeys = 64, kScoreThreads = 128, kKeyStride = kIndexDim + 32;  // (160-byte rows: conflict-free 64-bit loads)
-// Tiles in flight per CTA: at ~170 registers a thread two CTAs fit an SM, so each keeps three tiles' copies going
-// while it multiplies a fourth.
-constexpr int kScoreStages = 4;
-// Three CTAs an SM (at most 168 registers a thread, no spills): at two, each scheduler had two warps to hide a tile's
-// wait with (ncu, session 17).
-constexpr int kScoreCtasPerSm = 3;
+// Each CTA keeps three tiles' copies going while it multiplies a fourth; three CTAs an SM (at most 168 registers a
+// thread, no spills): at two (171 registers), each scheduler had two warps to hide a tile's wait with (ncu, session 17).
+constexpr int kScoreStages = 4, kScoreCtasPerSm = 3;
 
 __device__ inline void mma_fp8_16832(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
