@@ -14,7 +14,9 @@ struct Entry {
   double median_us = 0;             // the median, or with repetitions the median of the repetitions' medians
   std::vector<double> repetition_medians_us;  // each repetition's median in repetition_index order (one: a single run)
   nlohmann::json raw;               // the whole entry, for fields a report prints
-  std::string key() const { return variant + "|" + model + "|" + axes.dump(); }  // variant + axes (+ model)
+  // One run of one point: variant + axes (+ model), within its suite (two suites of one sweep that share a point
+  // each measure it; their runs are two entries, not repetitions of one)
+  std::string key() const { return suite + "|" + variant + "|" + model + "|" + axes.dump(); }
 };
 
 struct ResultsFile {

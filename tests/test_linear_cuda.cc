@@ -134,6 +134,67 @@ TEST(GpuLinearPair, StackedProjectionsMatchFp64) {
     EXPECT_GT(std::sqrt(err2 / norm2), 0.0) << "fp32 sums cannot match fp64 exactly: is the output really computed?";
   }
 }
+
+// batched_gemv, both weight layouts, at the absorbed forms' shapes (heads x nope x rank x v_head_dim of tiny, V2-Lite
+// and V3), x and y strided as MlaOp lays them out ([t][h][...] rows): every output against the fp64 product; past
+// kGemvRows rows, or with cuBLAS projections, it declines (false) and writes nothing.
+TEST(GpuBatchedGemv, PerHeadProductsMatchFp64InBothLayouts) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  using namespace mla::cuda;
+  const uint64_t seed = test::fresh_seed();
+  struct Shape {
+    int64_t heads, nope, rank, vd;
+  };
+  for (const Shape& sh : {Shape{4, 16, 32, 16}, Shape{16, 128, 512, 128}, Shape{128, 128, 512, 128}}) {
+    // kv_b_proj as MlaOp holds it: per head [nope][rank] (W_UK) then [vd][rank] (W_UV)
+    const int64_t per_head = (sh.nope + sh.vd) * sh.rank;
+    const std::vector<bf16> w = ref::random_bf16(seed, "kv_b", size_t(sh.heads * per_head), 0.05f);
+    DeviceArray<__nv_bfloat16> dw;
+    dw.upload(w);
+    for (bool k_major : {true, false}) {
+      // k_major (W_UK): x = q_nope inside q [t][h][nope + 8], out [t][h][rank + 8]; else (W_UV): x = o_lat [t][h][rank], out [t][h][vd]
+      const int64_t K = k_major ? sh.nope : sh.rank, N = k_major ? sh.rank : sh.vd;
+      const int64_t x_head = k_major ? sh.nope + 8 : sh.rank, y_head = k_major ? sh.rank + 8 : sh.vd;
+      const __nv_bfloat16* wp = dw.get() + (k_major ? 0 : sh.nope * sh.rank);
+      for (int64_t rows : {1, 2, 3}) {
+        SCOPED_TRACE("heads " + std::to_string(sh.heads) + (k_major ? " W_UK" : " W_UV") + " rows " + std::to_string(rows));
+        const std::vector<bf16> x = ref::random_bf16(seed + uint64_t(rows), "x", size_t(rows * sh.heads * x_head), 1.0f);
+        DeviceArray<__nv_bfloat16> dx, dy(size_t(rows * sh.heads * y_head));
+        dx.upload(x);
+        dy.fill_bytes(0xFF);  // NaN until written
+        BlasHandle h;
+        const BatchedGemv g{dx.get(), sh.heads * x_head, x_head, K, wp, per_head, N, k_major, dy.get(), sh.heads * y_head, y_head};
+        EXPECT_FALSE(batched_gemv(h, g, rows, sh.heads)) << "a new handle's projections are cublas";
+        h.set_projections(Projections::own);
+        const bool ran = batched_gemv(h, g, rows, sh.heads);
+        EXPECT_EQ(ran, rows <= kGemvRows);
+        DSLAB_CUDA(cudaDeviceSynchronize());
+        if (!ran) continue;
+        std::vector<bf16> got(dy.size());
+        DSLAB_CUDA(cudaMemcpy(got.data(), dy.get(), got.size() * 2, cudaMemcpyDeviceToHost));
+        const bf16* wh = w.data() + (k_major ? 0 : sh.nope * sh.rank);
+        double err = 0, norm = 0;
+        int64_t untouched = 0;
+        for (int64_t t = 0; t < rows; ++t)
+          for (int64_t hd = 0; hd < sh.heads; ++hd) {
+            for (int64_t n = 0; n < N; ++n) {
+              double want = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const bf16 wv = wh[size_t(hd * per_head + (k_major ? k * N + n : n * K + k))];
+                want += double(to_float(x[size_t((t * sh.heads + hd) * x_head + k)])) * double(to_float(wv));
+              }
+              const double gv = double(to_float(got[size_t((t * sh.heads + hd) * y_head + n)]));
+              err += (gv - want) * (gv - want);
+              norm += want * want;
+            }
+            for (int64_t n = N; n < y_head; ++n) untouched += std::isnan(to_float(got[size_t((t * sh.heads + hd) * y_head + n)])) ? 1 : 0;
+          }
+        EXPECT_LE(std::sqrt(err / norm), 1e-2);  // bf16 output
+        EXPECT_EQ(untouched, rows * sh.heads * (y_head - N)) << "wrote outside its rows";
+      }
+    }
+  }
+}
 #endif
 
 }  // namespace

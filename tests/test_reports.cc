@@ -161,6 +161,26 @@ TEST(ResultsFile, RepetitionsOfOneRunAreOneEntryInPassOrder) {
   std::filesystem::remove(path);
 }
 
+// Two suites of one sweep that share a point (layer-decode's acceptance-v2-lite and proj-v2-lite both run batch 1
+// with the own projections) each measure it: two entries, one per suite, not a file in error.
+TEST(ResultsFile, TwoSuitesSharingAPointAreTwoEntries) {
+  const auto path = std::filesystem::temp_directory_path() / "dslab_two_suites.json";
+  auto run = [](const std::string& suite, double us) {
+    return nlohmann::json{{"name", "a/tiny/batch:1"}, {"variant", "a"}, {"model", "tiny"}, {"axes", {{"batch", 1}}}, {"suite", suite},
+                          {"run_type", "iteration"}, {"real_time", us}, {"time_unit", "us"}, {"sample_times", {us, us}}};
+  };
+  nlohmann::json j = {{"context", nlohmann::json::object()}, {"benchmarks", {run("first", 10), run("second", 12)}}};
+  std::ofstream(path) << j.dump();
+  const ResultsFile f = load_results(path.string());
+  ASSERT_EQ(f.entries.size(), 2u);
+  EXPECT_EQ(f.entries[0].suite, "first");
+  EXPECT_DOUBLE_EQ(f.entries[1].median_us, 12);
+  j["benchmarks"][1]["suite"] = "first";  // the same suite twice, no repetition index: the file is wrong
+  std::ofstream(path) << j.dump();
+  EXPECT_THROW(load_results(path.string()), BadInput);
+  std::filesystem::remove(path);
+}
+
 // Committed device results are kept xz-compressed: read back as the same entries; a damaged file is bad input.
 TEST(ResultsFile, ReadsXzCompressedResults) {
   const auto dir = std::filesystem::temp_directory_path();

@@ -597,6 +597,8 @@ void MlaOp::decompress(const __nv_bfloat16* latent, int64_t rows, __nv_bfloat16*
 
 void MlaOp::absorb_query(__nv_bfloat16* q_abs, int64_t ld) const {
   // Per head h: q_abs[t][h][0..r) = q_nope[t][h] · W_UK[h] (W_UK[h]: rows h*(nope+vd) .. +nope of kv_b_proj, [nope][r]).
+  const BatchedGemv own{q_.get(), nh_ * qhd_, qhd_, nope_, w_->kv_b.get(), (nope_ + vd_) * r_, r_, true, q_abs, nh_ * ld, ld};
+  if (batched_gemv(*blas_handle_, own, s_.tokens(), nh_)) return;
   gemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, r_, s_.tokens(), nope_, w_->kv_b.get(), r_, (nope_ + vd_) * r_, q_.get(), nh_ * qhd_, qhd_, q_abs,
        CUDA_R_16BF, nh_ * ld, ld, nh_);
 }
@@ -608,6 +610,8 @@ void MlaOp::concat_query() const {
 
 void MlaOp::absorb_output(const __nv_bfloat16* o_lat) const {
   // Per head h: attn[t][h] = o_lat[t][h] · W_UV[h]^T (W_UV[h]: [vd][r] after the W_UK rows).
+  const BatchedGemv own{o_lat, nh_ * r_, r_, r_, w_->kv_b.get() + nope_ * r_, (nope_ + vd_) * r_, vd_, false, attn_.get(), nh_ * vd_, vd_};
+  if (batched_gemv(*blas_handle_, own, s_.tokens(), nh_)) return;
   gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, vd_, s_.tokens(), r_, w_->kv_b.get() + nope_ * r_, r_, (nope_ + vd_) * r_, o_lat, nh_ * r_, r_,
        attn_.get(), CUDA_R_16BF, nh_ * vd_, vd_, nh_);
 }

@@ -384,6 +384,22 @@ void linear(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t i
 void linear_pair(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out1, void* y1,
                  cudaDataType y1_type, int64_t out2, float* y2);
 constexpr int64_t kGemvRows = 2;
+// Per-head products of the absorbed forms at decode sizes, batched over `batch` heads: y[m][b][0..N) (bf16) =
+// sum_k x[m][b][k] w_b(k, n) for rows m < rows, x's rows ldx apart (batch b at x + b x_batch), y's ldy apart (at
+// y + b y_batch), w_b at w + b w_batch: [N][K] rows (W_UV into the output) or, w_k_major, [K][N] rows (W_UK into the
+// query). The own kernels of gemv.cu (weights prefetched under PDL as linear()'s) where the handle's projections
+// are own, rows <= kGemvRows and the operands allow 16-byte loads; otherwise nothing is launched and the result is
+// false (the caller's cuBLAS batched GEMM then does it).
+struct BatchedGemv {
+  const __nv_bfloat16* x;
+  int64_t ldx, x_batch, K;
+  const __nv_bfloat16* w;
+  int64_t w_batch, N;
+  bool w_k_major;
+  __nv_bfloat16* y;
+  int64_t ldy, y_batch;
+};
+bool batched_gemv(const BlasHandle& h, const BatchedGemv& g, int64_t rows, int64_t batch);
 // Warps per output feature of the own GEMV (1..8, one CTA at most): for a small matrix the most that keep the grid
 // within one wave of `resident_warps`, for a long row enough that each lane loads about one batch; at least one
 // 16-byte chunk of the row per lane.
