@@ -119,13 +119,16 @@ for s in "${steps[@]}"; do
       # Nsight Compute on one point: ncu:KERNEL_REGEX:DSLAB_RUN_ARGS (the run's arguments, commas for spaces), e.g.
       # ncu:scores_kernel:--model,deepseek-v3,--variant,sparse/dsa/cuda,--axis,batch=16. Each matching kernel's first
       # NCU_LAUNCHES (default 2) launches after NCU_SKIP (2: past the warm-up) with the speed-of-light, memory, warp
-      # state, occupancy and launch sections, clocks left alone (METHOD.md), into $OUT/ncu-KERNEL_REGEX.txt.
+      # state, occupancy and launch sections (NCU_SECTIONS adds more, e.g. "SchedulerStats SourceCounters": where the
+      # warps stall, by instruction), clocks left alone (METHOD.md), into $OUT/ncu-KERNEL_REGEX.txt.
       spec=${s#ncu:}; kernel=${spec%%:*}; run_args=${spec#*:}
       step "ncu $kernel"
       name=$(printf '%s' "$kernel" | tr -c 'A-Za-z0-9_.-' '_')
+      extra=()
+      for x in ${NCU_SECTIONS:-}; do extra+=(--section "$x"); done
       # shellcheck disable=SC2086  # the run's arguments, word-split on purpose
       timeout "${NCU_LIMIT:-240}" ncu --clock-control none -k "regex:$kernel" --launch-skip "${NCU_SKIP:-2}" --launch-count "${NCU_LAUNCHES:-2}" \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats "${extra[@]}" \
         dslab run ${run_args//,/ } --no-verify --min-samples 1 --min-time 0 --timeout 0.2 --out "$OUT/ncu-run" >"$OUT/ncu-$name.txt" 2>&1
       echo "ncu exit $?" | tee -a "$log"
       grep -E '^  [A-Za-z_(].*\(|Duration|DRAM Throughput|Compute \(SM\)|Warp Cycles Per Issued|Achieved Active Warps' "$OUT/ncu-$name.txt" | tee -a "$log"
