@@ -415,6 +415,23 @@ TEST(GpuSparse, OracleMassMatchesTheCpuReference) {
 // The token top-k at every size it meets (one CTA up to 16K keys, a cluster of eight past it: the keys in registers up
 // to 160K, read again each pass past that), on scores with many ties and mixed lengths: the keys, their slots and
 // their count as select_tokens makes them.
+// How the top-k launches: one block a request below 16K keys, an 8-CTA cluster from there (streaming its scores past
+// 160K), and then how many clusters this GPU holds at once - at least one, at most one per 8 SMs.
+TEST(GpuSparse, TopkLaunchSaysHowManyClustersFit) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  const sparse::cuda::TopkLaunch small = sparse::cuda::topk_launch(3000);
+  EXPECT_EQ(small.ctas_per_request, 1);
+  EXPECT_EQ(small.max_active_clusters, 0);
+  for (const int64_t keys : {int64_t(40000), int64_t(131072), int64_t(1048576)}) {
+    SCOPED_TRACE(std::to_string(keys) + " keys");
+    const sparse::cuda::TopkLaunch t = sparse::cuda::topk_launch(keys);
+    EXPECT_EQ(t.ctas_per_request, 8);
+    EXPECT_GE(t.max_active_clusters, 1);
+    EXPECT_LE(t.max_active_clusters, gpu_info().sms / 8);
+    std::printf("top-k over %lld keys: %d clusters of 8 at once on this GPU\n", static_cast<long long>(keys), t.max_active_clusters);
+  }
+}
+
 TEST(GpuSparse, TokenSelectionMatchesTheCpuAtEverySize) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
   const uint64_t seed = test::fresh_seed();

@@ -710,6 +710,7 @@ class FusedCuda final : public MlaOp {
     return selector_ ? selector_->cost(m, s, page_size) : Cost{};
   }
   std::vector<std::vector<int64_t>> attended_key_indices() const override { return selector_ ? selector_->key_indices() : std::vector<std::vector<int64_t>>{}; }
+  std::map<std::string, double> selection_counters() const override { return selector_ ? selector_->launch_counters() : std::map<std::string, double>{}; }
 
  protected:
   bool supports_kv_dtype(KvDtype d) const override { return !selector_ || d == KvDtype::bf16; }  // (the bounds read bf16 pages)

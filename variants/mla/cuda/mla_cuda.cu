@@ -809,6 +809,7 @@ std::map<std::string, double> GpuVariant::counters() {
       if (name.rfind("op_us.select", 0) == 0) select_us += value;
     kernel_us += select_us;
     if (kernel_us > 0) c["selection_share"] = select_us / kernel_us;
+    for (const auto& [name, value] : op_->selection_counters()) c[name] = value;
   } else {
     k = attention_kernel_cost(m_, op_->algo(), s_, p_->lengths, op_->fused());
   }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -214,6 +215,8 @@ class MlaOp {
   virtual int64_t attended_keys(int64_t keys, int64_t /*page_size*/, const Shape&) const { return keys; }
   virtual Cost selection_cost(const ModelConfig&, const Shape&, int64_t /*page_size*/) const { return {}; }
   virtual std::vector<std::vector<int64_t>> attended_key_indices() const { return {}; }
+  // How the selection runs at the prepared shapes (its selector's launch facts, e.g. the top-k's clusters), as counters.
+  virtual std::map<std::string, double> selection_counters() const { return {}; }
   // Device bytes beyond the caller's buffers (weights, cache), for supports(): the form's (mla::gpu_scratch_bytes),
   // or an op's own where it allocates otherwise.
   virtual double scratch_bytes(const ModelConfig& m, const Shape& s, int64_t max_keys) const;
@@ -297,6 +300,8 @@ class PageSelector {
   virtual int64_t pages_per_request() const = 0;
   virtual const int32_t* lengths() const = 0;  // [batch]: the selection's keys before this step's (as the op's lengths)
   virtual std::vector<std::vector<int64_t>> key_indices() const = 0;  // after a step (synchronises)
+  // How its kernels launch at the prepared shapes, as counters (after prepare; none by default).
+  virtual std::map<std::string, double> launch_counters() const { return {}; }
 };
 // mla/fused/cuda's op over a selector's pages.
 std::unique_ptr<MlaOp> make_fused_op(std::unique_ptr<PageSelector> selector);

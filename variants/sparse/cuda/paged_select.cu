@@ -525,6 +525,24 @@ void compact_tokens(const float* scores, int64_t scores_per_request, const int32
   DSLAB_CHECK_LAUNCH();
 }
 
+TopkLaunch topk_launch(int64_t scores_per_request) {
+  TopkLaunch t;
+  if (scores_per_request < kClusterMinKeys) return t;
+  t.ctas_per_request = kClusterCtas;
+  const bool stream = scores_per_request > kClusterMaxKeys;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(kClusterCtas, 1);
+  config.blockDim = dim3(kSelectThreads);
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kClusterCtas, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  DSLAB_CUDA(stream ? cudaOccupancyMaxActiveClusters(&t.max_active_clusters, compact_tokens_cluster_kernel<true>, &config)
+                    : cudaOccupancyMaxActiveClusters(&t.max_active_clusters, compact_tokens_cluster_kernel<false>, &config));
+  return t;
+}
+
 namespace {
 
 using mla::cuda::DeviceArray;
@@ -692,6 +710,17 @@ std::vector<std::vector<int64_t>> TokenSelector::key_indices() const {
   std::vector<std::vector<int64_t>> out(B);
   for (size_t r = 0; r < B; ++r) out[r].assign(all.begin() + ptrdiff_t(r * T), all.begin() + ptrdiff_t(r * T + size_t(count[r])));
   return out;
+}
+
+std::map<std::string, double> TokenSelector::launch_counters() const {
+  const TopkLaunch t = topk_launch(scores_per_request());
+  std::map<std::string, double> c{{"topk_ctas_per_request", double(t.ctas_per_request)}};
+  if (t.ctas_per_request > 1) {
+    c["topk_max_active_clusters"] = double(t.max_active_clusters);
+    if (t.max_active_clusters > 0)
+      c["topk_cluster_rounds"] = double((s_.batch + t.max_active_clusters - 1) / t.max_active_clusters);
+  }
+  return c;
 }
 
 std::unique_ptr<mla::cuda::PageSelector> make_block_selector(Summary kind, const char* name) { return std::make_unique<BlockSelector>(kind, name); }

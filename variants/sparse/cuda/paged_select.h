@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -69,6 +70,15 @@ void compact_tokens(const float* scores, int64_t scores_per_request, const int32
                     int64_t page_size, const Budget& budget, int64_t batch, int64_t max_tokens, int64_t q_len, int32_t* slots, int32_t* logical,
                     int32_t* length, int32_t* before, cudaStream_t stream);
 
+// How compact_tokens runs a request of `scores_per_request` keys: CTAs per request (1: one block; more: a thread-block
+// cluster), and for a cluster how many of them this GPU holds at once (cudaOccupancyMaxActiveClusters: a cluster
+// needs all of its CTAs' SMs in one GPC, which a wave count over SMs does not see); 0 for one block.
+struct TopkLaunch {
+  int ctas_per_request = 1;
+  int max_active_clusters = 0;
+};
+TopkLaunch topk_launch(int64_t scores_per_request);
+
 // What every GPU sparse decode keeps besides its choice: the first kSinkTokens keys (attention sinks) and the `local`
 // window; the budget counts both.
 constexpr int64_t kSinkTokens = 4;
@@ -106,6 +116,9 @@ class TokenSelector : public mla::cuda::PageSelector {
   int64_t pages_per_request() const final { return max_tokens_; }
   const int32_t* lengths() const final { return lengths_.get(); }
   std::vector<std::vector<int64_t>> key_indices() const final;
+  // topk_ctas_per_request, and with a cluster topk_max_active_clusters and topk_cluster_rounds (batch over them,
+  // rounded up: more than 1, and the batch's top-k takes that many rounds of the cluster kernel)
+  std::map<std::string, double> launch_counters() const final;
 
  protected:
   virtual void prepare_scores(const ModelConfig& m) = 0;
