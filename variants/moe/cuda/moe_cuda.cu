@@ -567,7 +567,7 @@ void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
     launch_pdl(combine_kernel<float>, grid, block, 0, stream_, static_cast<const float*>(y_.get()), slot, weights, topk, int(hidden_), shared,
                experts_sum_, b_.out);
   DSLAB_CHECK_LAUNCH();
-  mark("combine");
+  mark("moe_combine");  // (not "combine": in a layer's breakdown that is the attention's split merge)
   marks_ = nullptr;
 }
 
