@@ -1,4 +1,5 @@
 // `dslab report RESULTS.json [...] --out DIR`: a Markdown report per suite.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -19,7 +20,7 @@ const char* kReportHelp = R"(usage: dslab report RESULTS.json [RESULTS.json ...]
 Writes DIR/report.md: for each results file, its context (device, commit, command line, ceilings), then
 per suite: median time per variant per point, speedup against the baseline variant (default: the
 suite's first variant), achieved TFLOP/s and GB/s with arithmetic intensity and roofline fraction,
-verification error and verdict, stop reason; whole layer steps' tokens/s and GPU/CPU time; sparse attention beside
+verification error and verdict, stop reason; whole layer steps' tokens/s, GPU/CPU time and per-op time; sparse attention beside
 the dense fused kernel at the same point (its attention alone, the selection's share, the speed-ups); and the points
 that were skipped, with why.
 Plots: scripts/plot.py RESULTS.json --out DIR.
@@ -240,6 +241,33 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
              << " |\n";
         }
       md << "\n";
+      // Where a step's time goes, op by op (the op_us.* counters), largest first.
+      bool ops = false;
+      for (const auto& [key, e] : at)
+        if (e->raw.contains("counters") && e->raw["counters"].is_object())
+          for (const auto& [k, v] : e->raw["counters"].items()) ops = ops || k.rfind("op_us.", 0) == 0;
+      if (ops) {
+        md << "Per-op GPU time of a step, largest first (`op_us.*`: one eager step queued behind a blocking kernel, each op "
+              "bracketed by events, so each carries its event's 1-2 us and none overlaps the next under PDL: they sum past "
+              "the step's GPU busy time; the share is of their sum):\n\n"
+              "| variant | point | ops, us (share) |\n|---|---|---|\n";
+        for (const auto& p : points)
+          for (const auto& v : variants) {
+            const auto it = at.find({v, p});
+            if (it == at.end() || !it->second->raw.contains("counters")) continue;
+            std::vector<std::pair<double, std::string>> op_us;
+            double sum = 0;
+            for (const auto& [k, cv] : it->second->raw["counters"].items())
+              if (k.rfind("op_us.", 0) == 0 && cv.is_number()) op_us.push_back({cv.get<double>(), k.substr(6)}), sum += cv.get<double>();
+            if (op_us.empty()) continue;
+            std::sort(op_us.begin(), op_us.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+            md << "| " << v << " | " << p << " | ";
+            for (size_t i = 0; i < op_us.size(); ++i)
+              md << (i ? ", " : "") << op_us[i].second << " " << num("%.4g", op_us[i].first) << " (" << num("%.0f%%", 100 * op_us[i].first / sum) << ")";
+            md << " |\n";
+          }
+        md << "\n";
+      }
     }
   }
   write_sparse_against_dense(f, md);

@@ -435,6 +435,24 @@ TEST(Cli, ReportShowsWholeStepsWhereTheirTimeGoes) {
   const std::string md = report_of({r, streamed});
   EXPECT_NE(md.find("| 13.2 ms | 75.78 | 2.98 ms | 77% | 9.08 ms | 18 of 26 | — |"), std::string::npos) << md;
   EXPECT_NE(md.find("| 26 of 26 | 28.8 GB at 53.3 GB/s |"), std::string::npos) << md;
+  EXPECT_EQ(md.find("Per-op GPU time"), std::string::npos) << "no op_us counters, no per-op table";
+}
+
+// A step's per-op times (op_us.*) as one row per point, largest first with its share of their sum.
+TEST(Cli, ReportListsAStepsOpsLargestFirst) {
+  PointResult r;
+  r.variant = "layer/deepseek/cuda";
+  r.suite = "acceptance";
+  r.model = "deepseek-v2-lite";
+  r.point.set("batch", {"1", 1, true});
+  r.samples.seconds = {3.3e-3, 3.3e-3, 3.3e-3};
+  r.samples.stop_reason = "converged";
+  r.samples.cache_state = "flushed";
+  r.cost = {1e9, 1e9};
+  r.counters = {{"tokens_per_s", 303}, {"kernel_time_s", 3.2e-3}, {"gpu_idle_fraction", 0.03},
+                {"op_us.decode", 500}, {"op_us.gate_up", 1000}, {"op_us.norm", 500}};
+  const std::string md = report_of({r});
+  EXPECT_NE(md.find("| gate_up 1000 (50%), decode 500 (25%), norm 500 (25%) |"), std::string::npos) << md;
 }
 
 // A sparse result beside the dense fused kernel at its point (the same model, batch, kv_len, page size; its own
