@@ -32,12 +32,14 @@ struct LayerCase {
   const char* gpu_experts = "none";
   int64_t cpu_threads = 0;  // 0: the axis absent
   const char* gpu_budget = "all";
+  int64_t q_len = 1;  // past layer/deepseek/cuda's kVerifiedRows (64): the last layer verified on a sample of the rows
 };
 
 std::string describe(const LayerCase& c) {
   return std::string(c.model) + " layers " + c.layers + " batch " + std::to_string(c.batch) + " kv_len " + std::to_string(c.kv_len) +
          " steps " + std::to_string(c.steps) + " " + c.attn + " " + c.moe + " " + c.executor + " proj " + c.proj + " kv_splits " + c.kv_splits + " pdl " + c.pdl +
-         " gpu_experts " + c.gpu_experts + " gpu_budget " + c.gpu_budget + (c.cpu_threads ? " cpu_threads " + std::to_string(c.cpu_threads) : "");
+         " gpu_experts " + c.gpu_experts + " gpu_budget " + c.gpu_budget + (c.cpu_threads ? " cpu_threads " + std::to_string(c.cpu_threads) : "") +
+         (c.q_len != 1 ? " q_len " + std::to_string(c.q_len) : "");
 }
 
 Point layer_point(const LayerCase& c) {
@@ -45,7 +47,7 @@ Point layer_point(const LayerCase& c) {
   auto integer = [&](const char* axis, int64_t v) { p.set(axis, {std::to_string(v), v, true}); };
   auto text = [&](const char* axis, const std::string& v) { p.set(axis, {v, 0, false}); };
   integer("batch", c.batch);
-  integer("q_len", 1);
+  integer("q_len", c.q_len);
   integer("kv_len", c.kv_len);
   text("layers", c.layers);
   text("attn", c.attn);
@@ -129,6 +131,9 @@ TEST(GpuLayer, EveryAttentionAndMoeOpMatchesReferenceStack) {
   cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph", "cublas", "auto", "off"});  // plain launches
   cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "eager", "own", "auto", "off"});
   cases.push_back({"tiny", "all", 3, 40, 1, "mla/a_cc_me/cuda", "moe/grouped/cuda", "graph"});  // embedding, dense + MoE layer, LM head
+  LayerCase chunk{"tiny", "all", 2, 40, 1, "mla/a_cc_me/cuda", "moe/grouped/cuda", "eager"};  // a 100-token chunk: its last layer
+  chunk.q_len = 100;                                                                            // and LM head checked on 64 rows
+  cases.push_back(chunk);
   if (available("mla/flashinfer/cuda")) cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/flashinfer/cuda", "moe/grouped/cuda", "graph"});
   if (cpu_info().avx512_bf16) {  // KTransformers' split: routed experts on the CPU, inside the captured step
     cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/host/cuda", "graph"});

@@ -119,6 +119,36 @@ void expect_forms_agree(const ModelConfig& m, int64_t layer) {
   EXPECT_GT(norm / double(attn.size()), 1e-3);
 }
 
+// A layer computed for a sample of its new tokens (MlaInputs::rows) gives exactly those rows of the whole
+// computation, and zeros elsewhere: dense and MoE layers, two requests, the sample's first and last tokens included.
+TEST(DecoderLayer, SampledRowsEqualTheWholeComputation) {
+  const ModelConfig m = test::model("tiny");
+  const uint64_t seed = test::fresh_seed();
+  for (int64_t layer : {0, 1}) {
+    SCOPED_TRACE("layer " + std::to_string(layer));
+    const auto p = ref::make_layer_params(m, layer, seed);
+    auto in = ref::make_mla_inputs(m, 2, 9, 13, seed);
+    const auto whole = ref::decoder_layer(m, layer, p, in, ref::MlaForm::absorbed_split);
+    in.rows = {0, 4, 8};
+    const auto sampled = ref::decoder_layer(m, layer, p, in, ref::MlaForm::absorbed_split);
+    ASSERT_EQ(sampled.size(), whole.size());
+    const int64_t H = m.hidden_size;
+    int64_t compared = 0;
+    for (int64_t t = 0; t < 2 * 9; ++t) {
+      const bool kept = t % 9 == 0 || t % 9 == 4 || t % 9 == 8;
+      for (int64_t j = 0; j < H; ++j) {
+        const size_t i = size_t(t * H + j);
+        if (kept) EXPECT_EQ(sampled[i], whole[i]) << "token " << t;
+        else EXPECT_EQ(sampled[i], 0.0) << "token " << t;
+      }
+      compared += kept;
+    }
+    EXPECT_EQ(compared, 6);
+    in.rows = {9};
+    EXPECT_THROW(ref::decoder_layer(m, layer, p, in, ref::MlaForm::absorbed_split), std::invalid_argument);
+  }
+}
+
 TEST(AbsorptionIdentity, AllFormsGiveTheSameLayerOutputDenseLayer) { expect_forms_agree(test::model("tiny"), 0); }
 TEST(AbsorptionIdentity, AllFormsGiveTheSameLayerOutputMoeLayer) { expect_forms_agree(test::model("tiny"), 1); }
 TEST(AbsorptionIdentity, PlainQProjection) {

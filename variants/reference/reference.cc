@@ -34,6 +34,16 @@ std::vector<int> topk_indices(const std::vector<double>& v, int64_t k) {
   return idx;
 }
 
+// Per new token (0 .. q_len - 1): whether its output is computed (MlaInputs::rows; empty: every one).
+std::vector<char> wanted_rows(const MlaInputs& in) {
+  std::vector<char> wanted(static_cast<size_t>(in.q_len), in.rows.empty() ? 1 : 0);
+  for (int64_t s : in.rows) {
+    if (s < 0 || s >= in.q_len) throw std::invalid_argument("MlaInputs::rows: new token " + std::to_string(s) + " of " + std::to_string(in.q_len));
+    wanted[size_t(s)] = 1;
+  }
+  return wanted;
+}
+
 }  // namespace
 
 std::vector<bf16> random_bf16(uint64_t seed, const std::string& name, size_t n, float scale, float offset) {
@@ -199,22 +209,26 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
   if (keys && int64_t(keys->size()) != B) throw std::invalid_argument("mla_attention: a key selection per request expected");
   const double scale = m.softmax_scale();
   const auto x = to_double(in.hidden_states);
+  const std::vector<char> wanted = wanted_rows(in);
 
-  // Projections of the new tokens.
+  // Projections of the new tokens: every one's key, the wanted ones' queries.
   std::vector<double> q(static_cast<size_t>(T * nh * qhd)), ckv_new(static_cast<size_t>(T * r)), kpe_new(static_cast<size_t>(T * rope));
+#pragma omp parallel for schedule(dynamic) if (T > 1)
   for (int64_t t = 0; t < T; ++t) {
     const double* xt = &x[size_t(t * hid)];
     const int64_t pos = L + t % S;
     double* qt = &q[size_t(t * nh * qhd)];
-    if (m.q_lora_rank) {
-      std::vector<double> qa(static_cast<size_t>(*m.q_lora_rank));
-      matvec(p.q_a_proj.data(), *m.q_lora_rank, hid, xt, qa.data());
-      rms_norm(qa.data(), p.q_a_layernorm.data(), *m.q_lora_rank, m.rms_norm_eps, qa.data());
-      matvec(p.q_b_proj.data(), nh * qhd, *m.q_lora_rank, qa.data(), qt);
-    } else {
-      matvec(p.q_proj.data(), nh * qhd, hid, xt, qt);
+    if (wanted[size_t(t % S)]) {
+      if (m.q_lora_rank) {
+        std::vector<double> qa(static_cast<size_t>(*m.q_lora_rank));
+        matvec(p.q_a_proj.data(), *m.q_lora_rank, hid, xt, qa.data());
+        rms_norm(qa.data(), p.q_a_layernorm.data(), *m.q_lora_rank, m.rms_norm_eps, qa.data());
+        matvec(p.q_b_proj.data(), nh * qhd, *m.q_lora_rank, qa.data(), qt);
+      } else {
+        matvec(p.q_proj.data(), nh * qhd, hid, xt, qt);
+      }
+      for (int64_t h = 0; h < nh; ++h) apply_rope(m, pos, qt + h * qhd + nope);
     }
-    for (int64_t h = 0; h < nh; ++h) apply_rope(m, pos, qt + h * qhd + nope);
     std::vector<double> kv(static_cast<size_t>(r + rope));
     matvec(p.kv_a_proj_with_mqa.data(), r + rope, hid, xt, kv.data());
     rms_norm(kv.data(), p.kv_a_layernorm.data(), r, m.rms_norm_eps, &ckv_new[size_t(t * r)]);
@@ -271,6 +285,7 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
           }
       }
       for (int64_t s = 0; s < S; ++s) {
+        if (!wanted[size_t(s)]) continue;
         const int64_t t = b * S + s;
         const double* qh = &q[size_t((t * nh + h) * qhd)];
         const int64_t visible = L + s + 1;  // causal among the new tokens
@@ -334,7 +349,8 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
   }
   if (mass_recall) *mass_recall = std::accumulate(inside.begin(), inside.end(), 0.0) / double(inside.size());
   std::vector<double> y(static_cast<size_t>(T * hid));
-  for (int64_t t = 0; t < T; ++t) matvec(p.o_proj.data(), hid, nh * vd, &attn[size_t(t * nh * vd)], &y[size_t(t * hid)]);
+  for (int64_t t = 0; t < T; ++t)
+    if (wanted[size_t(t % S)]) matvec(p.o_proj.data(), hid, nh * vd, &attn[size_t(t * nh * vd)], &y[size_t(t * hid)]);
   return y;
 }
 
@@ -425,11 +441,15 @@ Routing route(const ModelConfig& m, const std::vector<double>& logits, const std
   return out;
 }
 
-std::vector<double> moe(const ModelConfig& m, const MoeParams& p, const std::vector<double>& x, int64_t tokens) {
+namespace {
+
+// moe() with `forced` ([tokens][topk], or null) in place of p.forced_experts.
+std::vector<double> moe_forced(const ModelConfig& m, const MoeParams& p, const std::vector<double>& x, int64_t tokens,
+                               const std::vector<int>* forced) {
   const int64_t H = m.hidden_size, E = m.n_routed_experts;
   std::vector<double> logits(static_cast<size_t>(tokens * E));
   for (int64_t t = 0; t < tokens; ++t) matvec(p.gate.data(), E, H, &x[size_t(t * H)], &logits[size_t(t * E)]);
-  const Routing routing = route(m, logits, p.e_score_correction_bias, tokens, p.forced_experts.empty() ? nullptr : &p.forced_experts, p.check);
+  const Routing routing = route(m, logits, p.e_score_correction_bias, tokens, forced, p.check);
   std::vector<double> y = m.n_shared_experts > 0 ? mlp(m, p.shared, x, tokens) : std::vector<double>(size_t(tokens * H), 0);
   // Lazily built experts (p.experts empty): the ones the routing reached, made in parallel before they are used.
   std::map<int, MlpParams> made;
@@ -454,6 +474,12 @@ std::vector<double> moe(const ModelConfig& m, const MoeParams& p, const std::vec
   return y;
 }
 
+}  // namespace
+
+std::vector<double> moe(const ModelConfig& m, const MoeParams& p, const std::vector<double>& x, int64_t tokens) {
+  return moe_forced(m, p, x, tokens, p.forced_experts.empty() ? nullptr : &p.forced_experts);
+}
+
 std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, const LayerParams& p,
                                   const MlaInputs& in, MlaForm form) {
   return decoder_layer(m, layer_index, p, to_double(in.hidden_states), in, form);
@@ -473,9 +499,31 @@ std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, con
   // The MLP / MoE sees it rounded to bf16 too (the router's top-k is then decided on the values a bf16 model has).
   for (int64_t t = 0; t < T; ++t) rms_norm(&h[size_t(t * H)], p.post_attention_layernorm.data(), H, m.rms_norm_eps, &normed[size_t(t * H)]);
   for (auto& v : normed) v = double(round_to_bf16(float(v)));
-  const auto f = layer_index < m.first_k_dense_replace ? mlp(m, p.dense, normed, T) : moe(m, p.moe, normed, T);
-  for (size_t i = 0; i < h.size(); ++i) h[i] += f[i];
-  return h;
+  const bool dense = layer_index < m.first_k_dense_replace;
+  if (in.rows.empty()) {
+    const auto f = dense ? mlp(m, p.dense, normed, T) : moe(m, p.moe, normed, T);
+    for (size_t i = 0; i < h.size(); ++i) h[i] += f[i];
+    return h;
+  }
+  // Only the wanted rows (MlaInputs::rows) through the MLP / MoE, each with its forced experts; the others' rows 0.
+  const std::vector<char> wanted = wanted_rows(in);
+  const int64_t K = m.num_experts_per_tok;
+  std::vector<int64_t> tokens;
+  for (int64_t t = 0; t < T; ++t)
+    if (wanted[size_t(t % in.q_len)]) tokens.push_back(t);
+  const int64_t n = int64_t(tokens.size());
+  std::vector<double> rows(static_cast<size_t>(n * H));
+  std::vector<int> forced;
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy_n(&normed[size_t(tokens[size_t(i)] * H)], H, &rows[size_t(i * H)]);
+    if (!dense && !p.moe.forced_experts.empty())
+      forced.insert(forced.end(), p.moe.forced_experts.begin() + tokens[size_t(i)] * K, p.moe.forced_experts.begin() + (tokens[size_t(i)] + 1) * K);
+  }
+  const auto f = dense ? mlp(m, p.dense, rows, n) : moe_forced(m, p.moe, rows, n, forced.empty() ? nullptr : &forced);
+  std::vector<double> out(h.size(), 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < H; ++j) out[size_t(tokens[size_t(i)] * H + j)] = h[size_t(tokens[size_t(i)] * H + j)] + f[size_t(i * H + j)];
+  return out;
 }
 
 double relative_l2_error(const float* out, const double* ref, size_t n) {

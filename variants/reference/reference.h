@@ -78,6 +78,10 @@ struct MlaInputs {
   std::vector<bf16> hidden_states;  // [batch*q_len][hidden]: the attention module's input (after input_layernorm)
   std::vector<bf16> ckv_cache;      // [batch][kv_len][kv_lora_rank]: normalised latent of cached tokens
   std::vector<bf16> kpe_cache;      // [batch][kv_len][qk_rope_head_dim]: rotated rope key of cached tokens
+  // The new tokens (0 .. q_len - 1 of each request, ascending) whose outputs are computed; empty: all. The others'
+  // rows of the output are left 0: every new token's key is still made (later tokens attend to it), but queries,
+  // attention, o_proj and the layer's MLP / MoE only for these - a long prefill chunk checked on a sample of rows.
+  std::vector<int64_t> rows;
 };
 MlaInputs make_mla_inputs(const ModelConfig& m, int64_t batch, int64_t q_len, int64_t kv_len, uint64_t seed);
 
@@ -117,7 +121,8 @@ struct LayerParams {
 };
 // lazy_experts: routed experts made on demand (MoeParams::make_expert) instead of all up front.
 LayerParams make_layer_params(const ModelConfig& m, int64_t layer_index, uint64_t seed, bool lazy_experts = false);
-// in.hidden_states: [batch*q_len][hidden] residual stream in; returns the residual stream out.
+// in.hidden_states: [batch*q_len][hidden] residual stream in; returns the residual stream out (with in.rows: those
+// new tokens' rows, the others 0).
 std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, const LayerParams& p,
                                   const MlaInputs& in, MlaForm form);
 // The same with the residual stream in double (in.hidden_states unused), as a stack of layers carries it.
