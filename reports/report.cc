@@ -198,11 +198,14 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
     }
     md << "\n| variant | point | TFLOP/s | GB/s | FLOP/byte | roofline | bound | rel. err | verify | stop | samples | counters |\n";
     md << "|---|---|---:|---:|---:|---:|---|---:|---|---|---:|---|\n";
-    for (const auto& p : points)
-      for (const auto& v : variants) {
-        const auto it = at.find({v, p});
-        if (it == at.end()) continue;
-        const auto& r = it->second->raw;
+    // f(variant, point, entry) for each run of the suite, point by point.
+    auto each_run = [&](auto&& f) {
+      for (const auto& p : points)
+        for (const auto& v : variants)
+          if (const auto it = at.find({v, p}); it != at.end()) f(v, p, *it->second);
+    };
+    each_run([&](const std::string& v, const std::string& p, const Entry& e) {
+        const auto& r = e.raw;
         auto get = [&](const char* k) { return r.contains(k) && r[k].is_number() ? r[k].get<double>() : NAN; };
         const bool verified = r.contains("verify_pass") && r["verify_pass"].is_boolean();
         md << "| " << v << " | " << p << " | " << num("%.3g", get("achieved_flops_per_s") * 1e-12) << " | "
@@ -214,7 +217,7 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
         if (r.contains("counters") && r["counters"].is_object())
           for (const auto& [k, cv] : r["counters"].items()) md << k << "=" << num("%.4g", cv.get<double>()) << " ";
         md << "|\n";
-      }
+    });
     md << "\n";
     // Whole steps (layer runs): what a step delivers and where its time goes between the GPU and the CPU.
     bool steps = false;
@@ -225,11 +228,8 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
             "experts streamed to the GPU per step (gpu_experts=streamed) and the link rate that makes over the step:\n\n"
             "| variant | point | step | tokens/s | GPU busy | GPU idle | CPU experts | MoE layers on the GPU | experts streamed |\n"
             "|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
-      for (const auto& p : points)
-        for (const auto& v : variants) {
-          const auto it = at.find({v, p});
-          if (it == at.end() || std::isnan(counter(*it->second, "kernel_time_s"))) continue;
-          const Entry& e = *it->second;
+      each_run([&](const std::string& v, const std::string& p, const Entry& e) {
+          if (std::isnan(counter(e, "kernel_time_s"))) return;
           const double cpu = counter(e, "cpu_experts_engine_s"), on_gpu = counter(e, "gpu_moe_layers"), moe = counter(e, "moe_layers");
           const double streamed = counter(e, "streamed_expert_bytes");
           md << "| " << v << " | " << p << " | " << time_str(e.median_us) << " | " << num("%.4g", counter(e, "tokens_per_s")) << " | "
@@ -239,35 +239,29 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
              << (std::isnan(streamed) ? std::string("—")
                                       : num("%.1f GB", streamed / 1e9) + " at " + num("%.1f GB/s", streamed / (e.median_us * 1e-6) / 1e9))
              << " |\n";
-        }
+      });
       md << "\n";
-      // Where a step's time goes, op by op (the op_us.* counters), largest first.
-      bool ops = false;
-      for (const auto& [key, e] : at)
-        if (e->raw.contains("counters") && e->raw["counters"].is_object())
-          for (const auto& [k, v] : e->raw["counters"].items()) ops = ops || k.rfind("op_us.", 0) == 0;
-      if (ops) {
+      // Where a step's time goes, op by op (the op_us.* counters), largest first: a row for each run that has them.
+      std::string op_rows;
+      each_run([&](const std::string& v, const std::string& p, const Entry& e) {
+        if (!e.raw.contains("counters")) return;
+        std::vector<std::pair<double, std::string>> op_us;
+        double sum = 0;
+        for (const auto& [k, cv] : e.raw["counters"].items())
+          if (k.rfind("op_us.", 0) == 0 && cv.is_number()) op_us.push_back({cv.get<double>(), k.substr(6)}), sum += cv.get<double>();
+        if (op_us.empty()) return;
+        std::sort(op_us.begin(), op_us.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+        op_rows += "| " + v + " | " + p + " | ";
+        for (size_t i = 0; i < op_us.size(); ++i)
+          op_rows += (i ? ", " : "") + op_us[i].second + " " + num("%.4g", op_us[i].first) + " (" + num("%.0f%%", 100 * op_us[i].first / sum) + ")";
+        op_rows += " |\n";
+      });
+      if (!op_rows.empty())
         md << "Per-op GPU time of a step, largest first (`op_us.*`: one eager step queued behind a blocking kernel, each op "
               "bracketed by events, so each carries its event's 1-2 us and none overlaps the next under PDL: they sum past "
               "the step's GPU busy time; the share is of their sum):\n\n"
-              "| variant | point | ops, us (share) |\n|---|---|---|\n";
-        for (const auto& p : points)
-          for (const auto& v : variants) {
-            const auto it = at.find({v, p});
-            if (it == at.end() || !it->second->raw.contains("counters")) continue;
-            std::vector<std::pair<double, std::string>> op_us;
-            double sum = 0;
-            for (const auto& [k, cv] : it->second->raw["counters"].items())
-              if (k.rfind("op_us.", 0) == 0 && cv.is_number()) op_us.push_back({cv.get<double>(), k.substr(6)}), sum += cv.get<double>();
-            if (op_us.empty()) continue;
-            std::sort(op_us.begin(), op_us.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
-            md << "| " << v << " | " << p << " | ";
-            for (size_t i = 0; i < op_us.size(); ++i)
-              md << (i ? ", " : "") << op_us[i].second << " " << num("%.4g", op_us[i].first) << " (" << num("%.0f%%", 100 * op_us[i].first / sum) << ")";
-            md << " |\n";
-          }
-        md << "\n";
-      }
+              "| variant | point | ops, us (share) |\n|---|---|---|\n"
+           << op_rows << "\n";
     }
   }
   write_sparse_against_dense(f, md);

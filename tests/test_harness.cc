@@ -414,17 +414,23 @@ std::string report_of(const std::vector<PointResult>& results) {
   return md.str();
 }
 
-TEST(Cli, ReportShowsWholeStepsWhereTheirTimeGoes) {
+// A whole V2-Lite step at batch 1 as layer/deepseek/cuda reports it, `seconds` a sample.
+PointResult layer_step(const std::string& suite, double seconds) {
   PointResult r;
   r.variant = "layer/deepseek/cuda";
-  r.suite = "split";
+  r.suite = suite;
   r.model = "deepseek-v2-lite";
   r.point.set("batch", {"1", 1, true});
-  r.point.set("gpu_experts", {"fit", 0, false});
-  r.samples.seconds = {13.2e-3, 13.2e-3, 13.2e-3};
+  r.samples.seconds = {seconds, seconds, seconds};
   r.samples.stop_reason = "converged";
   r.samples.cache_state = "flushed";
   r.cost = {1e9, 1e9};
+  return r;
+}
+
+TEST(Cli, ReportShowsWholeStepsWhereTheirTimeGoes) {
+  PointResult r = layer_step("split", 13.2e-3);
+  r.point.set("gpu_experts", {"fit", 0, false});
   r.counters = {{"tokens_per_s", 75.78}, {"kernel_time_s", 2.98e-3}, {"gpu_idle_fraction", 0.774},
                 {"cpu_experts_engine_s", 9.08e-3}, {"gpu_moe_layers", 18}, {"moe_layers", 26}};
   PointResult streamed = r;  // the experts streamed over the link instead: 28.8 GB in a 540 ms step
@@ -440,15 +446,7 @@ TEST(Cli, ReportShowsWholeStepsWhereTheirTimeGoes) {
 
 // A step's per-op times (op_us.*) as one row per point, largest first with its share of their sum.
 TEST(Cli, ReportListsAStepsOpsLargestFirst) {
-  PointResult r;
-  r.variant = "layer/deepseek/cuda";
-  r.suite = "acceptance";
-  r.model = "deepseek-v2-lite";
-  r.point.set("batch", {"1", 1, true});
-  r.samples.seconds = {3.3e-3, 3.3e-3, 3.3e-3};
-  r.samples.stop_reason = "converged";
-  r.samples.cache_state = "flushed";
-  r.cost = {1e9, 1e9};
+  PointResult r = layer_step("acceptance", 3.3e-3);
   r.counters = {{"tokens_per_s", 303}, {"kernel_time_s", 3.2e-3}, {"gpu_idle_fraction", 0.03},
                 {"op_us.decode", 500}, {"op_us.gate_up", 1000}, {"op_us.norm", 500}};
   const std::string md = report_of({r});

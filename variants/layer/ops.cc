@@ -122,9 +122,8 @@ std::vector<OpCost> layer_ops(const ModelConfig& m, int64_t layer, const StepSha
   }
   const double E = double(m.n_routed_experts), K = double(m.num_experts_per_tok), I = double(m.moe_intermediate_size);
   ops.push_back(projection("gate", OpGroup::gate, layer, T, H, E, 4));
-  // decode (up to 4 tokens, moe_cuda.cu's kGateKernelTokens): logits, routing and permutation in one kernel;
-  // beyond: the logits' GEMM, then routing (+ permutation)
-  ops.back().gpu_kernels = T <= 4 ? 1 : 2;
+  // decode: logits, routing and permutation in one kernel; beyond: the logits' GEMM, then routing (+ permutation)
+  ops.back().gpu_kernels = T <= double(moe::kGateKernelTokens) ? 1 : 2;
   if (m.n_shared_experts > 0) ops.push_back(mlp("shared_experts", OpGroup::shared_experts, layer, T, H, I * double(m.n_shared_experts)));
   OpCost routed;
   routed.name = "routed_experts";

@@ -49,6 +49,9 @@ void check_routing_name(const std::string& routing);
 Cost cost(const ModelConfig& m, const Problem& p);
 // Expected distinct experts reached by tokens x topk choices spread uniformly over `experts`.
 double expected_active_experts(int64_t experts, int64_t topk, int64_t tokens);
+// Tokens up to which the GPU MoE's router reads the gate in a kernel of its own (moe_cuda.cu: with the routing and
+// the permutation, one launch a layer); beyond, the logits are a cuBLAS GEMM. The planner counts its launches by it.
+constexpr int64_t kGateKernelTokens = 4;
 
 // Weights packed once for the AMX and AVX-512 kernels: for each 16-column block and 32-deep K block,
 // a 16 x 32 bf16 tile whose row r holds the K pair (2r, 2r+1) of each of the 16 columns (VNNI order):

@@ -499,13 +499,8 @@ std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, con
   // The MLP / MoE sees it rounded to bf16 too (the router's top-k is then decided on the values a bf16 model has).
   for (int64_t t = 0; t < T; ++t) rms_norm(&h[size_t(t * H)], p.post_attention_layernorm.data(), H, m.rms_norm_eps, &normed[size_t(t * H)]);
   for (auto& v : normed) v = double(round_to_bf16(float(v)));
+  // The MLP / MoE of the wanted rows (all, or MlaInputs::rows), each with its forced experts; the others' rows 0.
   const bool dense = layer_index < m.first_k_dense_replace;
-  if (in.rows.empty()) {
-    const auto f = dense ? mlp(m, p.dense, normed, T) : moe(m, p.moe, normed, T);
-    for (size_t i = 0; i < h.size(); ++i) h[i] += f[i];
-    return h;
-  }
-  // Only the wanted rows (MlaInputs::rows) through the MLP / MoE, each with its forced experts; the others' rows 0.
   const std::vector<char> wanted = wanted_rows(in);
   const int64_t K = m.num_experts_per_tok;
   std::vector<int64_t> tokens;

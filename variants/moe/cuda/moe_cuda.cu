@@ -235,7 +235,6 @@ __global__ void __launch_bounds__(kGateThreads) gate_logits_kernel(const __nv_bf
   const float acc = gate_dot(x + int64_t(t) * hidden, gate + int64_t(e) * hidden, 0, hidden / 8);
   if (threadIdx.x % 32 == 0) logits[int64_t(t) * E + e] = acc;
 }
-constexpr int64_t kGateKernelTokens = 4;  // up to here the kernel above (it reads the gate once per token); beyond, cuBLAS
 
 // Decode's whole routing in one kernel (one launch less per MoE layer than gate_logits_kernel +
 // route_scan_scatter_kernel): blocks of (token, 8 experts), four warps an expert each taking a quarter of the

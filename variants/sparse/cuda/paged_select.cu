@@ -335,6 +335,12 @@ __global__ void __launch_bounds__(kSelectThreads) compact_tokens_kernel(SelectAr
 // picks each byte; the CTAs' counts meet there too, for each CTA's offsets. Same selection as compact_tokens_kernel.
 constexpr int kClusterCtas = 8, kClusterKeysPerThread = 20, kClusterMinKeys = 16384;
 constexpr int64_t kClusterMaxKeys = int64_t(kClusterCtas) * kSelectThreads * kClusterKeysPerThread;
+// Which top-k kernel a request of `scores` keys takes: one block, a cluster holding the scores in registers, or a
+// cluster re-reading them each pass.
+enum class TopkKernel { block, cluster, cluster_streaming };
+TopkKernel topk_kernel(int64_t scores) {
+  return scores > kClusterMaxKeys ? TopkKernel::cluster_streaming : scores >= kClusterMinKeys ? TopkKernel::cluster : TopkKernel::block;
+}
 template <bool kStream>
 __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectThreads)
     compact_tokens_cluster_kernel(SelectArgs a, int64_t scores_per_request) {
@@ -516,20 +522,24 @@ void compact_tokens(const float* scores, int64_t scores_per_request, const int32
   if (pages_per_request * page_size > kMaxTokens) throw std::invalid_argument("sparse compact_tokens: at most 4M keys per request");
   const SelectArgs a{scores, page_table, int(pages_per_request), keys, int(page_size), int(budget.tokens), int(budget.n_init),
                      int(budget.local), int(max_tokens), int(q_len), slots, logical, length, before};
-  if (scores_per_request > kClusterMaxKeys)
-    compact_tokens_cluster_kernel<true><<<dim3(kClusterCtas, unsigned(batch)), kSelectThreads, 0, stream>>>(a, scores_per_request);
-  else if (scores_per_request >= kClusterMinKeys)
-    compact_tokens_cluster_kernel<false><<<dim3(kClusterCtas, unsigned(batch)), kSelectThreads, 0, stream>>>(a, scores_per_request);
-  else
-    compact_tokens_kernel<<<unsigned(batch), kSelectThreads, 0, stream>>>(a, scores_per_request);
+  switch (topk_kernel(scores_per_request)) {
+    case TopkKernel::cluster_streaming:
+      compact_tokens_cluster_kernel<true><<<dim3(kClusterCtas, unsigned(batch)), kSelectThreads, 0, stream>>>(a, scores_per_request);
+      break;
+    case TopkKernel::cluster:
+      compact_tokens_cluster_kernel<false><<<dim3(kClusterCtas, unsigned(batch)), kSelectThreads, 0, stream>>>(a, scores_per_request);
+      break;
+    case TopkKernel::block: compact_tokens_kernel<<<unsigned(batch), kSelectThreads, 0, stream>>>(a, scores_per_request); break;
+  }
   DSLAB_CHECK_LAUNCH();
 }
 
 TopkLaunch topk_launch(int64_t scores_per_request) {
   TopkLaunch t;
-  if (scores_per_request < kClusterMinKeys) return t;
+  const TopkKernel kernel = topk_kernel(scores_per_request);
+  if (kernel == TopkKernel::block) return t;
   t.ctas_per_request = kClusterCtas;
-  const bool stream = scores_per_request > kClusterMaxKeys;
+  const bool stream = kernel == TopkKernel::cluster_streaming;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(kClusterCtas, 1);
   config.blockDim = dim3(kSelectThreads);
