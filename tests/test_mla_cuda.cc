@@ -203,6 +203,26 @@ TEST(GpuMlaOps, CountersTimeEachOpOfTheStep) {
   EXPECT_NEAR(c.at("kernel_s"), (c.at("op_us.decode") + c.at("op_us.combine")) * 1e-6, 1e-12);
   EXPECT_GT(c.at("kernel_tb_per_s"), 0.0);
   EXPECT_LT(c.at("kernel_tb_per_s"), 10.0);  // no HBM moves 10 TB/s
+  // Where the decode kernel's CTAs spend their time (medians over the CTAs that walked blocks): every phase there, in
+  // the order a CTA reaches them, inside the step's time.
+  ASSERT_TRUE(c.count("decode_phase.working_ctas") && c.count("decode_phase.blocks") && c.count("decode_phase_us.span"));
+  EXPECT_GE(c.at("decode_phase.working_ctas"), 1.0);
+  EXPECT_GE(c.at("decode_phase.blocks"), 1.0);
+  double before = -1e4;  // (with early loads the first copies are queued before the wait: a negative time)
+  for (const char* phase : {"first_block_landed", "first_block_scored", "first_block_handed_over", "first_block_accumulated",
+                            "last_block_accumulated", "done"}) {
+    const auto it = c.find(std::string("decode_phase_us.") + phase);
+    ASSERT_NE(it, c.end()) << phase;
+    EXPECT_GE(it->second, before) << phase;
+    before = it->second;
+  }
+  EXPECT_LE(c.at("decode_phase_us.q_landed"), c.at("decode_phase_us.first_block_scored"));
+  EXPECT_LE(c.at("decode_phase_us.loads_issued"), c.at("decode_phase_us.done"));
+  EXPECT_GT(c.at("decode_phase.sm_ghz"), 0.3);  // the SM clock as the kernel ran
+  EXPECT_LT(c.at("decode_phase.sm_ghz"), 3.0);
+  EXPECT_GT(c.at("decode_phase_us.done"), 0.0);
+  EXPECT_LT(c.at("decode_phase_us.done"), 1e4);
+  EXPECT_GT(c.at("decode_phase_us.span"), 0.0);
   EXPECT_TRUE(v->verify().pass());  // timing the ops leaves the step's output intact
 }
 

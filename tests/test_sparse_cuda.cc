@@ -412,26 +412,37 @@ TEST(GpuSparse, OracleMassMatchesTheCpuReference) {
   }
 }
 
-// The token top-k at every size it meets (one CTA up to 16K keys, a cluster of eight past it: the keys in registers up
-// to 160K, read again each pass past that), on scores with many ties and mixed lengths: the keys, their slots and
-// their count as select_tokens makes them.
-// How the top-k launches: one block a request below 16K keys, an 8-CTA cluster from there (streaming its scores past
-// 160K), and then how many clusters this GPU holds at once - at least one, at most one per 8 SMs.
+// How the top-k launches: one block a request below 16K keys, a cluster of 4 to 8 CTAs from there, streaming its
+// scores where its registers do not hold them; how many clusters of that size this GPU holds at once (at least one, at
+// most one per `ctas` SMs) and so in how many rounds the batch runs; and the size chosen does no more work on its
+// slowest SM (rounds x keys a CTA) than the 8-CTA cluster would.
 TEST(GpuSparse, TopkLaunchSaysHowManyClustersFit) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
-  const sparse::cuda::TopkLaunch small = sparse::cuda::topk_launch(3000);
+  const sparse::cuda::TopkLaunch small = sparse::cuda::topk_launch(3000, 16);
   EXPECT_EQ(small.ctas_per_request, 1);
   EXPECT_EQ(small.max_active_clusters, 0);
-  for (const int64_t keys : {int64_t(40000), int64_t(131072), int64_t(1048576)}) {
-    SCOPED_TRACE(std::to_string(keys) + " keys");
-    const sparse::cuda::TopkLaunch t = sparse::cuda::topk_launch(keys);
-    EXPECT_EQ(t.ctas_per_request, 8);
-    EXPECT_GE(t.max_active_clusters, 1);
-    EXPECT_LE(t.max_active_clusters, gpu_info().sms / 8);
-    std::printf("top-k over %lld keys: %d clusters of 8 at once on this GPU\n", static_cast<long long>(keys), t.max_active_clusters);
-  }
+  for (const int64_t keys : {int64_t(40000), int64_t(131072), int64_t(1048576)})
+    for (const int64_t batch : {int64_t(1), int64_t(16), int64_t(64)}) {
+      SCOPED_TRACE(std::to_string(keys) + " keys, batch " + std::to_string(batch));
+      const sparse::cuda::TopkLaunch t = sparse::cuda::topk_launch(keys, batch);
+      EXPECT_GE(t.ctas_per_request, 4);
+      EXPECT_LE(t.ctas_per_request, 8);
+      EXPECT_EQ(t.streaming, keys > int64_t(t.ctas_per_request) * 1024 * 22);  // (22 keys a thread in registers: 128K keys fit 6 CTAs)
+      EXPECT_GE(t.max_active_clusters, 1);
+      EXPECT_LE(t.max_active_clusters, gpu_info().sms / t.ctas_per_request);
+      EXPECT_EQ(t.rounds, (batch + t.max_active_clusters - 1) / t.max_active_clusters);
+      const sparse::cuda::TopkLaunch eight = sparse::cuda::topk_cluster_launch(keys, batch, 8);
+      EXPECT_LE(double(t.rounds) * double((keys + t.ctas_per_request - 1) / t.ctas_per_request),
+                double(eight.rounds) * double((keys + 7) / 8) * (eight.streaming ? 1.5 : 1.0));
+      std::printf("top-k over %lld keys, batch %lld: clusters of %d%s, %d at once on this GPU (8: %d), %d round(s)\n",
+                  static_cast<long long>(keys), static_cast<long long>(batch), t.ctas_per_request, t.streaming ? " (streaming)" : "",
+                  t.max_active_clusters, eight.max_active_clusters, t.rounds);
+    }
 }
 
+// The token top-k at every size it meets (one CTA up to 16K keys, a cluster past it: the keys in registers or read
+// again each pass), with the cluster size chosen and every other one, on scores with many ties and mixed lengths: the
+// keys, their slots and their count as select_tokens makes them.
 TEST(GpuSparse, TokenSelectionMatchesTheCpuAtEverySize) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
   const uint64_t seed = test::fresh_seed();
@@ -453,21 +464,30 @@ TEST(GpuSparse, TokenSelectionMatchesTheCpuAtEverySize) {
     const Device<float> d_scores(scores);
     const Device<int32_t> d_table(table), d_keys(key_counts);
     const Device<int32_t> d_slots{size_t(batch * max_tokens)}, d_logical{size_t(batch * max_tokens)}, d_length{size_t(batch)}, d_before{size_t(batch)};
-    sparse::cuda::compact_tokens(d_scores.p, per_request, d_table.p, ppr, d_keys.p, P, budget, batch, max_tokens, 1, d_slots.p, d_logical.p,
-                                 d_length.p, d_before.p, 0);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto slots = d_slots.host(size_t(batch * max_tokens)), logical = d_logical.host(size_t(batch * max_tokens));
-    const auto length = d_length.host(size_t(batch)), before = d_before.host(size_t(batch));
-    for (int64_t r = 0; r < batch; ++r) {
-      SCOPED_TRACE("request " + std::to_string(r));
-      const int64_t n = keys[size_t(r)];
-      const std::vector<double> mine(scores.begin() + r * per_request, scores.begin() + r * per_request + n);
-      const std::vector<int64_t> cpu = sparse::select_tokens(n, budget, mine);
-      ASSERT_EQ(length[size_t(r)], int32_t(cpu.size()));
-      EXPECT_EQ(before[size_t(r)], int32_t(cpu.size()) - 1);
-      for (size_t i = 0; i < cpu.size(); ++i) {
-        ASSERT_EQ(logical[size_t(r * max_tokens) + i], cpu[i]) << i;
-        ASSERT_EQ(slots[size_t(r * max_tokens) + i], table[size_t(r * ppr + cpu[i] / P)] * P + cpu[i] % P) << i;
+    // The launch compact_tokens chooses, then (past 16K keys) every cluster size on the same requests.
+    std::vector<sparse::cuda::TopkLaunch> launches = {sparse::cuda::topk_launch(per_request, batch)};
+    if (launches[0].ctas_per_request > 1)
+      for (int ctas = 4; ctas <= 8; ++ctas) launches.push_back(sparse::cuda::topk_cluster_launch(per_request, batch, ctas));
+    for (const sparse::cuda::TopkLaunch& launch : launches) {
+      SCOPED_TRACE("clusters of " + std::to_string(launch.ctas_per_request) + (launch.streaming ? " (streaming)" : ""));
+      ASSERT_EQ(cudaMemset(d_slots.p, 0xff, size_t(batch * max_tokens) * sizeof(int32_t)), cudaSuccess);  // (no answer left from the last launch)
+      ASSERT_EQ(cudaMemset(d_logical.p, 0xff, size_t(batch * max_tokens) * sizeof(int32_t)), cudaSuccess);
+      sparse::cuda::compact_tokens_as(launch, d_scores.p, per_request, d_table.p, ppr, d_keys.p, P, budget, batch, max_tokens, 1, d_slots.p,
+                                      d_logical.p, d_length.p, d_before.p, 0);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto slots = d_slots.host(size_t(batch * max_tokens)), logical = d_logical.host(size_t(batch * max_tokens));
+      const auto length = d_length.host(size_t(batch)), before = d_before.host(size_t(batch));
+      for (int64_t r = 0; r < batch; ++r) {
+        SCOPED_TRACE("request " + std::to_string(r));
+        const int64_t n = keys[size_t(r)];
+        const std::vector<double> mine(scores.begin() + r * per_request, scores.begin() + r * per_request + n);
+        const std::vector<int64_t> cpu = sparse::select_tokens(n, budget, mine);
+        ASSERT_EQ(length[size_t(r)], int32_t(cpu.size()));
+        EXPECT_EQ(before[size_t(r)], int32_t(cpu.size()) - 1);
+        for (size_t i = 0; i < cpu.size(); ++i) {
+          ASSERT_EQ(logical[size_t(r * max_tokens) + i], cpu[i]) << i;
+          ASSERT_EQ(slots[size_t(r * max_tokens) + i], table[size_t(r * ppr + cpu[i] / P)] * P + cpu[i] % P) << i;
+        }
       }
     }
   }

@@ -387,7 +387,7 @@ DeepseekLayerCuda::~DeepseekLayerCuda() {
 }
 
 std::vector<std::pair<std::string, std::string>> DeepseekLayerCuda::axes() const {
-  return {{"batch", "1"},       {"q_len", "1"},  {"kv_len", "4096"}, {"layers", "1"},      {"attn", "mla/fused/cuda"}, {"moe", "moe/grouped/cuda"},
+  return {{"batch", "1"},       {"q_len", "1"},  {"kv_len", "4096"}, {"layers", "1"},      {"attn", "mla/fused/cuda"}, {"moe", "moe/grouped_wgmma/cuda"},
           {"executor", "graph"}, {"steps", "1"}, {"page_size", "64"}, {"kv_dtype", "bf16"}, {"proj", "own"},
           {"kv_splits", "auto"}, {"pdl", "on"},          {"cpu_threads", ""},     {"gpu_experts", "none"}, {"gpu_budget", "all"}};
 }
@@ -623,7 +623,7 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
       mb.x = xb_.get();
       mb.out = ffn_out_.get();
       // (the first resident_moe_layers MoE layers' experts are on the GPU: the grouped op runs them)
-      moe_.push_back(moe::cuda::make_moe_op(moe_.size() < size_t(P.resident_moe_layers) ? "moe/grouped/cuda" : P.moe));
+      moe_.push_back(moe::cuda::make_moe_op(moe_.size() < size_t(P.resident_moe_layers) ? "moe/grouped_wgmma/cuda" : P.moe));
       moe_.back()->set_cpu_threads(P.cpu_threads);
       if (moe_.size() > size_t(P.resident_moe_layers)) moe_.back()->set_hot_experts(P.hot_experts);
       if (arena) arena->rewind();

@@ -69,7 +69,40 @@ struct Params {
   int partial_rows;        // rows of o_partial / lse_partial per segment: row tiles x tile rows (a 64-row tile may pad)
   __nv_bfloat16* o_lat;    // a segment that is its request's only one (w = 1) is written here, final,
                            // instead of as a partial to merge
+  unsigned long long* phases;  // null, or kPhaseSlots clocks per CTA (y-major): see Phase
+  // The page table and lengths were written before the step (by the host), not by the kernel just before this one:
+  // the first blocks' lookups and copies may start before griddepcontrol.wait (see decode_kernel).
+  bool early_loads;
 };
+
+// Where a CTA's time goes (FusedCuda::phase_counters): the SM's clock64 at each phase, by one thread of the role that
+// reaches it; the global timer at entry and exit (across SMs, and the clock's rate); the CTA's block count.
+enum Phase : int {
+  kTimerEntry, kTimerExit, kBlocks,
+  kEntry,            // thread 0, before griddepcontrol.wait
+  kWaited,           // thread 0 (accumulator 0), after it (the kernels before have finished; with early_loads, after
+                     // the first copies are queued)
+  kLoadsIssued,      // accumulator 0: its first two stages' page lookups and copies queued
+  kQLanded,          // scorer 0: Q in shared memory (its first block)
+  kFirstLanded,      // scorer 0: block 0's keys in its stage
+  kFirstScored,      // scorer 0: block 0's Q K^T done
+  kFirstHandedOver,  // scorer 0: block 0's P and factors handed to the accumulators
+  kFirstAccumulated, // accumulator 0: block 0's P V done
+  kLastAccumulated,  // accumulator 0: the last block's P V done
+  kDone,             // accumulator 0: its outputs written, leaving
+  kPhaseSlots
+};
+__device__ __forceinline__ unsigned long long global_timer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void record(const Params& p, int phase, unsigned long long value) {
+  if (p.phases) p.phases[(size_t(blockIdx.y) * gridDim.x + blockIdx.x) * kPhaseSlots + phase] = value;
+}
+__device__ __forceinline__ void record_clock(const Params& p, int phase) {
+  if (p.phases) record(p, phase, (unsigned long long)clock64());
+}
 
 // Keys per block: segments (split_kv) start on block boundaries.
 constexpr int kBlockKeys = 64;
@@ -312,10 +345,15 @@ __device__ __forceinline__ void score_block(float (&s)[8][4], uint64_t q_desc) {
   wgmma_commit_and_wait();
 }
 
-// Two adjacent output values: fp32 (a partial) or bf16 (final).
-__device__ inline void store_pair(float* dst, float a, float b) { *reinterpret_cast<float2*>(dst) = make_float2(a, b); }
-__device__ inline void store_pair(__nv_bfloat16* dst, float a, float b) {
-  *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(a, b);
+// Two adjacent output values, fp32 (a partial) or bf16 (final), where `real` (a padding row's are not stored). A
+// predicated store rather than a branch: a branch around the stores made ptxas serialise the warpgroup MMAs.
+__device__ inline void store_pair(bool real, float* dst, float a, float b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p st.global.v2.f32 [%1], {%2, %3};\n}\n" ::"r"(int(real)), "l"(dst), "f"(a), "f"(b) : "memory");
+}
+__device__ inline void store_pair(bool real, __nv_bfloat16* dst, float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p st.global.b32 [%1], %2;\n}\n" ::"r"(int(real)), "l"(dst),
+               "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
 }
 
 // Walks a CTA's blocks in order: its segments (request, first key, end key) cut into kKeys-key blocks.
@@ -336,9 +374,23 @@ struct Cursor {
 };
 
 template <KvDtype KV>
+//
+// Launched with launch_pdl (variants/common/pdl.cuh), it may start while the kernel before it runs. With early_loads
+// the accumulators look up and copy the CTA's first two blocks before griddepcontrol.wait, so that a CTA's longest
+// wait (page table, then the keys: ~3 us, where a batch-1 CTA's whole walk is ~13 us) overlaps that kernel's tail.
+// This reads only what the host wrote before the step (the schedule, the page table) and the cache, which the kernel
+// before this one does not write: every kernel of the step triggers its dependents after its own wait (pdl.cuh), so
+// when this one starts, the one before it has passed its wait and every earlier one - the cache write among them -
+// has finished. (A selector's page table comes from the kernel just before: no early loads there.) Q comes from
+// that kernel: the scorers wait before loading it.
 __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ Params p) {
-  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
-  pdl_launch_dependents();
+  if (p.phases && threadIdx.x == 0) record(p, kTimerEntry, global_timer()), record_clock(p, kEntry);
+  if (!p.early_loads) {
+    pdl_wait();
+    pdl_launch_dependents();
+    if (threadIdx.x == 0) record_clock(p, kWaited);
+  }
+  if (p.tma && threadIdx.x == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.kv_map) : "memory");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   __nv_bfloat16* const sq = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -383,7 +435,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     float* const alpha = meta + scorer * 2 * kRows;
     // m_lo/m_hi: the running max when this scorer last moved, to which its partial row sums l_lo/l_hi refer.
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0, l_hi = 0;
-    int last_lo = 0, last_hi = 0, my_seg = -1;
+    int length = 0, my_seg = -1;
+    if (p.early_loads) {  // Q (and a selector's lengths) come from the kernels before
+      pdl_wait();
+      pdl_launch_dependents();
+    }
 #pragma unroll 1
     for (int j = scorer; j < total; j += 2) {
       const bool first = at.first(), last = at.last();
@@ -394,9 +450,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         my_seg = seg;
         m_lo = m_hi = -INFINITY;
         l_lo = l_hi = 0;
-        const int length = p.lengths[request];
-        last_lo = length + (row0 + r_lo) / p.heads;  // causal among the new tokens
-        last_hi = length + (row0 + r_hi) / p.heads;
+        length = p.lengths[request];  // (used after Q K^T: its load overlaps Q's)
       }
       // Q changes where a segment opens: the scorer of that block waits until block j - 1's product with the old
       // Q is done, and the scorer of the block after it until the new Q has landed (both through block j - 1's
@@ -408,8 +462,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         load_q(request);
         cp_async_wait<0>();
         fence_proxy_async();  // the copies are read by the tensor cores
+        if (j == 0 && t == 0) record_clock(p, kQLanded);
       }
       mbarrier_wait(&landed[scorer], (j / 2) & 1);
+      if (j == 0 && t == 0) record_clock(p, kFirstLanded);
       if constexpr (KV != KvDtype::bf16) {
         dequantise_stage<KV>(reinterpret_cast<uint8_t*>(sk + scorer * kKeys * kWidth), t, kBarScorer + scorer);
         fence_proxy_async();                 // the bf16 tile, written just now, is read by the tensor cores
@@ -421,7 +477,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       float s[8][4];
       if (scorer == 0) score_block<0>(s, q_desc);  // a constant stage per scorer: descriptors are Q's plus immediates
       else score_block<1>(s, q_desc);
+      if (j == 0 && t == 0) record_clock(p, kFirstScored);
       // Mask, then the online softmax. A row lives in one quad of one warp: no exchange across warps.
+      const int last_lo = length + (row0 + r_lo) / p.heads, last_hi = length + (row0 + r_hi) / p.heads;  // causal among the new tokens
       if (key0 + kKeys > min(k_end, min(last_lo, last_hi) + 1)) {  // (a block inside the segment and before every
 #pragma unroll                                                       //  row's own position needs no mask)
         for (int n = 0; n < 8; ++n)
@@ -519,6 +577,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       }
       fence_proxy_async();  // P is read by the tensor cores
       bar_arrive(kBarReady + scorer, kReadyThreads);
+      if (j == 0 && t == 0) record_clock(p, kFirstHandedOver);
       at.next(p);
       at.next(p);
     }
@@ -611,6 +670,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   };
   look_up();
   for (int i = 0; i < kStages; ++i) load_next();
+  if (warpgroup == 0 && t == 0) record(p, kBlocks, (unsigned long long)total), record_clock(p, kLoadsIssued);
+  if (p.early_loads) {
+    pdl_wait();
+    pdl_launch_dependents();
+    if (warpgroup == 0 && t == 0) record_clock(p, kWaited);
+  }
   const uint64_t v_desc0 = wgmma_desc_mn(sk + (cbase / 64) * kKeys * 64, kKeys);
   const uint64_t p_desc0 = wgmma_desc(sk + kRopeBlock * kKeys * 64);
   float o[32][4];
@@ -650,23 +715,24 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       wgmma_m64n128k16_vt<1>(o, p_desc + ks * 16 * 2 / 16, v_desc + (2 * kKeys * 64 + ks * 16 * 64) * 2 / 16);
     }
     wgmma_commit_and_wait();
+    if (warpgroup == 0 && t == 0 && (j == 0 || j == total - 1)) record_clock(p, j == 0 ? kFirstAccumulated : kLastAccumulated);
     if (at.last()) {  // normalise and write the segment's output; the next segment starts from zero
       const float inv_lo = alpha[kRows + r_lo], inv_hi = alpha[kRows + r_hi];
-      // A warp holds 16 rows and rows come in multiples of 16: a warp of padding rows (16 or 32 heads) writes
-      // over segment 0's padding rows, which nothing reads (so its stores stay in L2; skipping them made ptxas
-      // serialise the MMAs).
+      // A warp holds 16 rows and rows come in multiples of 16: a warp of padding rows (16 or 32 heads) stores
+      // nothing (it wrote segment 0's padding rows until session 20: 3/4 of a 16-head CTA's 128 KB of stores, ~2.5 us
+      // of a batch-1 CTA's ~13).
       const bool real_rows = row0 + (t / 32) * 16 < p.rows;
       auto write = [&](auto* out) {  // this thread's two rows of its 256 columns, then O starts from zero
 #pragma unroll
         for (int n = 0; n < 32; ++n) {
           const int col = n * 8 + (lane % 4) * 2;
-          store_pair(out + r_lo * kLatent + col, o[n][0] * inv_lo, o[n][1] * inv_lo);
-          store_pair(out + r_hi * kLatent + col, o[n][2] * inv_hi, o[n][3] * inv_hi);
+          store_pair(real_rows, out + r_lo * kLatent + col, o[n][0] * inv_lo, o[n][1] * inv_lo);
+          store_pair(real_rows, out + r_hi * kLatent + col, o[n][2] * inv_hi, o[n][3] * inv_hi);
           o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
         }
       };
-      if (real_rows && at.s.w) write(p.o_lat + (int64_t(at.s.x) * p.rows + row0) * kLatent + cbase);  // whole: final
-      else write(p.o_partial + (int64_t(real_rows ? at.seg : 0) * p.partial_rows + row0) * kLatent + cbase);  // merged by combine
+      if (at.s.w) write(p.o_lat + (int64_t(at.s.x) * p.rows + row0) * kLatent + cbase);  // whole: final
+      else write(p.o_partial + (int64_t(at.seg) * p.partial_rows + row0) * kLatent + cbase);  // merged by combine
     }
     // Once both products are done (and every thread has read the block's factors) the stage takes block j + 2:
     // both warpgroups read P from the rope columns, which warpgroup 0's boxes (and both warpgroups' cp.async
@@ -675,6 +741,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     bar_sync(kBarAccumulators, 256);
     load_next();
   }
+  if (warpgroup == 0 && t == 0) record_clock(p, kDone), record(p, kTimerExit, global_timer());
 }
 
 }  // namespace roles
@@ -711,6 +778,14 @@ class FusedCuda final : public MlaOp {
   }
   std::vector<std::vector<int64_t>> attended_key_indices() const override { return selector_ ? selector_->key_indices() : std::vector<std::vector<int64_t>>{}; }
   std::map<std::string, double> selection_counters() const override { return selector_ ? selector_->launch_counters() : std::map<std::string, double>{}; }
+  // One more step (eager) with the decode kernel's phase clocks on; per CTA that walked blocks, each phase's time
+  // from its griddepcontrol.wait (the SM clock, converted at the CTA's own clock rate: its global-timer span over
+  // its clock span), and the medians over those CTAs: where a CTA's serial chain goes at batch 1, where few blocks
+  // each leave the chain's fixed part exposed. decode_phase_us.wait: from entry to the wait's end (PDL's early
+  // start: the kernels before still running; with early loads, after the first copies are queued, so loads_issued
+  // and first_block_landed may be negative); per_block: (last - first block's P V) / (blocks - 1);
+  // decode_phase.sm_ghz: the SM clock as it ran.
+  std::map<std::string, double> phase_counters() override;
 
  protected:
   bool supports_kv_dtype(KvDtype d) const override { return !selector_ || d == KvDtype::bf16; }  // (the bounds read bf16 pages)
@@ -816,7 +891,8 @@ class FusedCuda final : public MlaOp {
     // (a token selector's entries are single keys: copied key by key, not by the tensor memory accelerator)
     Params params{kv_map_, tma_ && view.page_size % roles::kKeys == 0, q_cat_, view, lengths, segments, part_segments,
                   o_partial_.get(), lse_partial_.get(), M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E),
-                  page_shift(view.page_size), row_tiles_ * roles::kRows, o_lat_.get()};
+                  page_shift(view.page_size), row_tiles_ * roles::kRows, o_lat_.get(), record_phases_ ? phases_.get() : nullptr,
+                  /*early_loads=*/!selector_};
     switch (s_.kv_dtype) {
       case KvDtype::bf16: launch_decode_kernel<KvDtype::bf16>(params, parts_, row_tiles_, stream_); break;
       case KvDtype::int8: launch_decode_kernel<KvDtype::int8>(params, parts_, row_tiles_, stream_); break;
@@ -841,6 +917,8 @@ class FusedCuda final : public MlaOp {
     return s.kv_splits > 0 ? int(std::min<int64_t>(s.kv_splits, kCombineMaxSegments - 1)) : per_sm;
   }
   std::unique_ptr<PageSelector> selector_;
+  bool record_phases_ = false;
+  DeviceArray<unsigned long long> phases_;
   int row_tiles_ = 1, parts_ = 1, max_segments_ = 0;
   bool tma_ = false;
   mutable bool merges_ = false;  // a schedule made so far splits a request across CTAs, left to combine
@@ -848,6 +926,51 @@ class FusedCuda final : public MlaOp {
   DeviceArray<__nv_bfloat16> q_cat_buffer_, o_lat_;
   DeviceArray<float> o_partial_, lse_partial_;
 };
+
+std::map<std::string, double> FusedCuda::phase_counters() {
+  const size_t slots = size_t(parts_) * size_t(row_tiles_) * kPhaseSlots;
+  phases_.resize(slots);
+  DSLAB_CUDA(cudaMemset(phases_.get(), 0, slots * sizeof(unsigned long long)));
+  record_phases_ = true;
+  try {
+    forward(stream_);
+  } catch (...) {
+    record_phases_ = false;
+    throw;
+  }
+  record_phases_ = false;
+  DSLAB_CUDA(cudaStreamSynchronize(stream_));
+  std::vector<unsigned long long> clocks(slots);
+  DSLAB_CUDA(cudaMemcpy(clocks.data(), phases_.get(), slots * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+
+  const std::pair<Phase, const char*> named[] = {{kLoadsIssued, "loads_issued"},         {kQLanded, "q_landed"},
+                                                 {kFirstLanded, "first_block_landed"},   {kFirstScored, "first_block_scored"},
+                                                 {kFirstHandedOver, "first_block_handed_over"}, {kFirstAccumulated, "first_block_accumulated"},
+                                                 {kLastAccumulated, "last_block_accumulated"},   {kDone, "done"}};
+  std::map<std::string, std::vector<double>> us;
+  unsigned long long first_entry = ~0ull, last_exit = 0;
+  for (size_t cta = 0; cta < slots / kPhaseSlots; ++cta) {
+    const unsigned long long* c = clocks.data() + cta * kPhaseSlots;
+    if (c[kBlocks] == 0 || c[kDone] <= c[kEntry] || c[kTimerExit] <= c[kTimerEntry]) continue;  // (no keys: left at once)
+    const double us_per_clock = double(c[kTimerExit] - c[kTimerEntry]) * 1e-3 / double(c[kDone] - c[kEntry]);
+    us["sm_ghz"].push_back(1e-3 / us_per_clock);
+    auto since_wait = [&](Phase ph) { return double(int64_t(c[ph] - c[kWaited])) * us_per_clock; };
+    us["wait"].push_back(double(c[kWaited] - c[kEntry]) * us_per_clock);
+    for (const auto& [ph, name] : named) us[name].push_back(since_wait(ph));
+    if (c[kBlocks] > 1) us["per_block"].push_back(double(c[kLastAccumulated] - c[kFirstAccumulated]) * us_per_clock / double(c[kBlocks] - 1));
+    us["blocks"].push_back(double(c[kBlocks]));
+    first_entry = std::min(first_entry, c[kTimerEntry]), last_exit = std::max(last_exit, c[kTimerExit]);
+  }
+  std::map<std::string, double> out;
+  if (us.empty()) return out;
+  for (auto& [name, v] : us) {
+    std::nth_element(v.begin(), v.begin() + ptrdiff_t(v.size() / 2), v.end());
+    out[(name == "blocks" || name == "sm_ghz" ? "decode_phase." : "decode_phase_us.") + name] = v[v.size() / 2];
+  }
+  out["decode_phase.working_ctas"] = double(us["blocks"].size());
+  out["decode_phase_us.span"] = double(last_exit - first_entry) * 1e-3;
+  return out;
+}
 
 }  // namespace
 

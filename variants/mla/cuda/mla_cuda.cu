@@ -791,6 +791,7 @@ std::map<std::string, double> GpuVariant::counters() {
     c["segments"] = double(schedule_.segments);
     c["merges"] = schedule_.merges ? 1.0 : 0.0;
   }
+  for (const auto& [name, value] : op_->phase_counters()) c[name] = value;
 
   // The attention kernel's own numbers beside the step's (comparable with FlashMLA's and FlashInfer's): its time
   // (fused: decode + split merge; unfused: the attend op), work and traffic; the results add its roofline fraction.

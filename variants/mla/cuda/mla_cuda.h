@@ -217,6 +217,9 @@ class MlaOp {
   virtual std::vector<std::vector<int64_t>> attended_key_indices() const { return {}; }
   // How the selection runs at the prepared shapes (its selector's launch facts, e.g. the top-k's clusters), as counters.
   virtual std::map<std::string, double> selection_counters() const { return {}; }
+  // Where one step's attention kernel spends its time inside its CTAs (a fused op: one more step, eager, with the
+  // kernel's phase clocks on), as counters; {} for an op without them.
+  virtual std::map<std::string, double> phase_counters() { return {}; }
   // Device bytes beyond the caller's buffers (weights, cache), for supports(): the form's (mla::gpu_scratch_bytes),
   // or an op's own where it allocates otherwise.
   virtual double scratch_bytes(const ModelConfig& m, const Shape& s, int64_t max_keys) const;

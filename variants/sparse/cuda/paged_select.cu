@@ -328,35 +328,40 @@ __global__ void __launch_bounds__(kSelectThreads) compact_tokens_kernel(SelectAr
   }
 }
 
-// Tokens of one request, 8 CTAs of a thread-block cluster (one CTA walking 128K scores is a batch-1 step's slowest
-// kernel): each thread owns a contiguous run of keys, kept in registers up to kClusterKeysPerThread of them (the scores
-// read once) or, past kClusterMaxKeys keys, read again from global memory (L2) at each pass (kStream: one CTA walking
-// 1M scores took 1.4 ms); the byte histograms add into CTA 0's shared memory (distributed shared memory) and CTA 0
-// picks each byte; the CTAs' counts meet there too, for each CTA's offsets. Same selection as compact_tokens_kernel.
-constexpr int kClusterCtas = 8, kClusterKeysPerThread = 20, kClusterMinKeys = 16384;
-constexpr int64_t kClusterMaxKeys = int64_t(kClusterCtas) * kSelectThreads * kClusterKeysPerThread;
-// Which top-k kernel a request of `scores` keys takes: one block, a cluster holding the scores in registers, or a
-// cluster re-reading them each pass.
+// Tokens of one request, 4 to 8 CTAs of a thread-block cluster (one CTA walking 128K scores is a batch-1 step's
+// slowest kernel; the size is chosen at launch, topk_launch): each thread owns a contiguous run of keys, kept in
+// registers up to kClusterKeysPerThread of them (the scores read once) or, past that, read again from global memory
+// (L2) at each pass (kStream: one CTA walking 1M scores took 1.4 ms); the byte histograms add into CTA 0's shared
+// memory (distributed shared memory) and CTA 0 picks each byte; the CTAs' counts meet there too, for each CTA's
+// offsets. Same selection as compact_tokens_kernel.
+constexpr int kClusterMaxCtas = 8, kClusterMinCtas = 4, kClusterKeysPerThread = 22, kClusterMinKeys = 16384;
+// A streaming pass's cost against a register pass's, per key, for the choice of cluster size: an estimate (each pass
+// reads its keys from L2 again), which only decides between a size whose keys fit the registers and a smaller one
+// whose do not.
+constexpr double kStreamingCost = 1.5;
+bool cluster_streams(int64_t scores, int ctas) { return scores > int64_t(ctas) * kSelectThreads * kClusterKeysPerThread; }
+// Which top-k kernel a launch takes: one block, or a cluster (holding the scores in registers or re-reading them each
+// pass).
 enum class TopkKernel { block, cluster, cluster_streaming };
-TopkKernel topk_kernel(int64_t scores) {
-  return scores > kClusterMaxKeys ? TopkKernel::cluster_streaming : scores >= kClusterMinKeys ? TopkKernel::cluster : TopkKernel::block;
+TopkKernel topk_kernel(const TopkLaunch& t) {
+  return t.ctas_per_request == 1 ? TopkKernel::block : t.streaming ? TopkKernel::cluster_streaming : TopkKernel::cluster;
 }
 template <bool kStream>
-__global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectThreads)
-    compact_tokens_cluster_kernel(SelectArgs a, int64_t scores_per_request) {
+__global__ void __launch_bounds__(kSelectThreads) compact_tokens_cluster_kernel(SelectArgs a, int64_t scores_per_request) {
   namespace cg = cooperative_groups;
   using Scan = cub::BlockScan<int, kSelectThreads>;
   __shared__ typename Scan::TempStorage temp;
   __shared__ int histogram[256], local[256];  // CTA 0's histogram is the cluster's
   __shared__ uint32_t chosen_digit;
-  __shared__ int chosen_above, cta_above[kClusterCtas], cta_equal[kClusterCtas], cta_chosen[kClusterCtas];
+  __shared__ int chosen_above, cta_above[kClusterMaxCtas], cta_equal[kClusterMaxCtas], cta_chosen[kClusterMaxCtas];
   cg::cluster_group cluster = cg::this_cluster();
-  const int rank = int(cluster.block_rank()), r = int(blockIdx.y), tid = int(threadIdx.x), P = a.page_size;
+  const int rank = int(cluster.block_rank()), ctas = int(cluster.num_blocks()), r = int(blockIdx.y), tid = int(threadIdx.x),
+            P = a.page_size;
   const TokenRequest q = token_request(a, r, scores_per_request);
   const int keys = q.keys, sinks = q.sinks, window_first = q.window_first, need = q.need;
   const float* score = q.score;
   const int32_t* table = q.table;
-  const int per_cta = (keys + kClusterCtas - 1) / kClusterCtas, per_thread = (per_cta + kSelectThreads - 1) / kSelectThreads;
+  const int per_cta = (keys + ctas - 1) / ctas, per_thread = (per_cta + kSelectThreads - 1) / kSelectThreads;
   const int first = min(keys, rank * per_cta + tid * per_thread), last = min(min(keys, (rank + 1) * per_cta), first + per_thread);
   uint32_t key[kStream ? 1 : kClusterKeysPerThread];
   uint32_t fixed_bits = 0, candidate_bits = 0;
@@ -426,10 +431,10 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectTh
   __syncthreads();
   if (tid == 0) cluster.map_shared_rank(cta_above, 0)[rank] = above_cta, cluster.map_shared_rank(cta_equal, 0)[rank] = equal_cta;
   cluster.sync();
-  if (rank != 0 && tid < kClusterCtas) cta_above[tid] = cluster.map_shared_rank(cta_above, 0)[tid], cta_equal[tid] = cluster.map_shared_rank(cta_equal, 0)[tid];
+  if (rank != 0 && tid < ctas) cta_above[tid] = cluster.map_shared_rank(cta_above, 0)[tid], cta_equal[tid] = cluster.map_shared_rank(cta_equal, 0)[tid];
   __syncthreads();
   int above_total = 0, equal_before_cta = 0;
-  for (int c = 0; c < kClusterCtas; ++c) {
+  for (int c = 0; c < ctas; ++c) {
     above_total += cta_above[c];
     if (c < rank) equal_before_cta += cta_equal[c];
   }
@@ -440,10 +445,10 @@ __global__ void __cluster_dims__(kClusterCtas, 1, 1) __launch_bounds__(kSelectTh
   Scan(temp).ExclusiveSum(chosen, position, chosen_cta);
   if (tid == 0) cluster.map_shared_rank(cta_chosen, 0)[rank] = chosen_cta;
   cluster.sync();
-  if (rank != 0 && tid < kClusterCtas) cta_chosen[tid] = cluster.map_shared_rank(cta_chosen, 0)[tid];
+  if (rank != 0 && tid < ctas) cta_chosen[tid] = cluster.map_shared_rank(cta_chosen, 0)[tid];
   __syncthreads();
   int total = 0;
-  for (int c = 0; c < kClusterCtas; ++c) {
+  for (int c = 0; c < ctas; ++c) {
     const int n = cta_chosen[c];
     total += n, position += c < rank ? n : 0;
   }
@@ -516,41 +521,78 @@ void compact_pages(const float* scores, const int32_t* page_table, int64_t pages
   DSLAB_CHECK_LAUNCH();
 }
 
-void compact_tokens(const float* scores, int64_t scores_per_request, const int32_t* page_table, int64_t pages_per_request, const int32_t* keys,
-                    int64_t page_size, const Budget& budget, int64_t batch, int64_t max_tokens, int64_t q_len, int32_t* slots, int32_t* logical,
-                    int32_t* length, int32_t* before, cudaStream_t stream) {
+void compact_tokens_as(const TopkLaunch& launch, const float* scores, int64_t scores_per_request, const int32_t* page_table,
+                       int64_t pages_per_request, const int32_t* keys, int64_t page_size, const Budget& budget, int64_t batch,
+                       int64_t max_tokens, int64_t q_len, int32_t* slots, int32_t* logical, int32_t* length, int32_t* before,
+                       cudaStream_t stream) {
   if (pages_per_request * page_size > kMaxTokens) throw std::invalid_argument("sparse compact_tokens: at most 4M keys per request");
+  if (batch <= 0) return;
   const SelectArgs a{scores, page_table, int(pages_per_request), keys, int(page_size), int(budget.tokens), int(budget.n_init),
                      int(budget.local), int(max_tokens), int(q_len), slots, logical, length, before};
-  switch (topk_kernel(scores_per_request)) {
-    case TopkKernel::cluster_streaming:
-      compact_tokens_cluster_kernel<true><<<dim3(kClusterCtas, unsigned(batch)), kSelectThreads, 0, stream>>>(a, scores_per_request);
-      break;
-    case TopkKernel::cluster:
-      compact_tokens_cluster_kernel<false><<<dim3(kClusterCtas, unsigned(batch)), kSelectThreads, 0, stream>>>(a, scores_per_request);
-      break;
-    case TopkKernel::block: compact_tokens_kernel<<<unsigned(batch), kSelectThreads, 0, stream>>>(a, scores_per_request); break;
+  const TopkKernel kernel = topk_kernel(launch);
+  if (kernel == TopkKernel::block) {
+    compact_tokens_kernel<<<unsigned(batch), kSelectThreads, 0, stream>>>(a, scores_per_request);
+  } else {
+    if (kernel == TopkKernel::cluster && cluster_streams(scores_per_request, launch.ctas_per_request))
+      throw std::logic_error("sparse compact_tokens: a cluster holding its keys in registers, but too small for them");
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(unsigned(launch.ctas_per_request), unsigned(batch));
+    config.blockDim = dim3(kSelectThreads);
+    config.stream = stream;
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = unsigned(launch.ctas_per_request), cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    DSLAB_CUDA(kernel == TopkKernel::cluster_streaming ? cudaLaunchKernelEx(&config, compact_tokens_cluster_kernel<true>, a, scores_per_request)
+                                                       : cudaLaunchKernelEx(&config, compact_tokens_cluster_kernel<false>, a, scores_per_request));
   }
   DSLAB_CHECK_LAUNCH();
 }
 
-TopkLaunch topk_launch(int64_t scores_per_request) {
+void compact_tokens(const float* scores, int64_t scores_per_request, const int32_t* page_table, int64_t pages_per_request, const int32_t* keys,
+                    int64_t page_size, const Budget& budget, int64_t batch, int64_t max_tokens, int64_t q_len, int32_t* slots, int32_t* logical,
+                    int32_t* length, int32_t* before, cudaStream_t stream) {
+  compact_tokens_as(topk_launch(scores_per_request, batch), scores, scores_per_request, page_table, pages_per_request, keys, page_size, budget,
+                    batch, max_tokens, q_len, slots, logical, length, before, stream);
+}
+
+TopkLaunch topk_cluster_launch(int64_t scores_per_request, int64_t batch, int ctas) {
+  if (ctas < kClusterMinCtas || ctas > kClusterMaxCtas) throw std::invalid_argument("sparse top-k: a cluster of 4 to 8 CTAs");
+  // This GPU's answer for each (size, kernel), asked once: it does not change while the process runs.
+  static int fits[kClusterMaxCtas + 1][2] = {};
   TopkLaunch t;
-  const TopkKernel kernel = topk_kernel(scores_per_request);
-  if (kernel == TopkKernel::block) return t;
-  t.ctas_per_request = kClusterCtas;
-  const bool stream = kernel == TopkKernel::cluster_streaming;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(kClusterCtas, 1);
-  config.blockDim = dim3(kSelectThreads);
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = kClusterCtas, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  DSLAB_CUDA(stream ? cudaOccupancyMaxActiveClusters(&t.max_active_clusters, compact_tokens_cluster_kernel<true>, &config)
-                    : cudaOccupancyMaxActiveClusters(&t.max_active_clusters, compact_tokens_cluster_kernel<false>, &config));
+  t.ctas_per_request = ctas;
+  t.streaming = cluster_streams(scores_per_request, ctas);
+  int& max_active = fits[ctas][t.streaming ? 1 : 0];
+  if (max_active == 0) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(unsigned(ctas), 1);
+    config.blockDim = dim3(kSelectThreads);
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = unsigned(ctas), cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    DSLAB_CUDA(t.streaming ? cudaOccupancyMaxActiveClusters(&max_active, compact_tokens_cluster_kernel<true>, &config)
+                           : cudaOccupancyMaxActiveClusters(&max_active, compact_tokens_cluster_kernel<false>, &config));
+    if (max_active <= 0) throw std::runtime_error("sparse top-k: this GPU holds no cluster of " + std::to_string(ctas) + " CTAs");
+  }
+  t.max_active_clusters = max_active;
+  t.rounds = int((std::max<int64_t>(batch, 1) + max_active - 1) / max_active);
   return t;
+}
+
+TopkLaunch topk_launch(int64_t scores_per_request, int64_t batch) {
+  if (scores_per_request < kClusterMinKeys) return {};
+  TopkLaunch best;
+  double best_cost = 0;
+  for (int ctas = kClusterMaxCtas; ctas >= kClusterMinCtas; --ctas) {  // (a tie keeps the larger cluster)
+    const TopkLaunch t = topk_cluster_launch(scores_per_request, batch, ctas);
+    const double cost = double(t.rounds) * double((scores_per_request + ctas - 1) / ctas) * (t.streaming ? kStreamingCost : 1.0);
+    if (best.ctas_per_request == 1 || cost < best_cost) best = t, best_cost = cost;
+  }
+  return best;
 }
 
 namespace {
@@ -723,12 +765,12 @@ std::vector<std::vector<int64_t>> TokenSelector::key_indices() const {
 }
 
 std::map<std::string, double> TokenSelector::launch_counters() const {
-  const TopkLaunch t = topk_launch(scores_per_request());
+  const TopkLaunch t = topk_launch(scores_per_request(), s_.batch);
   std::map<std::string, double> c{{"topk_ctas_per_request", double(t.ctas_per_request)}};
   if (t.ctas_per_request > 1) {
     c["topk_max_active_clusters"] = double(t.max_active_clusters);
-    if (t.max_active_clusters > 0)
-      c["topk_cluster_rounds"] = double((s_.batch + t.max_active_clusters - 1) / t.max_active_clusters);
+    c["topk_cluster_rounds"] = double(t.rounds);
+    c["topk_streaming"] = t.streaming ? 1.0 : 0.0;
   }
   return c;
 }

@@ -65,19 +65,32 @@ void compact_pages(const float* scores, const int32_t* page_table, int64_t pages
 // The token-level selection of sparse::select_tokens on every request from its per-key scores ([batch]
 // [scores_per_request]): the chosen keys ascending as cache slots [batch][max_tokens] (page_table's page * page_size +
 // offset: the decode kernel walks them as pages of one key) and as logical indices, their count, and that count less
-// q_len (`before`, if given). max_tokens: at least max(budget, n_init + local). A block per request.
+// q_len (`before`, if given). max_tokens: at least max(budget, n_init + local). A block per request, or a cluster
+// per request past 16K keys (topk_launch).
 void compact_tokens(const float* scores, int64_t scores_per_request, const int32_t* page_table, int64_t pages_per_request, const int32_t* keys,
                     int64_t page_size, const Budget& budget, int64_t batch, int64_t max_tokens, int64_t q_len, int32_t* slots, int32_t* logical,
                     int32_t* length, int32_t* before, cudaStream_t stream);
 
-// How compact_tokens runs a request of `scores_per_request` keys: CTAs per request (1: one block; more: a thread-block
-// cluster), and for a cluster how many of them this GPU holds at once (cudaOccupancyMaxActiveClusters: a cluster
-// needs all of its CTAs' SMs in one GPC, which a wave count over SMs does not see); 0 for one block.
+// How compact_tokens runs `batch` requests of `scores_per_request` keys: CTAs per request (1: one block; 4-8: a
+// thread-block cluster), whether the cluster reads its scores again at each pass (more keys than its registers hold),
+// and how many such clusters this GPU holds at once (cudaOccupancyMaxActiveClusters: a cluster needs all of its CTAs'
+// SMs in one GPC, which a wave count over SMs does not see: a 132-SM H100 holds 15 clusters of 8, so 16 requests ran
+// in two rounds) and so in how many rounds the batch runs. The cluster size is the one with the least work on the
+// slowest SM: rounds x keys a CTA, a streaming pass counted kStreamingCost times a register pass.
 struct TopkLaunch {
   int ctas_per_request = 1;
-  int max_active_clusters = 0;
+  bool streaming = false;
+  int max_active_clusters = 0;  // 0 for one block
+  int rounds = 1;
 };
-TopkLaunch topk_launch(int64_t scores_per_request);
+TopkLaunch topk_launch(int64_t scores_per_request, int64_t batch);
+// The same with the cluster size given (4..8; tests run every size): streaming as the keys require.
+TopkLaunch topk_cluster_launch(int64_t scores_per_request, int64_t batch, int ctas);
+// compact_tokens on a given launch (tests: every cluster size on the same requests).
+void compact_tokens_as(const TopkLaunch& launch, const float* scores, int64_t scores_per_request, const int32_t* page_table,
+                       int64_t pages_per_request, const int32_t* keys, int64_t page_size, const Budget& budget, int64_t batch,
+                       int64_t max_tokens, int64_t q_len, int32_t* slots, int32_t* logical, int32_t* length, int32_t* before,
+                       cudaStream_t stream);
 
 // What every GPU sparse decode keeps besides its choice: the first kSinkTokens keys (attention sinks) and the `local`
 // window; the budget counts both.
