@@ -247,5 +247,39 @@ TEST(Reference, ForcedRoutingFollowsTheGivenExpertsAndMeasuresTheGap) {
   EXPECT_GT(check.max_gap, 0.0);
 }
 
+// Group-limited routing (tiny: noaux_tc, 16 experts in 4 groups, the best 2 groups, top 4): a choice that differs
+// because two groups' rank scores nearly tie is a near-tie however far its experts' own scores lie below ours; an
+// expert outside the best of its groups is not.
+TEST(Reference, AGroupFlippedByANearTieIsANearTie) {
+  const ModelConfig m = test::model("tiny");
+  ASSERT_EQ(m.n_routed_experts, 16);
+  ASSERT_EQ(m.n_group, 4);
+  ASSERT_EQ(m.topk_group, 2);
+  ASSERT_EQ(m.num_experts_per_tok, 4);
+  // Sigmoid scores; group rank = its two best: group 0 1.75, group 1 1.5, group 2 1.4999 (0.99 + 0.5099), group 3 0.4.
+  const double p[16] = {0.9, 0.85, 0.3, 0.2, 0.8, 0.7, 0.1, 0.1, 0.99, 0.5099, 0.3, 0.1, 0.2, 0.2, 0.1, 0.1};
+  std::vector<double> logits(16);
+  for (int e = 0; e < 16; ++e) logits[size_t(e)] = std::log(p[e] / (1 - p[e]));
+  const std::vector<float> bias(16, 0.0f);
+  const ref::Routing own = ref::route(m, logits, bias, 1);
+  std::vector<int> ours = own.expert;
+  std::sort(ours.begin(), ours.end());
+  EXPECT_EQ(ours, (std::vector<int>{0, 1, 4, 5}));
+  ref::MoeParams::RoutingCheck flipped;
+  const std::vector<int> group_two = {8, 0, 1, 9};  // the best four of groups 0 and 2
+  ref::route(m, logits, bias, 1, &group_two, &flipped);
+  EXPECT_EQ(flipped.tokens_differing, 1);
+  EXPECT_LT(flipped.max_gap, 1e-3);  // expert 9 lies 27% below expert 5, but the groups tie within 1e-4
+  ref::MoeParams::RoutingCheck wrong;
+  const std::vector<int> weak = {0, 1, 4, 7};  // expert 7 (0.1) in place of expert 5 (0.7), groups unchanged
+  ref::route(m, logits, bias, 1, &weak, &wrong);
+  EXPECT_EQ(wrong.tokens_differing, 1);
+  EXPECT_GT(wrong.max_gap, 0.5);
+  ref::MoeParams::RoutingCheck wrong_group;
+  const std::vector<int> group_three = {0, 1, 12, 13};  // group 3 (rank 0.4) in place of group 1 (1.5)
+  ref::route(m, logits, bias, 1, &group_three, &wrong_group);
+  EXPECT_GT(wrong_group.max_gap, 0.5);
+}
+
 }  // namespace
 }  // namespace dslab

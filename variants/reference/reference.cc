@@ -386,6 +386,7 @@ Routing route(const ModelConfig& m, const std::vector<double>& logits, const std
       for (auto& s : score) s = 1.0 / (1.0 + std::exp(-s));
     }
     std::vector<int> chosen;
+    std::vector<double> group_score;  // (group-limited routing: each group's rank score, biased)
     if (m.topk_method == "greedy") {
       chosen = topk_indices(score, k);
     } else {
@@ -395,7 +396,7 @@ Routing route(const ModelConfig& m, const std::vector<double>& logits, const std
       if (noaux)
         for (int64_t e = 0; e < E; ++e) choice[size_t(e)] += bias[size_t(e)];
       const int64_t per_group = E / m.n_group;
-      std::vector<double> group_score(static_cast<size_t>(m.n_group));
+      group_score.assign(static_cast<size_t>(m.n_group), 0.0);
       for (int64_t g = 0; g < m.n_group; ++g) {
         std::vector<double> members(choice.begin() + g * per_group, choice.begin() + (g + 1) * per_group);
         std::sort(members.rbegin(), members.rend());
@@ -416,15 +417,44 @@ Routing route(const ModelConfig& m, const std::vector<double>& logits, const std
       std::sort(a.begin(), a.end());
       std::sort(b.begin(), b.end());
       if (a != b && check) {
-        // The selection score (biased, group-masked as above) of our k-th choice against their worst choice.
+        // How near a tie the choice that differs was: the selection score (biased) of our k-th choice against their
+        // worst. Where their experts lie in a group we did not pick, the decision that differed was the group's:
+        // then the gap of the groups' rank scores (our worst group's against their worst), and the experts' gap
+        // within their groups (the k best there against theirs) - a group flipped by a near-tie brings experts whose
+        // own scores may lie well below ours.
         std::vector<double> sel = score;
         if (m.topk_method == "noaux_tc")
           for (int64_t e = 0; e < E; ++e) sel[size_t(e)] += bias[size_t(e)];
-        double ours = 1e300, worst = 1e300;
-        for (int e : chosen) ours = std::min(ours, sel[size_t(e)]);
+        auto relative = [](double ours, double worst) { return (ours - worst) / std::max(std::abs(ours), 1e-30); };
+        double worst = 1e300;
         for (int e : theirs) worst = std::min(worst, sel[size_t(e)]);
+        double gap = 0;
+        std::vector<bool> their_group(group_score.size(), false), our_group(group_score.size(), false);
+        const int64_t per_group = group_score.empty() ? E : E / m.n_group;
+        bool group_differs = false;
+        if (!group_score.empty()) {
+          for (int e : theirs) their_group[size_t(e / per_group)] = true;
+          for (int e : chosen) our_group[size_t(e / per_group)] = true;
+          for (size_t g = 0; g < group_score.size(); ++g) group_differs = group_differs || (their_group[g] && !our_group[g]);
+        }
+        if (group_differs) {
+          double ours_g = 1e300, worst_g = 1e300;
+          for (int g : topk_indices(group_score, m.topk_group)) ours_g = std::min(ours_g, group_score[size_t(g)]);
+          for (size_t g = 0; g < group_score.size(); ++g)
+            if (their_group[g]) worst_g = std::min(worst_g, group_score[g]);
+          std::vector<double> within(static_cast<size_t>(E), -1e300);
+          for (int64_t e = 0; e < E; ++e)
+            if (their_group[size_t(e / per_group)]) within[size_t(e)] = sel[size_t(e)];
+          double best_within = 1e300;
+          for (int e : topk_indices(within, k)) best_within = std::min(best_within, within[size_t(e)]);
+          gap = std::max(relative(ours_g, worst_g), relative(best_within, worst));
+        } else {
+          double ours = 1e300;
+          for (int e : chosen) ours = std::min(ours, sel[size_t(e)]);
+          gap = relative(ours, worst);
+        }
         ++check->tokens_differing;
-        check->max_gap = std::max(check->max_gap, (ours - worst) / std::max(std::abs(ours), 1e-30));
+        check->max_gap = std::max(check->max_gap, gap);
       }
       chosen = theirs;
     }

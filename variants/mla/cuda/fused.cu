@@ -450,7 +450,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         my_seg = seg;
         m_lo = m_hi = -INFINITY;
         l_lo = l_hi = 0;
-        length = p.lengths[request];  // (used after Q K^T: its load overlaps Q's)
+        // Issued here, used after Q K^T: its latency overlaps Q's copy (a volatile load: as a plain one the compiler
+        // moved it down to its use, ~2 us into the first block's softmax).
+        asm volatile("ld.global.b32 %0, [%1];\n" : "=r"(length) : "l"(p.lengths + request));
       }
       // Q changes where a segment opens: the scorer of that block waits until block j - 1's product with the old
       // Q is done, and the scorer of the block after it until the new Q has landed (both through block j - 1's

@@ -39,6 +39,9 @@ struct GroupedArgs {
   __nv_bfloat16* h;         // gate+up: [rows][N]
   float* y;                 // down: [rows][N]
   __nv_bfloat16* y16;       // down, where given: the rows in bf16 instead of y
+  // The tile list, offsets and gathers were written two or more launches back (down after gate+up): the CTA's
+  // first weight stages may be copied before griddepcontrol.wait (see grouped_gemm_kernel).
+  bool b_early;
 };
 
 __device__ inline void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
@@ -148,6 +151,10 @@ struct TileLoader {
   }
 
   __device__ void load(__nv_bfloat16* sa, __nv_bfloat16* sb, int kt) const {
+    load_a(sa, kt);
+    load_b(sb, kt);
+  }
+  __device__ void load_a(__nv_bfloat16* sa, int kt) const {
     const int k0 = kt * kTileK;
 #pragma unroll
     for (int i = 0; i < kAChunks; ++i) {
@@ -157,6 +164,9 @@ struct TileLoader {
       const bool ok = a_ok[i] && k0 + c * 8 < g.K;
       cp_async16(sa + swz(r, c), ok ? a_row[i] + k0 + c * 8 : g.a, ok);
     }
+  }
+  __device__ void load_b(__nv_bfloat16* sb, int kt) const {
+    const int k0 = kt * kTileK;
 #pragma unroll
     for (int i = 0; i < kBChunks; ++i) {
       const int id = tid + i * THREADS;
@@ -169,10 +179,18 @@ struct TileLoader {
 
 // BM rows x BN B rows (gate+up: BN / 2 gate + BN / 2 up rows = BN / 2 outputs) per CTA, WARPS warps of which
 // WARPS_M along the rows.
+//
+// Launched with launch_pdl (variants/common/pdl.cuh). With g.b_early (down, after gate+up) the CTA finds its tile and
+// copies its first STAGES - 1 weight stages before griddepcontrol.wait: the tile list comes from the router two
+// launches back, finished once gate+up (which triggers after its own wait) let this kernel start, and the weights
+// from no kernel; the A rows (gate+up's output) are copied after the wait. At decode each CTA streams its ~200 KB of
+// weights once, so its pipeline's fill is a large part of its time, and this overlaps it with gate+up's tail.
 template <int BM, int BN, int WARPS, int WARPS_M, int STAGES, bool GATE_UP>
 __global__ void __launch_bounds__(WARPS * 32) grouped_gemm_kernel(GroupedArgs g) {
-  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
-  pdl_launch_dependents();
+  if (!g.b_early) {
+    pdl_wait();
+    pdl_launch_dependents();
+  }
   constexpr int kThreads = WARPS * 32, kTileN = BN;
   constexpr int WARPS_N = WARPS / WARPS_M, WTM = BM / WARPS_M, WTN = kTileN / WARPS_N, MT = WTM / 16, NT = WTN / 8;
   static_assert(NT % 2 == 0 && MT >= 1, "warp tile: whole m16 rows, pairs of n8 columns");
@@ -181,7 +199,7 @@ __global__ void __launch_bounds__(WARPS * 32) grouped_gemm_kernel(GroupedArgs g)
   __nv_bfloat16* sb = smem + STAGES * BM * kTileK;  // [STAGES][128][64]
 
   CtaTile ct;
-  if (!cta_tile<BM, kTileN, GATE_UP>(g, ct)) return;
+  if (!cta_tile<BM, kTileN, GATE_UP>(g, ct)) return;  // (a CTA that exits counts as having triggered its dependents)
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int wm = warp / WARPS_N, wn = warp % WARPS_N;
   const int k_tiles = (g.K + kTileK - 1) / kTileK;
@@ -195,10 +213,24 @@ __global__ void __launch_bounds__(WARPS * 32) grouped_gemm_kernel(GroupedArgs g)
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
 
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
+  if (g.b_early) {  // one group of the first stages' weights, then (after the wait) one group per stage of A rows:
+#pragma unroll      // the loop's wait for all but the newest STAGES - 2 groups still finds stage kt whole
+    for (int s = 0; s < STAGES - 1; ++s)
+      if (s < k_tiles) loader.load_b(sb + s * kTileN * kTileK, s);
     cp_async_commit();
+    pdl_wait();
+    pdl_launch_dependents();
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < k_tiles) loader.load_a(sa + s * BM * kTileK, s);
+      cp_async_commit();
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < k_tiles) load_stage(s, s);
+      cp_async_commit();
+    }
   }
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<STAGES - 2>();
@@ -394,6 +426,7 @@ class MoeGrouped final : public MoeOp {
                      w_->up_experts(), w_->down_experts(), nullptr, hidden_, inter_, h_.get(), nullptr};
     e.wgmma = kWgmma;
     e.y16 = y16_.get();
+    e.down_after_gate_up = true;
     grouped_gate_up(e, stream_);
     mark("gate_up");
     grouped_down(e, stream_);
@@ -409,13 +442,13 @@ using MoeGroupedWgmma = MoeGrouped<true>;
 
 void grouped_gate_up(const GroupedExperts& e, cudaStream_t stream) {
   const GroupedArgs up{e.tiles, e.num_tiles, e.offsets, e.perm_token, e.x, e.gate, e.up, e.weight_slot, int(e.inter), int(e.hidden), e.h, nullptr,
-                       nullptr};
+                       nullptr, /*b_early=*/false};
   launch_for_tile<true>(e.tile_rows, e.wgmma, up, e.max_tiles, stream);
 }
 
 void grouped_down(const GroupedExperts& e, cudaStream_t stream) {
   const GroupedArgs down{e.tiles, e.num_tiles, e.offsets, nullptr, e.h, e.down, nullptr, e.weight_slot, int(e.hidden), int(e.inter), nullptr, e.y,
-                         e.y16};
+                         e.y16, e.down_after_gate_up};
   launch_for_tile<false>(e.tile_rows, e.wgmma, down, e.max_tiles, stream);
 }
 

@@ -242,6 +242,9 @@ struct GroupedExperts {
   float* y;                   // [rows][hidden]
   bool wgmma = false;         // 128-row tiles on the warpgroup-MMA kernel (moe/grouped_wgmma/cuda)
   __nv_bfloat16* y16 = nullptr;  // down's rows in bf16 instead of y (MoeOp::bf16_rows)
+  // grouped_down runs right after grouped_gate_up on the stream, and the tile list before that: down's first weight
+  // stages are copied before it waits for gate+up (grouped_gemm_kernel)
+  bool down_after_gate_up = false;
 };
 void grouped_gate_up(const GroupedExperts& e, cudaStream_t stream);
 void grouped_down(const GroupedExperts& e, cudaStream_t stream);
