@@ -86,6 +86,7 @@ enum Phase : int {
   kQLanded,          // scorer 0: Q in shared memory (its first block)
   kFirstLanded,      // scorer 0: block 0's keys in its stage
   kFirstScored,      // scorer 0: block 0's Q K^T done
+  kFirstMaxed,       // scorer 0: block 0's row maxima found (masked, reduced across the quad)
   kFirstHandedOver,  // scorer 0: block 0's P and factors handed to the accumulators
   kFirstAccumulated, // accumulator 0: block 0's P V done
   kLastAccumulated,  // accumulator 0: the last block's P V done
@@ -435,7 +436,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     float* const alpha = meta + scorer * 2 * kRows;
     // m_lo/m_hi: the running max when this scorer last moved, to which its partial row sums l_lo/l_hi refer.
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0, l_hi = 0;
-    int length = 0, my_seg = -1;
+    int last_lo = 0, last_hi = 0, my_seg = -1;
     if (p.early_loads) {  // Q (and a selector's lengths) come from the kernels before
       pdl_wait();
       pdl_launch_dependents();
@@ -450,9 +451,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         my_seg = seg;
         m_lo = m_hi = -INFINITY;
         l_lo = l_hi = 0;
-        // Issued here, used after Q K^T: its latency overlaps Q's copy (a volatile load: as a plain one the compiler
-        // moved it down to its use, ~2 us into the first block's softmax).
-        asm volatile("ld.global.b32 %0, [%1];\n" : "=r"(length) : "l"(p.lengths + request));
+        const int length = p.lengths[request];
+        last_lo = length + (row0 + r_lo) / p.heads;  // causal among the new tokens
+        last_hi = length + (row0 + r_hi) / p.heads;
       }
       // Q changes where a segment opens: the scorer of that block waits until block j - 1's product with the old
       // Q is done, and the scorer of the block after it until the new Q has landed (both through block j - 1's
@@ -481,7 +482,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       else score_block<1>(s, q_desc);
       if (j == 0 && t == 0) record_clock(p, kFirstScored);
       // Mask, then the online softmax. A row lives in one quad of one warp: no exchange across warps.
-      const int last_lo = length + (row0 + r_lo) / p.heads, last_hi = length + (row0 + r_hi) / p.heads;  // causal among the new tokens
       if (key0 + kKeys > min(k_end, min(last_lo, last_hi) + 1)) {  // (a block inside the segment and before every
 #pragma unroll                                                       //  row's own position needs no mask)
         for (int n = 0; n < 8; ++n)
@@ -502,6 +502,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
         mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
       }
+      if (j == 0 && t == 0) record_clock(p, kFirstMaxed);
       // The running max before this block, as the other scorer left it (-inf where a segment opens).
       if (j > 0 && !waited) wait_for_max(j);
       const float* before = handover + ((j - 1) % 2) * kRows;
@@ -946,7 +947,7 @@ std::map<std::string, double> FusedCuda::phase_counters() {
   DSLAB_CUDA(cudaMemcpy(clocks.data(), phases_.get(), slots * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
 
   const std::pair<Phase, const char*> named[] = {{kLoadsIssued, "loads_issued"},         {kQLanded, "q_landed"},
-                                                 {kFirstLanded, "first_block_landed"},   {kFirstScored, "first_block_scored"},
+                                                 {kFirstLanded, "first_block_landed"},   {kFirstScored, "first_block_scored"}, {kFirstMaxed, "first_block_maxed"},
                                                  {kFirstHandedOver, "first_block_handed_over"}, {kFirstAccumulated, "first_block_accumulated"},
                                                  {kLastAccumulated, "last_block_accumulated"},   {kDone, "done"}};
   std::map<std::string, std::vector<double>> us;
