@@ -60,7 +60,7 @@ struct Params {
   CacheView cache;
   const int32_t* lengths;
   const int4* segments;       // request, first key, end key, 1 if the request's only segment: pieces of requests
-  const int4* parts;          // per CTA column, two int4s: (first segment, count, blocks, 0) and its first segment
+  const int2* part_segments;  // per CTA column: first segment, count
   float* o_partial;           // [segments][rows][512], each normalised by its own sum
   float* lse_partial;         // [segments][rows], log2 domain
   int rows, heads, q_len;  // rows = q_len * heads
@@ -358,19 +358,12 @@ __device__ inline void store_pair(bool real, __nv_bfloat16* dst, float a, float 
 }
 
 // Walks a CTA's blocks in order: its segments (request, first key, end key) cut into kKeys-key blocks.
-// A CTA's part of the schedule, as the host wrote it (FusedCuda::schedule): its segments, their blocks, and its first
-// segment inline, so that a CTA's first copies wait on one metadata load, not three (part, segment, page table: each
-// ~1 us, the longest wait of a batch-1 CTA's ~13 us walk).
-// p.parts[2 x]: (first segment, count, blocks, 0); p.parts[2 x + 1]: the first segment (when count > 0).
-__device__ inline int blocks_of_part(const Params& p) { return p.parts[2 * blockIdx.x].z; }
 struct Cursor {
   int seg, end_seg;
   int4 s;    // the current segment
   int key0;  // the current block's first key
-  __device__ explicit Cursor(const Params& p) : s{}, key0(0) {
-    const int4 head = __ldg(p.parts + 2 * blockIdx.x), first = __ldg(p.parts + 2 * blockIdx.x + 1);  // (both loads at once)
-    seg = head.x, end_seg = head.x + head.y;
-    if (seg < end_seg) s = first, key0 = first.y;
+  __device__ Cursor(const Params& p, int2 mine) : seg(mine.x), end_seg(mine.x + mine.y), s{}, key0(0) {
+    if (seg < end_seg) s = p.segments[seg], key0 = s.y;
   }
   __device__ bool valid() const { return seg < end_seg; }
   __device__ bool first() const { return key0 == s.y; }
@@ -411,11 +404,17 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   __syncthreads();
   // (Each role reads its own copy of these after setting its register count: values live across the change
   // went to the stack.)
+  auto blocks_of = [&](int2 mine) {
+    int total = 0;
+    for (int seg = mine.x; seg < mine.x + mine.y; ++seg) total += (p.segments[seg].z - p.segments[seg].y + kKeys - 1) / kKeys;
+    return total;
+  };
   const int warpgroup = threadIdx.x / 128;
 
   if (warpgroup >= 2) {  // ---- a scorer: blocks j with j % 2 == scorer, always in stage `scorer`
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kScorerRegisters));
-    const int total = blocks_of_part(p), row0 = int(blockIdx.y) * kRows;
+    const int2 mine = p.part_segments[blockIdx.x];
+    const int total = blocks_of(mine), row0 = int(blockIdx.y) * kRows;
     const int t = threadIdx.x % 128, lane = t % 32;
     const int r_lo = (t / 32) * 16 + lane / 4, r_hi = r_lo + 8;  // the two rows this thread holds in a 64-row wgmma tile
     const int scorer = warpgroup - 2;
@@ -430,7 +429,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     };
     // The running max as the other scorer left it after block j - 1 (barrier (j - 1) % 2 says it is there).
     auto wait_for_max = [&](int j) { bar_sync(kBarMax + (j - 1) % 2, 256); };
-    Cursor at(p);
+    Cursor at(p, mine);
     if (scorer == 1) at.next(p);
     const uint64_t q_desc = wgmma_desc(sq);
     __nv_bfloat16* const sp = sk + scorer * kKeys * kWidth + kRopeBlock * kKeys * 64;  // P: over the rope columns
@@ -588,7 +587,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kAccumulatorRegisters));
-  const int total = blocks_of_part(p), row0 = int(blockIdx.y) * kRows;
+  const int2 mine = p.part_segments[blockIdx.x];
+  const int total = blocks_of(mine), row0 = int(blockIdx.y) * kRows;
   const int t = threadIdx.x % 128, lane = t % 32;
   const int r_lo = (t / 32) * 16 + lane / 4, r_hi = r_lo + 8;
 
@@ -601,7 +601,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   const int c0 = warpgroup * 32 + my_part, c_rope = 64 + warpgroup * 4 + my_part;
   auto swizzled = [&](int c) { return swz(my_key, c * 8, kKeys); };  // element offset of chunk c of my key in a stage
   const int dst_even = swizzled(c0), dst_odd = swizzled(c0 + 4), dst_rope = swizzled(c_rope);  // u even / odd: +4096 u/2
-  Cursor lookup_at(p);
+  Cursor lookup_at(p, mine);
   int64_t slot[2] = {-1, -1};  // of my key in each half of the next block (tensor copies: slot[0], the block's first key); -1: none
   auto look_up = [&]() {
     if (p.tma && t != 0) return;
@@ -684,7 +684,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   float o[32][4];
 #pragma unroll
   for (auto& x : o) x[0] = x[1] = x[2] = x[3] = 0;
-  Cursor at(p);
+  Cursor at(p, mine);
 #pragma unroll 1
   for (int j = 0; j < total; ++j, at.next(p)) {
     const int stage = j % kStages;
@@ -812,11 +812,11 @@ class FusedCuda final : public MlaOp {
     tma_ = b_.cache->page_size % roles::kKeys == 0;
     if (tma_) kv_map_ = cache_tensor_map(*b_.cache);
   }
-  // The schedule blob: segments (int4 each) at 0, the CTAs' parts (two int4s each: see roles::Cursor) at
-  // 4 * max_segments_, the requests' segment ranges (int2) after them.
+  // The schedule blob: segments (int4 each) at 0, the CTAs' segment ranges (int2) at 4 * max_segments_, the
+  // requests' (int2) after them.
   size_t schedule_ints_for(const ModelConfig&, const Shape& s) const override {
     const int64_t parts = parts_for(s), max_segments = s.batch + parts;
-    return size_t(4 * max_segments + 8 * parts + 2 * s.batch);
+    return size_t(4 * max_segments + 2 * parts + 2 * s.batch);
   }
   MlaSchedule schedule(const std::vector<int64_t>& lengths) const override {
     // The kernel writes requests it covers whole straight to o_lat (it never writes padding rows): those need
@@ -835,7 +835,7 @@ class FusedCuda final : public MlaOp {
     out.blob.assign(schedule_ints(), 0);
     int32_t* seg = out.blob.data();
     int32_t* part = seg + 4 * max_segments_;
-    int32_t* req = part + 8 * parts_;
+    int32_t* req = part + 2 * parts_;
     for (size_t i = 0; i < plan.segments.size(); ++i) {
       const auto& g = plan.segments[i];
       const int32_t whole = plan.requests[size_t(g.request)].count == 1 ? 1 : 0;
@@ -843,14 +843,8 @@ class FusedCuda final : public MlaOp {
     }
     for (int i = 0; i < parts_; ++i) {  // (parts past `used`: no segments)
       const bool in_use = i < int(plan.parts.size());
-      int32_t* entry = part + 8 * i;
-      entry[0] = in_use ? plan.parts[size_t(i)].first : int32_t(plan.segments.size());
-      entry[1] = in_use ? plan.parts[size_t(i)].count : 0;
-      for (int k = 0; k < entry[1]; ++k) {  // its blocks; its first segment inline
-        const auto& g = plan.segments[size_t(entry[0] + k)];
-        entry[2] += int32_t((g.end_key - g.first_key + kBlockKeys - 1) / kBlockKeys);
-      }
-      if (entry[1] > 0) std::copy_n(seg + 4 * entry[0], 4, entry + 4);
+      part[2 * i] = in_use ? plan.parts[size_t(i)].first : int32_t(plan.segments.size());
+      part[2 * i + 1] = in_use ? plan.parts[size_t(i)].count : 0;
     }
     for (size_t i = 0; i < plan.requests.size(); ++i) req[2 * i] = plan.requests[i].first, req[2 * i + 1] = plan.requests[i].count;
     out.segments = int(plan.segments.size());
@@ -895,10 +889,10 @@ class FusedCuda final : public MlaOp {
       lengths = selector_->lengths();
     }
     const int4* segments = reinterpret_cast<const int4*>(schedule_buffer());
-    const int4* parts = reinterpret_cast<const int4*>(schedule_buffer() + 4 * max_segments_);  // (two int4s a CTA: see Cursor)
-    const int2* request_segments = reinterpret_cast<const int2*>(parts + 2 * parts_);
+    const int2* part_segments = reinterpret_cast<const int2*>(schedule_buffer() + 4 * max_segments_);
+    const int2* request_segments = part_segments + parts_;
     // (a token selector's entries are single keys: copied key by key, not by the tensor memory accelerator)
-    Params params{kv_map_, tma_ && view.page_size % roles::kKeys == 0, q_cat_, view, lengths, segments, parts,
+    Params params{kv_map_, tma_ && view.page_size % roles::kKeys == 0, q_cat_, view, lengths, segments, part_segments,
                   o_partial_.get(), lse_partial_.get(), M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E),
                   page_shift(view.page_size), row_tiles_ * roles::kRows, o_lat_.get(), record_phases_ ? phases_.get() : nullptr,
                   /*early_loads=*/!selector_};
