@@ -8,6 +8,7 @@
 #include "harness/sweep.h"
 #include "harness/variant.h"
 #include "tests/test_util.h"
+#include "variants/sparse/cuda/paged_select.h"
 #include "variants/sparse/sparse.h"
 
 namespace dslab {
@@ -295,6 +296,46 @@ TEST(SparseVariants, ABatchIsItsRequestsEachWithItsOwnCacheAndSelection) {
     EXPECT_NEAR(c.at("rel_err_vs_dense"), err, 1e-9);
     EXPECT_NEAR(batch->cost(model, point(3)).flops, 3 * batch->cost(model, point(1)).flops, 1e-6 * batch->cost(model, point(1)).flops);
   }
+}
+
+}  // namespace
+}  // namespace dslab
+
+namespace dslab {
+namespace {
+
+// The token top-k's cluster size (sparse::cuda::topk_launch), given the clusters of each size a GPU holds at once -
+// here the H100's measured answers (session 20: 15 clusters of 8, 17 of 6, 22 of 5): the fewest rounds x keys a CTA,
+// a streaming pass (keys past 22 a thread) counted 1.5 register passes; one block below 16K keys.
+TEST(TopkLaunch, ChoosesTheClusterThatFinishesFirstOnThisGpu) {
+  const auto h100 = [](int ctas, bool) { return ctas == 8 ? 15 : ctas == 7 ? 15 : ctas == 6 ? 17 : ctas == 5 ? 22 : 30; };
+  const auto small = sparse::cuda::topk_launch_given(3000, 16, h100);
+  EXPECT_EQ(small.ctas_per_request, 1);
+  EXPECT_EQ(small.max_active_clusters, 0);
+  // 128K keys: one request takes 8 CTAs; 16 take 6 (17 fit: one round, 21.3K keys a CTA in registers) where 8 would
+  // take two rounds; 64 go back to 8 (5 rounds of 16K keys beat 4 of 21.8K).
+  const auto one = sparse::cuda::topk_launch_given(131072, 1, h100);
+  EXPECT_EQ(one.ctas_per_request, 8);
+  EXPECT_EQ(one.rounds, 1);
+  EXPECT_FALSE(one.streaming);
+  const auto sixteen = sparse::cuda::topk_launch_given(131072, 16, h100);
+  EXPECT_EQ(sixteen.ctas_per_request, 6);
+  EXPECT_EQ(sixteen.rounds, 1);
+  EXPECT_FALSE(sixteen.streaming);
+  EXPECT_EQ(sixteen.max_active_clusters, 17);
+  const auto many = sparse::cuda::topk_launch_given(131072, 64, h100);
+  EXPECT_EQ(many.ctas_per_request, 8);
+  EXPECT_EQ(many.rounds, 5);
+  // 1M keys stream at every size; 16 requests fit one round of 6.
+  const auto long_16 = sparse::cuda::topk_launch_given(1048576, 16, h100);
+  EXPECT_EQ(long_16.ctas_per_request, 6);
+  EXPECT_TRUE(long_16.streaming);
+  // A GPU whose GPCs lose no SM to cluster packing (132 / ctas clusters: 16 of 8) keeps 8 at batch 16.
+  const auto roomy = sparse::cuda::topk_launch_given(131072, 16, [](int ctas, bool) { return 132 / ctas; });
+  EXPECT_EQ(roomy.ctas_per_request, 8);
+  EXPECT_EQ(roomy.rounds, 1);
+  EXPECT_THROW(sparse::cuda::topk_cluster_launch_given(131072, 16, 9, h100), std::invalid_argument);
+  EXPECT_THROW(sparse::cuda::topk_launch_given(131072, 16, [](int, bool) { return 0; }), std::invalid_argument);
 }
 
 }  // namespace

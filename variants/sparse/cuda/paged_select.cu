@@ -4,6 +4,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -521,6 +522,29 @@ void compact_pages(const float* scores, const int32_t* page_table, int64_t pages
   DSLAB_CHECK_LAUNCH();
 }
 
+TopkLaunch topk_cluster_launch_given(int64_t scores_per_request, int64_t batch, int ctas, const std::function<int(int, bool)>& max_active) {
+  if (ctas < kClusterMinCtas || ctas > kClusterMaxCtas) throw std::invalid_argument("sparse top-k: a cluster of 4 to 8 CTAs");
+  TopkLaunch t;
+  t.ctas_per_request = ctas;
+  t.streaming = cluster_streams(scores_per_request, ctas);
+  t.max_active_clusters = max_active(ctas, t.streaming);
+  if (t.max_active_clusters <= 0) throw std::invalid_argument("sparse top-k: no cluster of " + std::to_string(ctas) + " CTAs fits");
+  t.rounds = int((std::max<int64_t>(batch, 1) + t.max_active_clusters - 1) / t.max_active_clusters);
+  return t;
+}
+
+TopkLaunch topk_launch_given(int64_t scores_per_request, int64_t batch, const std::function<int(int, bool)>& max_active) {
+  if (scores_per_request < kClusterMinKeys) return {};
+  TopkLaunch best;
+  double best_cost = 0;
+  for (int ctas = kClusterMaxCtas; ctas >= kClusterMinCtas; --ctas) {  // (a tie keeps the larger cluster)
+    const TopkLaunch t = topk_cluster_launch_given(scores_per_request, batch, ctas, max_active);
+    const double cost = double(t.rounds) * double((scores_per_request + ctas - 1) / ctas) * (t.streaming ? kStreamingCost : 1.0);
+    if (best.ctas_per_request == 1 || cost < best_cost) best = t, best_cost = cost;
+  }
+  return best;
+}
+
 void compact_tokens_as(const TopkLaunch& launch, const float* scores, int64_t scores_per_request, const int32_t* page_table,
                        int64_t pages_per_request, const int32_t* keys, int64_t page_size, const Budget& budget, int64_t batch,
                        int64_t max_tokens, int64_t q_len, int32_t* slots, int32_t* logical, int32_t* length, int32_t* before,
@@ -557,14 +581,11 @@ void compact_tokens(const float* scores, int64_t scores_per_request, const int32
                     batch, max_tokens, q_len, slots, logical, length, before, stream);
 }
 
-TopkLaunch topk_cluster_launch(int64_t scores_per_request, int64_t batch, int ctas) {
-  if (ctas < kClusterMinCtas || ctas > kClusterMaxCtas) throw std::invalid_argument("sparse top-k: a cluster of 4 to 8 CTAs");
-  // This GPU's answer for each (size, kernel), asked once: it does not change while the process runs.
+// How many clusters of `ctas` CTAs of the register or streaming kernel this GPU holds at once; asked once per
+// (size, kernel): it does not change while the process runs.
+static int max_active_clusters(int ctas, bool streaming) {
   static int fits[kClusterMaxCtas + 1][2] = {};
-  TopkLaunch t;
-  t.ctas_per_request = ctas;
-  t.streaming = cluster_streams(scores_per_request, ctas);
-  int& max_active = fits[ctas][t.streaming ? 1 : 0];
+  int& max_active = fits[ctas][streaming ? 1 : 0];
   if (max_active == 0) {
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(unsigned(ctas), 1);
@@ -574,26 +595,18 @@ TopkLaunch topk_cluster_launch(int64_t scores_per_request, int64_t batch, int ct
     cluster.val.clusterDim.x = unsigned(ctas), cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
     config.attrs = &cluster;
     config.numAttrs = 1;
-    DSLAB_CUDA(t.streaming ? cudaOccupancyMaxActiveClusters(&max_active, compact_tokens_cluster_kernel<true>, &config)
-                           : cudaOccupancyMaxActiveClusters(&max_active, compact_tokens_cluster_kernel<false>, &config));
+    DSLAB_CUDA(streaming ? cudaOccupancyMaxActiveClusters(&max_active, compact_tokens_cluster_kernel<true>, &config)
+                         : cudaOccupancyMaxActiveClusters(&max_active, compact_tokens_cluster_kernel<false>, &config));
     if (max_active <= 0) throw std::runtime_error("sparse top-k: this GPU holds no cluster of " + std::to_string(ctas) + " CTAs");
   }
-  t.max_active_clusters = max_active;
-  t.rounds = int((std::max<int64_t>(batch, 1) + max_active - 1) / max_active);
-  return t;
+  return max_active;
 }
 
-TopkLaunch topk_launch(int64_t scores_per_request, int64_t batch) {
-  if (scores_per_request < kClusterMinKeys) return {};
-  TopkLaunch best;
-  double best_cost = 0;
-  for (int ctas = kClusterMaxCtas; ctas >= kClusterMinCtas; --ctas) {  // (a tie keeps the larger cluster)
-    const TopkLaunch t = topk_cluster_launch(scores_per_request, batch, ctas);
-    const double cost = double(t.rounds) * double((scores_per_request + ctas - 1) / ctas) * (t.streaming ? kStreamingCost : 1.0);
-    if (best.ctas_per_request == 1 || cost < best_cost) best = t, best_cost = cost;
-  }
-  return best;
+TopkLaunch topk_cluster_launch(int64_t scores_per_request, int64_t batch, int ctas) {
+  return topk_cluster_launch_given(scores_per_request, batch, ctas, max_active_clusters);
 }
+
+TopkLaunch topk_launch(int64_t scores_per_request, int64_t batch) { return topk_launch_given(scores_per_request, batch, max_active_clusters); }
 
 namespace {
 

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -84,6 +85,10 @@ struct TopkLaunch {
   int rounds = 1;
 };
 TopkLaunch topk_launch(int64_t scores_per_request, int64_t batch);
+// The same choice given `max_active(ctas, streaming)`, the clusters of each size a GPU holds at once (host logic:
+// tested in CI with a GPU's measured answers).
+TopkLaunch topk_launch_given(int64_t scores_per_request, int64_t batch, const std::function<int(int, bool)>& max_active);
+TopkLaunch topk_cluster_launch_given(int64_t scores_per_request, int64_t batch, int ctas, const std::function<int(int, bool)>& max_active);
 // The same with the cluster size given (4..8; tests run every size): streaming as the keys require.
 TopkLaunch topk_cluster_launch(int64_t scores_per_request, int64_t batch, int ctas);
 // compact_tokens on a given launch (tests: every cluster size on the same requests).
