@@ -8,6 +8,11 @@
 // start early (after the wait, so a chain of dependents cannot pile up waiting CTAs on the SMs). A kernel
 // launched without the attribute (cuBLAS's, or with PDL switched off) gets a plain stream dependency, and the
 // two calls cost nothing. The attribute is recorded into CUDA graphs as programmatic edges.
+//
+// Because every kernel triggers only after its own wait, a kernel that starts has the one before it past its wait,
+// so every kernel two or more launches back has finished: what only those (or the host, before the step) write may
+// be read before pdl_wait(). decode_kernel (mla/fused/cuda: the schedule, page table and cache) and the grouped MoE's
+// down GEMM (the router's tile list, the weights) copy their first operands so.
 #pragma once
 #include <cuda_runtime.h>
 

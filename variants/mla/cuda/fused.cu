@@ -374,8 +374,6 @@ struct Cursor {
   }
 };
 
-template <KvDtype KV>
-//
 // Launched with launch_pdl (variants/common/pdl.cuh), it may start while the kernel before it runs. With early_loads
 // the accumulators look up and copy the CTA's first two blocks before griddepcontrol.wait, so that a CTA's longest
 // wait (page table, then the keys: ~3 us, where a batch-1 CTA's whole walk is ~13 us) overlaps that kernel's tail.
@@ -383,7 +381,9 @@ template <KvDtype KV>
 // before this one does not write: every kernel of the step triggers its dependents after its own wait (pdl.cuh), so
 // when this one starts, the one before it has passed its wait and every earlier one - the cache write among them -
 // has finished. (A selector's page table comes from the kernel just before: no early loads there.) Q comes from
-// that kernel: the scorers wait before loading it.
+// that kernel: the scorers wait before loading it. (Measured with the MoE down GEMM's early copies: the V2-Lite
+// batch-1 graph step 3.6% faster, H100, session 20.)
+template <KvDtype KV>
 __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ Params p) {
   if (p.phases && threadIdx.x == 0) record(p, kTimerEntry, global_timer()), record_clock(p, kEntry);
   if (!p.early_loads) {
