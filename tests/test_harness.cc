@@ -453,6 +453,21 @@ TEST(Cli, ReportListsAStepsOpsLargestFirst) {
   EXPECT_NE(md.find("| gate_up 1000 (50%), decode 500 (25%), norm 500 (25%) |"), std::string::npos) << md;
 }
 
+// The fused decode kernel's phase counters as one row per run, in the kernel's order; none, no table.
+TEST(Cli, ReportShowsWhereADecodeCtasTimeGoes) {
+  PointResult r = layer_step("kv-splits", 75e-6);
+  r.variant = "mla/fused/cuda";
+  r.counters = {{"decode_phase.working_ctas", 22}, {"decode_phase.blocks", 3},          {"decode_phase_us.wait", 4.08},
+                {"decode_phase_us.first_block_landed", -0.83}, {"decode_phase_us.first_block_scored", 0.02},
+                {"decode_phase_us.first_block_maxed", 0.19}, {"decode_phase_us.first_block_handed_over", 3.12},
+                {"decode_phase_us.first_block_accumulated", 4.09}, {"decode_phase_us.last_block_accumulated", 8.17},
+                {"decode_phase_us.done", 9.62}, {"decode_phase_us.per_block", 1.99}, {"decode_phase_us.span", 14.08}};
+  const std::string md = report_of({r});
+  EXPECT_NE(md.find("| 22 | 3 | 4.08 | -0.83 | 0.02 | 0.19 | 3.12 | 4.09 | 8.17 | 9.62 | 1.99 | 14.08 |"), std::string::npos) << md;
+  PointResult plain = layer_step("kv-splits", 75e-6);
+  EXPECT_EQ(report_of({plain}).find("decode_phase_us"), std::string::npos) << "no phase counters, no phase table";
+}
+
 // A sparse result beside the dense fused kernel at its point (the same model, batch, kv_len, page size; its own
 // budget and window axes aside): the attention alone, the selection's share, both ratios; no dense match, dashes.
 TEST(Cli, ReportPutsSparseAttentionBesideDense) {
