@@ -4,8 +4,8 @@
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
-#include <functional>
 #include <cmath>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -522,6 +522,21 @@ void compact_pages(const float* scores, const int32_t* page_table, int64_t pages
   DSLAB_CHECK_LAUNCH();
 }
 
+// A launch of `ctas`-CTA clusters of the cluster kernel, one cluster per request (grid y); `attribute` holds the
+// cluster dimension the configuration points to.
+cudaLaunchConfig_t cluster_config(int ctas, int64_t requests, cudaStream_t stream, cudaLaunchAttribute& attribute) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(ctas), unsigned(requests));
+  config.blockDim = dim3(kSelectThreads);
+  config.stream = stream;
+  attribute = {};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = unsigned(ctas), attribute.val.clusterDim.y = 1, attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
 TopkLaunch topk_cluster_launch_given(int64_t scores_per_request, int64_t batch, int ctas, const std::function<int(int, bool)>& max_active) {
   if (ctas < kClusterMinCtas || ctas > kClusterMaxCtas) throw std::invalid_argument("sparse top-k: a cluster of 4 to 8 CTAs");
   TopkLaunch t;
@@ -559,15 +574,8 @@ void compact_tokens_as(const TopkLaunch& launch, const float* scores, int64_t sc
   } else {
     if (kernel == TopkKernel::cluster && cluster_streams(scores_per_request, launch.ctas_per_request))
       throw std::logic_error("sparse compact_tokens: a cluster holding its keys in registers, but too small for them");
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(unsigned(launch.ctas_per_request), unsigned(batch));
-    config.blockDim = dim3(kSelectThreads);
-    config.stream = stream;
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = unsigned(launch.ctas_per_request), cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
+    cudaLaunchAttribute cluster;
+    const cudaLaunchConfig_t config = cluster_config(launch.ctas_per_request, batch, stream, cluster);
     DSLAB_CUDA(kernel == TopkKernel::cluster_streaming ? cudaLaunchKernelEx(&config, compact_tokens_cluster_kernel<true>, a, scores_per_request)
                                                        : cudaLaunchKernelEx(&config, compact_tokens_cluster_kernel<false>, a, scores_per_request));
   }
@@ -587,14 +595,8 @@ static int max_active_clusters(int ctas, bool streaming) {
   static int fits[kClusterMaxCtas + 1][2] = {};
   int& max_active = fits[ctas][streaming ? 1 : 0];
   if (max_active == 0) {
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(unsigned(ctas), 1);
-    config.blockDim = dim3(kSelectThreads);
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = unsigned(ctas), cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
+    cudaLaunchAttribute cluster;
+    const cudaLaunchConfig_t config = cluster_config(ctas, 1, 0, cluster);
     DSLAB_CUDA(streaming ? cudaOccupancyMaxActiveClusters(&max_active, compact_tokens_cluster_kernel<true>, &config)
                          : cudaOccupancyMaxActiveClusters(&max_active, compact_tokens_cluster_kernel<false>, &config));
     if (max_active <= 0) throw std::runtime_error("sparse top-k: this GPU holds no cluster of " + std::to_string(ctas) + " CTAs");
@@ -758,12 +760,13 @@ void TokenSelector::prepare(const ModelConfig& m, const mla::Shape& s, const mla
   keys_.resize(size_t(s.batch));
   for (auto* a : {&slots_, &logical_}) a->resize(size_t(s.batch * max_tokens_));
   for (auto* a : {&kept_, &lengths_}) a->resize(size_t(s.batch));
+  topk_ = topk_launch(scores_per_request(), s.batch);  // (the shapes are fixed from here: every step launches the same)
   prepare_scores(m);
 }
 
 void TokenSelector::select(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) {
   score(q_cat, stream, blas, mark);
-  compact_tokens(scores_.get(), scores_per_request(), page_table_of(*cache_), cache_->pages_per_request, keys_.get(), cache_->page_size, budget_,
+  compact_tokens_as(topk_, scores_.get(), scores_per_request(), page_table_of(*cache_), cache_->pages_per_request, keys_.get(), cache_->page_size, budget_,
                  s_.batch, max_tokens_, s_.q_len, slots_.get(), logical_.get(), kept_.get(), lengths_.get(), stream);
   mark("select_tokens");
 }
@@ -778,12 +781,11 @@ std::vector<std::vector<int64_t>> TokenSelector::key_indices() const {
 }
 
 std::map<std::string, double> TokenSelector::launch_counters() const {
-  const TopkLaunch t = topk_launch(scores_per_request(), s_.batch);
-  std::map<std::string, double> c{{"topk_ctas_per_request", double(t.ctas_per_request)}};
-  if (t.ctas_per_request > 1) {
-    c["topk_max_active_clusters"] = double(t.max_active_clusters);
-    c["topk_cluster_rounds"] = double(t.rounds);
-    c["topk_streaming"] = t.streaming ? 1.0 : 0.0;
+  std::map<std::string, double> c{{"topk_ctas_per_request", double(topk_.ctas_per_request)}};
+  if (topk_.ctas_per_request > 1) {
+    c["topk_max_active_clusters"] = double(topk_.max_active_clusters);
+    c["topk_cluster_rounds"] = double(topk_.rounds);
+    c["topk_streaming"] = topk_.streaming ? 1.0 : 0.0;
   }
   return c;
 }

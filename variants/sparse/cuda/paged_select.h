@@ -134,8 +134,8 @@ class TokenSelector : public mla::cuda::PageSelector {
   int64_t pages_per_request() const final { return max_tokens_; }
   const int32_t* lengths() const final { return lengths_.get(); }
   std::vector<std::vector<int64_t>> key_indices() const final;
-  // topk_ctas_per_request, and with a cluster topk_max_active_clusters and topk_cluster_rounds (batch over them,
-  // rounded up: more than 1, and the batch's top-k takes that many rounds of the cluster kernel)
+  // topk_ctas_per_request, and with a cluster topk_max_active_clusters, topk_cluster_rounds (batch over them,
+  // rounded up: more than 1, and the batch's top-k takes that many rounds of the cluster kernel) and topk_streaming
   std::map<std::string, double> launch_counters() const final;
 
  protected:
@@ -155,6 +155,7 @@ class TokenSelector : public mla::cuda::PageSelector {
  private:
   Budget budget_;
   int64_t max_tokens_ = 0;
+  TopkLaunch topk_;  // how every step's top-k launches (chosen at prepare)
   mla::cuda::DeviceArray<int32_t> slots_, logical_, kept_, lengths_;
 };
 
