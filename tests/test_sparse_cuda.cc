@@ -285,7 +285,8 @@ void check_indexer(int64_t P, uint64_t seed) {
   const Device<float> d_projected{size_t(batch * heads * D)};
   sparse::cuda::index_queries(blas.get(), reinterpret_cast<const __nv_bfloat16*>(d_q.p), batch, heads, width, projection_ptr, d_projected.p,
                               d_queries.p, d_query_scales.p, 0);
-  sparse::cuda::indexer_scores(d_queries.p, d_query_scales.p, d_index.p, d_scales.p, d_table.p, ppr, P, d_keys.p, batch, ppr * P, d_scores.p, 0);
+  const CUtensorMap index_map = sparse::cuda::index_key_map(d_index.p, slots);
+  sparse::cuda::indexer_scores(d_queries.p, d_query_scales.p, d_index.p, &index_map, d_scales.p, d_table.p, ppr, P, d_keys.p, batch, ppr * P, d_scores.p, 0);
   sparse::cuda::compact_tokens(d_scores.p, ppr * P, d_table.p, ppr, d_keys.p, P, budget, batch, budget.tokens + 1, 1, d_slots.p, d_logical.p,
                                d_length.p, d_before.p, 0);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -357,11 +358,12 @@ void check_indexer(int64_t P, uint64_t seed) {
   }
 }
 
-// Pages of whole 64-key tiles (one page-table lookup a tile) and of 48 keys (a lookup per key).
+// Pages of whole 64-key tiles, one or two a page (a tile by a tensor copy and a warpgroup MMA), and of 48 keys (cp.async
+// and mma.sync, a page-table lookup per key).
 TEST(GpuSparse, IndexerMatchesTheCpuReference) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
   const uint64_t seed = test::fresh_seed();
-  for (const int64_t page_size : {64, 48}) check_indexer(page_size, seed);
+  for (const int64_t page_size : {64, 128, 48}) check_indexer(page_size, seed);
 }
 
 // The oracle's attention mass on the GPU against the CPU's (each key's softmax probability summed over the heads, at

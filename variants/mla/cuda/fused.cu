@@ -5,15 +5,14 @@
 // tiles (16 or 32 rows padded to 64) on warpgroups with fixed roles that overlap the softmax with the products
 // (namespace roles); int8 / fp8 blocks land raw and are dequantised to bf16 in shared memory by the warpgroup
 // about to score them. The projections around it are the shared GPU ones (cuBLAS).
-#include <cuda.h>           // CUtensorMap (the tensor-map encoder is fetched from the driver at run time)
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
-
 #include <algorithm>
 #include <cmath>
 
 #include "harness/errors.h"
 #include "harness/host.h"
 #include "variants/common/pdl.cuh"
+#include "variants/common/tensor_map.h"
+#include "variants/common/tma.cuh"
 #include "variants/common/wgmma.cuh"
 #include "variants/mla/cuda/kernels.cuh"
 #include "variants/mla/cuda/mla_cuda.h"
@@ -220,41 +219,6 @@ static_assert(kRawOffset % 16 == 0 && kScalesOffset % 16 == 0, "bulk copies land
 constexpr int kBarScorer = 1, kBarReady = 3, kBarMax = 5, kBarAccumulators = 7, kBarCleared = 8;
 __device__ inline void bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 __device__ inline void bar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
-__device__ inline void mbarrier_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-// The mbarrier's current phase completes once the calling thread's earlier cp.async copies have landed (one
-// arrival per thread, counted in the init count).
-__device__ inline void mbarrier_arrive_on_copies(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-// The calling thread's arrival, announcing `bytes` of bulk copies that complete this phase.
-__device__ inline void mbarrier_expect_bytes(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-// Tensor-memory-accelerator copy of the box at (column x, row y) of `map` into shared memory, counted on `bar`.
-__device__ inline void tma_load(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-                   smem_addr(dst)),
-               "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_addr(bar))
-               : "memory");
-}
-__device__ inline void mbarrier_wait(uint64_t* bar, int parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nwait:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
-
-// Bulk (non-tensor) copy of `bytes` into shared memory, counted on `bar` (addresses and size multiples of 16).
-__device__ inline void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-}
-
 __device__ inline uint32_t pack_bf16(float a, float b) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -855,25 +819,9 @@ class FusedCuda final : public MlaOp {
   // The cache as a 2-D tensor [slots][576] for the tensor memory accelerator, 64-key x 64-column boxes: bf16
   // swizzled as the MMAs read them; int8 / fp8 as they are, for the scorer to expand (see roles::kRawOffset).
   static CUtensorMap cache_tensor_map(const PagedLatentCache& c) {
-    static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-      void* fn = nullptr;
-      cudaDriverEntryPointQueryResult found{};
-      DSLAB_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-      if (found != cudaDriverEntryPointSuccess || !fn) throw std::runtime_error("the CUDA driver has no cuTensorMapEncodeTiled");
-      return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-    }();
-    CUtensorMap map{};
     const bool bf16 = c.dtype == KvDtype::bf16;
-    const size_t element_bytes = bf16 ? 2 : 1;
-    const cuuint64_t dims[2] = {cuuint64_t(kWidth), cuuint64_t(c.values.size() / (kWidth * element_bytes))};
-    const cuuint64_t strides[1] = {cuuint64_t(kWidth * element_bytes)};
-    const cuuint32_t box[2] = {64, cuuint32_t(roles::kKeys)}, element_strides[2] = {1, 1};
-    const CUresult r = encode(&map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, c.values.get(), dims, strides,
-                              box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                              bf16 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) throw std::runtime_error("cuTensorMapEncodeTiled failed: CUresult " + std::to_string(int(r)));
-    return map;
+    const int element_bytes = bf16 ? 2 : 1;
+    return tensor_map_2d(c.values.get(), int64_t(c.values.size()) / (kWidth * element_bytes), kWidth, element_bytes, roles::kKeys, 64, bf16);
   }
   void attend() override {
     const int M = int(s_.q_len * nh_);

@@ -52,6 +52,7 @@ class DsaSelector final : public TokenSelector {
     const int64_t slots = int64_t(cache_->values.size()) / (width_ * 2);
     index_keys_.resize(size_t(slots * kIndexDim));
     index_scales_.resize(size_t(slots));
+    index_key_map_ = index_key_map(index_keys_.get(), slots);
     queries_.resize(size_t(s_.tokens() * kIndexHeads * kIndexDim));
     query_scales_.resize(size_t(s_.tokens() * kIndexHeads));
     projected_.resize(size_t(s_.tokens() * s_.heads * kIndexDim));
@@ -70,14 +71,15 @@ class DsaSelector final : public TokenSelector {
                     index_scales_.get(), keys_.get(), stream);
     mark("select_index_keys");
     index_queries(blas, q_cat, s_.tokens(), s_.heads, width_, projection_.get(), projected_.get(), queries_.get(), query_scales_.get(), stream);
-    indexer_scores(queries_.get(), query_scales_.get(), index_keys_.get(), index_scales_.get(), page_table_of(*cache_), ppr, P, keys_.get(), s_.batch, scores_per_request(),
-                   scores_.get(), stream);
+    indexer_scores(queries_.get(), query_scales_.get(), index_keys_.get(), &index_key_map_, index_scales_.get(), page_table_of(*cache_), ppr, P, keys_.get(),
+                   s_.batch, scores_per_request(), scores_.get(), stream);
     mark("select_scores");
   }
 
   DeviceArray<__nv_bfloat16> projection_;  // [width][128]
   DeviceArray<uint8_t> index_keys_;        // [cache slots][128] e4m3
   DeviceArray<float> index_scales_;        // [cache slots]
+  CUtensorMap index_key_map_{};            // index_keys_ for the scores' tensor copies
   DeviceArray<uint8_t> queries_;           // [tokens][64][128] e4m3
   DeviceArray<float> query_scales_;        // [tokens][64]
   DeviceArray<float> projected_;           // [tokens][heads][128]: every head's query projected, fp32

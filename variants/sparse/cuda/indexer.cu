@@ -1,6 +1,7 @@
 // The lightning indexer's kernels (indexer.h): index keys by a cuBLAS GEMM (prepare) or a block per new key (a step),
 // e4m3 with a scale per key as the CPU state rounds them; index queries by a cuBLAS GEMM, e4m3 with a scale per head;
-// scores by FP8 tensor-core tiles of 64 keys x 64 heads.
+// scores by FP8 tensor-core tiles of 64 keys x 64 heads (a tensor copy and a warpgroup MMA a tile where pages hold
+// whole tiles; cp.async and mma.sync where they do not).
 #include <cuda_fp8.h>
 
 #include <algorithm>
@@ -9,6 +10,9 @@
 #include "harness/cuda_check.h"
 #include "harness/host.h"
 #include "variants/common/cp_async.cuh"
+#include "variants/common/tensor_map.h"
+#include "variants/common/tma.cuh"
+#include "variants/common/wgmma.cuh"
 #include "variants/mla/cuda/mla_cuda.h"
 #include "variants/sparse/cuda/indexer.h"
 
@@ -191,6 +195,108 @@ __global__ void __launch_bounds__(kScoreThreads, kScoreCtasPerSm) scores_kernel(
   }
 }
 
+// Where pages hold whole 64-key tiles (page_size a multiple of 64): a tile is one tensor copy of its 64 index keys,
+// landing swizzled as the warpgroup MMA reads them, and one bulk copy of their scales, both counted on the stage's
+// mbarrier; the warpgroup's e4m3 MMA takes the 64 keys x 64 heads product in four instructions (k = 32 bytes each,
+// keys as A, queries as B), after which each thread holds 2 keys x 16 heads and sums its heads in registers (two
+// shuffles a key across the quad). The mma.sync kernel above spent ~620 instructions a warp on a tile (fragment
+// loads, 32 MMAs, an 8-lane sum per key): issued every 1.8 cycles at 2.7 warps a scheduler, it read HBM at 0.49 of
+// its peak (ncu, V3 batch 16 128K, H100, session 21).
+constexpr int kTmaStages = 4, kTmaThreads = 128;
+constexpr uint32_t kTileBytes = kTileKeys * kIndexDim;
+struct __align__(1024) TmaScoresSmem {
+  uint8_t q[kIndexHeads * kIndexDim];  // e4m3 queries, [head][128 bytes], swizzled like the tiles
+  uint8_t keys[kTmaStages][kTileBytes];
+  float scales[kTmaStages][kTileKeys];
+  uint64_t full[kTmaStages];
+};
+constexpr size_t kTmaSmemBytes = sizeof(TmaScoresSmem) + 1024;  // (+ alignment of the dynamic window to 1024 bytes)
+
+// D[64 x 64] (+)= A[64 x 32] . B[64 x 32]^T, e4m3 operands in shared memory (both K-major), fp32 accumulators.
+__device__ inline void wgmma_m64n64k32_e4m3(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+__global__ void __launch_bounds__(kTmaThreads) scores_tma_kernel(const __grid_constant__ CUtensorMap key_map, const uint8_t* __restrict__ queries,
+                                                                const float* __restrict__ query_scales, const float* __restrict__ index_scales,
+                                                                const int32_t* __restrict__ page_table, int pages_per_request, int page_size,
+                                                                const int32_t* __restrict__ keys, int64_t scores_per_request, float* __restrict__ scores) {
+  extern __shared__ uint8_t smem_raw[];
+  TmaScoresSmem& sm = *reinterpret_cast<TmaScoresSmem*>(smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023));
+  const int r = int(blockIdx.y), tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int n_keys = keys[r];
+  const int first = int(blockIdx.x), stride = int(gridDim.x);
+  if (first * kTileKeys >= n_keys) return;
+  const int32_t* table = page_table + int64_t(r) * pages_per_request;
+  // Tile `tile` (its keys consecutive slots of one page) into stage `buf` (thread 0).
+  auto issue = [&](int tile, int buf) {
+    const int k0 = tile * kTileKeys;
+    const int64_t slot = int64_t(table[k0 / page_size]) * page_size + k0 % page_size;
+    mbarrier_expect_bytes(&sm.full[buf], kTileBytes + kTileKeys * uint32_t(sizeof(float)));
+    tma_load(sm.keys[buf], &key_map, 0, int(slot), &sm.full[buf]);  // (keys past the request's: read, never stored)
+    bulk_load(sm.scales[buf], index_scales + slot, kTileKeys * uint32_t(sizeof(float)), &sm.full[buf]);
+  };
+  if (tid == 0) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(&key_map) : "memory");
+    for (int s = 0; s < kTmaStages; ++s) mbarrier_init(&sm.full[s], 1);
+  }
+  __syncthreads();
+  if (tid == 0)
+    for (int i = 0; i < kTmaStages && (first + i * stride) * kTileKeys < n_keys; ++i) issue(first + i * stride, i);
+  // The request's queries (64 heads x 128 bytes) into the swizzled layout, while the first tiles come.
+  const uint8_t* q = queries + int64_t(r) * kIndexHeads * kIndexDim;
+  for (int c = tid; c < kIndexHeads * (kIndexDim / 16); c += kTmaThreads) {
+    const int row = c / (kIndexDim / 16), chunk = c % (kIndexDim / 16);
+    *reinterpret_cast<uint4*>(sm.q + row * kIndexDim + ((chunk ^ (row & 7)) * 16)) = *reinterpret_cast<const uint4*>(q + row * kIndexDim + chunk * 16);
+  }
+  // This thread's heads n * 8 + 2 (lane % 4) + e of the accumulators' columns, and their scales.
+  float head_scale[8][2];
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) head_scale[n][e] = query_scales[int64_t(r) * kIndexHeads + n * 8 + (lane % 4) * 2 + e];
+  fence_proxy_async();  // the queries' stores are read by the tensor cores
+  __syncthreads();
+  const uint64_t q_desc = wgmma_desc(sm.q);
+  const int key_lo = warp * 16 + lane / 4, key_hi = key_lo + 8;  // this thread's two accumulator rows
+  float* const out = scores + int64_t(r) * scores_per_request;
+#pragma unroll 1
+  for (int i = 0, tile = first; tile * kTileKeys < n_keys; ++i, tile += stride) {
+    const int buf = i % kTmaStages;
+    mbarrier_wait(&sm.full[buf], (i / kTmaStages) & 1);
+    float d[8][4];
+    const uint64_t k_desc = wgmma_desc(sm.keys[buf]);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kIndexDim / 32; ++ks) wgmma_m64n64k32_e4m3(d, k_desc + 2 * ks, q_desc + 2 * ks, ks > 0);  // (+32 bytes a step)
+    wgmma_commit_and_wait();
+    float lo = 0, hi = 0;
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {  // (ReLU(s x) = s ReLU(x): scales are positive)
+        lo = fmaf(head_scale[n][e], fmaxf(d[n][e], 0.0f), lo);
+        hi = fmaf(head_scale[n][e], fmaxf(d[n][2 + e], 0.0f), hi);
+      }
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+      lo += __shfl_xor_sync(0xffffffffu, lo, o);
+      hi += __shfl_xor_sync(0xffffffffu, hi, o);
+    }
+    const float scale_lo = sm.scales[buf][key_lo], scale_hi = sm.scales[buf][key_hi];
+    __syncthreads();  // every thread's MMAs on stage buf are done and its scales read: the stage takes a later tile
+    const int ahead = tile + kTmaStages * stride;
+    if (tid == 0 && ahead * kTileKeys < n_keys) issue(ahead, buf);
+    const int k_lo = tile * kTileKeys + key_lo, k_hi = tile * kTileKeys + key_hi;
+    if (lane % 4 == 0 && k_lo < n_keys) out[k_lo] = lo * (1.0f / kIndexHeads) * scale_lo;
+    if (lane % 4 == 1 && k_hi < n_keys) out[k_hi] = hi * (1.0f / kIndexHeads) * scale_hi;
+  }
+}
+
 }  // namespace
 
 void index_all_keys(cublasHandle_t blas, const __nv_bfloat16* cache, int64_t slots, int64_t width, const __nv_bfloat16* projection,
@@ -225,20 +331,35 @@ void index_queries(cublasHandle_t blas, const __nv_bfloat16* q, int64_t tokens, 
   DSLAB_CHECK_LAUNCH();
 }
 
-void indexer_scores(const uint8_t* queries, const float* query_scales, const uint8_t* index_keys, const float* index_scales, const int32_t* page_table,
-                    int64_t pages_per_request, int64_t page_size, const int32_t* keys, int64_t batch, int64_t scores_per_request,
-                    float* scores, cudaStream_t stream) {
-  // As many CTAs as fit at once over the batch (registers bound it), each walking several tiles (its queries loaded
-  // once): a second wave would leave its CTAs' whole share of tiles for the end.
-  static const int resident = [] {
+CUtensorMap index_key_map(const uint8_t* index_keys, int64_t slots) {
+  return tensor_map_2d(index_keys, slots, kIndexDim, 1, kTileKeys, kIndexDim, /*swizzle_128b=*/true);
+}
+
+void indexer_scores(const uint8_t* queries, const float* query_scales, const uint8_t* index_keys, const CUtensorMap* index_key_map,
+                    const float* index_scales, const int32_t* page_table, int64_t pages_per_request, int64_t page_size, const int32_t* keys,
+                    int64_t batch, int64_t scores_per_request, float* scores, cudaStream_t stream) {
+  // As many CTAs as fit at once over the batch (registers and shared memory bound it), each walking several tiles
+  // (its queries loaded once): a second wave would leave its CTAs' whole share of tiles for the end.
+  const bool tma = index_key_map && page_size % kTileKeys == 0;
+  static const int resident_mma = [] {
     int n = 0;
     DSLAB_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, scores_kernel, kScoreThreads, 0));
     return std::max(1, n);
   }();
+  static const int resident_tma = [] {
+    int n = 0;
+    DSLAB_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, scores_tma_kernel, kTmaThreads, kTmaSmemBytes));
+    return std::max(1, n);
+  }();
   const int64_t tiles = (scores_per_request + kTileKeys - 1) / kTileKeys;
-  const unsigned per_request = unsigned(std::clamp<int64_t>(resident * int64_t(gpu_info().sms) / batch, 1, tiles));
-  scores_kernel<<<dim3(per_request, unsigned(batch)), kScoreThreads, 0, stream>>>(queries, query_scales, index_keys, index_scales, page_table, int(pages_per_request),
-                                                                                 int(page_size), keys, scores_per_request, scores);
+  const unsigned per_request = unsigned(std::clamp<int64_t>((tma ? resident_tma : resident_mma) * int64_t(gpu_info().sms) / batch, 1, tiles));
+  if (tma) {
+    scores_tma_kernel<<<dim3(per_request, unsigned(batch)), kTmaThreads, kTmaSmemBytes, stream>>>(
+        *index_key_map, queries, query_scales, index_scales, page_table, int(pages_per_request), int(page_size), keys, scores_per_request, scores);
+  } else {
+    scores_kernel<<<dim3(per_request, unsigned(batch)), kScoreThreads, 0, stream>>>(queries, query_scales, index_keys, index_scales, page_table,
+                                                                                   int(pages_per_request), int(page_size), keys, scores_per_request, scores);
+  }
   DSLAB_CHECK_LAUNCH();
 }
 

@@ -6,6 +6,7 @@
 // score_k = scale_k * sum_j ReLU(q_j · key_k) / kIndexHeads.
 #pragma once
 #include <cublas_v2.h>
+#include <cuda.h>  // CUtensorMap
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -34,10 +35,16 @@ void index_step_keys(const __nv_bfloat16* cache, int64_t width, const int32_t* l
 void index_queries(cublasHandle_t blas, const __nv_bfloat16* q, int64_t tokens, int64_t heads, int64_t width, const __nv_bfloat16* projection,
                    float* scratch, uint8_t* out, float* scales, cudaStream_t stream);
 
+// The index-key cache [slots][kIndexDim] as a tensor map for indexer_scores' tensor copies (64-key boxes, swizzled as
+// the warpgroup MMA reads them): made once where the cache is allocated.
+CUtensorMap index_key_map(const uint8_t* index_keys, int64_t slots);
+
 // Every key's index score, one query per request (q_len 1): scores [batch][scores_per_request], keys < keys[r] of
 // request r (the rest untouched). FP8 tensor-core products (e4m3 queries and keys, fp32 sums), scaled per head and key.
-void indexer_scores(const uint8_t* queries, const float* query_scales, const uint8_t* index_keys, const float* index_scales, const int32_t* page_table,
-                    int64_t pages_per_request, int64_t page_size, const int32_t* keys, int64_t batch, int64_t scores_per_request,
-                    float* scores, cudaStream_t stream);
+// With index_key_map (index_keys' map) and pages of whole 64-key tiles, by tensor copies and warpgroup MMAs; else
+// (or index_key_map null) by cp.async and mma.sync, a page-table lookup per key where tiles straddle pages.
+void indexer_scores(const uint8_t* queries, const float* query_scales, const uint8_t* index_keys, const CUtensorMap* index_key_map,
+                    const float* index_scales, const int32_t* page_table, int64_t pages_per_request, int64_t page_size, const int32_t* keys,
+                    int64_t batch, int64_t scores_per_request, float* scores, cudaStream_t stream);
 
 }  // namespace dslab::sparse::cuda

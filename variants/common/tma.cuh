@@ -1,0 +1,49 @@
+// Hopper's asynchronous copies counted on shared-memory barriers (sm_90): mbarriers, tensor-memory-accelerator
+// copies of a tensor map's boxes, and bulk copies - the one copy of these PTX wrappers that the kernels of ours
+// staging operands this way use (the fused MLA decode, the lightning indexer's scores). Host side: tensor_map.h.
+#pragma once
+#include <cuda.h>  // CUtensorMap
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "variants/common/cp_async.cuh"
+
+namespace dslab {
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// The mbarrier's current phase completes once the calling thread's earlier cp.async copies have landed (one
+// arrival per thread, counted in the init count).
+__device__ __forceinline__ void mbarrier_arrive_on_copies(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// The calling thread's arrival, announcing `bytes` of bulk copies that complete this phase.
+__device__ __forceinline__ void mbarrier_expect_bytes(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+// Until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// Tensor-memory-accelerator copy of the box at (column x, row y) of `map` into shared memory, counted on `bar`.
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+                   smem_addr(dst)),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_addr(bar))
+               : "memory");
+}
+// Bulk (non-tensor) copy of `bytes` into shared memory, counted on `bar` (addresses and size multiples of 16).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+
+}  // namespace dslab
