@@ -8,7 +8,7 @@
 # copies and ordered by mbarriers, which racecheck does not model (it reports the same hazard pairs inside cuBLAS's
 # own kernels); those are counted and listed. Usage: scripts/sanitize.sh OUT_DIR [TOOL-NAME...]
 # (dslab on PATH; names such as racecheck-moe-host run only those points). The layer points cover the scratch arena
-# (layer-tiny-arena; layer-tiny without it), FlashInfer's MLA decode (mla-flashinfer: its kernel is a peer's, so its
+# (layer-tiny-arena; layer-tiny without it), the fused decode at V3's 128 heads (mla-fused-v3), FlashInfer's MLA decode (mla-flashinfer: its kernel is a peer's, so its
 # racecheck reports are listed, not judged), the streamed experts' copies (layer-v2-lite-streamed) and the hot
 # experts' split between the GPU and the CPU (layer-tiny-hot, layer-v2-lite-hot) and the sparse decodes (sparse-quest,
 # sparse-infllm, sparse-dsa, sparse-dsa-cluster, sparse-dsa-stream, sparse-oracle: their selection kernels, then the fused kernel over the chosen pages or keys).
@@ -44,6 +44,8 @@ for tool in memcheck racecheck; do
   DSLAB_SCRATCH_ARENA=off run "$tool" layer-tiny-hot --model tiny --variant layer/deepseek/cuda --axis layers=all --axis attn=mla/a_cc_me/cuda --axis batch=3 --axis kv_len=40 --axis page_size=16 --axis moe=moe/host/cuda --axis gpu_experts=hot:4 --axis cpu_threads=4 --axis executor=eager
   run "$tool" layer-v2-lite-hot --model deepseek-v2-lite --variant layer/deepseek/cuda --axis layers=2 --axis batch=4 --axis kv_len=150 --axis moe=moe/host/cuda --axis gpu_experts=hot:16 --axis cpu_threads=4 --axis executor=graph
   run "$tool" layer-v2-lite-fused --model deepseek-v2-lite --variant layer/deepseek/cuda --axis layers=1 --axis batch=2 --axis kv_len=150 --axis executor=eager
+  # (V3's 128 heads on 64-key pages, the tensor-copy path: two row tiles a part, MTP's two tokens four)
+  run "$tool" mla-fused-v3 --model deepseek-v3 --variant mla/fused/cuda --axis heads=128 --axis batch=3 --axis q_len=1,2 --axis kv_len=700 --axis page_size=64 --axis len_dist=mixed --axis executor=eager
   run "$tool" mla-cd-paged --model deepseek-v2-lite --variant mla/cd_paged/cuda --axis batch=3 --axis q_len=1,5 --axis kv_len=300 --axis page_size=16 --axis len_dist=mixed
   run "$tool" mla-flashinfer --model deepseek-v3 --variant mla/flashinfer/cuda --axis heads=16,128 --axis batch=3 --axis kv_len=300 --axis page_size=16 --axis len_dist=mixed
   run "$tool" sparse-quest --model deepseek-v2-lite --variant sparse/quest/cuda --axis batch=3 --axis kv_len=900 --axis len_dist=mixed --axis budget=256 --axis local=64 --axis executor=eager

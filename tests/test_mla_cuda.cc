@@ -115,12 +115,15 @@ TEST_P(GpuMla, LongSplitCacheMatchesReference) {
   // Long enough that the fused kernel splits every request across several CTAs and combines them; with 128
   // heads and mixed lengths a CTA's run of key blocks crosses from one request into the next.
   REQUIRE_GPU_VARIANT(GetParam());
+  // (128 heads both from cp.async copies (16-key pages) and tensor copies (64-key pages): two row tiles a part)
   std::vector<GpuCase> cases = {GpuCase{"deepseek-v3", 16, 2, 1, 5000, 64, "mixed", "bf16"},
-                                GpuCase{"deepseek-v3", 128, 5, 1, 3000, 16, "mixed", "bf16"}};
+                                GpuCase{"deepseek-v3", 128, 5, 1, 3000, 16, "mixed", "bf16"},
+                                GpuCase{"deepseek-v3", 128, 5, 1, 3000, 64, "mixed", "bf16"}};
   if (GetParam() == "mla/fused/cuda")  // split counts other than one per SM: 1 (no merge), 3 and 8 (long runs per CTA)
     for (const char* splits : {"1", "3", "8"}) {
       cases.push_back({"deepseek-v3", 16, 2, 1, 5000, 64, "mixed", "bf16", "graph", splits});
       cases.push_back({"deepseek-v3", 128, 3, 1, 3000, 16, "mixed", "bf16", "eager", splits});
+      cases.push_back({"deepseek-v3", 128, 3, 1, 3000, 64, "mixed", "bf16", "graph", splits});
     }
   for (const GpuCase& c : cases) {
     SCOPED_TRACE(describe(c));
@@ -134,10 +137,11 @@ TEST(GpuMlaFused, RepeatedStepsGiveIdenticalOutputs) {
   // output bit for bit; a race between its warpgroups (a stage refilled while another warpgroup still reads it)
   // shows up as a step that differs. Many blocks per CTA, both the tensor-copy (page_size 64) and the cp.async
   // (page_size 1) paths. (16 heads at batch 128 on a 132-SM GPU: every request whole in one CTA, written straight
-  // to the output, its 48 padding rows not at all.)
+  // to the output, its 48 padding rows not at all. 128 heads: two row tiles a part, from either copy path.)
   REQUIRE_GPU_VARIANT("mla/fused/cuda");
   for (const GpuCase& c : {GpuCase{"deepseek-v3", 16, 128, 1, 4096, 64, "uniform", "bf16", "graph"},
-                           GpuCase{"deepseek-v3", 128, 32, 1, 2048, 1, "mixed", "bf16", "graph"}}) {
+                           GpuCase{"deepseek-v3", 128, 32, 1, 2048, 1, "mixed", "bf16", "graph"},
+                           GpuCase{"deepseek-v3", 128, 32, 1, 2048, 64, "mixed", "bf16", "graph"}}) {
     SCOPED_TRACE(describe(c));
     const ModelFile model = load_model_file(c.model);
     auto v = entry->make();
