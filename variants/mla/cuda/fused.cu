@@ -3,9 +3,10 @@
 // across SMs (split-KV, a balanced run of key blocks per CTA), each split runs an online softmax on the tensor
 // cores, and a combine kernel merges the splits by their log-sum-exp. One kernel for every cache dtype: 64-row
 // tiles (16 or 32 rows padded to 64) on warpgroups with fixed roles that overlap the softmax with the products
-// (namespace roles); int8 / fp8 blocks land raw and are dequantised to bf16 in shared memory by the warpgroup
+// (namespace roles); int8 / fp8 blocks land raw and are dequantised to fp16 in shared memory by the warpgroup
 // about to score them. The projections around it are the shared GPU ones (cuBLAS).
 #include <algorithm>
+#include <type_traits>
 #include <cmath>
 
 #include "harness/errors.h"
@@ -31,9 +32,30 @@ constexpr int kGroups = kWidth / kQuantGroup;
 // wgmma_desc): the 576 columns are 9 blocks of 64. The 8 rows an ldmatrix reads fall in 8 different bank groups, and
 // a wgmma descriptor can address any 8-row x 64-column atom.
 
-// S[64 x 64] (+)= A[64 x 16] · B[64 x 16]^T, as above with 64 keys.
+// The tiles' element type: bf16, or fp16 where quantised blocks expand (see dequantise4).
+template <bool kHalf>
+struct TileType;
+template <>
+struct TileType<false> {
+  using T = __nv_bfloat16;
+};
+template <>
+struct TileType<true> {
+  using T = __half;
+};
+
+// S[64 x 64] (+)= A[64 x 16] · B[64 x 16]^T, as above with 64 keys; bf16 or (kHalf) fp16 operands.
+template <bool kHalf>
 __device__ inline void wgmma_m64n64k16(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) {
-  asm volatile(
+  if constexpr (kHalf)
+    asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(a), "l"(b), "r"(accumulate));
+  else
+    asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
@@ -43,9 +65,17 @@ __device__ inline void wgmma_m64n64k16(float (&d)[8][4], uint64_t a, uint64_t b,
 // The same for 128 of those columns, d[16 H .. 16 H + 15]: a 64-register accumulator, which ptxas compiles in a
 // kernel whose threads start with 128 registers (it refuses the 256-column form there, even where setmaxnreg
 // has raised the count).
-template <int H>
+template <int H, bool kHalf>
 __device__ inline void wgmma_m64n128k16_vt(float (&d)[32][4], uint64_t a, uint64_t b) {
-  asm volatile(
+  if constexpr (kHalf)
+    asm volatile(
+      "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[16 * H + 0][0]), "+f"(d[16 * H + 0][1]), "+f"(d[16 * H + 0][2]), "+f"(d[16 * H + 0][3]), "+f"(d[16 * H + 1][0]), "+f"(d[16 * H + 1][1]), "+f"(d[16 * H + 1][2]), "+f"(d[16 * H + 1][3]), "+f"(d[16 * H + 2][0]), "+f"(d[16 * H + 2][1]), "+f"(d[16 * H + 2][2]), "+f"(d[16 * H + 2][3]), "+f"(d[16 * H + 3][0]), "+f"(d[16 * H + 3][1]), "+f"(d[16 * H + 3][2]), "+f"(d[16 * H + 3][3]), "+f"(d[16 * H + 4][0]), "+f"(d[16 * H + 4][1]), "+f"(d[16 * H + 4][2]), "+f"(d[16 * H + 4][3]), "+f"(d[16 * H + 5][0]), "+f"(d[16 * H + 5][1]), "+f"(d[16 * H + 5][2]), "+f"(d[16 * H + 5][3]), "+f"(d[16 * H + 6][0]), "+f"(d[16 * H + 6][1]), "+f"(d[16 * H + 6][2]), "+f"(d[16 * H + 6][3]), "+f"(d[16 * H + 7][0]), "+f"(d[16 * H + 7][1]), "+f"(d[16 * H + 7][2]), "+f"(d[16 * H + 7][3]), "+f"(d[16 * H + 8][0]), "+f"(d[16 * H + 8][1]), "+f"(d[16 * H + 8][2]), "+f"(d[16 * H + 8][3]), "+f"(d[16 * H + 9][0]), "+f"(d[16 * H + 9][1]), "+f"(d[16 * H + 9][2]), "+f"(d[16 * H + 9][3]), "+f"(d[16 * H + 10][0]), "+f"(d[16 * H + 10][1]), "+f"(d[16 * H + 10][2]), "+f"(d[16 * H + 10][3]), "+f"(d[16 * H + 11][0]), "+f"(d[16 * H + 11][1]), "+f"(d[16 * H + 11][2]), "+f"(d[16 * H + 11][3]), "+f"(d[16 * H + 12][0]), "+f"(d[16 * H + 12][1]), "+f"(d[16 * H + 12][2]), "+f"(d[16 * H + 12][3]), "+f"(d[16 * H + 13][0]), "+f"(d[16 * H + 13][1]), "+f"(d[16 * H + 13][2]), "+f"(d[16 * H + 13][3]), "+f"(d[16 * H + 14][0]), "+f"(d[16 * H + 14][1]), "+f"(d[16 * H + 14][2]), "+f"(d[16 * H + 14][3]), "+f"(d[16 * H + 15][0]), "+f"(d[16 * H + 15][1]), "+f"(d[16 * H + 15][2]), "+f"(d[16 * H + 15][3])
+      : "l"(a), "l"(b));
+  else
+    asm volatile(
       "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 1;\n}\n"
@@ -184,8 +214,9 @@ __global__ void __launch_bounds__(kCombineThreads) merge_splits_kernel(const flo
 // P needs no buffer of its own: it overwrites the block's rope columns, which only Q K^T reads. Two stages of 64
 // keys (scorer s always on stage s), Q and the stages fill the shared memory. A CTA walks its segments as one
 // flat run of blocks, so the pipeline does not drain where a request ends. An int8 / fp8 block (half the bytes of
-// a bf16 one, plus a scale per 64 values) lands in the upper half of its stage; its scorer expands it to bf16 in
-// place before scoring it (dequantise_stage), so both products read the same bf16 tile as for a bf16 cache.
+// a bf16 one, plus a scale per 64 values) lands in the upper half of its stage; its scorer expands it to fp16 in
+// place before scoring it (dequantise_stage), so both products read a tile laid out as a bf16 cache's (fp16 values,
+// Q and P fp16 with them).
 namespace roles {
 
 // kHalfKeys: the cp.async copies take a block in two halves of 32 keys (4 threads per key); tensor copies take
@@ -219,37 +250,47 @@ static_assert(kRawOffset % 16 == 0 && kScalesOffset % 16 == 0, "bulk copies land
 constexpr int kBarScorer = 1, kBarReady = 3, kBarMax = 5, kBarAccumulators = 7, kBarCleared = 8;
 __device__ inline void bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 __device__ inline void bar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
-__device__ inline uint32_t pack_bf16(float a, float b) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// Four quantised values (column order, the first in the low byte) times their scale, as two bf16 pairs: the same
-// float(q) * scale, rounded once, as dequantize(), with one conversion instruction per pair (fp8) or none (int8)
-// instead of one per value, which ran at a quarter of the FP32 rate (H200, 16 heads, batch 64, 32K: the kernel
-// 855 -> 780 us with int8, 937 -> 738 us with fp8).
-template <KvDtype KV>
-__device__ __forceinline__ void dequantise4(uint32_t word, float scale, uint32_t& lo, uint32_t& hi) {
-  float f[4];
-  if constexpr (KV == KvDtype::int8) {
-    // q + 128 (the sign bit flipped) in the low byte of 2^23 is the float 2^23 + q + 128, exactly.
-    const uint32_t biased = word ^ 0x80808080u;
-    f[0] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7440)) - 8388736.0f;
-    f[1] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7441)) - 8388736.0f;
-    f[2] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7442)) - 8388736.0f;
-    f[3] = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7443)) - 8388736.0f;
-  } else {  // e4m3 pairs to half pairs (exact), in one instruction each
-    const __half2_raw h01 = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word & 0xFFFFu), __NV_E4M3);
-    const __half2_raw h23 = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word >> 16), __NV_E4M3);
-    const float2 a = __half22float2(__half2(h01)), b = __half22float2(__half2(h23));
-    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+// Eight bf16 values to fp16 in place, saturated to +-65504 rather than infinite (a quantised cache's Q).
+__device__ inline void bf16_chunk_to_half(uint4* chunk) {
+  uint4 v = *chunk;
+  uint32_t* const w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(w[i]) : "f"(f.y), "f"(f.x));  // (the first operand to the high half)
   }
-  lo = pack_bf16(f[0] * scale, f[1] * scale);
-  hi = pack_bf16(f[2] * scale, f[3] * scale);
+  *chunk = v;
 }
 
-// Expands the quantised block in `stage` (as it landed, see kRawOffset) in place into the bf16 tile both products
-// read: bf16 column block c takes bytes [8 KB c, 8 KB (c + 1)). Run by the 128 threads of one scorer, two per key.
+// Four quantised values (column order, the first in the low byte) times their scale, as two fp16 pairs: e4m3 pairs
+// to fp16 pairs exactly in one conversion each, int8 as 1152 + q in fp16's bits (exact) less 1152; then one fp16
+// multiply a pair. Expanded to bf16 through fp32 this took eight conversions per four values, which run at a
+// sixteenth of the FMA rate: a scorer spent ~2.5 of the ~3 us a block on it at 16 heads, and fp8 ran barely
+// faster than bf16 (H100, V3 batch 64: 851 against 875 us at 32K keys, session 21). fp16 holds every expanded
+// value to 2^-11 where the scale (amax / 448, or / 127) is at least 2^-14 (a group's largest |value| >= 0.027 for
+// fp8, 0.0078 for int8; DeepSeek's normalised latents are far above) and below 65504; smaller scales round to
+// fp16's subnormal steps of 2^-24.
+template <KvDtype KV>
+__device__ __forceinline__ void dequantise4(uint32_t word, __half2 scale, uint32_t& lo, uint32_t& hi) {
+  __half2 h01, h23;
+  if constexpr (KV == KvDtype::int8) {
+    const uint32_t biased = word ^ 0x80808080u;  // q + 128, a byte each
+    const uint32_t raw01 = __byte_perm(biased, 0x64646464u, 0x4140), raw23 = __byte_perm(biased, 0x64646464u, 0x4342);
+    const __half2 bias = __half2half2(__ushort_as_half(0x6480));  // 1152
+    h01 = __hsub2(*reinterpret_cast<const __half2*>(&raw01), bias);
+    h23 = __hsub2(*reinterpret_cast<const __half2*>(&raw23), bias);
+  } else {
+    h01 = __half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word & 0xFFFFu), __NV_E4M3));
+    h23 = __half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word >> 16), __NV_E4M3));
+  }
+  h01 = __hmul2(h01, scale);
+  h23 = __hmul2(h23, scale);
+  lo = *reinterpret_cast<const uint32_t*>(&h01);
+  hi = *reinterpret_cast<const uint32_t*>(&h23);
+}
+
+// Expands the quantised block in `stage` (as it landed, see kRawOffset) in place into the fp16 tile both products
+// read (fp16): column block c takes bytes [8 KB c, 8 KB (c + 1)). Run by the 128 threads of one scorer, two per key.
 // Blocks 0-3 land below the raw bytes; 4 and 5 over raw blocks 0-3, which every thread has read by the first
 // barrier; 6-8 over raw blocks 4-8 and the scales, which every thread has read (6-8 into registers) by the second.
 template <KvDtype KV>
@@ -257,12 +298,12 @@ __device__ __forceinline__ void dequantise_stage(uint8_t* stage, int t, int barr
   const int key = t / 2, half = t % 2;  // this thread's 32 values of each of its key's column blocks
   const uint8_t* raw = stage + kRawOffset + key * 64 + half * 32;
   const float* scales = reinterpret_cast<const float*>(stage + kScalesOffset) + key * kGroups;
-  __nv_bfloat16* const tile = reinterpret_cast<__nv_bfloat16*>(stage);
+  __half* const tile = reinterpret_cast<__half*>(stage);
   auto load = [&](int c, uint4 (&v)[2]) {
     v[0] = *reinterpret_cast<const uint4*>(raw + c * kRawBlockBytes);
     v[1] = *reinterpret_cast<const uint4*>(raw + c * kRawBlockBytes + 16);
   };
-  auto expand = [&](int c, const uint4 (&v)[2], float scale) {  // 4 chunks of 8 bf16 values, swizzled as the MMAs read
+  auto expand = [&](int c, const uint4 (&v)[2], __half2 scale) {  // 4 chunks of 8 fp16 values, swizzled as the MMAs read
     const uint32_t words[8] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y, v[1].z, v[1].w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -276,20 +317,20 @@ __device__ __forceinline__ void dequantise_stage(uint8_t* stage, int t, int barr
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     load(c, v);
-    expand(c, v, scales[c]);
+    expand(c, v, __float2half2_rn(scales[c]));
   }
   bar_sync(barrier, 128);
   uint4 kept[3][2];
-  float kept_scale[3];
+  __half2 kept_scale[3];
 #pragma unroll
   for (int c = 0; c < 3; ++c) {
     load(6 + c, kept[c]);
-    kept_scale[c] = scales[6 + c];
+    kept_scale[c] = __float2half2_rn(scales[6 + c]);
   }
 #pragma unroll
   for (int c = 4; c < 6; ++c) {
     load(c, v);
-    expand(c, v, scales[c]);
+    expand(c, v, __float2half2_rn(scales[c]));
   }
   bar_sync(barrier, 128);
 #pragma unroll
@@ -298,14 +339,14 @@ __device__ __forceinline__ void dequantise_stage(uint8_t* stage, int t, int barr
 
 // S = Q K^T for the block in stage kStage. Descriptors advance by constant offsets (their address field counts
 // 16 bytes; K follows Q in shared memory), so the 36 MMAs need no address arithmetic between them.
-template <int kStage>
+template <int kStage, bool kHalf>
 __device__ __forceinline__ void score_block(float (&s)[8][4], uint64_t q_desc) {
   constexpr uint64_t k_offset = (kQBytes + kStage * kStageBytes) / 16;
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kWidth / 16; ++ks) {
     const int block = ks >> 2, column = (ks & 3) * 16;
-    wgmma_m64n64k16(s, q_desc + (block * kRows * 64 + column) * 2 / 16, q_desc + k_offset + (block * kKeys * 64 + column) * 2 / 16, ks > 0);
+    wgmma_m64n64k16<kHalf>(s, q_desc + (block * kRows * 64 + column) * 2 / 16, q_desc + k_offset + (block * kKeys * 64 + column) * 2 / 16, ks > 0);
   }
   wgmma_commit_and_wait();
 }
@@ -349,6 +390,13 @@ struct Cursor {
 // batch-1 graph step 3.6% faster, H100, session 20.)
 template <KvDtype KV>
 __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ Params p) {
+  // Quantised blocks expand to fp16 (dequantise4), so Q and P are fp16 there too, every product fp16 x fp16.
+  constexpr bool kHalfTiles = KV != KvDtype::bf16;
+  using Pair = std::conditional_t<kHalfTiles, __half2, __nv_bfloat162>;
+  auto to_pair = [](float a, float b) {
+    if constexpr (kHalfTiles) return __floats2half2_rn(a, b);
+    else return __floats2bfloat162_rn(a, b);
+  };
   if (p.phases && threadIdx.x == 0) record(p, kTimerEntry, global_timer()), record_clock(p, kEntry);
   if (!p.early_loads) {
     pdl_wait();
@@ -390,6 +438,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         cp_async16(sq + swz(row, col, kRows), q + (valid ? int64_t(row) * kWidth + col : 0), valid);
       }
       cp_async_commit();
+      cp_async_wait<0>();
+      if constexpr (kHalfTiles) {  // each thread's own chunks of the real rows, bf16 -> fp16 in place
+        for (int c = t; c < kRows * kChunks && row0 + c / kChunks < p.rows; c += 128)
+          bf16_chunk_to_half(reinterpret_cast<uint4*>(sq + swz(c / kChunks, (c % kChunks) * 8, kRows)));
+      }
     };
     // The running max as the other scorer left it after block j - 1 (barrier (j - 1) % 2 says it is there).
     auto wait_for_max = [&](int j) { bar_sync(kBarMax + (j - 1) % 2, 256); };
@@ -427,7 +480,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       if (first) {
         if (j >= 2) bar_sync(kBarScorer + scorer, 128);  // every warp of this scorer is done with the old Q
         load_q(request);
-        cp_async_wait<0>();
         fence_proxy_async();  // the copies are read by the tensor cores
         if (j == 0 && t == 0) record_clock(p, kQLanded);
       }
@@ -435,15 +487,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       if (j == 0 && t == 0) record_clock(p, kFirstLanded);
       if constexpr (KV != KvDtype::bf16) {
         dequantise_stage<KV>(reinterpret_cast<uint8_t*>(sk + scorer * kKeys * kWidth), t, kBarScorer + scorer);
-        fence_proxy_async();                 // the bf16 tile, written just now, is read by the tensor cores
+        fence_proxy_async();                 // the fp16 tile, written just now, is read by the tensor cores
         bar_sync(kBarScorer + scorer, 128);  // every thread's part of it (and of Q) is there
       } else {
         if (!p.tma) fence_proxy_async();  // cp.async copies (generic proxy) are read by the tensor cores (async proxy)
         if (first) bar_sync(kBarScorer + scorer, 128);  // every thread's part of Q has landed
       }
       float s[8][4];
-      if (scorer == 0) score_block<0>(s, q_desc);  // a constant stage per scorer: descriptors are Q's plus immediates
-      else score_block<1>(s, q_desc);
+      if (scorer == 0) score_block<0, kHalfTiles>(s, q_desc);  // a constant stage per scorer: descriptors are Q's plus immediates
+      else score_block<1, kHalfTiles>(s, q_desc);
       if (j == 0 && t == 0) record_clock(p, kFirstScored);
       // Mask, then the online softmax. A row lives in one quad of one warp: no exchange across warps.
       if (key0 + kKeys > min(k_end, min(last_lo, last_hi) + 1)) {  // (a block inside the segment and before every
@@ -501,14 +553,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       // P over the block's rope columns (its Q K^T, the only reader, is done).
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(exp2f(s[n][0] * p.scale_log2 - base_lo), exp2f(s[n][1] * p.scale_log2 - base_lo));
-        const __nv_bfloat162 hi = __floats2bfloat162_rn(exp2f(s[n][2] * p.scale_log2 - base_hi), exp2f(s[n][3] * p.scale_log2 - base_hi));
-        // The sums use the bf16-rounded probabilities the P V product will use.
+        const Pair lo = to_pair(exp2f(s[n][0] * p.scale_log2 - base_lo), exp2f(s[n][1] * p.scale_log2 - base_lo));
+        const Pair hi = to_pair(exp2f(s[n][2] * p.scale_log2 - base_hi), exp2f(s[n][3] * p.scale_log2 - base_hi));
+        // The sums use the rounded probabilities the P V product will use.
         l_lo += __low2float(lo) + __high2float(lo);
         l_hi += __low2float(hi) + __high2float(hi);
         const int col = n * 8 + (lane % 4) * 2;
-        *reinterpret_cast<__nv_bfloat162*>(sp + swz(r_lo, col, kKeys)) = lo;
-        *reinterpret_cast<__nv_bfloat162*>(sp + swz(r_hi, col, kKeys)) = hi;
+        *reinterpret_cast<Pair*>(sp + swz(r_lo, col, kKeys)) = lo;
+        *reinterpret_cast<Pair*>(sp + swz(r_hi, col, kKeys)) = hi;
       }
       if (hand_over && next_is_last) {  // the other scorer closes the segment: it adds this scorer's sums
         float sum_lo = l_lo, sum_hi = l_hi;
@@ -678,8 +730,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kKeys / 16; ++ks) {  // columns cbase .. + 127, then + 128 .. + 255 (two 64-column blocks on)
-      wgmma_m64n128k16_vt<0>(o, p_desc + ks * 16 * 2 / 16, v_desc + ks * 16 * 64 * 2 / 16);
-      wgmma_m64n128k16_vt<1>(o, p_desc + ks * 16 * 2 / 16, v_desc + (2 * kKeys * 64 + ks * 16 * 64) * 2 / 16);
+      wgmma_m64n128k16_vt<0, kHalfTiles>(o, p_desc + ks * 16 * 2 / 16, v_desc + ks * 16 * 64 * 2 / 16);
+      wgmma_m64n128k16_vt<1, kHalfTiles>(o, p_desc + ks * 16 * 2 / 16, v_desc + (2 * kKeys * 64 + ks * 16 * 64) * 2 / 16);
     }
     wgmma_commit_and_wait();
     if (warpgroup == 0 && t == 0 && (j == 0 || j == total - 1)) record_clock(p, j == 0 ? kFirstAccumulated : kLastAccumulated);
