@@ -82,9 +82,10 @@ Measures the ceilings that roofline_fraction is computed against and writes them
 measured, to FILE (default: $DSLAB_MACHINE or ~/.cache/dslab/machine.json):
   cpu: AMX bf16 FLOP/s (TDPBF16PS from registers), AVX-512 bf16 FLOP/s (VDPBF16PS), DRAM read bytes/s
        and the same rates at 1, 2, 4, ... threads (cpu.by_threads)
-  gpu: HBM copy bytes/s, cuBLAS bf16 GEMM FLOP/s, a one-row GEMM's weight bytes/s, kernel launch overhead, CUDA graph launch and per-node cost,
-       a small kernel's cost in a graph, pinned host<->device bytes/s, a small copy's cost, a host function's
-       round trip (when a GPU is present)
+  gpu: HBM bytes/s (the faster of a copy and a read-only stream), cuBLAS bf16 GEMM FLOP/s, a one-row GEMM's
+       weight bytes/s, kernel launch overhead, CUDA graph launch and per-node cost, a small kernel's cost in a
+       graph, pinned host<->device bytes/s, a small copy's cost, a host function's round trip (when a GPU is
+       present)
 options:
   --threads N   CPU threads (default: all, as OpenMP sees them)
   --repeat N    calibrate N times: each ceiling is the best seen (a rate's largest, a cost's smallest), and

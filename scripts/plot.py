@@ -224,7 +224,7 @@ def plot_roofline(data, device, out, stem):
         bandwidth, bw_label = section.get("dram_read_bytes_per_s"), "DRAM read"
     else:
         roofs = [(section.get("tensor_bf16_flops"), "tensor bf16 (cuBLAS)")]
-        bandwidth, bw_label = section.get("hbm_bytes_per_s"), "HBM copy"
+        bandwidth, bw_label = section.get("hbm_bytes_per_s"), "HBM"
     entries = [b for b in data["benchmarks"] if b.get("device") == device and b.get("bytes")]
     if not entries:
         return
