@@ -257,10 +257,11 @@ TEST(GpuLayer, HotExpertsRunOnTheGpuBesideTheCpuShare) {
   const auto hot_steps = recorded_run(*entry, c, seed, nullptr);
   const auto cpu_steps = recorded_run(*entry, all_cpu, seed, nullptr);
   ASSERT_EQ(hot_steps.size(), cpu_steps.size());
-  // The same experts in bf16 on either side: in the first step only accumulation order and the SwiGLU's rounding
-  // differ. Later steps attend over caches the two runs wrote with those differences, and a near-tie router choice
-  // may then go the other way in one run (a device run saw 7.6e-3 at step 1): the layer's bf16 bound there.
-  for (size_t s = 0; s < hot_steps.size(); ++s) EXPECT_LE(max_rel_diff(hot_steps[s], cpu_steps[s]), s == 0 ? 5e-3 : 2e-2) << "step " << s;
+  // The same experts in bf16 on either side: only accumulation order and the SwiGLU's rounding differ, but layer 2's
+  // router already sees layer 1's outputs with those differences, so a near-tie choice may go the other way in one
+  // run from the first step on (device runs saw 7.6e-3 at step 1, and 1.1e-2 at step 0 where the layer's verify
+  // reported a selection-score gap of 0.0048, seed 8826768128240392585, session 21): the layer's bf16 bound.
+  for (size_t s = 0; s < hot_steps.size(); ++s) EXPECT_LE(max_rel_diff(hot_steps[s], cpu_steps[s]), 2e-2) << "step " << s;
   // all of the experts is not a hot set; a GPU op takes none
   c.gpu_experts = "hot:64";
   EXPECT_NE(v->supports(model, layer_point(c)).reason.find("gpu_experts: hot:64"), std::string::npos);

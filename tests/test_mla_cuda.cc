@@ -212,6 +212,8 @@ TEST(GpuMlaOps, CountersTimeEachOpOfTheStep) {
   ASSERT_TRUE(c.count("decode_phase.working_ctas") && c.count("decode_phase.blocks") && c.count("decode_phase_us.span"));
   EXPECT_GE(c.at("decode_phase.working_ctas"), 1.0);
   EXPECT_GE(c.at("decode_phase.blocks"), 1.0);
+  ASSERT_TRUE(c.count("decode_phase.block_keys"));
+  EXPECT_TRUE(c.at("decode_phase.block_keys") == 32 || c.at("decode_phase.block_keys") == 64);
   double before = -1e4;  // (with early loads the first copies are queued before the wait: a negative time)
   for (const char* phase : {"first_block_landed", "first_block_scored", "first_block_handed_over", "first_block_accumulated",
                             "last_block_accumulated", "done"}) {

@@ -32,19 +32,7 @@ constexpr int kGroups = kWidth / kQuantGroup;
 // wgmma_desc): the 576 columns are 9 blocks of 64. The 8 rows an ldmatrix reads fall in 8 different bank groups, and
 // a wgmma descriptor can address any 8-row x 64-column atom.
 
-// The tiles' element type: bf16, or fp16 where quantised blocks expand (see dequantise4).
-template <bool kHalf>
-struct TileType;
-template <>
-struct TileType<false> {
-  using T = __nv_bfloat16;
-};
-template <>
-struct TileType<true> {
-  using T = __half;
-};
-
-// S[64 x 64] (+)= A[64 x 16] · B[64 x 16]^T, as above with 64 keys; bf16 or (kHalf) fp16 operands.
+// S[64 x 64] (+)= A[64 x 16] · B[64 x 16]^T, as above with 64 keys (a 64-key block); bf16 or (kHalf) fp16 operands.
 template <bool kHalf>
 __device__ inline void wgmma_m64n64k16(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) {
   if constexpr (kHalf)
@@ -60,6 +48,22 @@ __device__ inline void wgmma_m64n64k16(float (&d)[8][4], uint64_t a, uint64_t b,
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+// S[64 x 32] (+)= A[64 x 16] · B[32 x 16]^T: Q K^T of a 32-key block.
+template <bool kHalf>
+__device__ inline void wgmma_m64n32k16(float (&d)[4][4], uint64_t a, uint64_t b, int accumulate) {
+  if constexpr (kHalf)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(a), "l"(b), "r"(accumulate));
+  else
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
       : "l"(a), "l"(b), "r"(accumulate));
 }
 // The same for 128 of those columns, d[16 H .. 16 H + 15]: a 64-register accumulator, which ptxas compiles in a
@@ -211,43 +215,71 @@ __global__ void __launch_bounds__(kCombineThreads) merge_splits_kernel(const flo
 // accumulator warpgroups (0 and 1). Each of those holds half of O (64 x 256 fp32), runs O = alpha O + P V
 // (wgmma m64n128k16, twice) and, once both products are done, refills the block's stage, each with its own columns
 // (tensor-memory-accelerator boxes, or cp.async where pages are smaller than a block; an mbarrier per stage).
-// P needs no buffer of its own: it overwrites the block's rope columns, which only Q K^T reads. Two stages of 64
-// keys (scorer s always on stage s), Q and the stages fill the shared memory. A CTA walks its segments as one
+// P needs no buffer of its own: it overwrites the block's rope columns, which only Q K^T reads. Four stages of 32
+// keys (block j in stage j % 4), Q and the stages fill the shared memory. A CTA walks its segments as one
 // flat run of blocks, so the pipeline does not drain where a request ends. An int8 / fp8 block (half the bytes of
 // a bf16 one, plus a scale per 64 values) lands in the upper half of its stage; its scorer expands it to fp16 in
 // place before scoring it (dequantise_stage), so both products read a tile laid out as a bf16 cache's (fp16 values,
 // Q and P fp16 with them).
 namespace roles {
 
-// kHalfKeys: the cp.async copies take a block in two halves of 32 keys (4 threads per key); tensor copies take
-// it in 64-key boxes, one per 64-column block (where a page holds whole blocks).
-constexpr int kKeys = 64, kHalfKeys = 32, kStages = 2, kRows = 64, kThreads = 512;
-static_assert(kKeys == kBlockKeys, "segments (split_kv) start on block boundaries, so a tensor copy's block lies in one page");
-static_assert(kKeys == kRows, "P (kRows x kKeys) takes the place of a rope block (kKeys x 64)");
+// A stage holds a block of KEYS keys: 64 (two stages) or 32 (four stages). Each stage cycles through its copy, Q K^T,
+// softmax and P V before its next copy can start, the copy's latency the longest link (the session 21 report): four
+// 32-key stages release a stage half a block sooner (16 heads: -1 to -3% at batch 64-128, and the first block's
+// softmax no longer waits behind the second block's Q K^T), but a 64 x 32 Q K^T reads all of Q for half the keys,
+// and at 128 heads, where the tensor cores are busy, it made the kernel 20% slower (H100, session 21). So 32-key
+// stages for a bf16 64-row tile of at most 32 real rows, 64-key stages otherwise (block_keys_for). cp.async copies take
+// a block 4 threads a key, kHalfKeys keys a pass; tensor copies take it in KEYS-key boxes, one per 64-column block
+// (where a page holds whole blocks).
+constexpr int kRows = 64, kThreads = 512, kHalfKeys = 32;
 // 512 threads start with 128 registers each; the scorers give up 40 so that each accumulator thread can hold its
 // 128 floats of O.
 constexpr int kScorerRegisters = 88, kAccumulatorRegisters = 168;
 static_assert(2 * kScorerRegisters + 2 * kAccumulatorRegisters <= 65536 / 128, "the register file of an SM");
 constexpr int kReadyThreads = 384;  // one scorer arrives, both accumulators wait
 constexpr float kLazyRescale = 8.0f;
-constexpr size_t kQBytes = size_t(kRows) * kWidth * 2, kStageBytes = size_t(kKeys) * kWidth * 2;
+constexpr size_t kQBytes = size_t(kRows) * kWidth * 2;
 constexpr int kRopeBlock = kLatent / 64;  // the 64-column block of the rope columns, where P goes
-// Per stage each row's rescale factor and 1 / sum; the scorers' hand-over (two running maxima and a row sum per
-// row); an mbarrier per stage.
-constexpr size_t kMetaBytes = size_t(kStages) * 2 * kRows * 4 + size_t(3) * kRows * 4 + kStages * 8;
-constexpr size_t kSmemBytes = kQBytes + kStages * kStageBytes + kMetaBytes + 1024;
-static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
-// A quantised block as it lands, in the top of its stage: raw block c (64 keys x 64 one-byte values of column
-// block c, [key][value]) at kRawOffset + c kRawBlockBytes, then the scales, [key][group] (group = column block).
-constexpr int kRawBlockBytes = kKeys * 64, kScaleBytes = kKeys * kGroups * 4;
-constexpr int kRawOffset = int(kStageBytes) - kGroups * kRawBlockBytes - kScaleBytes, kScalesOffset = int(kStageBytes) - kScaleBytes;
+static_assert(kRows == 64, "P (kRows x KEYS) takes the place of a rope block (KEYS x 64)");
 static_assert(kGroups == kWidth / 64, "one scale per 64-column block");
-static_assert(kRawOffset % 16 == 0 && kScalesOffset % 16 == 0, "bulk copies land 16-byte aligned");
-
 // Named barriers (0 is __syncthreads): each scorer's own (+ 0 or 1); per stage "ready" (scorer -> accumulators:
 // P and the rescale factors are there); per j % 2 "max" (scorer of block j -> scorer of block j + 1: the running
 // max after block j is there); the two accumulators'; each accumulator's own (+ 0 or 1).
-constexpr int kBarScorer = 1, kBarReady = 3, kBarMax = 5, kBarAccumulators = 7, kBarCleared = 8;
+constexpr int kBarScorer = 1, kBarReady = 3;
+
+template <int KEYS>
+struct Geometry {
+  static_assert(KEYS == 32 || KEYS == 64, "32- or 64-key blocks");
+  static_assert(kBlockKeys % KEYS == 0, "segments (split_kv) start on block boundaries, so a tensor copy's block lies in one page");
+  static constexpr int kKeys = KEYS, kStages = 128 / KEYS, kPasses = KEYS / kHalfKeys;
+  static constexpr size_t kStageBytes = size_t(KEYS) * kWidth * 2;
+  // Per stage each row's rescale factor and 1 / sum; the scorers' hand-over (two running maxima and a row sum per
+  // row); an mbarrier per stage.
+  static constexpr size_t kMetaBytes = size_t(kStages) * 2 * kRows * 4 + size_t(3) * kRows * 4 + kStages * 8;
+  static constexpr size_t kSmemBytes = kQBytes + kStages * kStageBytes + kMetaBytes + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
+  // A quantised block as it lands, in the top of its stage: raw block c (KEYS keys x 64 one-byte values of column
+  // block c, [key][value]) at kRawOffset + c kRawBlockBytes, then the scales, [key][group] (group = column block).
+  static constexpr int kRawBlockBytes = KEYS * 64, kScaleBytes = KEYS * kGroups * 4;
+  static constexpr int kRawOffset = int(kStageBytes) - kGroups * kRawBlockBytes - kScaleBytes, kScalesOffset = int(kStageBytes) - kScaleBytes;
+  static_assert(kRawOffset % 16 == 0 && kScalesOffset % 16 == 0, "bulk copies land 16-byte aligned");
+  static constexpr int kBarMax = kBarReady + kStages, kBarAccumulators = kBarMax + 2, kBarCleared = kBarAccumulators + 1;
+  static_assert(kBarCleared + 1 < 16, "16 named barriers");
+};
+
+// P [kRows][KEYS] bf16 (or fp16) as the P V product's K-major A operand: 64 keys, 128-byte rows in the 128-byte
+// swizzle (as every tile here); 32 keys, 64-byte rows in the 64-byte swizzle (16-byte chunk c of row r at
+// c ^ (r / 2 mod 4), 8-row groups 512 bytes apart). Element offset of (row, col), and the descriptor.
+template <int KEYS>
+__device__ __forceinline__ int p_offset(int row, int col) {
+  if constexpr (KEYS == 64) return swz(row, col, KEYS);
+  else return row * KEYS + ((((col >> 3) ^ (row >> 1)) & 3) << 3) + (col & 7);
+}
+template <int KEYS>
+__device__ __forceinline__ uint64_t p_desc_of(const void* p) {
+  if constexpr (KEYS == 64) return wgmma_desc(p);
+  else return uint64_t((smem_addr(p) & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(512 >> 4) << 32) | (uint64_t(2) << 62);
+}
 __device__ inline void bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 __device__ inline void bar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 // Eight bf16 values to fp16 in place, saturated to +-65504 rather than infinite (a quantised cache's Q).
@@ -295,6 +327,8 @@ __device__ __forceinline__ void dequantise4(uint32_t word, __half2 scale, uint32
 // barrier; 6-8 over raw blocks 4-8 and the scales, which every thread has read (6-8 into registers) by the second.
 template <KvDtype KV>
 __device__ __forceinline__ void dequantise_stage(uint8_t* stage, int t, int barrier) {
+  using G = Geometry<64>;  // (quantised blocks: 64 keys)
+  constexpr int kKeys = G::kKeys, kRawOffset = G::kRawOffset, kScalesOffset = G::kScalesOffset, kRawBlockBytes = G::kRawBlockBytes;
   const int key = t / 2, half = t % 2;  // this thread's 32 values of each of its key's column blocks
   const uint8_t* raw = stage + kRawOffset + key * 64 + half * 32;
   const float* scales = reinterpret_cast<const float*>(stage + kScalesOffset) + key * kGroups;
@@ -337,16 +371,32 @@ __device__ __forceinline__ void dequantise_stage(uint8_t* stage, int t, int barr
   for (int c = 0; c < 3; ++c) expand(6 + c, kept[c], kept_scale[c]);
 }
 
-// S = Q K^T for the block in stage kStage. Descriptors advance by constant offsets (their address field counts
-// 16 bytes; K follows Q in shared memory), so the 36 MMAs need no address arithmetic between them.
-template <int kStage, bool kHalf>
-__device__ __forceinline__ void score_block(float (&s)[8][4], uint64_t q_desc) {
-  constexpr uint64_t k_offset = (kQBytes + kStage * kStageBytes) / 16;
+// S = Q K^T for the block whose keys start at k_desc. Descriptors advance by constant offsets (their address field
+// counts 16 bytes), so the 36 MMAs need no address arithmetic between them.
+// (Two 64-key stages: K's descriptor is Q's plus a constant, kStage the scorer's own stage; a runtime one cost the
+// scorers, at 88 registers, more spills.)
+template <bool kHalf, int KEYS, int kStage>
+__device__ __forceinline__ void score_block_in(float (&s)[KEYS / 8][4], uint64_t q_desc) {
+  constexpr uint64_t k_offset = (kQBytes + kStage * Geometry<KEYS>::kStageBytes) / 16;
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < kWidth / 16; ++ks) {
     const int block = ks >> 2, column = (ks & 3) * 16;
-    wgmma_m64n64k16<kHalf>(s, q_desc + (block * kRows * 64 + column) * 2 / 16, q_desc + k_offset + (block * kKeys * 64 + column) * 2 / 16, ks > 0);
+    const uint64_t a = q_desc + (block * kRows * 64 + column) * 2 / 16, b = q_desc + k_offset + (block * KEYS * 64 + column) * 2 / 16;
+    if constexpr (KEYS == 64) wgmma_m64n64k16<kHalf>(s, a, b, ks > 0);
+    else wgmma_m64n32k16<kHalf>(s, a, b, ks > 0);
+  }
+  wgmma_commit_and_wait();
+}
+template <bool kHalf, int KEYS>
+__device__ __forceinline__ void score_block(float (&s)[KEYS / 8][4], uint64_t q_desc, uint64_t k_desc) {
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < kWidth / 16; ++ks) {
+    const int block = ks >> 2, column = (ks & 3) * 16;
+    const uint64_t a = q_desc + (block * kRows * 64 + column) * 2 / 16, b = k_desc + (block * KEYS * 64 + column) * 2 / 16;
+    if constexpr (KEYS == 64) wgmma_m64n64k16<kHalf>(s, a, b, ks > 0);
+    else wgmma_m64n32k16<kHalf>(s, a, b, ks > 0);
   }
   wgmma_commit_and_wait();
 }
@@ -363,6 +413,7 @@ __device__ inline void store_pair(bool real, __nv_bfloat16* dst, float a, float 
 }
 
 // Walks a CTA's blocks in order: its segments (request, first key, end key) cut into kKeys-key blocks.
+template <int kKeys>
 struct Cursor {
   int seg, end_seg;
   int4 s;    // the current segment
@@ -388,8 +439,14 @@ struct Cursor {
 // has finished. (A selector's page table comes from the kernel just before: no early loads there.) Q comes from
 // that kernel: the scorers wait before loading it. (Measured with the MoE down GEMM's early copies: the V2-Lite
 // batch-1 graph step 3.6% faster, H100, session 20.)
-template <KvDtype KV>
+template <KvDtype KV, int KEYS>
 __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ Params p) {
+  static_assert(KV == KvDtype::bf16 || KEYS == 64, "quantised blocks are 64 keys (block_keys_for)");
+  using G = Geometry<KEYS>;
+  constexpr int kKeys = G::kKeys, kStages = G::kStages, kPasses = G::kPasses;
+  constexpr size_t kStageBytes = G::kStageBytes;
+  constexpr int kRawBlockBytes = G::kRawBlockBytes, kScaleBytes = G::kScaleBytes, kRawOffset = G::kRawOffset, kScalesOffset = G::kScalesOffset;
+  constexpr int kBarMax = G::kBarMax, kBarAccumulators = G::kBarAccumulators, kBarCleared = G::kBarCleared;
   // Quantised blocks expand to fp16 (dequantise4), so Q and P are fp16 there too, every product fp16 x fp16.
   constexpr bool kHalfTiles = KV != KvDtype::bf16;
   using Pair = std::conditional_t<kHalfTiles, __half2, __nv_bfloat162>;
@@ -423,7 +480,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   };
   const int warpgroup = threadIdx.x / 128;
 
-  if (warpgroup >= 2) {  // ---- a scorer: blocks j with j % 2 == scorer, always in stage `scorer`
+  if (warpgroup >= 2) {  // ---- a scorer: blocks j with j % 2 == scorer, in stage j % kStages
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kScorerRegisters));
     const int2 mine = p.part_segments[blockIdx.x];
     const int total = blocks_of(mine), row0 = int(blockIdx.y) * kRows;
@@ -446,11 +503,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     };
     // The running max as the other scorer left it after block j - 1 (barrier (j - 1) % 2 says it is there).
     auto wait_for_max = [&](int j) { bar_sync(kBarMax + (j - 1) % 2, 256); };
-    Cursor at(p, mine);
+    Cursor<kKeys> at(p, mine);
     if (scorer == 1) at.next(p);
     const uint64_t q_desc = wgmma_desc(sq);
-    __nv_bfloat16* const sp = sk + scorer * kKeys * kWidth + kRopeBlock * kKeys * 64;  // P: over the rope columns
-    float* const alpha = meta + scorer * 2 * kRows;
     // m_lo/m_hi: the running max when this scorer last moved, to which its partial row sums l_lo/l_hi refer.
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0, l_hi = 0;
     int last_lo = 0, last_hi = 0, my_seg = -1;
@@ -483,24 +538,32 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         fence_proxy_async();  // the copies are read by the tensor cores
         if (j == 0 && t == 0) record_clock(p, kQLanded);
       }
-      mbarrier_wait(&landed[scorer], (j / 2) & 1);
+      const int stage = kStages == 2 ? scorer : j % kStages;  // (two stages: the scorer's own)
+      __nv_bfloat16* const keys = sk + stage * kKeys * kWidth;
+      __nv_bfloat16* const sp = keys + kRopeBlock * kKeys * 64;  // P: over the rope columns
+      float* const alpha = meta + stage * 2 * kRows;
+      mbarrier_wait(&landed[stage], (j / kStages) & 1);
       if (j == 0 && t == 0) record_clock(p, kFirstLanded);
       if constexpr (KV != KvDtype::bf16) {
-        dequantise_stage<KV>(reinterpret_cast<uint8_t*>(sk + scorer * kKeys * kWidth), t, kBarScorer + scorer);
+        dequantise_stage<KV>(reinterpret_cast<uint8_t*>(keys), t, kBarScorer + scorer);
         fence_proxy_async();                 // the fp16 tile, written just now, is read by the tensor cores
         bar_sync(kBarScorer + scorer, 128);  // every thread's part of it (and of Q) is there
       } else {
         if (!p.tma) fence_proxy_async();  // cp.async copies (generic proxy) are read by the tensor cores (async proxy)
         if (first) bar_sync(kBarScorer + scorer, 128);  // every thread's part of Q has landed
       }
-      float s[8][4];
-      if (scorer == 0) score_block<0, kHalfTiles>(s, q_desc);  // a constant stage per scorer: descriptors are Q's plus immediates
-      else score_block<1, kHalfTiles>(s, q_desc);
+      float s[kKeys / 8][4];
+      if constexpr (kStages == 2) {
+        if (scorer == 0) score_block_in<kHalfTiles, kKeys, 0>(s, q_desc);
+        else score_block_in<kHalfTiles, kKeys, 1>(s, q_desc);
+      } else {
+        score_block<kHalfTiles, kKeys>(s, q_desc, wgmma_desc(keys));
+      }
       if (j == 0 && t == 0) record_clock(p, kFirstScored);
       // Mask, then the online softmax. A row lives in one quad of one warp: no exchange across warps.
       if (key0 + kKeys > min(k_end, min(last_lo, last_hi) + 1)) {  // (a block inside the segment and before every
 #pragma unroll                                                       //  row's own position needs no mask)
-        for (int n = 0; n < 8; ++n)
+        for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int key = key0 + n * 8 + (lane % 4) * 2 + e;
@@ -510,7 +573,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       }
       float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
+      for (int n = 0; n < kKeys / 8; ++n) {
         mx_lo = fmaxf(mx_lo, fmaxf(s[n][0], s[n][1]));
         mx_hi = fmaxf(mx_hi, fmaxf(s[n][2], s[n][3]));
       }
@@ -552,15 +615,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       m_hi = new_hi;
       // P over the block's rope columns (its Q K^T, the only reader, is done).
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
+      for (int n = 0; n < kKeys / 8; ++n) {
         const Pair lo = to_pair(exp2f(s[n][0] * p.scale_log2 - base_lo), exp2f(s[n][1] * p.scale_log2 - base_lo));
         const Pair hi = to_pair(exp2f(s[n][2] * p.scale_log2 - base_hi), exp2f(s[n][3] * p.scale_log2 - base_hi));
         // The sums use the rounded probabilities the P V product will use.
         l_lo += __low2float(lo) + __high2float(lo);
         l_hi += __low2float(hi) + __high2float(hi);
         const int col = n * 8 + (lane % 4) * 2;
-        *reinterpret_cast<Pair*>(sp + swz(r_lo, col, kKeys)) = lo;
-        *reinterpret_cast<Pair*>(sp + swz(r_hi, col, kKeys)) = hi;
+        *reinterpret_cast<Pair*>(sp + p_offset<kKeys>(r_lo, col)) = lo;
+        *reinterpret_cast<Pair*>(sp + p_offset<kKeys>(r_hi, col)) = hi;
       }
       if (hand_over && next_is_last) {  // the other scorer closes the segment: it adds this scorer's sums
         float sum_lo = l_lo, sum_hi = l_hi;
@@ -595,7 +658,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         alpha[r_hi] = alpha_hi;
       }
       fence_proxy_async();  // P is read by the tensor cores
-      bar_arrive(kBarReady + scorer, kReadyThreads);
+      bar_arrive(kBarReady + stage, kReadyThreads);
       if (j == 0 && t == 0) record_clock(p, kFirstHandedOver);
       at.next(p);
       at.next(p);
@@ -609,27 +672,29 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   const int r_lo = (t / 32) * 16 + lane / 4, r_hi = r_lo + 8;
 
   // ---- the accumulators: warpgroup g owns latent columns 256 g .. 256 g + 255 of O and copies them into each
-  // stage, warpgroup 0 also the rope columns. Tensor copies: 64-key x 64-column boxes (a page holds whole blocks).
+  // stage, warpgroup 0 also the rope columns. Tensor copies: kKeys-key x 64-column boxes (a page holds whole blocks).
   // cp.async: half of a key row's 72 16-byte chunks, 4 threads per key, 9 chunks each (c0 + 4u for u < 8, then
-  // one rope chunk), at offsets fixed per thread, for keys my_key and my_key + 32.
+  // one rope chunk), at offsets fixed per thread, for key my_key (+ kHalfKeys a pass).
   const int cbase = warpgroup * 256;
   const int my_key = t / 4, my_part = t % 4;
   const int c0 = warpgroup * 32 + my_part, c_rope = 64 + warpgroup * 4 + my_part;
   auto swizzled = [&](int c) { return swz(my_key, c * 8, kKeys); };  // element offset of chunk c of my key in a stage
   const int dst_even = swizzled(c0), dst_odd = swizzled(c0 + 4), dst_rope = swizzled(c_rope);  // u even / odd: +4096 u/2
-  Cursor lookup_at(p, mine);
+  Cursor<kKeys> lookup_at(p, mine);
   // The next block's page-table entries are fetched a block ahead (look_up, after a block's copies are queued) and
   // turned into slots only when that block's copies are (resolve): consumed at once, the entry's load stalled the
   // accumulators ~1 us a block where every thread looks one up (a token selector's keys: 15% of the DSA decode's
   // warp samples, ncu, H100, V3 batch 16 128K, session 21).
-  int32_t entry[2] = {0, 0};     // page-table entry of my key in each half of the next block (tensor copies: [0], the block's first key)
-  int in_page[2] = {0, 0};       // the key's offset in its page
-  bool has[2] = {false, false};  // whether that key exists
-  int64_t slot[2] = {-1, -1};    // their slots, once resolved; -1: none
+  int32_t entry[kPasses] = {};    // page-table entry of my key in each pass of the next block (tensor copies: [0], the block's first key)
+  int in_page[kPasses] = {};      // the key's offset in its page
+  bool has[kPasses] = {};         // whether that key exists
+  int64_t slot[kPasses];          // their slots, once resolved; -1: none
+#pragma unroll
+  for (auto& x : slot) x = -1;
   auto look_up = [&]() {
     if (p.tma && t != 0) return;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
+    for (int half = 0; half < kPasses; ++half) {
       if (p.tma && half) break;
       const int key = lookup_at.key0 + half * kHalfKeys + (p.tma ? 0 : my_key);
       has[half] = lookup_at.valid() && key < lookup_at.s.z;
@@ -643,7 +708,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   };
   auto resolve = [&]() {
 #pragma unroll
-    for (int half = 0; half < 2; ++half)
+    for (int half = 0; half < kPasses; ++half)
       slot[half] = has[half] ? int64_t(entry[half]) * p.cache.page_size + in_page[half] : -1;
   };
   int next_load = 0;
@@ -663,8 +728,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
           // A block lies in one page (page_size % kKeys == 0): its keys' scales are one contiguous run.
           if (warpgroup == 0) bulk_load(stage + kScalesOffset, p.cache.scales + slot[0] * kGroups, kScaleBytes, bar);
         }
-      } else {  // one key per thread (the lookup's half `warpgroup`): a 16-byte piece of each raw block, every 4th scale
-        const int64_t my_slot = warpgroup == 0 ? slot[0] : slot[1];
+      } else {  // one key a thread (the lookup's pass `warpgroup`): a 16-byte piece of each raw block, every 4th scale
+        const int64_t my_slot = warpgroup == 0 ? slot[0] : slot[kPasses - 1];
         const bool valid = my_slot >= 0;
         const uint8_t* src = p.cache.values + (valid ? my_slot : 0) * kWidth;
         const float* scales = p.cache.scales + (valid ? my_slot : 0) * kGroups;
@@ -686,7 +751,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       }
     } else {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
+      for (int half = 0; half < kPasses; ++half) {
         const __nv_bfloat16* src = reinterpret_cast<const __nv_bfloat16*>(p.cache.values) + (slot[half] < 0 ? 0 : slot[half]) * kWidth;
         __nv_bfloat16* row = dst + half * kHalfKeys * 64;
 #pragma unroll
@@ -709,11 +774,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     if (warpgroup == 0 && t == 0) record_clock(p, kWaited);
   }
   const uint64_t v_desc0 = wgmma_desc_mn(sk + (cbase / 64) * kKeys * 64, kKeys);
-  const uint64_t p_desc0 = wgmma_desc(sk + kRopeBlock * kKeys * 64);
+  const uint64_t p_desc0 = p_desc_of<kKeys>(sk + kRopeBlock * kKeys * 64);
   float o[32][4];
 #pragma unroll
   for (auto& x : o) x[0] = x[1] = x[2] = x[3] = 0;
-  Cursor at(p, mine);
+  Cursor<kKeys> at(p, mine);
 #pragma unroll 1
   for (int j = 0; j < total; ++j, at.next(p)) {
     const int stage = j % kStages;
@@ -778,17 +843,39 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
 
 }  // namespace roles
 
-// One CTA per (part, row tile); the kernel's shared-memory allowance is raised on its first launch.
-template <KvDtype KV>
-void launch_decode_kernel(const Params& params, int parts, int row_tiles, cudaStream_t stream) {
+// The kernel's shared-memory allowance, raised once.
+template <KvDtype KV, int KEYS>
+void configure_decode_kernel() {
   static const bool configured = [] {
-    DSLAB_CUDA(cudaFuncSetAttribute(roles::decode_kernel<KV>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(roles::kSmemBytes)));
+    DSLAB_CUDA(cudaFuncSetAttribute(roles::decode_kernel<KV, KEYS>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(roles::Geometry<KEYS>::kSmemBytes)));
     return true;
   }();
   (void)configured;
-  launch_pdl(roles::decode_kernel<KV>, dim3(unsigned(parts), unsigned(row_tiles)), dim3(roles::kThreads), roles::kSmemBytes, stream, params);
+}
+
+// One CTA per (part, row tile), with blocks of `block_keys` (32 or 64) keys.
+template <KvDtype KV>
+void launch_decode_kernel(const Params& params, int parts, int row_tiles, int block_keys, cudaStream_t stream) {
+  const dim3 grid{unsigned(parts), unsigned(row_tiles)};
+  if constexpr (KV == KvDtype::bf16) {
+    if (block_keys == 32) {
+      configure_decode_kernel<KV, 32>();
+      launch_pdl(roles::decode_kernel<KV, 32>, grid, dim3(roles::kThreads), roles::Geometry<32>::kSmemBytes, stream, params);
+      DSLAB_CHECK_LAUNCH();
+      return;
+    }
+  }
+  if (block_keys != 64) throw std::logic_error("mla/fused/cuda: quantised caches take 64-key blocks");
+  {
+    configure_decode_kernel<KV, 64>();
+    launch_pdl(roles::decode_kernel<KV, 64>, grid, dim3(roles::kThreads), roles::Geometry<64>::kSmemBytes, stream, params);
+  }
   DSLAB_CHECK_LAUNCH();
 }
+
+// Keys a block (see roles): 32 where a 64-row tile holds at most 32 real rows (16 heads, or 16 with an MTP token)
+// of a bf16 cache, else 64. (A quantised block expanded in 32-key stages ran 4-7% slower, H100, session 21.)
+int block_keys_for(int64_t rows, KvDtype kv) { return rows <= 32 && kv == KvDtype::bf16 ? 32 : 64; }
 
 int page_shift(int64_t page_size) {
   for (int shift = 0; shift < 31; ++shift)
@@ -815,7 +902,8 @@ class FusedCuda final : public MlaOp {
   // its clock span), and the medians over those CTAs: where a CTA's serial chain goes at batch 1, where few blocks
   // each leave the chain's fixed part exposed. decode_phase_us.wait: from entry to the wait's end (PDL's early
   // start: the kernels before still running; with early loads, after the first copies are queued, so loads_issued
-  // and first_block_landed may be negative); per_block: (last - first block's P V) / (blocks - 1);
+  // and first_block_landed may be negative); per_block: (last - first block's P V) / (blocks - 1), blocks of
+  // decode_phase.block_keys keys (32 or 64: see roles);
   // decode_phase.sm_ghz: the SM clock as it ran.
   std::map<std::string, double> phase_counters() override;
 
@@ -838,8 +926,9 @@ class FusedCuda final : public MlaOp {
     o_lat_.scratch(arena_, size_t(T * nh_ * r_));
     o_partial_.scratch(arena_, size_t(max_segments_) * size_t(row_tiles_ * roles::kRows) * kLatent);
     lse_partial_.scratch(arena_, size_t(max_segments_) * size_t(row_tiles_ * roles::kRows));
-    tma_ = b_.cache->page_size % roles::kKeys == 0;
-    if (tma_) kv_map_ = cache_tensor_map(*b_.cache);
+    block_keys_ = block_keys_for(M, s_.kv_dtype);
+    tma_ = b_.cache->page_size % block_keys_ == 0;
+    if (tma_) kv_map_ = cache_tensor_map(*b_.cache, block_keys_);
   }
   // The schedule blob: segments (int4 each) at 0, the CTAs' segment ranges (int2) at 4 * max_segments_, the
   // requests' (int2) after them.
@@ -881,12 +970,12 @@ class FusedCuda final : public MlaOp {
     merges_ = merges_ || out.merges;
     return out;
   }
-  // The cache as a 2-D tensor [slots][576] for the tensor memory accelerator, 64-key x 64-column boxes: bf16
-  // swizzled as the MMAs read them; int8 / fp8 as they are, for the scorer to expand (see roles::kRawOffset).
-  static CUtensorMap cache_tensor_map(const PagedLatentCache& c) {
+  // The cache as a 2-D tensor [slots][576] for the tensor memory accelerator, block_keys x 64-column boxes: bf16
+  // swizzled as the MMAs read them; int8 / fp8 as they are, for the scorer to expand (see roles::Geometry).
+  static CUtensorMap cache_tensor_map(const PagedLatentCache& c, int block_keys) {
     const bool bf16 = c.dtype == KvDtype::bf16;
     const int element_bytes = bf16 ? 2 : 1;
-    return tensor_map_2d(c.values.get(), int64_t(c.values.size()) / (kWidth * element_bytes), kWidth, element_bytes, roles::kKeys, 64, bf16);
+    return tensor_map_2d(c.values.get(), int64_t(c.values.size()) / (kWidth * element_bytes), kWidth, element_bytes, block_keys, 64, bf16);
   }
   void attend() override {
     const int M = int(s_.q_len * nh_);
@@ -905,14 +994,14 @@ class FusedCuda final : public MlaOp {
     const int2* part_segments = reinterpret_cast<const int2*>(schedule_buffer() + 4 * max_segments_);
     const int2* request_segments = part_segments + parts_;
     // (a token selector's entries are single keys: copied key by key, not by the tensor memory accelerator)
-    Params params{kv_map_, tma_ && view.page_size % roles::kKeys == 0, q_cat_, view, lengths, segments, part_segments,
+    Params params{kv_map_, tma_ && view.page_size % block_keys_ == 0, q_cat_, view, lengths, segments, part_segments,
                   o_partial_.get(), lse_partial_.get(), M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E),
                   page_shift(view.page_size), row_tiles_ * roles::kRows, o_lat_.get(), record_phases_ ? phases_.get() : nullptr,
                   /*early_loads=*/!selector_};
     switch (s_.kv_dtype) {
-      case KvDtype::bf16: launch_decode_kernel<KvDtype::bf16>(params, parts_, row_tiles_, stream_); break;
-      case KvDtype::int8: launch_decode_kernel<KvDtype::int8>(params, parts_, row_tiles_, stream_); break;
-      case KvDtype::fp8_e4m3: launch_decode_kernel<KvDtype::fp8_e4m3>(params, parts_, row_tiles_, stream_); break;
+      case KvDtype::bf16: launch_decode_kernel<KvDtype::bf16>(params, parts_, row_tiles_, block_keys_, stream_); break;
+      case KvDtype::int8: launch_decode_kernel<KvDtype::int8>(params, parts_, row_tiles_, block_keys_, stream_); break;
+      case KvDtype::fp8_e4m3: launch_decode_kernel<KvDtype::fp8_e4m3>(params, parts_, row_tiles_, block_keys_, stream_); break;
     }
     mark("decode");
     if (merges_ || lengths_vary_) {  // (a step replayed with other lengths may split requests this one did not)
@@ -935,7 +1024,7 @@ class FusedCuda final : public MlaOp {
   std::unique_ptr<PageSelector> selector_;
   bool record_phases_ = false;
   DeviceArray<unsigned long long> phases_;
-  int row_tiles_ = 1, parts_ = 1, max_segments_ = 0;
+  int row_tiles_ = 1, parts_ = 1, max_segments_ = 0, block_keys_ = 64;
   bool tma_ = false;
   mutable bool merges_ = false;  // a schedule made so far splits a request across CTAs, left to combine
   CUtensorMap kv_map_{};
@@ -984,6 +1073,7 @@ std::map<std::string, double> FusedCuda::phase_counters() {
     out[(name == "blocks" || name == "sm_ghz" ? "decode_phase." : "decode_phase_us.") + name] = v[v.size() / 2];
   }
   out["decode_phase.working_ctas"] = double(us["blocks"].size());
+  out["decode_phase.block_keys"] = double(block_keys_);  // (blocks and per_block count blocks of this many keys)
   out["decode_phase_us.span"] = double(last_exit - first_entry) * 1e-3;
   return out;
 }
