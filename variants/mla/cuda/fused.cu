@@ -209,14 +209,14 @@ __global__ void __launch_bounds__(kCombineThreads) merge_splits_kernel(const flo
 // ---- 64-row tiles on warpgroups with fixed roles -------------------------------------------------------------
 // As in FlashMLA, the softmax overlaps the products (a kernel running both products and the softmax in lockstep
 // idled the tensor cores during the softmax: 0.36-0.40 of the roofline at 128 heads). Two scorer warpgroups (2
-// and 3) take alternate 64-key blocks: each computes S = Q K^T (wgmma
-// m64n64k16) and the online softmax of its block, handing the running max on to the other (so block j + 1's
+// and 3) take alternate blocks of 64 or 32 keys (roles::Geometry): each computes S = Q K^T (wgmma m64n64k16 or
+// m64n32k16) and the online softmax of its block, handing the running max on to the other (so block j + 1's
 // Q K^T runs while block j's softmax does), and leaves P (bf16) and each row's rescale factor for the two
 // accumulator warpgroups (0 and 1). Each of those holds half of O (64 x 256 fp32), runs O = alpha O + P V
 // (wgmma m64n128k16, twice) and, once both products are done, refills the block's stage, each with its own columns
 // (tensor-memory-accelerator boxes, or cp.async where pages are smaller than a block; an mbarrier per stage).
-// P needs no buffer of its own: it overwrites the block's rope columns, which only Q K^T reads. Four stages of 32
-// keys (block j in stage j % 4), Q and the stages fill the shared memory. A CTA walks its segments as one
+// P needs no buffer of its own: it overwrites the block's rope columns, which only Q K^T reads. Two stages of 64
+// keys or four of 32 (block j in stage j % stages), Q and the stages fill the shared memory. A CTA walks its segments as one
 // flat run of blocks, so the pipeline does not drain where a request ends. An int8 / fp8 block (half the bytes of
 // a bf16 one, plus a scale per 64 values) lands in the upper half of its stage; its scorer expands it to fp16 in
 // place before scoring it (dequantise_stage), so both products read a tile laid out as a bf16 cache's (fp16 values,
