@@ -32,60 +32,50 @@ constexpr int kGroups = kWidth / kQuantGroup;
 // wgmma_desc): the 576 columns are 9 blocks of 64. The 8 rows an ldmatrix reads fall in 8 different bank groups, and
 // a wgmma descriptor can address any 8-row x 64-column atom.
 
-// S[64 x 64] (+)= A[64 x 16] · B[64 x 16]^T, as above with 64 keys (a 64-key block); bf16 or (kHalf) fp16 operands.
+// The wgmma wrappers below take bf16 or (kHalf) fp16 operands: one asm body each, the element type T its only
+// difference.
+#define DSLAB_WGMMA_M64N64K16(T) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n" \
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
+      : "l"(a), "l"(b), "r"(accumulate))
+#define DSLAB_WGMMA_M64N32K16(T) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." T "." T " " \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n" \
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]) \
+      : "l"(a), "l"(b), "r"(accumulate))
+#define DSLAB_WGMMA_M64N128K16_VT(T) \
+  asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n" \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " " \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 1;\n}\n" \
+      : "+f"(d[16 * H + 0][0]), "+f"(d[16 * H + 0][1]), "+f"(d[16 * H + 0][2]), "+f"(d[16 * H + 0][3]), "+f"(d[16 * H + 1][0]), "+f"(d[16 * H + 1][1]), "+f"(d[16 * H + 1][2]), "+f"(d[16 * H + 1][3]), "+f"(d[16 * H + 2][0]), "+f"(d[16 * H + 2][1]), "+f"(d[16 * H + 2][2]), "+f"(d[16 * H + 2][3]), "+f"(d[16 * H + 3][0]), "+f"(d[16 * H + 3][1]), "+f"(d[16 * H + 3][2]), "+f"(d[16 * H + 3][3]), "+f"(d[16 * H + 4][0]), "+f"(d[16 * H + 4][1]), "+f"(d[16 * H + 4][2]), "+f"(d[16 * H + 4][3]), "+f"(d[16 * H + 5][0]), "+f"(d[16 * H + 5][1]), "+f"(d[16 * H + 5][2]), "+f"(d[16 * H + 5][3]), "+f"(d[16 * H + 6][0]), "+f"(d[16 * H + 6][1]), "+f"(d[16 * H + 6][2]), "+f"(d[16 * H + 6][3]), "+f"(d[16 * H + 7][0]), "+f"(d[16 * H + 7][1]), "+f"(d[16 * H + 7][2]), "+f"(d[16 * H + 7][3]), "+f"(d[16 * H + 8][0]), "+f"(d[16 * H + 8][1]), "+f"(d[16 * H + 8][2]), "+f"(d[16 * H + 8][3]), "+f"(d[16 * H + 9][0]), "+f"(d[16 * H + 9][1]), "+f"(d[16 * H + 9][2]), "+f"(d[16 * H + 9][3]), "+f"(d[16 * H + 10][0]), "+f"(d[16 * H + 10][1]), "+f"(d[16 * H + 10][2]), "+f"(d[16 * H + 10][3]), "+f"(d[16 * H + 11][0]), "+f"(d[16 * H + 11][1]), "+f"(d[16 * H + 11][2]), "+f"(d[16 * H + 11][3]), "+f"(d[16 * H + 12][0]), "+f"(d[16 * H + 12][1]), "+f"(d[16 * H + 12][2]), "+f"(d[16 * H + 12][3]), "+f"(d[16 * H + 13][0]), "+f"(d[16 * H + 13][1]), "+f"(d[16 * H + 13][2]), "+f"(d[16 * H + 13][3]), "+f"(d[16 * H + 14][0]), "+f"(d[16 * H + 14][1]), "+f"(d[16 * H + 14][2]), "+f"(d[16 * H + 14][3]), "+f"(d[16 * H + 15][0]), "+f"(d[16 * H + 15][1]), "+f"(d[16 * H + 15][2]), "+f"(d[16 * H + 15][3]) \
+      : "l"(a), "l"(b))
+
+// S[64 x 64] (+)= A[64 x 16] · B[64 x 16]^T, as above with 64 keys (a 64-key block).
 template <bool kHalf>
 __device__ inline void wgmma_m64n64k16(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) {
-  if constexpr (kHalf)
-    asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "l"(a), "l"(b), "r"(accumulate));
-  else
-    asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "l"(a), "l"(b), "r"(accumulate));
+  if constexpr (kHalf) DSLAB_WGMMA_M64N64K16("f16");
+  else DSLAB_WGMMA_M64N64K16("bf16");
 }
 // S[64 x 32] (+)= A[64 x 16] · B[32 x 16]^T: Q K^T of a 32-key block.
 template <bool kHalf>
 __device__ inline void wgmma_m64n32k16(float (&d)[4][4], uint64_t a, uint64_t b, int accumulate) {
-  if constexpr (kHalf)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-      : "l"(a), "l"(b), "r"(accumulate));
-  else
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-      : "l"(a), "l"(b), "r"(accumulate));
+  if constexpr (kHalf) DSLAB_WGMMA_M64N32K16("f16");
+  else DSLAB_WGMMA_M64N32K16("bf16");
 }
 // The same for 128 of those columns, d[16 H .. 16 H + 15]: a 64-register accumulator, which ptxas compiles in a
 // kernel whose threads start with 128 registers (it refuses the 256-column form there, even where setmaxnreg
 // has raised the count).
 template <int H, bool kHalf>
 __device__ inline void wgmma_m64n128k16_vt(float (&d)[32][4], uint64_t a, uint64_t b) {
-  if constexpr (kHalf)
-    asm volatile(
-      "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 1;\n}\n"
-      : "+f"(d[16 * H + 0][0]), "+f"(d[16 * H + 0][1]), "+f"(d[16 * H + 0][2]), "+f"(d[16 * H + 0][3]), "+f"(d[16 * H + 1][0]), "+f"(d[16 * H + 1][1]), "+f"(d[16 * H + 1][2]), "+f"(d[16 * H + 1][3]), "+f"(d[16 * H + 2][0]), "+f"(d[16 * H + 2][1]), "+f"(d[16 * H + 2][2]), "+f"(d[16 * H + 2][3]), "+f"(d[16 * H + 3][0]), "+f"(d[16 * H + 3][1]), "+f"(d[16 * H + 3][2]), "+f"(d[16 * H + 3][3]), "+f"(d[16 * H + 4][0]), "+f"(d[16 * H + 4][1]), "+f"(d[16 * H + 4][2]), "+f"(d[16 * H + 4][3]), "+f"(d[16 * H + 5][0]), "+f"(d[16 * H + 5][1]), "+f"(d[16 * H + 5][2]), "+f"(d[16 * H + 5][3]), "+f"(d[16 * H + 6][0]), "+f"(d[16 * H + 6][1]), "+f"(d[16 * H + 6][2]), "+f"(d[16 * H + 6][3]), "+f"(d[16 * H + 7][0]), "+f"(d[16 * H + 7][1]), "+f"(d[16 * H + 7][2]), "+f"(d[16 * H + 7][3]), "+f"(d[16 * H + 8][0]), "+f"(d[16 * H + 8][1]), "+f"(d[16 * H + 8][2]), "+f"(d[16 * H + 8][3]), "+f"(d[16 * H + 9][0]), "+f"(d[16 * H + 9][1]), "+f"(d[16 * H + 9][2]), "+f"(d[16 * H + 9][3]), "+f"(d[16 * H + 10][0]), "+f"(d[16 * H + 10][1]), "+f"(d[16 * H + 10][2]), "+f"(d[16 * H + 10][3]), "+f"(d[16 * H + 11][0]), "+f"(d[16 * H + 11][1]), "+f"(d[16 * H + 11][2]), "+f"(d[16 * H + 11][3]), "+f"(d[16 * H + 12][0]), "+f"(d[16 * H + 12][1]), "+f"(d[16 * H + 12][2]), "+f"(d[16 * H + 12][3]), "+f"(d[16 * H + 13][0]), "+f"(d[16 * H + 13][1]), "+f"(d[16 * H + 13][2]), "+f"(d[16 * H + 13][3]), "+f"(d[16 * H + 14][0]), "+f"(d[16 * H + 14][1]), "+f"(d[16 * H + 14][2]), "+f"(d[16 * H + 14][3]), "+f"(d[16 * H + 15][0]), "+f"(d[16 * H + 15][1]), "+f"(d[16 * H + 15][2]), "+f"(d[16 * H + 15][3])
-      : "l"(a), "l"(b));
-  else
-    asm volatile(
-      "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 1;\n}\n"
-      : "+f"(d[16 * H + 0][0]), "+f"(d[16 * H + 0][1]), "+f"(d[16 * H + 0][2]), "+f"(d[16 * H + 0][3]), "+f"(d[16 * H + 1][0]), "+f"(d[16 * H + 1][1]), "+f"(d[16 * H + 1][2]), "+f"(d[16 * H + 1][3]), "+f"(d[16 * H + 2][0]), "+f"(d[16 * H + 2][1]), "+f"(d[16 * H + 2][2]), "+f"(d[16 * H + 2][3]), "+f"(d[16 * H + 3][0]), "+f"(d[16 * H + 3][1]), "+f"(d[16 * H + 3][2]), "+f"(d[16 * H + 3][3]), "+f"(d[16 * H + 4][0]), "+f"(d[16 * H + 4][1]), "+f"(d[16 * H + 4][2]), "+f"(d[16 * H + 4][3]), "+f"(d[16 * H + 5][0]), "+f"(d[16 * H + 5][1]), "+f"(d[16 * H + 5][2]), "+f"(d[16 * H + 5][3]), "+f"(d[16 * H + 6][0]), "+f"(d[16 * H + 6][1]), "+f"(d[16 * H + 6][2]), "+f"(d[16 * H + 6][3]), "+f"(d[16 * H + 7][0]), "+f"(d[16 * H + 7][1]), "+f"(d[16 * H + 7][2]), "+f"(d[16 * H + 7][3]), "+f"(d[16 * H + 8][0]), "+f"(d[16 * H + 8][1]), "+f"(d[16 * H + 8][2]), "+f"(d[16 * H + 8][3]), "+f"(d[16 * H + 9][0]), "+f"(d[16 * H + 9][1]), "+f"(d[16 * H + 9][2]), "+f"(d[16 * H + 9][3]), "+f"(d[16 * H + 10][0]), "+f"(d[16 * H + 10][1]), "+f"(d[16 * H + 10][2]), "+f"(d[16 * H + 10][3]), "+f"(d[16 * H + 11][0]), "+f"(d[16 * H + 11][1]), "+f"(d[16 * H + 11][2]), "+f"(d[16 * H + 11][3]), "+f"(d[16 * H + 12][0]), "+f"(d[16 * H + 12][1]), "+f"(d[16 * H + 12][2]), "+f"(d[16 * H + 12][3]), "+f"(d[16 * H + 13][0]), "+f"(d[16 * H + 13][1]), "+f"(d[16 * H + 13][2]), "+f"(d[16 * H + 13][3]), "+f"(d[16 * H + 14][0]), "+f"(d[16 * H + 14][1]), "+f"(d[16 * H + 14][2]), "+f"(d[16 * H + 14][3]), "+f"(d[16 * H + 15][0]), "+f"(d[16 * H + 15][1]), "+f"(d[16 * H + 15][2]), "+f"(d[16 * H + 15][3])
-      : "l"(a), "l"(b));
+  if constexpr (kHalf) DSLAB_WGMMA_M64N128K16_VT("f16");
+  else DSLAB_WGMMA_M64N128K16_VT("bf16");
 }
+#undef DSLAB_WGMMA_M64N64K16
+#undef DSLAB_WGMMA_M64N32K16
+#undef DSLAB_WGMMA_M64N128K16_VT
 struct Params {
   CUtensorMap kv_map;      // the cache as a [slots][576] tensor, 64 x 64 boxes (when tma)
   bool tma;                // page_size a multiple of 64: blocks copied by the tensor memory accelerator
@@ -375,19 +365,6 @@ __device__ __forceinline__ void dequantise_stage(uint8_t* stage, int t, int barr
 // counts 16 bytes), so the 36 MMAs need no address arithmetic between them.
 // (Two 64-key stages: K's descriptor is Q's plus a constant, kStage the scorer's own stage; a runtime one cost the
 // scorers, at 88 registers, more spills.)
-template <bool kHalf, int KEYS, int kStage>
-__device__ __forceinline__ void score_block_in(float (&s)[KEYS / 8][4], uint64_t q_desc) {
-  constexpr uint64_t k_offset = (kQBytes + kStage * Geometry<KEYS>::kStageBytes) / 16;
-  wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < kWidth / 16; ++ks) {
-    const int block = ks >> 2, column = (ks & 3) * 16;
-    const uint64_t a = q_desc + (block * kRows * 64 + column) * 2 / 16, b = q_desc + k_offset + (block * KEYS * 64 + column) * 2 / 16;
-    if constexpr (KEYS == 64) wgmma_m64n64k16<kHalf>(s, a, b, ks > 0);
-    else wgmma_m64n32k16<kHalf>(s, a, b, ks > 0);
-  }
-  wgmma_commit_and_wait();
-}
 template <bool kHalf, int KEYS>
 __device__ __forceinline__ void score_block(float (&s)[KEYS / 8][4], uint64_t q_desc, uint64_t k_desc) {
   wgmma_fence();
@@ -399,6 +376,10 @@ __device__ __forceinline__ void score_block(float (&s)[KEYS / 8][4], uint64_t q_
     else wgmma_m64n32k16<kHalf>(s, a, b, ks > 0);
   }
   wgmma_commit_and_wait();
+}
+template <bool kHalf, int KEYS, int kStage>
+__device__ __forceinline__ void score_block_in(float (&s)[KEYS / 8][4], uint64_t q_desc) {
+  score_block<kHalf, KEYS>(s, q_desc, q_desc + (kQBytes + kStage * Geometry<KEYS>::kStageBytes) / 16);
 }
 
 // Two adjacent output values, fp32 (a partial) or bf16 (final), where `real` (a padding row's are not stored). A
@@ -843,34 +824,26 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
 
 }  // namespace roles
 
-// The kernel's shared-memory allowance, raised once.
+// One CTA per (part, row tile), blocks of KEYS keys; the kernel's shared-memory allowance raised on its first launch.
 template <KvDtype KV, int KEYS>
-void configure_decode_kernel() {
+void launch_decode_geometry(const Params& params, dim3 grid, cudaStream_t stream) {
   static const bool configured = [] {
     DSLAB_CUDA(cudaFuncSetAttribute(roles::decode_kernel<KV, KEYS>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(roles::Geometry<KEYS>::kSmemBytes)));
     return true;
   }();
   (void)configured;
+  launch_pdl(roles::decode_kernel<KV, KEYS>, grid, dim3(roles::kThreads), roles::Geometry<KEYS>::kSmemBytes, stream, params);
+  DSLAB_CHECK_LAUNCH();
 }
 
-// One CTA per (part, row tile), with blocks of `block_keys` (32 or 64) keys.
+// With blocks of `block_keys` (32 or 64) keys.
 template <KvDtype KV>
 void launch_decode_kernel(const Params& params, int parts, int row_tiles, int block_keys, cudaStream_t stream) {
   const dim3 grid{unsigned(parts), unsigned(row_tiles)};
-  if constexpr (KV == KvDtype::bf16) {
-    if (block_keys == 32) {
-      configure_decode_kernel<KV, 32>();
-      launch_pdl(roles::decode_kernel<KV, 32>, grid, dim3(roles::kThreads), roles::Geometry<32>::kSmemBytes, stream, params);
-      DSLAB_CHECK_LAUNCH();
-      return;
-    }
-  }
+  if constexpr (KV == KvDtype::bf16)
+    if (block_keys == 32) return launch_decode_geometry<KV, 32>(params, grid, stream);
   if (block_keys != 64) throw std::logic_error("mla/fused/cuda: quantised caches take 64-key blocks");
-  {
-    configure_decode_kernel<KV, 64>();
-    launch_pdl(roles::decode_kernel<KV, 64>, grid, dim3(roles::kThreads), roles::Geometry<64>::kSmemBytes, stream, params);
-  }
-  DSLAB_CHECK_LAUNCH();
+  launch_decode_geometry<KV, 64>(params, grid, stream);
 }
 
 // Keys a block (see roles): 32 where a 64-row tile holds at most 32 real rows (16 heads, or 16 with an MTP token)
