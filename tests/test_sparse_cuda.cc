@@ -529,6 +529,7 @@ TEST_P(GpuSparseDecode, DecodeMatchesTheReferenceOverItsPages) {
     p.set("kv_dtype", {"bf16", 0, false});
     p.set("executor", {"graph", 0, false});
     p.set("kv_splits", {"auto", 0, false});
+    p.set("proj", {"own", 0, false});
     p.set("budget", {std::to_string(c.budget), c.budget, true});
     p.set("local", {std::to_string(c.local), c.local, true});
     auto v = entry->make();

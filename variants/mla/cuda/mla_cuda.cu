@@ -248,6 +248,13 @@ BlasHandle::BlasHandle() {
   DSLAB_CUBLAS(cublasCreate(&h_));
   workspace_.resize(size_t(32) << 20);
   DSLAB_CUBLAS(cublasSetWorkspace(h_, workspace_.get(), workspace_.size()));
+  split_partials_.resize(skinny_workspace_floats());
+  split_arrivals_.resize(4096);  // feature tiles of 64: outputs up to 262144 (V3's LM head: 129280)
+  DSLAB_CUDA(cudaMemset(split_arrivals_.get(), 0, split_arrivals_.size() * sizeof(int)));
+}
+
+SplitWorkspace BlasHandle::split_workspace() const {
+  return {split_partials_.get(), split_partials_.size(), split_arrivals_.get(), split_arrivals_.size()};
 }
 
 void BlasHandle::set_stream(cudaStream_t stream) {
@@ -645,7 +652,7 @@ GpuVariant::~GpuVariant() {
 
 std::vector<std::pair<std::string, std::string>> GpuVariant::axes() const {
   std::vector<std::pair<std::string, std::string>> a = {{"batch", "1"}, {"q_len", "1"}, {"kv_len", "4096"}, {"heads", ""}, {"page_size", "64"}, {"len_dist", "uniform"},
-          {"kv_dtype", "bf16"}, {"executor", op_->fused() ? "graph" : "eager"}};
+          {"kv_dtype", "bf16"}, {"executor", op_->fused() ? "graph" : "eager"}, {"proj", "own"}};
   if (op_->fused()) a.push_back({"kv_splits", "auto"});  // the split-KV CTAs per row tile (auto: auto_kv_splits)
   if (op_->sparse()) a.insert(a.end(), {{"budget", "2048"}, {"local", "64"}});
   return a;
@@ -700,7 +707,8 @@ void GpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t se
     DSLAB_CUDA(cudaGraphExecDestroy(graph_exec_));
     graph_exec_ = nullptr;
   }
-  if (!blas_) blas_ = std::make_unique<BlasHandle>();  // (cuBLAS projections: the family has no proj axis yet)
+  if (!blas_) blas_ = std::make_unique<BlasHandle>();
+  blas_->set_projections(parse_projections(point.text("proj")));
   out_.resize(size_t(s_.tokens() * m_.hidden_size));
   DSLAB_CUDA(cudaMemset(out_.get(), 0xff, out_.size() * 4));  // NaN: verification fails if run() leaves any unwritten
   MlaBuffers b;
