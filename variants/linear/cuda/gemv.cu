@@ -272,7 +272,6 @@ void linear(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t i
     DSLAB_CHECK_LAUNCH();
     return;
   }
-  if (own_skinny(h, x, rows, in, w, y_type)) return launch_skinny(h, x, rows, in, w, out, y, y_type, beta, stream_of(h));
   // Column-major view: y^T [out x rows] = w [in x out]^T · x^T [in x rows].
   gemm(h.get(), CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, 0, x, in, 0, y, y_type, out, 0, 1, beta);
 }

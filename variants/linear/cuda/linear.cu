@@ -79,12 +79,11 @@ LinearPoint linear_point(const ModelFile& model, const Point& point) {
   return p;
 }
 
-// Rows verified against the fp64 product: all up to four, else four spread over the batch (first and last included,
-// so that the skinny GEMM's rows land in different n8 blocks and lanes) — a full fp64 check of the LM head at 128
-// rows would take the host tens of seconds per point.
+// Rows verified against the fp64 product: all up to kGemvRows, else kGemvRows spread over the batch (first and last
+// included) — a full fp64 check of the LM head at 128 rows would take the host tens of seconds per point.
 std::vector<int64_t> verified_rows(int64_t tokens) {
   std::vector<int64_t> rows;
-  const int64_t n = std::min<int64_t>(tokens, 4);
+  const int64_t n = std::min(tokens, kGemvRows);
   for (int64_t i = 0; i < n; ++i) rows.push_back(n == 1 ? 0 : i * (tokens - 1) / (n - 1));
   return rows;
 }
@@ -167,11 +166,9 @@ class LinearVariant : public Variant {
     c["in_features"] = double(p_.shape.in);
     c["out_features"] = double(p_.shape.out);
     c["verified_rows"] = double(verified_rows(p_.tokens).size());
-    const bool gemv = projections_ == Projections::own && p_.tokens <= kGemvRows;
-    const bool skinny = !gemv && own_skinny(*blas_, x_.get(), p_.tokens, p_.shape.in, w_.get(), CUDA_R_32F);
-    c["own_kernel"] = gemv || skinny ? 1.0 : 0.0;  // (else cuBLAS)
-    if (gemv) c["gemv_split"] = double(own_gemv_split(p_.tokens, p_.shape.out, p_.shape.in));
-    if (skinny) c["skinny_splits"] = double(skinny_splits(p_.shape.in, p_.shape.out, p_.tokens));
+    const bool own = projections_ == Projections::own && p_.tokens <= kGemvRows;
+    c["own_kernel"] = own ? 1.0 : 0.0;
+    if (own) c["gemv_split"] = double(own_gemv_split(p_.tokens, p_.shape.out, p_.shape.in));
     // The kernels' own time (CUPTI busy time of a cold call, median of 9): the run's mean also holds a launch.
     std::vector<double> busy;
     for (int i = 0; i < 9; ++i) {
@@ -207,7 +204,7 @@ class LinearCublas : public LinearVariant {
 };
 
 DSLAB_REGISTER_VARIANT(LinearOwn, "linear/own/cuda", Device::cuda,
-                       "nn.Linear by dslab's kernels: the weight-streaming GEMV up to 2 rows, the skinny warpgroup-MMA GEMM at 3-128 on sm_90 (cuBLAS beyond): proj=own");
+                       "nn.Linear by dslab's weight-streaming GEMV up to 2 rows (cuBLAS above): the layers' proj=own");
 DSLAB_REGISTER_VARIANT(LinearCublas, "linear/cublas/cuda", Device::cuda,
                        "nn.Linear by one cuBLAS GEMM (bf16, fp32 accumulation): the layers' proj=cublas baseline");
 

@@ -248,13 +248,6 @@ BlasHandle::BlasHandle() {
   DSLAB_CUBLAS(cublasCreate(&h_));
   workspace_.resize(size_t(32) << 20);
   DSLAB_CUBLAS(cublasSetWorkspace(h_, workspace_.get(), workspace_.size()));
-  split_partials_.resize(skinny_workspace_floats());
-  split_arrivals_.resize(4096);  // feature tiles of 64: outputs up to 262144 (V3's LM head: 129280)
-  DSLAB_CUDA(cudaMemset(split_arrivals_.get(), 0, split_arrivals_.size() * sizeof(int)));
-}
-
-SplitWorkspace BlasHandle::split_workspace() const {
-  return {split_partials_.get(), split_partials_.size(), split_arrivals_.get(), split_arrivals_.size()};
 }
 
 void BlasHandle::set_stream(cudaStream_t stream) {

@@ -126,16 +126,8 @@ struct PagedLatentCache {
   size_t element_bytes() const { return dtype == KvDtype::bf16 ? 2 : 1; }
 };
 
-// A cuBLAS handle with a workspace of its own (cuBLAS must not allocate inside a graph capture), and the split-K
-// workspace of the skinny GEMM (linear()) on the handle's stream: fp32 partials and a zeroed arrival counter per
-// feature tile, which the kernel leaves zeroed.
+// A cuBLAS handle with a workspace of its own (cuBLAS must not allocate inside a graph capture).
 enum class Projections { own, cublas };
-struct SplitWorkspace {
-  float* partials;
-  size_t floats;
-  int* arrivals;
-  size_t counters;
-};
 class BlasHandle {
  public:
   BlasHandle();
@@ -148,13 +140,10 @@ class BlasHandle {
   // Which backend linear() takes for decode-sized products on this handle (the `proj` axis sets it; a new handle starts with cublas).
   void set_projections(Projections p) { projections_ = p; }
   Projections projections() const { return projections_; }
-  SplitWorkspace split_workspace() const;
 
  private:
   cublasHandle_t h_ = nullptr;
   DeviceArray<uint8_t> workspace_;
-  DeviceArray<float> split_partials_;
-  DeviceArray<int> split_arrivals_;
   Projections projections_ = Projections::cublas;
 };
 
@@ -392,9 +381,8 @@ void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int6
 // Row-major nn.Linear: y[rows][out] = x[rows][in] · w[out][in]^T (+ beta y), on the handle's stream
 // (variants/linear/cuda/gemv.cu). With the handle's projections set to own, decode sizes (rows up to kGemvRows)
 // go to a weight-streaming GEMV of ours (gemv_split warps per output feature, weights prefetched under PDL);
-// from there to kSkinnyMaxRows rows to the skinny GEMM (below); cuBLAS otherwise. `linear/{own,cublas}/cuda` time
-// both per weight shape in one sweep: on the H100 the GEMV's per-row FMAs and input loads made it 0.5-0.8x cuBLAS
-// from 4 rows on (session 10), hence its limit of 2.
+// cuBLAS otherwise. `linear/{own,cublas}/cuda` time both per weight shape in one sweep: on the H100 the GEMV's
+// per-row FMAs and input loads made it 0.5-0.8x cuBLAS from 4 rows on (session 10), hence the limit of 2.
 void linear(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out,
             void* y, cudaDataType y_type, float beta = 0.0f);
 // Two nn.Linears of one input whose weights are stacked, w = [out1 + out2][in]: y1[rows][out1] (y1_type) from the
@@ -404,16 +392,6 @@ void linear(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t i
 void linear_pair(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out1, void* y1,
                  cudaDataType y1_type, int64_t out2, float* y2);
 constexpr int64_t kGemvRows = 2;
-// Past kGemvRows, up to kSkinnyMaxRows rows, a handle whose projections are own takes the skinny GEMM of ours
-// (variants/linear/cuda/skinny.cu: the weights streamed through Hopper's warpgroup MMA, K split over CTAs where the
-// features are few) on sm_90 and later; cuBLAS otherwise.
-constexpr int64_t kSkinnyMaxRows = 128;
-bool own_skinny(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, cudaDataType y_type);
-void launch_skinny(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out, void* y,
-                   cudaDataType y_type, float beta, cudaStream_t stream);
-// How many CTAs share K in the skinny GEMM (1: none), and the fp32 partials its workspace holds.
-int skinny_splits(int64_t in, int64_t out, int64_t rows);
-size_t skinny_workspace_floats();
 // Per-head products of the absorbed forms at decode sizes, batched over `batch` heads: y[m][b][0..N) (bf16) =
 // sum_k x[m][b][k] w_b(k, n) for rows m < rows, x's rows ldx apart (batch b at x + b x_batch), y's ldy apart (at
 // y + b y_batch), w_b at w + b w_batch: [N][K] rows (W_UV into the output) or, w_k_major, [K][N] rows (W_UK into the
