@@ -223,9 +223,10 @@ namespace roles {
 // (where a page holds whole blocks).
 constexpr int kRows = 64, kThreads = 512, kHalfKeys = 32;
 // 512 threads start with 128 registers each; the scorers give up 40 so that each accumulator thread can hold its
-// 128 floats of O.
+// 128 floats of O. (setmaxnreg.inc takes only what a .dec in the same CTA gave back: counts adding up to more than
+// the CTA launched with deadlock it - a 384-thread variant with Q in one scorer's registers did, session 22.)
 constexpr int kScorerRegisters = 88, kAccumulatorRegisters = 168;
-static_assert(2 * kScorerRegisters + 2 * kAccumulatorRegisters <= 65536 / 128, "the register file of an SM");
+static_assert(2 * kScorerRegisters + 2 * kAccumulatorRegisters <= 4 * (65536 / kThreads), "what the CTA launched with");
 constexpr int kReadyThreads = 384;  // one scorer arrives, both accumulators wait
 constexpr float kLazyRescale = 8.0f;
 constexpr size_t kQBytes = size_t(kRows) * kWidth * 2;
