@@ -22,6 +22,12 @@ __device__ __forceinline__ int swz(int row, int col, int rows) {
 __device__ __forceinline__ uint64_t wgmma_desc(const void* p) {
   return uint64_t((smem_addr(p) & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
+// A [rows][32] tile (64-byte rows) in the 64-byte swizzle: 16-byte chunk c of row r at c ^ (r / 2 mod 4), 8-row
+// groups 512 bytes apart. Element offset of (row, col < 32), and the K-major descriptor of such a tile at `p`.
+__device__ __forceinline__ int swz64(int row, int col) { return row * 32 + ((((col >> 3) ^ (row >> 1)) & 3) << 3) + (col & 7); }
+__device__ __forceinline__ uint64_t wgmma_desc_sw64(const void* p) {
+  return uint64_t((smem_addr(p) & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(512 >> 4) << 32) | (uint64_t(2) << 62);
+}
 // The same tile read as an MN-major operand (its 64-column blocks along N, `rows` rows each, 8-row groups along K).
 __device__ __forceinline__ uint64_t wgmma_desc_mn(const void* p, int rows) {
   return uint64_t((smem_addr(p) & 0x3FFFF) >> 4) | (uint64_t(rows * 128 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |

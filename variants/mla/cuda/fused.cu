@@ -6,8 +6,8 @@
 // (namespace roles); int8 / fp8 blocks land raw and are dequantised to fp16 in shared memory by the warpgroup
 // about to score them. The projections around it are the shared GPU ones (cuBLAS).
 #include <algorithm>
-#include <type_traits>
 #include <cmath>
+#include <type_traits>
 
 #include "harness/errors.h"
 #include "harness/host.h"
@@ -259,17 +259,17 @@ struct Geometry {
 };
 
 // P [kRows][KEYS] bf16 (or fp16) as the P V product's K-major A operand: 64 keys, 128-byte rows in the 128-byte
-// swizzle (as every tile here); 32 keys, 64-byte rows in the 64-byte swizzle (16-byte chunk c of row r at
-// c ^ (r / 2 mod 4), 8-row groups 512 bytes apart). Element offset of (row, col), and the descriptor.
+// swizzle (as every tile here); 32 keys, 64-byte rows in the 64-byte swizzle (wgmma.cuh). Element offset of
+// (row, col), and the descriptor.
 template <int KEYS>
 __device__ __forceinline__ int p_offset(int row, int col) {
   if constexpr (KEYS == 64) return swz(row, col, KEYS);
-  else return row * KEYS + ((((col >> 3) ^ (row >> 1)) & 3) << 3) + (col & 7);
+  else return swz64(row, col);
 }
 template <int KEYS>
 __device__ __forceinline__ uint64_t p_desc_of(const void* p) {
   if constexpr (KEYS == 64) return wgmma_desc(p);
-  else return uint64_t((smem_addr(p) & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(512 >> 4) << 32) | (uint64_t(2) << 62);
+  else return wgmma_desc_sw64(p);
 }
 __device__ inline void bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
 __device__ inline void bar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
