@@ -83,6 +83,10 @@ TEST_P(GpuMla, MatchesReferenceOverPagesLengthsAndCacheTypes) {
       }
   cases.push_back({"deepseek-v2-lite", 16, 2, 2, 130, 16, "mixed", "bf16"});  // MTP: two new tokens, causal between them
   cases.push_back({"deepseek-v3", 128, 2, 1, 200, 64, "uniform", "bf16"});    // all heads of one GPU: 64-row tiles
+  // (128 heads from tensor copies: the two-warpgroup kernel's pairs of blocks, segments of one block (its lone
+  // block, no second), five (a whole pair, then three left: a pair and a lone block) and mixed)
+  cases.push_back({"deepseek-v3", 128, 3, 1, 40, 64, "uniform", "bf16"});
+  cases.push_back({"deepseek-v3", 128, 2, 1, 300, 64, "uniform", "bf16"});
   cases.push_back({"deepseek-v3", 128, 2, 2, 170, 1, "mixed", "bf16"});      // 64-row tiles, MTP: four tiles per request
   cases.push_back({"deepseek-v3", 128, 2, 2, 170, 64, "mixed", "bf16"});     // the same with tensor-memory-accelerator copies
   cases.push_back({"deepseek-v3", 64, 3, 1, 90, 256, "uniform", "bf16"});    // one 64-row tile per request
