@@ -1109,9 +1109,11 @@ __device__ __forceinline__ void look_ahead(const Params& p, const Segment& g, in
 
 // A segment's last blocks are followed in their stages by the next segment's blocks 0 (stage 0) and 1 (stage 1),
 // copied by the same warpgroups and tiles as within a segment once the last pair's products are done (before the
-// segment's output is written and the next Q loaded), so that the CTA's copies run on across segments (each segment starting with its copies from memory cost 5-13% at
-// 128 heads, batch 128, 4K keys: two to three segments a CTA; H100, session 23). Warpgroup w's first thread copies
-// its tiles of stage `st`: 0-3 (warpgroup 0) or 4-8 (warpgroup 1).
+// segment's output is written and the next Q loaded), so that the CTA's copies run on across segments rather than
+// start after each segment's output. (At V3's roofline-v3 points, two whole requests a CTA, this measured the same
+// as copying at each segment's start, 0.98-1.07 both ways, H100, session 23; it spares a drain per segment where a
+// CTA walks many short ones.) Warpgroup w's first thread copies its tiles of stage `st`: 0-3 (warpgroup 0) or 4-8
+// (warpgroup 1).
 __device__ __forceinline__ void copy_onward(const Params& p, const Meta* meta, int warpgroup, int st, __nv_bfloat16* stage) {
   const int slot = meta->onward[warpgroup][st];
   if (slot < 0) return;
