@@ -1096,7 +1096,7 @@ struct Segment {
 // Pair i's bookkeeping of the blocks ahead, by a warpgroup's first thread: the slots of blocks 2i + 2 and 2i + 3
 // (this pair's copies), and the entries of blocks 2i + 6 and 2i + 7. (Copying the next blocks' rope tiles at the
 // pair's start, their only reader done, and an L2 prefetch of blocks 2i + 4 and 2i + 5 both made the kernel
-// slower: 5-10% and a further 5-10%, H100, session 23.)
+// slower: 5-10% and a further 5-10%; an L2 prefetch of blocks 2i + 2 and 2i + 3 alone 14-23%; H100, session 23.)
 template <bool kNext0, bool kNext1>
 __device__ __forceinline__ void look_ahead(const Params& p, const Segment& g, int i, Meta* meta, int warpgroup, int& next0, int& next1) {
   cp_async_wait<0>();  // (this thread's entries fetched during the last pair)
