@@ -235,6 +235,22 @@ TEST(GpuMlaOps, CountersTimeEachOpOfTheStep) {
   EXPECT_LT(c.at("decode_phase_us.done"), 1e4);
   EXPECT_GT(c.at("decode_phase_us.span"), 0.0);
   EXPECT_TRUE(v->verify().pass());  // timing the ops leaves the step's output intact
+
+  // At 128 heads (the two-warpgroup kernel) a subset of the phases, in order; the fixed roles' own are absent.
+  auto w = entry->make();
+  w->prepare(model, point_of({"deepseek-v3", 128, 2, 1, 2048, 64, "uniform", "bf16", "graph"}), test::fresh_seed());
+  w->run();
+  const auto wide = w->counters();
+  before = -1e4;
+  for (const char* phase : {"loads_issued", "q_landed", "first_block_scored", "first_block_accumulated", "last_block_accumulated", "done"}) {
+    const auto it = wide.find(std::string("decode_phase_us.") + phase);
+    ASSERT_NE(it, wide.end()) << phase;
+    EXPECT_GE(it->second, before) << phase;
+    before = it->second;
+  }
+  EXPECT_EQ(wide.count("decode_phase_us.first_block_maxed"), 0u);
+  EXPECT_EQ(wide.at("decode_phase.block_keys"), 64.0);
+  EXPECT_TRUE(w->verify().pass());
 }
 
 TEST(GpuMlaSupport, FusedKernelNeedsRowsInSixteens) {

@@ -1463,8 +1463,10 @@ class FusedCuda final : public MlaOp {
   // each leave the chain's fixed part exposed. decode_phase_us.wait: from entry to the wait's end (PDL's early
   // start: the kernels before still running; with early loads, after the first copies are queued, so loads_issued
   // and first_block_landed may be negative); per_block: (last - first block's P V) / (blocks - 1), blocks of
-  // decode_phase.block_keys keys (32 or 64: see roles);
-  // decode_phase.sm_ghz: the SM clock as it ran.
+  // decode_phase.block_keys keys (32 or 64: see roles); decode_phase.sm_ghz: the SM clock as it ran. The
+  // two-warpgroup kernel (seesaw) records loads_issued, q_landed, first_block_scored (its first pair's scores),
+  // first_block_accumulated (the end of its first pair), last_block_accumulated and done; the other phases are
+  // absent from its results.
   std::map<std::string, double> phase_counters() override;
 
  protected:
