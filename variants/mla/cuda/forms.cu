@@ -74,27 +74,38 @@ __global__ void gather_decompressed_kernel(CacheView pages, const int32_t* lengt
 unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256, 132 * 32)); }
 
 // cd's attention read straight from its K/V pages (no gather): flash-decoding per (request, head, split of the
-// keys, block of up to kCdQueries new tokens). Each warp walks keys kCdUnroll at a time (their loads issued together,
+// keys, block of up to Q new tokens). Each warp walks keys U at a time (their loads issued together,
 // so enough bytes are in flight), a key's score by lanes over bf16 pairs and a shuffle sum, an online softmax per
 // query; the warps' states merge in shared memory into the split's normalised output and log-sum-exp, which
 // cd_merge_kernel combines across splits.
-constexpr int kCdWarps = 4, kCdQueries = 4, kCdUnroll = 4, kCdMaxQPairs = 4, kCdMaxVPairs = 2;  // qhd <= 256, vd <= 128
+constexpr int kCdWarps = 4, kCdMaxQPairs = 4, kCdMaxVPairs = 2;  // qhd <= 256, vd <= 128
+// Q new tokens a block, U keys a warp's group. A decode step's one token gets a kernel that holds one query (96
+// registers, 2 KB of shared state) and eight keys in flight a warp: its attention ran 1.08-1.13x faster than four
+// queries' with four keys in the same run (16 heads, batch 32, 4K-16K; H100, session 23; at 128 heads, 4K, 3735 us
+// against session 22's 4421); one query with four keys was 6-7% slower than four queries'. MTP and extend steps keep four of each (four queries' registers
+// with eight keys ran 10-21% slower, session 22).
+struct CdShape {
+  int queries, unroll;
+};
+constexpr CdShape kCdOneToken{1, 8}, kCdTokens{4, 4};
+CdShape cd_shape(int64_t q_len) { return q_len == 1 ? kCdOneToken : kCdTokens; }
+template <int Q, int U>
 __global__ void __launch_bounds__(kCdWarps * 32) cd_decode_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_pool,
                                                                   const __nv_bfloat16* __restrict__ v_pool, CacheView pages,
                                                                   const int32_t* __restrict__ lengths, int heads, int qhd, int vd, int q_len,
                                                                   float scale, int chunk, int splits, float* __restrict__ o_part,
                                                                   float* __restrict__ lse_part) {
-  __shared__ float state_m[kCdWarps][kCdQueries], state_l[kCdWarps][kCdQueries];
-  __shared__ float state_o[kCdWarps][kCdQueries][2 * 32 * kCdMaxVPairs];
+  __shared__ float state_m[kCdWarps][Q], state_l[kCdWarps][Q];
+  __shared__ float state_o[kCdWarps][Q][2 * 32 * kCdMaxVPairs];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  const int split = int(blockIdx.x), h = int(blockIdx.y) % heads, b = int(blockIdx.y) / heads, q0 = int(blockIdx.z) * kCdQueries;
-  const int nq = min(kCdQueries, q_len - q0), L = lengths[b];
+  const int split = int(blockIdx.x), h = int(blockIdx.y) % heads, b = int(blockIdx.y) / heads, q0 = int(blockIdx.z) * Q;
+  const int nq = min(Q, q_len - q0), L = lengths[b];
   const int first = split * chunk, last = min(L + q0 + nq, first + chunk);  // (keys the block's last query sees)
   const int q_pairs = qhd / 2, v_pairs = vd / 2;
   // This lane's query pairs, as floats.
-  float2 qv[kCdQueries][kCdMaxQPairs];
+  float2 qv[Q][kCdMaxQPairs];
 #pragma unroll
-  for (int i = 0; i < kCdQueries; ++i)
+  for (int i = 0; i < Q; ++i)
 #pragma unroll
     for (int j = 0; j < kCdMaxQPairs; ++j) {
       const int pair = lane + 32 * j;
@@ -102,25 +113,25 @@ __global__ void __launch_bounds__(kCdWarps * 32) cd_decode_kernel(const __nv_bfl
                      ? __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(q + ((int64_t(b) * q_len + q0 + i) * heads + h) * qhd)[pair])
                      : make_float2(0.0f, 0.0f);
     }
-  float m[kCdQueries], l[kCdQueries];
-  float2 acc[kCdQueries][kCdMaxVPairs];
+  float m[Q], l[Q];
+  float2 acc[Q][kCdMaxVPairs];
 #pragma unroll
-  for (int i = 0; i < kCdQueries; ++i) {
+  for (int i = 0; i < Q; ++i) {
     m[i] = -INFINITY, l[i] = 0;
 #pragma unroll
     for (int j = 0; j < kCdMaxVPairs; ++j) acc[i][j] = make_float2(0.0f, 0.0f);
   }
   // A group's keys are consecutive slots of one page where pages and splits hold whole groups (chunk is a multiple
-  // of kCdUnroll): one page-table lookup a group, in 32-bit arithmetic (CacheView::slot's 64-bit division per key
+  // of U): one page-table lookup a group, in 32-bit arithmetic (CacheView::slot's 64-bit division per key
   // cost more instructions than the key's dot product and softmax).
   const int P = int(pages.page_size);
   const int32_t* table = pages.page_table + int64_t(b) * pages.pages_per_request;
-  const bool group_in_page = P % kCdUnroll == 0 && chunk % kCdUnroll == 0;
-  for (int base = first + warp * kCdUnroll; base < last; base += kCdWarps * kCdUnroll) {
-    __nv_bfloat162 kr[kCdUnroll][kCdMaxQPairs], vr[kCdUnroll][kCdMaxVPairs];
+  const bool group_in_page = P % U == 0 && chunk % U == 0;
+  for (int base = first + warp * U; base < last; base += kCdWarps * U) {
+    __nv_bfloat162 kr[U][kCdMaxQPairs], vr[U][kCdMaxVPairs];
     const int64_t group_slot = group_in_page ? int64_t(table[base / P]) * P + base % P : 0;
 #pragma unroll
-    for (int u = 0; u < kCdUnroll; ++u) {  // every load of the group first
+    for (int u = 0; u < U; ++u) {  // every load of the group first
       const int key = base + u;
       const int64_t slot = key >= last ? 0 : group_in_page ? group_slot + u : int64_t(table[key / P]) * P + key % P;
       const auto* krow = reinterpret_cast<const __nv_bfloat162*>(k_pool + (slot * heads + h) * qhd);
@@ -131,11 +142,11 @@ __global__ void __launch_bounds__(kCdWarps * 32) cd_decode_kernel(const __nv_bfl
       for (int j = 0; j < kCdMaxVPairs; ++j) vr[u][j] = key < last && lane + 32 * j < v_pairs ? vrow[lane + 32 * j] : __float2bfloat162_rn(0.0f);
     }
 #pragma unroll
-    for (int u = 0; u < kCdUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int key = base + u;
       if (key >= last) break;  // (uniform over the warp)
 #pragma unroll
-      for (int i = 0; i < kCdQueries; ++i) {
+      for (int i = 0; i < Q; ++i) {
         if (i >= nq) break;
         float dot = 0;
 #pragma unroll
@@ -157,7 +168,7 @@ __global__ void __launch_bounds__(kCdWarps * 32) cd_decode_kernel(const __nv_bfl
   }
   // The warps' states merged: each query's max, sum and weighted values over the split's keys.
 #pragma unroll
-  for (int i = 0; i < kCdQueries; ++i) {
+  for (int i = 0; i < Q; ++i) {
     if (lane == 0) state_m[warp][i] = m[i], state_l[warp][i] = l[i];
 #pragma unroll
     for (int j = 0; j < kCdMaxVPairs; ++j) {
@@ -338,16 +349,18 @@ class CdPagedCuda final : public CdForm {
     prepare_pages();
     // Splits of each request's keys: about four CTAs per SM over the step's (request, head, query block) triples,
     // at least 256 keys each; fixed here so one captured graph serves steps of any length up to keys_.
-    const int64_t blocks = s_.batch * nh_ * ((s_.q_len + kCdQueries - 1) / kCdQueries);
+    shape_ = cd_shape(s_.q_len);
+    const int64_t blocks = s_.batch * nh_ * ((s_.q_len + shape_.queries - 1) / shape_.queries);
     splits_ = int(std::clamp<int64_t>((4 * int64_t(gpu_info().sms) + blocks - 1) / blocks, 1, std::max<int64_t>(1, keys_ / 256)));
-    chunk_ = int((keys_ + splits_ - 1) / splits_ + kCdUnroll - 1) / kCdUnroll * kCdUnroll;  // (whole key groups: see cd_decode_kernel)
+    chunk_ = int((keys_ + splits_ - 1) / splits_ + shape_.unroll - 1) / shape_.unroll * shape_.unroll;  // (whole key groups: see cd_decode_kernel)
     o_part_.scratch(arena_, size_t(s_.tokens() * nh_ * splits_ * vd_));
     lse_part_.scratch(arena_, size_t(s_.tokens() * nh_ * splits_));
   }
   void attend() override {
     store_step();
-    const dim3 grid(unsigned(splits_), unsigned(s_.batch * nh_), unsigned((s_.q_len + kCdQueries - 1) / kCdQueries));
-    cd_decode_kernel<<<grid, kCdWarps * 32, 0, stream_>>>(q_.get(), k_pool_.get(), v_pool_.get(), cache_view(*b_.cache), b_.lengths, int(nh_),
+    const dim3 grid(unsigned(splits_), unsigned(s_.batch * nh_), unsigned((s_.q_len + shape_.queries - 1) / shape_.queries));
+    const auto kernel = shape_.queries == 1 ? cd_decode_kernel<kCdOneToken.queries, kCdOneToken.unroll> : cd_decode_kernel<kCdTokens.queries, kCdTokens.unroll>;
+    kernel<<<grid, kCdWarps * 32, 0, stream_>>>(q_.get(), k_pool_.get(), v_pool_.get(), cache_view(*b_.cache), b_.lengths, int(nh_),
                                                          int(qhd_), int(vd_), int(s_.q_len), scale_, chunk_, splits_, o_part_.get(),
                                                          lse_part_.get());
     DSLAB_CHECK_LAUNCH();
@@ -357,6 +370,7 @@ class CdPagedCuda final : public CdForm {
 
  private:
   int splits_ = 1, chunk_ = 0;
+  CdShape shape_ = kCdTokens;
   DeviceArray<float> o_part_, lse_part_;
 };
 
