@@ -850,10 +850,10 @@ using roles::store_pair;
 constexpr int kRows = 64, kKeys = 64, kThreads = 256, kTiles = kWidth / 64;
 constexpr int kTileElems = kKeys * 64;  // a 64-key x 64-column tile (and a 64-row one of Q)
 constexpr size_t kTileBytes = size_t(kTileElems) * 2, kQBytes = size_t(kRows) * kWidth * 2, kStageBytes = kTiles * kTileBytes;
-constexpr float kMaxInit = -1e30f;
+constexpr float kMaxInit = -1e30f;  // finite: a max that saw only masked (-inf) scores stays finite, exp2(old - new) = 1
 // Page-table entries are fetched (cp.async, by each warpgroup's first thread) two pairs before their blocks are
 // copied, so no copy waits for one: blocks 2i + 6 and 2i + 7 during pair i.
-constexpr int kAhead = 8;  // finite: a max that saw only masked (-inf) scores stays finite, exp2(old - new) = 1
+constexpr int kAhead = 8;
 struct Meta {
   float m[kRows];          // the running max (scaled, log2 units) after the last block scored
   float scale0[kRows];     // exp2(max before block 2i - max after it)
@@ -1269,7 +1269,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     if (seg == mine.x && l.t == 0 && warpgroup == 1 && g.blocks > 1) copy_tiles<0, kTiles>(p, stage1, meta->tile[1], g.slot_of(p, 1));
     if (l.t == 0) {  // (the entries land by the Q copies' wait below)
       for (int b = 2; b < kAhead; ++b) g.fetch_ahead(p, meta, warpgroup, b);
-      // The next segment's first two blocks, for copy_onward (its Q into L2 too: it is loaded once this segment ends).
+      // The next segment's first two blocks, for copy_onward (its Q into L2 too: it is loaded once this segment ends;
+      // a hint only, so before griddepcontrol.wait too: L2 keeps lines the kernel before still writes coherent).
       meta->onward[warpgroup][0] = meta->onward[warpgroup][1] = -1;
       if (seg + 1 < mine.x + mine.y) {
         Segment n;
