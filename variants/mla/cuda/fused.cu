@@ -863,6 +863,11 @@ struct Meta {
   int32_t ahead[2][kAhead];  // each warpgroup's page-table entries of the blocks ahead: block b's at [b % kAhead]
   int32_t onward[2][2];      // each warpgroup's slots of the next segment's blocks 0 and 1 (-1: none)
 };
+// Where the CTA's shared memory holds Q, the two stages, block 2i's P and the warpgroups' exchange.
+struct Smem {
+  __nv_bfloat16 *q, *stage0, *stage1, *p0;
+  Meta* meta;
+};
 constexpr size_t kSmemBytes = kQBytes + 2 * kStageBytes + kTileBytes + sizeof(Meta) + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
 // Named barriers (0 is __syncthreads), 256 threads each: one warpgroup arrives, the other waits.
@@ -1125,8 +1130,9 @@ __device__ __forceinline__ void copy_onward(const Params& p, const Meta* meta, i
 // block 2i + 1 exists; kNext0 / kNext1: blocks 2i + 2 / 2i + 3 exist (copied here, 2i + 2 scored here).
 template <bool kSecond, bool kNext0, bool kNext1>
 __device__ __forceinline__ void pair_wg0(const Params& p, const Segment& g, int i, float (&s)[8][4], float (&o)[32][4], float (&sum)[2],
-                                         const Lane& l, Meta* meta, __nv_bfloat16* sq, __nv_bfloat16* stage0, __nv_bfloat16* stage1,
-                                         __nv_bfloat16* sp0, const uint32_t (&q_rope)[4][4], int& parity0) {
+                                         const Lane& l, const Smem& sm, const uint32_t (&q_rope)[4][4], int& parity0) {
+  Meta* const meta = sm.meta;
+  __nv_bfloat16 *const sq = sm.q, *const stage0 = sm.stage0, *const stage1 = sm.stage1, *const sp0 = sm.p0;
   const int key0 = g.key0 + 2 * i * kKeys;
   int next0 = 0, next1 = 0;  // the slots of blocks 2i + 2 and 2i + 3 (thread 0)
   if (l.t == 0) look_ahead<kNext0, kNext1>(p, g, i, meta, 0, next0, next1);
@@ -1177,8 +1183,9 @@ __device__ __forceinline__ void pair_wg0(const Params& p, const Segment& g, int 
 // The same pair for warpgroup 1, whose S of block 2i + 1 is in `s` (when kSecond).
 template <bool kSecond, bool kNext0, bool kNext1>
 __device__ __forceinline__ void pair_wg1(const Params& p, const Segment& g, int i, float (&s)[8][4], float (&o)[32][4], float (&sum)[2],
-                                         const Lane& l, Meta* meta, __nv_bfloat16* sq, __nv_bfloat16* stage0, __nv_bfloat16* stage1,
-                                         __nv_bfloat16* sp0, const uint32_t (&q_rope)[4][4], int& parity1) {
+                                         const Lane& l, const Smem& sm, const uint32_t (&q_rope)[4][4], int& parity1) {
+  Meta* const meta = sm.meta;
+  __nv_bfloat16 *const sq = sm.q, *const stage0 = sm.stage0, *const stage1 = sm.stage1, *const sp0 = sm.p0;
   const int key0 = g.key0 + (2 * i + 1) * kKeys;
   int next0 = 0, next1 = 0;
   if (l.t == 0) look_ahead<kNext0, kNext1>(p, g, i, meta, 1, next0, next1);
@@ -1243,6 +1250,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   __nv_bfloat16* const stage1 = reinterpret_cast<__nv_bfloat16*>(smem + kQBytes + kStageBytes);
   __nv_bfloat16* const sp0 = reinterpret_cast<__nv_bfloat16*>(smem + kQBytes + 2 * kStageBytes);
   Meta* const meta = reinterpret_cast<Meta*>(smem + kQBytes + 2 * kStageBytes + kTileBytes);
+  const Smem sm{sq, stage0, stage1, sp0, meta};
   if (threadIdx.x == 0) {
     for (int st = 0; st < 2; ++st)
       for (int c = 0; c < kTiles; ++c) mbarrier_init(&meta->tile[st][c], 1);
@@ -1333,10 +1341,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     wait_pinned<0>(o, s);
     if (seg == mine.x && threadIdx.x == 0) record_clock(p, kFirstScored);
     // Whole pairs with both next blocks in one loop, the segment's last two or three blocks after it (as in FlashMLA).
-#define DSLAB_PAIR(SECOND, NEXT0, NEXT1)                                                                                  \
+#define DSLAB_PAIR(SECOND, NEXT0, NEXT1)                                                                              \
   do {                                                                                                                \
-    if (warpgroup == 0) pair_wg0<SECOND, NEXT0, NEXT1>(p, g, i, s, o, sum, l, meta, sq, stage0, stage1, sp0, q_rope, parity); \
-    else pair_wg1<SECOND, NEXT0, NEXT1>(p, g, i, s, o, sum, l, meta, sq, stage0, stage1, sp0, q_rope, parity);            \
+    if (warpgroup == 0) pair_wg0<SECOND, NEXT0, NEXT1>(p, g, i, s, o, sum, l, sm, q_rope, parity);                    \
+    else pair_wg1<SECOND, NEXT0, NEXT1>(p, g, i, s, o, sum, l, sm, q_rope, parity);                                   \
     if (seg == mine.x && i == 0 && threadIdx.x == 0) record_clock(p, kFirstAccumulated);                              \
     ++i;                                                                                                              \
   } while (0)
