@@ -214,6 +214,20 @@ __global__ void __launch_bounds__(kCombineThreads) merge_splits_kernel(const flo
 // a bf16 one, plus a scale per 64 values) lands in the upper half of its stage; its scorer expands it to fp16 in
 // place before scoring it (dequantise_stage), so both products read a tile laid out as a bf16 cache's (fp16 values,
 // Q and P fp16 with them).
+// A request's Q rows row0 .. row0 + kRows - 1 into sq in the MMA layout (swz), rows past the last (fewer than
+// kRows rows) as zeros: cp.async chunks first, first + kStride, ..., then until they have landed (this thread's).
+template <int kRows, int kStride>
+__device__ __forceinline__ void copy_q_tile(const Params& p, __nv_bfloat16* sq, int request, int row0, int first) {
+  const __nv_bfloat16* q = p.q + (int64_t(request) * p.rows + row0) * kWidth;
+  for (int c = first; c < kRows * kChunks; c += kStride) {
+    const int row = c / kChunks, col = (c % kChunks) * 8;
+    const bool valid = row0 + row < p.rows;
+    cp_async16(sq + swz(row, col, kRows), q + (valid ? int64_t(row) * kWidth + col : 0), valid);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+}
+
 namespace roles {
 
 // A stage holds a block of KEYS keys: 64 (two stages) or 32 (four stages). Each stage cycles through its copy, Q K^T,
@@ -473,14 +487,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     const int r_lo = (t / 32) * 16 + lane / 4, r_hi = r_lo + 8;  // the two rows this thread holds in a 64-row wgmma tile
     const int scorer = warpgroup - 2;
     auto load_q = [&](int request) {
-      const __nv_bfloat16* q = p.q + (int64_t(request) * p.rows + row0) * kWidth;
-      for (int c = t; c < kRows * kChunks; c += 128) {
-        const int row = c / kChunks, col = (c % kChunks) * 8;
-        const bool valid = row0 + row < p.rows;  // rows past the last (fewer than 64 rows) are zeros
-        cp_async16(sq + swz(row, col, kRows), q + (valid ? int64_t(row) * kWidth + col : 0), valid);
-      }
-      cp_async_commit();
-      cp_async_wait<0>();
+      copy_q_tile<kRows, 128>(p, sq, request, row0, t);
       if constexpr (kHalfTiles) {  // each thread's own chunks of the real rows, bf16 -> fp16 in place
         for (int c = t; c < kRows * kChunks && row0 + c / kChunks < p.rows; c += 128)
           bf16_chunk_to_half(reinterpret_cast<uint4*>(sq + swz(c / kChunks, (c % kChunks) * 8, kRows)));
@@ -916,19 +923,16 @@ __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
 // Pins registers an MMA is about to read or accumulate into: values computed before wgmma.fence must be there
 // before it (the compiler otherwise sank O's rescale past the fence and ptxas inserted its own, serialising
 // warpgroup.arrive: C7519 / C7520).
-template <int N, int M>
-__device__ __forceinline__ void pin(float (&r)[N][M]) {
+template <typename T, int N, int M>
+__device__ __forceinline__ void pin(T (&r)[N][M]) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, uint32_t>, "accumulators or register operands");
 #pragma unroll
   for (int i = 0; i < N; ++i)
 #pragma unroll
-    for (int j = 0; j < M; ++j) asm volatile("" : "+f"(r[i][j])::"memory");
-}
-template <int N, int M>
-__device__ __forceinline__ void pin(uint32_t (&r)[N][M]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-#pragma unroll
-    for (int j = 0; j < M; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+    for (int j = 0; j < M; ++j) {
+      if constexpr (std::is_same_v<T, float>) asm volatile("" : "+f"(r[i][j])::"memory");
+      else asm volatile("" : "+r"(r[i][j])::"memory");
+    }
 }
 // The per-thread view of a warpgroup's 64-row tile: rows r_lo and r_hi, columns (lane % 4) * 2 (+ 1) of each 8.
 struct Lane {
@@ -1304,14 +1308,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     g.last_lo = length + (row0 + l.r_lo) / p.heads;  // causal among the new tokens
     g.last_hi = length + (row0 + l.r_hi) / p.heads;
     if (threadIdx.x < kRows) meta->m[threadIdx.x] = kMaxInit;
-    const __nv_bfloat16* q = p.q + (int64_t(sv.x) * p.rows + row0) * kWidth;
-    for (int c = int(threadIdx.x); c < kRows * kChunks; c += kThreads) {
-      const int row = c / kChunks, col = (c % kChunks) * 8;
-      const bool valid = row0 + row < p.rows;  // rows past the last (fewer than 64 rows) are zeros
-      cp_async16(sq + swz(row, col, kRows), q + (valid ? int64_t(row) * kWidth + col : 0), valid);
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
+    copy_q_tile<kRows, kThreads>(p, sq, sv.x, row0, int(threadIdx.x));
     fence_proxy_async();  // (read by the tensor cores)
     __syncthreads();
     if (seg == mine.x && threadIdx.x == 0) record_clock(p, kQLanded);
