@@ -135,6 +135,83 @@ TEST(GpuLinearPair, StackedProjectionsMatchFp64) {
   }
 }
 
+// The own projections' GEMM past kGemvRows (cuBLASLt, tuned per shape on first use): an accumulating call (beta 1)
+// adds to what the caller's output held - tuning times its candidates into a scratch buffer, not into y - and a
+// second call reuses the choice; a handle whose first call for a shape is inside a graph capture runs cuBLASLt's
+// heuristic pick there (no tuning: it would synchronise) and the replayed graph is still right.
+TEST(GpuTunedGemm, AccumulatesIntoTheCallersOutputAndCapturesUntuned) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  using namespace mla::cuda;
+  const int64_t rows = 16, in = 1024, out = 768;
+  const uint64_t seed = test::fresh_seed();
+  const std::vector<bf16> w = ref::random_bf16(seed, "w", size_t(out * in), 0.03f);
+  const std::vector<bf16> x = ref::random_bf16(seed, "x", size_t(rows * in), 1.0f);
+  const std::vector<bf16> y0_bf = ref::random_bf16(seed, "y0", size_t(rows * out), 1.0f);
+  std::vector<float> y0(y0_bf.size());
+  for (size_t i = 0; i < y0.size(); ++i) y0[i] = to_float(y0_bf[i]);
+  std::vector<double> product(size_t(rows * out));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t n = 0; n < out; ++n) {
+      double sum = 0;
+      for (int64_t k = 0; k < in; ++k) sum += double(to_float(x[size_t(r * in + k)])) * double(to_float(w[size_t(n * in + k)]));
+      product[size_t(r * out + n)] = sum;
+    }
+  DeviceArray<__nv_bfloat16> dx, dw;
+  dx.upload(x);
+  dw.upload(w);
+  DeviceArray<float> y;
+  const auto error_after = [&](double times) {
+    std::vector<float> got(size_t(rows * out));
+    DSLAB_CUDA(cudaDeviceSynchronize());
+    DSLAB_CUDA(cudaMemcpy(got.data(), y.get(), got.size() * 4, cudaMemcpyDeviceToHost));
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double want = double(y0[i]) + times * product[i];
+      err += (double(got[i]) - want) * (double(got[i]) - want);
+      norm += want * want;
+    }
+    return std::sqrt(err / norm);
+  };
+  {
+    BlasHandle h;
+    h.set_projections(Projections::own);
+    y.upload(y0);
+    linear(h, dx.get(), rows, in, dw.get(), out, y.get(), CUDA_R_32F, 1.0f);
+    EXPECT_LE(error_after(1), 1e-5);
+    EXPECT_GT(error_after(1), 0.0) << "fp32 sums cannot match fp64 exactly: is the output really computed?";
+    const GemmShape tuned_shape = linear_gemm_shape(dx.get(), rows, in, dw.get(), out, y.get(), CUDA_R_32F, 1.0f);
+    const TunedChoice* choice = h.tuner().choice(tuned_shape);
+    ASSERT_NE(choice, nullptr) << "an eager first call tunes";
+    EXPECT_GE(choice->candidates, 1);
+    EXPECT_GT(choice->tuned_us, 0.0);
+    EXPECT_LE(choice->tuned_us, choice->heuristic_us) << "the heuristic's pick is a candidate: the fastest is at most its time";
+    linear(h, dx.get(), rows, in, dw.get(), out, y.get(), CUDA_R_32F, 1.0f);
+    EXPECT_LE(error_after(2), 1e-5);
+  }
+  {
+    BlasHandle h;
+    h.set_projections(Projections::own);
+    y.upload(y0);
+    cudaStream_t stream{};
+    DSLAB_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    h.set_stream(stream);
+    cudaGraph_t graph{};
+    cudaGraphExec_t exec{};
+    DSLAB_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    linear(h, dx.get(), rows, in, dw.get(), out, y.get(), CUDA_R_32F, 1.0f);
+    DSLAB_CUDA(cudaStreamEndCapture(stream, &graph));
+    DSLAB_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    EXPECT_EQ(h.tuner().choice(linear_gemm_shape(dx.get(), rows, in, dw.get(), out, y.get(), CUDA_R_32F, 1.0f)), nullptr)
+        << "no tuning inside a capture";
+    DSLAB_CUDA(cudaGraphLaunch(exec, stream));
+    DSLAB_CUDA(cudaStreamSynchronize(stream));
+    EXPECT_LE(error_after(1), 1e-5);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
 // batched_gemv, both weight layouts, at the absorbed forms' shapes (heads x nope x rank x v_head_dim of tiny, V2-Lite
 // and V3), x and y strided as MlaOp lays them out ([t][h][...] rows): every output against the fp64 product; past
 // kGemvRows rows, or with cuBLAS projections, it declines (false) and writes nothing.

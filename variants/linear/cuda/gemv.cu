@@ -272,8 +272,13 @@ void linear(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t i
     DSLAB_CHECK_LAUNCH();
     return;
   }
-  // Column-major view: y^T [out x rows] = w [in x out]^T · x^T [in x rows].
-  gemm(h.get(), CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, 0, x, in, 0, y, y_type, out, 0, 1, beta);
+  // Column-major view: y^T [out x rows] = w [in x out]^T · x^T [in x rows]; own: cuBLASLt, tuned for the shape.
+  gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, 0, x, in, 0, y, y_type, out, 0, 1, beta);
+}
+
+GemmShape linear_gemm_shape(const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out, const void* y,
+                            cudaDataType y_type, float beta) {
+  return gemm_shape(CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, 0, x, in, 0, y, y_type, out, 0, 1, beta);
 }
 
 void linear_pair(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out1, void* y1,

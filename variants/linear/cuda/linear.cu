@@ -169,6 +169,16 @@ class LinearVariant : public Variant {
     const bool own = projections_ == Projections::own && p_.tokens <= kGemvRows;
     c["own_kernel"] = own ? 1.0 : 0.0;
     if (own) c["gemv_split"] = double(own_gemv_split(p_.tokens, p_.shape.out, p_.shape.in));
+    const TunedChoice* tuned = projections_ == Projections::own && !own ? blas_->tuner().choice(linear_gemm_shape(
+                                                                              x_.get(), p_.tokens, p_.shape.in, w_.get(), p_.shape.out, y_.get(), CUDA_R_32F, 0.0f))
+                                                                        : nullptr;
+    if (tuned) {  // what tuning chose, and its cold time against cuBLASLt's first heuristic pick in the same tuning
+      c["tuned_candidates"] = tuned->candidates;
+      c["tuned_algo_id"] = tuned->algo_id;
+      c["tuned_tile_id"] = tuned->tile;
+      c["tuned_split_k"] = tuned->split_k;
+      c["tuned_heuristic_over_tuned"] = tuned->heuristic_us / tuned->tuned_us;
+    }
     // The kernels' own time (CUPTI busy time of a cold call, median of 9): the run's mean also holds a launch.
     std::vector<double> busy;
     for (int i = 0; i < 9; ++i) {
@@ -204,9 +214,9 @@ class LinearCublas : public LinearVariant {
 };
 
 DSLAB_REGISTER_VARIANT(LinearOwn, "linear/own/cuda", Device::cuda,
-                       "nn.Linear by dslab's weight-streaming GEMV up to 2 rows (cuBLAS above): the layers' proj=own");
+                       "nn.Linear by dslab's weight-streaming GEMV up to 2 rows, cuBLASLt tuned per shape above: the layers' proj=own");
 DSLAB_REGISTER_VARIANT(LinearCublas, "linear/cublas/cuda", Device::cuda,
-                       "nn.Linear by one cuBLAS GEMM (bf16, fp32 accumulation): the layers' proj=cublas baseline");
+                       "nn.Linear by one cuBLAS GEMM, default heuristic (bf16, fp32 accumulation): the layers' proj=cublas baseline");
 
 }  // namespace
 }  // namespace dslab::mla::cuda

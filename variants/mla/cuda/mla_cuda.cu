@@ -233,10 +233,29 @@ void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int6
                                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-namespace {
+GemmShape gemm_shape(cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
+                     int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, const void* c, cudaDataType c_type, int64_t ldc,
+                     int64_t stride_c, int64_t batch, float beta) {
+  const auto alignment = [](const void* p) {
+    const uintptr_t v = reinterpret_cast<uintptr_t>(p);
+    return v % 16 == 0 ? 16 : v % 8 == 0 ? 8 : v % 4 == 0 ? 4 : 2;
+  };
+  const int align = std::min({alignment(a), alignment(b), alignment(c)});
+  return {op_a, op_b, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch, c_type, beta != 0.0f, align};
+}
 
-// The backend of each live handle (BlasHandle registers its own).
-}  // namespace
+void gemm(const BlasHandle& h, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k, const void* a,
+          int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* c, cudaDataType c_type, int64_t ldc,
+          int64_t stride_c, int64_t batch, float beta) {
+  if (h.projections() != Projections::own) {
+    gemm(h.get(), op_a, op_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, c_type, ldc, stride_c, batch, beta);
+    return;
+  }
+  cudaStream_t stream{};
+  DSLAB_CUBLAS(cublasGetStream(h.get(), &stream));
+  h.tuner().gemm(stream, gemm_shape(op_a, op_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, c_type, ldc, stride_c, batch, beta), a, b,
+                 c, beta);
+}
 
 Projections parse_projections(const std::string& text) {
   if (text == "own") return Projections::own;
@@ -248,6 +267,7 @@ BlasHandle::BlasHandle() {
   DSLAB_CUBLAS(cublasCreate(&h_));
   workspace_.resize(size_t(32) << 20);
   DSLAB_CUBLAS(cublasSetWorkspace(h_, workspace_.get(), workspace_.size()));
+  tuner_ = std::make_unique<GemmTuner>(workspace_.get(), workspace_.size());  // one stream at a time: cuBLAS's and its calls share it
 }
 
 void BlasHandle::set_stream(cudaStream_t stream) {
@@ -256,6 +276,7 @@ void BlasHandle::set_stream(cudaStream_t stream) {
 }
 
 BlasHandle::~BlasHandle() {
+  tuner_.reset();
   if (h_) cublasDestroy(h_);
 }
 
@@ -599,8 +620,8 @@ void MlaOp::absorb_query(__nv_bfloat16* q_abs, int64_t ld) const {
   // Per head h: q_abs[t][h][0..r) = q_nope[t][h] · W_UK[h] (W_UK[h]: rows h*(nope+vd) .. +nope of kv_b_proj, [nope][r]).
   const BatchedGemv own{q_.get(), nh_ * qhd_, qhd_, nope_, w_->kv_b.get(), (nope_ + vd_) * r_, r_, true, q_abs, nh_ * ld, ld};
   if (batched_gemv(*blas_handle_, own, s_.tokens(), nh_)) return;
-  gemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, r_, s_.tokens(), nope_, w_->kv_b.get(), r_, (nope_ + vd_) * r_, q_.get(), nh_ * qhd_, qhd_, q_abs,
-       CUDA_R_16BF, nh_ * ld, ld, nh_);
+  gemm(*blas_handle_, CUBLAS_OP_N, CUBLAS_OP_N, r_, s_.tokens(), nope_, w_->kv_b.get(), r_, (nope_ + vd_) * r_, q_.get(), nh_ * qhd_, qhd_,
+       q_abs, CUDA_R_16BF, nh_ * ld, ld, nh_);
 }
 
 void MlaOp::concat_query() const {
@@ -612,8 +633,8 @@ void MlaOp::absorb_output(const __nv_bfloat16* o_lat) const {
   // Per head h: attn[t][h] = o_lat[t][h] · W_UV[h]^T (W_UV[h]: [vd][r] after the W_UK rows).
   const BatchedGemv own{o_lat, nh_ * r_, r_, r_, w_->kv_b.get() + nope_ * r_, (nope_ + vd_) * r_, vd_, false, attn_.get(), nh_ * vd_, vd_};
   if (batched_gemv(*blas_handle_, own, s_.tokens(), nh_)) return;
-  gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, vd_, s_.tokens(), r_, w_->kv_b.get() + nope_ * r_, r_, (nope_ + vd_) * r_, o_lat, nh_ * r_, r_,
-       attn_.get(), CUDA_R_16BF, nh_ * vd_, vd_, nh_);
+  gemm(*blas_handle_, CUBLAS_OP_T, CUBLAS_OP_N, vd_, s_.tokens(), r_, w_->kv_b.get() + nope_ * r_, r_, (nope_ + vd_) * r_, o_lat, nh_ * r_,
+       r_, attn_.get(), CUDA_R_16BF, nh_ * vd_, vd_, nh_);
 }
 
 const void** MlaOp::pointer_array(const std::vector<const void*>& host) {

@@ -16,6 +16,7 @@
 #include "harness/cuda_check.h"
 #include "harness/gpu.h"
 #include "harness/variant.h"
+#include "variants/linear/cuda/tuned_gemm.h"
 #include "variants/mla/mla.h"
 
 namespace dslab::mla::cuda {
@@ -140,10 +141,13 @@ class BlasHandle {
   // Which backend linear() takes for decode-sized products on this handle (the `proj` axis sets it; a new handle starts with cublas).
   void set_projections(Projections p) { projections_ = p; }
   Projections projections() const { return projections_; }
+  // cuBLASLt with the algorithm timed fastest per shape (tuned_gemm.h): the own projections' path above kGemvRows.
+  GemmTuner& tuner() const { return *tuner_; }
 
  private:
   cublasHandle_t h_ = nullptr;
   DeviceArray<uint8_t> workspace_;
+  std::unique_ptr<GemmTuner> tuner_;
   Projections projections_ = Projections::cublas;
 };
 
@@ -378,6 +382,18 @@ double device_bytes(const MlaOp& op, const ModelConfig& m, const Shape& s, int64
 void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k, const void* a,
           int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* c, cudaDataType c_type, int64_t ldc,
           int64_t stride_c, int64_t batch, float beta = 0.0f);
+// The same on a handle's stream, by its projections: own, cuBLASLt with the algorithm tuned for the shape
+// (h.tuner()); cublas, the call above (cuBLAS's default heuristic: the baseline).
+void gemm(const BlasHandle& h, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k, const void* a,
+          int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* c, cudaDataType c_type, int64_t ldc,
+          int64_t stride_c, int64_t batch, float beta = 0.0f);
+// The GemmShape that gemm(h, ...) tunes for these arguments (for a tuned choice's counters).
+GemmShape gemm_shape(cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
+                     int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, const void* c, cudaDataType c_type, int64_t ldc,
+                     int64_t stride_c, int64_t batch, float beta);
+// linear()'s GEMM above kGemvRows, in gemm()'s column-major terms: y^T [out x rows] = w [in x out]^T · x^T [in x rows].
+GemmShape linear_gemm_shape(const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out, const void* y,
+                            cudaDataType y_type, float beta);
 // Row-major nn.Linear: y[rows][out] = x[rows][in] · w[out][in]^T (+ beta y), on the handle's stream
 // (variants/linear/cuda/gemv.cu). With the handle's projections set to own, decode sizes (rows up to kGemvRows)
 // go to a weight-streaming GEMV of ours (gemv_split warps per output feature, weights prefetched under PDL);
