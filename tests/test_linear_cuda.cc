@@ -172,9 +172,12 @@ TEST(GpuTunedGemm, AccumulatesIntoTheCallersOutputAndCapturesUntuned) {
     }
     return std::sqrt(err / norm);
   };
-  {
+  // Every way of running it (0: whichever tuning picks; 1: cuBLASLt's kernels alone; 2 and 4: K slices summed by ours).
+  for (int slices : {0, 1, 2, 4}) {
+    SCOPED_TRACE("slices " + std::to_string(slices));
     BlasHandle h;
     h.set_projections(Projections::own);
+    h.tuner().only_slices(slices);
     y.upload(y0);
     linear(h, dx.get(), rows, in, dw.get(), out, y.get(), CUDA_R_32F, 1.0f);
     EXPECT_LE(error_after(1), 1e-5);
@@ -184,9 +187,28 @@ TEST(GpuTunedGemm, AccumulatesIntoTheCallersOutputAndCapturesUntuned) {
     ASSERT_NE(choice, nullptr) << "an eager first call tunes";
     EXPECT_GE(choice->candidates, 1);
     EXPECT_GT(choice->tuned_us, 0.0);
-    EXPECT_LE(choice->tuned_us, choice->heuristic_us) << "the heuristic's pick is a candidate: the fastest is at most its time";
+    EXPECT_LE(choice->tuned_us, choice->heuristic_us) << "the first candidate is a candidate: the fastest is at most its time";
+    if (slices != 0) EXPECT_EQ(choice->k_slices, slices);
     linear(h, dx.get(), rows, in, dw.get(), out, y.get(), CUDA_R_32F, 1.0f);
     EXPECT_LE(error_after(2), 1e-5);
+  }
+  {  // bf16 output through the slices' sum (q_b's and the absorbs' type), no accumulation
+    BlasHandle h;
+    h.set_projections(Projections::own);
+    h.tuner().only_slices(4);
+    DeviceArray<__nv_bfloat16> yb(size_t(rows * out));
+    yb.fill_bytes(0xFF);
+    linear(h, dx.get(), rows, in, dw.get(), out, yb.get(), CUDA_R_16BF);
+    std::vector<bf16> got(yb.size());
+    DSLAB_CUDA(cudaDeviceSynchronize());
+    DSLAB_CUDA(cudaMemcpy(got.data(), yb.get(), got.size() * 2, cudaMemcpyDeviceToHost));
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      err += (double(to_float(got[i])) - product[i]) * (double(to_float(got[i])) - product[i]);
+      norm += product[i] * product[i];
+    }
+    EXPECT_LE(std::sqrt(err / norm), 1e-2);
+    EXPECT_EQ(h.tuner().choice(linear_gemm_shape(dx.get(), rows, in, dw.get(), out, yb.get(), CUDA_R_16BF, 0.0f))->k_slices, 4);
   }
   {
     BlasHandle h;

@@ -177,6 +177,7 @@ class LinearVariant : public Variant {
       c["tuned_algo_id"] = tuned->algo_id;
       c["tuned_tile_id"] = tuned->tile;
       c["tuned_split_k"] = tuned->split_k;
+      c["tuned_k_slices"] = tuned->k_slices;
       c["tuned_heuristic_over_tuned"] = tuned->heuristic_us / tuned->tuned_us;
     }
     // The kernels' own time (CUPTI busy time of a cold call, median of 9): the run's mean also holds a launch.

@@ -1,6 +1,8 @@
 // GemmTuner (tuned_gemm.h): cuBLASLt's candidates for a shape, timed cold, the fastest kept.
 #include "variants/linear/cuda/tuned_gemm.h"
 
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
@@ -9,6 +11,7 @@
 
 #include "harness/cuda_check.h"
 #include "harness/gpu.h"
+#include "variants/common/pdl.cuh"
 
 namespace dslab::mla::cuda {
 
@@ -18,6 +21,9 @@ constexpr int kHeuristicCandidates = 16;  // cuBLASLt's ranked list (it returns 
 constexpr int kSplitBases = 4;            // split-K variants are made of the first this many split-capable algorithms
 constexpr int kSplits[] = {2, 3, 4, 6, 8, 12, 16};
 constexpr int kColdRuns = 3;  // each candidate's best of this many runs from a flushed L2
+constexpr int kSlices[] = {2, 3, 4, 6, 8, 12, 16};
+constexpr int kSliceCandidates = 4;                 // heuristic picks timed per slice count
+constexpr double kMaxPartialBytes = 64.0 * (1 << 20);  // fp32 partials of all slices
 
 template <typename T>
 void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, T value) {
@@ -54,12 +60,75 @@ cublasLtMatrixLayout_t make_layout(cudaDataType type, int64_t rows, int64_t cols
 
 size_t element_bytes(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
 
+// C (m x n, ldc; fp32 or bf16) = beta C + the sum of `slices` fp32 partials [slice][n][m]. Launched under PDL
+// after the batched GEMM that wrote the partials (which does not trigger early: the wait is for its end).
+__global__ void sum_slices_kernel(const float* __restrict__ partials, int64_t m, int64_t n, int slices, void* c, bool c_bf16, int64_t ldc,
+                                  float beta) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t total = m * n, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
+    float sum = 0.0f;
+    for (int s = 0; s < slices; ++s) sum += partials[s * total + e];
+    const int64_t i = e % m, j = e / m;
+    if (c_bf16) {
+      __nv_bfloat16* y = static_cast<__nv_bfloat16*>(c) + j * ldc + i;
+      *y = __float2bfloat16(beta != 0.0f ? beta * __bfloat162float(*y) + sum : sum);
+    } else {
+      float* y = static_cast<float*>(c) + j * ldc + i;
+      *y = beta != 0.0f ? beta * *y + sum : sum;
+    }
+  }
+}
+
+// Whether K can be cut into `slices` batch entries: equal slices on 16-byte boundaries, each long enough to be worth
+// a tile's prologue, and their partials within kMaxPartialBytes.
+bool sliceable(const GemmShape& s, int slices) {
+  const int64_t slice = s.k / slices;
+  return s.batch == 1 && s.k % slices == 0 && slice % 8 == 0 && slice >= 256 && 4.0 * double(slices) * double(s.m) * double(s.n) <= kMaxPartialBytes;
+}
+
 }  // namespace
 
-GemmTuner::Plan::~Plan() {
+struct GemmTuner::Candidate {
+  cublasLtMatmulAlgo_t algo;
+  size_t workspace;
+};
+
+GemmTuner::Layouts::Layouts(const GemmShape& s, int slices_) : slices(slices_) {
+  // Stored shapes: op(A) is m x k, op(B) k x n, C m x n (column-major). Sliced: slice i of K is batch entry i, its
+  // A and B at i * k / slices along K (consecutive elements where K is the leading dimension, else ld apart), its C
+  // an m x n fp32 partial.
+  const int64_t k = s.k / slices;
+  if (slices == 1) {
+    a = s.op_a == CUBLAS_OP_N ? make_layout(CUDA_R_16BF, s.m, k, s.lda, s.batch, s.stride_a)
+                              : make_layout(CUDA_R_16BF, k, s.m, s.lda, s.batch, s.stride_a);
+    b = s.op_b == CUBLAS_OP_N ? make_layout(CUDA_R_16BF, k, s.n, s.ldb, s.batch, s.stride_b)
+                              : make_layout(CUDA_R_16BF, s.n, k, s.ldb, s.batch, s.stride_b);
+    c = make_layout(s.c_type, s.m, s.n, s.ldc, s.batch, s.stride_c);
+    return;
+  }
+  a = s.op_a == CUBLAS_OP_N ? make_layout(CUDA_R_16BF, s.m, k, s.lda, slices, k * s.lda) : make_layout(CUDA_R_16BF, k, s.m, s.lda, slices, k);
+  b = s.op_b == CUBLAS_OP_N ? make_layout(CUDA_R_16BF, k, s.n, s.ldb, slices, k) : make_layout(CUDA_R_16BF, s.n, k, s.ldb, slices, k * s.ldb);
+  c = make_layout(CUDA_R_32F, s.m, s.n, s.m, slices, s.m * s.n);
+}
+
+GemmTuner::Layouts::Layouts(Layouts&& o) noexcept : slices(o.slices), a(o.a), b(o.b), c(o.c) { o.a = o.b = o.c = nullptr; }
+GemmTuner::Layouts& GemmTuner::Layouts::operator=(Layouts&& o) noexcept {
+  std::swap(slices, o.slices);
+  std::swap(a, o.a);
+  std::swap(b, o.b);
+  std::swap(c, o.c);
+  return *this;
+}
+GemmTuner::Layouts::~Layouts() {
   if (a) cublasLtMatrixLayoutDestroy(a);
   if (b) cublasLtMatrixLayoutDestroy(b);
   if (c) cublasLtMatrixLayoutDestroy(c);
+}
+
+GemmTuner::Plan::~Plan() {
+  if (partials) cudaFree(partials);
   if (desc) cublasLtMatmulDescDestroy(desc);
 }
 
@@ -72,6 +141,26 @@ GemmTuner::~GemmTuner() {
   if (lt_) cublasLtDestroy(lt_);
 }
 
+std::vector<GemmTuner::Candidate> GemmTuner::heuristic(const Plan& p, const Layouts& l, const GemmShape& s, int count) const {
+  cublasLtMatmulPreference_t pref{};
+  DSLAB_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t max_workspace = workspace_bytes_;
+  const uint32_t align = uint32_t(s.alignment);
+  DSLAB_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof(max_workspace)));
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+    DSLAB_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
+  std::vector<cublasLtMatmulHeuristicResult_t> ranked(static_cast<size_t>(count));
+  int returned = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, l.a, l.b, l.c, l.c, pref, count, ranked.data(), &returned);
+  cublasLtMatmulPreferenceDestroy(pref);
+  std::vector<Candidate> out;
+  if (st != CUBLAS_STATUS_SUCCESS) return out;
+  for (int i = 0; i < returned; ++i)
+    if (ranked[size_t(i)].state == CUBLAS_STATUS_SUCCESS) out.push_back({ranked[size_t(i)].algo, ranked[size_t(i)].workspaceSize});
+  return out;
+}
+
 GemmTuner::Plan& GemmTuner::plan_for(const GemmShape& s) {
   std::unique_ptr<Plan>& slot = plans_[s];
   if (slot) return *slot;
@@ -79,66 +168,47 @@ GemmTuner::Plan& GemmTuner::plan_for(const GemmShape& s) {
   DSLAB_CUBLAS(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   set_desc(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, s.op_a);
   set_desc(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, s.op_b);
-  // Stored shapes: op(A) is m x k, op(B) k x n, C m x n (column-major).
-  p->a = s.op_a == CUBLAS_OP_N ? make_layout(CUDA_R_16BF, s.m, s.k, s.lda, s.batch, s.stride_a)
-                               : make_layout(CUDA_R_16BF, s.k, s.m, s.lda, s.batch, s.stride_a);
-  p->b = s.op_b == CUBLAS_OP_N ? make_layout(CUDA_R_16BF, s.k, s.n, s.ldb, s.batch, s.stride_b)
-                               : make_layout(CUDA_R_16BF, s.n, s.k, s.ldb, s.batch, s.stride_b);
-  p->c = make_layout(s.c_type, s.m, s.n, s.ldc, s.batch, s.stride_c);
-
-  cublasLtMatmulPreference_t pref{};
-  DSLAB_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t max_workspace = workspace_bytes_;
-  const uint32_t align = uint32_t(s.alignment);
-  DSLAB_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof(max_workspace)));
-  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-    DSLAB_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
-  cublasLtMatmulHeuristicResult_t first{};
-  int returned = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p->desc, p->a, p->b, p->c, p->c, pref, 1, &first, &returned);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || returned == 0)
+  p->layouts = Layouts(s, 1);
+  const std::vector<Candidate> first = heuristic(*p, p->layouts, s, 1);
+  if (first.empty())
     throw std::runtime_error("cuBLASLt has no algorithm for a " + std::to_string(s.m) + " x " + std::to_string(s.n) + " x " +
                              std::to_string(s.k) + " GEMM (batch " + std::to_string(s.batch) + ")");
-  p->algo = first.algo;
-  p->workspace_bytes = first.workspaceSize;
+  p->algo = first[0].algo;
+  p->workspace_bytes = first[0].workspace;
   slot = std::move(p);
   return *slot;
 }
 
-void GemmTuner::launch(const Plan& p, const cublasLtMatmulAlgo_t& algo, size_t workspace_bytes, cudaStream_t stream, const void* a,
-                       const void* b, void* c, float beta) const {
-  const float alpha = 1.0f;
-  DSLAB_CUBLAS(cublasLtMatmul(lt_, p.desc, &alpha, a, p.a, b, p.b, &beta, c, p.c, c, p.c, &algo, workspace_, workspace_bytes, stream));
+void GemmTuner::launch(const Plan& p, const Layouts& l, const cublasLtMatmulAlgo_t& algo, size_t workspace_bytes, float* partials,
+                       cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c, float beta) const {
+  const float alpha = 1.0f, zero = 0.0f;
+  if (l.slices == 1) {
+    DSLAB_CUBLAS(cublasLtMatmul(lt_, p.desc, &alpha, a, l.a, b, l.b, &beta, c, l.c, c, l.c, &algo, workspace_, workspace_bytes, stream));
+    return;
+  }
+  DSLAB_CUBLAS(cublasLtMatmul(lt_, p.desc, &alpha, a, l.a, b, l.b, &zero, partials, l.c, partials, l.c, &algo, workspace_, workspace_bytes,
+                              stream));
+  const int64_t total = s.m * s.n;
+  const unsigned blocks = unsigned(std::min<int64_t>((total + 255) / 256, 1024));
+  launch_pdl(sum_slices_kernel, dim3(blocks), dim3(256), 0, stream, static_cast<const float*>(partials), s.m, s.n, l.slices, c,
+             s.c_type == CUDA_R_16BF, s.ldc, beta);
+  DSLAB_CHECK_LAUNCH();
 }
 
 void GemmTuner::tune(const GemmShape& s, Plan& p, const void* a, const void* b) {
-  // The candidates: the heuristic's list, then split-K variants of its first split-capable algorithms.
-  cublasLtMatmulPreference_t pref{};
-  DSLAB_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t max_workspace = workspace_bytes_;
-  const uint32_t align = uint32_t(s.alignment);
-  DSLAB_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_workspace, sizeof(max_workspace)));
-  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-    DSLAB_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
-  std::vector<cublasLtMatmulHeuristicResult_t> ranked(kHeuristicCandidates);
-  int returned = 0;
-  DSLAB_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, kHeuristicCandidates, ranked.data(), &returned));
-  cublasLtMatmulPreferenceDestroy(pref);
-  ranked.resize(size_t(returned));
-
-  struct Candidate {
-    cublasLtMatmulAlgo_t algo;
-    size_t workspace;
+  // The candidates: the heuristic's list, then split-K variants of its first split-capable algorithms (cuBLASLt's
+  // own split, reduced inside its kernels), then the K slices.
+  struct Way {
+    int slices;
+    Candidate c;
   };
-  std::vector<Candidate> candidates;
-  for (const auto& r : ranked)
-    if (r.state == CUBLAS_STATUS_SUCCESS) candidates.push_back({r.algo, r.workspaceSize});
-  int bases = 0;
-  for (const auto& r : ranked) {
-    if (r.state != CUBLAS_STATUS_SUCCESS || bases == kSplitBases) continue;
+  std::vector<Way> ways;
+  const std::vector<Candidate> ranked = heuristic(p, p.layouts, s, kHeuristicCandidates);
+  if (only_slices_ <= 1)
+    for (const Candidate& c : ranked) ways.push_back({1, c});
+  int bases = only_slices_ > 1 ? kSplitBases : 0;
+  for (const Candidate& r : ranked) {
+    if (bases == kSplitBases) break;
     if (capability<int32_t>(r.algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT) == 0) continue;
     if (config<uint32_t>(r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1) continue;  // already split: the heuristic's own
     ++bases;
@@ -155,60 +225,81 @@ void GemmTuner::tune(const GemmShape& s, Plan& p, const void* a, const void* b) 
                 CUBLAS_STATUS_SUCCESS)
           continue;
         cublasLtMatmulHeuristicResult_t check{};
-        if (cublasLtMatmulAlgoCheck(lt_, p.desc, p.a, p.b, p.c, p.c, &algo, &check) != CUBLAS_STATUS_SUCCESS) continue;
+        if (cublasLtMatmulAlgoCheck(lt_, p.desc, p.layouts.a, p.layouts.b, p.layouts.c, p.layouts.c, &algo, &check) != CUBLAS_STATUS_SUCCESS)
+          continue;
         if (check.workspaceSize > workspace_bytes_) continue;
-        candidates.push_back({algo, check.workspaceSize});
+        ways.push_back({1, {algo, check.workspaceSize}});
         break;  // one reduction scheme per split: the first the algorithm allows, in the order above (least traffic first)
       }
     }
+  }
+  std::map<int, Layouts> sliced;
+  int max_slices = 1;
+  for (int slices : kSlices) {
+    if (!sliceable(s, slices) || (only_slices_ != 0 && slices != only_slices_)) continue;
+    Layouts l(s, slices);
+    for (const Candidate& c : heuristic(p, l, s, kSliceCandidates)) ways.push_back({slices, c});
+    sliced.emplace(slices, std::move(l));
+    max_slices = slices;
   }
 
   // Timed on the default stream (where flush_l2 runs) into a scratch output, so that the caller's C - which an
   // accumulating GEMM reads - is untouched.
   DSLAB_CUDA(cudaDeviceSynchronize());
   void* scratch = nullptr;
+  float* partials = nullptr;
   const size_t c_elements = size_t(s.ldc * s.n + (s.batch > 1 ? s.stride_c * (s.batch - 1) : 0));
   DSLAB_CUDA(cudaMalloc(&scratch, c_elements * element_bytes(s.c_type)));
   DSLAB_CUDA(cudaMemset(scratch, 0, c_elements * element_bytes(s.c_type)));
+  if (max_slices > 1) DSLAB_CUDA(cudaMalloc(&partials, size_t(max_slices) * size_t(s.m * s.n) * sizeof(float)));
   cudaEvent_t start{}, stop{};
   DSLAB_CUDA(cudaEventCreate(&start));
   DSLAB_CUDA(cudaEventCreate(&stop));
   const float beta = s.accumulate ? 1.0f : 0.0f;
   double best_us = 0;
   int best = -1;
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    double cand_us = 0;
+  for (size_t i = 0; i < ways.size(); ++i) {
+    const Layouts& l = ways[i].slices == 1 ? p.layouts : sliced.at(ways[i].slices);
+    double way_us = 0;
     bool ok = true;
     for (int run = 0; run <= kColdRuns && ok; ++run) {  // run 0 warms up (module load, first-launch set-up)
       gpu::flush_l2();
       DSLAB_CUDA(cudaEventRecord(start, 0));
-      const float alpha = 1.0f;
-      ok = cublasLtMatmul(lt_, p.desc, &alpha, a, p.a, b, p.b, &beta, scratch, p.c, scratch, p.c, &candidates[i].algo, workspace_,
-                          candidates[i].workspace, 0) == CUBLAS_STATUS_SUCCESS;
+      try {
+        launch(p, l, ways[i].c.algo, ways[i].c.workspace, partials, 0, s, a, b, scratch, beta);
+      } catch (const std::runtime_error&) {  // a candidate cuBLASLt listed but will not run here: skip it
+        ok = false;
+      }
       DSLAB_CUDA(cudaEventRecord(stop, 0));
       DSLAB_CUDA(cudaEventSynchronize(stop));
       float ms = 0;
       DSLAB_CUDA(cudaEventElapsedTime(&ms, start, stop));
-      if (run > 0) cand_us = run == 1 ? ms * 1e3 : std::min(cand_us, double(ms) * 1e3);
+      if (run > 0) way_us = run == 1 ? ms * 1e3 : std::min(way_us, double(ms) * 1e3);
     }
     if (!ok) continue;
-    if (i == 0) p.choice.heuristic_us = cand_us;
-    if (best < 0 || cand_us < best_us) {
+    if (i == 0) p.choice.heuristic_us = way_us;  // (with only_slices_ > 1, the first sliced way)
+    if (best < 0 || way_us < best_us) {
       best = int(i);
-      best_us = cand_us;
+      best_us = way_us;
     }
   }
-  DSLAB_CUDA(cudaGetLastError());
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   DSLAB_CUDA(cudaFree(scratch));
+  if (partials) DSLAB_CUDA(cudaFree(partials));
   if (best < 0) throw std::runtime_error("cuBLASLt: no candidate algorithm ran for a " + std::to_string(s.m) + " x " + std::to_string(s.n) +
                                          " x " + std::to_string(s.k) + " GEMM");
-  p.algo = candidates[size_t(best)].algo;
-  p.workspace_bytes = candidates[size_t(best)].workspace;
+  const Way& w = ways[size_t(best)];
+  p.algo = w.c.algo;
+  p.workspace_bytes = w.c.workspace;
+  if (w.slices > 1) {
+    p.layouts = std::move(sliced.at(w.slices));
+    DSLAB_CUDA(cudaMalloc(&p.partials, size_t(w.slices) * size_t(s.m * s.n) * sizeof(float)));
+  }
   p.tuned = true;
-  p.choice.candidates = int(candidates.size());
+  p.choice.candidates = int(ways.size());
   p.choice.tuned_us = best_us;
+  p.choice.k_slices = w.slices;
   p.choice.algo_id = config<int32_t>(p.algo, CUBLASLT_ALGO_CONFIG_ID);
   p.choice.tile = int(config<uint32_t>(p.algo, CUBLASLT_ALGO_CONFIG_TILE_ID));
   p.choice.split_k = std::max(1, int(config<uint32_t>(p.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)));
@@ -221,7 +312,7 @@ void GemmTuner::gemm(cudaStream_t stream, const GemmShape& s, const void* a, con
     DSLAB_CUDA(cudaStreamIsCapturing(stream, &capturing));
     if (capturing == cudaStreamCaptureStatusNone) tune(s, p, a, b);
   }
-  launch(p, p.algo, p.workspace_bytes, stream, a, b, c, beta);
+  launch(p, p.layouts, p.algo, p.workspace_bytes, p.partials, stream, s, a, b, c, beta);
 }
 
 const TunedChoice* GemmTuner::choice(const GemmShape& s) const {

@@ -1,8 +1,11 @@
 // cuBLASLt GEMMs whose algorithm is chosen by timing, per shape, on the GPU they run on (as PyTorch's TunableOp
 // and serving engines' tuned GEMM configs do): at decode sizes (16-128 rows of a 7168-wide input) cuBLAS's default
 // heuristic picks a tile with too few CTAs for the weight to stream at HBM speed (session 22 on the H100: q_a_proj
-// at 64 rows 14.8 us, 1.5 TB/s). The candidates are cuBLASLt's own heuristic list plus split-K variants of the
-// algorithms that allow it; each is timed from a flushed L2, the fastest kept for the handle's lifetime.
+// at 64 rows 14.8 us, 1.5 TB/s: 12 column tiles, split in 2-3 along K, 24-36 of 132 SMs). The candidates are
+// cuBLASLt's own heuristic list, split-K variants of the algorithms that allow it, and - for an unbatched GEMM -
+// K cut into 2-16 slices run as one strided-batched GEMM into fp32 partials that a kernel of ours sums into C (so
+// the weight streams through slices x tiles CTAs); each is timed from a flushed L2 (with its sum), the fastest kept
+// for the handle's lifetime.
 #pragma once
 
 #include <cublasLt.h>
@@ -13,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 namespace dslab::mla::cuda {
 
@@ -32,6 +36,7 @@ struct GemmShape {
 // What tuning chose for a shape (for counters and reports).
 struct TunedChoice {
   int algo_id = -1, tile = -1, split_k = 1, candidates = 0;
+  int k_slices = 1;  // > 1: K cut into this many slices, one batch entry each, summed into C by a kernel of ours
   double tuned_us = 0, heuristic_us = 0;  // the chosen one's and cuBLASLt's first heuristic pick's best cold time
 };
 
@@ -47,26 +52,42 @@ class GemmTuner {
   void gemm(cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c, float beta);
   // The choice for a tuned shape, or nullptr.
   const TunedChoice* choice(const GemmShape& s) const;
+  // Tests: tune shapes seen from here on over the candidates with this many K slices only (0: all).
+  void only_slices(int slices) { only_slices_ = slices; }
 
  private:
   // A shape's cuBLASLt descriptors and algorithm (tuned: the fastest measured; else the heuristic's first).
+  // The layouts of one way to run a shape: K in `slices` batch entries (1: the shape as given, into C).
+  struct Layouts {
+    int slices = 1;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    Layouts() = default;
+    Layouts(const GemmShape& s, int slices);
+    Layouts(Layouts&& o) noexcept;
+    Layouts& operator=(Layouts&& o) noexcept;
+    ~Layouts();
+  };
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
-    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    Layouts layouts;
     cublasLtMatmulAlgo_t algo{};
     size_t workspace_bytes = 0;
+    float* partials = nullptr;  // [slices][n][m] fp32 where layouts.slices > 1
     bool tuned = false;
     TunedChoice choice;
     ~Plan();
   };
+  struct Candidate;
   Plan& plan_for(const GemmShape& s);
+  std::vector<Candidate> heuristic(const Plan& p, const Layouts& l, const GemmShape& s, int count) const;
   void tune(const GemmShape& s, Plan& p, const void* a, const void* b);
-  void launch(const Plan& p, const cublasLtMatmulAlgo_t& algo, size_t workspace_bytes, cudaStream_t stream, const void* a,
-              const void* b, void* c, float beta) const;
+  void launch(const Plan& p, const Layouts& l, const cublasLtMatmulAlgo_t& algo, size_t workspace_bytes, float* partials,
+              cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c, float beta) const;
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_;
   size_t workspace_bytes_;
   std::map<GemmShape, std::unique_ptr<Plan>> plans_;
+  int only_slices_ = 0;
 };
 
 }  // namespace dslab::mla::cuda
