@@ -52,11 +52,12 @@ std::string short_kernel_name(const char* name);
 // occupy_s must exceed the host's time to queue one step.
 std::map<std::string, double> time_ops(const std::function<void(OpMarks&)>& step, int steps = 9, double occupy_s = 2e-3);
 
-// Times one call of fn with CUDA events on the default stream; with flush_l2 it first overwrites an
-// L2-sized buffer (as nvbench's cold timer does) so the call starts from HBM.
+// Times one call of fn with CUDA events on the default stream; with flush_l2 it first evicts L2 (flush_l2() below)
+// so the call starts from HBM.
 double time_seconds(const std::function<void()>& fn, bool flush_l2);
 
-// Overwrites an L2-sized buffer on the default stream: whatever runs next starts from HBM.
+// Reads a buffer twice L2's size on the default stream: whatever runs next starts from HBM, with L2 holding clean
+// lines of other data (no write-back to pay, as after a memset: gpu.cu says what that cost).
 void flush_l2();
 // Keeps the default stream busy for about `seconds` (a kernel spinning on the global timer), so that the work
 // the host queues meanwhile runs back to back, whatever the host's launch speed: nvbench's blocking kernel.

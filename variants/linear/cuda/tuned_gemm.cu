@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <mutex>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -195,7 +196,7 @@ void GemmTuner::launch(const Plan& p, const Layouts& l, const cublasLtMatmulAlgo
   DSLAB_CHECK_LAUNCH();
 }
 
-void GemmTuner::tune(const GemmShape& s, Plan& p, const void* a, const void* b) {
+GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, Plan& p, const void* a, const void* b) {
   // The candidates: the heuristic's list, then split-K variants of its first split-capable algorithms (cuBLASLt's
   // own split, reduced inside its kernels), then the K slices.
   struct Way {
@@ -290,27 +291,61 @@ void GemmTuner::tune(const GemmShape& s, Plan& p, const void* a, const void* b) 
   if (best < 0) throw std::runtime_error("cuBLASLt: no candidate algorithm ran for a " + std::to_string(s.m) + " x " + std::to_string(s.n) +
                                          " x " + std::to_string(s.k) + " GEMM");
   const Way& w = ways[size_t(best)];
-  p.algo = w.c.algo;
-  p.workspace_bytes = w.c.workspace;
-  if (w.slices > 1) {
-    p.layouts = std::move(sliced.at(w.slices));
-    DSLAB_CUDA(cudaMalloc(&p.partials, size_t(w.slices) * size_t(s.m * s.n) * sizeof(float)));
-  }
-  p.tuned = true;
-  p.choice.candidates = int(ways.size());
-  p.choice.tuned_us = best_us;
-  p.choice.k_slices = w.slices;
-  p.choice.algo_id = config<int32_t>(p.algo, CUBLASLT_ALGO_CONFIG_ID);
-  p.choice.tile = int(config<uint32_t>(p.algo, CUBLASLT_ALGO_CONFIG_TILE_ID));
-  p.choice.split_k = std::max(1, int(config<uint32_t>(p.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)));
+  Tuned t;
+  t.algo = w.c.algo;
+  t.workspace_bytes = w.c.workspace;
+  t.choice = p.choice;
+  t.choice.candidates = int(ways.size());
+  t.choice.tuned_us = best_us;
+  t.choice.k_slices = w.slices;
+  t.choice.algo_id = config<int32_t>(t.algo, CUBLASLT_ALGO_CONFIG_ID);
+  t.choice.tile = int(config<uint32_t>(t.algo, CUBLASLT_ALGO_CONFIG_TILE_ID));
+  t.choice.split_k = std::max(1, int(config<uint32_t>(t.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)));
+  return t;
 }
+
+void GemmTuner::adopt(const GemmShape& s, Plan& p, const Tuned& t) {
+  p.algo = t.algo;
+  p.workspace_bytes = t.workspace_bytes;
+  if (t.choice.k_slices > 1) {
+    p.layouts = Layouts(s, t.choice.k_slices);
+    DSLAB_CUDA(cudaMalloc(&p.partials, size_t(t.choice.k_slices) * size_t(s.m * s.n) * sizeof(float)));
+  }
+  p.choice = t.choice;
+  p.tuned = true;
+}
+
+namespace {
+// Choices made in this process, by device and shape: every handle runs a shape the same way, so that two variants
+// of one step (an eager and a graph executor) compute bit-identical results, and each shape is timed once.
+std::mutex& choices_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::pair<int, GemmShape>, GemmTuner::Tuned>& process_choices() {
+  static std::map<std::pair<int, GemmShape>, GemmTuner::Tuned> choices;
+  return choices;
+}
+}  // namespace
 
 void GemmTuner::gemm(cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c, float beta) {
   Plan& p = plan_for(s);
   if (!p.tuned) {
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
     DSLAB_CUDA(cudaStreamIsCapturing(stream, &capturing));
-    if (capturing == cudaStreamCaptureStatusNone) tune(s, p, a, b);
+    // (inside a capture neither timing nor an allocation is allowed: cuBLASLt's first pick runs, untuned)
+    if (capturing == cudaStreamCaptureStatusNone) {
+      if (only_slices_ != 0) {
+        adopt(s, p, tune(s, p, a, b));
+      } else {
+        int device = 0;
+        DSLAB_CUDA(cudaGetDevice(&device));
+        std::lock_guard<std::mutex> lock(choices_mutex());
+        auto it = process_choices().find({device, s});
+        if (it == process_choices().end()) it = process_choices().emplace(std::make_pair(device, s), tune(s, p, a, b)).first;
+        adopt(s, p, it->second);
+      }
+    }
   }
   launch(p, p.layouts, p.algo, p.workspace_bytes, p.partials, stream, s, a, b, c, beta);
 }

@@ -52,8 +52,16 @@ class GemmTuner {
   void gemm(cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c, float beta);
   // The choice for a tuned shape, or nullptr.
   const TunedChoice* choice(const GemmShape& s) const;
-  // Tests: tune shapes seen from here on over the candidates with this many K slices only (0: all).
+  // Tests: tune shapes seen from here on over the candidates with this many K slices only (0: all), on this handle
+  // alone (the process-wide choices are neither read nor written).
   void only_slices(int slices) { only_slices_ = slices; }
+
+  // A shape's measured choice; made once per process and device (every handle then runs the shape the same way).
+  struct Tuned {
+    cublasLtMatmulAlgo_t algo{};
+    size_t workspace_bytes = 0;
+    TunedChoice choice;
+  };
 
  private:
   // A shape's cuBLASLt descriptors and algorithm (tuned: the fastest measured; else the heuristic's first).
@@ -80,7 +88,8 @@ class GemmTuner {
   struct Candidate;
   Plan& plan_for(const GemmShape& s);
   std::vector<Candidate> heuristic(const Plan& p, const Layouts& l, const GemmShape& s, int count) const;
-  void tune(const GemmShape& s, Plan& p, const void* a, const void* b);
+  Tuned tune(const GemmShape& s, Plan& p, const void* a, const void* b);
+  void adopt(const GemmShape& s, Plan& p, const Tuned& t);
   void launch(const Plan& p, const Layouts& l, const cublasLtMatmulAlgo_t& algo, size_t workspace_bytes, float* partials,
               cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c, float beta) const;
   cublasLtHandle_t lt_ = nullptr;
