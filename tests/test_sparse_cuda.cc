@@ -337,10 +337,11 @@ void check_indexer(int64_t P, uint64_t seed) {
       }
     }
     EXPECT_GE(double(same_query), 0.99 * double(sparse::cuda::kIndexHeads * D));
-    // Scores: against the fp64 scores of the GPU's own e4m3 queries and keys (checked against the CPU's above), as
-    // fp32 sums in another order, within 1e-4 of the score's sum of magnitudes; and against the CPU's scores within
-    // 2e-2 of it: a neighbouring e4m3 rounding (one code, 1/8 of an element at most) moves a score by more than
-    // the sums' order does (seed 13004474275044208441: 0.25% at one key of 1000).
+    // Scores: against the fp64 scores of the GPU's own e4m3 queries and keys (checked against the CPU's above) within
+    // 1e-3 of the score's sum of magnitudes - Hopper's e4m3 MMA accumulates with about 14 mantissa bits (DeepSeek-V3's
+    // report; measured here up to 1.1e-4, seed 9806297671492805580); and against the CPU's scores within 2e-2 of it:
+    // a neighbouring e4m3 rounding (one code, 1/8 of an element at most) moves a score by more than that (seed
+    // 13004474275044208441: 0.25% at one key of 1000, over the 2e-3 this check had).
     const std::vector<double> want = sparse::dsa_token_scores(p, st);
     const std::vector<double> got(scores.begin() + r * ppr * P, scores.begin() + r * ppr * P + p.keys);
     std::vector<double> gpu_query(size_t(sparse::cuda::kIndexHeads * D));
@@ -361,7 +362,7 @@ void check_indexer(int64_t P, uint64_t seed) {
         }
         from_gpu_values += std::max(0.0, dot) / double(sparse::cuda::kIndexHeads);
       }
-      ASSERT_NEAR(got[size_t(k)], from_gpu_values, 1e-4 * magnitude + 1e-6) << "key " << k;
+      ASSERT_NEAR(got[size_t(k)], from_gpu_values, 1e-3 * magnitude + 1e-6) << "key " << k;
       ASSERT_NEAR(got[size_t(k)], want[size_t(k)], 2e-2 * cpu_magnitude + 1e-6) << "key " << k;
     }
     // The selection from the GPU's own scores.
