@@ -4,9 +4,9 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
-#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
