@@ -233,11 +233,6 @@ bool own_gemv(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t
   const bool aligned = in % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
   return rows <= kGemvRows && h.projections() == Projections::own && aligned && (y_type == CUDA_R_32F || y_type == CUDA_R_16BF);
 }
-cudaStream_t stream_of(const BlasHandle& h) {
-  cudaStream_t stream{};
-  DSLAB_CUBLAS(cublasGetStream(h.get(), &stream));
-  return stream;
-}
 
 }  // namespace
 
@@ -262,7 +257,7 @@ int own_gemv_split(int64_t rows, int64_t out, int64_t in) {
 void linear(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out, void* y,
             cudaDataType y_type, float beta) {
   if (own_gemv(h, x, rows, in, w, y_type)) {
-    const cudaStream_t stream = stream_of(h);
+    const cudaStream_t stream = h.stream();
     const bool bf16 = y_type == CUDA_R_16BF;
     switch (rows) {
       case 1: launch_gemv<1>(x, in, w, out, y, bf16, beta, stream); break;
@@ -284,7 +279,7 @@ GemmShape linear_gemm_shape(const __nv_bfloat16* x, int64_t rows, int64_t in, co
 void linear_pair(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out1, void* y1,
                  cudaDataType y1_type, int64_t out2, float* y2) {
   if (own_gemv(h, x, rows, in, w, y1_type)) {
-    const cudaStream_t stream = stream_of(h);
+    const cudaStream_t stream = h.stream();
     const bool bf16 = y1_type == CUDA_R_16BF;
     if (rows == 1) launch_gemv<1>(x, in, w, out1 + out2, y1, bf16, 0.0f, stream, out2, y2);
     else launch_gemv<2>(x, in, w, out1 + out2, y1, bf16, 0.0f, stream, out2, y2);
@@ -302,7 +297,7 @@ bool batched_gemv(const BlasHandle& h, const BatchedGemv& g, int64_t rows, int64
   const bool fits = rows >= 1 && rows <= kGemvRows && h.projections() == Projections::own && aligned(g.w) && step % 8 == 0 &&
                     g.w_batch % 8 == 0 && (g.w_k_major || (aligned(g.x) && g.ldx % 8 == 0 && g.x_batch % 8 == 0));
   if (!fits) return false;
-  const cudaStream_t stream = stream_of(h);
+  const cudaStream_t stream = h.stream();
   if (rows == 1) launch_batched<1>(g, batch, stream);
   else launch_batched<2>(g, batch, stream);
   DSLAB_CHECK_LAUNCH();

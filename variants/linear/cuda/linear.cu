@@ -169,9 +169,9 @@ class LinearVariant : public Variant {
     const bool own = projections_ == Projections::own && p_.tokens <= kGemvRows;
     c["own_kernel"] = own ? 1.0 : 0.0;
     if (own) c["gemv_split"] = double(own_gemv_split(p_.tokens, p_.shape.out, p_.shape.in));
-    const TunedChoice* tuned = projections_ == Projections::own && !own ? blas_->tuner().choice(linear_gemm_shape(
-                                                                              x_.get(), p_.tokens, p_.shape.in, w_.get(), p_.shape.out, y_.get(), CUDA_R_32F, 0.0f))
-                                                                        : nullptr;
+    const TunedChoice* tuned = nullptr;
+    if (projections_ == Projections::own && !own)
+      tuned = blas_->tuner().choice(linear_gemm_shape(x_.get(), p_.tokens, p_.shape.in, w_.get(), p_.shape.out, y_.get(), CUDA_R_32F, 0.0f));
     if (tuned) {  // what tuning chose, and its cold time against cuBLASLt's first heuristic pick in the same tuning
       c["tuned_candidates"] = tuned->candidates;
       c["tuned_algo_id"] = tuned->algo_id;

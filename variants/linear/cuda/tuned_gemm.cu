@@ -35,19 +35,22 @@ template <typename T>
 void set_layout(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t attr, T value) {
   DSLAB_CUBLAS(cublasLtMatrixLayoutSetAttribute(l, attr, &value, sizeof(value)));
 }
-template <typename T>
-T config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+// An algorithm's configuration (cublasLtMatmulAlgoConfigGetAttribute) or capability (...CapGetAttribute) attribute.
+template <typename T, typename Attribute>
+T algo_attribute(cublasStatus_t (*get)(const cublasLtMatmulAlgo_t*, Attribute, void*, size_t, size_t*), const cublasLtMatmulAlgo_t& algo,
+                 Attribute attr) {
   T value{};
   size_t written = 0;
-  DSLAB_CUBLAS(cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written));
+  DSLAB_CUBLAS(get(&algo, attr, &value, sizeof(value), &written));
   return value;
 }
 template <typename T>
+T config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  return algo_attribute<T>(cublasLtMatmulAlgoConfigGetAttribute, algo, attr);
+}
+template <typename T>
 T capability(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t attr) {
-  T value{};
-  size_t written = 0;
-  DSLAB_CUBLAS(cublasLtMatmulAlgoCapGetAttribute(&algo, attr, &value, sizeof(value), &written));
-  return value;
+  return algo_attribute<T>(cublasLtMatmulAlgoCapGetAttribute, algo, attr);
 }
 
 cublasLtMatrixLayout_t make_layout(cudaDataType type, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
@@ -197,7 +200,27 @@ void GemmTuner::launch(const Plan& p, const Layouts& l, const cublasLtMatmulAlgo
   DSLAB_CHECK_LAUNCH();
 }
 
-GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, Plan& p, const void* a, const void* b) {
+bool GemmTuner::split_variant(const Plan& p, const cublasLtMatmulAlgo_t& base, int split, Candidate* out) const {
+  const uint32_t schemes = capability<uint32_t>(base, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK);
+  // One reduction scheme per split: the first the algorithm allows, least traffic first.
+  for (uint32_t scheme : {uint32_t(CUBLASLT_REDUCTION_SCHEME_INPLACE), uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE),
+                          uint32_t(CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)}) {
+    if (!(schemes & scheme)) continue;
+    cublasLtMatmulAlgo_t algo = base;
+    const uint32_t splits = uint32_t(split);
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits)) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme)) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoCheck(lt_, p.desc, p.layouts.a, p.layouts.b, p.layouts.c, p.layouts.c, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
+        check.workspaceSize > workspace_bytes_)
+      continue;
+    *out = {algo, check.workspaceSize};
+    return true;
+  }
+  return false;
+}
+
+GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, const Plan& p, const void* a, const void* b) {
   // The candidates: the heuristic's list, then split-K variants of its first split-capable algorithms (cuBLASLt's
   // own split, reduced inside its kernels), then the K slices.
   struct Way {
@@ -214,25 +237,10 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, Plan& p, const void* a, con
     if (capability<int32_t>(r.algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT) == 0) continue;
     if (config<uint32_t>(r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1) continue;  // already split: the heuristic's own
     ++bases;
-    const uint32_t schemes = capability<uint32_t>(r.algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK);
     for (int split : kSplits) {
       if (s.k / split < 256) break;
-      for (uint32_t scheme : {uint32_t(CUBLASLT_REDUCTION_SCHEME_INPLACE), uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE),
-                              uint32_t(CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)}) {
-        if (!(schemes & scheme)) continue;
-        cublasLtMatmulAlgo_t algo = r.algo;
-        const uint32_t splits = uint32_t(split);
-        if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits)) != CUBLAS_STATUS_SUCCESS ||
-            cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof(scheme)) !=
-                CUBLAS_STATUS_SUCCESS)
-          continue;
-        cublasLtMatmulHeuristicResult_t check{};
-        if (cublasLtMatmulAlgoCheck(lt_, p.desc, p.layouts.a, p.layouts.b, p.layouts.c, p.layouts.c, &algo, &check) != CUBLAS_STATUS_SUCCESS)
-          continue;
-        if (check.workspaceSize > workspace_bytes_) continue;
-        ways.push_back({1, {algo, check.workspaceSize}});
-        break;  // one reduction scheme per split: the first the algorithm allows, in the order above (least traffic first)
-      }
+      Candidate c{};
+      if (split_variant(p, r.algo, split, &c)) ways.push_back({1, c});
     }
   }
   std::map<int, Layouts> sliced;
@@ -258,7 +266,7 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, Plan& p, const void* a, con
   DSLAB_CUDA(cudaEventCreate(&start));
   DSLAB_CUDA(cudaEventCreate(&stop));
   const float beta = s.accumulate ? 1.0f : 0.0f;
-  double best_us = 0;
+  double best_us = 0, first_us = 0;
   int best = -1;
   for (size_t i = 0; i < ways.size(); ++i) {
     const Layouts& l = ways[i].slices == 1 ? p.layouts : sliced.at(ways[i].slices);
@@ -279,7 +287,7 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, Plan& p, const void* a, con
       if (run > 0) way_us = run == 1 ? ms * 1e3 : std::min(way_us, double(ms) * 1e3);
     }
     if (!ok) continue;
-    if (i == 0) p.choice.heuristic_us = way_us;  // (with only_slices_ > 1, the first sliced way)
+    if (i == 0) first_us = way_us;  // (with only_slices_ > 1, the first sliced way)
     if (best < 0 || way_us < best_us) {
       best = int(i);
       best_us = way_us;
@@ -295,7 +303,7 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, Plan& p, const void* a, con
   Tuned t;
   t.algo = w.c.algo;
   t.workspace_bytes = w.c.workspace;
-  t.choice = p.choice;
+  t.choice.heuristic_us = first_us;
   t.choice.candidates = int(ways.size());
   t.choice.tuned_us = best_us;
   t.choice.k_slices = w.slices;

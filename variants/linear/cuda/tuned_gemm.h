@@ -88,7 +88,9 @@ class GemmTuner {
   struct Candidate;
   Plan& plan_for(const GemmShape& s);
   std::vector<Candidate> heuristic(const Plan& p, const Layouts& l, const GemmShape& s, int count) const;
-  Tuned tune(const GemmShape& s, Plan& p, const void* a, const void* b);
+  // base with its K split in `split` by cuBLASLt (its own reduction), if the algorithm and the workspace allow it.
+  bool split_variant(const Plan& p, const cublasLtMatmulAlgo_t& base, int split, Candidate* out) const;
+  Tuned tune(const GemmShape& s, const Plan& p, const void* a, const void* b);
   void adopt(const GemmShape& s, Plan& p, const Tuned& t);
   void launch(const Plan& p, const Layouts& l, const cublasLtMatmulAlgo_t& algo, size_t workspace_bytes, float* partials,
               cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c, float beta) const;

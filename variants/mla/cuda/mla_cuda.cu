@@ -251,9 +251,7 @@ void gemm(const BlasHandle& h, cublasOperation_t op_a, cublasOperation_t op_b, i
     gemm(h.get(), op_a, op_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, c_type, ldc, stride_c, batch, beta);
     return;
   }
-  cudaStream_t stream{};
-  DSLAB_CUBLAS(cublasGetStream(h.get(), &stream));
-  h.tuner().gemm(stream, gemm_shape(op_a, op_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, c_type, ldc, stride_c, batch, beta), a, b,
+  h.tuner().gemm(h.stream(), gemm_shape(op_a, op_b, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, c_type, ldc, stride_c, batch, beta), a, b,
                  c, beta);
 }
 
@@ -273,6 +271,12 @@ BlasHandle::BlasHandle() {
 void BlasHandle::set_stream(cudaStream_t stream) {
   DSLAB_CUBLAS(cublasSetStream(h_, stream));
   DSLAB_CUBLAS(cublasSetWorkspace(h_, workspace_.get(), workspace_.size()));
+}
+
+cudaStream_t BlasHandle::stream() const {
+  cudaStream_t stream{};
+  DSLAB_CUBLAS(cublasGetStream(h_, &stream));
+  return stream;
 }
 
 BlasHandle::~BlasHandle() {

@@ -138,6 +138,7 @@ class BlasHandle {
   cublasHandle_t get() const { return h_; }
   // Every call goes to `stream` from here on, with this handle's workspace (cublasSetStream resets it).
   void set_stream(cudaStream_t stream);
+  cudaStream_t stream() const;  // the one set last (cuBLAS's: 0 until then)
   // Which backend linear() takes for decode-sized products on this handle (the `proj` axis sets it; a new handle starts with cublas).
   void set_projections(Projections p) { projections_ = p; }
   Projections projections() const { return projections_; }
