@@ -36,7 +36,7 @@ const std::vector<AxisInfo>& known_axes() {
       {"attn", AxisKind::text, "a layer's attention op: any mla/<form>/cuda variant's name"},
       {"moe", AxisKind::text, "a layer's MoE op: any moe/<algo>/cuda variant's name"},
       {"steps", AxisKind::positive_int, "consecutive decode steps per timed run, lengths growing by q_len each"},
-      {"proj", AxisKind::text, "the projections' backend: own (default: dslab's weight-streaming GEMV at 1-2 rows, measured faster there; cuBLASLt tuned per shape from 3) | cublas (cuBLAS's default heuristic)", {"own", "cublas"}},
+      {"proj", AxisKind::text, "the projections' backend: own (default: dslab's weight-streaming GEMV at 1-2 rows, measured faster there; from 3 the fastest measured per shape of cuBLASLt's algorithms and dslab's weight-streaming MMA GEMM) | cublas (cuBLAS's default heuristic)", {"own", "cublas"}},
       {"pdl", AxisKind::text, "programmatic dependent launch between the step's own kernels (Hopper): on | off", {"on", "off"}},
       {"budget", AxisKind::positive_int, "sparse attention: keys attended per request (sinks and window included)"},
       {"block", AxisKind::positive_int, "sparse attention: keys per block for block selectors (Quest, InfLLM)"},

@@ -10,7 +10,7 @@
 # inside cuBLAS's own kernels, and in seesaw::decode_kernel it reports a write and a read of the row sums that a
 # __syncthreads() separates (session 23, reports/nvidia-h100/README.md); those are counted and listed. Usage: scripts/sanitize.sh OUT_DIR [TOOL-NAME...]
 # (dslab on PATH; names such as racecheck-moe-host run only those points). The layer points cover the scratch arena
-# (layer-tiny-arena; layer-tiny without it), the fused decode at V3's 128 heads (mla-fused-v3), FlashInfer's MLA decode (mla-flashinfer: its kernel is a peer's, so its
+# (layer-tiny-arena; layer-tiny without it), the own weight-streaming GEMM's GPU test (stream-gemm), the fused decode at V3's 128 heads (mla-fused-v3) and 16 (mla-fused-16h), FlashInfer's MLA decode (mla-flashinfer: its kernel is a peer's, so its
 # racecheck reports are listed, not judged), the streamed experts' copies (layer-v2-lite-streamed) and the hot
 # experts' split between the GPU and the CPU (layer-tiny-hot, layer-v2-lite-hot) and the sparse decodes (sparse-quest,
 # sparse-infllm, sparse-dsa, sparse-dsa-cluster, sparse-dsa-stream, sparse-oracle: their selection kernels, then the fused kernel over the chosen pages or keys).
@@ -41,6 +41,21 @@ run() {
   fi
   rm -rf "$out/tmp-$name"
 }
+# A GPU test (dslab_tests, a gtest filter) under the tool, judged as a point.
+run_test() {
+  local tool=$1 name=$2 filter=$3
+  [ "$only" = "  " ] || [[ "$only" == *" $tool-$name "* ]] || return 0
+  local log="$out/$tool-$name.log"
+  compute-sanitizer --tool "$tool" dslab_tests --gtest_filter="$filter" >"$log" 2>&1
+  local rc=$?
+  local summary
+  summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)
+  if [ $rc -ne 0 ] || ! grep -qE 'ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards' "$log"; then
+    echo "$tool $name: FAILED (exit $rc) $summary, see $(basename "$log")"; status=1
+  else
+    echo "$tool $name: ok: $summary"
+  fi
+}
 for tool in memcheck racecheck; do
   # (layer-tiny with each op's scratch its own allocation, so memcheck sees an overrun of it; -arena: as the layer runs)
   DSLAB_SCRATCH_ARENA=off run "$tool" layer-tiny --model tiny --variant layer/deepseek/cuda --axis layers=all --axis attn=mla/a_cc_me/cuda --axis batch=3 --axis kv_len=40 --axis page_size=16 --axis executor=eager
@@ -51,6 +66,8 @@ for tool in memcheck racecheck; do
   run "$tool" layer-v2-lite-fused --model deepseek-v2-lite --variant layer/deepseek/cuda --axis layers=1 --axis batch=2 --axis kv_len=150 --axis executor=eager
   # (V3's 128 heads on 64-key pages, the tensor-copy path: two row tiles a part, MTP's two tokens four)
   run "$tool" mla-fused-v3 --model deepseek-v3 --variant mla/fused/cuda --axis heads=128 --axis batch=3 --axis q_len=1,2 --axis kv_len=700 --axis page_size=64 --axis len_dist=mixed --axis executor=eager
+  # (16 heads: the fixed-role kernel's five 32-key stages and 32-row Q, from cp.async (1-key pages) and tensor copies)
+  run "$tool" mla-fused-16h --model deepseek-v3 --variant mla/fused/cuda --axis heads=16 --axis batch=3 --axis q_len=1,2 --axis kv_len=700 --axis page_size=1,64 --axis len_dist=mixed --axis executor=eager
   run "$tool" mla-cd-paged --model deepseek-v2-lite --variant mla/cd_paged/cuda --axis batch=3 --axis q_len=1,5 --axis kv_len=300 --axis page_size=16 --axis len_dist=mixed
   run "$tool" mla-flashinfer --model deepseek-v3 --variant mla/flashinfer/cuda --axis heads=16,128 --axis batch=3 --axis kv_len=300 --axis page_size=16 --axis len_dist=mixed
   run "$tool" sparse-quest --model deepseek-v2-lite --variant sparse/quest/cuda --axis batch=3 --axis kv_len=900 --axis len_dist=mixed --axis budget=256 --axis local=64 --axis executor=eager
@@ -68,6 +85,9 @@ for tool in memcheck racecheck; do
   run "$tool" moe-loop --model deepseek-v2-lite --variant moe/loop/cuda --axis tokens=37
   run "$tool" moe-host --model deepseek-v2-lite --variant moe/host/cuda --axis tokens=1,40
   run "$tool" linear-own --model deepseek-v2-lite --variant linear/own/cuda --axis weight=kv_a_proj_with_mqa,o_proj,lm_head --axis tokens=1,3,8
+  # (the own weight-streaming GEMM through its GPU test, every split and slab count forced: racecheck points run the
+  # projections untuned, which leaves it out of every dslab run point above)
+  run_test "$tool" stream-gemm 'GpuTunedGemm.OwnStreamingKernelMatchesFp64'
   run "$tool" layer-tiny-proj-own --model tiny --variant layer/deepseek/cuda --axis layers=all --axis proj=own --axis batch=2 --axis kv_len=40 --axis page_size=16 --axis executor=graph
 done
 exit $status

@@ -234,6 +234,107 @@ TEST(GpuTunedGemm, AccumulatesIntoTheCallersOutputAndCapturesUntuned) {
   }
 }
 
+// stream_gemm (our weight-streaming GEMM, a tuning candidate) forced through GemmTuner::only_own: one and two 64-row
+// slabs (16, 64, 65 and 128 rows), a feature count that leaves a partial 128-feature tile, K whole and split 2-4 ways
+// (partials summed), fp32 accumulating (beta 1) and bf16 outputs, and a batched per-head product laid out as
+// MlaOp's absorb_output (W_UV inside kv_b_proj, o_lat rows [t][h][rank], out [t][h][vd]); each against fp64.
+TEST(GpuTunedGemm, OwnStreamingKernelMatchesFp64) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  using namespace mla::cuda;
+  const uint64_t seed = test::fresh_seed();
+  const auto rel_err = [](const std::vector<double>& got, const std::vector<double>& want) {
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      err += (got[i] - want[i]) * (got[i] - want[i]);
+      norm += want[i] * want[i];
+    }
+    return std::sqrt(err / norm);
+  };
+  const int64_t in = 512, out = 200;
+  const std::vector<bf16> w = ref::random_bf16(seed, "w", size_t(out * in), 0.05f);
+  DeviceArray<__nv_bfloat16> dw;
+  dw.upload(w);
+  for (int64_t rows : {16, 64, 65, 128}) {
+    const std::vector<bf16> x = ref::random_bf16(seed + uint64_t(rows), "x", size_t(rows * in), 1.0f);
+    const std::vector<bf16> y0_bf = ref::random_bf16(seed + uint64_t(rows), "y0", size_t(rows * out), 1.0f);
+    std::vector<float> y0(y0_bf.size());
+    for (size_t i = 0; i < y0.size(); ++i) y0[i] = to_float(y0_bf[i]);
+    std::vector<double> product(size_t(rows * out));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t n = 0; n < out; ++n) {
+        double sum = 0;
+        for (int64_t k = 0; k < in; ++k) sum += double(to_float(x[size_t(r * in + k)])) * double(to_float(w[size_t(n * in + k)]));
+        product[size_t(r * out + n)] = sum;
+      }
+    DeviceArray<__nv_bfloat16> dx;
+    dx.upload(x);
+    for (int splits : {1, 2, 4}) {
+      SCOPED_TRACE("rows " + std::to_string(rows) + " splits " + std::to_string(splits));
+      BlasHandle h;
+      h.set_projections(Projections::own);
+      h.tuner().only_own(splits);
+      DeviceArray<float> y;
+      y.upload(y0);
+      linear(h, dx.get(), rows, in, dw.get(), out, y.get(), CUDA_R_32F, 1.0f);
+      std::vector<float> got(y0.size());
+      DSLAB_CUDA(cudaDeviceSynchronize());
+      DSLAB_CUDA(cudaMemcpy(got.data(), y.get(), got.size() * 4, cudaMemcpyDeviceToHost));
+      std::vector<double> got_d(got.begin(), got.end()), want(product.size());
+      for (size_t i = 0; i < want.size(); ++i) want[i] = double(y0[i]) + product[i];
+      EXPECT_LE(rel_err(got_d, want), 1e-5);
+      EXPECT_GT(rel_err(got_d, want), 0.0) << "fp32 sums cannot match fp64 exactly: is the output really computed?";
+      const TunedChoice* choice = h.tuner().choice(linear_gemm_shape(dx.get(), rows, in, dw.get(), out, y.get(), CUDA_R_32F, 1.0f));
+      ASSERT_NE(choice, nullptr);
+      EXPECT_TRUE(choice->own_kernel);
+      EXPECT_EQ(choice->k_slices, splits);
+      if (splits == 2) {  // bf16 output, no accumulation
+        DeviceArray<__nv_bfloat16> yb(size_t(rows * out));
+        yb.fill_bytes(0xFF);
+        linear(h, dx.get(), rows, in, dw.get(), out, yb.get(), CUDA_R_16BF);
+        std::vector<bf16> got_b(yb.size());
+        DSLAB_CUDA(cudaDeviceSynchronize());
+        DSLAB_CUDA(cudaMemcpy(got_b.data(), yb.get(), got_b.size() * 2, cudaMemcpyDeviceToHost));
+        std::vector<double> got_bd(got_b.size());
+        for (size_t i = 0; i < got_b.size(); ++i) got_bd[i] = to_float(got_b[i]);
+        EXPECT_LE(rel_err(got_bd, product), 1e-2);
+      }
+    }
+  }
+  {  // absorb_output's per-head product: heads 4, nope 64, v_head_dim 128, rank 256, 5 tokens, bf16 out
+    const int64_t heads = 4, nope = 64, vd = 128, rank = 256, tokens = 5, per_head = (nope + vd) * rank;
+    const std::vector<bf16> kv_b = ref::random_bf16(seed, "kv_b", size_t(heads * per_head), 0.05f);
+    const std::vector<bf16> o_lat = ref::random_bf16(seed, "o_lat", size_t(tokens * heads * rank), 1.0f);
+    DeviceArray<__nv_bfloat16> dkv, dlat, dattn(size_t(tokens * heads * vd));
+    dkv.upload(kv_b);
+    dlat.upload(o_lat);
+    dattn.fill_bytes(0xFF);
+    BlasHandle h;
+    h.set_projections(Projections::own);
+    h.tuner().only_own(1);
+    gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, vd, tokens, rank, dkv.get() + nope * rank, rank, per_head, dlat.get(), heads * rank, rank, dattn.get(),
+         CUDA_R_16BF, heads * vd, vd, heads);
+    std::vector<bf16> got(dattn.size());
+    DSLAB_CUDA(cudaDeviceSynchronize());
+    DSLAB_CUDA(cudaMemcpy(got.data(), dattn.get(), got.size() * 2, cudaMemcpyDeviceToHost));
+    std::vector<double> got_d(got.size()), want(got.size());
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t hd = 0; hd < heads; ++hd)
+        for (int64_t v = 0; v < vd; ++v) {
+          double sum = 0;
+          for (int64_t k = 0; k < rank; ++k)
+            sum += double(to_float(o_lat[size_t((t * heads + hd) * rank + k)])) * double(to_float(kv_b[size_t(hd * per_head + (nope + v) * rank + k)]));
+          const size_t at = size_t((t * heads + hd) * vd + v);
+          want[at] = sum;
+          got_d[at] = to_float(got[at]);
+        }
+    EXPECT_LE(rel_err(got_d, want), 1e-2);
+    const GemmShape shape = gemm_shape(CUBLAS_OP_T, CUBLAS_OP_N, vd, tokens, rank, dkv.get() + nope * rank, rank, per_head, dlat.get(), heads * rank,
+                                       rank, dattn.get(), CUDA_R_16BF, heads * vd, vd, heads, 0.0f);
+    ASSERT_NE(h.tuner().choice(shape), nullptr);
+    EXPECT_TRUE(h.tuner().choice(shape)->own_kernel);
+  }
+}
+
 // batched_gemv, both weight layouts, at the absorbed forms' shapes (heads x nope x rank x v_head_dim of tiny, V2-Lite
 // and V3), x and y strided as MlaOp lays them out ([t][h][...] rows): every output against the fp64 product; past
 // kGemvRows rows, or with cuBLAS projections, it declines (false) and writes nothing.

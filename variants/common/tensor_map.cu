@@ -9,7 +9,8 @@
 
 namespace dslab {
 
-CUtensorMap tensor_map_2d(const void* base, int64_t rows, int64_t columns, int element_bytes, int box_rows, int box_columns, bool swizzle_128b) {
+CUtensorMap tensor_map_2d(const void* base, int64_t rows, int64_t columns, int element_bytes, int box_rows, int box_columns, bool swizzle_128b,
+                          int64_t row_stride) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -20,7 +21,7 @@ CUtensorMap tensor_map_2d(const void* base, int64_t rows, int64_t columns, int e
   if (element_bytes != 1 && element_bytes != 2) throw std::invalid_argument("tensor_map_2d: elements of 1 or 2 bytes");
   CUtensorMap map{};
   const cuuint64_t dims[2] = {cuuint64_t(columns), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(columns * element_bytes)};
+  const cuuint64_t strides[1] = {cuuint64_t((row_stride > 0 ? row_stride : columns) * element_bytes)};
   const cuuint32_t box[2] = {cuuint32_t(box_columns), cuuint32_t(box_rows)}, element_strides[2] = {1, 1};
   const CUresult r = encode(&map, element_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims,
                             strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,

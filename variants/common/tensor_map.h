@@ -10,7 +10,8 @@ namespace dslab {
 // A row-major 2-D tensor [rows][columns] of `element_bytes`-byte elements (bf16: 2, a byte type: 1) at `base`, read
 // in boxes of box_rows x box_columns; swizzle_128b lays each box out as Hopper's warpgroup MMA reads a K-major
 // operand (128-byte rows, 16-byte chunks XOR-ed by the row mod 8: variants/common/wgmma.cuh). Throws where the
-// driver refuses it.
-CUtensorMap tensor_map_2d(const void* base, int64_t rows, int64_t columns, int element_bytes, int box_rows, int box_columns, bool swizzle_128b);
+// driver refuses it. Rows are `row_stride` elements apart (0: `columns`, packed).
+CUtensorMap tensor_map_2d(const void* base, int64_t rows, int64_t columns, int element_bytes, int box_rows, int box_columns, bool swizzle_128b,
+                          int64_t row_stride = 0);
 
 }  // namespace dslab

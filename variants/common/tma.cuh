@@ -19,6 +19,10 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
 __device__ __forceinline__ void mbarrier_arrive_on_copies(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
+// The calling thread's arrival (one of the init count).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
 // The calling thread's arrival, announcing `bytes` of bulk copies that complete this phase.
 __device__ __forceinline__ void mbarrier_expect_bytes(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");

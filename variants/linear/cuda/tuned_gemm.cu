@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <stdexcept>
@@ -14,6 +15,7 @@
 #include "harness/cuda_check.h"
 #include "harness/gpu.h"
 #include "variants/common/pdl.cuh"
+#include "variants/linear/cuda/stream_gemm.h"
 
 namespace dslab::mla::cuda {
 
@@ -26,6 +28,7 @@ constexpr int kColdRuns = 3;  // each candidate's best of this many runs from a 
 constexpr int kSlices[] = {2, 3, 4, 6, 8, 12, 16};
 constexpr int kSliceCandidates = 4;                 // heuristic picks timed per slice count
 constexpr double kMaxPartialBytes = 64.0 * (1 << 20);  // fp32 partials of all slices
+constexpr int kOwnSplits[] = {1, 2, 4, 8};  // stream_gemm's K splits timed (a cluster's CTAs)
 
 template <typename T>
 void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, T value) {
@@ -84,6 +87,29 @@ __global__ void sum_slices_kernel(const float* __restrict__ partials, int64_t m,
       *y = beta != 0.0f ? beta * *y + sum : sum;
     }
   }
+}
+
+// DSLAB_GEMM_TUNING=off: every shape runs cuBLASLt's first heuristic pick (scripts/sanitize.sh's racecheck points:
+// the candidates are cuBLAS's kernels, which racecheck cannot model, and under racecheck a V2-Lite o_proj tuning ended
+// the process - session 24, cause not found). =verbose: tuning as usual, each shape's ways and times on stderr.
+// =own: our stream_gemm (its fastest split) wherever it runs, even where cuBLASLt was timed faster alone - to measure
+// it inside a step, where its early weight copies (programmatic dependent launch) may pay what a cold timing alone
+// cannot show.
+std::string tuning_mode() {
+  const char* v = std::getenv("DSLAB_GEMM_TUNING");
+  return v ? v : "";
+}
+bool tuning_enabled() {
+  static const bool enabled = tuning_mode() != "off";
+  return enabled;
+}
+bool tuning_verbose() {
+  static const bool verbose = tuning_mode() == "verbose";
+  return verbose;
+}
+bool tuning_own() {
+  static const bool own = tuning_mode() == "own";
+  return own;
 }
 
 // Whether K can be cut into `slices` batch entries: equal slices on 16-byte boundaries, each long enough to be worth
@@ -200,6 +226,11 @@ void GemmTuner::launch(const Plan& p, const Layouts& l, const cublasLtMatmulAlgo
   DSLAB_CHECK_LAUNCH();
 }
 
+void GemmTuner::launch_own(int splits, StreamGemmMaps& maps, cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c,
+                           float beta) const {
+  stream_gemm(s, splits, a, b, c, beta, maps, stream);
+}
+
 bool GemmTuner::split_variant(const Plan& p, const cublasLtMatmulAlgo_t& base, int split, Candidate* out) const {
   const uint32_t schemes = capability<uint32_t>(base, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK);
   // One reduction scheme per split: the first the algorithm allows, least traffic first.
@@ -226,12 +257,13 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, const Plan& p, const void* 
   struct Way {
     int slices;
     Candidate c;
+    int own_splits = 0;  // > 0: stream_gemm in this many K splits (c unused)
   };
   std::vector<Way> ways;
   const std::vector<Candidate> ranked = heuristic(p, p.layouts, s, kHeuristicCandidates);
-  if (only_slices_ <= 1)
+  if (only_slices_ <= 1 && only_own_ == 0)
     for (const Candidate& c : ranked) ways.push_back({1, c});
-  int bases = only_slices_ > 1 ? kSplitBases : 0;
+  int bases = only_slices_ > 1 || only_own_ != 0 ? kSplitBases : 0;
   for (const Candidate& r : ranked) {
     if (bases == kSplitBases) break;
     if (capability<int32_t>(r.algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT) == 0) continue;
@@ -246,12 +278,17 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, const Plan& p, const void* 
   std::map<int, Layouts> sliced;
   int max_slices = 1;
   for (int slices : kSlices) {
-    if (!sliceable(s, slices) || (only_slices_ != 0 && slices != only_slices_)) continue;
+    if (!sliceable(s, slices) || (only_slices_ != 0 && slices != only_slices_) || only_own_ != 0) continue;
     Layouts l(s, slices);
     for (const Candidate& c : heuristic(p, l, s, kSliceCandidates)) ways.push_back({slices, c});
     sliced.emplace(slices, std::move(l));
     max_slices = slices;
   }
+  if (stream_gemm_fits(s) && only_slices_ == 0)
+    for (int splits : kOwnSplits)
+      if (stream_gemm_splits_ok(s, splits) && (only_own_ == 0 || splits == only_own_)) ways.push_back({1, Candidate{}, splits});
+  if (ways.empty()) throw std::logic_error("GemmTuner: no candidate for this shape under the test restriction");
+  StreamGemmMaps maps;
 
   // Timed on the default stream (where flush_l2 runs) into a scratch output, so that the caller's C - which an
   // accumulating GEMM reads - is untouched.
@@ -266,8 +303,9 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, const Plan& p, const void* 
   DSLAB_CUDA(cudaEventCreate(&start));
   DSLAB_CUDA(cudaEventCreate(&stop));
   const float beta = s.accumulate ? 1.0f : 0.0f;
-  double best_us = 0, first_us = 0;
+  double best_us = 0, first_us = 0, own_us = 0;
   int best = -1;
+  std::string log;  // (DSLAB_GEMM_TUNING=verbose: each way's time)
   for (size_t i = 0; i < ways.size(); ++i) {
     const Layouts& l = ways[i].slices == 1 ? p.layouts : sliced.at(ways[i].slices);
     double way_us = 0;
@@ -276,7 +314,8 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, const Plan& p, const void* 
       gpu::flush_l2();
       DSLAB_CUDA(cudaEventRecord(start, 0));
       try {
-        launch(p, l, ways[i].c.algo, ways[i].c.workspace, partials, 0, s, a, b, scratch, beta);
+        if (ways[i].own_splits > 0) launch_own(ways[i].own_splits, maps, 0, s, a, b, scratch, beta);
+        else launch(p, l, ways[i].c.algo, ways[i].c.workspace, partials, 0, s, a, b, scratch, beta);
       } catch (const std::runtime_error&) {  // a candidate cuBLASLt listed but will not run here: skip it
         ok = false;
       }
@@ -287,8 +326,22 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, const Plan& p, const void* 
       if (run > 0) way_us = run == 1 ? ms * 1e3 : std::min(way_us, double(ms) * 1e3);
     }
     if (!ok) continue;
+    if (tuning_verbose()) {
+      const Way& w = ways[i];
+      log += w.own_splits > 0 ? " own/" + std::to_string(w.own_splits)
+                              : " lt" + std::to_string(config<int32_t>(w.c.algo, CUBLASLT_ALGO_CONFIG_ID)) + "." +
+                                    std::to_string(config<uint32_t>(w.c.algo, CUBLASLT_ALGO_CONFIG_TILE_ID)) + "/" +
+                                    std::to_string(std::max(1u, config<uint32_t>(w.c.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM))) +
+                                    (w.slices > 1 ? "x" + std::to_string(w.slices) : "");
+      char us[32];
+      std::snprintf(us, sizeof(us), "=%.1f", way_us);
+      log += us;
+    }
+    if (ways[i].own_splits > 0 && (own_us == 0 || way_us < own_us)) own_us = way_us;
     if (i == 0) first_us = way_us;  // (with only_slices_ > 1, the first sliced way)
-    if (best < 0 || way_us < best_us) {
+    // (DSLAB_GEMM_TUNING=own: our kernel's fastest split wherever it runs, whatever cuBLASLt's times)
+    const bool own_preferred = tuning_own() && ways[i].own_splits > 0 && (best < 0 || ways[size_t(best)].own_splits == 0);
+    if (best < 0 || own_preferred || (way_us < best_us && !(tuning_own() && ways[size_t(best)].own_splits > 0 && ways[i].own_splits == 0))) {
       best = int(i);
       best_us = way_us;
     }
@@ -301,11 +354,21 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, const Plan& p, const void* 
                                          " x " + std::to_string(s.k) + " GEMM");
   const Way& w = ways[size_t(best)];
   Tuned t;
-  t.algo = w.c.algo;
-  t.workspace_bytes = w.c.workspace;
   t.choice.heuristic_us = first_us;
   t.choice.candidates = int(ways.size());
   t.choice.tuned_us = best_us;
+  t.choice.own_us = own_us;
+  if (tuning_verbose())
+    std::fprintf(stderr, "gemm tuning %lld x %lld x %lld (batch %lld, %s): %s chosen, %.1f us; us each (lt<algo>.<tile>/<split-K>[x<K slices>], own/<splits>):%s\n",
+                 (long long)s.m, (long long)s.n, (long long)s.k, (long long)s.batch, s.c_type == CUDA_R_16BF ? "bf16 out" : "fp32 out",
+                 w.own_splits > 0 ? "own" : "cuBLASLt", best_us, log.c_str());
+  if (w.own_splits > 0) {
+    t.choice.own_kernel = true;
+    t.choice.k_slices = w.own_splits;
+    return t;
+  }
+  t.algo = w.c.algo;
+  t.workspace_bytes = w.c.workspace;
   t.choice.k_slices = w.slices;
   t.choice.algo_id = config<int32_t>(t.algo, CUBLASLT_ALGO_CONFIG_ID);
   t.choice.tile = int(config<uint32_t>(t.algo, CUBLASLT_ALGO_CONFIG_TILE_ID));
@@ -316,7 +379,7 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, const Plan& p, const void* 
 void GemmTuner::adopt(const GemmShape& s, Plan& p, const Tuned& t) {
   p.algo = t.algo;
   p.workspace_bytes = t.workspace_bytes;
-  if (t.choice.k_slices > 1) {
+  if (t.choice.k_slices > 1 && !t.choice.own_kernel) {
     p.layouts = Layouts(s, t.choice.k_slices);
     DSLAB_CUDA(cudaMalloc(&p.partials, size_t(t.choice.k_slices) * size_t(s.m * s.n) * sizeof(float)));
   }
@@ -325,16 +388,6 @@ void GemmTuner::adopt(const GemmShape& s, Plan& p, const Tuned& t) {
 }
 
 namespace {
-// DSLAB_GEMM_TUNING=off: every shape runs cuBLASLt's first heuristic pick (scripts/sanitize.sh's racecheck points:
-// the candidates are cuBLAS's kernels, which racecheck cannot model, and under racecheck a V2-Lite o_proj tuning ended
-// the process - session 24, cause not found).
-bool tuning_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("DSLAB_GEMM_TUNING");
-    return !(v && std::string(v) == "off");
-  }();
-  return enabled;
-}
 
 // Choices made in this process, by device and shape: every handle runs a shape the same way, so that two variants
 // of one step (an eager and a graph executor) compute bit-identical results, and each shape is timed once.
@@ -355,7 +408,7 @@ void GemmTuner::gemm(cudaStream_t stream, const GemmShape& s, const void* a, con
     DSLAB_CUDA(cudaStreamIsCapturing(stream, &capturing));
     // (inside a capture neither timing nor an allocation is allowed: cuBLASLt's first pick runs, untuned)
     if (capturing == cudaStreamCaptureStatusNone && tuning_enabled()) {
-      if (only_slices_ != 0) {
+      if (only_slices_ != 0 || only_own_ != 0) {
         adopt(s, p, tune(s, p, a, b));
       } else {
         int device = 0;
@@ -367,7 +420,8 @@ void GemmTuner::gemm(cudaStream_t stream, const GemmShape& s, const void* a, con
       }
     }
   }
-  launch(p, p.layouts, p.algo, p.workspace_bytes, p.partials, stream, s, a, b, c, beta);
+  if (p.tuned && p.choice.own_kernel) launch_own(p.choice.k_slices, p.maps, stream, s, a, b, c, beta);
+  else launch(p, p.layouts, p.algo, p.workspace_bytes, p.partials, stream, s, a, b, c, beta);
 }
 
 const TunedChoice* GemmTuner::choice(const GemmShape& s) const {

@@ -4,11 +4,13 @@
 // at 64 rows 14.8 us, 1.5 TB/s: 12 column tiles, split in 2-3 along K, 24-36 of 132 SMs). The candidates are
 // cuBLASLt's own heuristic list, split-K variants of the algorithms that allow it, and - for an unbatched GEMM -
 // K cut into 2-16 slices run as one strided-batched GEMM into fp32 partials that a kernel of ours sums into C (so
-// the weight streams through slices x tiles CTAs); each is timed from a flushed L2 (with its sum), the fastest kept
-// for the handle's lifetime.
+// the weight streams through slices x tiles CTAs), and our own weight-streaming GEMM (stream_gemm.h: up to 128 rows,
+// K split 1-8 ways, launched with programmatic dependent launch); each is timed from a flushed L2 (with its sum),
+// the fastest kept for the process.
 #pragma once
 
 #include <cublasLt.h>
+#include <cuda.h>  // CUtensorMap
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -19,6 +21,13 @@
 #include <vector>
 
 namespace dslab::mla::cuda {
+
+// stream_gemm's (stream_gemm.h) tensor maps of one (A, B) pair, encoded on first use and again when the pointers change.
+struct StreamGemmMaps {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  CUtensorMap a_map{}, b_map{};
+};
 
 // One column-major strided-batched GEMM's description (cuBLAS's argument order), bf16 A and B, fp32 accumulation.
 struct GemmShape {
@@ -37,7 +46,9 @@ struct GemmShape {
 struct TunedChoice {
   int algo_id = -1, tile = -1, split_k = 1, candidates = 0;
   int k_slices = 1;  // > 1: K cut into this many slices, one batch entry each, summed into C by a kernel of ours
+  bool own_kernel = false;  // stream_gemm (k_slices: its K splits) rather than cuBLASLt (algo_id, tile, split_k unset)
   double tuned_us = 0, heuristic_us = 0;  // the chosen one's and cuBLASLt's first heuristic pick's best cold time
+  double own_us = 0;                      // stream_gemm's best (over its splits), where it was a candidate
 };
 
 class GemmTuner {
@@ -55,6 +66,8 @@ class GemmTuner {
   // Tests: tune shapes seen from here on over the candidates with this many K slices only (0: all), on this handle
   // alone (the process-wide choices are neither read nor written).
   void only_slices(int slices) { only_slices_ = slices; }
+  // Tests: the same with our own kernel (stream_gemm) in this many K splits only, where it fits (0: off).
+  void only_own(int splits) { only_own_ = splits; }
 
   // A shape's measured choice; made once per process and device (every handle then runs the shape the same way).
   struct Tuned {
@@ -77,6 +90,7 @@ class GemmTuner {
   };
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
+    StreamGemmMaps maps;  // (own_kernel: its tensor maps of the last operands)
     Layouts layouts;
     cublasLtMatmulAlgo_t algo{};
     size_t workspace_bytes = 0;
@@ -94,11 +108,14 @@ class GemmTuner {
   void adopt(const GemmShape& s, Plan& p, const Tuned& t);
   void launch(const Plan& p, const Layouts& l, const cublasLtMatmulAlgo_t& algo, size_t workspace_bytes, float* partials,
               cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c, float beta) const;
+  // stream_gemm in `splits` K ranges.
+  void launch_own(int splits, StreamGemmMaps& maps, cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c,
+                  float beta) const;
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_;
   size_t workspace_bytes_;
   std::map<GemmShape, std::unique_ptr<Plan>> plans_;
-  int only_slices_ = 0;
+  int only_slices_ = 0, only_own_ = 0;
 };
 
 }  // namespace dslab::mla::cuda
