@@ -11,6 +11,7 @@
 #include "tests/test_util.h"
 #ifdef DSLAB_HAVE_CUDA
 #include "variants/common/bf16.h"
+#include "variants/linear/cuda/stream_gemm.h"
 #include "variants/mla/cuda/mla_cuda.h"
 #include "variants/reference/reference.h"
 #endif
@@ -94,6 +95,35 @@ TEST(Linear, GemvSplitFillsOneWave) {
   // Long rows: about one batch of 8 loads per lane, many waves (V3's o_proj: 7168 x 16384; V2-Lite's dense down).
   EXPECT_EQ(mla::cuda::gemv_split(7168, 16384, 4224), 8);
   EXPECT_EQ(mla::cuda::gemv_split(2048, 10944, 4224), 4);
+}
+
+// Which shapes dslab's streaming GEMM takes (no GPU needed): a transposed weight against up to 128 rows, K in whole
+// 64-wide chunks, 16-byte aligned A and B; K split at most 8 ways (a cluster), two chunks a split at least.
+TEST(Linear, StreamGemmTakesDecodeShapesOnly) {
+  using namespace mla::cuda;
+  auto* w = reinterpret_cast<const void*>(uintptr_t(1) << 20);
+  const GemmShape qkv_a = gemm_shape(CUBLAS_OP_T, CUBLAS_OP_N, 2112, 64, 7168, w, 7168, 0, w, 7168, 0, w, CUDA_R_32F, 2112, 0, 1, 0.0f);
+  EXPECT_TRUE(stream_gemm_fits(qkv_a));
+  GemmShape s = qkv_a;
+  s.n = 129;  // past two 64-row MMA tiles
+  EXPECT_FALSE(stream_gemm_fits(s));
+  s = qkv_a;
+  s.k = 7168 + 32;  // not whole 64-wide chunks
+  s.lda = s.ldb = s.k;
+  EXPECT_FALSE(stream_gemm_fits(s));
+  s = qkv_a;
+  s.op_a = CUBLAS_OP_N;  // absorb_query's layout (the weight MN-major): cuBLASLt's alone
+  EXPECT_FALSE(stream_gemm_fits(s));
+  s = qkv_a;
+  s.alignment = 8;
+  EXPECT_FALSE(stream_gemm_fits(s));
+  // absorb_output's per-head product (V3, 16 heads): batches along A's rows and B's columns
+  const GemmShape absorb_o = gemm_shape(CUBLAS_OP_T, CUBLAS_OP_N, 128, 64, 512, w, 512, 256 * 512, w, 16 * 512, 512, w, CUDA_R_16BF, 16 * 128, 128, 16, 0.0f);
+  EXPECT_TRUE(stream_gemm_fits(absorb_o));
+  EXPECT_TRUE(stream_gemm_splits_ok(qkv_a, 8));    // 112 chunks
+  EXPECT_FALSE(stream_gemm_splits_ok(qkv_a, 16));  // past a portable cluster
+  EXPECT_TRUE(stream_gemm_splits_ok(absorb_o, 4));  // 8 chunks, two a split
+  EXPECT_FALSE(stream_gemm_splits_ok(absorb_o, 8));
 }
 
 // linear_pair over V2-Lite's stacked q_proj (bf16 out) and kv_a_proj_with_mqa (fp32 out): each output against the

@@ -201,12 +201,26 @@ __global__ void __launch_bounds__(kThreads) stream_gemm_kernel(const __grid_cons
   cluster.sync();
   const int rank = int(cluster.block_rank()), rows_each = (p.n + p.splits - 1) / p.splits;
   const int row0 = rank * rows_each, rows = min(p.n, row0 + rows_each) - row0;
-  for (int e = t; e < rows * kFeatures; e += kThreads) {
-    const int row = row0 + e / kFeatures, f = e % kFeatures;
+  // Four features a thread a pass, every CTA's four loaded before any is added (a remote load's latency paid once
+  // per pass, not once per CTA: a loop adding one remote value at a time made two splits slower than one).
+  const float* remote[kMaxSplits];
+#pragma unroll
+  for (int q = 0; q < kMaxSplits; ++q) remote[q] = cluster.map_shared_rank(sums, q < p.splits ? q : 0);
+  for (int e = t; e < rows * (kFeatures / 4); e += kThreads) {
+    const int row = row0 + e / (kFeatures / 4), f = (e % (kFeatures / 4)) * 4;
     if (tile * kFeatures + f >= p.m) continue;
-    float v = 0.0f;
-    for (int q = 0; q < p.splits; ++q) v += cluster.map_shared_rank(sums, q)[row * kFeatures + f];
-    store_output(p, batch, row, tile * kFeatures + f, v);
+    float4 x[kMaxSplits];
+#pragma unroll
+    for (int q = 0; q < kMaxSplits; ++q)
+      if (q < p.splits) x[q] = *reinterpret_cast<const float4*>(remote[q] + row * kFeatures + f);
+    float4 v = x[0];
+#pragma unroll
+    for (int q = 1; q < kMaxSplits; ++q)
+      if (q < p.splits) v.x += x[q].x, v.y += x[q].y, v.z += x[q].z, v.w += x[q].w;
+    const float out[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (tile * kFeatures + f + j < p.m) store_output(p, batch, row, tile * kFeatures + f + j, out[j]);
   }
   cluster.sync();  // (no CTA leaves while another still reads its sums)
 }
