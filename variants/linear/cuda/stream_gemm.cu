@@ -1,7 +1,7 @@
 // stream_gemm (stream_gemm.h): 128 output features of up to 128 rows per CTA, K streamed through tensor-memory-
 // accelerator copies into a ring of stages. The MMAs run "swapped": the weight tile is the M operand (two 64-feature
 // halves) and the rows the N operand, padded only to 16, 32, 64 or 128 (kRows) - with the rows as M, 16 rows would
-// pad to 64 and three quarters of every MMA would multiply zeros (a 64-row version ran 2.4x slower than cuBLAS at 16
+// pad to 64 and three quarters of every MMA would multiply zeros (a 64-row version ran 2.5x slower than cuBLAS at 16
 // rows and one split, its MMAs the bottleneck: H100, session 25).
 #include "variants/linear/cuda/stream_gemm.h"
 
