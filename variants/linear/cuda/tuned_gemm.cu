@@ -339,9 +339,15 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, const Plan& p, const void* 
     }
     if (ways[i].own_splits > 0 && (own_us == 0 || way_us < own_us)) own_us = way_us;
     if (i == 0) first_us = way_us;  // (with only_slices_ > 1, the first sliced way)
-    // (DSLAB_GEMM_TUNING=own: our kernel's fastest split wherever it runs, whatever cuBLASLt's times)
-    const bool own_preferred = tuning_own() && ways[i].own_splits > 0 && (best < 0 || ways[size_t(best)].own_splits == 0);
-    if (best < 0 || own_preferred || (way_us < best_us && !(tuning_own() && ways[size_t(best)].own_splits > 0 && ways[i].own_splits == 0))) {
+    // Whether way i beats the best so far: the faster (DSLAB_GEMM_TUNING=own: our kernel over cuBLASLt's whatever the
+    // times, the faster of two of the same kind).
+    const auto beats_best = [&] {
+      if (best < 0) return true;
+      const bool own = ways[i].own_splits > 0, best_own = ways[size_t(best)].own_splits > 0;
+      if (tuning_own() && own != best_own) return own;
+      return way_us < best_us;
+    };
+    if (beats_best()) {
       best = int(i);
       best_us = way_us;
     }
