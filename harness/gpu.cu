@@ -102,31 +102,26 @@ __global__ void small_kernel(const uint4* src, float* dst) {
   }
 }
 
-// Reads n 16-byte words once (streaming loads, four in flight a thread) and keeps nothing: HBM's read-only rate, which
-// a decode kernel's weight or cache stream approaches (a copy also writes, and reads no faster: the fused MLA decode
-// read 2.98 TB/s against a 2.98 TB/s copy on an H100, session 21). The store never happens for the memset bytes
-// calibrate() reads; it keeps the loads.
-__global__ void read_stream_kernel(const uint4* __restrict__ src, size_t n, uint32_t* __restrict__ sink) {
+// Reads n 16-byte words once, four in flight a thread, and keeps nothing. Streaming loads (calibrate()): HBM's
+// read-only rate, which a decode kernel's weight or cache stream approaches (a copy also writes, and reads no faster:
+// the fused MLA decode read 2.98 TB/s against a 2.98 TB/s copy on an H100, session 21). Ordinary loads (flush_l2()):
+// allocated in L2 at normal priority, so that L2 ends up holding clean lines of the buffer and nothing of the timed
+// code's. The store never happens for the memset bytes read; it keeps the loads.
+template <bool kStreaming>
+__global__ void read_kernel(const uint4* __restrict__ src, size_t n, uint32_t* __restrict__ sink) {
+  const auto load = [](const uint4* p) {
+    if constexpr (kStreaming) return __ldcs(p);
+    else return *p;
+  };
   uint32_t acc = 0;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   for (; i + 3 * stride < n; i += 4 * stride) {
-    const uint4 a = __ldcs(src + i), b = __ldcs(src + i + stride), c = __ldcs(src + i + 2 * stride), d = __ldcs(src + i + 3 * stride);
+    const uint4 a = load(src + i), b = load(src + i + stride), c = load(src + i + 2 * stride), d = load(src + i + 3 * stride);
     acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
   }
   for (; i < n; i += stride) {
-    const uint4 a = __ldcs(src + i);
-    acc ^= a.x ^ a.y ^ a.z ^ a.w;
-  }
-  if (acc == 0x9E3779B9u) *sink = acc;
-}
-
-// Reads every 16-byte word of the flush buffer with ordinary loads (allocated in L2 at normal priority, unlike the
-// streaming loads above), so that L2 ends up holding clean lines of this buffer and nothing of the timed code's.
-__global__ void flush_read_kernel(const uint4* __restrict__ src, size_t n, uint32_t* __restrict__ sink) {
-  uint32_t acc = 0;
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const uint4 a = src[i];
+    const uint4 a = load(src + i);
     acc ^= a.x ^ a.y ^ a.z ^ a.w;
   }
   if (acc == 0x9E3779B9u) *sink = acc;
@@ -158,7 +153,7 @@ void flush_l2() {
     DSLAB_CUDA(cudaMalloc(&sink, sizeof(uint32_t)));
     DSLAB_CUDA(cudaMemset(buffer, 0x5a, words * sizeof(uint4)));
   }
-  flush_read_kernel<<<unsigned(std::max(1, gpu_info().sms) * 4), 512>>>(buffer, words, sink);
+  read_kernel<false><<<unsigned(std::max(1, gpu_info().sms) * 4), 512>>>(buffer, words, sink);
   DSLAB_CHECK_LAUNCH();
 }
 
@@ -387,7 +382,7 @@ nlohmann::json calibrate() {
     // ... and a read-only stream of the same 2 GiB (4 CTAs of 512 threads an SM), the faster of the two the ceiling.
     const double read_s = best_of(10, [&] {
       return ev.seconds([&] {
-        read_stream_kernel<<<unsigned(4 * gpu_info().sms), 512>>>(static_cast<const uint4*>(a), bytes / 16, static_cast<uint32_t*>(b));
+        read_kernel<true><<<unsigned(4 * gpu_info().sms), 512>>>(static_cast<const uint4*>(a), bytes / 16, static_cast<uint32_t*>(b));
         DSLAB_CHECK_LAUNCH();
       });
     });

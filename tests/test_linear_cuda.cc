@@ -165,6 +165,24 @@ TEST(GpuLinearPair, StackedProjectionsMatchFp64) {
   }
 }
 
+// bf16 values as floats, and the fp64 product x [rows][in] · w [out][in]^T of bf16 values, [rows][out]: what the
+// GEMM tests below compare against.
+std::vector<float> floats_of(const std::vector<bf16>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = to_float(v[i]);
+  return f;
+}
+std::vector<double> fp64_linear(const std::vector<bf16>& x, const std::vector<bf16>& w, int64_t rows, int64_t in, int64_t out) {
+  std::vector<double> product(size_t(rows * out));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t n = 0; n < out; ++n) {
+      double sum = 0;
+      for (int64_t k = 0; k < in; ++k) sum += double(to_float(x[size_t(r * in + k)])) * double(to_float(w[size_t(n * in + k)]));
+      product[size_t(r * out + n)] = sum;
+    }
+  return product;
+}
+
 // The own projections' GEMM past kGemvRows (cuBLASLt, tuned per shape on first use): an accumulating call (beta 1)
 // adds to what the caller's output held - tuning times its candidates into a scratch buffer, not into y - and a
 // second call reuses the choice; a handle whose first call for a shape is inside a graph capture runs cuBLASLt's
@@ -176,16 +194,8 @@ TEST(GpuTunedGemm, AccumulatesIntoTheCallersOutputAndCapturesUntuned) {
   const uint64_t seed = test::fresh_seed();
   const std::vector<bf16> w = ref::random_bf16(seed, "w", size_t(out * in), 0.03f);
   const std::vector<bf16> x = ref::random_bf16(seed, "x", size_t(rows * in), 1.0f);
-  const std::vector<bf16> y0_bf = ref::random_bf16(seed, "y0", size_t(rows * out), 1.0f);
-  std::vector<float> y0(y0_bf.size());
-  for (size_t i = 0; i < y0.size(); ++i) y0[i] = to_float(y0_bf[i]);
-  std::vector<double> product(size_t(rows * out));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t n = 0; n < out; ++n) {
-      double sum = 0;
-      for (int64_t k = 0; k < in; ++k) sum += double(to_float(x[size_t(r * in + k)])) * double(to_float(w[size_t(n * in + k)]));
-      product[size_t(r * out + n)] = sum;
-    }
+  const std::vector<float> y0 = floats_of(ref::random_bf16(seed, "y0", size_t(rows * out), 1.0f));
+  const std::vector<double> product = fp64_linear(x, w, rows, in, out);
   DeviceArray<__nv_bfloat16> dx, dw;
   dx.upload(x);
   dw.upload(w);
@@ -286,16 +296,8 @@ TEST(GpuTunedGemm, OwnStreamingKernelMatchesFp64) {
   dw.upload(w);
   for (int64_t rows : {16, 64, 65, 128}) {
     const std::vector<bf16> x = ref::random_bf16(seed + uint64_t(rows), "x", size_t(rows * in), 1.0f);
-    const std::vector<bf16> y0_bf = ref::random_bf16(seed + uint64_t(rows), "y0", size_t(rows * out), 1.0f);
-    std::vector<float> y0(y0_bf.size());
-    for (size_t i = 0; i < y0.size(); ++i) y0[i] = to_float(y0_bf[i]);
-    std::vector<double> product(size_t(rows * out));
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t n = 0; n < out; ++n) {
-        double sum = 0;
-        for (int64_t k = 0; k < in; ++k) sum += double(to_float(x[size_t(r * in + k)])) * double(to_float(w[size_t(n * in + k)]));
-        product[size_t(r * out + n)] = sum;
-      }
+    const std::vector<float> y0 = floats_of(ref::random_bf16(seed + uint64_t(rows), "y0", size_t(rows * out), 1.0f));
+    const std::vector<double> product = fp64_linear(x, w, rows, in, out);
     DeviceArray<__nv_bfloat16> dx;
     dx.upload(x);
     for (int splits : {1, 2, 4}) {
@@ -324,8 +326,8 @@ TEST(GpuTunedGemm, OwnStreamingKernelMatchesFp64) {
         std::vector<bf16> got_b(yb.size());
         DSLAB_CUDA(cudaDeviceSynchronize());
         DSLAB_CUDA(cudaMemcpy(got_b.data(), yb.get(), got_b.size() * 2, cudaMemcpyDeviceToHost));
-        std::vector<double> got_bd(got_b.size());
-        for (size_t i = 0; i < got_b.size(); ++i) got_bd[i] = to_float(got_b[i]);
+        const std::vector<float> got_bf = floats_of(got_b);
+        const std::vector<double> got_bd(got_bf.begin(), got_bf.end());
         EXPECT_LE(rel_err(got_bd, product), 1e-2);
       }
     }

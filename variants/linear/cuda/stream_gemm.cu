@@ -47,41 +47,6 @@ struct Params {
   float beta;
 };
 
-// D[64 features x N rows] += A[64 x 16] · B[N x 16]^T, both K-major in shared memory (descriptors: wgmma.cuh).
-template <int N>
-__device__ __forceinline__ void wgmma_rows(float (&d)[N / 8][4], uint64_t a, uint64_t b);
-template <>
-__device__ __forceinline__ void wgmma_rows<16>(float (&d)[2][4], uint64_t a, uint64_t b) {
-  asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
-               "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
-               "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
-               : "l"(a), "l"(b));
-}
-template <>
-__device__ __forceinline__ void wgmma_rows<32>(float (&d)[4][4], uint64_t a, uint64_t b) {
-  asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
-               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-               : "l"(a), "l"(b));
-}
-template <>
-__device__ __forceinline__ void wgmma_rows<64>(float (&d)[8][4], uint64_t a, uint64_t b) {
-  asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-               : "l"(a), "l"(b));
-}
-template <>
-__device__ __forceinline__ void wgmma_rows<128>(float (&d)[16][4], uint64_t a, uint64_t b) {
-  asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-               "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-               : "l"(a), "l"(b));
-}
 __device__ __forceinline__ void store_value(float* dst, float v, float beta) { *dst = beta != 0.0f ? v + beta * *dst : v; }
 __device__ __forceinline__ void store_value(__nv_bfloat16* dst, float v, float beta) {
   *dst = __float2bfloat16_rn(beta != 0.0f ? v + beta * __bfloat162float(*dst) : v);
@@ -159,8 +124,9 @@ __global__ void __launch_bounds__(kThreads) stream_gemm_kernel(const __grid_cons
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kChunk / 16; ++kk) {
-        wgmma_rows<kRows>(d[0], a_desc + kk * 2, b_desc + kk * 2);
-        wgmma_rows<kRows>(d[1], a_desc + 64 * 128 / 16 + kk * 2, b_desc + kk * 2);
+        // D[64 features x kRows rows] += weights[64 x 16] · rows[kRows x 16]^T, each feature half
+        wgmma_m64nNk16<kRows>(d[0], a_desc + kk * 2, b_desc + kk * 2, 1);
+        wgmma_m64nNk16<kRows>(d[1], a_desc + 64 * 128 / 16 + kk * 2, b_desc + kk * 2, 1);
       }
       wgmma_commit();
       wgmma_wait<1>();  // the previous chunk's MMAs are done: its stage goes back to the producer

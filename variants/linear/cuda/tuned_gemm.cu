@@ -226,11 +226,6 @@ void GemmTuner::launch(const Plan& p, const Layouts& l, const cublasLtMatmulAlgo
   DSLAB_CHECK_LAUNCH();
 }
 
-void GemmTuner::launch_own(int splits, StreamGemmMaps& maps, cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c,
-                           float beta) const {
-  stream_gemm(s, splits, a, b, c, beta, maps, stream);
-}
-
 bool GemmTuner::split_variant(const Plan& p, const cublasLtMatmulAlgo_t& base, int split, Candidate* out) const {
   const uint32_t schemes = capability<uint32_t>(base, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK);
   // One reduction scheme per split: the first the algorithm allows, least traffic first.
@@ -314,7 +309,7 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, const Plan& p, const void* 
       gpu::flush_l2();
       DSLAB_CUDA(cudaEventRecord(start, 0));
       try {
-        if (ways[i].own_splits > 0) launch_own(ways[i].own_splits, maps, 0, s, a, b, scratch, beta);
+        if (ways[i].own_splits > 0) stream_gemm(s, ways[i].own_splits, a, b, scratch, beta, maps, 0);
         else launch(p, l, ways[i].c.algo, ways[i].c.workspace, partials, 0, s, a, b, scratch, beta);
       } catch (const std::runtime_error&) {  // a candidate cuBLASLt listed but will not run here: skip it
         ok = false;
@@ -426,7 +421,7 @@ void GemmTuner::gemm(cudaStream_t stream, const GemmShape& s, const void* a, con
       }
     }
   }
-  if (p.tuned && p.choice.own_kernel) launch_own(p.choice.k_slices, p.maps, stream, s, a, b, c, beta);
+  if (p.tuned && p.choice.own_kernel) stream_gemm(s, p.choice.k_slices, a, b, c, beta, p.maps, stream);
   else launch(p, p.layouts, p.algo, p.workspace_bytes, p.partials, stream, s, a, b, c, beta);
 }
 

@@ -108,9 +108,6 @@ class GemmTuner {
   void adopt(const GemmShape& s, Plan& p, const Tuned& t);
   void launch(const Plan& p, const Layouts& l, const cublasLtMatmulAlgo_t& algo, size_t workspace_bytes, float* partials,
               cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c, float beta) const;
-  // stream_gemm in `splits` K ranges.
-  void launch_own(int splits, StreamGemmMaps& maps, cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c,
-                  float beta) const;
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_;
   size_t workspace_bytes_;

@@ -35,20 +35,8 @@ constexpr int kGroups = kWidth / kQuantGroup;
 // wgmma_desc): the 576 columns are 9 blocks of 64. The 8 rows an ldmatrix reads fall in 8 different bank groups, and
 // a wgmma descriptor can address any 8-row x 64-column atom.
 
-// The wgmma wrappers below take bf16 or (kHalf) fp16 operands: one asm body each, the element type T its only
-// difference.
-#define DSLAB_WGMMA_M64N64K16(T) \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n" \
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
-      : "l"(a), "l"(b), "r"(accumulate))
-#define DSLAB_WGMMA_M64N32K16(T) \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32." T "." T " " \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n" \
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]) \
-      : "l"(a), "l"(b), "r"(accumulate))
+// The transposed-B wrapper below takes bf16 or (kHalf) fp16 operands: one asm body, the element type T its only
+// difference. (Both operands K-major: wgmma_m64nNk16, variants/common/wgmma.cuh.)
 #define DSLAB_WGMMA_M64N128K16_VT(T) \
   asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n" \
       "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " " \
@@ -56,28 +44,14 @@ constexpr int kGroups = kWidth / kQuantGroup;
       : "+f"(d[16 * H + 0][0]), "+f"(d[16 * H + 0][1]), "+f"(d[16 * H + 0][2]), "+f"(d[16 * H + 0][3]), "+f"(d[16 * H + 1][0]), "+f"(d[16 * H + 1][1]), "+f"(d[16 * H + 1][2]), "+f"(d[16 * H + 1][3]), "+f"(d[16 * H + 2][0]), "+f"(d[16 * H + 2][1]), "+f"(d[16 * H + 2][2]), "+f"(d[16 * H + 2][3]), "+f"(d[16 * H + 3][0]), "+f"(d[16 * H + 3][1]), "+f"(d[16 * H + 3][2]), "+f"(d[16 * H + 3][3]), "+f"(d[16 * H + 4][0]), "+f"(d[16 * H + 4][1]), "+f"(d[16 * H + 4][2]), "+f"(d[16 * H + 4][3]), "+f"(d[16 * H + 5][0]), "+f"(d[16 * H + 5][1]), "+f"(d[16 * H + 5][2]), "+f"(d[16 * H + 5][3]), "+f"(d[16 * H + 6][0]), "+f"(d[16 * H + 6][1]), "+f"(d[16 * H + 6][2]), "+f"(d[16 * H + 6][3]), "+f"(d[16 * H + 7][0]), "+f"(d[16 * H + 7][1]), "+f"(d[16 * H + 7][2]), "+f"(d[16 * H + 7][3]), "+f"(d[16 * H + 8][0]), "+f"(d[16 * H + 8][1]), "+f"(d[16 * H + 8][2]), "+f"(d[16 * H + 8][3]), "+f"(d[16 * H + 9][0]), "+f"(d[16 * H + 9][1]), "+f"(d[16 * H + 9][2]), "+f"(d[16 * H + 9][3]), "+f"(d[16 * H + 10][0]), "+f"(d[16 * H + 10][1]), "+f"(d[16 * H + 10][2]), "+f"(d[16 * H + 10][3]), "+f"(d[16 * H + 11][0]), "+f"(d[16 * H + 11][1]), "+f"(d[16 * H + 11][2]), "+f"(d[16 * H + 11][3]), "+f"(d[16 * H + 12][0]), "+f"(d[16 * H + 12][1]), "+f"(d[16 * H + 12][2]), "+f"(d[16 * H + 12][3]), "+f"(d[16 * H + 13][0]), "+f"(d[16 * H + 13][1]), "+f"(d[16 * H + 13][2]), "+f"(d[16 * H + 13][3]), "+f"(d[16 * H + 14][0]), "+f"(d[16 * H + 14][1]), "+f"(d[16 * H + 14][2]), "+f"(d[16 * H + 14][3]), "+f"(d[16 * H + 15][0]), "+f"(d[16 * H + 15][1]), "+f"(d[16 * H + 15][2]), "+f"(d[16 * H + 15][3]) \
       : "l"(a), "l"(b))
 
-// S[64 x 64] (+)= A[64 x 16] · B[64 x 16]^T, as above with 64 keys (a 64-key block).
-template <bool kHalf>
-__device__ inline void wgmma_m64n64k16(float (&d)[8][4], uint64_t a, uint64_t b, int accumulate) {
-  if constexpr (kHalf) DSLAB_WGMMA_M64N64K16("f16");
-  else DSLAB_WGMMA_M64N64K16("bf16");
-}
-// S[64 x 32] (+)= A[64 x 16] · B[32 x 16]^T: Q K^T of a 32-key block.
-template <bool kHalf>
-__device__ inline void wgmma_m64n32k16(float (&d)[4][4], uint64_t a, uint64_t b, int accumulate) {
-  if constexpr (kHalf) DSLAB_WGMMA_M64N32K16("f16");
-  else DSLAB_WGMMA_M64N32K16("bf16");
-}
-// The same for 128 of those columns, d[16 H .. 16 H + 15]: a 64-register accumulator, which ptxas compiles in a
-// kernel whose threads start with 128 registers (it refuses the 256-column form there, even where setmaxnreg
-// has raised the count).
+// O[64 x 128] (+)= P[64 x 16] · V[16 x 128] with V MN-major (transposed B), into d[16 H .. 16 H + 15]: a 64-register
+// accumulator, which ptxas compiles in a kernel whose threads start with 128 registers (it refuses the 256-column
+// form there, even where setmaxnreg has raised the count).
 template <int H, bool kHalf>
 __device__ inline void wgmma_m64n128k16_vt(float (&d)[32][4], uint64_t a, uint64_t b) {
   if constexpr (kHalf) DSLAB_WGMMA_M64N128K16_VT("f16");
   else DSLAB_WGMMA_M64N128K16_VT("bf16");
 }
-#undef DSLAB_WGMMA_M64N64K16
-#undef DSLAB_WGMMA_M64N32K16
 #undef DSLAB_WGMMA_M64N128K16_VT
 struct Params {
   CUtensorMap kv_map;      // the cache as a [slots][576] tensor, 64 x 64 boxes (when tma)
@@ -390,8 +364,7 @@ __device__ __forceinline__ void score_block(float (&s)[KEYS / 8][4], uint64_t q_
   for (int ks = 0; ks < kWidth / 16; ++ks) {
     const int block = ks >> 2, column = (ks & 3) * 16;
     const uint64_t a = q_desc + (block * kRows * 64 + column) * 2 / 16, b = k_desc + (block * KEYS * 64 + column) * 2 / 16;
-    if constexpr (KEYS == 64) wgmma_m64n64k16<kHalf>(s, a, b, ks > 0);
-    else wgmma_m64n32k16<kHalf>(s, a, b, ks > 0);
+    wgmma_m64nNk16<KEYS, kHalf>(s, a, b, ks > 0);
   }
   wgmma_commit_and_wait();
 }
@@ -969,7 +942,7 @@ __device__ __forceinline__ void score_tiles(float (&s)[8][4], uint64_t q_desc, u
       const int accumulate = i == kFirst && ks == 0 && zero_first ? 0 : 1;
       const uint64_t b = k_desc + (c * kTileElems + ks * 16) * 2 / 16;
       if (c == kTiles - 1) wgmma_m64n64k16_rs(s, q_rope[ks], b, accumulate);
-      else wgmma_m64n64k16<false>(s, q_desc + (c * kTileElems + ks * 16) * 2 / 16, b, accumulate);
+      else wgmma_m64nNk16<64>(s, q_desc + (c * kTileElems + ks * 16) * 2 / 16, b, accumulate);
     }
     wgmma_commit();
   }
