@@ -250,7 +250,24 @@ TEST(GpuMlaOps, CountersTimeEachOpOfTheStep) {
   }
   EXPECT_EQ(wide.count("decode_phase_us.first_block_maxed"), 0u);
   EXPECT_EQ(wide.at("decode_phase.block_keys"), 64.0);
+  EXPECT_EQ(wide.count("decode_phase_us.first_segment_accumulated"), 0u);  // (one segment a CTA)
   EXPECT_TRUE(w->verify().pass());
+
+  // More requests than CTAs a row tile (70 requests of 4 blocks on 66 CTAs: split, two segments a CTA): the
+  // segment switch's phases, in order.
+  auto many = entry->make();
+  many->prepare(model, point_of({"deepseek-v3", 128, 70, 1, 192, 64, "uniform", "bf16", "graph"}), test::fresh_seed());
+  many->run();
+  const auto switched = many->counters();
+  before = -1e4;
+  for (const char* phase : {"first_block_accumulated", "first_segment_accumulated", "first_segment_written", "second_segment_q_landed",
+                            "second_segment_first_accumulated", "last_block_accumulated", "done"}) {
+    const auto it = switched.find(std::string("decode_phase_us.") + phase);
+    ASSERT_NE(it, switched.end()) << phase;
+    EXPECT_GE(it->second, before) << phase;
+    before = it->second;
+  }
+  EXPECT_TRUE(many->verify().pass());
 }
 
 TEST(GpuMlaSupport, FusedKernelNeedsRowsInSixteens) {
