@@ -286,6 +286,26 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
             "| variant | point | CTAs | blocks a CTA | wait | first keys landed | their Q K^T done | row max | P handed over | their P V done | "
             "last block's P V done | outputs written | per block | span |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
          << phase_rows << "\n";
+    // Where the 128-head kernel's CTAs walk two segments or more: what switching from the first to the second costs
+    // (its phases, and the switch against the two blocks a steady pair takes).
+    std::string switch_rows;
+    each_run([&](const std::string& v, const std::string& p, const Entry& e) {
+      const double from = counter(e, "decode_phase_us.first_segment_accumulated"), to = counter(e, "decode_phase_us.second_segment_first_accumulated");
+      if (std::isnan(from) || std::isnan(to)) return;
+      switch_rows += "| " + v + " | " + p;
+      for (const char* k : {"first_segment_accumulated", "first_segment_written", "second_segment_q_landed", "second_segment_first_accumulated"})
+        switch_rows += " | " + num("%.2f", counter(e, (std::string("decode_phase_us.") + k).c_str()));
+      const double per_block = counter(e, "decode_phase_us.per_block");
+      switch_rows += " | " + num("%.2f", to - from) + " | " + (std::isnan(per_block) ? std::string("-") : num("%.2f", 2 * per_block)) + " |\n";
+    });
+    if (!switch_rows.empty())
+      md << "Where a CTA of the two-warpgroup kernel walks two segments or more, what the switch costs "
+            "(`decode_phase_us.*`, medians, us after griddepcontrol.wait): the first segment's last pair done, its outputs "
+            "written, the second's Q landed, its first pair done; the switch is the last less the first, against two steady "
+            "blocks (one pair):\n\n"
+            "| variant | point | first segment's last pair | outputs written | next Q landed | next first pair | switch | two blocks |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|\n"
+         << switch_rows << "\n";
   }
   write_sparse_against_dense(f, md);
   std::vector<const Entry*> above;  // faster than its floor: the ceilings are stale or wrong, not the kernel fast

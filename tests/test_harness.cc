@@ -470,6 +470,11 @@ TEST(Cli, ReportShowsWhereADecodeCtasTimeGoes) {
   EXPECT_NE(report_of({r}).find("| 22 | 3 | 4.08 | - | 0.02 | - | - | 4.09 | 8.17 | 9.62 | 1.99 | 14.08 |"), std::string::npos) << report_of({r});
   PointResult plain = layer_step("kv-splits", 75e-6);
   EXPECT_EQ(report_of({plain}).find("decode_phase_us"), std::string::npos) << "no phase counters, no phase table";
+  EXPECT_EQ(report_of({r}).find("what the switch costs"), std::string::npos) << "one segment a CTA, no switch table";
+  // Two segments a CTA (the 128-head kernel): the switch's phases, its cost and two steady blocks.
+  r.counters.insert({{"decode_phase_us.first_segment_accumulated", 146.7}, {"decode_phase_us.first_segment_written", 159.1},
+                     {"decode_phase_us.second_segment_q_landed", 163.7}, {"decode_phase_us.second_segment_first_accumulated", 172.8}});
+  EXPECT_NE(report_of({r}).find("| 146.70 | 159.10 | 163.70 | 172.80 | 26.10 | 3.98 |"), std::string::npos) << report_of({r});
 }
 
 // A sparse result beside the dense fused kernel at its point (the same model, batch, kv_len, page size; its own
