@@ -364,6 +364,26 @@ TEST(SplitKv, KeepsRequestsWholeWhereThatCostsLittleBalance) {
   }
 }
 
+TEST(SplitKv, FinerBlocksLeaveNoCtaIdle) {
+  // The 16-head fused kernel walks 32-key blocks and is cut in them (fused.cu, schedule): 64 requests of 4097 keys on
+  // 132 CTAs. In 64-key units (65 a request, 32 a CTA) two CTAs get nothing; in 32-key blocks (129 a request) every
+  // CTA gets some and the busiest 63 blocks - 2016 keys against 2048.
+  const std::vector<int64_t> lengths(64, 4096);
+  auto busiest_keys_and_idle = [&](int64_t block) {
+    const mla::SplitKv s = mla::split_kv(lengths, 1, block, 132, /*whole_requests=*/true);
+    int64_t busiest = 0, idle = 0;
+    for (const auto& part : s.parts) {
+      int64_t keys = 0;
+      for (int32_t i = part.first; i < part.first + part.count; ++i) keys += s.segments[size_t(i)].end_key - s.segments[size_t(i)].first_key;
+      busiest = std::max(busiest, keys);
+      idle += part.count == 0;
+    }
+    return std::pair{busiest, idle};
+  };
+  EXPECT_EQ(busiest_keys_and_idle(64), (std::pair<int64_t, int64_t>{2048, 2}));
+  EXPECT_EQ(busiest_keys_and_idle(32), (std::pair<int64_t, int64_t>{2016, 0}));
+}
+
 TEST(KvSplits, AutoOrAPositiveCount) {
   EXPECT_EQ(mla::parse_kv_splits("auto"), 0);
   EXPECT_EQ(mla::parse_kv_splits("16"), 16);
