@@ -182,6 +182,22 @@ std::vector<double> fp64_linear(const std::vector<bf16>& x, const std::vector<bf
     }
   return product;
 }
+// linear() without accumulation into the bf16 `y` (first filled with 0xFF bytes: NaN wherever nothing is written),
+// read back: its relative L2 error against `want`.
+double bf16_linear_rel_err(mla::cuda::BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out,
+                           mla::cuda::DeviceArray<__nv_bfloat16>& y, const std::vector<double>& want) {
+  y.fill_bytes(0xFF);
+  mla::cuda::linear(h, x, rows, in, w, out, y.get(), CUDA_R_16BF);
+  std::vector<bf16> got(y.size());
+  DSLAB_CUDA(cudaDeviceSynchronize());
+  DSLAB_CUDA(cudaMemcpy(got.data(), y.get(), got.size() * 2, cudaMemcpyDeviceToHost));
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    err += (double(to_float(got[i])) - want[i]) * (double(to_float(got[i])) - want[i]);
+    norm += want[i] * want[i];
+  }
+  return std::sqrt(err / norm);
+}
 
 // The own projections' GEMM past kGemvRows (cuBLASLt, tuned per shape on first use): an accumulating call (beta 1)
 // adds to what the caller's output held - tuning times its candidates into a scratch buffer, not into y - and a
@@ -237,17 +253,7 @@ TEST(GpuTunedGemm, AccumulatesIntoTheCallersOutputAndCapturesUntuned) {
     h.set_projections(Projections::own);
     h.tuner().only_slices(4);
     DeviceArray<__nv_bfloat16> yb(size_t(rows * out));
-    yb.fill_bytes(0xFF);
-    linear(h, dx.get(), rows, in, dw.get(), out, yb.get(), CUDA_R_16BF);
-    std::vector<bf16> got(yb.size());
-    DSLAB_CUDA(cudaDeviceSynchronize());
-    DSLAB_CUDA(cudaMemcpy(got.data(), yb.get(), got.size() * 2, cudaMemcpyDeviceToHost));
-    double err = 0, norm = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      err += (double(to_float(got[i])) - product[i]) * (double(to_float(got[i])) - product[i]);
-      norm += product[i] * product[i];
-    }
-    EXPECT_LE(std::sqrt(err / norm), 1e-2);
+    EXPECT_LE(bf16_linear_rel_err(h, dx.get(), rows, in, dw.get(), out, yb, product), 1e-2);
     EXPECT_EQ(h.tuner().choice(linear_gemm_shape(dx.get(), rows, in, dw.get(), out, yb.get(), CUDA_R_16BF, 0.0f))->k_slices, 4);
   }
   {
@@ -321,14 +327,7 @@ TEST(GpuTunedGemm, OwnStreamingKernelMatchesFp64) {
       EXPECT_EQ(choice->k_slices, splits);
       if (splits == 2) {  // bf16 output, no accumulation
         DeviceArray<__nv_bfloat16> yb(size_t(rows * out));
-        yb.fill_bytes(0xFF);
-        linear(h, dx.get(), rows, in, dw.get(), out, yb.get(), CUDA_R_16BF);
-        std::vector<bf16> got_b(yb.size());
-        DSLAB_CUDA(cudaDeviceSynchronize());
-        DSLAB_CUDA(cudaMemcpy(got_b.data(), yb.get(), got_b.size() * 2, cudaMemcpyDeviceToHost));
-        const std::vector<float> got_bf = floats_of(got_b);
-        const std::vector<double> got_bd(got_bf.begin(), got_bf.end());
-        EXPECT_LE(rel_err(got_bd, product), 1e-2);
+        EXPECT_LE(bf16_linear_rel_err(h, dx.get(), rows, in, dw.get(), out, yb, product), 1e-2);
       }
     }
   }
