@@ -27,6 +27,11 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
 __device__ __forceinline__ void mbarrier_expect_bytes(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
+// `bytes` more of bulk copies to complete the current phase, without arriving (its arrivals still pending: a phase
+// whose copies are issued in parts cannot complete between them).
+__device__ __forceinline__ void mbarrier_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
 // Until the phase of parity `parity` has completed.
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, int parity) {
   asm volatile(

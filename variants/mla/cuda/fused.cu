@@ -55,6 +55,7 @@ __device__ inline void wgmma_m64n128k16_vt(float (&d)[32][4], uint64_t a, uint64
 #undef DSLAB_WGMMA_M64N128K16_VT
 struct Params {
   CUtensorMap kv_map;      // the cache as a [slots][576] tensor, 64 x 64 boxes (when tma)
+  CUtensorMap q_map;       // q as a [tokens x heads][576] tensor, 64 x 64 boxes (the two-warpgroup kernel's Q tiles)
   bool tma;                // page_size a multiple of 64: blocks copied by the tensor memory accelerator
   const __nv_bfloat16* q;  // [tokens][heads][576]: [q_nope·W_UK ‖ q_pe]
   CacheView cache;
@@ -388,7 +389,48 @@ __device__ inline void store_pair(bool real, __nv_bfloat16* dst, float a, float 
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p st.global.b32 [%1], %2;\n}\n" ::"r"(int(real)), "l"(dst),
                "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
 }
-
+// Four 32-bit words, 16 contiguous bytes, where `real`.
+__device__ inline void store_quad(bool real, void* dst, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p st.global.v4.b32 [%1], {%2, %3, %4, %5};\n}\n" ::"r"(int(real)), "l"(dst), "r"(a), "r"(b),
+               "r"(c), "r"(d)
+               : "memory");
+}
+// a[i] of i < 4, by selects (an index held in a register would put the array in local memory).
+__device__ __forceinline__ uint32_t pick(const uint32_t (&a)[4], int i) { return i < 2 ? (i == 0 ? a[0] : a[1]) : (i == 2 ? a[2] : a[3]); }
+// A 4 x 4 transpose of 32-bit words across a quad (lanes 4k .. 4k + 3, q = lane % 4): afterwards lane q's a[j] is what
+// lane j's a[q] was. In round r lane q hands lane q ^ r its a[q ^ r] and takes lane q ^ r's a[q].
+__device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int q) {
+  uint32_t got[4];
+  got[0] = pick(a, q);
+#pragma unroll
+  for (int r = 1; r < 4; ++r) got[r] = __shfl_xor_sync(0xffffffffu, pick(a, q ^ r), r);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) a[j] = pick(got, q ^ j);
+}
+// A warpgroup MMA accumulator's 64 x (8 x N) tile (o[n][0..1]: row r_lo, columns 8 n + 2 (lane % 4) and + 1;
+// o[n][2..3]: row r_hi), times each row's factor, into row-major bf16 `out` (row stride kLatent), 16 bytes a store:
+// each quad first trades its words (quad_transpose) so that lane q holds whole 8-column groups. (Stored as they sat,
+// 4 bytes a lane, a CTA's 64 KB took 16384 stores, 8 rows a warp instruction: ~11 us to issue while the other SMs
+// kept the memory system busy; 128 heads, batch 128, H100, session 27.)
+template <int N>
+__device__ __forceinline__ void store_rows(bool real, __nv_bfloat16* out, const float (&o)[N][4], int r_lo, int r_hi, float f_lo, float f_hi, int lane) {
+  static_assert(N % 4 == 0, "whole groups of four 8-column blocks");
+  const int q = lane % 4;
+#pragma unroll
+  for (int k = 0; k < N / 4; ++k)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float f = h ? f_hi : f_lo;
+      uint32_t w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(o[4 * k + j][2 * h] * f, o[4 * k + j][2 * h + 1] * f);
+        w[j] = *reinterpret_cast<const uint32_t*>(&v);
+      }
+      quad_transpose(w, q);
+      store_quad(real, out + (h ? r_hi : r_lo) * kLatent + (4 * k + q) * 8, w[0], w[1], w[2], w[3]);
+    }
+}
 // Walks a CTA's blocks in order: its segments (request, first key, end key) cut into kKeys-key blocks.
 template <int kKeys>
 struct Cursor {
@@ -831,6 +873,7 @@ namespace seesaw {
 using roles::bar_arrive;
 using roles::bar_sync;
 using roles::store_pair;
+using roles::store_rows;
 
 constexpr int kRows = 64, kKeys = 64, kThreads = 256, kTiles = kWidth / 64;
 constexpr int kTileElems = kKeys * 64;  // a 64-key x 64-column tile (and a 64-row one of Q)
@@ -847,6 +890,7 @@ struct Meta {
   uint64_t tile[2][kTiles];  // [stage][tile] landed
   int32_t ahead[2][kAhead];  // each warpgroup's page-table entries of the blocks ahead: block b's at [b % kAhead]
   int32_t onward[2][2];      // each warpgroup's slots of the next segment's blocks 0 and 1 (-1: none)
+  uint64_t q_landed;         // the segment's Q tiles landed (see copy_next_q)
 };
 // Where the CTA's shared memory holds Q, the two stages, block 2i's P and the warpgroups' exchange.
 struct Smem {
@@ -1108,11 +1152,28 @@ __device__ __forceinline__ void copy_onward(const Params& p, const Meta* meta, i
   else copy_tiles<4, kTiles>(p, stage, const_cast<Meta*>(meta)->tile[st], slot);
 }
 
+// The next segment's Q, by warpgroup 0's first thread while this segment ends (q_row: its first row in p.q, -1 where
+// this is the CTA's last segment): tiles 0-7 (the latent part) once both warpgroups' last Q K^T is done, announced
+// without an arrival so that the phase cannot complete on them alone; tile 8 (rope, where block 2i + 1's P sits until
+// the last P V) once warpgroup 0's last P V is done, with the arrival. So the next Q lands while the last products,
+// the row sums and the output stores run rather than after them. (Copied after the outputs, 16 bytes a thread, a
+// later segment's Q landed ~5 us after the stores and ~16 us after the last pair: the other SMs keep the memory
+// system saturated; 128 heads, batch 128, H100, session 26.)
+template <int kFirst, int kEnd>
+__device__ __forceinline__ void copy_next_q(const Params& p, const Smem& sm, int q_row) {
+  if (q_row < 0) return;
+  if constexpr (kEnd == kTiles) mbarrier_expect_bytes(&sm.meta->q_landed, uint32_t((kEnd - kFirst) * kTileBytes));
+  else mbarrier_expect_tx(&sm.meta->q_landed, uint32_t((kEnd - kFirst) * kTileBytes));
+#pragma unroll
+  for (int c = kFirst; c < kEnd; ++c) tma_load(sm.q + c * kTileElems, &p.q_map, c * 64, q_row, &sm.meta->q_landed);
+}
+
 // One pair of blocks (2i in stage 0, 2i + 1 in stage 1) for warpgroup 0, whose S of block 2i is in `s`. kSecond:
-// block 2i + 1 exists; kNext0 / kNext1: blocks 2i + 2 / 2i + 3 exist (copied here, 2i + 2 scored here).
+// block 2i + 1 exists; kNext0 / kNext1: blocks 2i + 2 / 2i + 3 exist (copied here, 2i + 2 scored here); without
+// block 2i + 2 this is the segment's last pair, which starts the next segment's Q copies (next_q_row: copy_next_q).
 template <bool kSecond, bool kNext0, bool kNext1>
 __device__ __forceinline__ void pair_wg0(const Params& p, const Segment& g, int i, float (&s)[8][4], float (&o)[32][4], float (&sum)[2],
-                                         const Lane& l, const Smem& sm, const uint32_t (&q_rope)[4][4], int& parity0) {
+                                         const Lane& l, const Smem& sm, const uint32_t (&q_rope)[4][4], int& parity0, int next_q_row) {
   Meta* const meta = sm.meta;
   __nv_bfloat16 *const sq = sm.q, *const stage0 = sm.stage0, *const stage1 = sm.stage1, *const sp0 = sm.p0;
   const int key0 = g.key0 + 2 * i * kKeys;
@@ -1138,6 +1199,7 @@ __device__ __forceinline__ void pair_wg0(const Params& p, const Segment& g, int 
   wait_pinned<0>(o, s);
   bar_sync(kBarScale1, 256);
   if (kNext0 && l.t == 0) copy_tiles<0, 4>(p, stage0, meta->tile[0], next0);  // (V's left half and Q K^T are done with them)
+  if (!kNext0 && l.t == 0) copy_next_q<0, kTiles - 1>(p, sm, next_q_row);  // (warpgroup 1's last S is done: it has scaled)
   const float scale1_lo = meta->scale1[l.r_lo], scale1_hi = meta->scale1[l.r_hi];
   p_fragments(s, a, scale1_lo, scale1_hi);
   store_p(sp0, a, l);
@@ -1160,6 +1222,7 @@ __device__ __forceinline__ void pair_wg0(const Params& p, const Segment& g, int 
     parity0 ^= 1;
   }
   wait_pinned<0>(o, s);  // (outside the branches: see FlashMLA's note on nvcc serialising the MMAs otherwise)
+  if (!kNext0 && l.t == 0) copy_next_q<kTiles - 1, kTiles>(p, sm, next_q_row);  // (its last P V, over Q's rope tile, is done)
 }
 
 // The same pair for warpgroup 1, whose S of block 2i + 1 is in `s` (when kSecond).
@@ -1236,6 +1299,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   if (threadIdx.x == 0) {
     for (int st = 0; st < 2; ++st)
       for (int c = 0; c < kTiles; ++c) mbarrier_init(&meta->tile[st][c], 1);
+    mbarrier_init(&meta->q_landed, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -1244,6 +1308,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   const int2 mine = p.part_segments[blockIdx.y];
   const int row0 = int(blockIdx.x) * kRows;
   int parity = 0;  // the mbarrier phase of this warpgroup's own stage (the one it scores)
+  int q_parity = 0;  // meta->q_landed's
+  int next_q_row = -1;  // the next segment's first Q row (thread 0)
   int blocks_walked = 0;
   bool waited = !p.early_loads;
 #pragma unroll 1
@@ -1270,9 +1336,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         meta->onward[warpgroup][0] = n.slot_of(p, 0);
         if (n.blocks > 1) meta->onward[warpgroup][1] = n.slot_of(p, 1);
         if (warpgroup == 0) {
-          const __nv_bfloat16* next_q = p.q + (int64_t(nv.x) * p.rows + row0) * kWidth;
+          next_q_row = nv.x * p.rows + row0;
+          const __nv_bfloat16* next_q = p.q + int64_t(next_q_row) * kWidth;
           asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(next_q), "r"(uint32_t(min(kRows, p.rows - row0) * kWidth * 2)) : "memory");
         }
+      } else if (warpgroup == 0) {
+        next_q_row = -1;
       }
     }
     if (seg == mine.x && threadIdx.x == 0) record_clock(p, kLoadsIssued);
@@ -1286,9 +1355,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     g.last_lo = length + (row0 + l.r_lo) / p.heads;  // causal among the new tokens
     g.last_hi = length + (row0 + l.r_hi) / p.heads;
     if (threadIdx.x < kRows) meta->m[threadIdx.x] = kMaxInit;
-    copy_q_tile<kRows, kThreads>(p, sq, sv.x, row0, int(threadIdx.x));
-    fence_proxy_async();  // (read by the tensor cores)
-    __syncthreads();
+    // Q by tensor copies: the CTA's first segment's now (after griddepcontrol.wait: Q comes from the kernels before),
+    // a later one's were started as the segment before ended (copy_next_q). (In a 64-row box past the request's rows,
+    // the next request's rows, whose outputs are not stored; past the last token's, zeros.)
+    if (seg == mine.x && threadIdx.x == 0) copy_next_q<0, kTiles>(p, sm, sv.x * p.rows + row0);
+    mbarrier_wait(&meta->q_landed, q_parity);
+    q_parity ^= 1;
+    __syncthreads();  // (the running max's reset too)
     if (seg == mine.x && threadIdx.x == 0) record_clock(p, kQLanded);
     if (seg == mine.x + 1 && threadIdx.x == 0) record_clock(p, kSecondQLanded);
     uint32_t q_rope[4][4];  // (its tile's place in shared memory takes block 2i + 1's P)
@@ -1319,7 +1392,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     // Whole pairs with both next blocks in one loop, the segment's last two or three blocks after it (as in FlashMLA).
 #define DSLAB_PAIR(SECOND, NEXT0, NEXT1)                                                                              \
   do {                                                                                                                \
-    if (warpgroup == 0) pair_wg0<SECOND, NEXT0, NEXT1>(p, g, i, s, o, sum, l, sm, q_rope, parity);                    \
+    if (warpgroup == 0) pair_wg0<SECOND, NEXT0, NEXT1>(p, g, i, s, o, sum, l, sm, q_rope, parity, next_q_row);        \
     else pair_wg1<SECOND, NEXT0, NEXT1>(p, g, i, s, o, sum, l, sm, q_rope, parity);                                   \
     if (seg == mine.x && i == 0 && threadIdx.x == 0) record_clock(p, kFirstAccumulated);                              \
     if (seg == mine.x + 1 && i == 0 && threadIdx.x == 0) record_clock(p, kSecondFirstAccumulated);                    \
@@ -1356,10 +1429,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     const float inv_lo = total_lo > 0 ? 1.0f / total_lo : 0.0f, inv_hi = total_hi > 0 ? 1.0f / total_hi : 0.0f;
     const bool real_rows = row0 + (l.t / 32) * 16 < p.rows;  // (a warp holds 16 rows; rows come in multiples of 16)
     auto write = [&](auto* out) {
+      if constexpr (std::is_same_v<decltype(out), __nv_bfloat16*>) {
+        store_rows(real_rows, out, o, l.r_lo, l.r_hi, inv_lo, inv_hi, l.lane);
+      } else {  // (a partial, fp32: traded between neighbours for 16-byte stores, it spilled registers here)
 #pragma unroll
-      for (int n = 0; n < 32; ++n) {
-        store_pair(real_rows, out + l.r_lo * kLatent + l.col(n), o[n][0] * inv_lo, o[n][1] * inv_lo);
-        store_pair(real_rows, out + l.r_hi * kLatent + l.col(n), o[n][2] * inv_hi, o[n][3] * inv_hi);
+        for (int n = 0; n < 32; ++n) {
+          store_pair(real_rows, out + l.r_lo * kLatent + l.col(n), o[n][0] * inv_lo, o[n][1] * inv_lo);
+          store_pair(real_rows, out + l.r_hi * kLatent + l.col(n), o[n][2] * inv_hi, o[n][3] * inv_hi);
+        }
       }
     };
     const int cbase = warpgroup * 256;
@@ -1460,7 +1537,8 @@ class FusedCuda final : public MlaOp {
   // first_block_accumulated (the end of its first pair), last_block_accumulated and done, and where a CTA walks two
   // segments or more, first_segment_accumulated (its first segment's last pair done), first_segment_written,
   // second_segment_q_landed and second_segment_first_accumulated (what switching segments costs, against two
-  // per_block); the other phases are absent from its results.
+  // per_block); the other phases are absent from its results. decode_phase_us.last_done: the slowest CTA's done
+  // (each phase above is the median over CTAs).
   std::map<std::string, double> phase_counters() override;
 
  protected:
@@ -1485,6 +1563,8 @@ class FusedCuda final : public MlaOp {
     block_keys_ = block_keys_for(M, s_.kv_dtype);
     tma_ = b_.cache->page_size % block_keys_ == 0;
     if (tma_) kv_map_ = cache_tensor_map(*b_.cache, block_keys_);
+    if (tma_ && block_keys_ == 64 && s_.kv_dtype == KvDtype::bf16)  // (where the two-warpgroup kernel may run: use_seesaw)
+      q_map_ = tensor_map_2d(q_cat_, T * nh_, kWidth, 2, roles::kRows, 64, /*swizzle_128b=*/true);
   }
   // The schedule blob: segments (int4 each) at 0, the CTAs' segment ranges (int2) at 4 * max_segments_, the
   // requests' (int2) after them.
@@ -1553,7 +1633,7 @@ class FusedCuda final : public MlaOp {
     const int2* part_segments = reinterpret_cast<const int2*>(schedule_buffer() + 4 * max_segments_);
     const int2* request_segments = part_segments + parts_;
     // (a token selector's entries are single keys: copied key by key, not by the tensor memory accelerator)
-    Params params{kv_map_, tma_ && view.page_size % block_keys_ == 0, q_cat_, view, lengths, segments, part_segments,
+    Params params{kv_map_, q_map_, tma_ && view.page_size % block_keys_ == 0, q_cat_, view, lengths, segments, part_segments,
                   o_partial_.get(), lse_partial_.get(), M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E),
                   page_shift(view.page_size), row_tiles_ * roles::kRows, o_lat_.get(), record_phases_ ? phases_.get() : nullptr,
                   /*early_loads=*/!selector_};
@@ -1587,7 +1667,7 @@ class FusedCuda final : public MlaOp {
   int row_tiles_ = 1, parts_ = 1, max_segments_ = 0, block_keys_ = 64;
   bool tma_ = false;
   mutable bool merges_ = false;  // a schedule made so far splits a request across CTAs, left to combine
-  CUtensorMap kv_map_{};
+  CUtensorMap kv_map_{}, q_map_{};
   DeviceArray<__nv_bfloat16> q_cat_buffer_, o_lat_;
   DeviceArray<float> o_partial_, lse_partial_;
 };
@@ -1617,6 +1697,7 @@ std::map<std::string, double> FusedCuda::phase_counters() {
                                                  {kSecondFirstAccumulated, "second_segment_first_accumulated"}};
   std::map<std::string, std::vector<double>> us;
   unsigned long long first_entry = ~0ull, last_exit = 0;
+  double last_done = 0;
   for (size_t cta = 0; cta < slots / kPhaseSlots; ++cta) {
     const unsigned long long* c = clocks.data() + cta * kPhaseSlots;
     if (c[kBlocks] == 0 || c[kDone] <= c[kEntry] || c[kTimerExit] <= c[kTimerEntry]) continue;  // (no keys: left at once)
@@ -1628,6 +1709,7 @@ std::map<std::string, double> FusedCuda::phase_counters() {
       if (c[ph]) us[name].push_back(since_wait(ph));  // (the two-warpgroup kernel records fewer phases)
     if (c[kBlocks] > 1) us["per_block"].push_back(double(c[kLastAccumulated] - c[kFirstAccumulated]) * us_per_clock / double(c[kBlocks] - 1));
     us["blocks"].push_back(double(c[kBlocks]));
+    last_done = std::max(last_done, since_wait(kDone));
     first_entry = std::min(first_entry, c[kTimerEntry]), last_exit = std::max(last_exit, c[kTimerExit]);
   }
   std::map<std::string, double> out;
@@ -1639,6 +1721,7 @@ std::map<std::string, double> FusedCuda::phase_counters() {
   out["decode_phase.working_ctas"] = double(us["blocks"].size());
   out["decode_phase.block_keys"] = double(block_keys_);  // (blocks and per_block count blocks of this many keys)
   out["decode_phase_us.span"] = double(last_exit - first_entry) * 1e-3;
+  out["decode_phase_us.last_done"] = last_done;  // (the slowest CTA's done: against the median's, the tail's cost)
   return out;
 }
 
