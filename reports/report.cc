@@ -271,7 +271,7 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
       phase_rows += "| " + v + " | " + p + " | " + num("%.0f", counter(e, "decode_phase.working_ctas")) + " | " +
                     num("%.0f", counter(e, "decode_phase.blocks"));
       for (const char* k : {"wait", "first_block_landed", "first_block_scored", "first_block_maxed", "first_block_handed_over",
-                            "first_block_accumulated", "last_block_accumulated", "done", "per_block", "span"}) {
+                            "first_block_accumulated", "last_block_accumulated", "done", "last_done", "per_block", "span"}) {
         const double us = counter(e, (std::string("decode_phase_us.") + k).c_str());
         phase_rows += " | " + (std::isnan(us) ? std::string("-") : num("%.2f", us));  // (-: a phase that kernel does not record)
       }
@@ -282,9 +282,10 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
             "medians over the CTAs that walked keys; wait is from a CTA's start to the end of its griddepcontrol.wait, the "
             "phases are us after that (negative: copies queued before it; -: not recorded by that kernel - the 128-head "
             "two-warpgroup kernel's \"their P V done\" is the end of its first pair of blocks), per block is the steady time "
-            "of a further block of decode_phase.block_keys keys, span the kernel's first start to last exit):\n\n"
+            "of a further block of decode_phase.block_keys keys, span the kernel's first start to last exit; the slowest CTA's "
+            "outputs written against the median's is what the CTAs' unequal pace costs):\n\n"
             "| variant | point | CTAs | blocks a CTA | wait | first keys landed | their Q K^T done | row max | P handed over | their P V done | "
-            "last block's P V done | outputs written | per block | span |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+            "last block's P V done | outputs written | slowest CTA's | per block | span |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
          << phase_rows << "\n";
     // Where the 128-head kernel's CTAs walk two segments or more: what switching from the first to the second costs
     // (its phases, and the switch against the two blocks a steady pair takes).

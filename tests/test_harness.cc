@@ -461,13 +461,14 @@ TEST(Cli, ReportShowsWhereADecodeCtasTimeGoes) {
                 {"decode_phase_us.first_block_landed", -0.83}, {"decode_phase_us.first_block_scored", 0.02},
                 {"decode_phase_us.first_block_maxed", 0.19}, {"decode_phase_us.first_block_handed_over", 3.12},
                 {"decode_phase_us.first_block_accumulated", 4.09}, {"decode_phase_us.last_block_accumulated", 8.17},
-                {"decode_phase_us.done", 9.62}, {"decode_phase_us.per_block", 1.99}, {"decode_phase_us.span", 14.08}};
+                {"decode_phase_us.done", 9.62}, {"decode_phase_us.last_done", 10.31}, {"decode_phase_us.per_block", 1.99},
+                {"decode_phase_us.span", 14.08}};
   const std::string md = report_of({r});
-  EXPECT_NE(md.find("| 22 | 3 | 4.08 | -0.83 | 0.02 | 0.19 | 3.12 | 4.09 | 8.17 | 9.62 | 1.99 | 14.08 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 22 | 3 | 4.08 | -0.83 | 0.02 | 0.19 | 3.12 | 4.09 | 8.17 | 9.62 | 10.31 | 1.99 | 14.08 |"), std::string::npos) << md;
   // The 128-head kernel records a subset: the others are dashes.
   for (const char* absent : {"decode_phase_us.first_block_landed", "decode_phase_us.first_block_maxed", "decode_phase_us.first_block_handed_over"})
     r.counters.erase(absent);
-  EXPECT_NE(report_of({r}).find("| 22 | 3 | 4.08 | - | 0.02 | - | - | 4.09 | 8.17 | 9.62 | 1.99 | 14.08 |"), std::string::npos) << report_of({r});
+  EXPECT_NE(report_of({r}).find("| 22 | 3 | 4.08 | - | 0.02 | - | - | 4.09 | 8.17 | 9.62 | 10.31 | 1.99 | 14.08 |"), std::string::npos) << report_of({r});
   PointResult plain = layer_step("kv-splits", 75e-6);
   EXPECT_EQ(report_of({plain}).find("decode_phase_us"), std::string::npos) << "no phase counters, no phase table";
   EXPECT_EQ(report_of({r}).find("what the switch costs"), std::string::npos) << "one segment a CTA, no switch table";
