@@ -1323,7 +1323,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     // before (copy_onward).
     if (seg == mine.x && l.t == 0 && warpgroup == 0) copy_tiles<0, kTiles>(p, stage0, meta->tile[0], g.slot_of(p, 0));
     if (seg == mine.x && l.t == 0 && warpgroup == 1 && g.blocks > 1) copy_tiles<0, kTiles>(p, stage1, meta->tile[1], g.slot_of(p, 1));
-    if (l.t == 0) {  // (the entries land by the Q copies' wait below)
+    if (l.t == 0) {  // (committed below as one group, which look_ahead awaits before its first use of the entries)
       for (int b = 2; b < kAhead; ++b) g.fetch_ahead(p, meta, warpgroup, b);
       // The next segment's first two blocks, for copy_onward (its Q into L2 too: it is loaded once this segment ends;
       // a hint only, so before griddepcontrol.wait too: L2 keeps lines the kernel before still writes coherent).
@@ -1343,6 +1343,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       } else if (warpgroup == 0) {
         next_q_row = -1;
       }
+      cp_async_commit();  // (uncommitted, look_ahead's wait would not cover them: Q, copied by cp.async, used to commit them)
     }
     if (seg == mine.x && threadIdx.x == 0) record_clock(p, kLoadsIssued);
     if (!waited) {  // (Q, and a selector's lengths, come from the kernels before)
