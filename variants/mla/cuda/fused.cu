@@ -1492,7 +1492,7 @@ void launch_decode_kernel(const Params& params, int parts, int row_tiles, int bl
 
 // The two-warpgroup kernel (see seesaw) where it applies: a bf16 cache copied in whole 64-key blocks (tensor copies)
 // and 64-key blocks chosen (more than 32 rows a tile).
-bool use_seesaw(const Params& params, int block_keys, KvDtype kv) { return params.tma && block_keys == 64 && kv == KvDtype::bf16; }
+bool use_seesaw(bool tma, int block_keys, KvDtype kv) { return tma && block_keys == 64 && kv == KvDtype::bf16; }
 void launch_seesaw(const Params& params, int parts, int row_tiles, cudaStream_t stream) {
   static const bool configured = [] {
     DSLAB_CUDA(cudaFuncSetAttribute(seesaw::decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(seesaw::kSmemBytes)));
@@ -1564,7 +1564,7 @@ class FusedCuda final : public MlaOp {
     block_keys_ = block_keys_for(M, s_.kv_dtype);
     tma_ = b_.cache->page_size % block_keys_ == 0;
     if (tma_) kv_map_ = cache_tensor_map(*b_.cache, block_keys_);
-    if (tma_ && block_keys_ == 64 && s_.kv_dtype == KvDtype::bf16)  // (where the two-warpgroup kernel may run: use_seesaw)
+    if (use_seesaw(tma_, block_keys_, s_.kv_dtype))  // (its Q tiles; a token selector's steps may still take the fixed roles)
       q_map_ = tensor_map_2d(q_cat_, T * nh_, kWidth, 2, roles::kRows, 64, /*swizzle_128b=*/true);
   }
   // The schedule blob: segments (int4 each) at 0, the CTAs' segment ranges (int2) at 4 * max_segments_, the
@@ -1638,7 +1638,7 @@ class FusedCuda final : public MlaOp {
                   o_partial_.get(), lse_partial_.get(), M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E),
                   page_shift(view.page_size), row_tiles_ * roles::kRows, o_lat_.get(), record_phases_ ? phases_.get() : nullptr,
                   /*early_loads=*/!selector_};
-    if (use_seesaw(params, block_keys_, s_.kv_dtype)) launch_seesaw(params, parts_, row_tiles_, stream_);
+    if (use_seesaw(params.tma, block_keys_, s_.kv_dtype)) launch_seesaw(params, parts_, row_tiles_, stream_);
     else switch (s_.kv_dtype) {
       case KvDtype::bf16: launch_decode_kernel<KvDtype::bf16>(params, parts_, row_tiles_, block_keys_, stream_); break;
       case KvDtype::int8: launch_decode_kernel<KvDtype::int8>(params, parts_, row_tiles_, block_keys_, stream_); break;
