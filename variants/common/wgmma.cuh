@@ -36,52 +36,84 @@ __device__ __forceinline__ uint64_t wgmma_desc_mn(const void* p, int rows) {
 
 // D[64 x N] (+)= A[64 x 16] · B[N x 16]^T with both operands K-major in shared memory (the descriptors above) and fp32
 // accumulators d[N / 8][4] (the m64nNk16 fragment); bf16 operands, or fp16 (kHalf); accumulate 0: D = A·B. N is 16,
-// 32, 64 or 128: one asm body each, the element type its only other difference.
-#define DSLAB_WGMMA_M64N16K16(T) \
+// 32, 64 or 128: one asm body each, the element type and A's layout their only other differences. kTransA: A is
+// MN-major instead (its 64 rows contiguous, 8-K-row groups 1024 bytes apart: wgmma_desc_mn), e.g. V^T read from a
+// [key][column] tile.
+#define DSLAB_WGMMA_M64N16K16(T, TA) \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n" \
       "wgmma.mma_async.sync.aligned.m64n16k16.f32." T "." T " " \
-      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n" \
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, " TA ", 0;\n}\n" \
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]) \
       : "l"(a), "l"(b), "r"(accumulate))
-#define DSLAB_WGMMA_M64N32K16(T) \
+#define DSLAB_WGMMA_M64N32K16(T, TA) \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" \
       "wgmma.mma_async.sync.aligned.m64n32k16.f32." T "." T " " \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n" \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, " TA ", 0;\n}\n" \
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]) \
       : "l"(a), "l"(b), "r"(accumulate))
-#define DSLAB_WGMMA_M64N64K16(T) \
+#define DSLAB_WGMMA_M64N64K16(T, TA) \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
       "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n" \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, " TA ", 0;\n}\n" \
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
       : "l"(a), "l"(b), "r"(accumulate))
-#define DSLAB_WGMMA_M64N128K16(T) \
+#define DSLAB_WGMMA_M64N128K16(T, TA) \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n" \
       "wgmma.mma_async.sync.aligned.m64n128k16.f32." T "." T " " \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n" \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, " TA ", 0;\n}\n" \
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]) \
       : "l"(a), "l"(b), "r"(accumulate))
-template <int N, bool kHalf = false>
+template <int N, bool kHalf = false, bool kTransA = false>
 __device__ __forceinline__ void wgmma_m64nNk16(float (&d)[N / 8][4], uint64_t a, uint64_t b, int accumulate) {
   static_assert(N == 16 || N == 32 || N == 64 || N == 128, "m64nNk16: N of 16, 32, 64 or 128");
+#define DSLAB_WGMMA_TYPED(M) \
+  if constexpr (kHalf && kTransA) M("f16", "1"); \
+  else if constexpr (kHalf) M("f16", "0"); \
+  else if constexpr (kTransA) M("bf16", "1"); \
+  else M("bf16", "0")
   if constexpr (N == 16) {
-    if constexpr (kHalf) DSLAB_WGMMA_M64N16K16("f16");
-    else DSLAB_WGMMA_M64N16K16("bf16");
+    DSLAB_WGMMA_TYPED(DSLAB_WGMMA_M64N16K16);
   } else if constexpr (N == 32) {
-    if constexpr (kHalf) DSLAB_WGMMA_M64N32K16("f16");
-    else DSLAB_WGMMA_M64N32K16("bf16");
+    DSLAB_WGMMA_TYPED(DSLAB_WGMMA_M64N32K16);
   } else if constexpr (N == 64) {
-    if constexpr (kHalf) DSLAB_WGMMA_M64N64K16("f16");
-    else DSLAB_WGMMA_M64N64K16("bf16");
+    DSLAB_WGMMA_TYPED(DSLAB_WGMMA_M64N64K16);
   } else {
-    if constexpr (kHalf) DSLAB_WGMMA_M64N128K16("f16");
-    else DSLAB_WGMMA_M64N128K16("bf16");
+    DSLAB_WGMMA_TYPED(DSLAB_WGMMA_M64N128K16);
   }
+#undef DSLAB_WGMMA_TYPED
 }
 #undef DSLAB_WGMMA_M64N16K16
 #undef DSLAB_WGMMA_M64N32K16
 #undef DSLAB_WGMMA_M64N64K16
 #undef DSLAB_WGMMA_M64N128K16
+
+// The same with A from registers: this thread's m64k16 fragment a[4] (rows g = 16 warp + lane / 4 and g + 8,
+// columns 2 (lane % 4) + {0, 1} in a[0] / a[1] and + 8 in a[2] / a[3], two values a word). N of 16 or 32.
+#define DSLAB_WGMMA_M64N16K16_RS(T) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32." T "." T " " \
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n" \
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
+#define DSLAB_WGMMA_M64N32K16_RS(T) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32." T "." T " " \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n" \
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
+template <int N, bool kHalf = false>
+__device__ __forceinline__ void wgmma_m64nNk16_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b, int accumulate) {
+  static_assert(N == 16 || N == 32, "m64nNk16 with A from registers: N of 16 or 32");
+  if constexpr (N == 16) {
+    if constexpr (kHalf) DSLAB_WGMMA_M64N16K16_RS("f16");
+    else DSLAB_WGMMA_M64N16K16_RS("bf16");
+  } else {
+    if constexpr (kHalf) DSLAB_WGMMA_M64N32K16_RS("f16");
+    else DSLAB_WGMMA_M64N32K16_RS("bf16");
+  }
+}
+#undef DSLAB_WGMMA_M64N16K16_RS
+#undef DSLAB_WGMMA_M64N32K16_RS
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit_and_wait() {
