@@ -44,7 +44,7 @@ struct KernelTimes {
 KernelTimes kernel_times(const std::function<void()>& fn);
 
 // A kernel's name as the per-kernel counters show it: demangled, without namespaces, template arguments or
-// parameters ("void dslab::mla::cuda::(anonymous namespace)::roles::decode_kernel<...>(Params)" -> "decode_kernel").
+// parameters ("void dslab::mla::cuda::fused_decode::roles::decode_kernel<...>(Params)" -> "decode_kernel").
 std::string short_kernel_name(const char* name);
 
 // Median GPU time of each marked op over `steps` eager steps, each from a flushed L2 and queued behind a

@@ -1,0 +1,240 @@
+// The fused MLA decode's shared pieces (mla/fused/cuda, fused.cu): the kernels' parameters and phase clocks, the
+// device helpers more than one of its kernels uses, and the launchers each kernel's unit defines - fused_roles.cu
+// (warpgroups with fixed roles: every case the others do not take), fused_seesaw.cu (two warpgroups trading a pair
+// of blocks: bf16 at 128 heads), fused_narrow.cu (the products transposed: int8 / fp8 at 16 heads). The split-KV
+// plan, the combine kernel and the op are fused.cu's.
+#pragma once
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "harness/errors.h"
+#include "variants/common/pdl.cuh"
+#include "variants/common/tma.cuh"
+#include "variants/common/wgmma.cuh"
+#include "variants/mla/cuda/kernels.cuh"
+#include "variants/mla/cuda/mla_cuda.h"
+
+namespace dslab::mla::cuda::fused_decode {
+
+constexpr int kWidth = 576;                // latent 512 ‖ rope 64: every DeepSeek config
+constexpr int kLatent = 512;
+constexpr int kChunks = kWidth / 8;        // 16-byte chunks per key row
+constexpr int kGroups = kWidth / kQuantGroup;
+constexpr int kTileRows = 64;              // the fixed-role and two-warpgroup kernels' row tile (16 or 32 rows padded)
+
+// Pins registers an MMA is about to read or accumulate into: values computed before wgmma.fence must be there
+// before it (the compiler otherwise sank O's rescale past the fence and ptxas inserted its own, serialising
+// warpgroup.arrive: C7519 / C7520).
+template <typename T, int N, int M>
+__device__ __forceinline__ void pin(T (&r)[N][M]) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, uint32_t>, "accumulators or register operands");
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+      if constexpr (std::is_same_v<T, float>) asm volatile("" : "+f"(r[i][j])::"memory");
+      else asm volatile("" : "+r"(r[i][j])::"memory");
+    }
+}
+
+struct Params {
+  CUtensorMap kv_map;      // the cache as a [slots][576] tensor, 64 x 64 boxes (when tma)
+  CUtensorMap q_map;       // q as a [tokens x heads][576] tensor, 64 x 64 boxes (the two-warpgroup kernel's Q tiles)
+  bool tma;                // page_size a multiple of 64: blocks copied by the tensor memory accelerator
+  const __nv_bfloat16* q;  // [tokens][heads][576]: [q_nope·W_UK ‖ q_pe]
+  CacheView cache;
+  const int32_t* lengths;
+  const int4* segments;       // request, first key, end key, 1 if the request's only segment: pieces of requests
+  const int2* part_segments;  // per CTA column: first segment, count
+  float* o_partial;           // [segments][rows][512], each normalised by its own sum
+  float* lse_partial;         // [segments][rows], log2 domain
+  int rows, heads, q_len;  // rows = q_len * heads
+  float scale_log2;        // softmax scale * log2(e)
+  int page_shift;          // log2(page_size) when it is a power of two, else -1
+  int partial_rows;        // rows of o_partial / lse_partial per segment: row tiles x tile rows (a 64-row tile may pad)
+  __nv_bfloat16* o_lat;    // a segment that is its request's only one (w = 1) is written here, final,
+                           // instead of as a partial to merge
+  unsigned long long* phases;  // null, or kPhaseSlots clocks per CTA (y-major): see Phase
+  // The page table and lengths were written before the step (by the host), not by the kernel just before this one:
+  // the first blocks' lookups and copies may start before griddepcontrol.wait (see decode_kernel).
+  bool early_loads;
+};
+
+// Where a CTA's time goes (FusedCuda::phase_counters): the SM's clock64 at each phase, by one thread of the role that
+// reaches it; the global timer at entry and exit (across SMs, and the clock's rate); the CTA's block count.
+enum Phase : int {
+  kTimerEntry, kTimerExit, kBlocks,
+  kEntry,            // thread 0, before griddepcontrol.wait
+  kWaited,           // thread 0 (accumulator 0), after it (the kernels before have finished; with early_loads, after
+                     // the first copies are queued)
+  kLoadsIssued,      // accumulator 0: its first two stages' page lookups and copies queued
+  kQLanded,          // scorer 0: Q in shared memory (its first block)
+  kFirstLanded,      // scorer 0: block 0's keys in its stage
+  kFirstScored,      // scorer 0: block 0's Q K^T done
+  kFirstMaxed,       // scorer 0: block 0's row maxima found (masked, reduced across the quad)
+  kFirstHandedOver,  // scorer 0: block 0's P and factors handed to the accumulators
+  kFirstAccumulated, // accumulator 0: block 0's P V done
+  kLastAccumulated,  // accumulator 0: the last block's P V done
+  kDone,             // accumulator 0: its outputs written, leaving
+  // Where a CTA walks more than one segment (two-warpgroup kernel only): thread 0 at the end of the first segment's
+  // last pair, when its outputs are written, when the second segment's Q has landed, and at the end of its first
+  // pair - what a switch costs.
+  kFirstSegmentAccumulated, kFirstSegmentWritten, kSecondQLanded, kSecondFirstAccumulated,
+  // The narrow kernel: thread 0's clocks summed over the CTA's blocks, per part of a block's step - the partial
+  // products summed and masked (sum); the barrier's OR through P^T's barrier (softmax); P V issued and the next
+  // block's Q, landing and expansion (expand); its Q K^T issued and both products awaited, a segment's writes
+  // (score); the tile and partial products stored and their barrier (publish).
+  kSpentSumming, kSpentSoftmax, kSpentExpanding, kSpentScoring, kSpentPublishing,
+  kPhaseSlots
+};
+__device__ __forceinline__ unsigned long long global_timer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void record(const Params& p, int phase, unsigned long long value) {
+  if (p.phases) p.phases[(size_t(blockIdx.y) * gridDim.x + blockIdx.x) * kPhaseSlots + phase] = value;
+}
+__device__ __forceinline__ void record_clock(const Params& p, int phase) {
+  if (p.phases) record(p, phase, (unsigned long long)clock64());
+}
+
+// ---- Helpers more than one kernel uses ------------------------------------------------------------------------
+__device__ inline void bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+__device__ inline void bar_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory"); }
+// Eight bf16 values to fp16 in place, saturated to +-65504 rather than infinite (a quantised cache's Q).
+__device__ inline void bf16_chunk_to_half(uint4* chunk) {
+  uint4 v = *chunk;
+  uint32_t* const w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]));
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(w[i]) : "f"(f.y), "f"(f.x));  // (the first operand to the high half)
+  }
+  *chunk = v;
+}
+
+// Four quantised values (column order, the first in the low byte) times their scale, as two fp16 pairs: e4m3 pairs
+// to fp16 pairs exactly in one conversion each, int8 as 1152 + q in fp16's bits (exact) less 1152; then one fp16
+// multiply a pair. Expanded to bf16 through fp32 this took eight conversions per four values, which run at a
+// sixteenth of the FMA rate: a scorer spent ~2.5 of the ~3 us a block on it at 16 heads, and fp8 ran barely
+// faster than bf16 (H100, V3 batch 64: 851 against 875 us at 32K keys, session 21). fp16 holds every expanded
+// value to 2^-11 where the scale (amax / 448, or / 127) is at least 2^-14 (a group's largest |value| >= 0.027 for
+// fp8, 0.0078 for int8; DeepSeek's normalised latents are far above) and below 65504; smaller scales round to
+// fp16's subnormal steps of 2^-24.
+template <KvDtype KV>
+__device__ __forceinline__ void dequantise4(uint32_t word, __half2 scale, uint32_t& lo, uint32_t& hi) {
+  __half2 h01, h23;
+  if constexpr (KV == KvDtype::int8) {
+    const uint32_t biased = word ^ 0x80808080u;  // q + 128, a byte each
+    const uint32_t raw01 = __byte_perm(biased, 0x64646464u, 0x4140), raw23 = __byte_perm(biased, 0x64646464u, 0x4342);
+    const __half2 bias = __half2half2(__ushort_as_half(0x6480));  // 1152
+    h01 = __hsub2(*reinterpret_cast<const __half2*>(&raw01), bias);
+    h23 = __hsub2(*reinterpret_cast<const __half2*>(&raw23), bias);
+  } else {
+    h01 = __half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word & 0xFFFFu), __NV_E4M3));
+    h23 = __half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word >> 16), __NV_E4M3));
+  }
+  h01 = __hmul2(h01, scale);
+  h23 = __hmul2(h23, scale);
+  lo = *reinterpret_cast<const uint32_t*>(&h01);
+  hi = *reinterpret_cast<const uint32_t*>(&h23);
+}
+
+// Two adjacent output values, fp32 (a partial) or bf16 (final), where `real` (a padding row's are not stored). A
+// predicated store rather than a branch: a branch around the stores made ptxas serialise the warpgroup MMAs.
+__device__ inline void store_pair(bool real, float* dst, float a, float b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p st.global.v2.f32 [%1], {%2, %3};\n}\n" ::"r"(int(real)), "l"(dst), "f"(a), "f"(b) : "memory");
+}
+__device__ inline void store_pair(bool real, __nv_bfloat16* dst, float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p st.global.b32 [%1], %2;\n}\n" ::"r"(int(real)), "l"(dst),
+               "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
+}
+// Four 32-bit words, 16 contiguous bytes, where `real`.
+__device__ inline void store_quad(bool real, void* dst, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p st.global.v4.b32 [%1], {%2, %3, %4, %5};\n}\n" ::"r"(int(real)), "l"(dst), "r"(a), "r"(b),
+               "r"(c), "r"(d)
+               : "memory");
+}
+// a[i] of i < 4, by selects (an index held in a register would put the array in local memory).
+__device__ __forceinline__ uint32_t pick(const uint32_t (&a)[4], int i) { return i < 2 ? (i == 0 ? a[0] : a[1]) : (i == 2 ? a[2] : a[3]); }
+// A 4 x 4 transpose of 32-bit words across a quad (lanes 4k .. 4k + 3, q = lane % 4): afterwards lane q's a[j] is what
+// lane j's a[q] was. In round r lane q hands lane q ^ r its a[q ^ r] and takes lane q ^ r's a[q].
+__device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int q) {
+  uint32_t got[4];
+  got[0] = pick(a, q);
+#pragma unroll
+  for (int r = 1; r < 4; ++r) got[r] = __shfl_xor_sync(0xffffffffu, pick(a, q ^ r), r);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) a[j] = pick(got, q ^ j);
+}
+// A warpgroup MMA accumulator's 64 x (8 x N) tile (o[n][0..1]: row r_lo, columns 8 n + 2 (lane % 4) and + 1;
+// o[n][2..3]: row r_hi), times each row's factor, into row-major bf16 `out` (row stride kLatent), 16 bytes a store:
+// each quad first trades its words (quad_transpose) so that lane q holds whole 8-column groups. (Stored as they sat,
+// 4 bytes a lane, a CTA's 64 KB took 16384 stores, 8 rows a warp instruction: ~11 us to issue while the other SMs
+// kept the memory system busy; 128 heads, batch 128, H100, session 27.)
+template <int N>
+__device__ __forceinline__ void store_rows(bool real, __nv_bfloat16* out, const float (&o)[N][4], int r_lo, int r_hi, float f_lo, float f_hi, int lane) {
+  static_assert(N % 4 == 0, "whole groups of four 8-column blocks");
+  const int q = lane % 4;
+#pragma unroll
+  for (int k = 0; k < N / 4; ++k)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float f = h ? f_hi : f_lo;
+      uint32_t w[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(o[4 * k + j][2 * h] * f, o[4 * k + j][2 * h + 1] * f);
+        w[j] = *reinterpret_cast<const uint32_t*>(&v);
+      }
+      quad_transpose(w, q);
+      store_quad(real, out + (h ? r_hi : r_lo) * kLatent + (4 * k + q) * 8, w[0], w[1], w[2], w[3]);
+    }
+}
+// Walks a CTA's blocks in order: its segments (request, first key, end key) cut into kKeys-key blocks.
+template <int kKeys>
+struct Cursor {
+  int seg, end_seg;
+  int4 s;    // the current segment
+  int key0;  // the current block's first key
+  __device__ Cursor(const Params& p, int2 mine) : seg(mine.x), end_seg(mine.x + mine.y), s{}, key0(0) {
+    if (seg < end_seg) s = p.segments[seg], key0 = s.y;
+  }
+  __device__ bool valid() const { return seg < end_seg; }
+  __device__ bool first() const { return key0 == s.y; }
+  __device__ bool last() const { return key0 + kKeys >= s.z; }
+  __device__ void next(const Params& p) {
+    key0 += kKeys;
+    if (key0 >= s.z && ++seg < end_seg) s = p.segments[seg], key0 = s.y;
+  }
+};
+
+// Launches kernel K (launch_pdl: see pdl.cuh), its dynamic shared-memory allowance raised to `smem` on its first launch.
+template <auto K>
+void launch_decode(dim3 grid, dim3 threads, size_t smem, cudaStream_t stream, const Params& params) {
+  static const bool configured = [smem] {
+    DSLAB_CUDA(cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    return true;
+  }();
+  (void)configured;
+  launch_pdl(K, grid, threads, smem, stream, params);
+  DSLAB_CHECK_LAUNCH();
+}
+
+// ---- Launchers (each kernel's unit): the kernel for `params`, its shared-memory allowance raised on first use.
+// Fixed roles (fused_roles.cu): blocks of `block_keys` (32 or 64) keys, a CTA per (row tile, part).
+void launch_roles(const Params& params, KvDtype kv, int parts, int row_tiles, int block_keys, cudaStream_t stream);
+// The two-warpgroup kernel (fused_seesaw.cu) where it applies: a bf16 cache copied in whole 64-key blocks (tensor
+// copies) and 64-key blocks chosen (more than 32 rows a tile).
+bool use_seesaw(bool tma, int block_keys, KvDtype kv);
+void launch_seesaw(const Params& params, int parts, int row_tiles, cudaStream_t stream);
+// The narrow kernel (fused_narrow.cu) where it applies: a quantised cache copied in whole 64-key blocks (tensor
+// copies) and at most 32 rows (16 or 32: rows come in multiples of 16).
+bool use_narrow(bool tma, int64_t rows, KvDtype kv);
+void launch_narrow(const Params& params, KvDtype kv, int parts, cudaStream_t stream);
+
+}  // namespace dslab::mla::cuda::fused_decode

@@ -1,0 +1,604 @@
+// mla/fused/cuda's two-warpgroup kernel (FlashMLA's Hopper decode structure): see namespace seesaw below.
+#include <type_traits>
+
+#include "harness/errors.h"
+#include "variants/mla/cuda/fused_decode.cuh"
+
+namespace dslab::mla::cuda::fused_decode {
+
+// ---- 64-row tiles on two warpgroups that trade roles (FlashMLA's Hopper decode structure) ------------------------
+// The fixed roles above cannot shorten a 64-key stage's cycle at 128 heads, where the tensor cores are busy: a
+// stage is refilled only after both accumulators' P V products, and its copy's latency then stands between them
+// and the next block's Q K^T (session 22: Q in registers, per-box and two-half barriers all left the cycle as it
+// was). Here, as in deepseek-ai/FlashMLA's sm90 dense decode (read, not copied), two warpgroups take a pair of
+// blocks at a time: warpgroup 0 scores block 2i (stage 0), warpgroup 1 block 2i + 1 (stage 1), each runs its own
+// softmax (1 after 0: the running max passes through shared memory), and each holds half of O's columns and
+// multiplies both blocks' P into it - its own P from registers, the other's from shared memory. Each of a stage's
+// nine 64-column tiles has its own mbarrier, and the next block's tiles are copied as soon as their last reader is
+// done (tiles 0-3, warpgroup 0's half of V, after warpgroup 0's products; 4-8 after warpgroup 1's), while the
+// other products still run; Q K^T then waits tile by tile. Shared memory: Q (72 KB), two stages (72 KB each), P of
+// block 2i (8 KB); P of block 2i + 1 goes where Q's rope tile was, which each warpgroup keeps in registers.
+// bf16 caches with whole 64-key blocks in a page (tensor copies) and more than 32 rows a tile (use_seesaw).
+namespace seesaw {
+
+constexpr int kRows = 64, kKeys = 64, kThreads = 256, kTiles = kWidth / 64;
+constexpr int kTileElems = kKeys * 64;  // a 64-key x 64-column tile (and a 64-row one of Q)
+constexpr size_t kTileBytes = size_t(kTileElems) * 2, kQBytes = size_t(kRows) * kWidth * 2, kStageBytes = kTiles * kTileBytes;
+constexpr float kMaxInit = -1e30f;  // finite: a max that saw only masked (-inf) scores stays finite, exp2(old - new) = 1
+// Page-table entries are fetched (cp.async, by each warpgroup's first thread) two pairs before their blocks are
+// copied, so no copy waits for one: blocks 2i + 6 and 2i + 7 during pair i.
+constexpr int kAhead = 8;
+struct Meta {
+  float m[kRows];          // the running max (scaled, log2 units) after the last block scored
+  float scale0[kRows];     // exp2(max before block 2i - max after it)
+  float scale1[kRows];     // exp2(max after block 2i - max after block 2i + 1)
+  float sums[2][kRows];    // each warpgroup's row sums, at a segment's end
+  uint64_t tile[2][kTiles];  // [stage][tile] landed
+  int32_t ahead[2][kAhead];  // each warpgroup's page-table entries of the blocks ahead: block b's at [b % kAhead]
+  int32_t onward[2][2];      // each warpgroup's slots of the next segment's blocks 0 and 1 (-1: none)
+  uint64_t q_landed;         // the segment's Q tiles landed (see copy_next_q)
+};
+// Where the CTA's shared memory holds Q, the two stages, block 2i's P and the warpgroups' exchange.
+struct Smem {
+  __nv_bfloat16 *q, *stage0, *stage1, *p0;
+  Meta* meta;
+};
+constexpr size_t kSmemBytes = kQBytes + 2 * kStageBytes + kTileBytes + sizeof(Meta) + 1024;
+static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
+// Named barriers (0 is __syncthreads), 256 threads each: one warpgroup arrives, the other waits.
+constexpr int kBarScale0 = 1,   // 0 -> 1: block 2i's max and scale0 are there
+    kBarScale1 = 2,             // 1 -> 0: block 2i + 1's max and scale1 are there
+    kBarP0 = 3,                 // 0 -> 1: block 2i's P (rescaled to the pair's max) is in its buffer
+    kBarRemoteIssued = 4,       // 1 -> 0: block 2i + 1's P is in its buffer (and warpgroup 1's products issued)
+    kBarOwn = 5;                // + warpgroup: that warpgroup's 128 threads
+
+#define DSLAB_WGMMA_M64N64K16_RS(T) \
+ asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
+   "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " \
+   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n" \
+   : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
+   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
+
+// S[64 x 64] (+)= A[64 x 16] (registers: this thread's fragment) · B[64 x 16]^T: Q's rope tile against K's.
+__device__ inline void wgmma_m64n64k16_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b, int accumulate) {
+  DSLAB_WGMMA_M64N64K16_RS("bf16");
+}
+#define DSLAB_WGMMA_M64N256K16_RS_VT(T) \
+ asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n" \
+   "wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " " \
+   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n" \
+   : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3]) \
+   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
+#define DSLAB_WGMMA_M64N256K16_SS_VT(T) \
+ asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n" \
+   "wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " " \
+   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n}\n" \
+   : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3]) \
+   : "l"(a), "l"(b))
+// O[:, 0 .. 255] += P[64 x 16] (registers, or a K-major shared tile) · V[16 x 256] (MN-major): one MMA a k16 step
+// for a warpgroup's half of O (FlashMLA's shape; the threads of this 256-thread kernel may hold its 128 floats).
+__device__ inline void wgmma_m64n256k16_rs_vt(float (&d)[32][4], const uint32_t (&a)[4], uint64_t b) { DSLAB_WGMMA_M64N256K16_RS_VT("bf16"); }
+__device__ inline void wgmma_m64n256k16_ss_vt(float (&d)[32][4], uint64_t a, uint64_t b) { DSLAB_WGMMA_M64N256K16_SS_VT("bf16"); }
+#undef DSLAB_WGMMA_M64N64K16_RS
+#undef DSLAB_WGMMA_M64N256K16_RS_VT
+#undef DSLAB_WGMMA_M64N256K16_SS_VT
+
+__device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The per-thread view of a warpgroup's 64-row tile: rows r_lo and r_hi, columns (lane % 4) * 2 (+ 1) of each 8.
+struct Lane {
+  int t, lane, r_lo, r_hi;
+  __device__ explicit Lane(int thread) : t(thread % 128), lane(thread % 32), r_lo((t / 32) * 16 + lane / 4), r_hi(r_lo + 8) {}
+  __device__ int col(int n) const { return n * 8 + (lane % 4) * 2; }
+};
+
+// Copies tiles [kFirst, kEnd) of the block whose first key sits in `slot` into `stage`, each counted on its own
+// mbarrier. (One thread.)
+template <int kFirst, int kEnd>
+__device__ __forceinline__ void copy_tiles(const Params& p, __nv_bfloat16* stage, uint64_t* landed, int slot) {
+#pragma unroll
+  for (int c = kFirst; c < kEnd; ++c) {
+    mbarrier_expect_bytes(&landed[c], uint32_t(kTileBytes));
+    tma_load(stage + c * kTileElems, &p.kv_map, c * 64, slot, &landed[c]);
+  }
+}
+
+// S (+)= Q K^T over tiles kFirst .. kEnd - 1 (taken mod 9), each once its copy has landed; one commit group a tile,
+// a fence after each wait (a wait loop between MMAs otherwise made ptxas serialise them: C7520, session 22). Q's
+// rope tile (8) comes from registers.
+template <int kFirst, int kEnd>
+__device__ __forceinline__ void score_tiles(float (&s)[8][4], uint64_t q_desc, uint64_t k_desc, const uint32_t (&q_rope)[4][4],
+                                            uint64_t* landed, int parity, bool zero_first) {
+#pragma unroll
+  for (int i = kFirst; i < kEnd; ++i) {
+    const int c = i % kTiles;
+    mbarrier_wait(&landed[c], parity);
+    if (i == kFirst) pin(s);  // (later tiles accumulate into S in flight: no other instruction may touch it)
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      const int accumulate = i == kFirst && ks == 0 && zero_first ? 0 : 1;
+      const uint64_t b = k_desc + (c * kTileElems + ks * 16) * 2 / 16;
+      if (c == kTiles - 1) wgmma_m64n64k16_rs(s, q_rope[ks], b, accumulate);
+      else wgmma_m64nNk16<64>(s, q_desc + (c * kTileElems + ks * 16) * 2 / 16, b, accumulate);
+    }
+    wgmma_commit();
+  }
+}
+
+// -inf where a key lies past the segment's end or after the row's own position (MTP tokens are causal).
+__device__ __forceinline__ void mask_scores(float (&s)[8][4], const Lane& l, int key0, int k_end, int last_lo, int last_hi) {
+  if (key0 + kKeys <= min(k_end, min(last_lo, last_hi) + 1)) return;
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int key = key0 + l.col(n) + e;
+      if (key >= k_end || key > last_lo) s[n][e] = -INFINITY;
+      if (key >= k_end || key > last_hi) s[n][2 + e] = -INFINITY;
+    }
+}
+
+// A block's V rows past the segment's end become zeros (P is 0 there, but 0 x V is not 0 where V is NaN: a slot
+// never written), by the 128 threads of the warpgroup that scored it, before anyone multiplies by it.
+__device__ __forceinline__ void clear_rows_past(__nv_bfloat16* stage, int valid_keys, int t, int barrier) {
+#pragma unroll 1
+  for (int c = 0; c < kTiles - 1; ++c) {
+    uint4* const rows = reinterpret_cast<uint4*>(stage + c * kTileElems);
+    for (int row = valid_keys + t / 8; row < kKeys; row += 16) rows[row * 8 + t % 8] = make_uint4(0, 0, 0, 0);
+  }
+  fence_proxy_async();
+  bar_sync(barrier, 128);
+}
+
+// Row max of S (this thread's quad), scaled; with it and the running max, this block's scale for what came before.
+__device__ __forceinline__ float row_max(const float (&s)[8][4], int half, float scale_log2) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  return mx * scale_log2;
+}
+// S -> exp2(S scale - max) in place, their sum; the A fragments of P for the P V product (k16 step ks: keys 16 ks..).
+__device__ __forceinline__ float exponentiate(float (&s)[8][4], int half, float scale_log2, float max) {
+  float sum = 0;
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      s[n][2 * half + e] = exp2f(s[n][2 * half + e] * scale_log2 - max);
+      sum += s[n][2 * half + e];
+    }
+  return sum;
+}
+__device__ __forceinline__ void p_fragments(const float (&s)[8][4], uint32_t (&a)[4][4], float scale_lo, float scale_hi) {
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    a[ks][0] = pack_bf16(s[2 * ks][0] * scale_lo, s[2 * ks][1] * scale_lo);
+    a[ks][1] = pack_bf16(s[2 * ks][2] * scale_hi, s[2 * ks][3] * scale_hi);
+    a[ks][2] = pack_bf16(s[2 * ks + 1][0] * scale_lo, s[2 * ks + 1][1] * scale_lo);
+    a[ks][3] = pack_bf16(s[2 * ks + 1][2] * scale_hi, s[2 * ks + 1][3] * scale_hi);
+  }
+}
+// The same fragments into a 64 x 64 K-major tile (the other warpgroup's A operand).
+__device__ __forceinline__ void store_p(__nv_bfloat16* sp, const uint32_t (&a)[4][4], const Lane& l) {
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int col = l.col(2 * ks + h);
+      *reinterpret_cast<uint32_t*>(sp + swz(l.r_lo, col, kRows)) = a[ks][2 * h];
+      *reinterpret_cast<uint32_t*>(sp + swz(l.r_hi, col, kRows)) = a[ks][2 * h + 1];
+    }
+}
+__device__ __forceinline__ void scale_rows(float (&o)[32][4], float lo, float hi) {
+  // (a warp's 16 rows mostly keep their max once a few blocks are in: exactly 1 then, nothing to multiply)
+  if (!__any_sync(0xffffffffu, lo != 1.0f || hi != 1.0f)) return;
+#pragma unroll
+  for (int n = 0; n < 32; ++n) {  // (an index, not a range: the range loop stayed a loop, O in local memory)
+    o[n][0] *= lo;
+    o[n][1] *= lo;
+    o[n][2] *= hi;
+    o[n][3] *= hi;
+  }
+}
+// Until none of this warpgroup's MMAs is in flight; O and S are read only after it.
+template <int N>
+__device__ __forceinline__ void wait_pinned(float (&o)[32][4], float (&s)[8][4]) {
+  wgmma_wait<N>();
+  pin(o);
+  pin(s);
+}
+// O += P V over this warpgroup's 256 columns of the block in `v_desc` (its first column tile), P from registers
+// or from shared memory.
+__device__ __forceinline__ void multiply_own(float (&o)[32][4], uint32_t (&a)[4][4], uint64_t v_desc) {
+  pin(o);
+  pin(a);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) wgmma_m64n256k16_rs_vt(o, a[ks], v_desc + ks * 16 * 64 * 2 / 16);
+  wgmma_commit();
+}
+// (kChained: an MMA into O is still in flight, O must not be touched, not even pinned: C7515)
+template <bool kChained>
+__device__ __forceinline__ void multiply_other(float (&o)[32][4], uint64_t p_desc, uint64_t v_desc) {
+  if constexpr (!kChained) pin(o);
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) wgmma_m64n256k16_ss_vt(o, p_desc + ks * 16 * 2 / 16, v_desc + ks * 16 * 64 * 2 / 16);
+  wgmma_commit();
+}
+
+// What both warpgroups know about the segment being walked.
+struct Segment {
+  int key0, k_end, blocks, last_lo, last_hi;  // key0: its first key; last_*: this thread's rows' last key
+  const int32_t* page_table;
+  // The page-table entry of block b's first key, and the slot of that key given the entry (a block lies in one page).
+  __device__ const int32_t* entry_of(const Params& p, int b) const {
+    const int key = key0 + b * kKeys;
+    return page_table + (p.page_shift >= 0 ? key >> p.page_shift : key / int(p.cache.page_size));
+  }
+  __device__ int slot_at(const Params& p, int b, int32_t entry) const {
+    const int key = key0 + b * kKeys;
+    return int(int64_t(entry) * p.cache.page_size + (p.page_shift >= 0 ? key & (int(p.cache.page_size) - 1) : key % int(p.cache.page_size)));
+  }
+  __device__ int slot_of(const Params& p, int b) const { return slot_at(p, b, *entry_of(p, b)); }
+  // From the warpgroup's ring (fetched by fetch_ahead at least a pair ago; its own first thread only).
+  __device__ int slot_ahead(const Params& p, const Meta* meta, int warpgroup, int b) const {
+    return slot_at(p, b, meta->ahead[warpgroup][b % kAhead]);
+  }
+  __device__ void fetch_ahead(const Params& p, Meta* meta, int warpgroup, int b) const {
+    if (b < blocks) cp_async4(&meta->ahead[warpgroup][b % kAhead], entry_of(p, b), true);
+  }
+};
+
+// Pair i's bookkeeping of the blocks ahead, by a warpgroup's first thread: the slots of blocks 2i + 2 and 2i + 3
+// (this pair's copies), and the entries of blocks 2i + 6 and 2i + 7. (Copying the next blocks' rope tiles at the
+// pair's start, their only reader done, and an L2 prefetch of blocks 2i + 4 and 2i + 5 both made the kernel
+// slower: 5-10% and a further 5-10%; an L2 prefetch of blocks 2i + 2 and 2i + 3 alone 14-23%; H100, session 23.)
+template <bool kNext0, bool kNext1>
+__device__ __forceinline__ void look_ahead(const Params& p, const Segment& g, int i, Meta* meta, int warpgroup, int& next0, int& next1) {
+  cp_async_wait<0>();  // (this thread's entries fetched during the last pair)
+  if (kNext0) next0 = g.slot_ahead(p, meta, warpgroup, 2 * i + 2);
+  if (kNext1) next1 = g.slot_ahead(p, meta, warpgroup, 2 * i + 3);
+  g.fetch_ahead(p, meta, warpgroup, 2 * i + 6);
+  g.fetch_ahead(p, meta, warpgroup, 2 * i + 7);
+  cp_async_commit();
+}
+
+// A segment's last blocks are followed in their stages by the next segment's blocks 0 (stage 0) and 1 (stage 1),
+// copied by the same warpgroups and tiles as within a segment once the last pair's products are done (before the
+// segment's output is written and the next Q loaded), so that the CTA's copies run on across segments rather than
+// start after each segment's output. (At V3's roofline-v3 points, two whole requests a CTA, this measured the same
+// as copying at each segment's start, 0.98-1.07 both ways, H100, session 23; it spares a drain per segment where a
+// CTA walks many short ones.) Warpgroup w's first thread copies its tiles of stage `st`: 0-3 (warpgroup 0) or 4-8
+// (warpgroup 1).
+__device__ __forceinline__ void copy_onward(const Params& p, const Meta* meta, int warpgroup, int st, __nv_bfloat16* stage) {
+  const int slot = meta->onward[warpgroup][st];
+  if (slot < 0) return;
+  if (warpgroup == 0) copy_tiles<0, 4>(p, stage, const_cast<Meta*>(meta)->tile[st], slot);
+  else copy_tiles<4, kTiles>(p, stage, const_cast<Meta*>(meta)->tile[st], slot);
+}
+
+// The next segment's Q, by warpgroup 0's first thread while this segment ends (q_row: its first row in p.q, -1 where
+// this is the CTA's last segment): tiles 0-7 (the latent part) once both warpgroups' last Q K^T is done, announced
+// without an arrival so that the phase cannot complete on them alone; tile 8 (rope, where block 2i + 1's P sits until
+// the last P V) once warpgroup 0's last P V is done, with the arrival. So the next Q lands while the last products,
+// the row sums and the output stores run rather than after them. (Copied after the outputs, 16 bytes a thread, a
+// later segment's Q landed ~5 us after the stores and ~16 us after the last pair: the other SMs keep the memory
+// system saturated; 128 heads, batch 128, H100, session 26.)
+template <int kFirst, int kEnd>
+__device__ __forceinline__ void copy_next_q(const Params& p, const Smem& sm, int q_row) {
+  if (q_row < 0) return;
+  if constexpr (kEnd == kTiles) mbarrier_expect_bytes(&sm.meta->q_landed, uint32_t((kEnd - kFirst) * kTileBytes));
+  else mbarrier_expect_tx(&sm.meta->q_landed, uint32_t((kEnd - kFirst) * kTileBytes));
+#pragma unroll
+  for (int c = kFirst; c < kEnd; ++c) tma_load(sm.q + c * kTileElems, &p.q_map, c * 64, q_row, &sm.meta->q_landed);
+}
+
+// One pair of blocks (2i in stage 0, 2i + 1 in stage 1) for warpgroup 0, whose S of block 2i is in `s`. kSecond:
+// block 2i + 1 exists; kNext0 / kNext1: blocks 2i + 2 / 2i + 3 exist (copied here, 2i + 2 scored here); without
+// block 2i + 2 this is the segment's last pair, which starts the next segment's Q copies (next_q_row: copy_next_q).
+template <bool kSecond, bool kNext0, bool kNext1>
+__device__ __forceinline__ void pair_wg0(const Params& p, const Segment& g, int i, float (&s)[8][4], float (&o)[32][4], float (&sum)[2],
+                                         const Lane& l, const Smem& sm, const uint32_t (&q_rope)[4][4], int& parity0, int next_q_row) {
+  Meta* const meta = sm.meta;
+  __nv_bfloat16 *const sq = sm.q, *const stage0 = sm.stage0, *const stage1 = sm.stage1, *const sp0 = sm.p0;
+  const int key0 = g.key0 + 2 * i * kKeys;
+  int next0 = 0, next1 = 0;  // the slots of blocks 2i + 2 and 2i + 3 (thread 0)
+  if (l.t == 0) look_ahead<kNext0, kNext1>(p, g, i, meta, 0, next0, next1);
+  mask_scores(s, l, key0, g.k_end, g.last_lo, g.last_hi);
+  if (key0 + kKeys > g.k_end) clear_rows_past(stage0, g.k_end - key0, l.t, kBarOwn);
+  float scale[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = h ? l.r_hi : l.r_lo;
+    const float old = meta->m[r], now = fmaxf(old, row_max(s, h, p.scale_log2));
+    scale[h] = exp2f(old - now);
+    __syncwarp();
+    if (l.lane % 4 == 0) meta->m[r] = now, meta->scale0[r] = scale[h];
+    sum[h] = sum[h] * scale[h] + exponentiate(s, h, p.scale_log2, now);
+  }
+  bar_arrive(kBarScale0, 256);
+  scale_rows(o, scale[0], scale[1]);
+  uint32_t a[4][4];
+  p_fragments(s, a, 1.0f, 1.0f);
+  multiply_own(o, a, wgmma_desc_mn(stage0, kKeys));
+  wait_pinned<0>(o, s);
+  bar_sync(kBarScale1, 256);
+  if (kNext0 && l.t == 0) copy_tiles<0, 4>(p, stage0, meta->tile[0], next0);  // (V's left half and Q K^T are done with them)
+  if (!kNext0 && l.t == 0) copy_next_q<0, kTiles - 1>(p, sm, next_q_row);  // (warpgroup 1's last S is done: it has scaled)
+  const float scale1_lo = meta->scale1[l.r_lo], scale1_hi = meta->scale1[l.r_hi];
+  p_fragments(s, a, scale1_lo, scale1_hi);
+  store_p(sp0, a, l);
+  fence_proxy_async();
+  bar_arrive(kBarP0, 256);
+  if constexpr (kSecond) {
+    bar_sync(kBarRemoteIssued, 256);
+    scale_rows(o, scale1_lo, scale1_hi);
+    sum[0] *= scale1_lo, sum[1] *= scale1_hi;
+    multiply_other<false>(o, wgmma_desc(sq + (kTiles - 1) * kTileElems), wgmma_desc_mn(stage1, kKeys));
+  }
+  const uint64_t q_desc = wgmma_desc(sq), k_desc = wgmma_desc(stage0);
+  if constexpr (kNext0) score_tiles<0, 4>(s, q_desc, k_desc, q_rope, meta->tile[0], parity0, true);
+  if constexpr (kNext1) {
+    wgmma_wait<4>();  // (block 2i + 1's left half multiplied; S of block 2i + 2 still in flight)
+    if (l.t == 0) copy_tiles<0, 4>(p, stage1, meta->tile[1], next1);
+  }
+  if constexpr (kNext0) {
+    score_tiles<4, kTiles>(s, q_desc, k_desc, q_rope, meta->tile[0], parity0, false);
+    parity0 ^= 1;
+  }
+  wait_pinned<0>(o, s);  // (outside the branches: see FlashMLA's note on nvcc serialising the MMAs otherwise)
+  if (!kNext0 && l.t == 0) copy_next_q<kTiles - 1, kTiles>(p, sm, next_q_row);  // (its last P V, over Q's rope tile, is done)
+}
+
+// The same pair for warpgroup 1, whose S of block 2i + 1 is in `s` (when kSecond).
+template <bool kSecond, bool kNext0, bool kNext1>
+__device__ __forceinline__ void pair_wg1(const Params& p, const Segment& g, int i, float (&s)[8][4], float (&o)[32][4], float (&sum)[2],
+                                         const Lane& l, const Smem& sm, const uint32_t (&q_rope)[4][4], int& parity1) {
+  Meta* const meta = sm.meta;
+  __nv_bfloat16 *const sq = sm.q, *const stage0 = sm.stage0, *const stage1 = sm.stage1, *const sp0 = sm.p0;
+  const int key0 = g.key0 + (2 * i + 1) * kKeys;
+  int next0 = 0, next1 = 0;
+  if (l.t == 0) look_ahead<kNext0, kNext1>(p, g, i, meta, 1, next0, next1);
+  __nv_bfloat16* const sp1 = sq + (kTiles - 1) * kTileElems;  // (over Q's rope tile: kept in registers)
+  if constexpr (kSecond) {
+    mask_scores(s, l, key0, g.k_end, g.last_lo, g.last_hi);
+    if (key0 + kKeys > g.k_end) clear_rows_past(stage1, g.k_end - key0, l.t, kBarOwn + 1);
+  }
+  bar_sync(kBarScale0, 256);
+  float scale[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = h ? l.r_hi : l.r_lo;
+    const float old = meta->m[r], now = kSecond ? fmaxf(old, row_max(s, h, p.scale_log2)) : old;  // (no block: S is not there)
+    const float scale1 = exp2f(old - now);
+    scale[h] = scale1 * meta->scale0[r];
+    __syncwarp();
+    if (l.lane % 4 == 0) meta->m[r] = now, meta->scale1[r] = scale1;
+    sum[h] = sum[h] * scale[h] + (kSecond ? exponentiate(s, h, p.scale_log2, now) : 0.0f);
+  }
+  bar_arrive(kBarScale1, 256);
+  scale_rows(o, scale[0], scale[1]);
+  if constexpr (kSecond) {
+    uint32_t a[4][4];
+    p_fragments(s, a, 1.0f, 1.0f);
+    store_p(sp1, a, l);
+    multiply_own(o, a, wgmma_desc_mn(stage1 + 4 * kTileElems, kKeys));
+    fence_proxy_async();  // (P of block 2i + 1, for warpgroup 0)
+  }
+  bar_sync(kBarP0, 256);
+  multiply_other<kSecond>(o, wgmma_desc(sp0), wgmma_desc_mn(stage0 + 4 * kTileElems, kKeys));
+  if constexpr (kSecond) bar_arrive(kBarRemoteIssued, 256);
+  if constexpr (kNext1) {
+    wgmma_wait<1>();  // (block 2i + 1's right half multiplied; its rope tile was scored)
+    if (l.t == 0) copy_tiles<4, kTiles>(p, stage1, meta->tile[1], next1);
+  }
+  if constexpr (kNext0) {
+    wait_pinned<0>(o, s);  // (block 2i's right half multiplied)
+    if (l.t == 0) copy_tiles<4, kTiles>(p, stage0, meta->tile[0], next0);
+  }
+  if constexpr (kNext1) {
+    const uint64_t q_desc = wgmma_desc(sq), k_desc = wgmma_desc(stage1);
+    score_tiles<4, kTiles + 4>(s, q_desc, k_desc, q_rope, meta->tile[1], parity1, true);
+    parity1 ^= 1;
+  }
+  wait_pinned<0>(o, s);
+}
+
+// Launched with launch_pdl like roles::decode_kernel (its early_loads contract holds here too).
+__global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ Params p) {
+  if (p.phases && threadIdx.x == 0) record(p, kTimerEntry, global_timer()), record_clock(p, kEntry);
+  if (!p.early_loads) {
+    pdl_wait();
+    pdl_launch_dependents();
+    if (threadIdx.x == 0) record_clock(p, kWaited);
+  }
+  if (threadIdx.x == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.kv_map) : "memory");
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+  __nv_bfloat16* const sq = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* const stage0 = reinterpret_cast<__nv_bfloat16*>(smem + kQBytes);
+  __nv_bfloat16* const stage1 = reinterpret_cast<__nv_bfloat16*>(smem + kQBytes + kStageBytes);
+  __nv_bfloat16* const sp0 = reinterpret_cast<__nv_bfloat16*>(smem + kQBytes + 2 * kStageBytes);
+  Meta* const meta = reinterpret_cast<Meta*>(smem + kQBytes + 2 * kStageBytes + kTileBytes);
+  const Smem sm{sq, stage0, stage1, sp0, meta};
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < 2; ++st)
+      for (int c = 0; c < kTiles; ++c) mbarrier_init(&meta->tile[st][c], 1);
+    mbarrier_init(&meta->q_landed, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int warpgroup = int(threadIdx.x) / 128;
+  const Lane l(int(threadIdx.x));
+  const int2 mine = p.part_segments[blockIdx.y];
+  const int row0 = int(blockIdx.x) * kRows;
+  int parity = 0;  // the mbarrier phase of this warpgroup's own stage (the one it scores)
+  int q_parity = 0;  // meta->q_landed's
+  int next_q_row = -1;  // the next segment's first Q row (thread 0)
+  int blocks_walked = 0;
+  bool waited = !p.early_loads;
+#pragma unroll 1
+  for (int seg = mine.x; seg < mine.x + mine.y; ++seg) {
+    Segment g;
+    const int4 sv = p.segments[seg];
+    g.key0 = sv.y, g.k_end = sv.z;
+    g.blocks = (sv.z - sv.y + kKeys - 1) / kKeys;
+    g.page_table = p.cache.page_table + int64_t(sv.x) * p.cache.pages_per_request;
+    // The first two blocks: the CTA's first segment copies them now, a later one's were copied by the segment
+    // before (copy_onward).
+    if (seg == mine.x && l.t == 0 && warpgroup == 0) copy_tiles<0, kTiles>(p, stage0, meta->tile[0], g.slot_of(p, 0));
+    if (seg == mine.x && l.t == 0 && warpgroup == 1 && g.blocks > 1) copy_tiles<0, kTiles>(p, stage1, meta->tile[1], g.slot_of(p, 1));
+    if (l.t == 0) {  // (committed below as one group, which look_ahead awaits before its first use of the entries)
+      for (int b = 2; b < kAhead; ++b) g.fetch_ahead(p, meta, warpgroup, b);
+      // The next segment's first two blocks, for copy_onward (its Q into L2 too: it is loaded once this segment ends;
+      // a hint only, so before griddepcontrol.wait too: L2 keeps lines the kernel before still writes coherent).
+      meta->onward[warpgroup][0] = meta->onward[warpgroup][1] = -1;
+      if (seg + 1 < mine.x + mine.y) {
+        Segment n;
+        const int4 nv = p.segments[seg + 1];
+        n.key0 = nv.y, n.blocks = (nv.z - nv.y + kKeys - 1) / kKeys;
+        n.page_table = p.cache.page_table + int64_t(nv.x) * p.cache.pages_per_request;
+        meta->onward[warpgroup][0] = n.slot_of(p, 0);
+        if (n.blocks > 1) meta->onward[warpgroup][1] = n.slot_of(p, 1);
+        if (warpgroup == 0) {
+          next_q_row = nv.x * p.rows + row0;
+          const __nv_bfloat16* next_q = p.q + int64_t(next_q_row) * kWidth;
+          asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(next_q), "r"(uint32_t(min(kRows, p.rows - row0) * kWidth * 2)) : "memory");
+        }
+      } else if (warpgroup == 0) {
+        next_q_row = -1;
+      }
+      cp_async_commit();  // (uncommitted, look_ahead's wait would not cover them: Q, copied by cp.async, used to commit them)
+    }
+    if (seg == mine.x && threadIdx.x == 0) record_clock(p, kLoadsIssued);
+    if (!waited) {  // (Q, and a selector's lengths, come from the kernels before)
+      pdl_wait();
+      pdl_launch_dependents();
+      waited = true;
+      if (threadIdx.x == 0) record_clock(p, kWaited);
+    }
+    const int length = p.lengths[sv.x];
+    g.last_lo = length + (row0 + l.r_lo) / p.heads;  // causal among the new tokens
+    g.last_hi = length + (row0 + l.r_hi) / p.heads;
+    if (threadIdx.x < kRows) meta->m[threadIdx.x] = kMaxInit;
+    // Q by tensor copies: the CTA's first segment's now (after griddepcontrol.wait: Q comes from the kernels before),
+    // a later one's were started as the segment before ended (copy_next_q). (In a 64-row box past the request's rows,
+    // the next request's rows, whose outputs are not stored; past the last token's, zeros.)
+    if (seg == mine.x && threadIdx.x == 0) copy_next_q<0, kTiles>(p, sm, sv.x * p.rows + row0);
+    mbarrier_wait(&meta->q_landed, q_parity);
+    q_parity ^= 1;
+    __syncthreads();  // (the running max's reset too)
+    if (seg == mine.x && threadIdx.x == 0) record_clock(p, kQLanded);
+    if (seg == mine.x + 1 && threadIdx.x == 0) record_clock(p, kSecondQLanded);
+    uint32_t q_rope[4][4];  // (its tile's place in shared memory takes block 2i + 1's P)
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int col = kLatent + ks * 16 + h * 8 + (l.lane % 4) * 2;
+        q_rope[ks][2 * h] = *reinterpret_cast<const uint32_t*>(sq + swz(l.r_lo, col, kRows));
+        q_rope[ks][2 * h + 1] = *reinterpret_cast<const uint32_t*>(sq + swz(l.r_hi, col, kRows));
+      }
+    float o[32][4];  // this warpgroup's 256 columns of O
+#pragma unroll
+    for (auto& x : o) x[0] = x[1] = x[2] = x[3] = 0;
+    pin(o);  // (zeroed before the first MMAs, not among them)
+    float s[8][4];  // S, then P, of this warpgroup's block
+#pragma unroll
+    for (auto& x : s) x[0] = x[1] = x[2] = x[3] = 0;
+    pin(s);  // (else the last segment's P flows into the first Q K^T's accumulators: ptxas serialised every MMA, C7515)
+    float sum[2] = {0, 0};
+    const uint64_t q_desc = wgmma_desc(sq);
+    if (warpgroup == 0 || g.blocks > 1) {  // (one call site: accumulators merged from two made ptxas serialise, C7515)
+      score_tiles<0, kTiles>(s, q_desc, wgmma_desc(warpgroup ? stage1 : stage0), q_rope, meta->tile[warpgroup], parity, true);
+      parity ^= 1;
+    }
+    wait_pinned<0>(o, s);
+    if (seg == mine.x && threadIdx.x == 0) record_clock(p, kFirstScored);
+    // Whole pairs with both next blocks in one loop, the segment's last two or three blocks after it (as in FlashMLA).
+#define DSLAB_PAIR(SECOND, NEXT0, NEXT1)                                                                              \
+  do {                                                                                                                \
+    if (warpgroup == 0) pair_wg0<SECOND, NEXT0, NEXT1>(p, g, i, s, o, sum, l, sm, q_rope, parity, next_q_row);        \
+    else pair_wg1<SECOND, NEXT0, NEXT1>(p, g, i, s, o, sum, l, sm, q_rope, parity);                                   \
+    if (seg == mine.x && i == 0 && threadIdx.x == 0) record_clock(p, kFirstAccumulated);                              \
+    if (seg == mine.x + 1 && i == 0 && threadIdx.x == 0) record_clock(p, kSecondFirstAccumulated);                    \
+    ++i;                                                                                                              \
+  } while (0)
+    int i = 0;
+#pragma unroll 1
+    while (2 * i + 4 <= g.blocks) DSLAB_PAIR(true, true, true);
+    if (g.blocks - 2 * i == 3) {
+      DSLAB_PAIR(true, true, false);
+      DSLAB_PAIR(false, false, false);
+    } else if (g.blocks - 2 * i == 2) {
+      DSLAB_PAIR(true, false, false);
+    } else {
+      DSLAB_PAIR(false, false, false);
+    }
+#undef DSLAB_PAIR
+    if (l.t == 0) {  // (each warpgroup's products over both stages are done: its last pair ended with a wait)
+      copy_onward(p, meta, warpgroup, 0, stage0);
+      copy_onward(p, meta, warpgroup, 1, stage1);
+    }
+    blocks_walked += g.blocks;
+    if (threadIdx.x == 0 && seg + 1 == mine.x + mine.y) record_clock(p, kLastAccumulated);
+    if (threadIdx.x == 0 && seg == mine.x && mine.y > 1) record_clock(p, kFirstSegmentAccumulated);
+    // The segment's row sums (both warpgroups'), then this warpgroup's 256 columns of O and the log-sum-exp.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
+      sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
+    }
+    if (l.lane % 4 == 0) meta->sums[warpgroup][l.r_lo] = sum[0], meta->sums[warpgroup][l.r_hi] = sum[1];
+    __syncthreads();
+    const float total_lo = meta->sums[0][l.r_lo] + meta->sums[1][l.r_lo], total_hi = meta->sums[0][l.r_hi] + meta->sums[1][l.r_hi];
+    const float inv_lo = total_lo > 0 ? 1.0f / total_lo : 0.0f, inv_hi = total_hi > 0 ? 1.0f / total_hi : 0.0f;
+    const bool real_rows = row0 + (l.t / 32) * 16 < p.rows;  // (a warp holds 16 rows; rows come in multiples of 16)
+    auto write = [&](auto* out) {
+      if constexpr (std::is_same_v<decltype(out), __nv_bfloat16*>) {
+        store_rows(real_rows, out, o, l.r_lo, l.r_hi, inv_lo, inv_hi, l.lane);
+      } else {  // (a partial, fp32: traded between neighbours for 16-byte stores, it spilled registers here)
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          store_pair(real_rows, out + l.r_lo * kLatent + l.col(n), o[n][0] * inv_lo, o[n][1] * inv_lo);
+          store_pair(real_rows, out + l.r_hi * kLatent + l.col(n), o[n][2] * inv_hi, o[n][3] * inv_hi);
+        }
+      }
+    };
+    const int cbase = warpgroup * 256;
+    const int4 done = p.segments[seg];  // (read again rather than held through the segment)
+    if (done.w) {
+      write(p.o_lat + (int64_t(done.x) * p.rows + row0) * kLatent + cbase);
+    } else {
+      write(p.o_partial + (int64_t(seg) * p.partial_rows + row0) * kLatent + cbase);
+      if (warpgroup == 0 && l.lane % 4 == 0) {
+        float* lse = p.lse_partial + int64_t(seg) * p.partial_rows + row0;
+        lse[l.r_lo] = total_lo > 0 ? meta->m[l.r_lo] + log2f(total_lo) : -INFINITY;
+        lse[l.r_hi] = total_hi > 0 ? meta->m[l.r_hi] + log2f(total_hi) : -INFINITY;
+      }
+    }
+    __syncthreads();  // (the running max and the sums are read; Q and the stages are free)
+    if (threadIdx.x == 0 && seg == mine.x && mine.y > 1) record_clock(p, kFirstSegmentWritten);
+  }
+  if (!waited) {
+    pdl_wait();
+    pdl_launch_dependents();
+  }
+  if (threadIdx.x == 0) record(p, kBlocks, (unsigned long long)blocks_walked), record_clock(p, kDone), record(p, kTimerExit, global_timer());
+}
+
+}  // namespace seesaw
+
+bool use_seesaw(bool tma, int block_keys, KvDtype kv) { return tma && block_keys == 64 && kv == KvDtype::bf16; }
+void launch_seesaw(const Params& params, int parts, int row_tiles, cudaStream_t stream) {
+  launch_decode<seesaw::decode_kernel>(dim3(unsigned(row_tiles), unsigned(parts)), dim3(seesaw::kThreads), seesaw::kSmemBytes, stream, params);
+}
+
+}  // namespace dslab::mla::cuda::fused_decode
