@@ -191,12 +191,7 @@ double bf16_linear_rel_err(mla::cuda::BlasHandle& h, const __nv_bfloat16* x, int
   std::vector<bf16> got(y.size());
   DSLAB_CUDA(cudaDeviceSynchronize());
   DSLAB_CUDA(cudaMemcpy(got.data(), y.get(), got.size() * 2, cudaMemcpyDeviceToHost));
-  double err = 0, norm = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    err += (double(to_float(got[i])) - want[i]) * (double(to_float(got[i])) - want[i]);
-    norm += want[i] * want[i];
-  }
-  return std::sqrt(err / norm);
+  return ref::relative_l2_error(floats_of(got).data(), want.data(), want.size());
 }
 
 // The own projections' GEMM past kGemvRows (cuBLASLt, tuned per shape on first use): an accumulating call (beta 1)
@@ -288,14 +283,6 @@ TEST(GpuTunedGemm, OwnStreamingKernelMatchesFp64) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
   using namespace mla::cuda;
   const uint64_t seed = test::fresh_seed();
-  const auto rel_err = [](const std::vector<double>& got, const std::vector<double>& want) {
-    double err = 0, norm = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      err += (got[i] - want[i]) * (got[i] - want[i]);
-      norm += want[i] * want[i];
-    }
-    return std::sqrt(err / norm);
-  };
   const int64_t in = 512, out = 200;
   const std::vector<bf16> w = ref::random_bf16(seed, "w", size_t(out * in), 0.05f);
   DeviceArray<__nv_bfloat16> dw;
@@ -317,10 +304,11 @@ TEST(GpuTunedGemm, OwnStreamingKernelMatchesFp64) {
       std::vector<float> got(y0.size());
       DSLAB_CUDA(cudaDeviceSynchronize());
       DSLAB_CUDA(cudaMemcpy(got.data(), y.get(), got.size() * 4, cudaMemcpyDeviceToHost));
-      std::vector<double> got_d(got.begin(), got.end()), want(product.size());
+      std::vector<double> want(product.size());
       for (size_t i = 0; i < want.size(); ++i) want[i] = double(y0[i]) + product[i];
-      EXPECT_LE(rel_err(got_d, want), 1e-5);
-      EXPECT_GT(rel_err(got_d, want), 0.0) << "fp32 sums cannot match fp64 exactly: is the output really computed?";
+      const double err = ref::relative_l2_error(got.data(), want.data(), want.size());
+      EXPECT_LE(err, 1e-5);
+      EXPECT_GT(err, 0.0) << "fp32 sums cannot match fp64 exactly: is the output really computed?";
       const TunedChoice* choice = h.tuner().choice(linear_gemm_shape(dx.get(), rows, in, dw.get(), out, y.get(), CUDA_R_32F, 1.0f));
       ASSERT_NE(choice, nullptr);
       EXPECT_TRUE(choice->own_kernel);
@@ -347,7 +335,7 @@ TEST(GpuTunedGemm, OwnStreamingKernelMatchesFp64) {
     std::vector<bf16> got(dattn.size());
     DSLAB_CUDA(cudaDeviceSynchronize());
     DSLAB_CUDA(cudaMemcpy(got.data(), dattn.get(), got.size() * 2, cudaMemcpyDeviceToHost));
-    std::vector<double> got_d(got.size()), want(got.size());
+    std::vector<double> want(got.size());
     for (int64_t t = 0; t < tokens; ++t)
       for (int64_t hd = 0; hd < heads; ++hd)
         for (int64_t v = 0; v < vd; ++v) {
@@ -356,9 +344,8 @@ TEST(GpuTunedGemm, OwnStreamingKernelMatchesFp64) {
             sum += double(to_float(o_lat[size_t((t * heads + hd) * rank + k)])) * double(to_float(kv_b[size_t(hd * per_head + (nope + v) * rank + k)]));
           const size_t at = size_t((t * heads + hd) * vd + v);
           want[at] = sum;
-          got_d[at] = to_float(got[at]);
         }
-    EXPECT_LE(rel_err(got_d, want), 1e-2);
+    EXPECT_LE(ref::relative_l2_error(floats_of(got).data(), want.data(), want.size()), 1e-2);
     const GemmShape shape = gemm_shape(CUBLAS_OP_T, CUBLAS_OP_N, vd, tokens, rank, dkv.get() + nope * rank, rank, per_head, dlat.get(), heads * rank,
                                        rank, dattn.get(), CUDA_R_16BF, heads * vd, vd, heads, 0.0f);
     ASSERT_NE(h.tuner().choice(shape), nullptr);

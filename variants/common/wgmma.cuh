@@ -88,7 +88,7 @@ __device__ __forceinline__ void wgmma_m64nNk16(float (&d)[N / 8][4], uint64_t a,
 #undef DSLAB_WGMMA_M64N128K16
 
 // The same with A from registers: this thread's m64k16 fragment a[4] (rows g = 16 warp + lane / 4 and g + 8,
-// columns 2 (lane % 4) + {0, 1} in a[0] / a[1] and + 8 in a[2] / a[3], two values a word). N of 16 or 32.
+// columns 2 (lane % 4) + {0, 1} in a[0] / a[1] and + 8 in a[2] / a[3], two values a word). N of 16, 32 or 64.
 #define DSLAB_WGMMA_M64N16K16_RS(T) \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n" \
       "wgmma.mma_async.sync.aligned.m64n16k16.f32." T "." T " " \
@@ -101,19 +101,29 @@ __device__ __forceinline__ void wgmma_m64nNk16(float (&d)[N / 8][4], uint64_t a,
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n" \
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]) \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
+#define DSLAB_WGMMA_M64N64K16_RS(T) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n" \
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
 template <int N, bool kHalf = false>
 __device__ __forceinline__ void wgmma_m64nNk16_rs(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t b, int accumulate) {
-  static_assert(N == 16 || N == 32, "m64nNk16 with A from registers: N of 16 or 32");
+  static_assert(N == 16 || N == 32 || N == 64, "m64nNk16 with A from registers: N of 16, 32 or 64");
   if constexpr (N == 16) {
     if constexpr (kHalf) DSLAB_WGMMA_M64N16K16_RS("f16");
     else DSLAB_WGMMA_M64N16K16_RS("bf16");
-  } else {
+  } else if constexpr (N == 32) {
     if constexpr (kHalf) DSLAB_WGMMA_M64N32K16_RS("f16");
     else DSLAB_WGMMA_M64N32K16_RS("bf16");
+  } else {
+    if constexpr (kHalf) DSLAB_WGMMA_M64N64K16_RS("f16");
+    else DSLAB_WGMMA_M64N64K16_RS("bf16");
   }
 }
 #undef DSLAB_WGMMA_M64N16K16_RS
 #undef DSLAB_WGMMA_M64N32K16_RS
+#undef DSLAB_WGMMA_M64N64K16_RS
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit_and_wait() {

@@ -23,6 +23,9 @@ constexpr int kLatent = 512;
 constexpr int kChunks = kWidth / 8;        // 16-byte chunks per key row
 constexpr int kGroups = kWidth / kQuantGroup;
 constexpr int kTileRows = 64;              // the fixed-role and two-warpgroup kernels' row tile (16 or 32 rows padded)
+// The lazy rescale (fixed-role and narrow kernels): a row's running max moves only when a block's exceeds it by more
+// than this (log2 units), so P stays <= 2^8 and the rescale of O is skipped on almost every block.
+constexpr float kLazyRescale = 8.0f;
 
 // Pins registers an MMA is about to read or accumulate into: values computed before wgmma.fence must be there
 // before it (the compiler otherwise sank O's rescale past the fence and ptxas inserted its own, serialising

@@ -36,7 +36,6 @@ constexpr int kRawBlockBytes = kKeys * 64, kScaleBytes = kKeys * kGroups * 4;
 constexpr int kRawBytes = kGroups * kRawBlockBytes + kScaleBytes;  // a raw block: 9 boxes [key][64 bytes], then the scales [key][group]
 static_assert(kRawBytes % 128 == 0, "each ring slot's boxes land 128-byte aligned");
 constexpr size_t kTileBytes = size_t(kKeys) * kLatent * 2;  // the latent columns, fp16: 8 blocks [key][64]
-constexpr float kLazyRescale = 8.0f;  // (as roles::kLazyRescale)
 
 // The logical position (k-step s, column within it) of physical column `col` of a 64-column block (see above).
 __device__ __forceinline__ int logical_column(int col) {

@@ -77,7 +77,6 @@ constexpr int kRows = 64, kThreads = 512, kHalfKeys = 32;
 constexpr int kScorerRegisters = 88, kAccumulatorRegisters = 168;
 static_assert(2 * kScorerRegisters + 2 * kAccumulatorRegisters <= 4 * (65536 / kThreads), "what the CTA launched with");
 constexpr int kReadyThreads = 384;  // one scorer arrives, both accumulators wait
-constexpr float kLazyRescale = 8.0f;
 constexpr size_t kQBytes = size_t(kRows) * kWidth * 2;
 constexpr int kRopeBlock = kLatent / 64;  // the 64-column block of the rope columns, where P goes
 static_assert(kRows == 64, "P (kRows x KEYS) takes the place of a rope block (KEYS x 64)");

@@ -52,17 +52,6 @@ constexpr int kBarScale0 = 1,   // 0 -> 1: block 2i's max and scale0 are there
     kBarRemoteIssued = 4,       // 1 -> 0: block 2i + 1's P is in its buffer (and warpgroup 1's products issued)
     kBarOwn = 5;                // + warpgroup: that warpgroup's 128 threads
 
-#define DSLAB_WGMMA_M64N64K16_RS(T) \
- asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n" \
-   "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " " \
-   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n" \
-   : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
-   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate))
-
-// S[64 x 64] (+)= A[64 x 16] (registers: this thread's fragment) · B[64 x 16]^T: Q's rope tile against K's.
-__device__ inline void wgmma_m64n64k16_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b, int accumulate) {
-  DSLAB_WGMMA_M64N64K16_RS("bf16");
-}
 #define DSLAB_WGMMA_M64N256K16_RS_VT(T) \
  asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n" \
    "wgmma.mma_async.sync.aligned.m64n256k16.f32." T "." T " " \
@@ -79,7 +68,6 @@ __device__ inline void wgmma_m64n64k16_rs(float (&d)[8][4], const uint32_t (&a)[
 // for a warpgroup's half of O (FlashMLA's shape; the threads of this 256-thread kernel may hold its 128 floats).
 __device__ inline void wgmma_m64n256k16_rs_vt(float (&d)[32][4], const uint32_t (&a)[4], uint64_t b) { DSLAB_WGMMA_M64N256K16_RS_VT("bf16"); }
 __device__ inline void wgmma_m64n256k16_ss_vt(float (&d)[32][4], uint64_t a, uint64_t b) { DSLAB_WGMMA_M64N256K16_SS_VT("bf16"); }
-#undef DSLAB_WGMMA_M64N64K16_RS
 #undef DSLAB_WGMMA_M64N256K16_RS_VT
 #undef DSLAB_WGMMA_M64N256K16_SS_VT
 
@@ -122,7 +110,7 @@ __device__ __forceinline__ void score_tiles(float (&s)[8][4], uint64_t q_desc, u
     for (int ks = 0; ks < 4; ++ks) {
       const int accumulate = i == kFirst && ks == 0 && zero_first ? 0 : 1;
       const uint64_t b = k_desc + (c * kTileElems + ks * 16) * 2 / 16;
-      if (c == kTiles - 1) wgmma_m64n64k16_rs(s, q_rope[ks], b, accumulate);
+      if (c == kTiles - 1) wgmma_m64nNk16_rs<64>(s, q_rope[ks], b, accumulate);
       else wgmma_m64nNk16<64>(s, q_desc + (c * kTileElems + ks * 16) * 2 / 16, b, accumulate);
     }
     wgmma_commit();
