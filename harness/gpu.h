@@ -24,11 +24,15 @@ class OpMarks {
   ~OpMarks();
   void begin(CUstream_st* stream);  // the step starts here
   void mark(const char* op, CUstream_st* stream);
+  // Marks named `op` are not recorded: their time goes to the next mark (two ops timed as one bracket, with no event
+  // between them to stop the second's early launch).
+  void leave_out(std::string op) { left_out_.push_back(std::move(op)); }
   std::map<std::string, double> elapsed_us() const;  // after the step's work has completed
 
  private:
   std::vector<std::pair<const char*, CUevent_st*>> marks_;  // events reused from step to step
   size_t used_ = 0;
+  std::vector<std::string> left_out_;
 };
 
 // What the GPU did while fn's work ran, from CUPTI activity records (kernels, copies, memsets): busy_s is the

@@ -212,9 +212,14 @@ TEST(GpuMlaOps, CountersTimeEachOpOfTheStep) {
     EXPECT_GT(it->second, 0.0) << op;
     EXPECT_LT(it->second, 1e4) << op;  // microseconds: a step of this size takes well under 10 ms
   }
-  // The attention kernel's own numbers: decode + merge time, and its rates from its own FLOPs and bytes.
+  // The attention kernel's own numbers: decode + merge as one bracket (steps of their own, no mark between the two
+  // kernels), and its rates from its own FLOPs and bytes. Inside the step: below the sum of every op's time.
   ASSERT_TRUE(c.count("kernel_s") && c.count("kernel_tb_per_s"));
-  EXPECT_NEAR(c.at("kernel_s"), (c.at("op_us.decode") + c.at("op_us.combine")) * 1e-6, 1e-12);
+  double step_us = 0;
+  for (const auto& [name, value] : c)
+    if (name.rfind("op_us.", 0) == 0) step_us += value;
+  EXPECT_GT(c.at("kernel_s"), 0.0);
+  EXPECT_LT(c.at("kernel_s") * 1e6, step_us);
   EXPECT_GT(c.at("kernel_tb_per_s"), 0.0);
   EXPECT_LT(c.at("kernel_tb_per_s"), 10.0);  // no HBM moves 10 TB/s
   // Where the decode kernel's CTAs spend their time (medians over the CTAs that walked blocks): every phase there, in
