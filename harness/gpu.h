@@ -1,6 +1,7 @@
 // GPU side of the harness: device facts, event timing with an L2 flush, and the GPU ceilings for
 // `dslab calibrate`. Built from gpu.cu when CUDA is found, else from gpu_absent.cc.
 #pragma once
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <string>
@@ -26,7 +27,10 @@ class OpMarks {
   void mark(const char* op, CUstream_st* stream);
   // Marks named `op` are not recorded: their time goes to the next mark (two ops timed as one bracket, with no event
   // between them to stop the second's early launch).
-  void leave_out(std::string op) { left_out_.push_back(std::move(op)); }
+  // (Idempotent: a step that says so each time it runs adds the name once.)
+  void leave_out(const std::string& op) {
+    if (std::find(left_out_.begin(), left_out_.end(), op) == left_out_.end()) left_out_.push_back(op);
+  }
   std::map<std::string, double> elapsed_us() const;  // after the step's work has completed
 
  private:

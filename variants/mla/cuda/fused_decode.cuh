@@ -156,48 +156,6 @@ __device__ inline void store_pair(bool real, __nv_bfloat16* dst, float a, float 
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p st.global.b32 [%1], %2;\n}\n" ::"r"(int(real)), "l"(dst),
                "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
 }
-// Four 32-bit words, 16 contiguous bytes, where `real`.
-__device__ inline void store_quad(bool real, void* dst, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p st.global.v4.b32 [%1], {%2, %3, %4, %5};\n}\n" ::"r"(int(real)), "l"(dst), "r"(a), "r"(b),
-               "r"(c), "r"(d)
-               : "memory");
-}
-// a[i] of i < 4, by selects (an index held in a register would put the array in local memory).
-__device__ __forceinline__ uint32_t pick(const uint32_t (&a)[4], int i) { return i < 2 ? (i == 0 ? a[0] : a[1]) : (i == 2 ? a[2] : a[3]); }
-// A 4 x 4 transpose of 32-bit words across a quad (lanes 4k .. 4k + 3, q = lane % 4): afterwards lane q's a[j] is what
-// lane j's a[q] was. In round r lane q hands lane q ^ r its a[q ^ r] and takes lane q ^ r's a[q].
-__device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int q) {
-  uint32_t got[4];
-  got[0] = pick(a, q);
-#pragma unroll
-  for (int r = 1; r < 4; ++r) got[r] = __shfl_xor_sync(0xffffffffu, pick(a, q ^ r), r);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) a[j] = pick(got, q ^ j);
-}
-// A warpgroup MMA accumulator's 64 x (8 x N) tile (o[n][0..1]: row r_lo, columns 8 n + 2 (lane % 4) and + 1;
-// o[n][2..3]: row r_hi), times each row's factor, into row-major bf16 `out` (row stride kLatent), 16 bytes a store:
-// each quad first trades its words (quad_transpose) so that lane q holds whole 8-column groups. (Stored as they sat,
-// 4 bytes a lane, a CTA's 64 KB took 16384 stores, 8 rows a warp instruction: ~11 us to issue while the other SMs
-// kept the memory system busy; 128 heads, batch 128, H100, session 27.)
-template <int N>
-__device__ __forceinline__ void store_rows(bool real, __nv_bfloat16* out, const float (&o)[N][4], int r_lo, int r_hi, float f_lo, float f_hi, int lane) {
-  static_assert(N % 4 == 0, "whole groups of four 8-column blocks");
-  const int q = lane % 4;
-#pragma unroll
-  for (int k = 0; k < N / 4; ++k)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float f = h ? f_hi : f_lo;
-      uint32_t w[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const __nv_bfloat162 v = __floats2bfloat162_rn(o[4 * k + j][2 * h] * f, o[4 * k + j][2 * h + 1] * f);
-        w[j] = *reinterpret_cast<const uint32_t*>(&v);
-      }
-      quad_transpose(w, q);
-      store_quad(real, out + (h ? r_hi : r_lo) * kLatent + (4 * k + q) * 8, w[0], w[1], w[2], w[3]);
-    }
-}
 // Walks a CTA's blocks in order: its segments (request, first key, end key) cut into kKeys-key blocks.
 template <int kKeys>
 struct Cursor {
