@@ -413,6 +413,97 @@ TEST(GpuBatchedGemv, PerHeadProductsMatchFp64InBothLayouts) {
     }
   }
 }
+
+// absorb_mma (the per-head products past kGemvRows rows on the tensor cores), both weight layouts at V3's head
+// counts (16 and 128: both column tiles of each layout), rows on both sides of a 64-row tile, x and y strided as
+// MlaOp lays them out: every output against the fp64 product, nothing written outside its rows and columns. With
+// a QueryRope (the query's product into q_cat), q's rope part and q_cat's are the rotated pairs. It declines what
+// it does not take: cuBLAS projections, kGemvRows rows or fewer, K not a multiple of 128.
+TEST(GpuAbsorbMma, PerHeadProductsMatchFp64InBothLayouts) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  using namespace mla::cuda;
+  const uint64_t seed = test::fresh_seed();
+  const int64_t nope = 128, rank = 512, vd = 128, rope = 64;
+  for (int64_t heads : {16, 128}) {
+    const int64_t per_head = (nope + vd) * rank;
+    const std::vector<bf16> w = ref::random_bf16(seed, "kv_b", size_t(heads * per_head), 0.05f);
+    DeviceArray<__nv_bfloat16> dw;
+    dw.upload(w);
+    for (bool k_major : {true, false}) {
+      // k_major (W_UK): x = q_nope inside q [t][h][nope + rope], out q_cat [t][h][rank + rope]; else (W_UV): o_lat -> [t][h][vd]
+      const int64_t K = k_major ? nope : rank, N = k_major ? rank : vd;
+      const int64_t x_head = k_major ? nope + rope : rank, y_head = k_major ? rank + rope : vd;
+      const __nv_bfloat16* wp = dw.get() + (k_major ? 0 : nope * rank);
+      for (int64_t rows : {3, 64, 65, 200}) {
+        SCOPED_TRACE("heads " + std::to_string(heads) + (k_major ? " W_UK" : " W_UV") + " rows " + std::to_string(rows));
+        const std::vector<bf16> x = ref::random_bf16(seed + uint64_t(rows), "x", size_t(rows * heads * x_head), 1.0f);
+        DeviceArray<__nv_bfloat16> dx, dy(size_t(rows * heads * y_head));
+        dx.upload(x);
+        dy.fill_bytes(0xFF);  // NaN until written
+        BlasHandle h;
+        const BatchedGemv g{dx.get(), heads * x_head, x_head, K, wp, per_head, N, k_major, dy.get(), heads * y_head, y_head};
+        EXPECT_FALSE(absorb_mma_fits(h, g, rows)) << "a new handle's projections are cublas";
+        h.set_projections(Projections::own);
+        EXPECT_FALSE(absorb_mma_fits(h, g, kGemvRows));
+        ASSERT_TRUE(absorb_mma_fits(h, g, rows));
+        // The query's RoPE with it (k_major): per-token angles, q's rope part rotated in place and into y's
+        std::vector<float> cos_table(size_t(rows * rope / 2)), sin_table(cos_table.size());
+        const std::vector<bf16> angles = ref::random_bf16(seed + 7, "angle", cos_table.size(), 3.0f);
+        for (size_t i = 0; i < cos_table.size(); ++i) cos_table[i] = std::cos(to_float(angles[i])), sin_table[i] = std::sin(to_float(angles[i]));
+        DeviceArray<float> dcos, dsin;
+        dcos.upload(cos_table);
+        dsin.upload(sin_table);
+        const QueryRope qr{dx.get(), dcos.get(), dsin.get(), int(heads), int(nope), int(rope), int(rank), dy.get()};
+        absorb_mma(h, g, rows, heads, k_major ? &qr : nullptr);
+        DSLAB_CUDA(cudaDeviceSynchronize());
+        std::vector<bf16> got(dy.size()), x_after(dx.size());
+        DSLAB_CUDA(cudaMemcpy(got.data(), dy.get(), got.size() * 2, cudaMemcpyDeviceToHost));
+        DSLAB_CUDA(cudaMemcpy(x_after.data(), dx.get(), x_after.size() * 2, cudaMemcpyDeviceToHost));
+        const bf16* wh = w.data() + (k_major ? 0 : nope * rank);
+        double err = 0, norm = 0, rope_err = 0, rope_norm = 0;
+        int64_t untouched = 0, rope_mismatch = 0;
+        for (int64_t t = 0; t < rows; ++t)
+          for (int64_t hd = 0; hd < heads; ++hd) {
+            const size_t xr = size_t((t * heads + hd) * x_head), yr = size_t((t * heads + hd) * y_head);
+            for (int64_t n = 0; n < N; ++n) {
+              double want = 0;
+              for (int64_t k = 0; k < K; ++k)
+                want += double(to_float(x[xr + size_t(k)])) * double(to_float(wh[size_t(hd * per_head + (k_major ? k * N + n : n * K + k))]));
+              const double gv = double(to_float(got[yr + size_t(n)]));
+              err += (gv - want) * (gv - want);
+              norm += want * want;
+            }
+            if (!k_major) continue;
+            for (int64_t p = 0; p < rope / 2; ++p) {  // pair p (elements 2p, 2p + 1 in) -> elements p and p + rope / 2
+              const double a = to_float(x[xr + size_t(nope + 2 * p)]), b = to_float(x[xr + size_t(nope + 2 * p + 1)]);
+              const double c = cos_table[size_t(t * rope / 2 + p)], sn = sin_table[size_t(t * rope / 2 + p)];
+              const double lo = a * c - b * sn, hi = b * c + a * sn;
+              for (const auto& [at, want] : {std::pair{p, lo}, std::pair{p + rope / 2, hi}}) {
+                const double in_q = to_float(x_after[xr + size_t(nope + at)]), in_y = to_float(got[yr + size_t(N + at)]);
+                rope_err += (in_q - want) * (in_q - want);
+                rope_norm += want * want;
+                rope_mismatch += in_q == in_y ? 0 : 1;
+              }
+            }
+          }
+        EXPECT_LE(std::sqrt(err / norm), 1e-2);  // bf16 output
+        if (k_major) {
+          EXPECT_LE(std::sqrt(rope_err / rope_norm), 1e-2);
+          EXPECT_EQ(rope_mismatch, 0) << "q_cat's rope part differs from q's";
+        } else {
+          for (const bf16& v : got) untouched += std::isnan(to_float(v)) ? 0 : 1;
+          EXPECT_EQ(untouched, rows * heads * N);
+        }
+      }
+    }
+  }
+  // K = 16 (the tiny model's nope): left to cuBLAS
+  BlasHandle h;
+  h.set_projections(Projections::own);
+  DeviceArray<__nv_bfloat16> buffer(size_t(64 * 16 * 64));
+  const BatchedGemv small{buffer.get(), 16 * 16, 16, 16, buffer.get(), 16 * 64, 64, true, buffer.get(), 16 * 64, 64};
+  EXPECT_FALSE(absorb_mma_fits(h, small, 8));
+}
 #endif
 
 }  // namespace

@@ -51,40 +51,6 @@ __global__ void fill_cache_kernel(CacheView cache, const int32_t* lengths, const
   store_token(cache, cache.slot(b, token), v, lane);
 }
 
-// DeepSeek RoPE on one pair of a head's rope part: the interleaved pair (x[2p], x[2p + 1]) in, with the
-// position's cos / sin of pair p; out the de-interleaved elements p (.x) and p + half (.y).
-__device__ inline float2 rope_pair(float2 pair, float cs, float sn) {
-  return make_float2(pair.x * cs - pair.y * sn, pair.y * cs + pair.x * sn);
-}
-
-// RoPE of one (token, head) row of q (row = token * heads + head) by one warp, in place, and into q_cat's rope part
-// behind the absorbed query where a form uses it; lane i takes pairs i, i + 32, ...
-constexpr int kRopePairsPerLane = 4;  // rope parts up to 256 wide (DeepSeek: 64)
-__device__ inline void rope_q_row(__nv_bfloat16* q, const float* cos_table, const float* sin_table, int64_t row, int64_t t, int nope, int rope,
-                                  int r, __nv_bfloat16* q_cat) {
-  const int lane = int(threadIdx.x) % 32, half = rope / 2;
-  __nv_bfloat16* x = q + row * (nope + rope) + nope;
-  __nv_bfloat16 lo[kRopePairsPerLane], hi[kRopePairsPerLane];
-#pragma unroll
-  for (int k = 0; k < kRopePairsPerLane; ++k) {
-    const int p = lane + 32 * k;
-    if (p >= half) break;
-    const float2 y = rope_pair(__bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(x)[p]), cos_table[t * half + p], sin_table[t * half + p]);
-    lo[k] = __float2bfloat16_rn(y.x);
-    hi[k] = __float2bfloat16_rn(y.y);
-  }
-  __syncwarp();  // every lane has read its pairs before any lane writes over them
-  __nv_bfloat16* y = q_cat ? q_cat + row * (r + rope) + r : nullptr;
-#pragma unroll
-  for (int k = 0; k < kRopePairsPerLane; ++k) {
-    const int p = lane + 32 * k;
-    if (p >= half) break;
-    x[p] = lo[k];
-    x[p + half] = hi[k];
-    if (y) y[p] = lo[k], y[p + half] = hi[k];
-  }
-}
-
 // After the q_a / kv_a projection, one block per new token: RMSNorm of q_a into qa (q_lora_rank models; ql 0
 // skips it), and the token's latent (RMSNorm) and rope key (RoPE) into the cache at its position (and, bf16, into
 // kv_new for the forms that decompress it). Every load is issued up front, each value is read once and held in
@@ -597,6 +563,7 @@ void MlaOp::project() {
   if (!ql) return;
   linear(*blas_handle_, qa_.get(), T, ql, w_->q_b.get(), nh_ * qhd_, q_.get(), CUDA_R_16BF);
   mark("q_b");
+  if (rope_in_concat()) return;  // concat_query's absorb applies it
   const int64_t heads_x_tokens = T * nh_;
   launch_pdl(rope_q_kernel, dim3(unsigned((heads_x_tokens + 7) / 8)), dim3(256), 0, stream_, q_.get(), b_.rope_cos, b_.rope_sin, heads_x_tokens, int(nh_),
              int(nope_), int(rope_), int(r_), q_cat_);
@@ -620,10 +587,23 @@ void MlaOp::decompress(const __nv_bfloat16* latent, int64_t rows, __nv_bfloat16*
   gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, rows, r_, w_->kv_b.get(), r_, 0, latent, width_, 0, out, CUDA_R_16BF, dec, 0, 1);
 }
 
-void MlaOp::absorb_query(__nv_bfloat16* q_abs, int64_t ld) const {
+BatchedGemv MlaOp::query_products(__nv_bfloat16* q_abs, int64_t ld) const {
   // Per head h: q_abs[t][h][0..r) = q_nope[t][h] · W_UK[h] (W_UK[h]: rows h*(nope+vd) .. +nope of kv_b_proj, [nope][r]).
-  const BatchedGemv own{q_.get(), nh_ * qhd_, qhd_, nope_, w_->kv_b.get(), (nope_ + vd_) * r_, r_, true, q_abs, nh_ * ld, ld};
+  return {q_.get(), nh_ * qhd_, qhd_, nope_, w_->kv_b.get(), (nope_ + vd_) * r_, r_, true, q_abs, nh_ * ld, ld};
+}
+
+bool MlaOp::rope_in_concat() const {
+  return q_cat_ && m_.q_lora_rank && absorb_mma_fits(*blas_handle_, query_products(q_cat_, width_), s_.tokens());
+}
+
+void MlaOp::absorb_query(__nv_bfloat16* q_abs, int64_t ld) const {
+  const BatchedGemv own = query_products(q_abs, ld);
   if (batched_gemv(*blas_handle_, own, s_.tokens(), nh_)) return;
+  if (absorb_mma_fits(*blas_handle_, own, s_.tokens())) {
+    const QueryRope rope{q_.get(), b_.rope_cos, b_.rope_sin, int(nh_), int(nope_), int(rope_), int(r_), q_abs};
+    absorb_mma(*blas_handle_, own, s_.tokens(), nh_, q_abs == q_cat_ && rope_in_concat() ? &rope : nullptr);
+    return;
+  }
   gemm(*blas_handle_, CUBLAS_OP_N, CUBLAS_OP_N, r_, s_.tokens(), nope_, w_->kv_b.get(), r_, (nope_ + vd_) * r_, q_.get(), nh_ * qhd_, qhd_,
        q_abs, CUDA_R_16BF, nh_ * ld, ld, nh_);
 }
@@ -637,6 +617,7 @@ void MlaOp::absorb_output(const __nv_bfloat16* o_lat) const {
   // Per head h: attn[t][h] = o_lat[t][h] · W_UV[h]^T (W_UV[h]: [vd][r] after the W_UK rows).
   const BatchedGemv own{o_lat, nh_ * r_, r_, r_, w_->kv_b.get() + nope_ * r_, (nope_ + vd_) * r_, vd_, false, attn_.get(), nh_ * vd_, vd_};
   if (batched_gemv(*blas_handle_, own, s_.tokens(), nh_)) return;
+  if (absorb_mma_fits(*blas_handle_, own, s_.tokens())) return absorb_mma(*blas_handle_, own, s_.tokens(), nh_);
   gemm(*blas_handle_, CUBLAS_OP_T, CUBLAS_OP_N, vd_, s_.tokens(), r_, w_->kv_b.get() + nope_ * r_, r_, (nope_ + vd_) * r_, o_lat, nh_ * r_,
        r_, attn_.get(), CUDA_R_16BF, nh_ * vd_, vd_, nh_);
 }

@@ -1,0 +1,206 @@
+// The absorbed forms' per-head products past kGemvRows rows on the tensor cores (absorb_mma in mla_cuda.h): the
+// query's q_nope · W_UK into q_cat (with the query's RoPE in the same launch) and the output's o_lat · W_UV^T.
+//
+// Why a kernel of ours: at decode sizes these are 64-128 rows against a 2 MB (16 heads) to 16 MB (128 heads)
+// weight, a few microseconds of copies, and cuBLAS's batched GEMM, launched without programmatic dependent launch,
+// starts only once the kernel before it has finished and then waits out its weight loads. Here each CTA's weight
+// tile is copied before pdl_wait, while the kernel ahead (q_b's GEMM, the decode's merge) still runs, and only the
+// activations wait. proj=cublas keeps cuBLAS's batched GEMM (and the separate rope_q_kernel) as the baseline.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+
+#include "harness/cuda_check.h"
+#include "variants/common/cp_async.cuh"
+#include "variants/common/mma_sync.cuh"
+#include "variants/common/pdl.cuh"
+#include "variants/mla/cuda/kernels.cuh"
+#include "variants/mla/cuda/mla_cuda.h"
+
+namespace dslab::mla::cuda {
+
+namespace {
+
+// A CTA: one head (blockIdx.y), kAbsorbRows rows (blockIdx.z) and NT output columns (blockIdx.x); warp w multiplies
+// rows 16w..16w+15 by all NT columns (m16n8k16). K is held whole in shared memory, copied in stages of kStageK
+// (one cp.async group each, A and B apart) so that the first stage's MMAs start while the rest land.
+constexpr int kAbsorbWarps = 4, kAbsorbThreads = 32 * kAbsorbWarps, kAbsorbRows = 16 * kAbsorbWarps;
+constexpr int kStageK = 128, kMaxStages = 4;  // K: 128 (W_UK's nope) to 512 (W_UV's kv_lora_rank)
+constexpr int64_t kAbsorbMaxRows = 256;       // decode sizes; past them the weights are a small part and cuBLAS stays
+
+struct AbsorbArgs {
+  const __nv_bfloat16* x;  // A of head b: x + b x_batch, rows ldx apart, K contiguous
+  int64_t ldx, x_batch;
+  const __nv_bfloat16* w;  // B of head b: w + b w_batch, [K][N] (k-major) or [N][K]
+  int64_t w_batch;
+  __nv_bfloat16* y;  // y + b y_batch + m ldy + n
+  int64_t ldy, y_batch;
+  int rows, K, N;
+  QueryRope rope;  // rope.q null: none
+};
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a tile of rows `row_chunks` chunks long: the chunk's low
+// three bits XOR-ed with the row's, so the 8 rows an ldmatrix reads fall in 8 different bank groups.
+__device__ __forceinline__ int swizzled(int row, int chunk, int row_chunks) { return (row * row_chunks + (chunk ^ (row & 7))) * 8; }
+
+// Wait until at most `later` cp.async groups are still in flight (wait_group takes an immediate).
+__device__ __forceinline__ void cp_async_wait_upto(int later) {
+  switch (later) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    default: cp_async_wait<3>(); break;
+  }
+}
+
+template <int NT, bool W_K_MAJOR>
+__global__ void __launch_bounds__(kAbsorbThreads) absorb_mma_kernel(AbsorbArgs a) {
+  extern __shared__ __align__(128) __nv_bfloat16 tiles[];
+  const int K = a.K, k_chunks = K / 8, stages = K / kStageK;
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int head = int(blockIdx.y), n0 = int(blockIdx.x) * NT, m0 = int(blockIdx.z) * kAbsorbRows;
+  __nv_bfloat16* const sa = tiles;                       // [kAbsorbRows][K]
+  __nv_bfloat16* const sb = tiles + kAbsorbRows * K;     // [K][NT] or [NT][K]
+  constexpr int kStageChunks = kStageK / 8;
+
+  // The weights are constant over the step: copied before the wait (see variants/common/pdl.cuh).
+  const __nv_bfloat16* w = a.w + int64_t(head) * a.w_batch;
+  for (int s = 0; s < stages; ++s) {
+    if (W_K_MAJOR) {
+      for (int i = tid; i < kStageK * (NT / 8); i += kAbsorbThreads) {
+        const int k = s * kStageK + i / (NT / 8), c = i % (NT / 8);
+        cp_async16(sb + swizzled(k, c, NT / 8), w + int64_t(k) * a.N + n0 + 8 * c, true);
+      }
+    } else {
+      for (int i = tid; i < NT * kStageChunks; i += kAbsorbThreads) {
+        const int n = i / kStageChunks, c = s * kStageChunks + i % kStageChunks;
+        cp_async16(sb + swizzled(n, c, k_chunks), w + int64_t(n0 + n) * K + 8 * c, true);
+      }
+    }
+    cp_async_commit();
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+  const __nv_bfloat16* x = a.x + int64_t(head) * a.x_batch;
+  for (int s = 0; s < stages; ++s) {
+    for (int i = tid; i < kAbsorbRows * kStageChunks; i += kAbsorbThreads) {
+      const int m = i / kStageChunks, c = s * kStageChunks + i % kStageChunks;
+      const bool valid = m0 + m < a.rows;  // rows past the end: zeros, never stored
+      cp_async16(sa + swizzled(m, c, k_chunks), x + (valid ? int64_t(m0 + m) * a.ldx + 8 * c : 0), valid);
+    }
+    cp_async_commit();
+  }
+  // The query's RoPE rides on the first column tile's CTAs while their copies land (rope_q_row: one warp a row;
+  // it writes q's rope part, which no CTA's A tile reads: A is the nope part).
+  if (a.rope.q && blockIdx.x == 0) {
+    const QueryRope& r = a.rope;
+    for (int m = m0 + warp; m < min(a.rows, m0 + kAbsorbRows); m += kAbsorbWarps)
+      rope_q_row(r.q, r.cos_table, r.sin_table, int64_t(m) * r.heads + head, m, r.nope, r.rope, r.r, r.q_cat);
+  }
+
+  float acc[NT / 8][4] = {};
+  for (int s = 0; s < stages; ++s) {
+    cp_async_wait_upto(stages - 1 - s);  // A's stage s (B's stages were committed before every A stage)
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kStageK / 16; ++kk) {
+      const int k16 = s * (kStageK / 16) + kk;
+      uint32_t af[4];
+      ldmatrix_x4(smem_addr(sa + swizzled(16 * warp + lane % 16, 2 * k16 + lane / 16, k_chunks)), af[0], af[1], af[2], af[3]);
+#pragma unroll
+      for (int j = 0; j < NT / 16; ++j) {  // two n8 tiles at a time
+        uint32_t b0, b1, b2, b3;
+        if (W_K_MAJOR)  // rows k of [K][NT], transposed into "col" fragments
+          ldmatrix_x4_trans(smem_addr(sb + swizzled(16 * k16 + 8 * ((lane / 8) % 2) + lane % 8, 2 * j + lane / 16, NT / 8)), b0, b1, b2, b3);
+        else  // rows n of [NT][K]: already "col"
+          ldmatrix_x4(smem_addr(sb + swizzled(16 * j + 8 * (lane / 16) + lane % 8, 2 * k16 + (lane / 8) % 2, k_chunks)), b0, b1, b2, b3);
+        mma_bf16(acc[2 * j], af, b0, b1);
+        mma_bf16(acc[2 * j + 1], af, b2, b3);
+      }
+    }
+  }
+  // Accumulator j: rows lane / 4 (+ 8) of the warp's 16, columns 2 (lane % 4) + {0, 1} of n8 tile j.
+  __nv_bfloat16* y = a.y + int64_t(head) * a.y_batch;
+#pragma unroll
+  for (int j = 0; j < NT / 8; ++j) {
+    const int col = n0 + 8 * j + 2 * (lane % 4);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int m = m0 + 16 * warp + lane / 4 + 8 * half;
+      if (m < a.rows)
+        *reinterpret_cast<__nv_bfloat162*>(y + int64_t(m) * a.ldy + col) = __floats2bfloat162_rn(acc[j][2 * half], acc[j][2 * half + 1]);
+    }
+  }
+}
+
+size_t smem_bytes(int NT, int K) { return size_t(kAbsorbRows + NT) * size_t(K) * 2; }
+
+template <int NT, bool W_K_MAJOR>
+void launch(const AbsorbArgs& a, int64_t batch, cudaStream_t stream) {
+  const size_t smem = smem_bytes(NT, a.K);
+  static const bool opted_in = [] {  // the most any K takes (512)
+    DSLAB_CUDA(cudaFuncSetAttribute(absorb_mma_kernel<NT, W_K_MAJOR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(smem_bytes(NT, kStageK * kMaxStages))));
+    return true;
+  }();
+  (void)opted_in;
+  const dim3 grid(unsigned(a.N / NT), unsigned(batch), unsigned((a.rows + kAbsorbRows - 1) / kAbsorbRows));
+  launch_pdl(absorb_mma_kernel<NT, W_K_MAJOR>, grid, dim3(kAbsorbThreads), smem, stream, a);
+}
+
+int multiprocessors() {
+  static const int sms = [] {
+    int device = 0, count = 0;
+    DSLAB_CUDA(cudaGetDevice(&device));
+    DSLAB_CUDA(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
+  }();
+  return sms;
+}
+
+// The column tile: the narrowest whose grid is at most two CTAs an SM (a narrow tile re-reads its rows' A from L2 once
+// per tile: at 128 heads, 16-column tiles of W_UV would read o_lat eight times), else the widest. k-major B tiles
+// are at least 64 columns (128-byte rows for the swizzle).
+int column_tile(const BatchedGemv& g, int64_t rows, int64_t batch) {
+  const int64_t row_tiles = (rows + kAbsorbRows - 1) / kAbsorbRows;
+  const int candidates_k_major[] = {64, 128}, candidates_n_major[] = {16, 64};
+  const int* candidates = g.w_k_major ? candidates_k_major : candidates_n_major;
+  int chosen = 0;
+  for (int i = 0; i < 2; ++i) {
+    const int nt = candidates[i];
+    if (g.N % nt) continue;
+    chosen = nt;
+    if (g.N / nt * batch * row_tiles <= 2 * int64_t(multiprocessors())) break;
+  }
+  return chosen;
+}
+
+}  // namespace
+
+bool absorb_mma_fits(const BlasHandle& h, const BatchedGemv& g, int64_t rows) {
+  const auto aligned = [](const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  return h.projections() == Projections::own && rows > kGemvRows && rows <= kAbsorbMaxRows && g.K % kStageK == 0 &&
+         g.K <= kStageK * kMaxStages && aligned(g.x, 16) && g.ldx % 8 == 0 && g.x_batch % 8 == 0 && aligned(g.w, 16) &&
+         g.w_batch % 8 == 0 && g.N % 8 == 0 && aligned(g.y, 4) && g.ldy % 2 == 0 && g.y_batch % 2 == 0 &&
+         column_tile(g, rows, 1) != 0;
+}
+
+void absorb_mma(const BlasHandle& h, const BatchedGemv& g, int64_t rows, int64_t batch, const QueryRope* rope) {
+  if (!absorb_mma_fits(h, g, rows)) throw std::logic_error("absorb_mma: operands absorb_mma_fits declines");
+  AbsorbArgs a{g.x, g.ldx, g.x_batch, g.w, g.w_batch, g.y, g.ldy, g.y_batch, int(rows), int(g.K), int(g.N), {}};
+  if (rope) a.rope = *rope;
+  const cudaStream_t stream = h.stream();
+  const int nt = column_tile(g, rows, batch);
+  if (g.w_k_major) {
+    if (nt == 64) launch<64, true>(a, batch, stream);
+    else launch<128, true>(a, batch, stream);
+  } else {
+    if (nt == 16) launch<16, false>(a, batch, stream);
+    else launch<64, false>(a, batch, stream);
+  }
+  DSLAB_CHECK_LAUNCH();
+}
+
+}  // namespace dslab::mla::cuda
