@@ -55,14 +55,46 @@ __device__ __forceinline__ void cp_async_wait_upto(int later) {
   }
 }
 
+// The query's RoPE for rows m_first, m_first + m_step, ... < m_end of head `head`, by one warp: lane p rotates pair
+// p of each row (rope parts up to kAbsorbMaxRope wide). kRopeRows rows' loads are issued before any store (a row's
+// pairs are read and written in place, so every lane reads before any lane writes: the __syncwarp), one round trip
+// for kRopeRows rows rather than rope_q_row's one a row.
+constexpr int kRopeRows = 8;
+__device__ void rope_rows(const QueryRope& r, int head, int m_first, int m_end, int m_step) {
+  const int lane = int(threadIdx.x) % 32, half = r.rope / 2;
+  const int row_width = r.nope + r.rope, cat_width = r.r + r.rope;
+  for (int m0 = m_first; m0 < m_end; m0 += kRopeRows * m_step) {
+    float2 y[kRopeRows];
+#pragma unroll
+    for (int i = 0; i < kRopeRows; ++i) {
+      const int m = m0 + i * m_step;
+      if (m >= m_end || lane >= half) continue;
+      const __nv_bfloat162 pair = reinterpret_cast<const __nv_bfloat162*>(r.q + (int64_t(m) * r.heads + head) * row_width + r.nope)[lane];
+      y[i] = rope_pair(__bfloat1622float2(pair), r.cos_table[int64_t(m) * half + lane], r.sin_table[int64_t(m) * half + lane]);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < kRopeRows; ++i) {
+      const int m = m0 + i * m_step;
+      if (m >= m_end || lane >= half) continue;
+      const int64_t row = int64_t(m) * r.heads + head;
+      const __nv_bfloat16 lo = __float2bfloat16_rn(y[i].x), hi = __float2bfloat16_rn(y[i].y);
+      __nv_bfloat16* x = r.q + row * row_width + r.nope;
+      __nv_bfloat16* c = r.q_cat + row * cat_width + r.r;
+      x[lane] = lo, x[lane + half] = hi;
+      c[lane] = lo, c[lane + half] = hi;
+    }
+  }
+}
+
 template <int NT, bool W_K_MAJOR>
 __global__ void __launch_bounds__(kAbsorbThreads) absorb_mma_kernel(AbsorbArgs a) {
   extern __shared__ __align__(128) __nv_bfloat16 tiles[];
   const int K = a.K, k_chunks = K / 8, stages = K / kStageK;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int head = int(blockIdx.y), n0 = int(blockIdx.x) * NT, m0 = int(blockIdx.z) * kAbsorbRows;
-  __nv_bfloat16* const sa = tiles;                       // [kAbsorbRows][K]
-  __nv_bfloat16* const sb = tiles + kAbsorbRows * K;     // [K][NT] or [NT][K]
+  __nv_bfloat16* const sa = tiles;                    // [kAbsorbRows][K]
+  __nv_bfloat16* const sb = tiles + kAbsorbRows * K;  // [K][NT] or [NT][K]
   constexpr int kStageChunks = kStageK / 8;
 
   // The weights are constant over the step: copied before the wait (see variants/common/pdl.cuh).
@@ -92,87 +124,93 @@ __global__ void __launch_bounds__(kAbsorbThreads) absorb_mma_kernel(AbsorbArgs a
     }
     cp_async_commit();
   }
-  // The query's RoPE rides on the first column tile's CTAs while their copies land (rope_q_row: one warp a row;
-  // it writes q's rope part, which no CTA's A tile reads: A is the nope part).
-  if (a.rope.q && blockIdx.x == 0) {
-    const QueryRope& r = a.rope;
-    for (int m = m0 + warp; m < min(a.rows, m0 + kAbsorbRows); m += kAbsorbWarps)
-      rope_q_row(r.q, r.cos_table, r.sin_table, int64_t(m) * r.heads + head, m, r.nope, r.rope, r.r, r.q_cat);
-  }
+  // The query's RoPE while the copies land, its rows spread over the head's column-tile CTAs and their warps (it
+  // writes q's rope part, which no A tile reads: A is the nope part).
+  if (a.rope.q)
+    rope_rows(a.rope, head, m0 + int(blockIdx.x) * kAbsorbWarps + warp, min(a.rows, m0 + kAbsorbRows), int(gridDim.x) * kAbsorbWarps);
 
-  float acc[NT / 8][4] = {};
-  for (int s = 0; s < stages; ++s) {
-    cp_async_wait_upto(stages - 1 - s);  // A's stage s (B's stages were committed before every A stage)
-    __syncthreads();
+  // Columns in chunks of at most 128 (64 accumulators a thread); the first chunk waits for each K stage in turn.
+  constexpr int kChunk = NT < 128 ? NT : 128;
+  __nv_bfloat16* y = a.y + int64_t(head) * a.y_batch;
+  for (int c0 = 0; c0 < NT; c0 += kChunk) {
+    float acc[kChunk / 8][4] = {};
+    for (int s = 0; s < stages; ++s) {
+      if (c0 == 0) {
+        cp_async_wait_upto(stages - 1 - s);  // A's stage s (B's stages were committed before every A stage)
+        __syncthreads();
+      }
 #pragma unroll
-    for (int kk = 0; kk < kStageK / 16; ++kk) {
-      const int k16 = s * (kStageK / 16) + kk;
-      uint32_t af[4];
-      ldmatrix_x4(smem_addr(sa + swizzled(16 * warp + lane % 16, 2 * k16 + lane / 16, k_chunks)), af[0], af[1], af[2], af[3]);
+      for (int kk = 0; kk < kStageK / 16; ++kk) {
+        const int k16 = s * (kStageK / 16) + kk;
+        uint32_t af[4];
+        ldmatrix_x4(smem_addr(sa + swizzled(16 * warp + lane % 16, 2 * k16 + lane / 16, k_chunks)), af[0], af[1], af[2], af[3]);
 #pragma unroll
-      for (int j = 0; j < NT / 16; ++j) {  // two n8 tiles at a time
-        uint32_t b0, b1, b2, b3;
-        if (W_K_MAJOR)  // rows k of [K][NT], transposed into "col" fragments
-          ldmatrix_x4_trans(smem_addr(sb + swizzled(16 * k16 + 8 * ((lane / 8) % 2) + lane % 8, 2 * j + lane / 16, NT / 8)), b0, b1, b2, b3);
-        else  // rows n of [NT][K]: already "col"
-          ldmatrix_x4(smem_addr(sb + swizzled(16 * j + 8 * (lane / 16) + lane % 8, 2 * k16 + (lane / 8) % 2, k_chunks)), b0, b1, b2, b3);
-        mma_bf16(acc[2 * j], af, b0, b1);
-        mma_bf16(acc[2 * j + 1], af, b2, b3);
+        for (int j = 0; j < kChunk / 16; ++j) {  // two n8 tiles at a time
+          uint32_t b0, b1, b2, b3;
+          if (W_K_MAJOR)  // rows k of [K][NT], transposed into "col" fragments
+            ldmatrix_x4_trans(smem_addr(sb + swizzled(16 * k16 + 8 * ((lane / 8) % 2) + lane % 8, c0 / 8 + 2 * j + lane / 16, NT / 8)), b0, b1, b2,
+                              b3);
+          else  // rows n of [NT][K]: already "col"
+            ldmatrix_x4(smem_addr(sb + swizzled(c0 + 16 * j + 8 * (lane / 16) + lane % 8, 2 * k16 + (lane / 8) % 2, k_chunks)), b0, b1, b2, b3);
+          mma_bf16(acc[2 * j], af, b0, b1);
+          mma_bf16(acc[2 * j + 1], af, b2, b3);
+        }
       }
     }
-  }
-  // Accumulator j: rows lane / 4 (+ 8) of the warp's 16, columns 2 (lane % 4) + {0, 1} of n8 tile j.
-  __nv_bfloat16* y = a.y + int64_t(head) * a.y_batch;
+    // Accumulator j: rows lane / 4 (+ 8) of the warp's 16, columns 2 (lane % 4) + {0, 1} of n8 tile j.
 #pragma unroll
-  for (int j = 0; j < NT / 8; ++j) {
-    const int col = n0 + 8 * j + 2 * (lane % 4);
+    for (int j = 0; j < kChunk / 8; ++j) {
+      const int col = n0 + c0 + 8 * j + 2 * (lane % 4);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int m = m0 + 16 * warp + lane / 4 + 8 * half;
-      if (m < a.rows)
-        *reinterpret_cast<__nv_bfloat162*>(y + int64_t(m) * a.ldy + col) = __floats2bfloat162_rn(acc[j][2 * half], acc[j][2 * half + 1]);
+      for (int half = 0; half < 2; ++half) {
+        const int m = m0 + 16 * warp + lane / 4 + 8 * half;
+        if (m < a.rows)
+          *reinterpret_cast<__nv_bfloat162*>(y + int64_t(m) * a.ldy + col) = __floats2bfloat162_rn(acc[j][2 * half], acc[j][2 * half + 1]);
+      }
     }
   }
 }
 
-size_t smem_bytes(int NT, int K) { return size_t(kAbsorbRows + NT) * size_t(K) * 2; }
+size_t smem_bytes(int NT, int64_t K) { return size_t(kAbsorbRows + NT) * size_t(K) * 2; }
+
+int device_attribute(cudaDeviceAttr what) {
+  int device = 0, value = 0;
+  DSLAB_CUDA(cudaGetDevice(&device));
+  DSLAB_CUDA(cudaDeviceGetAttribute(&value, what, device));
+  return value;
+}
+int multiprocessors() {
+  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
+  return sms;
+}
+size_t max_smem() {
+  static const size_t bytes = size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+  return bytes;
+}
 
 template <int NT, bool W_K_MAJOR>
 void launch(const AbsorbArgs& a, int64_t batch, cudaStream_t stream) {
-  const size_t smem = smem_bytes(NT, a.K);
-  static const bool opted_in = [] {  // the most any K takes (512)
-    DSLAB_CUDA(cudaFuncSetAttribute(absorb_mma_kernel<NT, W_K_MAJOR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(smem_bytes(NT, kStageK * kMaxStages))));
+  static const bool opted_in = [] {
+    DSLAB_CUDA(cudaFuncSetAttribute(absorb_mma_kernel<NT, W_K_MAJOR>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_smem())));
     return true;
   }();
   (void)opted_in;
   const dim3 grid(unsigned(a.N / NT), unsigned(batch), unsigned((a.rows + kAbsorbRows - 1) / kAbsorbRows));
-  launch_pdl(absorb_mma_kernel<NT, W_K_MAJOR>, grid, dim3(kAbsorbThreads), smem, stream, a);
+  launch_pdl(absorb_mma_kernel<NT, W_K_MAJOR>, grid, dim3(kAbsorbThreads), smem_bytes(NT, a.K), stream, a);
 }
 
-int multiprocessors() {
-  static const int sms = [] {
-    int device = 0, count = 0;
-    DSLAB_CUDA(cudaGetDevice(&device));
-    DSLAB_CUDA(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return count;
-  }();
-  return sms;
-}
-
-// The column tile: the narrowest whose grid is at most two CTAs an SM (a narrow tile re-reads its rows' A from L2 once
-// per tile: at 128 heads, 16-column tiles of W_UV would read o_lat eight times), else the widest. k-major B tiles
-// are at least 64 columns (128-byte rows for the swizzle).
+// The column tile: the narrowest whose grid is one CTA an SM at most (a CTA's copies, all issued at once, are what
+// keeps HBM busy; a second wave would wait out a second round of them), else the widest that fits shared memory.
+// Narrow tiles re-read their rows' A from L2 once a tile; k-major B tiles are at least 64 columns (128-byte rows
+// for the swizzle). 0: none fits.
+constexpr int kKMajorTiles[] = {64, 128, 256, 512}, kNMajorTiles[] = {16, 32, 64, 128};
 int column_tile(const BatchedGemv& g, int64_t rows, int64_t batch) {
   const int64_t row_tiles = (rows + kAbsorbRows - 1) / kAbsorbRows;
-  const int candidates_k_major[] = {64, 128}, candidates_n_major[] = {16, 64};
-  const int* candidates = g.w_k_major ? candidates_k_major : candidates_n_major;
   int chosen = 0;
-  for (int i = 0; i < 2; ++i) {
-    const int nt = candidates[i];
-    if (g.N % nt) continue;
+  for (const int nt : g.w_k_major ? kKMajorTiles : kNMajorTiles) {
+    if (g.N % nt || smem_bytes(nt, g.K) > max_smem()) continue;
     chosen = nt;
-    if (g.N / nt * batch * row_tiles <= 2 * int64_t(multiprocessors())) break;
+    if (g.N / nt * batch * row_tiles <= multiprocessors()) break;
   }
   return chosen;
 }
@@ -190,15 +228,21 @@ bool absorb_mma_fits(const BlasHandle& h, const BatchedGemv& g, int64_t rows) {
 void absorb_mma(const BlasHandle& h, const BatchedGemv& g, int64_t rows, int64_t batch, const QueryRope* rope) {
   if (!absorb_mma_fits(h, g, rows)) throw std::logic_error("absorb_mma: operands absorb_mma_fits declines");
   AbsorbArgs a{g.x, g.ldx, g.x_batch, g.w, g.w_batch, g.y, g.ldy, g.y_batch, int(rows), int(g.K), int(g.N), {}};
-  if (rope) a.rope = *rope;
+  if (rope) {
+    if (rope->rope > kAbsorbMaxRope) throw std::logic_error("absorb_mma: rope parts past 64 wide are rope_q_kernel's");
+    a.rope = *rope;
+  }
   const cudaStream_t stream = h.stream();
   const int nt = column_tile(g, rows, batch);
-  if (g.w_k_major) {
-    if (nt == 64) launch<64, true>(a, batch, stream);
-    else launch<128, true>(a, batch, stream);
-  } else {
-    if (nt == 16) launch<16, false>(a, batch, stream);
-    else launch<64, false>(a, batch, stream);
+  switch (g.w_k_major ? nt : -nt) {
+    case 64: launch<64, true>(a, batch, stream); break;
+    case 128: launch<128, true>(a, batch, stream); break;
+    case 256: launch<256, true>(a, batch, stream); break;
+    case 512: launch<512, true>(a, batch, stream); break;
+    case -16: launch<16, false>(a, batch, stream); break;
+    case -32: launch<32, false>(a, batch, stream); break;
+    case -64: launch<64, false>(a, batch, stream); break;
+    default: launch<128, false>(a, batch, stream); break;
   }
   DSLAB_CHECK_LAUNCH();
 }

@@ -593,7 +593,7 @@ BatchedGemv MlaOp::query_products(__nv_bfloat16* q_abs, int64_t ld) const {
 }
 
 bool MlaOp::rope_in_concat() const {
-  return q_cat_ && m_.q_lora_rank && absorb_mma_fits(*blas_handle_, query_products(q_cat_, width_), s_.tokens());
+  return q_cat_ && m_.q_lora_rank && rope_ <= kAbsorbMaxRope && absorb_mma_fits(*blas_handle_, query_products(q_cat_, width_), s_.tokens());
 }
 
 void MlaOp::absorb_query(__nv_bfloat16* q_abs, int64_t ld) const {

@@ -437,6 +437,7 @@ bool batched_gemv(const BlasHandle& h, const BatchedGemv& g, int64_t rows, int64
 // rows > kGemvRows, K a multiple of 64, N of the column tile, 16-byte aligned rows). With `rope`, the query's product
 // (W_UK into q_cat) also applies RoPE to each (token, head)'s rope part, in q and behind the absorbed part of
 // q_cat (rope_q_kernel's work; one launch less a step).
+constexpr int64_t kAbsorbMaxRope = 64;  // the widest rope part absorb_mma's RoPE takes (one pair a lane; DeepSeek's)
 struct QueryRope {
   __nv_bfloat16* q;  // [tokens][heads][nope + rope]
   const float* cos_table;
