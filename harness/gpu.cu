@@ -208,7 +208,12 @@ namespace {
   } while (0)
 
 std::mutex cupti_mu;
-std::vector<std::pair<uint64_t, uint64_t>>* cupti_spans = nullptr;  // the intervals of the call in progress
+struct CuptiSpan {
+  uint64_t start, end;
+  std::string name;
+  bool operator<(const CuptiSpan& o) const { return start < o.start || (start == o.start && end < o.end); }
+};
+std::vector<CuptiSpan>* cupti_spans = nullptr;  // the intervals of the call in progress
 std::map<std::string, double>* cupti_by_kernel = nullptr;
 
 
@@ -222,29 +227,31 @@ void CUPTIAPI cupti_buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_
   CUpti_Activity* record = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
     uint64_t start = 0, end = 0;
+    std::string name;
     switch (record->kind) {
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL:
       case CUPTI_ACTIVITY_KIND_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
         start = k->start, end = k->end;
-        if (cupti_by_kernel && k->name) (*cupti_by_kernel)[short_kernel_name(k->name)] += double(end - start) * 1e-9;
+        name = k->name ? short_kernel_name(k->name) : "kernel";
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* c = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
         start = c->start, end = c->end;
-        if (cupti_by_kernel) (*cupti_by_kernel)["memcpy"] += double(end - start) * 1e-9;
+        name = "memcpy";
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* c = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
         start = c->start, end = c->end;
-        if (cupti_by_kernel) (*cupti_by_kernel)["memset"] += double(end - start) * 1e-9;
+        name = "memset";
         break;
       }
       default: continue;
     }
-    if (cupti_spans && end > start) cupti_spans->push_back({start, end});
+    if (cupti_by_kernel) (*cupti_by_kernel)[name] += double(end - start) * 1e-9;
+    if (cupti_spans && end > start) cupti_spans->push_back({start, end, std::move(name)});
   }
   std::free(buffer);
 }
@@ -261,7 +268,7 @@ KernelTimes kernel_times(const std::function<void()>& fn) {
     DSLAB_CUDA(cudaDeviceSynchronize());
     return {};
   }
-  std::vector<std::pair<uint64_t, uint64_t>> spans;
+  std::vector<CuptiSpan> spans;
   KernelTimes t;
   DSLAB_CUDA(cudaDeviceSynchronize());
   const CUpti_ActivityKind kinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET};
@@ -285,8 +292,9 @@ KernelTimes kernel_times(const std::function<void()>& fn) {
   t.records = int(spans.size());
   if (spans.empty()) return t;
   std::sort(spans.begin(), spans.end());
-  uint64_t busy = 0, sum = 0, open = spans[0].first, close = spans[0].second, last = 0;
-  for (const auto& [s, e] : spans) {
+  uint64_t busy = 0, sum = 0, open = spans[0].start, close = spans[0].end, last = 0;
+  for (const auto& [s, e, name] : spans) {
+    t.timeline.push_back({name, double(s - spans[0].start) * 1e-9, double(e - spans[0].start) * 1e-9});
     sum += e - s;
     last = std::max(last, e);
     if (s > close) {
@@ -299,7 +307,7 @@ KernelTimes kernel_times(const std::function<void()>& fn) {
   busy += close - open;
   t.busy_s = double(busy) * 1e-9;
   t.sum_s = double(sum) * 1e-9;
-  t.span_s = double(last - spans[0].first) * 1e-9;
+  t.span_s = double(last - spans[0].start) * 1e-9;
   return t;
 }
 

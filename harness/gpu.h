@@ -47,6 +47,11 @@ struct KernelTimes {
   int records = 0;
   std::map<std::string, double> by_kernel_s;  // summed durations by kernel (short name: no namespaces, templates,
                                               // parameters), copies and memsets as "memcpy" / "memset"
+  struct Span {
+    std::string name;  // as in by_kernel_s
+    double start_s, end_s;  // from the first record's start
+  };
+  std::vector<Span> timeline;  // every record, by start
 };
 // records == 0: CUPTI was unavailable (another tool holds it) and nothing was measured.
 KernelTimes kernel_times(const std::function<void()>& fn);

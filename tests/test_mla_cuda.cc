@@ -240,6 +240,27 @@ TEST(GpuMlaOps, CountersTimeEachOpOfTheStep) {
     before = it->second;
   }
   EXPECT_LE(c.at("decode_phase_us.q_landed"), c.at("decode_phase_us.first_block_scored"));
+  // The replayed step's kernels (CUPTI, when no other tool holds it): numbered in start order, each inside the span,
+  // the first at 0, and the decode kernel among them.
+  if (c.count("step_gpu.span_us")) {
+    EXPECT_GT(c.at("step_gpu.busy_us"), 0.0);
+    EXPECT_LE(c.at("step_gpu.busy_us"), c.at("step_gpu.span_us") + 1e-3);
+    double previous_start = -1;
+    int kernels = 0, decode = 0;
+    for (const auto& [name, start] : c) {
+      if (name.rfind("step_start_us.", 0) != 0) continue;
+      const std::string key = name.substr(std::string("step_start_us.").size());
+      ASSERT_TRUE(c.count("step_end_us." + key)) << key;
+      EXPECT_GE(start, previous_start) << key;  // the keys' numbers sort them by start
+      EXPECT_LE(c.at("step_end_us." + key), c.at("step_gpu.span_us") + 1e-3) << key;
+      EXPECT_GT(c.at("step_end_us." + key), start) << key;
+      if (kernels++ == 0) EXPECT_EQ(start, 0.0);
+      decode += key.find("decode_kernel") != std::string::npos ? 1 : 0;
+      previous_start = start;
+    }
+    EXPECT_GE(kernels, 8);
+    EXPECT_EQ(decode, 1);
+  }
   EXPECT_LE(c.at("decode_phase_us.loads_issued"), c.at("decode_phase_us.done"));
   EXPECT_GT(c.at("decode_phase.sm_ghz"), 0.3);  // the SM clock as the kernel ran
   EXPECT_LT(c.at("decode_phase.sm_ghz"), 3.0);

@@ -799,6 +799,23 @@ std::map<std::string, double> GpuVariant::counters() {
     c["merges"] = schedule_.merges ? 1.0 : 0.0;
   }
   for (const auto& [name, value] : op_->phase_counters()) c[name] = value;
+  // The replayed step as the GPU ran it (CUPTI, from a flushed L2): each kernel's start and end from the first one's
+  // start, numbered in start order (step_start_us.03_absorb_mma_kernel), and the kernels' busy time (their union)
+  // against the span: where the graph loses time between kernels, which the eager op_us (an event between every two
+  // kernels) cannot show. Absent where another tool holds CUPTI (compute-sanitizer).
+  if (graph_exec_) {
+    gpu::flush_l2();
+    const gpu::KernelTimes t = gpu::kernel_times([&] { run(); });
+    if (t.records) {
+      c["step_gpu.span_us"] = t.span_s * 1e6;
+      c["step_gpu.busy_us"] = t.busy_s * 1e6;
+      for (size_t i = 0; i < t.timeline.size(); ++i) {
+        const std::string key = (i < 10 ? "0" : "") + std::to_string(i) + "_" + t.timeline[i].name;
+        c["step_start_us." + key] = t.timeline[i].start_s * 1e6;
+        c["step_end_us." + key] = t.timeline[i].end_s * 1e6;
+      }
+    }
+  }
 
   // The attention kernel's own numbers beside the step's (comparable with FlashMLA's and FlashInfer's): its time
   // (fused: decode + split merge; unfused: the attend op), work and traffic; the results add its roofline fraction.
