@@ -414,17 +414,21 @@ TEST(GpuBatchedGemv, PerHeadProductsMatchFp64InBothLayouts) {
   }
 }
 
-// absorb_mma (the per-head products past kGemvRows rows on the tensor cores), both weight layouts at V3's head
-// counts (16 and 128: both column tiles of each layout), rows on both sides of a 64-row tile, x and y strided as
-// MlaOp lays them out: every output against the fp64 product, nothing written outside its rows and columns. With
-// a QueryRope (the query's product into q_cat), q's rope part and q_cat's are the rotated pairs. It declines what
-// it does not take: cuBLAS projections, kGemvRows rows or fewer, K not a multiple of 128.
+// absorb_mma (the per-head products past kGemvRows rows on the tensor cores), both weight layouts at the tiny model's
+// and V3's head counts (16 and 128: every column tile of each layout), rows on both sides of a 64-row tile, x and y
+// strided as MlaOp lays them out: every output against the fp64 product, nothing written outside its rows and
+// columns. With a QueryRope (the query's product into q_cat), q's rope part and q_cat's are the rotated pairs. It
+// declines what it does not take: cuBLAS projections, kGemvRows rows or fewer, more than 256, K not a multiple of 16.
 TEST(GpuAbsorbMma, PerHeadProductsMatchFp64InBothLayouts) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
   using namespace mla::cuda;
   const uint64_t seed = test::fresh_seed();
-  const int64_t nope = 128, rank = 512, vd = 128, rope = 64;
-  for (int64_t heads : {16, 128}) {
+  const int64_t rope = 64;
+  struct Shape {
+    int64_t heads, nope, rank, vd;
+  };
+  for (const Shape& sh : {Shape{4, 16, 32, 16}, Shape{16, 128, 512, 128}, Shape{128, 128, 512, 128}}) {
+    const int64_t heads = sh.heads, nope = sh.nope, rank = sh.rank, vd = sh.vd;
     const int64_t per_head = (nope + vd) * rank;
     const std::vector<bf16> w = ref::random_bf16(seed, "kv_b", size_t(heads * per_head), 0.05f);
     DeviceArray<__nv_bfloat16> dw;
@@ -445,6 +449,7 @@ TEST(GpuAbsorbMma, PerHeadProductsMatchFp64InBothLayouts) {
         EXPECT_FALSE(absorb_mma_fits(h, g, rows)) << "a new handle's projections are cublas";
         h.set_projections(Projections::own);
         EXPECT_FALSE(absorb_mma_fits(h, g, kGemvRows));
+        EXPECT_FALSE(absorb_mma_fits(h, g, 257));
         ASSERT_TRUE(absorb_mma_fits(h, g, rows));
         // The query's RoPE with it (k_major): per-token angles, q's rope part rotated in place and into y's
         std::vector<float> cos_table(size_t(rows * rope / 2)), sin_table(cos_table.size());
@@ -497,12 +502,12 @@ TEST(GpuAbsorbMma, PerHeadProductsMatchFp64InBothLayouts) {
       }
     }
   }
-  // K = 16 (the tiny model's nope): left to cuBLAS
+  // K = 24 (not a whole k16 step): left to cuBLAS
   BlasHandle h;
   h.set_projections(Projections::own);
   DeviceArray<__nv_bfloat16> buffer(size_t(64 * 16 * 64));
-  const BatchedGemv small{buffer.get(), 16 * 16, 16, 16, buffer.get(), 16 * 64, 64, true, buffer.get(), 16 * 64, 64};
-  EXPECT_FALSE(absorb_mma_fits(h, small, 8));
+  const BatchedGemv odd{buffer.get(), 16 * 24, 24, 24, buffer.get(), 24 * 64, 64, true, buffer.get(), 16 * 64, 64};
+  EXPECT_FALSE(absorb_mma_fits(h, odd, 8));
 }
 #endif
 

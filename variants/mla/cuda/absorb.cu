@@ -13,9 +13,9 @@
 #include <stdexcept>
 
 #include "harness/cuda_check.h"
-#include "variants/common/cp_async.cuh"
 #include "variants/common/mma_sync.cuh"
 #include "variants/common/pdl.cuh"
+#include "variants/common/tma.cuh"
 #include "variants/mla/cuda/kernels.cuh"
 #include "variants/mla/cuda/mla_cuda.h"
 
@@ -24,11 +24,13 @@ namespace dslab::mla::cuda {
 namespace {
 
 // A CTA: one head (blockIdx.y), kAbsorbRows rows (blockIdx.z) and NT output columns (blockIdx.x); warp w multiplies
-// rows 16w..16w+15 by all NT columns (m16n8k16). K is held whole in shared memory, copied in stages of kStageK
-// (one cp.async group each, A and B apart) so that the first stage's MMAs start while the rest land.
+// rows 16w..16w+15 by all NT columns (m16n8k16). Both operands are held whole in shared memory, each of their rows
+// one bulk copy (the tensor-memory accelerator: a CTA's 16-200 KB in a few hundred requests from one warp, where
+// 16-byte cp.async from every thread took 2-3x as long at 128 heads), rows padded by 16 bytes so that the 8 rows an
+// ldmatrix reads fall in 8 different bank groups. The weights' copies and the activations' complete on two mbarriers.
 constexpr int kAbsorbWarps = 4, kAbsorbThreads = 32 * kAbsorbWarps, kAbsorbRows = 16 * kAbsorbWarps;
-constexpr int kStageK = 128, kMaxStages = 4;  // K: 128 (W_UK's nope) to 512 (W_UV's kv_lora_rank)
-constexpr int64_t kAbsorbMaxRows = 256;       // decode sizes; past them the weights are a small part and cuBLAS stays
+constexpr int kRowPad = 8;                // elements (16 bytes) past each shared-memory row
+constexpr int64_t kAbsorbMaxRows = 256;   // decode sizes; past them the weights are a small part and cuBLAS stays
 
 struct AbsorbArgs {
   const __nv_bfloat16* x;  // A of head b: x + b x_batch, rows ldx apart, K contiguous
@@ -40,20 +42,6 @@ struct AbsorbArgs {
   int rows, K, N;
   QueryRope rope;  // rope.q null: none
 };
-
-// Element offset of 16-byte chunk `chunk` of row `row` in a tile of rows `row_chunks` chunks long: the chunk's low
-// three bits XOR-ed with the row's, so the 8 rows an ldmatrix reads fall in 8 different bank groups.
-__device__ __forceinline__ int swizzled(int row, int chunk, int row_chunks) { return (row * row_chunks + (chunk ^ (row & 7))) * 8; }
-
-// Wait until at most `later` cp.async groups are still in flight (wait_group takes an immediate).
-__device__ __forceinline__ void cp_async_wait_upto(int later) {
-  switch (later) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    default: cp_async_wait<3>(); break;
-  }
-}
 
 // The query's RoPE for rows m_first, m_first + m_step, ... < m_end of head `head`, by one warp: lane p rotates pair
 // p of each row (rope parts up to kAbsorbMaxRope wide). kRopeRows rows' loads are issued before any store (a row's
@@ -90,71 +78,65 @@ __device__ void rope_rows(const QueryRope& r, int head, int m_first, int m_end, 
 template <int NT, bool W_K_MAJOR>
 __global__ void __launch_bounds__(kAbsorbThreads) absorb_mma_kernel(AbsorbArgs a) {
   extern __shared__ __align__(128) __nv_bfloat16 tiles[];
-  const int K = a.K, k_chunks = K / 8, stages = K / kStageK;
+  const int K = a.K, a_ld = K + kRowPad, b_ld = (W_K_MAJOR ? NT : K) + kRowPad, b_rows = W_K_MAJOR ? K : NT;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int head = int(blockIdx.y), n0 = int(blockIdx.x) * NT, m0 = int(blockIdx.z) * kAbsorbRows;
-  __nv_bfloat16* const sa = tiles;                    // [kAbsorbRows][K]
-  __nv_bfloat16* const sb = tiles + kAbsorbRows * K;  // [K][NT] or [NT][K]
-  constexpr int kStageChunks = kStageK / 8;
+  const int rows = min(kAbsorbRows, a.rows - m0);
+  __nv_bfloat16* const sa = tiles;                      // [kAbsorbRows][a_ld]
+  __nv_bfloat16* const sb = tiles + kAbsorbRows * a_ld;  // [K][b_ld] (k-major) or [NT][b_ld]
+  uint64_t* const bars = reinterpret_cast<uint64_t*>(sb + b_rows * b_ld);  // weights, activations
+  if (tid == 0) {
+    mbarrier_init(&bars[0], 1);
+    mbarrier_init(&bars[1], 1);
+  }
+  __syncthreads();
 
   // The weights are constant over the step: copied before the wait (see variants/common/pdl.cuh).
   const __nv_bfloat16* w = a.w + int64_t(head) * a.w_batch;
-  for (int s = 0; s < stages; ++s) {
-    if (W_K_MAJOR) {
-      for (int i = tid; i < kStageK * (NT / 8); i += kAbsorbThreads) {
-        const int k = s * kStageK + i / (NT / 8), c = i % (NT / 8);
-        cp_async16(sb + swizzled(k, c, NT / 8), w + int64_t(k) * a.N + n0 + 8 * c, true);
-      }
-    } else {
-      for (int i = tid; i < NT * kStageChunks; i += kAbsorbThreads) {
-        const int n = i / kStageChunks, c = s * kStageChunks + i % kStageChunks;
-        cp_async16(sb + swizzled(n, c, k_chunks), w + int64_t(n0 + n) * K + 8 * c, true);
-      }
-    }
-    cp_async_commit();
+  const uint32_t b_row_bytes = uint32_t(W_K_MAJOR ? NT : K) * 2;
+  if (warp == 0) {
+    if (lane == 0) mbarrier_expect_bytes(&bars[0], b_row_bytes * uint32_t(b_rows));
+    __syncwarp();
+    for (int r = lane; r < b_rows; r += 32)
+      bulk_load(sb + r * b_ld, W_K_MAJOR ? w + int64_t(r) * a.N + n0 : w + int64_t(n0 + r) * K, b_row_bytes, &bars[0]);
   }
   pdl_wait();
   pdl_launch_dependents();
-  const __nv_bfloat16* x = a.x + int64_t(head) * a.x_batch;
-  for (int s = 0; s < stages; ++s) {
-    for (int i = tid; i < kAbsorbRows * kStageChunks; i += kAbsorbThreads) {
-      const int m = i / kStageChunks, c = s * kStageChunks + i % kStageChunks;
-      const bool valid = m0 + m < a.rows;  // rows past the end: zeros, never stored
-      cp_async16(sa + swizzled(m, c, k_chunks), x + (valid ? int64_t(m0 + m) * a.ldx + 8 * c : 0), valid);
-    }
-    cp_async_commit();
+  if (warp == 0) {
+    const __nv_bfloat16* x = a.x + int64_t(head) * a.x_batch + int64_t(m0) * a.ldx;
+    if (lane == 0) mbarrier_expect_bytes(&bars[1], uint32_t(K) * 2 * uint32_t(rows));
+    __syncwarp();
+    for (int m = lane; m < rows; m += 32) bulk_load(sa + m * a_ld, x + int64_t(m) * a.ldx, uint32_t(K) * 2, &bars[1]);
   }
+  // Rows past the end: zeros (never stored; no copy writes them).
+  for (int i = tid; i < (kAbsorbRows - rows) * a_ld / 8; i += kAbsorbThreads)
+    reinterpret_cast<uint4*>(sa + rows * a_ld)[i] = make_uint4(0, 0, 0, 0);
   // The query's RoPE while the copies land, its rows spread over the head's column-tile CTAs and their warps (it
   // writes q's rope part, which no A tile reads: A is the nope part).
   if (a.rope.q)
-    rope_rows(a.rope, head, m0 + int(blockIdx.x) * kAbsorbWarps + warp, min(a.rows, m0 + kAbsorbRows), int(gridDim.x) * kAbsorbWarps);
+    rope_rows(a.rope, head, m0 + int(blockIdx.x) * kAbsorbWarps + warp, m0 + rows, int(gridDim.x) * kAbsorbWarps);
+  __syncthreads();  // the zeroed rows
+  mbarrier_wait(&bars[0], 0);
+  mbarrier_wait(&bars[1], 0);
 
-  // Columns in chunks of at most 128 (64 accumulators a thread); the first chunk waits for each K stage in turn.
+  // Columns in chunks of at most 128 (64 accumulators a thread).
   constexpr int kChunk = NT < 128 ? NT : 128;
   __nv_bfloat16* y = a.y + int64_t(head) * a.y_batch;
+  const __nv_bfloat16* a_rows = sa + (16 * warp + lane % 16) * a_ld + 8 * (lane / 16);
   for (int c0 = 0; c0 < NT; c0 += kChunk) {
     float acc[kChunk / 8][4] = {};
-    for (int s = 0; s < stages; ++s) {
-      if (c0 == 0) {
-        cp_async_wait_upto(stages - 1 - s);  // A's stage s (B's stages were committed before every A stage)
-        __syncthreads();
-      }
+    for (int k16 = 0; k16 < K / 16; ++k16) {
+      uint32_t af[4];
+      ldmatrix_x4(smem_addr(a_rows + 16 * k16), af[0], af[1], af[2], af[3]);
 #pragma unroll
-      for (int kk = 0; kk < kStageK / 16; ++kk) {
-        const int k16 = s * (kStageK / 16) + kk;
-        uint32_t af[4];
-        ldmatrix_x4(smem_addr(sa + swizzled(16 * warp + lane % 16, 2 * k16 + lane / 16, k_chunks)), af[0], af[1], af[2], af[3]);
-#pragma unroll
-        for (int j = 0; j < kChunk / 16; ++j) {  // two n8 tiles at a time
-          uint32_t b0, b1, b2, b3;
-          if (W_K_MAJOR)  // rows k of [K][NT], transposed into "col" fragments
-            ldmatrix_x4_trans(smem_addr(sb + swizzled(16 * k16 + 8 * ((lane / 8) % 2) + lane % 8, c0 / 8 + 2 * j + lane / 16, NT / 8)), b0, b1, b2,
-                              b3);
-          else  // rows n of [NT][K]: already "col"
-            ldmatrix_x4(smem_addr(sb + swizzled(c0 + 16 * j + 8 * (lane / 16) + lane % 8, 2 * k16 + (lane / 8) % 2, k_chunks)), b0, b1, b2, b3);
-          mma_bf16(acc[2 * j], af, b0, b1);
-          mma_bf16(acc[2 * j + 1], af, b2, b3);
-        }
+      for (int j = 0; j < kChunk / 16; ++j) {  // two n8 tiles at a time
+        uint32_t b0, b1, b2, b3;
+        if (W_K_MAJOR)  // rows k of [K][NT], transposed into "col" fragments
+          ldmatrix_x4_trans(smem_addr(sb + (16 * k16 + 8 * ((lane / 8) % 2) + lane % 8) * b_ld + c0 + 16 * j + 8 * (lane / 16)), b0, b1, b2, b3);
+        else  // rows n of [NT][K]: already "col"
+          ldmatrix_x4(smem_addr(sb + (c0 + 16 * j + 8 * (lane / 16) + lane % 8) * b_ld + 16 * k16 + 8 * ((lane / 8) % 2)), b0, b1, b2, b3);
+        mma_bf16(acc[2 * j], af, b0, b1);
+        mma_bf16(acc[2 * j + 1], af, b2, b3);
       }
     }
     // Accumulator j: rows lane / 4 (+ 8) of the warp's 16, columns 2 (lane % 4) + {0, 1} of n8 tile j.
@@ -163,15 +145,18 @@ __global__ void __launch_bounds__(kAbsorbThreads) absorb_mma_kernel(AbsorbArgs a
       const int col = n0 + c0 + 8 * j + 2 * (lane % 4);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int m = m0 + 16 * warp + lane / 4 + 8 * half;
-        if (m < a.rows)
-          *reinterpret_cast<__nv_bfloat162*>(y + int64_t(m) * a.ldy + col) = __floats2bfloat162_rn(acc[j][2 * half], acc[j][2 * half + 1]);
+        const int m = 16 * warp + lane / 4 + 8 * half;
+        if (m < rows)
+          *reinterpret_cast<__nv_bfloat162*>(y + int64_t(m0 + m) * a.ldy + col) = __floats2bfloat162_rn(acc[j][2 * half], acc[j][2 * half + 1]);
       }
     }
   }
 }
 
-size_t smem_bytes(int NT, int64_t K) { return size_t(kAbsorbRows + NT) * size_t(K) * 2; }
+size_t smem_bytes(int NT, int64_t K, bool w_k_major) {
+  const int64_t b = w_k_major ? K * (NT + kRowPad) : NT * (K + kRowPad);
+  return size_t(kAbsorbRows * (K + kRowPad) + b) * 2 + 2 * sizeof(uint64_t);
+}
 
 int device_attribute(cudaDeviceAttr what) {
   int device = 0, value = 0;
@@ -196,19 +181,18 @@ void launch(const AbsorbArgs& a, int64_t batch, cudaStream_t stream) {
   }();
   (void)opted_in;
   const dim3 grid(unsigned(a.N / NT), unsigned(batch), unsigned((a.rows + kAbsorbRows - 1) / kAbsorbRows));
-  launch_pdl(absorb_mma_kernel<NT, W_K_MAJOR>, grid, dim3(kAbsorbThreads), smem_bytes(NT, a.K), stream, a);
+  launch_pdl(absorb_mma_kernel<NT, W_K_MAJOR>, grid, dim3(kAbsorbThreads), smem_bytes(NT, a.K, W_K_MAJOR), stream, a);
 }
 
 // The column tile: the narrowest whose grid is one CTA an SM at most (a CTA's copies, all issued at once, are what
 // keeps HBM busy; a second wave would wait out a second round of them), else the widest that fits shared memory.
-// Narrow tiles re-read their rows' A from L2 once a tile; k-major B tiles are at least 64 columns (128-byte rows
-// for the swizzle). 0: none fits.
-constexpr int kKMajorTiles[] = {64, 128, 256, 512}, kNMajorTiles[] = {16, 32, 64, 128};
+// Narrow tiles re-read their rows' A from L2 once a tile. 0: none fits.
+constexpr int kColumnTiles[] = {16, 32, 64, 128, 256, 512}, kMaxNMajorTile = 128;  // (launch() instantiates these)
 int column_tile(const BatchedGemv& g, int64_t rows, int64_t batch) {
   const int64_t row_tiles = (rows + kAbsorbRows - 1) / kAbsorbRows;
   int chosen = 0;
-  for (const int nt : g.w_k_major ? kKMajorTiles : kNMajorTiles) {
-    if (g.N % nt || smem_bytes(nt, g.K) > max_smem()) continue;
+  for (const int nt : kColumnTiles) {
+    if ((!g.w_k_major && nt > kMaxNMajorTile) || g.N % nt || smem_bytes(nt, g.K, g.w_k_major) > max_smem()) continue;
     chosen = nt;
     if (g.N / nt * batch * row_tiles <= multiprocessors()) break;
   }
@@ -219,8 +203,7 @@ int column_tile(const BatchedGemv& g, int64_t rows, int64_t batch) {
 
 bool absorb_mma_fits(const BlasHandle& h, const BatchedGemv& g, int64_t rows) {
   const auto aligned = [](const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
-  return h.projections() == Projections::own && rows > kGemvRows && rows <= kAbsorbMaxRows && g.K % kStageK == 0 &&
-         g.K <= kStageK * kMaxStages && aligned(g.x, 16) && g.ldx % 8 == 0 && g.x_batch % 8 == 0 && aligned(g.w, 16) &&
+  return h.projections() == Projections::own && rows > kGemvRows && rows <= kAbsorbMaxRows && g.K % 16 == 0 && aligned(g.x, 16) && g.ldx % 8 == 0 && g.x_batch % 8 == 0 && aligned(g.w, 16) &&
          g.w_batch % 8 == 0 && g.N % 8 == 0 && aligned(g.y, 4) && g.ldy % 2 == 0 && g.y_batch % 2 == 0 &&
          column_tile(g, rows, 1) != 0;
 }
@@ -235,6 +218,8 @@ void absorb_mma(const BlasHandle& h, const BatchedGemv& g, int64_t rows, int64_t
   const cudaStream_t stream = h.stream();
   const int nt = column_tile(g, rows, batch);
   switch (g.w_k_major ? nt : -nt) {
+    case 16: launch<16, true>(a, batch, stream); break;
+    case 32: launch<32, true>(a, batch, stream); break;
     case 64: launch<64, true>(a, batch, stream); break;
     case 128: launch<128, true>(a, batch, stream); break;
     case 256: launch<256, true>(a, batch, stream); break;
