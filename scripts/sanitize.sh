@@ -10,7 +10,7 @@
 # inside cuBLAS's own kernels, and in seesaw::decode_kernel it reports a write and a read of the row sums that a
 # __syncthreads() separates (session 23, reports/nvidia-h100/README.md); those are counted and listed. Usage: scripts/sanitize.sh OUT_DIR [TOOL-NAME...]
 # (dslab on PATH; names such as racecheck-moe-host run only those points). The layer points cover the scratch arena
-# (layer-tiny-arena; layer-tiny without it), the own weight-streaming GEMM's GPU test (stream-gemm), the absorbs' tensor-core kernel's (absorb-mma), the fused decode at V3's 128 heads (mla-fused-v3) and 16 (mla-fused-16h; quantised caches: mla-fused-quantised), FlashInfer's MLA decode (mla-flashinfer: its kernel is a peer's, so its
+# (layer-tiny-arena; layer-tiny without it), the own weight-streaming GEMM's GPU test (stream-gemm), the fused decode at V3's 128 heads (mla-fused-v3) and 16 (mla-fused-16h; quantised caches: mla-fused-quantised), FlashInfer's MLA decode (mla-flashinfer: its kernel is a peer's, so its
 # racecheck reports are listed, not judged), the streamed experts' copies (layer-v2-lite-streamed) and the hot
 # experts' split between the GPU and the CPU (layer-tiny-hot, layer-v2-lite-hot) and the sparse decodes (sparse-quest,
 # sparse-infllm, sparse-dsa, sparse-dsa-cluster, sparse-dsa-stream, sparse-oracle: their selection kernels, then the fused kernel over the chosen pages or keys).
@@ -90,8 +90,6 @@ for tool in memcheck racecheck; do
   # (the own weight-streaming GEMM through its GPU test, every split and slab count forced: racecheck points run the
   # projections untuned, which leaves it out of every dslab run point above)
   run_test "$tool" stream-gemm 'GpuTunedGemm.OwnStreamingKernelMatchesFp64'
-  # (the absorbs' tensor-core kernel, both layouts and column tiles, the query's RoPE folded in)
-  run_test "$tool" absorb-mma 'GpuAbsorbMma.*'
   run "$tool" layer-tiny-proj-own --model tiny --variant layer/deepseek/cuda --axis layers=all --axis proj=own --axis batch=2 --axis kv_len=40 --axis page_size=16 --axis executor=graph
 done
 exit $status

@@ -63,7 +63,6 @@ class FlashInferCuda final : public MlaOp {
   }
   void attend() override {
     concat_query();
-    mark("absorb_q");
     const int32_t* page_table = b_.cache->shared_page_table ? b_.cache->shared_page_table : b_.cache->page_table.get();
     void* schedule = schedule_buffer();
     if (reinterpret_cast<uintptr_t>(schedule) % 16 || reinterpret_cast<uintptr_t>(workspace_.get()) % 16)

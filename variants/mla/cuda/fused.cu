@@ -215,7 +215,6 @@ class FusedCuda final : public MlaOp {
   void attend() override {
     const int M = int(s_.q_len * nh_);
     concat_query();
-    mark("absorb_q");
     CacheView view = cache_view(*b_.cache);
     const int32_t* lengths = b_.lengths;
     if (selector_) {

@@ -107,38 +107,4 @@ __device__ inline float block_reduce(float x, bool is_max) {
 __device__ inline float block_sum(float x) { return block_reduce(x, false); }
 __device__ inline float block_max(float x) { return block_reduce(x, true); }
 
-// DeepSeek RoPE on one pair of a head's rope part: the interleaved pair (x[2p], x[2p + 1]) in, with the
-// position's cos / sin of pair p; out the de-interleaved elements p (.x) and p + half (.y).
-__device__ inline float2 rope_pair(float2 pair, float cs, float sn) {
-  return make_float2(pair.x * cs - pair.y * sn, pair.y * cs + pair.x * sn);
-}
-
-// RoPE of one (token, head) row of q (row = token * heads + head) by one warp, in place, and into q_cat's rope part
-// behind the absorbed query where a form uses it; lane i takes pairs i, i + 32, ...
-constexpr int kRopePairsPerLane = 4;  // rope parts up to 256 wide (DeepSeek: 64)
-__device__ inline void rope_q_row(__nv_bfloat16* q, const float* cos_table, const float* sin_table, int64_t row, int64_t t, int nope, int rope,
-                                  int r, __nv_bfloat16* q_cat) {
-  const int lane = int(threadIdx.x) % 32, half = rope / 2;
-  __nv_bfloat16* x = q + row * (nope + rope) + nope;
-  __nv_bfloat16 lo[kRopePairsPerLane], hi[kRopePairsPerLane];
-#pragma unroll
-  for (int k = 0; k < kRopePairsPerLane; ++k) {
-    const int p = lane + 32 * k;
-    if (p >= half) break;
-    const float2 y = rope_pair(__bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(x)[p]), cos_table[t * half + p], sin_table[t * half + p]);
-    lo[k] = __float2bfloat16_rn(y.x);
-    hi[k] = __float2bfloat16_rn(y.y);
-  }
-  __syncwarp();  // every lane has read its pairs before any lane writes over them
-  __nv_bfloat16* y = q_cat ? q_cat + row * (r + rope) + r : nullptr;
-#pragma unroll
-  for (int k = 0; k < kRopePairsPerLane; ++k) {
-    const int p = lane + 32 * k;
-    if (p >= half) break;
-    x[p] = lo[k];
-    x[p + half] = hi[k];
-    if (y) y[p] = lo[k], y[p + half] = hi[k];
-  }
-}
-
 }  // namespace dslab::mla::cuda

@@ -51,6 +51,40 @@ __global__ void fill_cache_kernel(CacheView cache, const int32_t* lengths, const
   store_token(cache, cache.slot(b, token), v, lane);
 }
 
+// DeepSeek RoPE on one pair of a head's rope part: the interleaved pair (x[2p], x[2p + 1]) in, with the
+// position's cos / sin of pair p; out the de-interleaved elements p (.x) and p + half (.y).
+__device__ inline float2 rope_pair(float2 pair, float cs, float sn) {
+  return make_float2(pair.x * cs - pair.y * sn, pair.y * cs + pair.x * sn);
+}
+
+// RoPE of one (token, head) row of q (row = token * heads + head) by one warp, in place, and into q_cat's rope part
+// behind the absorbed query where a form uses it; lane i takes pairs i, i + 32, ...
+constexpr int kRopePairsPerLane = 4;  // rope parts up to 256 wide (DeepSeek: 64)
+__device__ inline void rope_q_row(__nv_bfloat16* q, const float* cos_table, const float* sin_table, int64_t row, int64_t t, int nope, int rope,
+                                  int r, __nv_bfloat16* q_cat) {
+  const int lane = int(threadIdx.x) % 32, half = rope / 2;
+  __nv_bfloat16* x = q + row * (nope + rope) + nope;
+  __nv_bfloat16 lo[kRopePairsPerLane], hi[kRopePairsPerLane];
+#pragma unroll
+  for (int k = 0; k < kRopePairsPerLane; ++k) {
+    const int p = lane + 32 * k;
+    if (p >= half) break;
+    const float2 y = rope_pair(__bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(x)[p]), cos_table[t * half + p], sin_table[t * half + p]);
+    lo[k] = __float2bfloat16_rn(y.x);
+    hi[k] = __float2bfloat16_rn(y.y);
+  }
+  __syncwarp();  // every lane has read its pairs before any lane writes over them
+  __nv_bfloat16* y = q_cat ? q_cat + row * (r + rope) + r : nullptr;
+#pragma unroll
+  for (int k = 0; k < kRopePairsPerLane; ++k) {
+    const int p = lane + 32 * k;
+    if (p >= half) break;
+    x[p] = lo[k];
+    x[p + half] = hi[k];
+    if (y) y[p] = lo[k], y[p + half] = hi[k];
+  }
+}
+
 // After the q_a / kv_a projection, one block per new token: RMSNorm of q_a into qa (q_lora_rank models; ql 0
 // skips it), and the token's latent (RMSNorm) and rope key (RoPE) into the cache at its position (and, bf16, into
 // kv_new for the forms that decompress it). Every load is issued up front, each value is read once and held in
@@ -563,12 +597,16 @@ void MlaOp::project() {
   if (!ql) return;
   linear(*blas_handle_, qa_.get(), T, ql, w_->q_b.get(), nh_ * qhd_, q_.get(), CUDA_R_16BF);
   mark("q_b");
-  if (rope_in_concat()) return;  // concat_query's absorb applies it
-  const int64_t heads_x_tokens = T * nh_;
+  if (q_cat_) return;  // (a form with q_cat rotates it in concat_query, after the absorb)
+  rope_query();
+  mark("rope_q");
+}
+
+void MlaOp::rope_query() const {
+  const int64_t heads_x_tokens = s_.tokens() * nh_;
   launch_pdl(rope_q_kernel, dim3(unsigned((heads_x_tokens + 7) / 8)), dim3(256), 0, stream_, q_.get(), b_.rope_cos, b_.rope_sin, heads_x_tokens, int(nh_),
              int(nope_), int(rope_), int(r_), q_cat_);
   DSLAB_CHECK_LAUNCH();
-  mark("rope_q");
 }
 
 void MlaOp::gather_latent(__nv_bfloat16* out) const {
@@ -587,37 +625,31 @@ void MlaOp::decompress(const __nv_bfloat16* latent, int64_t rows, __nv_bfloat16*
   gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, dec, rows, r_, w_->kv_b.get(), r_, 0, latent, width_, 0, out, CUDA_R_16BF, dec, 0, 1);
 }
 
-BatchedGemv MlaOp::query_products(__nv_bfloat16* q_abs, int64_t ld) const {
-  // Per head h: q_abs[t][h][0..r) = q_nope[t][h] · W_UK[h] (W_UK[h]: rows h*(nope+vd) .. +nope of kv_b_proj, [nope][r]).
-  return {q_.get(), nh_ * qhd_, qhd_, nope_, w_->kv_b.get(), (nope_ + vd_) * r_, r_, true, q_abs, nh_ * ld, ld};
-}
-
-bool MlaOp::rope_in_concat() const {
-  return q_cat_ && m_.q_lora_rank && rope_ <= kAbsorbMaxRope && absorb_mma_fits(*blas_handle_, query_products(q_cat_, width_), s_.tokens());
-}
-
 void MlaOp::absorb_query(__nv_bfloat16* q_abs, int64_t ld) const {
-  const BatchedGemv own = query_products(q_abs, ld);
+  // Per head h: q_abs[t][h][0..r) = q_nope[t][h] · W_UK[h] (W_UK[h]: rows h*(nope+vd) .. +nope of kv_b_proj, [nope][r]).
+  const BatchedGemv own{q_.get(), nh_ * qhd_, qhd_, nope_, w_->kv_b.get(), (nope_ + vd_) * r_, r_, true, q_abs, nh_ * ld, ld};
   if (batched_gemv(*blas_handle_, own, s_.tokens(), nh_)) return;
-  if (absorb_mma_fits(*blas_handle_, own, s_.tokens())) {
-    const QueryRope rope{q_.get(), b_.rope_cos, b_.rope_sin, int(nh_), int(nope_), int(rope_), int(r_), q_abs};
-    absorb_mma(*blas_handle_, own, s_.tokens(), nh_, q_abs == q_cat_ && rope_in_concat() ? &rope : nullptr);
-    return;
-  }
   gemm(*blas_handle_, CUBLAS_OP_N, CUBLAS_OP_N, r_, s_.tokens(), nope_, w_->kv_b.get(), r_, (nope_ + vd_) * r_, q_.get(), nh_ * qhd_, qhd_,
        q_abs, CUDA_R_16BF, nh_ * ld, ld, nh_);
 }
 
 void MlaOp::concat_query() const {
   if (!q_cat_) throw std::logic_error("concat_query: the form did not allocate q_cat_ in prepare_form");
-  absorb_query(q_cat_, width_);  // the rope part was written there by project()
+  absorb_query(q_cat_, width_);
+  if (fused_) mark("absorb_q");  // (an unfused form's attend op is timed whole)
+  // The rope part after the absorbed one (they are independent): the kernel after concat_query (the fused decode)
+  // then follows a kernel of ours launched with PDL, so its CTAs start, and copy their first cache blocks, while the
+  // RoPE runs - behind cuBLAS's absorb GEMM (no PDL) they started only once it had finished. q_lora_rank models;
+  // the others rotate q in norm_and_cache_kernel (project()).
+  if (!m_.q_lora_rank) return;
+  rope_query();
+  if (fused_) mark("rope_q");
 }
 
 void MlaOp::absorb_output(const __nv_bfloat16* o_lat) const {
   // Per head h: attn[t][h] = o_lat[t][h] · W_UV[h]^T (W_UV[h]: [vd][r] after the W_UK rows).
   const BatchedGemv own{o_lat, nh_ * r_, r_, r_, w_->kv_b.get() + nope_ * r_, (nope_ + vd_) * r_, vd_, false, attn_.get(), nh_ * vd_, vd_};
   if (batched_gemv(*blas_handle_, own, s_.tokens(), nh_)) return;
-  if (absorb_mma_fits(*blas_handle_, own, s_.tokens())) return absorb_mma(*blas_handle_, own, s_.tokens(), nh_);
   gemm(*blas_handle_, CUBLAS_OP_T, CUBLAS_OP_N, vd_, s_.tokens(), r_, w_->kv_b.get() + nope_ * r_, r_, (nope_ + vd_) * r_, o_lat, nh_ * r_,
        r_, attn_.get(), CUDA_R_16BF, nh_ * vd_, vd_, nh_);
 }
@@ -800,9 +832,9 @@ std::map<std::string, double> GpuVariant::counters() {
   }
   for (const auto& [name, value] : op_->phase_counters()) c[name] = value;
   // The replayed step as the GPU ran it (CUPTI, from a flushed L2): each kernel's start and end from the first one's
-  // start, numbered in start order (step_start_us.03_absorb_mma_kernel), and the kernels' busy time (their union)
-  // against the span: where the graph loses time between kernels, which the eager op_us (an event between every two
-  // kernels) cannot show. Absent where another tool holds CUPTI (compute-sanitizer).
+  // start, numbered in start order (step_start_us.05_decode_kernel), and the kernels' busy time (their union) against
+  // the span: where the graph loses time between kernels, which the eager op_us (an event between every two kernels)
+  // cannot show. Absent where another tool holds CUPTI (compute-sanitizer).
   if (graph_exec_) {
     gpu::flush_l2();
     const gpu::KernelTimes t = gpu::kernel_times([&] { run(); });

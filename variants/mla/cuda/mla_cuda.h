@@ -22,7 +22,6 @@
 namespace dslab::mla::cuda {
 
 class ScratchArena;
-struct BatchedGemv;
 
 // A device allocation, owned (resize) or a stretch of a ScratchArena (scratch: the arena owns it).
 template <class T>
@@ -243,12 +242,8 @@ class MlaOp {
   // row r belongs to request r / rows_per_request and to new token (r / div) % q_len.
   void softmax(const float* scores, __nv_bfloat16* probs, int64_t rows, int64_t rows_per_request, int64_t div) const;
   void absorb_query(__nv_bfloat16* q_abs, int64_t ld) const;  // q_nope·W_UK per head into q_abs[t][h][0..r)
-  void concat_query() const;  // q_cat_ = [q_nope·W_UK ‖ q_pe] per (token, head); forms that use it allocate q_cat_
-  BatchedGemv query_products(__nv_bfloat16* q_abs, int64_t ld) const;  // absorb_query's operands
-  // Whether concat_query's absorb also applies the query's RoPE (absorb_mma with a QueryRope), so that project()
-  // launches no rope_q_kernel: q_lora_rank models (the others rotate q in norm_and_cache_kernel) with own projections
-  // at the sizes absorb_mma takes.
-  bool rope_in_concat() const;
+  // q_cat_ = [q_nope·W_UK ‖ q_pe] per (token, head) (a fused op's pieces marked absorb_q, rope_q); forms that use it allocate q_cat_
+  void concat_query() const;
   void absorb_output(const __nv_bfloat16* o_lat) const;         // attn = o_lat·W_UV^T per head
   // Latent rows [rows][width] decompressed through kv_b_proj: out [rows][heads*(nope+vd)] (cd's K/V, cc every step).
   void decompress(const __nv_bfloat16* latent, int64_t rows, __nv_bfloat16* out) const;
@@ -277,10 +272,11 @@ class MlaOp {
   DeviceArray<__nv_bfloat16> attn_;    // [tokens][heads][v_head_dim]
   DeviceArray<__nv_bfloat16> kv_new_;  // [tokens][width]: this step's latent rows, bf16, if a form allocates it
   DeviceArray<int32_t> schedule_dev_;
-  __nv_bfloat16* q_cat_ = nullptr;     // [tokens][heads][width]: project() (or rope_in_concat) writes q_pe behind the absorbed part
+  __nv_bfloat16* q_cat_ = nullptr;     // [tokens][heads][width]: concat_query() writes q_pe behind the absorbed part
 
  private:
   void project();
+  void rope_query() const;  // RoPE on q's rope parts, in place (and into q_cat_'s where a form has it)
   gpu::OpMarks* marks_ = nullptr;
   DeviceArray<float> qa_f32_;  // [tokens][q_lora_rank + width]: q_a and kv_a outputs side by side
   DeviceArray<float> kv_f32_;
@@ -431,22 +427,6 @@ struct BatchedGemv {
   int64_t ldy, y_batch;
 };
 bool batched_gemv(const BlasHandle& h, const BatchedGemv& g, int64_t rows, int64_t batch);
-// Past kGemvRows, the same per-head products on the tensor cores (variants/mla/cuda/absorb.cu): tiles of 64 rows by
-// mma.sync, each head's weight tile copied before pdl_wait (cuBLAS's batched GEMM, launched without PDL, starts only
-// once the kernel ahead has finished). absorb_mma_fits: whether absorb_mma takes these operands (projections own,
-// rows > kGemvRows, K a multiple of 64, N of the column tile, 16-byte aligned rows). With `rope`, the query's product
-// (W_UK into q_cat) also applies RoPE to each (token, head)'s rope part, in q and behind the absorbed part of
-// q_cat (rope_q_kernel's work; one launch less a step).
-constexpr int64_t kAbsorbMaxRope = 64;  // the widest rope part absorb_mma's RoPE takes (one pair a lane; DeepSeek's)
-struct QueryRope {
-  __nv_bfloat16* q;  // [tokens][heads][nope + rope]
-  const float* cos_table;
-  const float* sin_table;
-  int heads, nope, rope, r;
-  __nv_bfloat16* q_cat;  // [tokens][heads][r + rope]
-};
-bool absorb_mma_fits(const BlasHandle& h, const BatchedGemv& g, int64_t rows);
-void absorb_mma(const BlasHandle& h, const BatchedGemv& g, int64_t rows, int64_t batch, const QueryRope* rope = nullptr);
 // Warps per output feature of the own GEMV (1..8, one CTA at most): for a small matrix the most that keep the grid
 // within one wave of `resident_warps`, for a long row enough that each lane loads about one batch; at least one
 // 16-byte chunk of the row per lane.
