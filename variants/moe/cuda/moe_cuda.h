@@ -168,11 +168,9 @@ class MoeOp {
   DeviceArray<__nv_bfloat16> y16_;      // [rows][hidden] where bf16_rows()
   MlpRunner shared_;
   struct SideStream {
-    explicit SideStream(BlasHandle* side_blas);
-    ~SideStream();
+    explicit SideStream(BlasHandle* side_blas) : blas(side_blas) {}
     BlasHandle* blas;
-    cudaStream_t stream{};
-    cudaEvent_t forked{}, joined{};
+    mla::cuda::ForkedStream streams;
   };
   std::unique_ptr<SideStream> side_;
 
