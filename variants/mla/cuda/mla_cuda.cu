@@ -549,8 +549,6 @@ void MlaOp::prepare(const ModelConfig& m, const Shape& s, int64_t max_keys, cons
   pointer_arrays_.clear();
   q_cat_ = nullptr;
   prepare_form();
-  if (!q_cat_ || !m_.q_lora_rank) rope_side_.reset();
-  else if (!rope_side_) rope_side_ = std::make_unique<ForkedStream>();
   schedule_dev_.resize(b_.schedule ? 0 : schedule_ints());
   DSLAB_CUDA(cudaDeviceSynchronize());
 }
@@ -599,14 +597,14 @@ void MlaOp::project() {
   if (!ql) return;
   linear(*blas_handle_, qa_.get(), T, ql, w_->q_b.get(), nh_ * qhd_, q_.get(), CUDA_R_16BF);
   mark("q_b");
-  if (q_cat_) return;  // (a form with q_cat rotates it in concat_query, beside the absorb)
-  rope_query(stream_);
+  if (q_cat_) return;  // (a form with q_cat rotates it in concat_query, after the absorb)
+  rope_query();
   mark("rope_q");
 }
 
-void MlaOp::rope_query(cudaStream_t stream) const {
+void MlaOp::rope_query() const {
   const int64_t heads_x_tokens = s_.tokens() * nh_;
-  launch_pdl(rope_q_kernel, dim3(unsigned((heads_x_tokens + 7) / 8)), dim3(256), 0, stream, q_.get(), b_.rope_cos, b_.rope_sin, heads_x_tokens, int(nh_),
+  launch_pdl(rope_q_kernel, dim3(unsigned((heads_x_tokens + 7) / 8)), dim3(256), 0, stream_, q_.get(), b_.rope_cos, b_.rope_sin, heads_x_tokens, int(nh_),
              int(nope_), int(rope_), int(r_), q_cat_);
   DSLAB_CHECK_LAUNCH();
 }
@@ -637,36 +635,15 @@ void MlaOp::absorb_query(__nv_bfloat16* q_abs, int64_t ld) const {
 
 void MlaOp::concat_query() const {
   if (!q_cat_) throw std::logic_error("concat_query: the form did not allocate q_cat_ in prepare_form");
-  // The rope part beside the absorbed one, on a stream of its own (they are independent; q_lora_rank models: the
-  // others rotate q in norm_and_cache_kernel): the attention then waits for the longer of the two, not their sum -
-  // 1.5-2.5 us a step at V3's 16 and 128 heads, batch 64 (H100, session 30).
-  if (rope_side_) rope_query(rope_side_->fork(stream_));
   absorb_query(q_cat_, width_);
-  if (rope_side_) rope_side_->join(stream_);
   if (fused_) mark("absorb_q");  // (an unfused form's attend op is timed whole)
-}
-
-ForkedStream::ForkedStream() {
-  DSLAB_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  DSLAB_CUDA(cudaEventCreateWithFlags(&forked_, cudaEventDisableTiming));
-  DSLAB_CUDA(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming));
-}
-
-ForkedStream::~ForkedStream() {
-  cudaEventDestroy(forked_);
-  cudaEventDestroy(joined_);
-  cudaStreamDestroy(stream_);
-}
-
-cudaStream_t ForkedStream::fork(cudaStream_t main) {
-  DSLAB_CUDA(cudaEventRecord(forked_, main));
-  DSLAB_CUDA(cudaStreamWaitEvent(stream_, forked_, 0));
-  return stream_;
-}
-
-void ForkedStream::join(cudaStream_t main) {
-  DSLAB_CUDA(cudaEventRecord(joined_, stream_));
-  DSLAB_CUDA(cudaStreamWaitEvent(main, joined_, 0));
+  // The rope part after the absorbed one (they are independent): the kernel after concat_query (the fused decode)
+  // then follows a kernel of ours launched with PDL, so its CTAs start, and copy their first cache blocks, while the
+  // RoPE runs - behind cuBLAS's absorb GEMM (no PDL) they started only once it had finished. q_lora_rank models;
+  // the others rotate q in norm_and_cache_kernel (project()).
+  if (!m_.q_lora_rank) return;
+  rope_query();
+  if (fused_) mark("rope_q");
 }
 
 void MlaOp::absorb_output(const __nv_bfloat16* o_lat) const {

@@ -152,24 +152,6 @@ class BlasHandle {
   Projections projections_ = Projections::cublas;
 };
 
-// A second stream for work that may run beside the main one's: fork(main) makes it wait for what `main` has queued so
-// far and returns it; join(main) makes `main` wait for what it has queued since. Both are events, so a CUDA graph
-// captured from `main` takes the side branch in.
-class ForkedStream {
- public:
-  ForkedStream();
-  ~ForkedStream();
-  ForkedStream(const ForkedStream&) = delete;
-  ForkedStream& operator=(const ForkedStream&) = delete;
-  cudaStream_t fork(cudaStream_t main);
-  void join(cudaStream_t main);
-  cudaStream_t get() const { return stream_; }
-
- private:
-  cudaStream_t stream_{};
-  cudaEvent_t forked_{}, joined_{};
-};
-
 // One layer's attention weights on the device (HF names). The two projections of the layer input are stacked
 // into qkv_a, since both read the same input: q_a_proj and kv_a_proj_with_mqa for q_lora_rank models, q_proj and
 // kv_a_proj_with_mqa for the others.
@@ -260,7 +242,7 @@ class MlaOp {
   // row r belongs to request r / rows_per_request and to new token (r / div) % q_len.
   void softmax(const float* scores, __nv_bfloat16* probs, int64_t rows, int64_t rows_per_request, int64_t div) const;
   void absorb_query(__nv_bfloat16* q_abs, int64_t ld) const;  // q_nope·W_UK per head into q_abs[t][h][0..r)
-  // q_cat_ = [q_nope·W_UK ‖ q_pe] per (token, head) (a fused op marks absorb_q); forms that use it allocate q_cat_
+  // q_cat_ = [q_nope·W_UK ‖ q_pe] per (token, head) (a fused op's pieces marked absorb_q, rope_q); forms that use it allocate q_cat_
   void concat_query() const;
   void absorb_output(const __nv_bfloat16* o_lat) const;         // attn = o_lat·W_UV^T per head
   // Latent rows [rows][width] decompressed through kv_b_proj: out [rows][heads*(nope+vd)] (cd's K/V, cc every step).
@@ -294,8 +276,7 @@ class MlaOp {
 
  private:
   void project();
-  void rope_query(cudaStream_t stream) const;  // RoPE on q's rope parts, in place (and into q_cat_'s where a form has it)
-  std::unique_ptr<ForkedStream> rope_side_;   // concat_query's RoPE beside the absorb (q_lora_rank forms with q_cat_)
+  void rope_query() const;  // RoPE on q's rope parts, in place (and into q_cat_'s where a form has it)
   gpu::OpMarks* marks_ = nullptr;
   DeviceArray<float> qa_f32_;  // [tokens][q_lora_rank + width]: q_a and kv_a outputs side by side
   DeviceArray<float> kv_f32_;

@@ -173,7 +173,7 @@ class HostMoe final : public MoeOp {
       DSLAB_CHECK_LAUNCH();
       mark("hot_split");
       // The GPU's share beside the CPU's: on the side stream after the shared experts (or first, without one).
-      cudaStream_t gpu = side_ ? side_->streams.get() : stream_;
+      cudaStream_t gpu = side_ ? side_->stream : stream_;
       if (side_) {
         DSLAB_CUDA(cudaEventRecord(hot_ready_, stream_));
         DSLAB_CUDA(cudaStreamWaitEvent(gpu, hot_ready_, 0));

@@ -424,6 +424,18 @@ int tile_rows_for(double rows_per_expert) { return rows_per_expert <= 4 ? 16 : r
 
 double MoeOp::scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts) { return moe::gpu_moe_scratch_bytes(m, tokens, experts); }
 
+MoeOp::SideStream::SideStream(BlasHandle* side_blas) : blas(side_blas) {
+  DSLAB_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DSLAB_CUDA(cudaEventCreateWithFlags(&forked, cudaEventDisableTiming));
+  DSLAB_CUDA(cudaEventCreateWithFlags(&joined, cudaEventDisableTiming));
+}
+
+MoeOp::SideStream::~SideStream() {
+  cudaEventDestroy(forked);
+  cudaEventDestroy(joined);
+  cudaStreamDestroy(stream);
+}
+
 void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, const MoeBuffers& b, BlasHandle& blas, BlasHandle* side_blas,
                     mla::cuda::ScratchArena* arena) {
   if (m.n_routed_experts > kScanThreads) throw BadInput(m.source + ": n_routed_experts above " + std::to_string(kScanThreads) + " is not supported on the GPU");
@@ -521,9 +533,10 @@ void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
   marks_ = marks;
   const bool shared = w_->shared.intermediate > 0;
   if (shared && side_) {  // the shared experts need nothing of the routing: run them beside it, on their own stream
-    const cudaStream_t side = side_->streams.fork(stream);
-    side_->blas->set_stream(side);
-    shared_.forward(*side_->blas, b_.x, b_.out, 0.0f, side);
+    DSLAB_CUDA(cudaEventRecord(side_->forked, stream));
+    DSLAB_CUDA(cudaStreamWaitEvent(side_->stream, side_->forked, 0));
+    side_->blas->set_stream(side_->stream);
+    shared_.forward(*side_->blas, b_.x, b_.out, 0.0f, side_->stream);
   }
   blas_->set_stream(stream);
   route();
@@ -538,7 +551,8 @@ void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
     mark("shared_experts");
   }
   if (shared && side_) {  // the shared experts ran beside the routed ones: join them
-    side_->streams.join(stream);
+    DSLAB_CUDA(cudaEventRecord(side_->joined, side_->stream));
+    DSLAB_CUDA(cudaStreamWaitEvent(stream, side_->joined, 0));
     mark("shared_experts_join");
   }
   const dim3 grid(unsigned(tokens_), unsigned((hidden_ + kCombineColumns - 1) / kCombineColumns)), block(kCombineColumns / 4);

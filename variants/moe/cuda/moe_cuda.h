@@ -168,9 +168,11 @@ class MoeOp {
   DeviceArray<__nv_bfloat16> y16_;      // [rows][hidden] where bf16_rows()
   MlpRunner shared_;
   struct SideStream {
-    explicit SideStream(BlasHandle* side_blas) : blas(side_blas) {}
+    explicit SideStream(BlasHandle* side_blas);
+    ~SideStream();
     BlasHandle* blas;
-    mla::cuda::ForkedStream streams;
+    cudaStream_t stream{};
+    cudaEvent_t forked{}, joined{};
   };
   std::unique_ptr<SideStream> side_;
 
