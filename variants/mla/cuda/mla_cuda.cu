@@ -640,7 +640,7 @@ void MlaOp::concat_query() const {
   // The rope part after the absorbed one (they are independent): the kernel after concat_query (the fused decode)
   // then follows a kernel of ours launched with PDL, so its CTAs start, and copy their first cache blocks, while the
   // RoPE runs - behind cuBLAS's absorb GEMM (no PDL) they started only once it had finished. (H100, session 30: the
-  // step 0.3-1.2% shorter at 16 heads, batch 64-128, 4K-8K; the same at 128 heads.) q_lora_rank models; the others
+  // step 0.3-0.8% shorter at 16 heads, batch 64-128, 4K-8K; the same at 128 heads.) q_lora_rank models; the others
   // rotate q in norm_and_cache_kernel (project()).
   if (!m_.q_lora_rank) return;
   rope_query();
