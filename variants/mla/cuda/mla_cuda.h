@@ -242,7 +242,8 @@ class MlaOp {
   // row r belongs to request r / rows_per_request and to new token (r / div) % q_len.
   void softmax(const float* scores, __nv_bfloat16* probs, int64_t rows, int64_t rows_per_request, int64_t div) const;
   void absorb_query(__nv_bfloat16* q_abs, int64_t ld) const;  // q_nope·W_UK per head into q_abs[t][h][0..r)
-  // q_cat_ = [q_nope·W_UK ‖ q_pe] per (token, head) (a fused op's pieces marked absorb_q, rope_q); forms that use it allocate q_cat_
+  // q_cat_ = [q_nope·W_UK ‖ q_pe] per (token, head), a fused op's pieces marked absorb_q and rope_q; forms that use
+  // it allocate q_cat_
   void concat_query() const;
   void absorb_output(const __nv_bfloat16* o_lat) const;         // attn = o_lat·W_UV^T per head
   // Latent rows [rows][width] decompressed through kv_b_proj: out [rows][heads*(nope+vd)] (cd's K/V, cc every step).
@@ -272,7 +273,8 @@ class MlaOp {
   DeviceArray<__nv_bfloat16> attn_;    // [tokens][heads][v_head_dim]
   DeviceArray<__nv_bfloat16> kv_new_;  // [tokens][width]: this step's latent rows, bf16, if a form allocates it
   DeviceArray<int32_t> schedule_dev_;
-  __nv_bfloat16* q_cat_ = nullptr;     // [tokens][heads][width]: concat_query() writes q_pe behind the absorbed part
+  __nv_bfloat16* q_cat_ = nullptr;     // [tokens][heads][width]: q_pe behind the absorbed part is written by
+                                       // concat_query() (q_lora_rank models) or norm_and_cache_kernel (the others)
 
  private:
   void project();
