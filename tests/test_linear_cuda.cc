@@ -275,6 +275,70 @@ TEST(GpuTunedGemm, AccumulatesIntoTheCallersOutputAndCapturesUntuned) {
   }
 }
 
+// linear_unsummed (the MLA step's qkv_a, whose K slices the norm kernel adds up): with K cut into 2 or 4 slices
+// the partials come back unsummed (their sum the product; the caller's y left as it was); unsliced, y itself; and
+// inside a capture (untuned) y itself too. Each against fp64.
+TEST(GpuTunedGemm, UnsummedSlicesAddUpToTheProduct) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  using namespace mla::cuda;
+  const int64_t rows = 24, in = 2048, out = 320;
+  const uint64_t seed = test::fresh_seed();
+  const std::vector<bf16> w = ref::random_bf16(seed, "w", size_t(out * in), 0.03f);
+  const std::vector<bf16> x = ref::random_bf16(seed, "x", size_t(rows * in), 1.0f);
+  const std::vector<double> product = fp64_linear(x, w, rows, in, out);
+  DeviceArray<__nv_bfloat16> dx, dw;
+  dx.upload(x);
+  dw.upload(w);
+  DeviceArray<float> y(size_t(rows * out));
+  // The sum of the returned slices, read back, against fp64.
+  const auto error_of = [&](const KSlices& k) {
+    std::vector<float> parts(size_t(k.count) * size_t(rows * out));
+    DSLAB_CUDA(cudaDeviceSynchronize());
+    for (int s = 0; s < k.count; ++s)
+      DSLAB_CUDA(cudaMemcpy(parts.data() + size_t(s) * size_t(rows * out), k.data + s * k.stride, size_t(rows * out) * 4, cudaMemcpyDeviceToHost));
+    std::vector<float> sum(size_t(rows * out), 0.0f);
+    for (int s = 0; s < k.count; ++s)
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += parts[size_t(s) * sum.size() + i];
+    return ref::relative_l2_error(sum.data(), product.data(), product.size());
+  };
+  for (int slices : {1, 2, 4}) {
+    SCOPED_TRACE("slices " + std::to_string(slices));
+    BlasHandle h;
+    h.set_projections(Projections::own);
+    h.tuner().only_slices(slices);
+    y.fill_bytes(0xFF);  // (NaN: a sliced run must not need it, an unsliced one must overwrite it)
+    const KSlices k = linear_unsummed(h, dx.get(), rows, in, dw.get(), out, y.get());
+    EXPECT_EQ(k.count, slices);
+    if (slices == 1) EXPECT_EQ(k.data, y.get());
+    else EXPECT_EQ(k.stride, rows * out);
+    const double err = error_of(k);
+    EXPECT_LE(err, 1e-5);
+    EXPECT_GT(err, 0.0) << "fp32 sums cannot match fp64 exactly: is the output really computed?";
+    EXPECT_EQ(error_of(linear_unsummed(h, dx.get(), rows, in, dw.get(), out, y.get())), err) << "a second call runs the same way";
+  }
+  {
+    BlasHandle h;
+    h.set_projections(Projections::own);
+    cudaStream_t stream{};
+    DSLAB_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    h.set_stream(stream);
+    cudaGraph_t graph{};
+    cudaGraphExec_t exec{};
+    y.fill_bytes(0xFF);
+    DSLAB_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const KSlices k = linear_unsummed(h, dx.get(), rows, in, dw.get(), out, y.get());
+    DSLAB_CUDA(cudaStreamEndCapture(stream, &graph));
+    DSLAB_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    DSLAB_CUDA(cudaGraphLaunch(exec, stream));
+    DSLAB_CUDA(cudaStreamSynchronize(stream));
+    EXPECT_EQ(k.count, 1) << "untuned inside a capture: cuBLASLt's first pick, into y";
+    EXPECT_LE(error_of(k), 1e-5);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
 // stream_gemm (our weight-streaming GEMM, a tuning candidate) forced through GemmTuner::only_own: one and two 64-row
 // slabs (16, 64, 65 and 128 rows), a feature count that leaves a partial 128-feature tile, K whole and split 2-4 ways
 // (partials summed), fp32 accumulating (beta 1) and bf16 outputs, and a batched per-head product laid out as

@@ -271,6 +271,14 @@ void linear(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t i
   gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, 0, x, in, 0, y, y_type, out, 0, 1, beta);
 }
 
+KSlices linear_unsummed(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out, float* y) {
+  if (own_gemv(h, x, rows, in, w, CUDA_R_32F) || h.projections() != Projections::own) {
+    linear(h, x, rows, in, w, out, y, CUDA_R_32F);
+    return {y, 1, 0};
+  }
+  return h.tuner().gemm_unsummed(h.stream(), linear_gemm_shape(x, rows, in, w, out, y, CUDA_R_32F, 0.0f), w, x, y);
+}
+
 GemmShape linear_gemm_shape(const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out, const void* y,
                             cudaDataType y_type, float beta) {
   return gemm_shape(CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, 0, x, in, 0, y, y_type, out, 0, 1, beta);

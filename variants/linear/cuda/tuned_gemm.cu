@@ -219,6 +219,7 @@ void GemmTuner::launch(const Plan& p, const Layouts& l, const cublasLtMatmulAlgo
   }
   DSLAB_CUBLAS(cublasLtMatmul(lt_, p.desc, &alpha, a, l.a, b, l.b, &zero, partials, l.c, partials, l.c, &algo, workspace_, workspace_bytes,
                               stream));
+  if (s.caller_sums) return;
   const int64_t total = s.m * s.n;
   const unsigned blocks = unsigned(std::min<int64_t>((total + 255) / 256, 1024));
   launch_pdl(sum_slices_kernel, dim3(blocks), dim3(256), 0, stream, static_cast<const float*>(partials), s.m, s.n, l.slices, c,
@@ -273,7 +274,7 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, const Plan& p, const void* 
   std::map<int, Layouts> sliced;
   int max_slices = 1;
   for (int slices : kSlices) {
-    if (!sliceable(s, slices) || (only_slices_ != 0 && slices != only_slices_) || only_own_ != 0) continue;
+    if (!sliceable(s, slices) || (s.caller_sums && slices > kMaxUnsummedSlices) || (only_slices_ != 0 && slices != only_slices_) || only_own_ != 0) continue;
     Layouts l(s, slices);
     for (const Candidate& c : heuristic(p, l, s, kSliceCandidates)) ways.push_back({slices, c});
     sliced.emplace(slices, std::move(l));
@@ -361,7 +362,8 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, const Plan& p, const void* 
   t.choice.own_us = own_us;
   if (tuning_verbose())
     std::fprintf(stderr, "gemm tuning %lld x %lld x %lld (batch %lld, %s): %s chosen, %.1f us; us each (lt<algo>.<tile>/<split-K>[x<K slices>], own/<splits>):%s\n",
-                 (long long)s.m, (long long)s.n, (long long)s.k, (long long)s.batch, s.c_type == CUDA_R_16BF ? "bf16 out" : "fp32 out",
+                 (long long)s.m, (long long)s.n, (long long)s.k, (long long)s.batch,
+                 s.c_type == CUDA_R_16BF ? "bf16 out" : s.caller_sums ? "fp32 out, slices summed by the caller" : "fp32 out",
                  w.own_splits > 0 ? "own" : "cuBLASLt", best_us, log.c_str());
   if (w.own_splits > 0) {
     t.choice.own_kernel = true;
@@ -403,6 +405,20 @@ std::map<std::pair<int, GemmShape>, GemmTuner::Tuned>& process_choices() {
 }  // namespace
 
 void GemmTuner::gemm(cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c, float beta) {
+  if (s.caller_sums) throw std::logic_error("GemmTuner::gemm: a shape whose caller sums its slices goes through gemm_unsummed");
+  run(stream, s, a, b, c, beta);
+}
+
+KSlices GemmTuner::gemm_unsummed(cudaStream_t stream, GemmShape s, const void* a, const void* b, float* c) {
+  if (s.c_type != CUDA_R_32F || s.accumulate || s.batch != 1 || s.ldc != s.m)
+    throw std::logic_error("GemmTuner::gemm_unsummed: an unbatched fp32 C with ldc == m and no accumulation only");
+  s.caller_sums = true;
+  const Plan& p = run(stream, s, a, b, c, 0.0f);
+  if (p.tuned && !p.choice.own_kernel && p.choice.k_slices > 1) return {p.partials, p.choice.k_slices, s.m * s.n};
+  return {c, 1, 0};
+}
+
+const GemmTuner::Plan& GemmTuner::run(cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c, float beta) {
   Plan& p = plan_for(s);
   if (!p.tuned) {
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
@@ -423,6 +439,7 @@ void GemmTuner::gemm(cudaStream_t stream, const GemmShape& s, const void* a, con
   }
   if (p.tuned && p.choice.own_kernel) stream_gemm(s, p.choice.k_slices, a, b, c, beta, p.maps, stream);
   else launch(p, p.layouts, p.algo, p.workspace_bytes, p.partials, stream, s, a, b, c, beta);
+  return p;
 }
 
 const TunedChoice* GemmTuner::choice(const GemmShape& s) const {

@@ -36,10 +36,22 @@ struct GemmShape {
   cudaDataType c_type;
   bool accumulate;  // beta != 0
   int alignment;    // the least of the three pointers' alignments, bytes (16 at most)
+  bool caller_sums = false;  // GemmTuner::gemm_unsummed: K slices are left for the caller's next kernel to add up
   auto tie() const {
-    return std::tie(op_a, op_b, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch, c_type, accumulate, alignment);
+    return std::tie(op_a, op_b, m, n, k, lda, stride_a, ldb, stride_b, ldc, stride_c, batch, c_type, accumulate, alignment, caller_sums);
   }
   bool operator<(const GemmShape& o) const { return tie() < o.tie(); }
+};
+
+// The most K slices gemm_unsummed leaves to its caller (a consumer kernel holds one value of each in flight).
+constexpr int kMaxUnsummedSlices = 8;
+
+// An fp32 product as `count` partial sums to add up: element (row j, feature i) is the sum over s < count of
+// data[s * stride + j * m + i] (count 1: the product itself, stride 0).
+struct KSlices {
+  const float* data = nullptr;
+  int count = 1;
+  int64_t stride = 0;
 };
 
 // What tuning chose for a shape (for counters and reports).
@@ -61,6 +73,11 @@ class GemmTuner {
   // c = a·b (+ beta c) on `stream`. A shape seen for the first time is tuned first (synchronising the device),
   // unless `stream` is capturing a graph: then cuBLASLt's first heuristic pick runs, untuned and not remembered.
   void gemm(cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c, float beta);
+  // c = a·b for an fp32 C with ldc == m, unbatched, no accumulation - but where the tuned way cuts K into slices
+  // (at most kMaxUnsummedSlices), their partials are returned unsummed instead, for the kernel after it to add up
+  // as it reads them (one kernel and one round trip of C fewer: the MLA step's qkv_a, whose norm kernel sums them).
+  // The shape is tuned apart from gemm()'s, its sliced ways timed without a sum.
+  KSlices gemm_unsummed(cudaStream_t stream, GemmShape s, const void* a, const void* b, float* c);
   // The choice for a tuned shape, or nullptr.
   const TunedChoice* choice(const GemmShape& s) const;
   // Tests: tune shapes seen from here on over the candidates with this many K slices only (0: all), on this handle
@@ -106,8 +123,11 @@ class GemmTuner {
   bool split_variant(const Plan& p, const cublasLtMatmulAlgo_t& base, int split, Candidate* out) const;
   Tuned tune(const GemmShape& s, const Plan& p, const void* a, const void* b);
   void adopt(const GemmShape& s, Plan& p, const Tuned& t);
+  // (s.caller_sums: a sliced way's partials are left unsummed)
   void launch(const Plan& p, const Layouts& l, const cublasLtMatmulAlgo_t& algo, size_t workspace_bytes, float* partials,
               cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c, float beta) const;
+  // gemm()'s body: tunes s on first use (outside a capture), then runs it.
+  const Plan& run(cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c, float beta);
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_;
   size_t workspace_bytes_;

@@ -91,13 +91,49 @@ __device__ inline void rope_q_row(__nv_bfloat16* q, const float* cos_table, cons
 // registers, and both sums of squares share one reduction: the kernel is a short chain of latencies, not work.
 // Models without q_lora_rank have their q (q_proj) before this kernel: given `q`, its warps also apply RoPE to the
 // token's heads (rope_q_row), one launch less a layer than rope_q_kernel after it.
+// The projection's output may come as K slices' partials (KSlices: `slices` of them, `slice_stride` apart) that this
+// kernel adds up as it loads them - every slice's load issued before any sum - so no sum kernel runs before it.
 constexpr int kNormThreads = 256, kNormQPerThread = 8, kNormLatentPerThread = 4;  // q_lora_rank <= 2048, kv_lora_rank <= 1024
+__device__ __forceinline__ float sum_of_slices(const float* p, int64_t i, int slices, int64_t slice_stride) {
+  float v = p[i];
+#pragma unroll
+  for (int s = 1; s < kMaxUnsummedSlices; ++s)
+    if (s < slices) v += p[s * slice_stride + i];
+  return v;
+}
 __global__ void __launch_bounds__(kNormThreads) norm_and_cache_kernel(const float* qa_f32, int ql, const __nv_bfloat16* q_a_norm,
-                                                                      __nv_bfloat16* qa, const float* kv_f32, int ld,
+                                                                      __nv_bfloat16* qa, const float* kv_f32, int ld, int slices,
+                                                                      int64_t slice_stride,
                                                                       const __nv_bfloat16* kv_norm, const float* cos_table,
                                                                       const float* sin_table, CacheView cache, const int32_t* lengths,
                                                                       int q_len, int r, float eps, __nv_bfloat16* kv_new, __nv_bfloat16* q,
                                                                       int heads, int nope, __nv_bfloat16* q_cat) {
+  __shared__ float2 warp_sums[kNormThreads / 32];
+  __shared__ float token[32 * kMaxValuesPerLane];  // int8 / fp8 caches: the row, bf16-rounded, for one warp to quantise
+  const int t = blockIdx.x, b = t / q_len, s = t % q_len, width = int(cache.width), half = (width - r) / 2;
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  // Before griddepcontrol.wait, what no kernel of the step writes (the norms' weights, the RoPE tables, the token's
+  // cache slot from its length and page table: set before the step), so that only the projection's output is left
+  // to load once the kernel before has finished.
+  const int64_t slot = cache.slot(b, lengths[b] + s);  // (the same two loads in every thread: broadcasts)
+  float qv[kNormQPerThread], qw[kNormQPerThread], lv[kNormLatentPerThread], lw[kNormLatentPerThread];
+#pragma unroll
+  for (int k = 0; k < kNormQPerThread; ++k) {
+    const int i = int(threadIdx.x) + kNormThreads * k;
+    qw[k] = i < ql ? __bfloat162float(q_a_norm[i]) : 0.0f;
+  }
+#pragma unroll
+  for (int k = 0; k < kNormLatentPerThread; ++k) {
+    const int i = int(threadIdx.x) + kNormThreads * k;
+    lw[k] = i < r ? __bfloat162float(kv_norm[i]) : 0.0f;
+  }
+  const bool has_pair = int(threadIdx.x) < half;  // this thread rotates rope pair threadIdx.x
+  float2 pair{0, 0};
+  float cs = 0, sn = 0;
+  if (has_pair) {
+    cs = cos_table[int64_t(t) * half + threadIdx.x];
+    sn = sin_table[int64_t(t) * half + threadIdx.x];
+  }
   pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
   pdl_launch_dependents();
   if (q) {
@@ -105,34 +141,20 @@ __global__ void __launch_bounds__(kNormThreads) norm_and_cache_kernel(const floa
     for (int h = int(threadIdx.x) / 32; h < heads; h += kNormThreads / 32)
       rope_q_row(q, cos_table, sin_table, int64_t(blockIdx.x) * heads + h, blockIdx.x, nope, rope, r, q_cat);
   }
-  __shared__ float2 warp_sums[kNormThreads / 32];
-  __shared__ float token[32 * kMaxValuesPerLane];  // int8 / fp8 caches: the row, bf16-rounded, for one warp to quantise
-  const int t = blockIdx.x, b = t / q_len, s = t % q_len, width = int(cache.width), half = (width - r) / 2;
-  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
-  const int64_t slot = cache.slot(b, lengths[b] + s);  // (the same two loads in every thread: broadcasts)
   const float* q_row = ql ? qa_f32 + int64_t(t) * ld : nullptr;  // (read only below ql)
   const float* kv = kv_f32 + int64_t(t) * ld;
-  float qv[kNormQPerThread], qw[kNormQPerThread], lv[kNormLatentPerThread], lw[kNormLatentPerThread];
 #pragma unroll
   for (int k = 0; k < kNormQPerThread; ++k) {
     const int i = int(threadIdx.x) + kNormThreads * k;
-    qv[k] = i < ql ? q_row[i] : 0.0f;
-    qw[k] = i < ql ? __bfloat162float(q_a_norm[i]) : 0.0f;
+    qv[k] = i < ql ? sum_of_slices(q_row, i, slices, slice_stride) : 0.0f;
   }
 #pragma unroll
   for (int k = 0; k < kNormLatentPerThread; ++k) {
     const int i = int(threadIdx.x) + kNormThreads * k;
-    lv[k] = i < r ? kv[i] : 0.0f;
-    lw[k] = i < r ? __bfloat162float(kv_norm[i]) : 0.0f;
+    lv[k] = i < r ? sum_of_slices(kv, i, slices, slice_stride) : 0.0f;
   }
-  const bool has_pair = int(threadIdx.x) < half;  // this thread rotates rope pair threadIdx.x
-  float2 pair{0, 0};
-  float cs = 0, sn = 0;
-  if (has_pair) {
-    pair = make_float2(kv[r + 2 * threadIdx.x], kv[r + 2 * threadIdx.x + 1]);
-    cs = cos_table[int64_t(t) * half + threadIdx.x];
-    sn = sin_table[int64_t(t) * half + threadIdx.x];
-  }
+  if (has_pair)
+    pair = make_float2(sum_of_slices(kv, r + 2 * threadIdx.x, slices, slice_stride), sum_of_slices(kv, r + 2 * threadIdx.x + 1, slices, slice_stride));
   float2 ss{0, 0};
 #pragma unroll
   for (int k = 0; k < kNormQPerThread; ++k) ss.x += qv[k] * qv[k];
@@ -575,13 +597,15 @@ void MlaOp::project() {
   NvtxRange range("mla.project");
   const int64_t T = s_.tokens();
   const int64_t ql = m_.q_lora_rank ? *m_.q_lora_rank : 0;
+  KSlices qkv{kv_f32_.get(), 1, 0};
   const float* kv = kv_f32_.get();
   int ld = int(width_);
   if (ql) {
-    // q_a_proj and kv_a_proj_with_mqa read the same input: one GEMM over their stacked weights.
-    linear(*blas_handle_, b_.x, T, hid_, w_->qkv_a.get(), ql + width_, qa_f32_.get(), CUDA_R_32F);
+    // q_a_proj and kv_a_proj_with_mqa read the same input: one GEMM over their stacked weights, its K slices (where
+    // tuning cuts K) summed by the norm kernel as it loads them.
+    qkv = linear_unsummed(*blas_handle_, b_.x, T, hid_, w_->qkv_a.get(), ql + width_, qa_f32_.get());
     mark("qkv_a");
-    kv = qa_f32_.get() + ql;
+    kv = qkv.data + ql;
     ld = int(ql + width_);
   } else {
     // q_proj (bf16, for RoPE and the absorb) and kv_a_proj_with_mqa (fp32, for its RMSNorm) over their stacked weights.
@@ -589,7 +613,8 @@ void MlaOp::project() {
     mark("qkv_a");
   }
   // (without q_lora_rank, q is here already: its RoPE rides in this kernel)
-  launch_pdl(norm_and_cache_kernel, dim3(unsigned(T)), dim3(kNormThreads), 0, stream_, qa_f32_.get(), int(ql), w_->q_a_norm.get(), qa_.get(), kv, ld,
+  launch_pdl(norm_and_cache_kernel, dim3(unsigned(T)), dim3(kNormThreads), 0, stream_, qkv.data, int(ql), w_->q_a_norm.get(), qa_.get(), kv, ld,
+             qkv.count, qkv.stride,
              w_->kv_a_norm.get(), b_.rope_cos, b_.rope_sin, cache_view(*b_.cache), b_.lengths, int(s_.q_len), int(r_), float(m_.rms_norm_eps),
              kv_new_.get(), ql ? nullptr : q_.get(), int(nh_), int(nope_), q_cat_);
   DSLAB_CHECK_LAUNCH();

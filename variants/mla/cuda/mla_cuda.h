@@ -406,6 +406,9 @@ GemmShape linear_gemm_shape(const __nv_bfloat16* x, int64_t rows, int64_t in, co
 // per-row FMAs and input loads made it 0.5-0.8x cuBLAS from 4 rows on (session 10), hence the limit of 2.
 void linear(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out,
             void* y, cudaDataType y_type, float beta = 0.0f);
+// linear() into fp32 y, but where the tuned cuBLASLt way cuts K into slices their partials are left unsummed for
+// the caller's next kernel to add up (GemmTuner::gemm_unsummed); otherwise y itself, count 1.
+KSlices linear_unsummed(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out, float* y);
 // Two nn.Linears of one input whose weights are stacked, w = [out1 + out2][in]: y1[rows][out1] (y1_type) from the
 // first out1 rows, y2[rows][out2] (fp32) from the rest. Where linear() would take the own GEMV, one launch streams
 // both (a decode step's kv_a_proj_with_mqa alone, 2.4 MB at V2-Lite, took ~10 us, mostly the launch's ramp and
