@@ -339,6 +339,39 @@ TEST(GpuTunedGemm, UnsummedSlicesAddUpToTheProduct) {
   }
 }
 
+// A whole fused MLA step (V3, 16 heads, 8 requests, graph-replayed) with every projection that allows it cut into
+// 2, 4, 7 or 8 K slices (GemmTuner::slice_everywhere_for_tests): qkv_a's partials are added up by the norm kernel
+// (one instantiation per count), q_b's and o_proj's by the sum kernel where they slice; each against the fp64
+// reference. (Without the restriction the tuner picks by time, so which path a step takes is the GPU's to decide.)
+TEST(GpuTunedGemm, MlaStepWithSlicedProjectionsMatchesReference) {
+  const VariantEntry* entry = find_variant("mla/fused/cuda");
+  if (!entry) GTEST_SKIP() << "mla/fused/cuda is not built";
+  if (Support a = entry->make()->available(); !a.ok) GTEST_SKIP() << a.reason;
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  struct Restore {
+    ~Restore() { mla::cuda::GemmTuner::slice_everywhere_for_tests(0); }
+  } restore;
+  const ModelFile model = load_model_file("deepseek-v3");
+  Point p;
+  for (const auto& [axis, value] : std::vector<std::pair<std::string, int64_t>>{{"batch", 8}, {"q_len", 1}, {"kv_len", 300}, {"heads", 16}, {"page_size", 64}})
+    p.set(axis, {std::to_string(value), value, true});
+  for (const auto& [axis, value] : std::vector<std::pair<std::string, std::string>>{
+           {"len_dist", "mixed"}, {"kv_dtype", "bf16"}, {"executor", "graph"}, {"kv_splits", "auto"}, {"proj", "own"}})
+    p.set(axis, {value, 0, false});
+  for (int slices : {2, 4, 7, 8}) {
+    SCOPED_TRACE("K slices " + std::to_string(slices));
+    mla::cuda::GemmTuner::slice_everywhere_for_tests(slices);
+    auto v = entry->make();
+    ASSERT_TRUE(v->supports(model, p).ok);
+    v->prepare(model, p, test::fresh_seed());
+    v->run();
+    v->run();
+    const Verification check = v->verify();
+    EXPECT_LE(check.rel_err, 1e-2);
+    EXPECT_GT(check.rel_err, 0.0) << "bf16 arithmetic cannot match fp64 exactly: is the output really computed?";
+  }
+}
+
 // stream_gemm (our weight-streaming GEMM, a tuning candidate) forced through GemmTuner::only_own: one and two 64-row
 // slabs (16, 64, 65 and 128 rows), a feature count that leaves a partial 128-feature tile, K whole and split 2-4 ways
 // (partials summed), fp32 accumulating (beta 1) and bf16 outputs, and a batched per-head product laid out as

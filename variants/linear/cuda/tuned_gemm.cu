@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -163,6 +164,8 @@ GemmTuner::Plan::~Plan() {
   if (desc) cublasLtMatmulDescDestroy(desc);
 }
 
+std::atomic<int> GemmTuner::slices_for_tests{0};
+
 GemmTuner::GemmTuner(void* workspace, size_t workspace_bytes) : workspace_(workspace), workspace_bytes_(workspace_bytes) {
   DSLAB_CUBLAS(cublasLtCreate(&lt_));
 }
@@ -247,7 +250,7 @@ bool GemmTuner::split_variant(const Plan& p, const cublasLtMatmulAlgo_t& base, i
   return false;
 }
 
-GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, const Plan& p, const void* a, const void* b) {
+GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, const Plan& p, const void* a, const void* b, int only_slices) {
   // The candidates: the heuristic's list, then split-K variants of its first split-capable algorithms (cuBLASLt's
   // own split, reduced inside its kernels), then the K slices.
   struct Way {
@@ -257,9 +260,9 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, const Plan& p, const void* 
   };
   std::vector<Way> ways;
   const std::vector<Candidate> ranked = heuristic(p, p.layouts, s, kHeuristicCandidates);
-  if (only_slices_ <= 1 && only_own_ == 0)
+  if (only_slices <= 1 && only_own_ == 0)
     for (const Candidate& c : ranked) ways.push_back({1, c});
-  int bases = only_slices_ > 1 || only_own_ != 0 ? kSplitBases : 0;
+  int bases = only_slices > 1 || only_own_ != 0 ? kSplitBases : 0;
   for (const Candidate& r : ranked) {
     if (bases == kSplitBases) break;
     if (capability<int32_t>(r.algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT) == 0) continue;
@@ -274,13 +277,13 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, const Plan& p, const void* 
   std::map<int, Layouts> sliced;
   int max_slices = 1;
   for (int slices : kSlices) {
-    if (!sliceable(s, slices) || (s.caller_sums && slices > kMaxUnsummedSlices) || (only_slices_ != 0 && slices != only_slices_) || only_own_ != 0) continue;
+    if (!sliceable(s, slices) || (s.caller_sums && slices > kMaxUnsummedSlices) || (only_slices != 0 && slices != only_slices) || only_own_ != 0) continue;
     Layouts l(s, slices);
     for (const Candidate& c : heuristic(p, l, s, kSliceCandidates)) ways.push_back({slices, c});
     sliced.emplace(slices, std::move(l));
     max_slices = slices;
   }
-  if (stream_gemm_fits(s) && only_slices_ == 0)
+  if (stream_gemm_fits(s) && only_slices == 0)
     for (int splits : kOwnSplits)
       if (stream_gemm_splits_ok(s, splits) && (only_own_ == 0 || splits == only_own_)) ways.push_back({1, Candidate{}, splits});
   if (ways.empty()) throw std::logic_error("GemmTuner: no candidate for this shape under the test restriction");
@@ -334,7 +337,7 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, const Plan& p, const void* 
       log += us;
     }
     if (ways[i].own_splits > 0 && (own_us == 0 || way_us < own_us)) own_us = way_us;
-    if (i == 0) first_us = way_us;  // (with only_slices_ > 1, the first sliced way)
+    if (i == 0) first_us = way_us;  // (with only_slices > 1, the first sliced way)
     // Whether way i beats the best so far: the faster (DSLAB_GEMM_TUNING=own: our kernel over cuBLASLt's whatever the
     // times, the faster of two of the same kind).
     const auto beats_best = [&] {
@@ -425,14 +428,18 @@ const GemmTuner::Plan& GemmTuner::run(cudaStream_t stream, const GemmShape& s, c
     DSLAB_CUDA(cudaStreamIsCapturing(stream, &capturing));
     // (inside a capture neither timing nor an allocation is allowed: cuBLASLt's first pick runs, untuned)
     if (capturing == cudaStreamCaptureStatusNone && tuning_enabled()) {
-      if (only_slices_ != 0 || only_own_ != 0) {
-        adopt(s, p, tune(s, p, a, b));
+      // (a test's restriction: tuned on this handle alone; GemmTuner::slice_everywhere_for_tests applies where it can)
+      const int everywhere = slices_for_tests;
+      const bool applies = everywhere > 1 && sliceable(s, everywhere) && !(s.caller_sums && everywhere > kMaxUnsummedSlices);
+      const int only_slices = only_slices_ != 0 ? only_slices_ : applies ? everywhere : 0;
+      if (only_slices != 0 || only_own_ != 0) {
+        adopt(s, p, tune(s, p, a, b, only_slices));
       } else {
         int device = 0;
         DSLAB_CUDA(cudaGetDevice(&device));
         std::lock_guard<std::mutex> lock(choices_mutex());
         auto it = process_choices().find({device, s});
-        if (it == process_choices().end()) it = process_choices().emplace(std::make_pair(device, s), tune(s, p, a, b)).first;
+        if (it == process_choices().end()) it = process_choices().emplace(std::make_pair(device, s), tune(s, p, a, b, 0)).first;
         adopt(s, p, it->second);
       }
     }

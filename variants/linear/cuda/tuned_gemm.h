@@ -14,6 +14,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -85,6 +86,9 @@ class GemmTuner {
   void only_slices(int slices) { only_slices_ = slices; }
   // Tests: the same with our own kernel (stream_gemm) in this many K splits only, where it fits (0: off).
   void only_own(int splits) { only_own_ = splits; }
+  // Tests: every handle's shapes that K can be cut into `slices` slices are tuned over those candidates alone, on
+  // each handle apart (0: off) - a whole MLA step with its projections sliced (its norm kernel adding qkv_a's up).
+  static void slice_everywhere_for_tests(int slices) { slices_for_tests = slices; }
 
   // A shape's measured choice; made once per process and device (every handle then runs the shape the same way).
   struct Tuned {
@@ -121,7 +125,7 @@ class GemmTuner {
   std::vector<Candidate> heuristic(const Plan& p, const Layouts& l, const GemmShape& s, int count) const;
   // base with its K split in `split` by cuBLASLt (its own reduction), if the algorithm and the workspace allow it.
   bool split_variant(const Plan& p, const cublasLtMatmulAlgo_t& base, int split, Candidate* out) const;
-  Tuned tune(const GemmShape& s, const Plan& p, const void* a, const void* b);
+  Tuned tune(const GemmShape& s, const Plan& p, const void* a, const void* b, int only_slices);
   void adopt(const GemmShape& s, Plan& p, const Tuned& t);
   // (s.caller_sums: a sliced way's partials are left unsummed)
   void launch(const Plan& p, const Layouts& l, const cublasLtMatmulAlgo_t& algo, size_t workspace_bytes, float* partials,
@@ -133,6 +137,7 @@ class GemmTuner {
   size_t workspace_bytes_;
   std::map<GemmShape, std::unique_ptr<Plan>> plans_;
   int only_slices_ = 0, only_own_ = 0;
+  static std::atomic<int> slices_for_tests;
 };
 
 }  // namespace dslab::mla::cuda
