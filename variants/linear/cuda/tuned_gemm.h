@@ -5,8 +5,8 @@
 // cuBLASLt's own heuristic list, split-K variants of the algorithms that allow it, and - for an unbatched GEMM -
 // K cut into 2-16 slices run as one strided-batched GEMM into fp32 partials that a kernel of ours sums into C (so
 // the weight streams through slices x tiles CTAs), and our own weight-streaming GEMM (stream_gemm.h: up to 128 rows,
-// K split 1-8 ways, launched with programmatic dependent launch); each is timed from a flushed L2 (with its sum),
-// the fastest kept for the process.
+// K split 1-8 ways, launched with programmatic dependent launch); each is timed from a flushed L2 (with its sum, but
+// for gemm_unsummed's shapes, whose caller adds the slices up), the fastest kept for the process.
 #pragma once
 
 #include <cublasLt.h>
