@@ -342,7 +342,8 @@ TEST(GpuTunedGemm, UnsummedSlicesAddUpToTheProduct) {
 // A whole fused MLA step (V3, 16 heads, 8 requests, graph-replayed) with every projection that allows it cut into
 // 2, 4 or 8 K slices (GemmTuner::slice_everywhere_for_tests; counts the tuner itself tries): qkv_a's partials are
 // added up by the norm kernel (one instantiation per count), q_b's and o_proj's by the sum kernel where they slice;
-// each against the fp64 reference. (Without the restriction the tuner picks by time, so which path a step takes is the GPU's to decide.)
+// each against the fp64 reference. (Without the restriction the tuner picks by time: which path a step takes would
+// be the GPU's to decide.)
 TEST(GpuTunedGemm, MlaStepWithSlicedProjectionsMatchesReference) {
   const VariantEntry* entry = find_variant("mla/fused/cuda");
   if (!entry) GTEST_SKIP() << "mla/fused/cuda is not built";
