@@ -114,10 +114,12 @@ bool tuning_own() {
 }
 
 // Whether K can be cut into `slices` batch entries: equal slices on 16-byte boundaries, each long enough to be worth
-// a tile's prologue, and their partials within kMaxPartialBytes.
+// a tile's prologue, their partials within kMaxPartialBytes, and - where the caller adds them up (gemm_unsummed) - at
+// most kMaxUnsummedSlices of them.
 bool sliceable(const GemmShape& s, int slices) {
   const int64_t slice = s.k / slices;
-  return s.batch == 1 && s.k % slices == 0 && slice % 8 == 0 && slice >= 256 && 4.0 * double(slices) * double(s.m) * double(s.n) <= kMaxPartialBytes;
+  return s.batch == 1 && s.k % slices == 0 && slice % 8 == 0 && slice >= 256 && 4.0 * double(slices) * double(s.m) * double(s.n) <= kMaxPartialBytes &&
+         !(s.caller_sums && slices > kMaxUnsummedSlices);
 }
 
 }  // namespace
@@ -277,7 +279,7 @@ GemmTuner::Tuned GemmTuner::tune(const GemmShape& s, const Plan& p, const void* 
   std::map<int, Layouts> sliced;
   int max_slices = 1;
   for (int slices : kSlices) {
-    if (!sliceable(s, slices) || (s.caller_sums && slices > kMaxUnsummedSlices) || (only_slices != 0 && slices != only_slices) || only_own_ != 0) continue;
+    if (!sliceable(s, slices) || (only_slices != 0 && slices != only_slices) || only_own_ != 0) continue;
     Layouts l(s, slices);
     for (const Candidate& c : heuristic(p, l, s, kSliceCandidates)) ways.push_back({slices, c});
     sliced.emplace(slices, std::move(l));
@@ -430,8 +432,7 @@ const GemmTuner::Plan& GemmTuner::run(cudaStream_t stream, const GemmShape& s, c
     if (capturing == cudaStreamCaptureStatusNone && tuning_enabled()) {
       // (a test's restriction: tuned on this handle alone; GemmTuner::slice_everywhere_for_tests applies where it can)
       const int everywhere = slices_for_tests;
-      const bool applies = everywhere > 1 && sliceable(s, everywhere) && !(s.caller_sums && everywhere > kMaxUnsummedSlices);
-      const int only_slices = only_slices_ != 0 ? only_slices_ : applies ? everywhere : 0;
+      const int only_slices = only_slices_ != 0 ? only_slices_ : everywhere > 1 && sliceable(s, everywhere) ? everywhere : 0;
       if (only_slices != 0 || only_own_ != 0) {
         adopt(s, p, tune(s, p, a, b, only_slices));
       } else {
