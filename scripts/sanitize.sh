@@ -10,7 +10,7 @@
 # inside cuBLAS's own kernels, and in seesaw::decode_kernel it reports a write and a read of the row sums that a
 # __syncthreads() separates (session 23, reports/nvidia-h100/README.md); those are counted and listed. Usage: scripts/sanitize.sh OUT_DIR [TOOL-NAME...]
 # (dslab on PATH; names such as racecheck-moe-host run only those points). The layer points cover the scratch arena
-# (layer-tiny-arena; layer-tiny without it), the own weight-streaming GEMM's GPU test (stream-gemm), the fused decode at V3's 128 heads (mla-fused-v3) and 16 (mla-fused-16h; quantised caches: mla-fused-quantised), FlashInfer's MLA decode (mla-flashinfer: its kernel is a peer's, so its
+# (layer-tiny-arena; layer-tiny without it), the own weight-streaming GEMM's GPU test (stream-gemm), the fused decode at V3's 128 heads (mla-fused-v3) and 16 (mla-fused-16h; quantised caches: mla-fused-quantised; its merge that absorbs the output: mla-merge-absorb), FlashInfer's MLA decode (mla-flashinfer: its kernel is a peer's, so its
 # racecheck reports are listed, not judged), the streamed experts' copies (layer-v2-lite-streamed) and the hot
 # experts' split between the GPU and the CPU (layer-tiny-hot, layer-v2-lite-hot) and the sparse decodes (sparse-quest,
 # sparse-infllm, sparse-dsa, sparse-dsa-cluster, sparse-dsa-stream, sparse-oracle: their selection kernels, then the fused kernel over the chosen pages or keys).
@@ -68,6 +68,8 @@ for tool in memcheck racecheck; do
   run "$tool" mla-fused-v3 --model deepseek-v3 --variant mla/fused/cuda --axis heads=128 --axis batch=3 --axis q_len=1,2 --axis kv_len=700 --axis page_size=64 --axis len_dist=mixed --axis executor=eager
   # (16 heads: the fixed-role kernel's five 32-key stages and 32-row Q, from cp.async (1-key pages) and tensor copies)
   run "$tool" mla-fused-16h --model deepseek-v3 --variant mla/fused/cuda --axis heads=16 --axis batch=3 --axis q_len=1,2 --axis kv_len=700 --axis page_size=1,64 --axis len_dist=mixed --axis executor=eager
+  # (eight tokens or more with split requests: the merge that absorbs the output, merge_absorb_kernel, after either kernel)
+  run "$tool" mla-merge-absorb --model deepseek-v3 --variant mla/fused/cuda --axis heads=16,128 --axis batch=9 --axis q_len=1,2 --axis kv_len=700 --axis page_size=64 --axis len_dist=mixed --axis executor=eager
   # (quantised caches at 16 heads from tensor copies: the narrow kernel, 16 and 32 rows)
   run "$tool" mla-fused-quantised --model deepseek-v3 --variant mla/fused/cuda --axis heads=16 --axis batch=3 --axis q_len=1,2 --axis kv_len=700 --axis page_size=64 --axis kv_dtype=fp8_e4m3,int8 --axis len_dist=mixed --axis executor=eager
   run "$tool" mla-cd-paged --model deepseek-v2-lite --variant mla/cd_paged/cuda --axis batch=3 --axis q_len=1,5 --axis kv_len=300 --axis page_size=16 --axis len_dist=mixed

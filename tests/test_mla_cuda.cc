@@ -134,6 +134,16 @@ TEST_P(GpuMla, LongSplitCacheMatchesReference) {
     }                                                                                               // segments
     cases.push_back({"deepseek-v3", 16, 4, 1, 5000, 64, "mixed", "int8"});
     cases.push_back({"deepseek-v3", 16, 2, 2, 5000, 64, "mixed", "fp8_e4m3", "eager"});
+    // Eight tokens or more: the merge absorbs the output too (merge_absorb_kernel), a CTA per head and token group:
+    // 8 tokens a CTA (16 heads, 2 groups), 9 of an MTP step's (rows j x heads + h, a part-filled tile), a V2-Lite
+    // head, 8 and 40 tokens (three tiles) a CTA at 128 heads, short mixed lengths (requests whole and split side by
+    // side), the narrow kernel's partials.
+    cases.push_back({"deepseek-v3", 16, 16, 1, 3000, 64, "mixed", "bf16", "graph"});
+    cases.push_back({"deepseek-v3", 16, 9, 2, 3000, 64, "mixed", "bf16", "eager"});
+    cases.push_back({"deepseek-v2-lite", 16, 24, 1, 1500, 64, "mixed", "bf16", "graph"});
+    cases.push_back({"deepseek-v3", 128, 8, 1, 2000, 64, "mixed", "bf16", "graph"});
+    cases.push_back({"deepseek-v3", 128, 40, 1, 600, 64, "mixed", "bf16", "eager"});
+    cases.push_back({"deepseek-v3", 16, 40, 1, 600, 64, "mixed", "fp8_e4m3", "graph"});
   }
   for (const GpuCase& c : cases) {
     SCOPED_TRACE(describe(c));
@@ -299,6 +309,21 @@ TEST(GpuMlaOps, CountersTimeEachOpOfTheStep) {
     before = it->second;
   }
   EXPECT_TRUE(many->verify().pass());
+
+  // 64 requests at 16 heads, each split across CTAs: the merge absorbs the output in the same kernel, so the step
+  // has a combine op and no absorb_o op (and the timeline no absorb GEMM after the merge).
+  auto merged = entry->make();
+  merged->prepare(model, point_of({"deepseek-v3", 16, 64, 1, 2048, 64, "uniform", "bf16", "graph"}), test::fresh_seed());
+  merged->run();
+  const auto fused_absorb = merged->counters();
+  EXPECT_GT(fused_absorb.at("op_us.combine"), 0.0);
+  EXPECT_EQ(fused_absorb.count("op_us.absorb_o"), 0u);
+  if (fused_absorb.count("step_gpu.span_us")) {
+    int merge_absorb = 0;
+    for (const auto& [name, start] : fused_absorb) merge_absorb += name.find("step_start_us.") == 0 && name.find("merge_absorb_kernel") != std::string::npos;
+    EXPECT_EQ(merge_absorb, 1);
+  }
+  EXPECT_TRUE(merged->verify().pass());
 }
 
 TEST(GpuMlaSupport, FusedKernelNeedsRowsInSixteens) {

@@ -17,6 +17,8 @@
 
 #include "harness/errors.h"
 #include "harness/host.h"
+#include "variants/common/cp_async.cuh"
+#include "variants/common/mma.cuh"
 #include "variants/common/tensor_map.h"
 #include "variants/mla/cuda/fused_decode.cuh"
 
@@ -95,6 +97,129 @@ __global__ void __launch_bounds__(kCombineThreads) merge_splits_kernel(const flo
   }
 }
 
+// The merge and the output absorb in one kernel (where every CTA gets at least kAbsorbWarps tokens): CTA (h, g)
+// merges head h's rows of tokens g * per_cta .. (one row per warp at a time, as merge_splits_kernel does a row;
+// a request the decode kernel wrote whole is read from o_lat) into a bf16 tile, then multiplies the tile by
+// W_UV[h]^T on the tensor cores (mma.sync: each warp 16 of the head's 128 output columns over all 512 latent
+// ones) and writes attn. W_UV[h] (128 KB) is copied before griddepcontrol.wait - the weights are the caller's,
+// written before the step - so it streams in while the decode kernel's last CTAs run, and what is left after them
+// is the merge's reads and a 16 x 128 x 512 product a tile: no absorb GEMM launched after the merge, no round trip
+// of o_lat through L2.
+constexpr int kAbsorbWarps = 8, kAbsorbThreads = 32 * kAbsorbWarps, kAbsorbTile = 16;  // tokens an MMA tile
+constexpr int kAbsorbMinTokens = kAbsorbWarps;        // tokens a CTA at least: a row for every warp to merge
+constexpr int kAbsorbVd = 128;                       // v_head_dim this kernel takes (DeepSeek V2, V2-Lite, V3)
+constexpr int kAbsorbStride = kLatent + 8;           // bf16 a shared row: 16 bytes of padding, so ldmatrix's 8 rows hit 8 bank groups
+constexpr size_t kAbsorbSmemBytes = size_t(kAbsorbVd + kAbsorbTile) * kAbsorbStride * 2;
+struct MergeAbsorbParams {
+  const float* o_partial;  // [segment][partial_rows][kLatent]
+  const float* lse_partial;  // [segment][partial_rows]
+  int partial_rows;
+  const int2* request_segments;  // per request: first segment, count (1: written whole to o_lat)
+  const __nv_bfloat16* o_lat;    // [token][heads][kLatent]: the whole requests' rows
+  const __nv_bfloat16* w_uv;     // head h's W_UV [kAbsorbVd][kLatent] at w_uv + h * w_head_stride
+  int64_t w_head_stride;
+  __nv_bfloat16* attn;           // [token][heads][kAbsorbVd]
+  int tokens, q_len, heads, tokens_per_cta;
+};
+__global__ void __launch_bounds__(kAbsorbThreads, 1) merge_absorb_kernel(const __grid_constant__ MergeAbsorbParams p) {
+  extern __shared__ __align__(16) uint8_t absorb_smem[];
+  __nv_bfloat16* const w = reinterpret_cast<__nv_bfloat16*>(absorb_smem);  // [kAbsorbVd][kAbsorbStride]
+  __nv_bfloat16* const tile = w + kAbsorbVd * kAbsorbStride;                 // [kAbsorbTile][kAbsorbStride]
+  const int h = int(blockIdx.x), warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  constexpr int kChunks = kLatent / 8;  // 16-byte chunks a row
+  {  // this warp's 16 rows of W_UV[h] (the rows its MMAs read: no block barrier needed for them)
+    const __nv_bfloat16* src = p.w_uv + int64_t(h) * p.w_head_stride;
+    for (int i = lane; i < 16 * kChunks; i += 32) {
+      const int row = warp * 16 + i / kChunks, chunk = i % kChunks;
+      cp_async16(w + row * kAbsorbStride + chunk * 8, src + int64_t(row) * kLatent + chunk * 8, true);
+    }
+    cp_async_commit();
+  }
+  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_launch_dependents();
+  const int first = int(blockIdx.y) * p.tokens_per_cta, end = min(p.tokens, first + p.tokens_per_cta);
+  constexpr int kVectors = kLatent / 4 / 32;  // float4 columns per lane: lane + 32 c
+  for (int t0 = first; t0 < end; t0 += kAbsorbTile) {
+    for (int r = warp; r < kAbsorbTile; r += kAbsorbWarps) {  // ---- the tile's rows, merged
+      const int token = t0 + r;
+      uint2* const dst = reinterpret_cast<uint2*>(tile + r * kAbsorbStride);  // (4 bf16 a float4 column)
+      if (token >= end) {
+#pragma unroll
+        for (int c = 0; c < kVectors; ++c) dst[lane + 32 * c] = make_uint2(0, 0);
+        continue;
+      }
+      const int b = token / p.q_len, row = (token % p.q_len) * p.heads + h;
+      const int2 range = p.request_segments[b];
+      if (range.y == 1) {  // written whole by the decode kernel
+        const uint2* src = reinterpret_cast<const uint2*>(p.o_lat + (int64_t(token) * p.heads + h) * kLatent);
+#pragma unroll
+        for (int c = 0; c < kVectors; ++c) dst[lane + 32 * c] = src[lane + 32 * c];
+        continue;
+      }
+      auto lse_of = [&](int i) { return p.lse_partial[int64_t(range.x + i) * p.partial_rows + row]; };
+      auto load_row = [&](int i, float4 (&v)[kVectors]) {
+        const float4* src = reinterpret_cast<const float4*>(p.o_partial + (int64_t(range.x + i) * p.partial_rows + row) * kLatent);
+#pragma unroll
+        for (int c = 0; c < kVectors; ++c) v[c] = src[lane + 32 * c];
+      };
+      float4 v0[kVectors], v1[kVectors];  // (the first two segments' rows, loaded with the lse)
+      load_row(0, v0);
+      load_row(1, v1);
+      float mx = -INFINITY;
+      for (int i = lane; i < range.y; i += 32) mx = fmaxf(mx, lse_of(i));
+      for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      // (a segment that saw no key has lse -inf and weight 0: the decode kernel wrote its partial as zeros)
+      auto weight_of = [&](float lse) { return lse == -INFINITY ? 0.0f : exp2f(lse - mx); };
+      float total = 0;
+      for (int i = lane; i < range.y; i += 32) total += weight_of(lse_of(i));  // (the lse again: from L1)
+      for (int o = 16; o; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+      float4 acc[kVectors] = {};
+      auto add = [&](float wt, const float4 (&v)[kVectors]) {
+#pragma unroll
+        for (int c = 0; c < kVectors; ++c) acc[c].x += wt * v[c].x, acc[c].y += wt * v[c].y, acc[c].z += wt * v[c].z, acc[c].w += wt * v[c].w;
+      };
+      add(weight_of(lse_of(0)), v0);
+      add(weight_of(lse_of(1)), v1);
+#pragma unroll 2
+      for (int i = 2; i < range.y; ++i) {
+        float4 v[kVectors];
+        load_row(i, v);
+        add(weight_of(lse_of(i)), v);
+      }
+      const float inv = 1.0f / total;
+#pragma unroll
+      for (int c = 0; c < kVectors; ++c) {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(acc[c].x * inv, acc[c].y * inv), hi = __floats2bfloat162_rn(acc[c].z * inv, acc[c].w * inv);
+        dst[lane + 32 * c] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+      }
+    }
+    cp_async_wait<0>();  // (this thread's weight chunks; the barrier makes every thread's visible)
+    __syncthreads();
+    // ---- attn[tile rows][h][16 warp .. + 16] = tile · W_UV[h]^T
+    float acc[2][4] = {};
+#pragma unroll 8
+    for (int ks = 0; ks < kLatent / 16; ++ks) {
+      uint32_t a[4], b0, b1, b2, b3;
+      ldmatrix_x4(smem_addr(tile + (lane % 16) * kAbsorbStride + ks * 16 + (lane / 16) * 8), a[0], a[1], a[2], a[3]);
+      const int n = warp * 16 + lane % 8 + (lane / 16) * 8;
+      ldmatrix_x4(smem_addr(w + n * kAbsorbStride + ks * 16 + ((lane / 8) % 2) * 8), b0, b1, b2, b3);
+      mma_bf16(acc[0], a, b0, b1);
+      mma_bf16(acc[1], a, b2, b3);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int token = t0 + lane / 4 + 8 * half;
+        if (token >= end) continue;
+        const int col = warp * 16 + j * 8 + 2 * (lane % 4);
+        *reinterpret_cast<__nv_bfloat162*>(p.attn + (int64_t(token) * p.heads + h) * kAbsorbVd + col) =
+            __floats2bfloat162_rn(acc[j][2 * half], acc[j][2 * half + 1]);
+      }
+    __syncthreads();  // (the tile is rewritten by the next tokens' merge)
+  }
+}
+
 // Keys a block (see roles): 32 where a 64-row tile holds at most 32 real rows (16 heads, or 16 with an MTP token)
 // of a bf16 cache, else 64. (A quantised block expanded in 32-key stages ran 4-7% slower, H100, session 21.)
 int block_keys_for(int64_t rows, KvDtype kv) { return rows <= 32 && kv == KvDtype::bf16 ? 32 : 64; }
@@ -136,6 +261,7 @@ class FusedCuda final : public MlaOp {
   // block_score and block_publish: the parts of its step (see Phase). decode_phase_us.last_done: the slowest CTA's
   // done (each phase above is the median over CTAs).
   std::map<std::string, double> phase_counters() override;
+  void attention_core_only(bool on) override { core_only_ = on; }
 
  protected:
   bool supports_kv_dtype(KvDtype d) const override { return !selector_ || d == KvDtype::bf16; }  // (the bounds read bf16 pages)
@@ -157,6 +283,14 @@ class FusedCuda final : public MlaOp {
     o_partial_.scratch(arena_, size_t(max_segments_) * size_t(row_tiles_ * kTileRows) * kLatent);
     lse_partial_.scratch(arena_, size_t(max_segments_) * size_t(row_tiles_ * kTileRows));
     block_keys_ = block_keys_for(M, s_.kv_dtype);
+    // The merge absorbs the output too where each of its CTAs gets a warp's worth of tokens (below that a head's
+    // few rows leave most warps idle, and the separate merge's four warps a row and the batched GEMV serve better):
+    // head x token-group CTAs, as many groups as fill the GPU once.
+    absorb_groups_ = 0;
+    if (vd_ == kAbsorbVd && r_ == kLatent && T >= kAbsorbMinTokens) {
+      absorb_groups_ = int(std::clamp<int64_t>(T / kAbsorbMinTokens, 1, std::max<int64_t>(1, gpu_info().sms / nh_)));
+      DSLAB_CUDA(cudaFuncSetAttribute(merge_absorb_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAbsorbSmemBytes)));
+    }
     tma_ = b_.cache->page_size % block_keys_ == 0;
     if (tma_) kv_map_ = cache_tensor_map(*b_.cache, block_keys_);
     if (use_seesaw(tma_, block_keys_, s_.kv_dtype))  // (its Q tiles; a token selector's steps may still take the fixed roles)
@@ -236,7 +370,20 @@ class FusedCuda final : public MlaOp {
     else if (use_narrow(params.tma, M, s_.kv_dtype)) launch_narrow(params, s_.kv_dtype, parts_, stream_);
     else launch_roles(params, s_.kv_dtype, parts_, row_tiles_, block_keys_, stream_);
     mark("decode");
-    if (merges_ || lengths_vary_) {  // (a step replayed with other lengths may split requests this one did not)
+    const bool merge = merges_ || lengths_vary_;  // (a step replayed with other lengths may split requests this one did not)
+    if (merge && absorb_groups_ > 0 && !core_only_) {  // the merge absorbs too: see merge_absorb_kernel
+      const int64_t T = s_.tokens();
+      const int per_cta = int((T + absorb_groups_ - 1) / absorb_groups_);
+      const MergeAbsorbParams mp{o_partial_.get(), lse_partial_.get(), row_tiles_ * kTileRows, request_segments, o_lat_.get(),
+                                 w_->kv_b.get() + nope_ * r_, (nope_ + vd_) * r_, attn_.get(), int(T), int(s_.q_len), int(nh_), per_cta};
+      launch_pdl(merge_absorb_kernel, dim3(unsigned(nh_), unsigned((T + per_cta - 1) / per_cta)), dim3(kAbsorbThreads), kAbsorbSmemBytes, stream_, mp);
+      DSLAB_CHECK_LAUNCH();
+      // (one kernel: op_us.combine holds the absorb too, and there is no op_us.absorb_o; the attention kernel's own
+      // time, kernel_s, is taken with the plain merge: attention_core_only)
+      mark("combine");
+      return;
+    }
+    if (merge) {
       launch_pdl(merge_splits_kernel, dim3(unsigned(M), unsigned(s_.batch)), dim3(kCombineThreads), 0, stream_, 
           o_partial_.get(), lse_partial_.get(), row_tiles_ * kTileRows, request_segments, M, o_lat_.get());
       DSLAB_CHECK_LAUNCH();
@@ -257,6 +404,8 @@ class FusedCuda final : public MlaOp {
   bool record_phases_ = false;
   DeviceArray<unsigned long long> phases_;
   int row_tiles_ = 1, parts_ = 1, max_segments_ = 0, block_keys_ = 64;
+  int absorb_groups_ = 0;
+  bool core_only_ = false;  // attention_core_only: the plain merge, o_lat for absorb_output  // > 0: merge_absorb_kernel's token groups (CTAs a head), where it replaces the merge and absorb
   bool tma_ = false;
   mutable bool merges_ = false;  // a schedule made so far splits a request across CTAs, left to combine
   CUtensorMap kv_map_{}, q_map_{};

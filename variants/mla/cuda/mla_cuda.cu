@@ -901,7 +901,9 @@ std::map<std::string, double> GpuVariant::counters() {
   }
 
   // The attention kernel's own numbers beside the step's (comparable with FlashMLA's and FlashInfer's): its time
-  // (fused: decode + split merge; unfused: the attend op), work and traffic; the results add its roofline fraction.
+  // (fused: decode + split merge, ending at o_lat as FlashInfer's kernel does - the step's merge also absorbs the
+  // output where it can, attention_core_only; unfused: the attend op), work and traffic; the results add its
+  // roofline fraction.
   // A sparse op's attention is its selection plus the decode over the kept keys (selection_share: the first's part).
   // Where the decode and its merge are two kernels (mla/fused/cuda), they are timed as one bracket, in steps of their
   // own with no mark between them (op_us.decode and op_us.combine stay, from the marked steps): that mark's event kept
@@ -910,10 +912,18 @@ std::map<std::string, double> GpuVariant::counters() {
   auto op_us = [&](const char* op) { return c.count(op) ? c.at(op) : 0.0; };
   double kernel_us = op_->fused() ? op_us("op_us.decode") : op_us("op_us.attend");
   if (op_->fused() && c.count("op_us.combine")) {
-    const std::map<std::string, double> core = gpu::time_ops([&](gpu::OpMarks& marks) {
-      marks.leave_out("decode");
-      op_->forward(0, &marks);
-    });
+    op_->attention_core_only(true);
+    std::map<std::string, double> core;
+    try {
+      core = gpu::time_ops([&](gpu::OpMarks& marks) {
+        marks.leave_out("decode");
+        op_->forward(0, &marks);
+      });
+    } catch (...) {
+      op_->attention_core_only(false);
+      throw;
+    }
+    op_->attention_core_only(false);
     kernel_us = core.at("op_us.combine");
   }
   Cost k;

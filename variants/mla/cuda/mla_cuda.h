@@ -225,6 +225,9 @@ class MlaOp {
   // Where one step's attention kernel spends its time inside its CTAs (a fused op: one more step, eager, with the
   // kernel's phase clocks on), as counters; {} for an op without them.
   virtual std::map<std::string, double> phase_counters() { return {}; }
+  // On for the steps that time the attention kernel alone (kernel_s, against FlashInfer's kernel): a fused op then
+  // ends its attention at o_lat, as FlashInfer's kernel does, instead of absorbing the output in its merge kernel.
+  virtual void attention_core_only(bool) {}
   // Device bytes beyond the caller's buffers (weights, cache), for supports(): the form's (mla::gpu_scratch_bytes),
   // or an op's own where it allocates otherwise.
   virtual double scratch_bytes(const ModelConfig& m, const Shape& s, int64_t max_keys) const;

@@ -16,6 +16,7 @@
 #include "harness/cuda_check.h"
 #include "harness/errors.h"
 #include "variants/common/cp_async.cuh"
+#include "variants/common/mma.cuh"
 #include "variants/common/pdl.cuh"
 #include "variants/common/wgmma.cuh"
 #include "variants/moe/cuda/moe_cuda.h"
@@ -43,19 +44,6 @@ struct GroupedArgs {
   // first weight stages may be copied before griddepcontrol.wait (see grouped_gemm_kernel).
   bool b_early;
 };
-
-__device__ inline void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-
-__device__ inline void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Element offset of (row, 16-byte chunk) in a [rows][64] tile, chunks XOR-swizzled by the row.
 __device__ inline int swz(int row, int chunk) { return row * kTileK + ((chunk ^ (row & 7)) << 3); }
