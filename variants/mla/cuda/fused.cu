@@ -1,7 +1,8 @@
 // mla/fused/cuda: FlashMLA-style decode attention over the paged latent cache. All q heads (and the MTP
 // token) of a request are rows of one MQA against the request's shared [c_kv ‖ k_pe] keys; the keys are split
 // across SMs (split-KV, a balanced run of key blocks per CTA), each split runs an online softmax on the tensor
-// cores, and a combine kernel merges the splits by their log-sum-exp. Two kernels over 64-row tiles (16 or 32 rows
+// cores, and a combine kernel merges the splits by their log-sum-exp (from 8 tokens up multiplying the merged rows by
+// W_UV too: merge_absorb_kernel, no absorb GEMM after it). Two kernels over 64-row tiles (16 or 32 rows
 // padded to 64): a bf16 cache with more than 32 rows a tile (128 heads) and whole 64-key blocks in a page takes
 // two warpgroups that trade the scoring and multiplying of a pair of blocks (namespace seesaw, FlashMLA's Hopper
 // structure); an int8 / fp8 cache at up to 32 rows from tensor copies (16 heads) a kernel with the products
@@ -107,6 +108,7 @@ __global__ void __launch_bounds__(kCombineThreads) merge_splits_kernel(const flo
 // of o_lat through L2.
 constexpr int kAbsorbWarps = 8, kAbsorbThreads = 32 * kAbsorbWarps, kAbsorbTile = 16;  // tokens an MMA tile
 constexpr int kAbsorbMinTokens = kAbsorbWarps;        // tokens a CTA at least: a row for every warp to merge
+constexpr int kAbsorbAhead = 4;                       // segments' rows a warp loads before it weighs them
 constexpr int kAbsorbVd = 128;                       // v_head_dim this kernel takes (DeepSeek V2, V2-Lite, V3)
 constexpr int kAbsorbStride = kLatent + 8;           // bf16 a shared row: 16 bytes of padding, so ldmatrix's 8 rows hit 8 bank groups
 constexpr size_t kAbsorbSmemBytes = size_t(kAbsorbVd + kAbsorbTile) * kAbsorbStride * 2;
@@ -162,9 +164,10 @@ __global__ void __launch_bounds__(kAbsorbThreads, 1) merge_absorb_kernel(const _
 #pragma unroll
         for (int c = 0; c < kVectors; ++c) v[c] = src[lane + 32 * c];
       };
-      float4 v0[kVectors], v1[kVectors];  // (the first two segments' rows, loaded with the lse)
-      load_row(0, v0);
-      load_row(1, v1);
+      float4 ahead[kAbsorbAhead][kVectors];  // (the first segments' rows, loaded with the lse: a request has ~3)
+#pragma unroll
+      for (int a = 0; a < kAbsorbAhead; ++a)
+        if (a < range.y) load_row(a, ahead[a]);
       float mx = -INFINITY;
       for (int i = lane; i < range.y; i += 32) mx = fmaxf(mx, lse_of(i));
       for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -178,10 +181,11 @@ __global__ void __launch_bounds__(kAbsorbThreads, 1) merge_absorb_kernel(const _
 #pragma unroll
         for (int c = 0; c < kVectors; ++c) acc[c].x += wt * v[c].x, acc[c].y += wt * v[c].y, acc[c].z += wt * v[c].z, acc[c].w += wt * v[c].w;
       };
-      add(weight_of(lse_of(0)), v0);
-      add(weight_of(lse_of(1)), v1);
+#pragma unroll
+      for (int a = 0; a < kAbsorbAhead; ++a)
+        if (a < range.y) add(weight_of(lse_of(a)), ahead[a]);
 #pragma unroll 2
-      for (int i = 2; i < range.y; ++i) {
+      for (int i = kAbsorbAhead; i < range.y; ++i) {
         float4 v[kVectors];
         load_row(i, v);
         add(weight_of(lse_of(i)), v);
@@ -196,15 +200,15 @@ __global__ void __launch_bounds__(kAbsorbThreads, 1) merge_absorb_kernel(const _
     cp_async_wait<0>();  // (this thread's weight chunks; the barrier makes every thread's visible)
     __syncthreads();
     // ---- attn[tile rows][h][16 warp .. + 16] = tile · W_UV[h]^T
-    float acc[2][4] = {};
+    float acc[2][2][4] = {};  // [k step parity][n tile]: two chains of dependent MMAs instead of one
 #pragma unroll 8
     for (int ks = 0; ks < kLatent / 16; ++ks) {
       uint32_t a[4], b0, b1, b2, b3;
       ldmatrix_x4(smem_addr(tile + (lane % 16) * kAbsorbStride + ks * 16 + (lane / 16) * 8), a[0], a[1], a[2], a[3]);
       const int n = warp * 16 + lane % 8 + (lane / 16) * 8;
       ldmatrix_x4(smem_addr(w + n * kAbsorbStride + ks * 16 + ((lane / 8) % 2) * 8), b0, b1, b2, b3);
-      mma_bf16(acc[0], a, b0, b1);
-      mma_bf16(acc[1], a, b2, b3);
+      mma_bf16(acc[ks % 2][0], a, b0, b1);
+      mma_bf16(acc[ks % 2][1], a, b2, b3);
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j)
@@ -214,7 +218,7 @@ __global__ void __launch_bounds__(kAbsorbThreads, 1) merge_absorb_kernel(const _
         if (token >= end) continue;
         const int col = warp * 16 + j * 8 + 2 * (lane % 4);
         *reinterpret_cast<__nv_bfloat162*>(p.attn + (int64_t(token) * p.heads + h) * kAbsorbVd + col) =
-            __floats2bfloat162_rn(acc[j][2 * half], acc[j][2 * half + 1]);
+            __floats2bfloat162_rn(acc[0][j][2 * half] + acc[1][j][2 * half], acc[0][j][2 * half + 1] + acc[1][j][2 * half + 1]);
       }
     __syncthreads();  // (the tile is rewritten by the next tokens' merge)
   }
