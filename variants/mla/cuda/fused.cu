@@ -33,6 +33,51 @@ using namespace fused_decode;
 // tensor copy's block lies in one page (page_size % block keys == 0).
 constexpr int kBlockKeys = 64;
 
+constexpr int kCombineWarps = 4, kCombineThreads = 32 * kCombineWarps, kCombineMaxSegments = 1024, kCombineAhead = 2;
+constexpr int kMergeVectors = kLatent / 4 / 32;  // float4 columns a lane holds of a merged row: lane + 32 c
+
+// One warp's share of merging partial row `row` of a request's segments (range: first, count): acc = the sum over
+// its segments first, first + stride, ... of 2^(lse - max) o_i, and total = the sum of 2^(lse - max) over all of
+// them (every lane reads every segment's lse; max and total by shuffles, so no block barrier). The first kAhead of
+// its segments' rows are loaded together with the lse (the rows do not depend on the weights).
+template <int kAhead>
+__device__ __forceinline__ void weigh_segments(const float* __restrict__ o_partial, const float* __restrict__ lse_partial, int partial_rows, int2 range,
+                                               int row, int first, int stride, int lane, float4 (&acc)[kMergeVectors], float& total) {
+  auto lse_of = [&](int i) { return lse_partial[int64_t(range.x + i) * partial_rows + row]; };
+  auto load_row = [&](int i, float4 (&v)[kMergeVectors]) {
+    const float4* src = reinterpret_cast<const float4*>(o_partial + (int64_t(range.x + i) * partial_rows + row) * kLatent);
+#pragma unroll
+    for (int c = 0; c < kMergeVectors; ++c) v[c] = src[lane + 32 * c];
+  };
+  float4 ahead[kAhead][kMergeVectors];
+#pragma unroll
+  for (int a = 0; a < kAhead; ++a)
+    if (first + a * stride < range.y) load_row(first + a * stride, ahead[a]);
+  float mx = -INFINITY;
+  for (int i = lane; i < range.y; i += 32) mx = fmaxf(mx, lse_of(i));
+  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  // (a segment that saw no key has lse -inf and weight 0: the decode kernel wrote its partial as zeros)
+  auto weight_of = [&](float lse) { return lse == -INFINITY ? 0.0f : exp2f(lse - mx); };
+  total = 0;
+  for (int i = lane; i < range.y; i += 32) total += weight_of(lse_of(i));  // (the lse again: from L1)
+  for (int o = 16; o; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+  auto add = [&](float w, const float4 (&v)[kMergeVectors]) {
+#pragma unroll
+    for (int c = 0; c < kMergeVectors; ++c) acc[c].x += w * v[c].x, acc[c].y += w * v[c].y, acc[c].z += w * v[c].z, acc[c].w += w * v[c].w;
+  };
+#pragma unroll
+  for (int c = 0; c < kMergeVectors; ++c) acc[c] = make_float4(0, 0, 0, 0);
+#pragma unroll
+  for (int a = 0; a < kAhead; ++a)
+    if (first + a * stride < range.y) add(weight_of(lse_of(first + a * stride)), ahead[a]);
+#pragma unroll 2
+  for (int i = first + kAhead * stride; i < range.y; i += stride) {
+    float4 v[kMergeVectors];
+    load_row(i, v);
+    add(weight_of(lse_of(i)), v);
+  }
+}
+
 // Merge a request's segments: o = sum_i 2^(lse_i - max) o_i / sum_i 2^(lse_i - max). One block per (row, request),
 // each warp summing every kCombineWarps-th segment's partial row (16-byte loads), the warps' sums added in shared
 // memory. The kernel is a chain of latencies after the decode kernel's last CTA - the step's critical path - so the
@@ -41,51 +86,20 @@ constexpr int kBlockKeys = 64;
 // block barrier before the one that adds the warps' sums. (Against loading the lse, then two block reductions, then
 // the rows: the step 0.2-0.3 us shorter at 16 heads, batch 64, 4K, H100, session 31; the merge still ends ~3.7 us
 // after the decode kernel, most of it the wait for that grid's end.)
-constexpr int kCombineWarps = 4, kCombineThreads = 32 * kCombineWarps, kCombineMaxSegments = 1024, kCombineAhead = 2;
 __global__ void __launch_bounds__(kCombineThreads) merge_splits_kernel(const float* __restrict__ o_partial, const float* __restrict__ lse_partial,
                                                                   int partial_rows, const int2* __restrict__ request_segments, int rows,
                                                                   __nv_bfloat16* __restrict__ o_lat) {
   pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
   pdl_launch_dependents();
-  constexpr int kVectors = kLatent / 4 / 32;  // float4 columns per lane: lane + 32 c
   __shared__ float4 warp_sums[kCombineWarps][kLatent / 4];
   const int row = blockIdx.x, b = blockIdx.y, tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int2 range = request_segments[b];  // first segment, count (<= kCombineMaxSegments: checked by the host)
   if (range.y == 1) return;                // the decode kernel wrote it
-  auto lse_of = [&](int i) { return lse_partial[int64_t(range.x + i) * partial_rows + row]; };
-  auto load_row = [&](int i, float4 (&v)[kVectors]) {
-    const float4* src = reinterpret_cast<const float4*>(o_partial + (int64_t(range.x + i) * partial_rows + row) * kLatent);
+  float4 acc[kMergeVectors];
+  float total;
+  weigh_segments<kCombineAhead>(o_partial, lse_partial, partial_rows, range, row, warp, kCombineWarps, lane, acc, total);
 #pragma unroll
-    for (int c = 0; c < kVectors; ++c) v[c] = src[lane + 32 * c];
-  };
-  float4 ahead[kCombineAhead][kVectors];
-#pragma unroll
-  for (int a = 0; a < kCombineAhead; ++a)
-    if (warp + a * kCombineWarps < range.y) load_row(warp + a * kCombineWarps, ahead[a]);
-  float mx = -INFINITY;
-  for (int i = lane; i < range.y; i += 32) mx = fmaxf(mx, lse_of(i));
-  for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  // (a segment that saw no key has lse -inf and weight 0: the decode kernel wrote its partial as zeros)
-  auto weight_of = [&](float lse) { return lse == -INFINITY ? 0.0f : exp2f(lse - mx); };
-  float total = 0;
-  for (int i = lane; i < range.y; i += 32) total += weight_of(lse_of(i));  // (the lse again: from L1)
-  for (int o = 16; o; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
-  float4 acc[kVectors] = {};
-  auto add = [&](float w, const float4 (&v)[kVectors]) {
-#pragma unroll
-    for (int c = 0; c < kVectors; ++c) acc[c].x += w * v[c].x, acc[c].y += w * v[c].y, acc[c].z += w * v[c].z, acc[c].w += w * v[c].w;
-  };
-#pragma unroll
-  for (int a = 0; a < kCombineAhead; ++a)
-    if (warp + a * kCombineWarps < range.y) add(weight_of(lse_of(warp + a * kCombineWarps)), ahead[a]);
-#pragma unroll 2
-  for (int i = warp + kCombineAhead * kCombineWarps; i < range.y; i += kCombineWarps) {
-    float4 v[kVectors];
-    load_row(i, v);
-    add(weight_of(lse_of(i)), v);
-  }
-#pragma unroll
-  for (int c = 0; c < kVectors; ++c) warp_sums[warp][lane + 32 * c] = acc[c];
+  for (int c = 0; c < kMergeVectors; ++c) warp_sums[warp][lane + 32 * c] = acc[c];
   __syncthreads();
   const float inv = 1.0f / total;
   __nv_bfloat16* dst = o_lat + (int64_t(b) * rows + row) * kLatent;
@@ -140,14 +154,13 @@ __global__ void __launch_bounds__(kAbsorbThreads, 1) merge_absorb_kernel(const _
   pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
   pdl_launch_dependents();
   const int first = int(blockIdx.y) * p.tokens_per_cta, end = min(p.tokens, first + p.tokens_per_cta);
-  constexpr int kVectors = kLatent / 4 / 32;  // float4 columns per lane: lane + 32 c
   for (int t0 = first; t0 < end; t0 += kAbsorbTile) {
     for (int r = warp; r < kAbsorbTile; r += kAbsorbWarps) {  // ---- the tile's rows, merged
       const int token = t0 + r;
       uint2* const dst = reinterpret_cast<uint2*>(tile + r * kAbsorbStride);  // (4 bf16 a float4 column)
       if (token >= end) {
 #pragma unroll
-        for (int c = 0; c < kVectors; ++c) dst[lane + 32 * c] = make_uint2(0, 0);
+        for (int c = 0; c < kMergeVectors; ++c) dst[lane + 32 * c] = make_uint2(0, 0);
         continue;
       }
       const int b = token / p.q_len, row = (token % p.q_len) * p.heads + h;
@@ -155,44 +168,15 @@ __global__ void __launch_bounds__(kAbsorbThreads, 1) merge_absorb_kernel(const _
       if (range.y == 1) {  // written whole by the decode kernel
         const uint2* src = reinterpret_cast<const uint2*>(p.o_lat + (int64_t(token) * p.heads + h) * kLatent);
 #pragma unroll
-        for (int c = 0; c < kVectors; ++c) dst[lane + 32 * c] = src[lane + 32 * c];
+        for (int c = 0; c < kMergeVectors; ++c) dst[lane + 32 * c] = src[lane + 32 * c];
         continue;
       }
-      auto lse_of = [&](int i) { return p.lse_partial[int64_t(range.x + i) * p.partial_rows + row]; };
-      auto load_row = [&](int i, float4 (&v)[kVectors]) {
-        const float4* src = reinterpret_cast<const float4*>(p.o_partial + (int64_t(range.x + i) * p.partial_rows + row) * kLatent);
-#pragma unroll
-        for (int c = 0; c < kVectors; ++c) v[c] = src[lane + 32 * c];
-      };
-      float4 ahead[kAbsorbAhead][kVectors];  // (the first segments' rows, loaded with the lse: a request has ~3)
-#pragma unroll
-      for (int a = 0; a < kAbsorbAhead; ++a)
-        if (a < range.y) load_row(a, ahead[a]);
-      float mx = -INFINITY;
-      for (int i = lane; i < range.y; i += 32) mx = fmaxf(mx, lse_of(i));
-      for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      // (a segment that saw no key has lse -inf and weight 0: the decode kernel wrote its partial as zeros)
-      auto weight_of = [&](float lse) { return lse == -INFINITY ? 0.0f : exp2f(lse - mx); };
-      float total = 0;
-      for (int i = lane; i < range.y; i += 32) total += weight_of(lse_of(i));  // (the lse again: from L1)
-      for (int o = 16; o; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
-      float4 acc[kVectors] = {};
-      auto add = [&](float wt, const float4 (&v)[kVectors]) {
-#pragma unroll
-        for (int c = 0; c < kVectors; ++c) acc[c].x += wt * v[c].x, acc[c].y += wt * v[c].y, acc[c].z += wt * v[c].z, acc[c].w += wt * v[c].w;
-      };
-#pragma unroll
-      for (int a = 0; a < kAbsorbAhead; ++a)
-        if (a < range.y) add(weight_of(lse_of(a)), ahead[a]);
-#pragma unroll 2
-      for (int i = kAbsorbAhead; i < range.y; ++i) {
-        float4 v[kVectors];
-        load_row(i, v);
-        add(weight_of(lse_of(i)), v);
-      }
+      float4 acc[kMergeVectors];
+      float total;
+      weigh_segments<kAbsorbAhead>(p.o_partial, p.lse_partial, p.partial_rows, range, row, 0, 1, lane, acc, total);
       const float inv = 1.0f / total;
 #pragma unroll
-      for (int c = 0; c < kVectors; ++c) {
+      for (int c = 0; c < kMergeVectors; ++c) {
         const __nv_bfloat162 lo = __floats2bfloat162_rn(acc[c].x * inv, acc[c].y * inv), hi = __floats2bfloat162_rn(acc[c].z * inv, acc[c].w * inv);
         dst[lane + 32 * c] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
       }
