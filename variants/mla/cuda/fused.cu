@@ -1,8 +1,8 @@
 // mla/fused/cuda: FlashMLA-style decode attention over the paged latent cache. All q heads (and the MTP
 // token) of a request are rows of one MQA against the request's shared [c_kv ‖ k_pe] keys; the keys are split
 // across SMs (split-KV, a balanced run of key blocks per CTA), each split runs an online softmax on the tensor
-// cores, and a combine kernel merges the splits by their log-sum-exp (from 8 tokens up multiplying the merged rows by
-// W_UV too: merge_absorb_kernel, no absorb GEMM after it). Two kernels over 64-row tiles (16 or 32 rows
+// cores, and a combine kernel merges the splits by their log-sum-exp (at 8-32 tokens a CTA multiplying the merged rows
+// by W_UV too, whole requests' rows as well: merge_absorb_kernel, no absorb GEMM after it). Two kernels over 64-row tiles (16 or 32 rows
 // padded to 64): a bf16 cache with more than 32 rows a tile (128 heads) and whole 64-key blocks in a page takes
 // two warpgroups that trade the scoring and multiplying of a pair of blocks (namespace seesaw, FlashMLA's Hopper
 // structure); an int8 / fp8 cache at up to 32 rows from tensor copies (16 heads) a kernel with the products
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kCombineThreads) merge_splits_kernel(const flo
   }
 }
 
-// The merge and the output absorb in one kernel (where every CTA gets at least kAbsorbWarps tokens): CTA (h, g)
+// The merge and the output absorb in one kernel (where every CTA gets 8 to 32 tokens): CTA (h, g)
 // merges head h's rows of tokens g * per_cta .. (one row per warp at a time, as merge_splits_kernel does a row;
 // a request the decode kernel wrote whole is read from o_lat) into a bf16 tile, then multiplies the tile by
 // W_UV[h]^T on the tensor cores (mma.sync: each warp 16 of the head's 128 output columns over all 512 latent
@@ -122,6 +122,7 @@ __global__ void __launch_bounds__(kCombineThreads) merge_splits_kernel(const flo
 // of o_lat through L2.
 constexpr int kAbsorbWarps = 8, kAbsorbThreads = 32 * kAbsorbWarps, kAbsorbTile = 16;  // tokens an MMA tile
 constexpr int kAbsorbMinTokens = kAbsorbWarps;        // tokens a CTA at least: a row for every warp to merge
+constexpr int kAbsorbMaxTokens = 2 * kAbsorbTile;     // and at most (see FusedCuda::prepare_form)
 constexpr int kAbsorbAhead = 4;                       // segments' rows a warp loads before it weighs them
 constexpr int kAbsorbVd = 128;                       // v_head_dim this kernel takes (DeepSeek V2, V2-Lite, V3)
 constexpr int kAbsorbStride = kLatent + 8;           // bf16 a shared row: 16 bytes of padding, so ldmatrix's 8 rows hit 8 bank groups
@@ -271,13 +272,18 @@ class FusedCuda final : public MlaOp {
     o_partial_.scratch(arena_, size_t(max_segments_) * size_t(row_tiles_ * kTileRows) * kLatent);
     lse_partial_.scratch(arena_, size_t(max_segments_) * size_t(row_tiles_ * kTileRows));
     block_keys_ = block_keys_for(M, s_.kv_dtype);
-    // The merge absorbs the output too where each of its CTAs gets a warp's worth of tokens (below that a head's
-    // few rows leave most warps idle, and the separate merge's four warps a row and the batched GEMV serve better):
-    // head x token-group CTAs, as many groups as fill the GPU once.
+    // The merge absorbs the output too (requests split or not) where each of its CTAs gets a warp's worth of
+    // tokens and at most two MMA tiles of them: head x token-group CTAs, as many groups as fill the GPU once. Below
+    // 8 tokens a head's few rows leave most warps idle while a warp walks a long request's many segments (the
+    // separate merge has four warps a row); past two tiles a CTA walks its tiles one after another - at 128 heads,
+    // one CTA a head, 64 tokens took 20 us where cuBLAS's absorb takes ~9 (H100, session 32).
     absorb_groups_ = 0;
     if (vd_ == kAbsorbVd && r_ == kLatent && T >= kAbsorbMinTokens) {
-      absorb_groups_ = int(std::clamp<int64_t>(T / kAbsorbMinTokens, 1, std::max<int64_t>(1, gpu_info().sms / nh_)));
-      DSLAB_CUDA(cudaFuncSetAttribute(merge_absorb_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAbsorbSmemBytes)));
+      const int64_t groups = std::clamp<int64_t>(T / kAbsorbMinTokens, 1, std::max<int64_t>(1, gpu_info().sms / nh_));
+      if ((T + groups - 1) / groups <= kAbsorbMaxTokens) {
+        absorb_groups_ = int(groups);
+        DSLAB_CUDA(cudaFuncSetAttribute(merge_absorb_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAbsorbSmemBytes)));
+      }
     }
     tma_ = b_.cache->page_size % block_keys_ == 0;
     if (tma_) kv_map_ = cache_tensor_map(*b_.cache, block_keys_);
@@ -358,8 +364,7 @@ class FusedCuda final : public MlaOp {
     else if (use_narrow(params.tma, M, s_.kv_dtype)) launch_narrow(params, s_.kv_dtype, parts_, stream_);
     else launch_roles(params, s_.kv_dtype, parts_, row_tiles_, block_keys_, stream_);
     mark("decode");
-    const bool merge = merges_ || lengths_vary_;  // (a step replayed with other lengths may split requests this one did not)
-    if (merge && absorb_groups_ > 0 && !core_only_) {  // the merge absorbs too: see merge_absorb_kernel
+    if (absorb_groups_ > 0 && !core_only_) {  // the merge absorbs too (and copies the whole requests' rows): merge_absorb_kernel
       const int64_t T = s_.tokens();
       const int per_cta = int((T + absorb_groups_ - 1) / absorb_groups_);
       const MergeAbsorbParams mp{o_partial_.get(), lse_partial_.get(), row_tiles_ * kTileRows, request_segments, o_lat_.get(),
@@ -371,7 +376,7 @@ class FusedCuda final : public MlaOp {
       mark("combine");
       return;
     }
-    if (merge) {
+    if (merges_ || lengths_vary_) {  // (a step replayed with other lengths may split requests this one did not)
       launch_pdl(merge_splits_kernel, dim3(unsigned(M), unsigned(s_.batch)), dim3(kCombineThreads), 0, stream_, 
           o_partial_.get(), lse_partial_.get(), row_tiles_ * kTileRows, request_segments, M, o_lat_.get());
       DSLAB_CHECK_LAUNCH();
@@ -392,8 +397,8 @@ class FusedCuda final : public MlaOp {
   bool record_phases_ = false;
   DeviceArray<unsigned long long> phases_;
   int row_tiles_ = 1, parts_ = 1, max_segments_ = 0, block_keys_ = 64;
-  int absorb_groups_ = 0;
-  bool core_only_ = false;  // attention_core_only: the plain merge, o_lat for absorb_output  // > 0: merge_absorb_kernel's token groups (CTAs a head), where it replaces the merge and absorb
+  int absorb_groups_ = 0;    // > 0: merge_absorb_kernel's token groups (CTAs a head), where it replaces the merge and absorb
+  bool core_only_ = false;  // attention_core_only: the plain merge, o_lat for absorb_output
   bool tma_ = false;
   mutable bool merges_ = false;  // a schedule made so far splits a request across CTAs, left to combine
   CUtensorMap kv_map_{}, q_map_{};
