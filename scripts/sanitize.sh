@@ -68,7 +68,7 @@ for tool in memcheck racecheck; do
   run "$tool" mla-fused-v3 --model deepseek-v3 --variant mla/fused/cuda --axis heads=128 --axis batch=3 --axis q_len=1,2 --axis kv_len=700 --axis page_size=64 --axis len_dist=mixed --axis executor=eager
   # (16 heads: the fixed-role kernel's five 32-key stages and 32-row Q, from cp.async (1-key pages) and tensor copies)
   run "$tool" mla-fused-16h --model deepseek-v3 --variant mla/fused/cuda --axis heads=16 --axis batch=3 --axis q_len=1,2 --axis kv_len=700 --axis page_size=1,64 --axis len_dist=mixed --axis executor=eager
-  # (eight tokens or more with split requests: the merge that absorbs the output, merge_absorb_kernel, after either kernel)
+  # (8-32 tokens a CTA, requests split and whole: the merge that absorbs the output, merge_absorb_kernel, after either kernel)
   run "$tool" mla-merge-absorb --model deepseek-v3 --variant mla/fused/cuda --axis heads=16,128 --axis batch=9 --axis q_len=1,2 --axis kv_len=700 --axis page_size=64 --axis len_dist=mixed --axis executor=eager
   # (quantised caches at 16 heads from tensor copies: the narrow kernel, 16 and 32 rows)
   run "$tool" mla-fused-quantised --model deepseek-v3 --variant mla/fused/cuda --axis heads=16 --axis batch=3 --axis q_len=1,2 --axis kv_len=700 --axis page_size=64 --axis kv_dtype=fp8_e4m3,int8 --axis len_dist=mixed --axis executor=eager

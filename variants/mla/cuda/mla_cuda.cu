@@ -912,18 +912,15 @@ std::map<std::string, double> GpuVariant::counters() {
   auto op_us = [&](const char* op) { return c.count(op) ? c.at(op) : 0.0; };
   double kernel_us = op_->fused() ? op_us("op_us.decode") : op_us("op_us.attend");
   if (op_->fused() && c.count("op_us.combine")) {
-    op_->attention_core_only(true);
-    std::map<std::string, double> core;
-    try {
-      core = gpu::time_ops([&](gpu::OpMarks& marks) {
-        marks.leave_out("decode");
-        op_->forward(0, &marks);
-      });
-    } catch (...) {
-      op_->attention_core_only(false);
-      throw;
-    }
-    op_->attention_core_only(false);
+    struct CoreOnly {  // (attention_core_only for these steps, off again however they end)
+      MlaOp& op;
+      explicit CoreOnly(MlaOp& o) : op(o) { op.attention_core_only(true); }
+      ~CoreOnly() { op.attention_core_only(false); }
+    } core_only(*op_);
+    const std::map<std::string, double> core = gpu::time_ops([&](gpu::OpMarks& marks) {
+      marks.leave_out("decode");
+      op_->forward(0, &marks);
+    });
     kernel_us = core.at("op_us.combine");
   }
   Cost k;
