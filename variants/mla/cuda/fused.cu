@@ -277,11 +277,12 @@ class FusedCuda final : public MlaOp {
     // 8 tokens a head's few rows leave most warps idle while a warp walks a long request's many segments (the
     // separate merge has four warps a row); past two tiles a CTA walks its tiles one after another - at 128 heads,
     // one CTA a head, 64 tokens took 20 us where cuBLAS's absorb takes ~9 (H100, session 32).
-    absorb_groups_ = 0;
+    absorb_tokens_per_cta_ = 0;
     if (vd_ == kAbsorbVd && r_ == kLatent && T >= kAbsorbMinTokens) {
-      const int64_t groups = std::clamp<int64_t>(T / kAbsorbMinTokens, 1, std::max<int64_t>(1, gpu_info().sms / nh_));
-      if ((T + groups - 1) / groups <= kAbsorbMaxTokens) {
-        absorb_groups_ = int(groups);
+      const int64_t groups = std::min<int64_t>(T / kAbsorbMinTokens, std::max<int64_t>(1, gpu_info().sms / nh_));
+      const int64_t per_cta = (T + groups - 1) / groups;
+      if (per_cta <= kAbsorbMaxTokens) {
+        absorb_tokens_per_cta_ = int(per_cta);
         DSLAB_CUDA(cudaFuncSetAttribute(merge_absorb_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kAbsorbSmemBytes)));
       }
     }
@@ -364,12 +365,12 @@ class FusedCuda final : public MlaOp {
     else if (use_narrow(params.tma, M, s_.kv_dtype)) launch_narrow(params, s_.kv_dtype, parts_, stream_);
     else launch_roles(params, s_.kv_dtype, parts_, row_tiles_, block_keys_, stream_);
     mark("decode");
-    if (absorb_groups_ > 0 && !core_only_) {  // the merge absorbs too (and copies the whole requests' rows): merge_absorb_kernel
+    if (absorb_tokens_per_cta_ > 0 && !core_only_) {  // the merge absorbs too (and copies the whole requests' rows): merge_absorb_kernel
       const int64_t T = s_.tokens();
-      const int per_cta = int((T + absorb_groups_ - 1) / absorb_groups_);
       const MergeAbsorbParams mp{o_partial_.get(), lse_partial_.get(), row_tiles_ * kTileRows, request_segments, o_lat_.get(),
-                                 w_->kv_b.get() + nope_ * r_, (nope_ + vd_) * r_, attn_.get(), int(T), int(s_.q_len), int(nh_), per_cta};
-      launch_pdl(merge_absorb_kernel, dim3(unsigned(nh_), unsigned((T + per_cta - 1) / per_cta)), dim3(kAbsorbThreads), kAbsorbSmemBytes, stream_, mp);
+                                 w_->kv_b.get() + nope_ * r_, (nope_ + vd_) * r_, attn_.get(), int(T), int(s_.q_len), int(nh_), absorb_tokens_per_cta_};
+      const unsigned groups = unsigned((T + absorb_tokens_per_cta_ - 1) / absorb_tokens_per_cta_);
+      launch_pdl(merge_absorb_kernel, dim3(unsigned(nh_), groups), dim3(kAbsorbThreads), kAbsorbSmemBytes, stream_, mp);
       DSLAB_CHECK_LAUNCH();
       // (one kernel: op_us.combine holds the absorb too, and there is no op_us.absorb_o; the attention kernel's own
       // time, kernel_s, is taken with the plain merge: attention_core_only)
@@ -397,7 +398,7 @@ class FusedCuda final : public MlaOp {
   bool record_phases_ = false;
   DeviceArray<unsigned long long> phases_;
   int row_tiles_ = 1, parts_ = 1, max_segments_ = 0, block_keys_ = 64;
-  int absorb_groups_ = 0;    // > 0: merge_absorb_kernel's token groups (CTAs a head), where it replaces the merge and absorb
+  int absorb_tokens_per_cta_ = 0;  // > 0: merge_absorb_kernel's tokens a CTA, where it replaces the merge and absorb
   bool core_only_ = false;  // attention_core_only: the plain merge, o_lat for absorb_output
   bool tma_ = false;
   mutable bool merges_ = false;  // a schedule made so far splits a request across CTAs, left to combine
