@@ -6,8 +6,8 @@
 // padded to 64): a bf16 cache with more than 32 rows a tile (128 heads) and whole 64-key blocks in a page takes
 // two warpgroups that trade the scoring and multiplying of a pair of blocks (namespace seesaw, FlashMLA's Hopper
 // structure); an int8 / fp8 cache at up to 32 rows from tensor copies (16 heads) a kernel with the products
-// transposed, the keys along the MMA's rows and each block expanded once into the registers Q K^T reads (namespace
-// narrow); every other case (16 heads bf16, 128 heads quantised, small pages, a token selector's keys) warpgroups
+// transposed (the keys along the MMA's rows) whose producer warpgroups expand each block into fp16 tiles that its
+// consumer warpgroups multiply (namespace narrow); every other case (16 heads bf16, 128 heads quantised, small pages, a token selector's keys) warpgroups
 // with fixed roles that overlap the softmax with the products (namespace roles), int8 / fp8 blocks landing raw
 // and dequantised to fp16 in shared memory by the warpgroup about to score them. The projections around it are
 // the shared GPU ones (cuBLAS, or own GEMVs: the proj axis).
@@ -245,9 +245,10 @@ class FusedCuda final : public MlaOp {
   // segments or more, first_segment_accumulated (its first segment's last pair done), first_segment_written,
   // second_segment_q_landed and second_segment_first_accumulated (what switching segments costs, against two
   // per_block); the other phases are absent from its results. The narrow kernel (quantised caches at 16 heads)
-  // records loads_issued, q_landed, first_block_landed, first_block_scored, first/last_block_accumulated and done,
-  // and per block (its totals over the CTA's blocks over their count) block_sum, block_softmax, block_expand,
-  // block_score and block_publish: the parts of its step (see Phase). decode_phase_us.last_done: the slowest CTA's
+  // records loads_issued, q_landed, first_block_landed, first_block_scored, first_block_handed_over,
+  // first/last_block_accumulated and done, and per block (its totals over the CTA's blocks over their count) the
+  // scorer's block_tile_wait, block_score, block_softmax and block_accumulate and a producer's block_landing_wait and
+  // block_expand (see Phase). decode_phase_us.last_done: the slowest CTA's
   // done (each phase above is the median over CTAs).
   std::map<std::string, double> phase_counters() override;
   void attention_core_only(bool on) override { core_only_ = on; }
@@ -287,7 +288,8 @@ class FusedCuda final : public MlaOp {
       }
     }
     tma_ = b_.cache->page_size % block_keys_ == 0;
-    if (tma_) kv_map_ = cache_tensor_map(*b_.cache, block_keys_);
+    // (the narrow kernel copies half-blocks: its ring of raw blocks and two fp16 tiles fit only so)
+    if (tma_) kv_map_ = cache_tensor_map(*b_.cache, use_narrow(tma_, M, s_.kv_dtype) ? block_keys_ / 2 : block_keys_);
     if (use_seesaw(tma_, block_keys_, s_.kv_dtype))  // (its Q tiles; a token selector's steps may still take the fixed roles)
       q_map_ = tensor_map_2d(q_cat_, T * nh_, kWidth, 2, kTileRows, 64, /*swizzle_128b=*/true);
   }
@@ -334,12 +336,12 @@ class FusedCuda final : public MlaOp {
     merges_ = merges_ || out.merges;
     return out;
   }
-  // The cache as a 2-D tensor [slots][576] for the tensor memory accelerator, block_keys x 64-column boxes: bf16
+  // The cache as a 2-D tensor [slots][576] for the tensor memory accelerator, box_keys x 64-column boxes: bf16
   // swizzled as the MMAs read them; int8 / fp8 as they are, for the scorer to expand (see roles::Geometry).
-  static CUtensorMap cache_tensor_map(const PagedLatentCache& c, int block_keys) {
+  static CUtensorMap cache_tensor_map(const PagedLatentCache& c, int box_keys) {
     const bool bf16 = c.dtype == KvDtype::bf16;
     const int element_bytes = bf16 ? 2 : 1;
-    return tensor_map_2d(c.values.get(), int64_t(c.values.size()) / (kWidth * element_bytes), kWidth, element_bytes, block_keys, 64, bf16);
+    return tensor_map_2d(c.values.get(), int64_t(c.values.size()) / (kWidth * element_bytes), kWidth, element_bytes, box_keys, 64, bf16);
   }
   void attend() override {
     const int M = int(s_.q_len * nh_);
@@ -443,8 +445,9 @@ std::map<std::string, double> FusedCuda::phase_counters() {
     for (const auto& [ph, name] : named)
       if (c[ph]) us[name].push_back(since_wait(ph));  // (the two-warpgroup kernel records fewer phases)
     if (c[kBlocks] > 1) us["per_block"].push_back(double(c[kLastAccumulated] - c[kFirstAccumulated]) * us_per_clock / double(c[kBlocks] - 1));
-    const std::pair<Phase, const char*> spent[] = {{kSpentSumming, "block_sum"}, {kSpentSoftmax, "block_softmax"}, {kSpentExpanding, "block_expand"},
-                                                   {kSpentScoring, "block_score"}, {kSpentPublishing, "block_publish"}};
+    const std::pair<Phase, const char*> spent[] = {{kSpentTileWait, "block_tile_wait"}, {kSpentScoring, "block_score"}, {kSpentSoftmax, "block_softmax"},
+                                                   {kSpentAccumulating, "block_accumulate"}, {kSpentLandingWait, "block_landing_wait"},
+                                                   {kSpentExpanding, "block_expand"}};
     for (const auto& [ph, name] : spent)  // (the narrow kernel's per-block parts: totals over the CTA's blocks)
       if (c[ph]) us[name].push_back(double(c[ph]) * us_per_clock / double(c[kBlocks]));
     us["blocks"].push_back(double(c[kBlocks]));
@@ -469,7 +472,7 @@ std::map<std::string, double> FusedCuda::phase_counters() {
 std::unique_ptr<MlaOp> make_fused_op(std::unique_ptr<PageSelector> selector) { return std::make_unique<FusedCuda>(std::move(selector)); }
 
 DSLAB_REGISTER_MLA_OP(FusedCuda, "mla/fused/cuda",
-                       "fused decode: split-KV online-softmax MQA over the paged latent (warpgroup MMAs; 128 heads: FlashMLA's two-warpgroup seesaw; 16 heads int8/fp8: keys along the MMA rows, expanded into registers), bf16/int8/fp8 cache");
+                       "fused decode: split-KV online-softmax MQA over the paged latent (warpgroup MMAs; 128 heads: FlashMLA's two-warpgroup seesaw; 16 heads int8/fp8: keys along the MMA rows, producer warpgroups expanding for consumer warpgroups), bf16/int8/fp8 cache");
 
 }  // namespace dslab::mla::cuda
 

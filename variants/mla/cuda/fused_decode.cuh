@@ -1,7 +1,7 @@
 // The fused MLA decode's shared pieces (mla/fused/cuda, fused.cu): the kernels' parameters and phase clocks, the
 // device helpers more than one of its kernels uses, and the launchers each kernel's unit defines - fused_roles.cu
 // (warpgroups with fixed roles: every case the others do not take), fused_seesaw.cu (two warpgroups trading a pair
-// of blocks: bf16 at 128 heads), fused_narrow.cu (the products transposed: int8 / fp8 at 16 heads). The split-KV
+// of blocks: bf16 at 128 heads), fused_narrow.cu (int8 / fp8 at 16 heads: producers expand, consumers multiply). The split-KV
 // plan, the combine kernel and the op are fused.cu's.
 #pragma once
 #include <cuda_fp16.h>
@@ -85,11 +85,10 @@ enum Phase : int {
   // last pair, when its outputs are written, when the second segment's Q has landed, and at the end of its first
   // pair - what a switch costs.
   kFirstSegmentAccumulated, kFirstSegmentWritten, kSecondQLanded, kSecondFirstAccumulated,
-  // The narrow kernel: thread 0's clocks summed over the CTA's blocks, per part of a block's step - the partial
-  // products summed and masked (sum); the barrier's OR through P^T's barrier (softmax); P V issued and the next
-  // block's Q, landing and expansion (expand); its Q K^T issued and both products awaited, a segment's writes
-  // (score); the tile and partial products stored and their barrier (publish).
-  kSpentSumming, kSpentSoftmax, kSpentExpanding, kSpentScoring, kSpentPublishing,
+  // The narrow kernel: clocks summed over the CTA's blocks, per part of a block's step - the scorer's thread 0
+  // waiting for the tile, Q K^T issued and awaited, the softmax through P^T's hand-over, P V issued and a segment's
+  // writes; the first producer's thread waiting for a half-block's copies, and expanding it.
+  kSpentTileWait, kSpentScoring, kSpentSoftmax, kSpentAccumulating, kSpentLandingWait, kSpentExpanding,
   kPhaseSlots
 };
 __device__ __forceinline__ unsigned long long global_timer() {
