@@ -289,7 +289,7 @@ class FusedCuda final : public MlaOp {
     }
     tma_ = b_.cache->page_size % block_keys_ == 0;
     // (the narrow kernel copies half-blocks: its ring of raw blocks and two fp16 tiles fit only so)
-    if (tma_) kv_map_ = cache_tensor_map(*b_.cache, use_narrow(tma_, M, s_.kv_dtype) ? block_keys_ / 2 : block_keys_);
+    if (tma_) kv_map_ = cache_tensor_map(*b_.cache, use_narrow(tma_, M, s_.kv_dtype) ? kNarrowBoxKeys : block_keys_);
     if (use_seesaw(tma_, block_keys_, s_.kv_dtype))  // (its Q tiles; a token selector's steps may still take the fixed roles)
       q_map_ = tensor_map_2d(q_cat_, T * nh_, kWidth, 2, kTileRows, 64, /*swizzle_128b=*/true);
   }

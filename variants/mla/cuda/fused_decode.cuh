@@ -193,7 +193,9 @@ void launch_roles(const Params& params, KvDtype kv, int parts, int row_tiles, in
 bool use_seesaw(bool tma, int block_keys, KvDtype kv);
 void launch_seesaw(const Params& params, int parts, int row_tiles, cudaStream_t stream);
 // The narrow kernel (fused_narrow.cu) where it applies: a quantised cache copied in whole 64-key blocks (tensor
-// copies) and at most 32 rows (16 or 32: rows come in multiples of 16).
+// copies) and at most 32 rows (16 or 32: rows come in multiples of 16). Its copies are half-blocks: kv_map's boxes
+// are kNarrowBoxKeys keys tall for it.
+constexpr int kNarrowBoxKeys = 32;
 bool use_narrow(bool tma, int64_t rows, KvDtype kv);
 void launch_narrow(const Params& params, KvDtype kv, int parts, cudaStream_t stream);
 

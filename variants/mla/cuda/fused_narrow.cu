@@ -32,7 +32,7 @@ namespace dslab::mla::cuda::fused_decode {
 // combine are the other kernels'.
 namespace narrow {
 
-constexpr int kKeys = 64, kHalfKeys = 32, kThreads = 512;
+constexpr int kKeys = 64, kHalfKeys = kNarrowBoxKeys, kThreads = 512;
 // Named barriers: the scorer's 128 threads, the producers' 256; P^T's buffers ready (the scorer arrives, the second
 // accumulator waits) and free again (the other way round), 256 threads each. (The hand-over between the two consumer
 // warpgroups was on mbarriers first: correct, but compute-sanitizer's racecheck does not follow an mbarrier's
@@ -213,8 +213,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters) : "memory");
-  // ---- Consumers. O^T: this warpgroup's four 64-row tiles (latent columns 256 warpgroup + 64 c + g / g + 8), columns
-  // n * 8 + 2 q4 + {0, 1} (query rows).
+  // ---- Consumers. O^T: this warpgroup's four 64-row tiles (latent columns 256 warpgroup + 64 c + g / g + 8); a
+  // thread's N / 4 columns (query rows) in slots i = 2 n + e of its fragments: column_of(i).
+  constexpr int kCols = N / 4;
+  auto column_of = [&](int i) { return 8 * (i / 2) + 2 * q4 + i % 2; };
   float o[4][N / 8][4];
 #pragma unroll
   for (auto& tile_o : o)
@@ -234,36 +236,34 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     wgmma_commit();
   };
   // A segment's outputs (row = query row, transposed from O^T), each normalised by its sum (`inverse`, by column
-  // slot 2 n + e); O^T restarts.
-  auto write_outputs = [&](const Cursor<kKeys>& at, const float (&inverse)[N / 4]) {
+  // slot); O^T restarts.
+  auto write_outputs = [&](const Cursor<kKeys>& at, const float (&inverse)[kCols]) {
     auto write = [&](auto* out) {
 #pragma unroll
-      for (int n = 0; n < N / 8; ++n)
+      for (int i = 0; i < kCols; ++i) {
+        const int n = i / 2, e = i % 2, col = column_of(i);
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = 8 * n + 2 * q4 + e;
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const int column = 256 * warpgroup + 64 * c + g;
-            using T = std::remove_pointer_t<decltype(out)>;
-            if constexpr (std::is_same_v<T, float>) {
-              out[col * kLatent + column] = o[c][n][e] * inverse[2 * n + e];
-              out[col * kLatent + column + 8] = o[c][n][2 + e] * inverse[2 * n + e];
-            } else {
-              out[col * kLatent + column] = __float2bfloat16_rn(o[c][n][e] * inverse[2 * n + e]);
-              out[col * kLatent + column + 8] = __float2bfloat16_rn(o[c][n][2 + e] * inverse[2 * n + e]);
-            }
-            o[c][n][e] = o[c][n][2 + e] = 0;
+        for (int c = 0; c < 4; ++c) {
+          const int column = 256 * warpgroup + 64 * c + g;
+          using T = std::remove_pointer_t<decltype(out)>;
+          if constexpr (std::is_same_v<T, float>) {
+            out[col * kLatent + column] = o[c][n][e] * inverse[i];
+            out[col * kLatent + column + 8] = o[c][n][2 + e] * inverse[i];
+          } else {
+            out[col * kLatent + column] = __float2bfloat16_rn(o[c][n][e] * inverse[i]);
+            out[col * kLatent + column + 8] = __float2bfloat16_rn(o[c][n][2 + e] * inverse[i]);
           }
+          o[c][n][e] = o[c][n][2 + e] = 0;
         }
+      }
     };
     if (at.s.w) write(p.o_lat + int64_t(at.s.x) * p.rows * kLatent);  // whole: final
     else write(p.o_partial + int64_t(at.seg) * p.partial_rows * kLatent);  // merged by combine
   };
-  auto inverse_sums = [&](int pb, float (&inverse)[N / 4]) {
+  auto inverse_sums = [&](int pb, float (&inverse)[kCols]) {
 #pragma unroll
-    for (int i = 0; i < N / 4; ++i) {
-      const int col = 8 * (i / 2) + 2 * q4 + i % 2;
+    for (int i = 0; i < kCols; ++i) {
+      const int col = column_of(i);
       const float* const s = sums + pb * 4 * N;
       const float sum = s[col] + s[N + col] + s[2 * N + col] + s[3 * N + col];
       inverse[i] = sum > 0 ? 1.0f / sum : 0.0f;
@@ -280,16 +280,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       bar_sync(kBarReady + pb, 256);  // P^T, the factors (and a segment's sums) are there
       if (moved[pb])
 #pragma unroll
-        for (int n = 0; n < N / 8; ++n)
+        for (int i = 0; i < kCols; ++i) {
+          const float alpha = factors[pb * N + column_of(i)];
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float alpha = factors[pb * N + 8 * n + 2 * q4 + e];
-#pragma unroll
-            for (int c = 0; c < 4; ++c) o[c][n][e] *= alpha, o[c][n][2 + e] *= alpha;
-          }
+          for (int c = 0; c < 4; ++c) o[c][i / 2][i % 2] *= alpha, o[c][i / 2][2 + i % 2] *= alpha;
+        }
       accumulate(buf, pb);
       wgmma_wait<0>();
-      float inverse[N / 4];
+      float inverse[kCols];
       const bool last = at.last();
       if (last) inverse_sums(pb, inverse);  // (read before P^T's buffer - and these sums - are handed back)
       __syncwarp();
@@ -302,10 +300,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   }
 
   // ---- The scorer (warpgroup 0): Q K^T, the softmax, and P V of latent columns 0-255.
-  constexpr int kCols = N / 4;  // this thread's columns, slot i = 2 n + e: query row 8 n + 2 q4 + e
-  int token_of[kCols];          // the column's token among the step's new ones (causal among them)
+  int token_of[kCols];  // the column's token among the step's new ones (causal among them)
 #pragma unroll
-  for (int i = 0; i < kCols; ++i) token_of[i] = (8 * (i / 2) + 2 * q4 + i % 2) / p.heads;
+  for (int i = 0; i < kCols; ++i) token_of[i] = column_of(i) / p.heads;
   float m[kCols], l[kCols];  // running max, this thread's part of the sum
   int length = 0, pending = -1;  // pending: the block whose P V (ours) is still in flight
   uint32_t spent[4] = {}, part_start = 0;  // thread 0's clocks: tile wait, scoring, softmax, accumulating
@@ -379,7 +376,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       for (int i = 0; i < kCols; ++i) {
         float v = fmaxf(s[i / 2][i % 2], s[i / 2][2 + i % 2]);
         for (int off = 4; off < 32; off <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-        if (lane < 4) maxima[(t / 32) * N + 8 * (i / 2) + 2 * q4 + i % 2] = v;
+        if (lane < 4) maxima[(t / 32) * N + column_of(i)] = v;
       }
       bar_sync(kBarScorer, 128);
     }
@@ -388,7 +385,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     float alpha[kCols];
 #pragma unroll
     for (int i = 0; i < kCols; ++i) {  // P^T, the factors; a segment's sums
-      const int n = i / 2, e = i % 2, col = 8 * n + 2 * q4 + e;
+      const int n = i / 2, e = i % 2, col = column_of(i);
       const float prev = m[i];
       float next = prev;
       if (any_move) {
@@ -422,9 +419,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       if (t < 4)  // the segment's log-sum-exp
 #pragma unroll
         for (int i = 0; i < kCols; ++i) {
-          const int col = 8 * (i / 2) + 2 * q4 + i % 2;
           const float sum = 1.0f / inverse[i];
-          p.lse_partial[int64_t(at.seg) * p.partial_rows + col] = inverse[i] > 0 ? m[i] * p.scale_log2 + log2f(sum) : -INFINITY;
+          p.lse_partial[int64_t(at.seg) * p.partial_rows + column_of(i)] = inverse[i] > 0 ? m[i] * p.scale_log2 + log2f(sum) : -INFINITY;
         }
     }
 
