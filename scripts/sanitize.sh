@@ -26,9 +26,10 @@ run() {
   [ "$only" = "  " ] || [[ "$only" == *" $tool-$name "* ]] || return 0
   local log="$out/$tool-$name.log"
   # (racecheck: the projections untuned, cuBLASLt's first pick - tuned_gemm.cu says why; memcheck tunes as a run does)
+  # (every report printed - the tool stops at 100 by default - so that the check below sees each kernel reported)
   local tuning=on
   [ "$tool" = racecheck ] && tuning=off
-  DSLAB_GEMM_TUNING=$tuning compute-sanitizer --tool "$tool" dslab run "$@" "${quick[@]}" --out "$out/tmp-$name" >"$log" 2>&1
+  DSLAB_GEMM_TUNING=$tuning compute-sanitizer --tool "$tool" --print-limit 100000 dslab run "$@" "${quick[@]}" --out "$out/tmp-$name" >"$log" 2>&1
   local rc=$?
   local summary ours blind
   summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)

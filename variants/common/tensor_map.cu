@@ -9,7 +9,7 @@
 
 namespace dslab {
 
-CUtensorMap tensor_map_2d(const void* base, int64_t rows, int64_t columns, int element_bytes, int box_rows, int box_columns, bool swizzle_128b,
+CUtensorMap tensor_map_2d(const void* base, int64_t rows, int64_t columns, int element_bytes, int box_rows, int box_columns, int swizzle_bytes,
                           int64_t row_stride) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
@@ -19,13 +19,15 @@ CUtensorMap tensor_map_2d(const void* base, int64_t rows, int64_t columns, int e
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   if (element_bytes != 1 && element_bytes != 2) throw std::invalid_argument("tensor_map_2d: elements of 1 or 2 bytes");
+  if (swizzle_bytes != 0 && swizzle_bytes != 64 && swizzle_bytes != 128) throw std::invalid_argument("tensor_map_2d: a swizzle of 0, 64 or 128 bytes");
+  const CUtensorMapSwizzle swizzle = swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : swizzle_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_NONE;
   CUtensorMap map{};
   const cuuint64_t dims[2] = {cuuint64_t(columns), cuuint64_t(rows)};
   const cuuint64_t strides[1] = {cuuint64_t((row_stride > 0 ? row_stride : columns) * element_bytes)};
   const cuuint32_t box[2] = {cuuint32_t(box_columns), cuuint32_t(box_rows)}, element_strides[2] = {1, 1};
   const CUresult r = encode(&map, element_bytes == 2 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims,
                             strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            swizzle_128b ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) throw std::runtime_error("cuTensorMapEncodeTiled failed: CUresult " + std::to_string(int(r)));
   return map;

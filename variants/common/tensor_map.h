@@ -8,10 +8,11 @@
 namespace dslab {
 
 // A row-major 2-D tensor [rows][columns] of `element_bytes`-byte elements (bf16: 2, a byte type: 1) at `base`, read
-// in boxes of box_rows x box_columns; swizzle_128b lays each box out as Hopper's warpgroup MMA reads a K-major
-// operand (128-byte rows, 16-byte chunks XOR-ed by the row mod 8: variants/common/wgmma.cuh). Throws where the
-// driver refuses it. Rows are `row_stride` elements apart (0: `columns`, packed).
-CUtensorMap tensor_map_2d(const void* base, int64_t rows, int64_t columns, int element_bytes, int box_rows, int box_columns, bool swizzle_128b,
+// in boxes of box_rows x box_columns; swizzle_bytes 128 (or 64) lays each box out as Hopper's warpgroup MMA reads a
+// K-major operand of 128-byte (64-byte) rows, 16-byte chunks XOR-ed by the row mod 8 (by row / 2 mod 4:
+// variants/common/wgmma.cuh), 0 as it is. Throws where the driver refuses it. Rows are `row_stride` elements apart
+// (0: `columns`, packed).
+CUtensorMap tensor_map_2d(const void* base, int64_t rows, int64_t columns, int element_bytes, int box_rows, int box_columns, int swizzle_bytes,
                           int64_t row_stride = 0);
 
 }  // namespace dslab

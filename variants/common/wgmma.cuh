@@ -125,6 +125,15 @@ __device__ __forceinline__ void wgmma_m64nNk16_rs(float (&d)[N / 8][4], const ui
 #undef DSLAB_WGMMA_M64N32K16_RS
 #undef DSLAB_WGMMA_M64N64K16_RS
 
+// D[64 x 16] (+)= A[64 x 32] . B[16 x 32]^T, e4m3 operands in shared memory (both K-major: FP8 products take no
+// transpose), fp32 accumulators as m64n16k16's; a k32 step is 32 bytes (+ 2 on a descriptor).
+__device__ __forceinline__ void wgmma_m64n16k32_e4m3(float (&d)[2][4], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+               : "l"(a), "l"(b), "r"(accumulate));
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit_and_wait() {
   asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");

@@ -237,8 +237,8 @@ void stream_gemm(const GemmShape& s, int splits, const void* a, const void* b, v
   const int rows = padded_rows(s.n);
   if (maps.a != a || maps.b != b) {
     const int64_t a_rows = (s.batch - 1) * (s.stride_a / s.lda) + s.m;
-    maps.a_map = tensor_map_2d(a, a_rows, s.k, 2, kFeatures, kChunk, /*swizzle_128b=*/true, s.lda);
-    maps.b_map = tensor_map_2d(b, s.n, s.ldb, 2, rows, kChunk, /*swizzle_128b=*/true);
+    maps.a_map = tensor_map_2d(a, a_rows, s.k, 2, kFeatures, kChunk, /*swizzle_bytes=*/128, s.lda);
+    maps.b_map = tensor_map_2d(b, s.n, s.ldb, 2, rows, kChunk, /*swizzle_bytes=*/128);
     maps.a = a;
     maps.b = b;
   }

@@ -5,13 +5,15 @@
 // by W_UV too, whole requests' rows as well: merge_absorb_kernel, no absorb GEMM after it). Two kernels over 64-row tiles (16 or 32 rows
 // padded to 64): a bf16 cache with more than 32 rows a tile (128 heads) and whole 64-key blocks in a page takes
 // two warpgroups that trade the scoring and multiplying of a pair of blocks (namespace seesaw, FlashMLA's Hopper
-// structure); an int8 / fp8 cache at up to 32 rows from tensor copies (16 heads) a kernel with the products
-// transposed (the keys along the MMA's rows) whose producer warpgroups expand each block into fp16 tiles that its
-// consumer warpgroups multiply (namespace narrow); every other case (16 heads bf16, 128 heads quantised, small pages, a token selector's keys) warpgroups
+// structure); an fp8 cache at 16 rows from tensor copies (16 heads, one token) a kernel with the products
+// transposed (the keys along the MMA's rows) that runs Q K^T on FP8 tensor cores straight from the landed block and
+// P V with the block expanded into registers (namespace fp8); an int8 cache at up to 32 rows, or fp8 at 32 (an MTP
+// token), a kernel also transposed whose producer warpgroups expand each block into fp16 tiles that its consumer
+// warpgroups multiply (namespace narrow); every other case (16 heads bf16, 128 heads quantised, small pages, a token selector's keys) warpgroups
 // with fixed roles that overlap the softmax with the products (namespace roles), int8 / fp8 blocks landing raw
 // and dequantised to fp16 in shared memory by the warpgroup about to score them. The projections around it are
 // the shared GPU ones (cuBLAS, or own GEMVs: the proj axis).
-// The kernels are in their own units (fused_roles.cu, fused_seesaw.cu, fused_narrow.cu; shared pieces in
+// The kernels are in their own units (fused_roles.cu, fused_seesaw.cu, fused_fp8.cu, fused_narrow.cu; shared pieces in
 // fused_decode.cuh); here are the split-KV plan, the combine kernel and the op.
 #include <algorithm>
 #include <cmath>
@@ -244,11 +246,13 @@ class FusedCuda final : public MlaOp {
   // first_block_accumulated (the end of its first pair), last_block_accumulated and done, and where a CTA walks two
   // segments or more, first_segment_accumulated (its first segment's last pair done), first_segment_written,
   // second_segment_q_landed and second_segment_first_accumulated (what switching segments costs, against two
-  // per_block); the other phases are absent from its results. The narrow kernel (quantised caches at 16 heads)
-  // records loads_issued, q_landed, first_block_landed, first_block_scored, first_block_handed_over,
-  // first/last_block_accumulated and done, and per block (its totals over the CTA's blocks over their count) the
-  // scorer's block_tile_wait, block_score, block_softmax and block_accumulate and a producer's block_landing_wait and
-  // block_expand (see Phase). decode_phase_us.last_done: the slowest CTA's
+  // per_block); the other phases are absent from its results. The narrow and fp8 kernels (quantised caches at 16
+  // heads) record loads_issued, q_landed, first_block_landed, first_block_scored, first_block_handed_over,
+  // first/last_block_accumulated and done, and per block (its totals over the CTA's blocks over their count): the
+  // narrow kernel the scorer's block_tile_wait, block_score, block_softmax and block_accumulate and a producer's
+  // block_landing_wait, block_tile_free_wait and block_expand; the fp8 kernel the scorer's block_tile_wait,
+  // block_score and block_softmax and an accumulator's block_landing_wait, block_expand, block_p_wait and
+  // block_accumulate (see Phase). decode_phase_us.last_done: the slowest CTA's
   // done (each phase above is the median over CTAs).
   std::map<std::string, double> phase_counters() override;
   void attention_core_only(bool on) override { core_only_ = on; }
@@ -288,10 +292,14 @@ class FusedCuda final : public MlaOp {
       }
     }
     tma_ = b_.cache->page_size % block_keys_ == 0;
-    // (the narrow kernel copies half-blocks: its ring of raw blocks and two fp16 tiles fit only so)
-    if (tma_) kv_map_ = cache_tensor_map(*b_.cache, use_narrow(tma_, M, s_.kv_dtype) ? kNarrowBoxKeys : block_keys_);
+    // (the narrow kernel copies half-blocks: its ring of raw blocks and two fp16 tiles fit only so; the fp8 kernel's
+    // Q K^T reads whole blocks as they land, 64-byte rows swizzled)
+    if (tma_) {
+      if (use_fp8(tma_, M, s_.kv_dtype)) kv_map_ = cache_tensor_map(*b_.cache, block_keys_, 64);
+      else kv_map_ = cache_tensor_map(*b_.cache, use_narrow(tma_, M, s_.kv_dtype) ? kNarrowBoxKeys : block_keys_, s_.kv_dtype == KvDtype::bf16 ? 128 : 0);
+    }
     if (use_seesaw(tma_, block_keys_, s_.kv_dtype))  // (its Q tiles; a token selector's steps may still take the fixed roles)
-      q_map_ = tensor_map_2d(q_cat_, T * nh_, kWidth, 2, kTileRows, 64, /*swizzle_128b=*/true);
+      q_map_ = tensor_map_2d(q_cat_, T * nh_, kWidth, 2, kTileRows, 64, /*swizzle_bytes=*/128);
   }
   // The schedule blob: segments (int4 each) at 0, the CTAs' segment ranges (int2) at 4 * max_segments_, the
   // requests' (int2) after them.
@@ -336,12 +344,12 @@ class FusedCuda final : public MlaOp {
     merges_ = merges_ || out.merges;
     return out;
   }
-  // The cache as a 2-D tensor [slots][576] for the tensor memory accelerator, box_keys x 64-column boxes: bf16
-  // swizzled as the MMAs read them; int8 / fp8 as they are, for the scorer to expand (see roles::Geometry).
-  static CUtensorMap cache_tensor_map(const PagedLatentCache& c, int box_keys) {
-    const bool bf16 = c.dtype == KvDtype::bf16;
-    const int element_bytes = bf16 ? 2 : 1;
-    return tensor_map_2d(c.values.get(), int64_t(c.values.size()) / (kWidth * element_bytes), kWidth, element_bytes, box_keys, 64, bf16);
+  // The cache as a 2-D tensor [slots][576] for the tensor memory accelerator, box_keys x 64-column boxes, swizzled by
+  // `swizzle_bytes`: bf16 by 128 as the MMAs read them; int8 / fp8 as they are, for the scorer or producers to expand
+  // (see roles::Geometry), or fp8 by 64 for the fp8 kernel's e4m3 MMAs.
+  static CUtensorMap cache_tensor_map(const PagedLatentCache& c, int box_keys, int swizzle_bytes) {
+    const int element_bytes = c.dtype == KvDtype::bf16 ? 2 : 1;
+    return tensor_map_2d(c.values.get(), int64_t(c.values.size()) / (kWidth * element_bytes), kWidth, element_bytes, box_keys, 64, swizzle_bytes);
   }
   void attend() override {
     const int M = int(s_.q_len * nh_);
@@ -364,6 +372,7 @@ class FusedCuda final : public MlaOp {
                   page_shift(view.page_size), row_tiles_ * kTileRows, o_lat_.get(), record_phases_ ? phases_.get() : nullptr,
                   /*early_loads=*/!selector_};
     if (use_seesaw(params.tma, block_keys_, s_.kv_dtype)) launch_seesaw(params, parts_, row_tiles_, stream_);
+    else if (use_fp8(params.tma, M, s_.kv_dtype)) launch_fp8(params, parts_, stream_);
     else if (use_narrow(params.tma, M, s_.kv_dtype)) launch_narrow(params, s_.kv_dtype, parts_, stream_);
     else launch_roles(params, s_.kv_dtype, parts_, row_tiles_, block_keys_, stream_);
     mark("decode");
@@ -447,7 +456,8 @@ std::map<std::string, double> FusedCuda::phase_counters() {
     if (c[kBlocks] > 1) us["per_block"].push_back(double(c[kLastAccumulated] - c[kFirstAccumulated]) * us_per_clock / double(c[kBlocks] - 1));
     const std::pair<Phase, const char*> spent[] = {{kSpentTileWait, "block_tile_wait"}, {kSpentScoring, "block_score"}, {kSpentSoftmax, "block_softmax"},
                                                    {kSpentAccumulating, "block_accumulate"}, {kSpentLandingWait, "block_landing_wait"},
-                                                   {kSpentExpanding, "block_expand"}};
+                                                   {kSpentTileFreeWait, "block_tile_free_wait"}, {kSpentExpanding, "block_expand"},
+                                                   {kSpentPWait, "block_p_wait"}};
     for (const auto& [ph, name] : spent)  // (the narrow kernel's per-block parts: totals over the CTA's blocks)
       if (c[ph]) us[name].push_back(double(c[ph]) * us_per_clock / double(c[kBlocks]));
     us["blocks"].push_back(double(c[kBlocks]));

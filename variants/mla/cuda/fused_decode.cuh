@@ -1,8 +1,9 @@
 // The fused MLA decode's shared pieces (mla/fused/cuda, fused.cu): the kernels' parameters and phase clocks, the
 // device helpers more than one of its kernels uses, and the launchers each kernel's unit defines - fused_roles.cu
 // (warpgroups with fixed roles: every case the others do not take), fused_seesaw.cu (two warpgroups trading a pair
-// of blocks: bf16 at 128 heads), fused_narrow.cu (int8 / fp8 at 16 heads: producers expand, consumers multiply). The split-KV
-// plan, the combine kernel and the op are fused.cu's.
+// of blocks: bf16 at 128 heads), fused_fp8.cu (fp8 at 16 rows: FP8 Q K^T from the landed block, P V from registers),
+// fused_narrow.cu (int8 at 16 heads, int8 / fp8 with an MTP token: producers expand, consumers multiply). The
+// split-KV plan, the combine kernel and the op are fused.cu's.
 #pragma once
 #include <cuda_fp16.h>
 
@@ -87,8 +88,12 @@ enum Phase : int {
   kFirstSegmentAccumulated, kFirstSegmentWritten, kSecondQLanded, kSecondFirstAccumulated,
   // The narrow kernel: clocks summed over the CTA's blocks, per part of a block's step - the scorer's thread 0
   // waiting for the tile, Q K^T issued and awaited, the softmax through P^T's hand-over, P V issued and a segment's
-  // writes; the first producer's thread waiting for a half-block's copies, and expanding it.
-  kSpentTileWait, kSpentScoring, kSpentSoftmax, kSpentAccumulating, kSpentLandingWait, kSpentExpanding,
+  // writes; the first producer's thread waiting for a half-block's copies, for a tile to be free, and expanding it.
+  // The fp8 kernel: the scorer's thread 0 waiting for the block, Q K^T (and its scales), the softmax through P^T's
+  // hand-over; the first accumulator thread waiting for the block (landing_wait), reading and expanding its part
+  // (expand), waiting for P^T (p_wait), and P V with a segment's writes (accumulate).
+  kSpentTileWait, kSpentScoring, kSpentSoftmax, kSpentAccumulating, kSpentLandingWait, kSpentTileFreeWait, kSpentExpanding,
+  kSpentPWait,
   kPhaseSlots
 };
 __device__ __forceinline__ unsigned long long global_timer() {
@@ -116,6 +121,22 @@ __device__ inline void bf16_chunk_to_half(uint4* chunk) {
     asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(w[i]) : "f"(f.y), "f"(f.x));  // (the first operand to the high half)
   }
   *chunk = v;
+}
+
+// The OR of `pred` over the `count` threads of named barrier `id` (all of them arrive).
+__device__ __forceinline__ bool bar_or(int id, int count, bool pred) {
+  uint32_t out;
+  asm volatile("{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+               : "=r"(out) : "r"(uint32_t(pred)), "r"(id), "r"(count) : "memory");
+  return out != 0;
+}
+
+// 2^x on the special-function unit alone (exp2f adds a range reduction for denormal results): the narrow and fp8
+// kernels round P to fp16 and scale fp32 sums by the factors, both far coarser than its 2^-22 error.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // Four quantised values (column order, the first in the low byte) times their scale, as two fp16 pairs: e4m3 pairs
@@ -198,5 +219,9 @@ void launch_seesaw(const Params& params, int parts, int row_tiles, cudaStream_t 
 constexpr int kNarrowBoxKeys = 32;
 bool use_narrow(bool tma, int64_t rows, KvDtype kv);
 void launch_narrow(const Params& params, KvDtype kv, int parts, cudaStream_t stream);
+// The fp8 kernel (fused_fp8.cu), taken before the narrow one where it applies: an fp8 cache copied in whole 64-key
+// blocks (kv_map's boxes 64 keys x 64 bytes, 64-byte swizzle) and exactly 16 rows.
+bool use_fp8(bool tma, int64_t rows, KvDtype kv);
+void launch_fp8(const Params& params, int parts, cudaStream_t stream);
 
 }  // namespace dslab::mla::cuda::fused_decode

@@ -1,4 +1,5 @@
-// mla/fused/cuda's kernel for int8 / fp8 caches at up to 32 rows (16 heads): see namespace narrow below.
+// mla/fused/cuda's kernel for int8 caches at up to 32 rows (16 heads) and fp8 at 32 (with an MTP token; 16 rows of
+// fp8 take fused_fp8.cu's): see namespace narrow below.
 #include <type_traits>
 
 #include "harness/errors.h"
@@ -26,7 +27,11 @@ namespace dslab::mla::cuda::fused_decode {
 // No barrier spans the CTA inside the walk, and the expansion of block j + 1 runs beside the products of block j.
 // Measured (H100, session 33, V3 16 heads batch 64 fp8): 2.23-2.25 us a block against the lockstep form's 2.32-2.35,
 // the expansion ~1.56 us a block of the producers' time; one consumer warpgroup with three producer warpgroups (P V
-// whole, 128-240 registers) ran 2.29 - the expansion no faster with 384 threads than with 256.
+// whole, 128-240 registers) ran 2.29 - the expansion no faster with 384 threads than with 256. What bounds it is
+// shared memory the roles share (session 34): handing tiles back sooner changed nothing (the expansion only ran slower
+// beside the products), while halving Q K^T's reads took a block from 2.30 to 2.11 us; fp8 at 16 rows has its own
+// kernel since (fused_fp8.cu). The producers' wait for a free tile under their first loads and store addresses
+// computed once: 0.5-1% (H100, session 34).
 // The raw half-blocks land by tensor copies (a page holds whole 64-key blocks; the map's boxes are 32 keys x 64
 // bytes: kv_map from FusedCuda::prepare) plus one bulk copy of their scales; the plan, partial outputs and
 // combine are the other kernels'.
@@ -64,22 +69,6 @@ struct Layout {
   static_assert(kQ % 1024 == 0 && kP % 1024 == 0 && kRingAt % 1024 == 0, "swizzled tiles 1024-byte aligned");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA on sm_90");
 };
-
-// The OR of `pred` over the `count` threads of named barrier `id` (all of them arrive).
-__device__ __forceinline__ bool bar_or(int id, int count, bool pred) {
-  uint32_t out;
-  asm volatile("{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
-               : "=r"(out) : "r"(uint32_t(pred)), "r"(id), "r"(count) : "memory");
-  return out != 0;
-}
-
-// 2^x on the special-function unit alone (exp2f adds a range reduction for denormal results): P is rounded to fp16
-// and the factors scale fp32 sums, both far coarser than its 2^-22 error.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 template <KvDtype KV, int N>
 __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ Params p) {
@@ -165,13 +154,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     // tile) of each of the 9 column blocks: a warp reads 4 keys' 64-byte box rows (256 contiguous bytes) and writes
     // 4 whole 128-byte tile rows a column block.
     const int key_in_half = producer / 8, sub = producer % 8;
-    uint32_t landing_wait = 0, expanding = 0;  // thread 256's clocks (p.phases)
+    // This thread's 16 bytes of a tile row in column block 0 of half 0: swz(key, 64 c + 8 sub, kKeys) for column
+    // block c is kKeys * 64 c further, half 1's key kHalfKeys * 64 (key mod 8 = key_in_half mod 8 either way).
+    const int store_at = key_in_half * 64 + ((sub ^ (key_in_half & 7)) << 3);
+    uint32_t landing_wait = 0, free_wait = 0, expanding = 0;  // thread 256's clocks (p.phases)
     Cursor<kKeys> walk(p, mine);
 #pragma unroll 1
     for (int j = 0; j < total; ++j) {
       const int buf = j & 1;
-      if (j >= 2) mbarrier_wait(&tile_free[buf], ((j >> 1) - 1) & 1);
-      __half* const tile = tiles + buf * kTileElems;
 #pragma unroll 1
       for (int half = 0; half < 2; ++half) {
         const int h = 2 * j + half;
@@ -179,9 +169,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         const uint32_t before = p.phases ? uint32_t(clock64()) : 0;
         mbarrier_wait(&landed[h % kRing], (h / kRing) & 1);
         const uint32_t landed_at = p.phases ? uint32_t(clock64()) : 0;
+        uint32_t tile_wait = 0;
         if (j == 0 && half == 0 && t == 256) record_clock(p, kFirstLanded);
-        const int key = kHalfKeys * half + key_in_half;
-        const bool real = walk.key0 + key < walk.s.z;
         const float* const scales = reinterpret_cast<const float*>(raw + kGroups * kHalfBoxBytes) + key_in_half * kGroups;
         // Every load before the first store: the compiler cannot tell the tile's stores from the ring's bytes, and
         // interleaved it kept each column block's loads behind the store before them (nine round trips a half-block).
@@ -190,25 +179,37 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
 #pragma unroll
         for (int c = 0; c < kGroups; ++c)
           w[c] = *reinterpret_cast<const uint2*>(raw + c * kHalfBoxBytes + key_in_half * 64 + sub * 8), scale[c] = scales[c];
+        if (half == 0 && j >= 2) {  // the tile's readers of block j - 2 are done (awaited under the loads)
+          const uint32_t waiting = p.phases ? uint32_t(clock64()) : 0;
+          mbarrier_wait(&tile_free[buf], ((j >> 1) - 1) & 1);
+          if (p.phases) tile_wait = uint32_t(clock64()) - waiting;
+        }
+        // Keys past the segment's end as zeros (0 x NaN would reach O): only a segment's last half-blocks have any,
+        // and the branch around them is the same for the whole CTA.
+        const int first_key = walk.key0 + kHalfKeys * half;
+        if (first_key + kHalfKeys > walk.s.z && first_key + key_in_half >= walk.s.z)
+#pragma unroll
+          for (int c = 0; c < kGroups; ++c) w[c] = make_uint2(0, 0), scale[c] = 0.0f;
+        __half* const dst = tiles + buf * kTileElems + half * kHalfKeys * 64 + store_at;
 #pragma unroll
         for (int c = 0; c < kGroups; ++c) {
           const __half2 factor = __float2half2_rn(scale[c]);
           uint4 v;
           dequantise4<KV>(w[c].x, factor, v.x, v.y);
           dequantise4<KV>(w[c].y, factor, v.z, v.w);
-          if (!real) v = make_uint4(0, 0, 0, 0);
-          *reinterpret_cast<uint4*>(tile + swz(key, c * 64 + sub * 8, kKeys)) = v;
+          *reinterpret_cast<uint4*>(dst + c * kKeys * 64) = v;
         }
         bar_sync(kBarProducers, 256);  // every producer has read the slot
         if (issuer >= 0) load_next();  // half-block h + kRing into it
-        if (p.phases && t == 256) landing_wait += landed_at - before, expanding += uint32_t(clock64()) - landed_at;
+        if (p.phases && t == 256)
+          landing_wait += landed_at - before, free_wait += tile_wait, expanding += uint32_t(clock64()) - landed_at - tile_wait;
       }
       fence_proxy_async();  // the tile is read by the tensor cores
       __syncwarp();
       if (lane == 0) mbarrier_arrive(&tile_full[buf]);
       walk.next(p);
     }
-    if (t == 256) record(p, kSpentLandingWait, landing_wait), record(p, kSpentExpanding, expanding);
+    if (t == 256) record(p, kSpentLandingWait, landing_wait), record(p, kSpentTileFreeWait, free_wait), record(p, kSpentExpanding, expanding);
     return;
   }
 

@@ -332,7 +332,7 @@ void index_queries(cublasHandle_t blas, const __nv_bfloat16* q, int64_t tokens, 
 }
 
 CUtensorMap index_key_map(const uint8_t* index_keys, int64_t slots) {
-  return tensor_map_2d(index_keys, slots, kIndexDim, 1, kTileKeys, kIndexDim, /*swizzle_128b=*/true);
+  return tensor_map_2d(index_keys, slots, kIndexDim, 1, kTileKeys, kIndexDim, /*swizzle_bytes=*/128);
 }
 
 void indexer_scores(const uint8_t* queries, const float* query_scales, const uint8_t* index_keys, const CUtensorMap* index_key_map,
