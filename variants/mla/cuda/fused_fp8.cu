@@ -297,8 +297,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     const int slot = j % kRing, pb = j & 1;
     if (p.phases && t == 0) part_start = uint32_t(clock64());
     if (at.first()) {
-      // The segment's Q in e4m3, a scale per query row (its largest |value| / 448): row t / 8, 64-column group i's
-      // bytes 8 (t % 8) .. + 7 from each of the thread's nine chunks (every load before the first store).
+      // The segment's Q in its two e4m3 parts, a scale per query row (its largest |value| / 448): row t / 8,
+      // 64-column group i's bytes 8 (t % 8) .. + 7 from each of the thread's nine chunks (every load before the
+      // first store).
       const int row = t / 8, part = t % 8;
       const __nv_bfloat16* q = p.q + (int64_t(at.s.x) * p.rows + row) * kWidth + 8 * part;
       length = p.lengths[at.s.x];
