@@ -23,9 +23,10 @@ namespace dslab::mla::cuda::fused_decode {
 //  - one copying warp keeps a ring of four raw blocks full (a slot is free again once the scorer's MMAs and every
 //    accumulator warp's reads of it are done).
 // Shared-memory traffic a block: ~180 KB (the copy 39, Q K^T 92, the accumulators' reads 33, P^T 16). Measured (H100,
-// session 34, V3 16 heads batch 64): 1.74-1.79 us a block against the narrow kernel's 2.24-2.29 - 39 KB a block per
-// SM is ~2.9 TB/s over 132 SMs, near what the bf16 kernel draws at 32K; the scorer's chain (Q K^T 0.9, the softmax
-// 0.7) is what the block waits on, the accumulators' (expansion 0.8-1.0, P V 0.7-0.8) just behind it.
+// session 34, V3 16 heads batch 64): 1.74-1.79 us a block against the narrow kernel's 2.24-2.29. A block is 39 KB a
+// SM, which the host's calibrated HBM read rate (2.99 TB/s) delivers to 132 SMs in 1.73 us: the walk runs at the
+// floor, the scorer's chain (Q K^T 0.9, the softmax 0.7) and the accumulators' (expansion 0.8-1.0, P V 0.7-0.8) fit
+// under it.
 namespace fp8 {
 
 constexpr int kKeys = 64, kRows = 16, kRing = 4, kPBufs = 2;
