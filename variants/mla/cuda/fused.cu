@@ -458,7 +458,7 @@ std::map<std::string, double> FusedCuda::phase_counters() {
                                                    {kSpentAccumulating, "block_accumulate"}, {kSpentLandingWait, "block_landing_wait"},
                                                    {kSpentTileFreeWait, "block_tile_free_wait"}, {kSpentExpanding, "block_expand"},
                                                    {kSpentPWait, "block_p_wait"}};
-    for (const auto& [ph, name] : spent)  // (the narrow kernel's per-block parts: totals over the CTA's blocks)
+    for (const auto& [ph, name] : spent)  // (the narrow and fp8 kernels' per-block parts: totals over the CTA's blocks)
       if (c[ph]) us[name].push_back(double(c[ph]) * us_per_clock / double(c[kBlocks]));
     us["blocks"].push_back(double(c[kBlocks]));
     last_done = std::max(last_done, since_wait(kDone));
@@ -482,7 +482,7 @@ std::map<std::string, double> FusedCuda::phase_counters() {
 std::unique_ptr<MlaOp> make_fused_op(std::unique_ptr<PageSelector> selector) { return std::make_unique<FusedCuda>(std::move(selector)); }
 
 DSLAB_REGISTER_MLA_OP(FusedCuda, "mla/fused/cuda",
-                       "fused decode: split-KV online-softmax MQA over the paged latent (warpgroup MMAs; 128 heads: FlashMLA's two-warpgroup seesaw; 16 heads int8/fp8: keys along the MMA rows, producer warpgroups expanding for consumer warpgroups), bf16/int8/fp8 cache");
+                       "fused decode: split-KV online-softmax MQA over the paged latent (warpgroup MMAs; 128 heads: FlashMLA's two-warpgroup seesaw; 16 heads int8/fp8: keys along the MMA rows - fp8 by FP8 Q K^T from the landed block and P V from registers, int8 by producer warpgroups expanding for consumer warpgroups), bf16/int8/fp8 cache");
 
 }  // namespace dslab::mla::cuda
 
