@@ -176,6 +176,112 @@ __device__ inline void store_pair(bool real, __nv_bfloat16* dst, float a, float 
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p st.global.b32 [%1], %2;\n}\n" ::"r"(int(real)), "l"(dst),
                "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
 }
+// Clocks one thread sums over a CTA's blocks, one per part of a block's step (the narrow and fp8 kernels' phase
+// counters): begin() where a block's step starts, done(part) where each part ends, record() into the phase slots.
+template <int kParts>
+struct PartClocks {
+  bool on;  // phase counters asked for, and this the thread that keeps them
+  uint32_t spent[kParts] = {};
+  uint32_t start = 0;
+  __device__ explicit PartClocks(bool keeper) : on(keeper) {}
+  __device__ __forceinline__ void begin() {
+    if (on) start = uint32_t(clock64());
+  }
+  __device__ __forceinline__ void done(int part) {
+    if (on) {
+      const uint32_t now = uint32_t(clock64());
+      spent[part] += now - start;
+      start = now;
+    }
+  }
+  __device__ void record_into(const Params& p, const Phase (&slots)[kParts]) const {
+    if (on)
+      for (int i = 0; i < kParts; ++i) record(p, slots[i], spent[i]);
+  }
+};
+
+// The scorer's softmax over one block (the narrow and fp8 kernels; their scorer is warpgroup 0). S^T's fragments
+// in `s`: key rows g and g + 8; this thread's kCols query rows column_of(i) = 8 (i / 2) + 2 q4 + i % 2, in slots
+// [i / 2][i % 2] (key g) and [i / 2][2 + i % 2] (key g + 8). Masks keys past the segment's end and past a row's causal
+// last key; moves a row's running max only where the block's passes it by kLazyRescale (log2 units) - asked across the
+// warpgroup in one barrier OR, the column maxima gathered only then; waits for P^T buffer pb to be handed back
+// (`reuse`: it has been handed over before); writes P^T (fp16, swizzled: the P V MMAs' B), the rescale factors where a
+// max moved, a segment's sums at its last block; hands the buffer over. `alpha` gets the factors and the result says
+// whether any max moved (the narrow scorer rescales its own O by them).
+struct SoftmaxShared {
+  float* maxima;   // [4 warps][N]
+  float* sums;     // [P^T buffer][4 warps][N]
+  float* factors;  // [P^T buffer][N]
+  int* moved;      // [P^T buffer]: whether any factor is not 1
+  __half* pt;      // [P^T buffer][N x kKeys]
+};
+struct SoftmaxHandOver {
+  int pb;         // the P^T buffer
+  bool reuse;     // it was handed over before: wait for `free_bar` first
+  int free_bar, ready_bar, threads;  // named barriers (the buffer's) and the threads on them (scorer + accumulators)
+};
+constexpr int kBarScorer = 1;  // the scorer warpgroup's own named barrier (both kernels)
+
+template <int N, int kKeys, int kCols>
+__device__ __forceinline__ bool softmax_to_pt(float (&s)[kCols / 2][4], float (&m)[kCols], float (&l)[kCols], float (&alpha)[kCols],
+                                              const int (&token_of)[kCols], int key_lo, int k_end, int length, bool last,
+                                              float scale_log2, const SoftmaxShared& shared, const SoftmaxHandOver& h) {
+  const int t = int(threadIdx.x), lane = t % 32, warp = t / 32, q4 = lane % 4, g = warp * 16 + lane / 4;
+  auto column_of = [&](int i) { return 8 * (i / 2) + 2 * q4 + i % 2; };
+  const int key_hi = key_lo + 8;
+  int move = 0;
+#pragma unroll
+  for (int i = 0; i < kCols; ++i) {
+    const int n = i / 2, e = i % 2, last_key = length + token_of[i];
+    s[n][e] = key_lo >= k_end || key_lo > last_key ? -INFINITY : s[n][e];
+    s[n][2 + e] = key_hi >= k_end || key_hi > last_key ? -INFINITY : s[n][2 + e];
+    // (-inf - -inf is NaN, which compares false: a column that has seen no key keeps its -inf max)
+    move |= (fmaxf(s[n][e], s[n][2 + e]) - m[i]) * scale_log2 > kLazyRescale;
+  }
+  const bool any_move = bar_or(kBarScorer, 128, move);
+  if (any_move) {
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) {
+      float x = fmaxf(s[i / 2][i % 2], s[i / 2][2 + i % 2]);
+      for (int off = 4; off < 32; off <<= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+      if (lane < 4) shared.maxima[warp * N + column_of(i)] = x;
+    }
+    bar_sync(kBarScorer, 128);
+  }
+  if (h.reuse) bar_sync(h.free_bar, h.threads);  // the accumulators are done with this buffer
+  __half* const pt = shared.pt + h.pb * N * kKeys;
+  const float* const maxima = shared.maxima;
+#pragma unroll
+  for (int i = 0; i < kCols; ++i) {
+    const int n = i / 2, e = i % 2, col = column_of(i);
+    const float prev = m[i];
+    float next = prev;
+    if (any_move) {
+      const float block_max = fmaxf(fmaxf(maxima[col], maxima[N + col]), fmaxf(maxima[2 * N + col], maxima[3 * N + col]));
+      next = (fmaxf(prev, block_max) - prev) * scale_log2 > kLazyRescale ? fmaxf(prev, block_max) : prev;
+    }
+    const float base = next == -INFINITY ? 0.0f : next * scale_log2;
+    alpha[i] = next == prev ? 1.0f : fast_exp2(prev * scale_log2 - base);
+    m[i] = next;
+    const __half pr_lo = __float2half_rn(fast_exp2(s[n][e] * scale_log2 - base));
+    const __half pr_hi = __float2half_rn(fast_exp2(s[n][2 + e] * scale_log2 - base));
+    l[i] = l[i] * alpha[i] + __half2float(pr_lo) + __half2float(pr_hi);  // the rounded values P V uses
+    pt[swz(col, g, N)] = pr_lo;
+    pt[swz(col, g + 8, N)] = pr_hi;
+    if (any_move && t < 4) shared.factors[h.pb * N + col] = alpha[i];
+    if (last) {
+      float x = l[i];
+      for (int off = 4; off < 32; off <<= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+      if (lane < 4) shared.sums[h.pb * 4 * N + warp * N + col] = x;
+    }
+  }
+  if (t == 0) shared.moved[h.pb] = any_move;
+  fence_proxy_async();  // P^T is read by the tensor cores
+  bar_sync(kBarScorer, 128);
+  bar_arrive(h.ready_bar, h.threads);
+  return any_move;
+}
+
 // Walks a CTA's blocks in order: its segments (request, first key, end key) cut into kKeys-key blocks.
 template <int kKeys>
 struct Cursor {

@@ -46,7 +46,7 @@ constexpr int kSlotBytes = (kGroups * kBoxBytes + kScaleBytes + 1023) / 1024 * 1
 constexpr int kQ8GroupBytes = kRows * 64, kQ8PartBytes = kGroups * kQ8GroupBytes, kQ8Bytes = 2 * kQ8PartBytes;
 // Named barriers: the scorer's 128 threads; P^T's buffers ready (the scorer arrives, the accumulators wait) and free
 // again (the other way round), 384 threads each.
-constexpr int kBarScorer = 1, kBarReady = 2, kBarFree = 4, kHandOver = kScorers + kAccumulators;
+constexpr int kBarReady = 2, kBarFree = 4, kHandOver = kScorers + kAccumulators;
 constexpr int kReaders = 4 + 8;  // a slot's readers: the scorer's warps and the accumulators'
 
 // Shared memory: the ring, Q (e4m3), P^T [buffer][16 rows][64 keys] (fp16, 128-byte swizzle), the mbarriers, then
@@ -84,6 +84,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   float* const sums = maxima + 4 * kRows;                                           // [kPBufs][4][16]
   float* const factors = sums + kPBufs * 4 * kRows;                                 // [kPBufs][16]
   int* const moved = reinterpret_cast<int*>(factors + kPBufs * kRows);              // [kPBufs]
+  const SoftmaxShared softmax_shared{maxima, sums, factors, moved, sp};
   if (t == 0) {
     for (int s = 0; s < kRing; ++s) mbarrier_init(&landed[s], 1), mbarrier_init(&slot_free[s], kReaders);
   }
@@ -155,20 +156,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     for (auto& tile : o)
 #pragma unroll
       for (auto& x : tile) x[0] = x[1] = x[2] = x[3] = 0;
-    uint32_t spent[4] = {}, part_start = 0;  // thread kScorers's clocks: landing wait, expanding, P^T wait, accumulating
-    auto part_done = [&](int part) {
-      if (p.phases && t == kScorers) {
-        const uint32_t now = uint32_t(clock64());
-        spent[part] += now - part_start;
-        part_start = now;
-      }
-    };
+    PartClocks<4> clocks(p.phases && t == kScorers);  // landing wait, expanding, P^T wait, accumulating
 #pragma unroll 1
     for (int j = 0; j < total; ++j) {
       const int slot = j % kRing, pb = j & 1;
-      if (p.phases && t == kScorers) part_start = uint32_t(clock64());
+      clocks.begin();
       mbarrier_wait(&landed[slot], (j / kRing) & 1);
-      part_done(0);
+      clocks.done(0);
       // This thread's keys: 16 ks + 2 q4 + {0, 1, 8, 9} of each 16-key step ks (its fragments' columns), 8 bytes each.
       const uint8_t* const box = ring + slot * kSlotBytes + group * kBoxBytes;
       const float* const key_scales = reinterpret_cast<const float*>(ring + slot * kSlotBytes + kGroups * kBoxBytes);
@@ -211,9 +205,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
           a[c][ks][3] = *reinterpret_cast<const uint32_t*>(&a3);
         }
       }
-      part_done(1);
+      clocks.done(1);
       bar_sync(kBarReady + pb, kHandOver);  // P^T, the factors (and a segment's sums) are there
-      part_done(2);
+      clocks.done(2);
       if (moved[pb])
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -266,12 +260,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
           }
         }
       }
-      part_done(3);
+      clocks.done(3);
       at.next(p);
     }
     if (t == kScorers) {
-      record(p, kSpentLandingWait, spent[0]), record(p, kSpentExpanding, spent[1]);
-      record(p, kSpentPWait, spent[2]), record(p, kSpentAccumulating, spent[3]);
+      clocks.record_into(p, {kSpentLandingWait, kSpentExpanding, kSpentPWait, kSpentAccumulating});
       record_clock(p, kDone), record(p, kTimerExit, global_timer());
     }
     return;
@@ -285,18 +278,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   for (int i = 0; i < 4; ++i) token_of[i] = column_of(i) / p.heads;
   float m[4], l[4], q_scale[4];  // running max, this thread's part of the sum, the column's Q scale
   int length = 0;
-  uint32_t spent[3] = {}, part_start = 0;  // thread 0's clocks: block wait, scoring, softmax
-  auto part_done = [&](int part) {
-    if (p.phases && t == 0) {
-      const uint32_t now = uint32_t(clock64());
-      spent[part] += now - part_start;
-      part_start = now;
-    }
-  };
+  PartClocks<3> clocks(p.phases && t == 0);  // block wait, scoring, softmax
 #pragma unroll 1
   for (int j = 0; j < total; ++j) {
     const int slot = j % kRing, pb = j & 1;
-    if (p.phases && t == 0) part_start = uint32_t(clock64());
+    clocks.begin();
     if (at.first()) {
       // The segment's Q in its two e4m3 parts, a scale per query row (its largest |value| / 448): row t / 8,
       // 64-column group i's bytes 8 (t % 8) .. + 7 from each of the thread's nine chunks (every load before the
@@ -350,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     }
     mbarrier_wait(&landed[slot], (j / kRing) & 1);
     if (j == 0 && t == 0) record_clock(p, kFirstLanded);
-    part_done(0);
+    clocks.done(0);
     // Q K^T a 64-column group at a time (two k32 steps each), every group its own accumulator: the keys' scales
     // differ by group.
     const uint8_t* const block = ring + slot * kSlotBytes;
@@ -385,61 +371,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
 #pragma unroll
     for (int i = 0; i < 4; ++i) s[i / 2][i % 2] *= q_scale[i], s[i / 2][2 + i % 2] *= q_scale[i];
     if (j == 0 && t == 0) record_clock(p, kFirstScored);
-    part_done(1);
+    clocks.done(1);
 
-    // ---- The softmax (as the narrow kernel's): masked scores; whether any passes its column's running max by
-    // kLazyRescale (log2 units), across the warpgroup in the barrier's OR; only then the column maxima.
+    // ---- The softmax (softmax_to_pt), P^T handed to the accumulators.
     const bool last = at.last();
-    const int k_end = at.s.z, key_lo = at.key0 + g, key_hi = key_lo + 8;
-    int move = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int n = i / 2, e = i % 2, last_key = length + token_of[i];
-      s[n][e] = key_lo >= k_end || key_lo > last_key ? -INFINITY : s[n][e];
-      s[n][2 + e] = key_hi >= k_end || key_hi > last_key ? -INFINITY : s[n][2 + e];
-      // (-inf - -inf is NaN, which compares false: a column that has seen no key keeps its -inf max)
-      move |= (fmaxf(s[n][e], s[n][2 + e]) - m[i]) * p.scale_log2 > kLazyRescale;
-    }
-    const bool any_move = bar_or(kBarScorer, 128, move);
-    if (any_move) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float x = fmaxf(s[i / 2][i % 2], s[i / 2][2 + i % 2]);
-        for (int off = 4; off < 32; off <<= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
-        if (lane < 4) maxima[warp * kRows + column_of(i)] = x;
-      }
-      bar_sync(kBarScorer, 128);
-    }
-    if (j >= kPBufs) bar_sync(kBarFree + pb, kHandOver);  // the accumulators are done with this buffer
-    __half* const pt = sp + pb * kRows * kKeys;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {  // P^T, the factors; a segment's sums
-      const int n = i / 2, e = i % 2, col = column_of(i);
-      const float prev = m[i];
-      float next = prev;
-      if (any_move) {
-        const float block_max = fmaxf(fmaxf(maxima[col], maxima[kRows + col]), fmaxf(maxima[2 * kRows + col], maxima[3 * kRows + col]));
-        next = (fmaxf(prev, block_max) - prev) * p.scale_log2 > kLazyRescale ? fmaxf(prev, block_max) : prev;
-      }
-      const float base = next == -INFINITY ? 0.0f : next * p.scale_log2;
-      const float alpha = next == prev ? 1.0f : fast_exp2(prev * p.scale_log2 - base);
-      m[i] = next;
-      const __half pr_lo = __float2half_rn(fast_exp2(s[n][e] * p.scale_log2 - base));
-      const __half pr_hi = __float2half_rn(fast_exp2(s[n][2 + e] * p.scale_log2 - base));
-      l[i] = l[i] * alpha + __half2float(pr_lo) + __half2float(pr_hi);  // the rounded values P V uses
-      pt[swz(col, g, kRows)] = pr_lo;
-      pt[swz(col, g + 8, kRows)] = pr_hi;
-      if (any_move && t < 4) factors[pb * kRows + col] = alpha;
-      if (last) {
-        float x = l[i];
-        for (int off = 4; off < 32; off <<= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
-        if (lane < 4) sums[pb * 4 * kRows + warp * kRows + col] = x;
-      }
-    }
-    if (t == 0) moved[pb] = any_move;
-    fence_proxy_async();  // P^T is read by the tensor cores
-    bar_sync(kBarScorer, 128);
-    bar_arrive(kBarReady + pb, kHandOver);
+    float alpha[4];  // (the accumulators read the factors from shared memory)
+    softmax_to_pt<kRows, kKeys, 4>(s, m, l, alpha, token_of, at.key0 + g, at.s.z, length, last, p.scale_log2, softmax_shared,
+                                   {pb, j >= kPBufs, kBarFree + pb, kBarReady + pb, kHandOver});
     if (j == 0 && t == 0) record_clock(p, kFirstHandedOver);
     if (last && t < 4) {  // the segment's log-sum-exp
       float inverse[4];
@@ -448,11 +386,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       for (int i = 0; i < 4; ++i)
         p.lse_partial[int64_t(at.seg) * p.partial_rows + column_of(i)] = inverse[i] > 0 ? m[i] * p.scale_log2 - log2f(inverse[i]) : -INFINITY;
     }
-    part_done(2);
+    clocks.done(2);
     at.next(p);
   }
   for (int j = total > kPBufs ? total - kPBufs : 0; j < total; ++j) bar_sync(kBarFree + (j & 1), kHandOver);  // (every arrival met)
-  if (t == 0) record(p, kSpentTileWait, spent[0]), record(p, kSpentScoring, spent[1]), record(p, kSpentSoftmax, spent[2]);
+  clocks.record_into(p, {kSpentTileWait, kSpentScoring, kSpentSoftmax});
 }
 
 }  // namespace fp8

@@ -43,7 +43,7 @@ constexpr int kKeys = 64, kHalfKeys = kNarrowBoxKeys, kThreads = 512;
 // warpgroups was on mbarriers first: correct, but compute-sanitizer's racecheck does not follow an mbarrier's
 // ordering between two warpgroups' ordinary loads and stores - 790 reports on the factors and sums - while it follows
 // a named barrier's arrive and sync: H100, session 33.)
-constexpr int kBarScorer = 1, kBarProducers = 2, kBarReady = 3, kBarFree = 5;
+constexpr int kBarProducers = 2, kBarReady = 3, kBarFree = 5;
 // Registers a thread (setmaxnreg; the kernel starts at 65536 / 512 = 128): the consumers' O^T and scores take what
 // the producers do not need (at 32 rows O^T alone is 64 a thread).
 constexpr int kConsumerRegisters = 168, kProducerRegisters = 88;
@@ -97,6 +97,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   float* const sums = maxima + 4 * N;                                 // [kPBufs][4][N]
   float* const factors = sums + kPBufs * 4 * N;                       // [kPBufs][N]
   int* const moved = reinterpret_cast<int*>(factors + kPBufs * N);    // [kPBufs]
+  const SoftmaxShared softmax_shared{maxima, sums, factors, moved, sp};
   if (t == 0) {
     for (int r = 0; r < kRing; ++r) mbarrier_init(&landed[r], 1);
     for (int b = 0; b < 2; ++b) mbarrier_init(&tile_full[b], 8), mbarrier_init(&tile_free[b], 8);
@@ -306,19 +307,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   for (int i = 0; i < kCols; ++i) token_of[i] = column_of(i) / p.heads;
   float m[kCols], l[kCols];  // running max, this thread's part of the sum
   int length = 0, pending = -1;  // pending: the block whose P V (ours) is still in flight
-  uint32_t spent[4] = {}, part_start = 0;  // thread 0's clocks: tile wait, scoring, softmax, accumulating
-  auto part_done = [&](int part) {
-    if (p.phases && t == 0) {
-      const uint32_t now = uint32_t(clock64());
-      spent[part] += now - part_start;
-      part_start = now;
-    }
-  };
+  PartClocks<4> clocks(p.phases && t == 0);  // tile wait, scoring, softmax, accumulating
   const uint64_t q_desc = wgmma_desc(sq);
 #pragma unroll 1
   for (int j = 0; j < total; ++j) {
     const int buf = j & 1, pb = kPBufs == 2 ? j & 1 : 0;
-    if (p.phases && t == 0) part_start = uint32_t(clock64());
+    clocks.begin();
     if (at.first()) {  // the segment's Q, fp16 (the Q K^T before has been awaited)
       const __nv_bfloat16* q = p.q + int64_t(at.s.x) * p.rows * kWidth;
       for (int c = t; c < N * kChunks; c += 128) {
@@ -335,7 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       if (j == 0 && t == 0) record_clock(p, kQLanded);
     }
     mbarrier_wait(&tile_full[buf], (j >> 1) & 1);
-    part_done(0);
+    clocks.done(0);
     float s[N / 8][4];
     {
       const uint64_t k_desc = wgmma_desc(tiles + buf * kTileElems);
@@ -356,64 +350,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       wgmma_wait<0>();
     }
     if (j == 0 && t == 0) record_clock(p, kFirstScored);
-    part_done(1);
+    clocks.done(1);
 
-    // ---- The softmax: masked scores; whether any passes its column's running max by kLazyRescale (log2 units),
-    // across the warpgroup in the barrier's OR; only then the column maxima across its warps.
+    // ---- The softmax (softmax_to_pt), P^T handed to the accumulator.
     const bool last = at.last();
-    const int k_end = at.s.z, key_lo = at.key0 + g, key_hi = key_lo + 8;
-    int move = 0;
-#pragma unroll
-    for (int i = 0; i < kCols; ++i) {
-      const int n = i / 2, e = i % 2, last_key = length + token_of[i];
-      s[n][e] = key_lo >= k_end || key_lo > last_key ? -INFINITY : s[n][e];
-      s[n][2 + e] = key_hi >= k_end || key_hi > last_key ? -INFINITY : s[n][2 + e];
-      // (-inf - -inf is NaN, which compares false: a column that has seen no key keeps its -inf max)
-      move |= (fmaxf(s[n][e], s[n][2 + e]) - m[i]) * p.scale_log2 > kLazyRescale;
-    }
-    const bool any_move = bar_or(kBarScorer, 128, move);
-    if (any_move) {
-#pragma unroll
-      for (int i = 0; i < kCols; ++i) {
-        float v = fmaxf(s[i / 2][i % 2], s[i / 2][2 + i % 2]);
-        for (int off = 4; off < 32; off <<= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-        if (lane < 4) maxima[(t / 32) * N + column_of(i)] = v;
-      }
-      bar_sync(kBarScorer, 128);
-    }
-    if (j >= kPBufs) bar_sync(kBarFree + pb, 256);  // the second accumulator is done with it
-    __half* const pt = sp + pb * N * kKeys;
     float alpha[kCols];
-#pragma unroll
-    for (int i = 0; i < kCols; ++i) {  // P^T, the factors; a segment's sums
-      const int n = i / 2, e = i % 2, col = column_of(i);
-      const float prev = m[i];
-      float next = prev;
-      if (any_move) {
-        const float block_max = fmaxf(fmaxf(maxima[col], maxima[N + col]), fmaxf(maxima[2 * N + col], maxima[3 * N + col]));
-        next = (fmaxf(prev, block_max) - prev) * p.scale_log2 > kLazyRescale ? fmaxf(prev, block_max) : prev;
-      }
-      const float base = next == -INFINITY ? 0.0f : next * p.scale_log2;
-      alpha[i] = next == prev ? 1.0f : fast_exp2(prev * p.scale_log2 - base);
-      m[i] = next;
-      const __half pr_lo = __float2half_rn(fast_exp2(s[n][e] * p.scale_log2 - base));
-      const __half pr_hi = __float2half_rn(fast_exp2(s[n][2 + e] * p.scale_log2 - base));
-      l[i] = l[i] * alpha[i] + __half2float(pr_lo) + __half2float(pr_hi);  // the rounded values P V uses
-      pt[swz(col, g, N)] = pr_lo;
-      pt[swz(col, g + 8, N)] = pr_hi;
-      if (any_move && t < 4) factors[pb * N + col] = alpha[i];
-      if (last) {
-        float v = l[i];
-        for (int off = 4; off < 32; off <<= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane < 4) sums[pb * 4 * N + (t / 32) * N + col] = v;
-      }
-    }
-    if (t == 0) moved[pb] = any_move;
-    fence_proxy_async();  // P^T is read by the tensor cores
-    bar_sync(kBarScorer, 128);
-    bar_arrive(kBarReady + pb, 256);
+    const bool any_move = softmax_to_pt<N, kKeys, kCols>(s, m, l, alpha, token_of, at.key0 + g, at.s.z, length, last, p.scale_log2, softmax_shared,
+                                                         {pb, j >= kPBufs, kBarFree + pb, kBarReady + pb, 256});
     if (j == 0 && t == 0) record_clock(p, kFirstHandedOver);
-    part_done(2);
+    clocks.done(2);
     float inverse[kCols];
     if (last) {
       inverse_sums(pb, inverse);
@@ -442,14 +387,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       if (t == 0 && j == total - 1) record_clock(p, kLastAccumulated);
       write_outputs(at, inverse);
     }
-    part_done(3);
+    clocks.done(3);
     at.next(p);
   }
   wgmma_wait<0>();  // (nothing is in flight: a walk ends with a segment's last block; this tells the compiler so)
   for (int j = total > kPBufs ? total - kPBufs : 0; j < total; ++j) bar_sync(kBarFree + (kPBufs == 2 ? j & 1 : 0), 256);  // (every arrival met)
   if (t == 0) {
-    record(p, kSpentTileWait, spent[0]), record(p, kSpentScoring, spent[1]);
-    record(p, kSpentSoftmax, spent[2]), record(p, kSpentAccumulating, spent[3]);
+    clocks.record_into(p, {kSpentTileWait, kSpentScoring, kSpentSoftmax, kSpentAccumulating});
     record_clock(p, kDone), record(p, kTimerExit, global_timer());
   }
 }
