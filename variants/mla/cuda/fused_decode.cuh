@@ -177,7 +177,7 @@ __device__ inline void store_pair(bool real, __nv_bfloat16* dst, float a, float 
                "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
 }
 // Clocks one thread sums over a CTA's blocks, one per part of a block's step (the narrow and fp8 kernels' phase
-// counters): begin() where a block's step starts, done(part) where each part ends, record() into the phase slots.
+// counters): begin() where a block's step starts, done(part) where each part ends, record_into() the phase slots.
 template <int kParts>
 struct PartClocks {
   bool on;  // phase counters asked for, and this the thread that keeps them
