@@ -105,7 +105,7 @@ def innermost_loop(code, labels, opcode, at_least):
     return best
 
 
-def rule_uniform_qk_descriptors(name, code, labels):
+def rule_uniform_qk_descriptors(code, labels):
     """The two-warpgroup kernel's pairs' loop: consecutive Q K^T MMAs (no wait or barrier between) take their
     descriptors from uniform registers - no R2UR between them."""
     qk = 'HGMMA.64x64x16'
@@ -124,7 +124,7 @@ def rule_uniform_qk_descriptors(name, code, labels):
     return moved == 0, f'{moved} of {back_to_back} back-to-back Q K^T MMAs in the pairs\' loop wait for an R2UR (want 0)'
 
 
-def rule_no_local_memory(name, code, labels):
+def rule_no_local_memory(code, labels):
     """No spill: no local-memory loads or stores anywhere in the kernel."""
     local = sum(1 for _, x in code if re.match(r'(@!?U?P\w+\s+)?(STL|LDL)\b', x))
     return local == 0, f'{local} local-memory loads/stores (want 0: registers spilled)'
@@ -166,7 +166,7 @@ def main():
                     failed += 1
                 for name in matched:
                     for rule in rules:
-                        ok, detail = rule(name, kernels[name], labels)
+                        ok, detail = rule(kernels[name], labels)
                         print(f"{'ok  ' if ok else 'FAIL'} {unit} {rule.__name__[5:]}: {detail}")
                         checked += 1
                         failed += not ok
