@@ -131,8 +131,8 @@ __device__ __forceinline__ bool bar_or(int id, int count, bool pred) {
   return out != 0;
 }
 
-// 2^x on the special-function unit alone (exp2f adds a range reduction for denormal results): the narrow and fp8
-// kernels round P to fp16 and scale fp32 sums by the factors, both far coarser than its 2^-22 error.
+// 2^x on the special-function unit alone (exp2f adds a range reduction for denormal results): the narrow, fp8 and
+// two-warpgroup kernels round P to fp16 / bf16 and scale fp32 sums by the factors, all far coarser than its 2^-22 error.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
