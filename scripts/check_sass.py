@@ -138,6 +138,8 @@ def rule_mmas_pipelined(code, labels):
     accumulator read between an MMA and its wait, too few registers) every HGMMA carries its own group's scoreboard
     (gsb0) and is followed by a wait for it; the kernels' commit groups hold 4 MMAs or more, so most carry none."""
     mmas = [x for _, x in code if x.startswith('HGMMA')]
+    if not mmas:
+        return False, 'no HGMMA in the kernel (the rule is for kernels built on warpgroup MMAs: is the pattern right?)'
     own_wait = sum(1 for x in mmas if x.rstrip().endswith('gsb0'))
     return 2 * own_wait < len(mmas), f'{own_wait} of {len(mmas)} HGMMAs each close their own group (want under half: not serialised)'
 
