@@ -65,8 +65,9 @@ for tool in memcheck racecheck; do
   DSLAB_SCRATCH_ARENA=off run "$tool" layer-tiny-hot --model tiny --variant layer/deepseek/cuda --axis layers=all --axis attn=mla/a_cc_me/cuda --axis batch=3 --axis kv_len=40 --axis page_size=16 --axis moe=moe/host/cuda --axis gpu_experts=hot:4 --axis cpu_threads=4 --axis executor=eager
   run "$tool" layer-v2-lite-hot --model deepseek-v2-lite --variant layer/deepseek/cuda --axis layers=2 --axis batch=4 --axis kv_len=150 --axis moe=moe/host/cuda --axis gpu_experts=hot:16 --axis cpu_threads=4 --axis executor=graph
   run "$tool" layer-v2-lite-fused --model deepseek-v2-lite --variant layer/deepseek/cuda --axis layers=1 --axis batch=2 --axis kv_len=150 --axis executor=eager
-  # (V3's 128 heads on 64-key pages, the tensor-copy path: two row tiles a part, MTP's two tokens four)
-  run "$tool" mla-fused-v3 --model deepseek-v3 --variant mla/fused/cuda --axis heads=128 --axis batch=3 --axis q_len=1,2 --axis kv_len=700 --axis page_size=64 --axis len_dist=mixed --axis executor=eager
+  # (V3's 128 heads on 64-key pages, the tensor-copy path: two row tiles a part, MTP's two tokens four; 96 heads: a
+  # part-filled second tile, whose outputs the two-warpgroup kernel copies out of shared memory by threads)
+  run "$tool" mla-fused-v3 --model deepseek-v3 --variant mla/fused/cuda --axis heads=96,128 --axis batch=3 --axis q_len=1,2 --axis kv_len=700 --axis page_size=64 --axis len_dist=mixed --axis executor=eager
   # (16 heads: the fixed-role kernel's five 32-key stages and 32-row Q, from cp.async (1-key pages) and tensor copies)
   run "$tool" mla-fused-16h --model deepseek-v3 --variant mla/fused/cuda --axis heads=16 --axis batch=3 --axis q_len=1,2 --axis kv_len=700 --axis page_size=1,64 --axis len_dist=mixed --axis executor=eager
   # (8-32 tokens a CTA, requests split and whole: the merge that absorbs the output, merge_absorb_kernel, after either kernel)

@@ -96,6 +96,7 @@ TEST_P(GpuMla, MatchesReferenceOverPagesLengthsAndCacheTypes) {
     cases.push_back({"deepseek-v3", 16, 3, 2, 333, 64, "mixed", "fp8_e4m3"});    // 32 rows (MTP), narrow kernel
   }
   cases.push_back({"deepseek-v3", 16, 3, 2, 333, 64, "mixed", "bf16"});      // 32 rows (MTP) padded to one 64-row tile
+  cases.push_back({"deepseek-v3", 96, 3, 1, 333, 64, "mixed", "bf16"});      // 96 rows: the two-warpgroup kernel's part-filled tile
   cases.push_back({"deepseek-v2-lite", 16, 1, 1, 0, 16, "uniform", "bf16"});  // empty cache: the new token only
   if (!fused) {
     cases.push_back({"deepseek-v2-lite", 16, 2, 5, 70, 16, "uniform", "bf16"});  // extend: causal among 5 new tokens

@@ -48,6 +48,24 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int 
                "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_addr(bar))
                : "memory");
 }
+// Tensor-memory-accelerator store of the box at `src` in shared memory to (column x, row y) of `map`, in the calling
+// thread's bulk group (bulk_commit; bulk_wait_read<N> before the shared memory is written again, bulk_wait<N> before
+// the writes must be seen - at the latest before the CTA exits).
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, int x, int y, const void* src) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y),
+               "r"(smem_addr(src))
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Until at most N of the calling thread's bulk groups still read shared memory / are still in flight at all.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
 // Bulk (non-tensor) copy of `bytes` into shared memory, counted on `bar` (addresses and size multiples of 16).
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),

@@ -298,8 +298,10 @@ class FusedCuda final : public MlaOp {
       if (use_fp8(tma_, M, s_.kv_dtype)) kv_map_ = cache_tensor_map(*b_.cache, block_keys_, 64);
       else kv_map_ = cache_tensor_map(*b_.cache, use_narrow(tma_, M, s_.kv_dtype) ? kNarrowBoxKeys : block_keys_, s_.kv_dtype == KvDtype::bf16 ? 128 : 0);
     }
-    if (use_seesaw(tma_, block_keys_, s_.kv_dtype))  // (its Q tiles; a token selector's steps may still take the fixed roles)
+    if (use_seesaw(tma_, block_keys_, s_.kv_dtype)) {  // (its Q tiles and outputs; a token selector's steps may still take the fixed roles)
       q_map_ = tensor_map_2d(q_cat_, T * nh_, kWidth, 2, kTileRows, 64, /*swizzle_bytes=*/128);
+      if (T * nh_ >= kTileRows) o_map_ = tensor_map_2d(o_lat_.get(), T * nh_, kLatent, 2, kTileRows, 64, /*swizzle_bytes=*/128);
+    }
   }
   // The schedule blob: segments (int4 each) at 0, the CTAs' segment ranges (int2) at 4 * max_segments_, the
   // requests' (int2) after them.
@@ -367,7 +369,7 @@ class FusedCuda final : public MlaOp {
     const int2* part_segments = reinterpret_cast<const int2*>(schedule_buffer() + 4 * max_segments_);
     const int2* request_segments = part_segments + parts_;
     // (a token selector's entries are single keys: copied key by key, not by the tensor memory accelerator)
-    Params params{kv_map_, q_map_, tma_ && view.page_size % block_keys_ == 0, q_cat_, view, lengths, segments, part_segments,
+    Params params{kv_map_, q_map_, o_map_, tma_ && view.page_size % block_keys_ == 0, q_cat_, view, lengths, segments, part_segments,
                   o_partial_.get(), lse_partial_.get(), M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E),
                   page_shift(view.page_size), row_tiles_ * kTileRows, o_lat_.get(), record_phases_ ? phases_.get() : nullptr,
                   /*early_loads=*/!selector_};
@@ -413,7 +415,7 @@ class FusedCuda final : public MlaOp {
   bool core_only_ = false;  // attention_core_only: the plain merge, o_lat for absorb_output
   bool tma_ = false;
   mutable bool merges_ = false;  // a schedule made so far splits a request across CTAs, left to combine
-  CUtensorMap kv_map_{}, q_map_{};
+  CUtensorMap kv_map_{}, q_map_{}, o_map_{};
   DeviceArray<__nv_bfloat16> q_cat_buffer_, o_lat_;
   DeviceArray<float> o_partial_, lse_partial_;
 };
@@ -440,7 +442,11 @@ std::map<std::string, double> FusedCuda::phase_counters() {
                                                  {kLastAccumulated, "last_block_accumulated"},   {kDone, "done"},
                                                  {kFirstSegmentAccumulated, "first_segment_accumulated"}, {kFirstSegmentWritten, "first_segment_written"},
                                                  {kSecondQLanded, "second_segment_q_landed"},
-                                                 {kSecondFirstAccumulated, "second_segment_first_accumulated"}};
+                                                 {kSecondFirstAccumulated, "second_segment_first_accumulated"},
+                                                 {kFirstSegmentLastPairs, "first_segment_last_pairs"}, {kFirstSegmentSummed, "first_segment_summed"},
+                                                 {kFirstSegmentStored, "first_segment_stored"}, {kSecondScored, "second_segment_scored"},
+                                                 {kFirstSegmentTailPair, "first_segment_tail_pair"}, {kFirstSegmentLastPair, "first_segment_last_pair"},
+                                                 {kLastSegmentLastPairs, "last_segment_last_pairs"}};
   std::map<std::string, std::vector<double>> us;
   unsigned long long first_entry = ~0ull, last_exit = 0;
   double last_done = 0;

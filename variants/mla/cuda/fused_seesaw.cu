@@ -1,54 +1,8 @@
 // mla/fused/cuda's two-warpgroup kernel (FlashMLA's Hopper decode structure): see namespace seesaw below.
-#include <type_traits>
-
 #include "harness/errors.h"
 #include "variants/mla/cuda/fused_decode.cuh"
 
 namespace dslab::mla::cuda::fused_decode {
-
-// ---- Whole requests' outputs, 16 bytes a lane -------------------------------------------------------------------
-// Four 32-bit words, 16 contiguous bytes, where `real`.
-__device__ inline void store_quad(bool real, void* dst, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %0, 0;\n@p st.global.v4.b32 [%1], {%2, %3, %4, %5};\n}\n" ::"r"(int(real)), "l"(dst), "r"(a), "r"(b),
-               "r"(c), "r"(d)
-               : "memory");
-}
-// a[i] of i < 4, by selects (an index held in a register would put the array in local memory).
-__device__ __forceinline__ uint32_t pick(const uint32_t (&a)[4], int i) { return i < 2 ? (i == 0 ? a[0] : a[1]) : (i == 2 ? a[2] : a[3]); }
-// A 4 x 4 transpose of 32-bit words across a quad (lanes 4k .. 4k + 3, q = lane % 4): afterwards lane q's a[j] is what
-// lane j's a[q] was. In round r lane q hands lane q ^ r its a[q ^ r] and takes lane q ^ r's a[q].
-__device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int q) {
-  uint32_t got[4];
-  got[0] = pick(a, q);
-#pragma unroll
-  for (int r = 1; r < 4; ++r) got[r] = __shfl_xor_sync(0xffffffffu, pick(a, q ^ r), r);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) a[j] = pick(got, q ^ j);
-}
-// A warpgroup MMA accumulator's 64 x (8 x N) tile (o[n][0..1]: row r_lo, columns 8 n + 2 (lane % 4) and + 1;
-// o[n][2..3]: row r_hi), times each row's factor, into row-major bf16 `out` (row stride kLatent), 16 bytes a store:
-// each quad first trades its words (quad_transpose) so that lane q holds whole 8-column groups. (Stored as they sat,
-// 4 bytes a lane, a CTA's 64 KB took 16384 stores, 8 rows a warp instruction: ~11 us to issue while the other SMs
-// kept the memory system busy; 128 heads, batch 128, H100, session 27.)
-template <int N>
-__device__ __forceinline__ void store_rows(bool real, __nv_bfloat16* out, const float (&o)[N][4], int r_lo, int r_hi, float f_lo, float f_hi, int lane) {
-  static_assert(N % 4 == 0, "whole groups of four 8-column blocks");
-  const int q = lane % 4;
-#pragma unroll
-  for (int k = 0; k < N / 4; ++k)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float f = h ? f_hi : f_lo;
-      uint32_t w[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const __nv_bfloat162 v = __floats2bfloat162_rn(o[4 * k + j][2 * h] * f, o[4 * k + j][2 * h + 1] * f);
-        w[j] = *reinterpret_cast<const uint32_t*>(&v);
-      }
-      quad_transpose(w, q);
-      store_quad(real, out + (h ? r_hi : r_lo) * kLatent + (4 * k + q) * 8, w[0], w[1], w[2], w[3]);
-    }
-}
 
 // ---- 64-row tiles on two warpgroups that trade roles (FlashMLA's Hopper decode structure) ------------------------
 // The fixed roles above cannot shorten a 64-key stage's cycle at 128 heads, where the tensor cores are busy: a
@@ -61,7 +15,8 @@ __device__ __forceinline__ void store_rows(bool real, __nv_bfloat16* out, const 
 // nine 64-column tiles has its own mbarrier, and the next block's tiles are copied as soon as their last reader is
 // done (tiles 0-3, warpgroup 0's half of V, after warpgroup 0's products; 4-8 after warpgroup 1's), while the
 // other products still run; Q K^T then waits tile by tile. Shared memory: Q (72 KB), two stages (72 KB each), P of
-// block 2i (8 KB); P of block 2i + 1 goes where Q's rope tile was, which each warpgroup keeps in registers.
+// block 2i (8 KB); P of block 2i + 1 goes where Q's rope tile was, which each warpgroup keeps in registers; a whole
+// request's outputs leave through stage 1.
 // bf16 caches with whole 64-key blocks in a page (tensor copies) and more than 32 rows a tile (use_seesaw).
 namespace seesaw {
 
@@ -115,6 +70,7 @@ __device__ inline void wgmma_m64n256k16_ss_vt(float (&d)[32][4], uint64_t a, uin
 #undef DSLAB_WGMMA_M64N256K16_RS_VT
 #undef DSLAB_WGMMA_M64N256K16_SS_VT
 
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); }
 __device__ __forceinline__ uint32_t pack_bf16(float a, float b) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -351,7 +307,9 @@ __device__ __forceinline__ void pair_wg0(const Params& p, const Segment& g, int 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = h ? l.r_hi : l.r_lo;
-    const float old = meta->m[r], now = fmaxf(old, row_max(s, h, p.scale_log2));
+    // (lazy: the reference max moves only when a block's exceeds it by more than kLazyRescale, so the factors are
+    // exactly 1 on almost every block and the rescales of O are skipped; P <= 2^kLazyRescale)
+    const float old = meta->m[r], block_max = row_max(s, h, p.scale_log2), now = block_max > old + kLazyRescale ? block_max : old;
     scale[h] = fast_exp2(old - now);
     __syncwarp();
     if (l.lane % 4 == 0) meta->m[r] = now, meta->scale0[r] = scale[h];
@@ -410,7 +368,8 @@ __device__ __forceinline__ void pair_wg1(const Params& p, const Segment& g, int 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = h ? l.r_hi : l.r_lo;
-    const float old = meta->m[r], now = kSecond ? fmaxf(old, row_max(s, h, p.scale_log2)) : old;  // (no block: S is not there)
+    const float old = meta->m[r], block_max = kSecond ? row_max(s, h, p.scale_log2) : old;  // (no block: S is not there)
+    const float now = block_max > old + kLazyRescale ? block_max : old;  // (lazy, as in pair_wg0)
     const float scale1 = fast_exp2(old - now);
     scale[h] = scale1 * meta->scale0[r];
     __syncwarp();
@@ -454,6 +413,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     if (threadIdx.x == 0) record_clock(p, kWaited);
   }
   if (threadIdx.x == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.kv_map) : "memory");
+  if (threadIdx.x == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&p.o_map) : "memory");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   __nv_bfloat16* const sq = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -476,7 +436,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   int parity = 0;  // the mbarrier phase of this warpgroup's own stage (the one it scores)
   int q_parity = 0;  // meta->q_landed's
   int next_q_row = -1;  // the next segment's first Q row (thread 0)
-  int blocks_walked = 0;
   bool waited = !p.early_loads;
 #pragma unroll 1
   for (int seg = mine.x; seg < mine.x + mine.y; ++seg) {
@@ -532,14 +491,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     if (seg == mine.x && threadIdx.x == 0) record_clock(p, kQLanded);
     if (seg == mine.x + 1 && threadIdx.x == 0) record_clock(p, kSecondQLanded);
     uint32_t q_rope[4][4];  // (its tile's place in shared memory takes block 2i + 1's P)
+    {
+      // (the lane's row and column through an opaque move: else their 16 addresses were held through the kernel)
+      int r_lo = l.r_lo, pair = (l.lane % 4) * 2;
+      asm volatile("mov.b32 %0, %0;\nmov.b32 %1, %1;\n" : "+r"(r_lo), "+r"(pair));
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
+      for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int col = kLatent + ks * 16 + h * 8 + (l.lane % 4) * 2;
-        q_rope[ks][2 * h] = *reinterpret_cast<const uint32_t*>(sq + swz(l.r_lo, col, kRows));
-        q_rope[ks][2 * h + 1] = *reinterpret_cast<const uint32_t*>(sq + swz(l.r_hi, col, kRows));
-      }
+        for (int h = 0; h < 2; ++h) {
+          const int col = kLatent + ks * 16 + h * 8 + pair;
+          q_rope[ks][2 * h] = *reinterpret_cast<const uint32_t*>(sq + swz(r_lo, col, kRows));
+          q_rope[ks][2 * h + 1] = *reinterpret_cast<const uint32_t*>(sq + swz(r_lo + 8, col, kRows));
+        }
+    }
     float o[32][4];  // this warpgroup's 256 columns of O
 #pragma unroll
     for (auto& x : o) x[0] = x[1] = x[2] = x[3] = 0;
@@ -556,6 +520,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     }
     wait_pinned<0>(o, s);
     if (seg == mine.x && threadIdx.x == 0) record_clock(p, kFirstScored);
+    if (seg == mine.x + 1 && threadIdx.x == 0) record_clock(p, kSecondScored);
     // Whole pairs with both next blocks in one loop, the segment's last two or three blocks after it (as in FlashMLA).
 #define DSLAB_PAIR(SECOND, NEXT0, NEXT1)                                                                              \
   do {                                                                                                                \
@@ -563,11 +528,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     else pair_wg1<SECOND, NEXT0, NEXT1>(p, g, i, s, o, sum, l, sm, q_rope, parity);                                   \
     if (seg == mine.x && i == 0 && threadIdx.x == 0) record_clock(p, kFirstAccumulated);                              \
     if (seg == mine.x + 1 && i == 0 && threadIdx.x == 0) record_clock(p, kSecondFirstAccumulated);                    \
+    if (seg == mine.x && mine.y > 1 && !NEXT1 && threadIdx.x == 0) record_clock(p, NEXT0 ? kFirstSegmentTailPair : kFirstSegmentLastPair); \
     ++i;                                                                                                              \
   } while (0)
     int i = 0;
 #pragma unroll 1
     while (2 * i + 4 <= g.blocks) DSLAB_PAIR(true, true, true);
+    if (seg == mine.x && mine.y > 1 && threadIdx.x == 0) record_clock(p, kFirstSegmentLastPairs);
+    if (seg + 1 == mine.x + mine.y && threadIdx.x == 0) record_clock(p, kLastSegmentLastPairs);
     if (g.blocks - 2 * i == 3) {
       DSLAB_PAIR(true, true, false);
       DSLAB_PAIR(false, false, false);
@@ -577,11 +545,18 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       DSLAB_PAIR(false, false, false);
     }
 #undef DSLAB_PAIR
+    // A whole request's outputs (bf16, final) leave through stage 1: written there by the threads, then by tensor
+    // stores that run on while the next segment starts (a row tile past the request's rows: copied out by the
+    // threads), so the next segment's block 1 is copied into stage 1 only once they have read it. (Stored from
+    // registers, 16 bytes a lane, the CTAs' stores took 7.9 us at the switch, all CTAs switching at once: the next
+    // blocks' and Q's copies in flight; this way 5.5 us and the kernel 0.9-2.7% faster at 128 heads, H100, session 37.)
+    // A partial (fp32) goes from registers, its log-sum-exp beside it.
+    const int4 done = p.segments[seg];  // (read again rather than held through the segment)
+    const bool through_stage1 = done.w;
     if (l.t == 0) {  // (each warpgroup's products over both stages are done: its last pair ended with a wait)
       copy_onward(p, meta, warpgroup, 0, stage0);
-      copy_onward(p, meta, warpgroup, 1, stage1);
+      if (!through_stage1) copy_onward(p, meta, warpgroup, 1, stage1);
     }
-    blocks_walked += g.blocks;
     if (threadIdx.x == 0 && seg + 1 == mine.x + mine.y) record_clock(p, kLastAccumulated);
     if (threadIdx.x == 0 && seg == mine.x && mine.y > 1) record_clock(p, kFirstSegmentAccumulated);
     // The segment's row sums (both warpgroups'), then this warpgroup's 256 columns of O and the log-sum-exp.
@@ -590,42 +565,73 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
       sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
     }
-    if (l.lane % 4 == 0) meta->sums[warpgroup][l.r_lo] = sum[0], meta->sums[warpgroup][l.r_hi] = sum[1];
+    if (l.lane % 4 == 0) {
+      int r_lo = l.r_lo;  // (through an opaque move: else its address was computed before the segments and spilled)
+      asm volatile("mov.b32 %0, %0;\n" : "+r"(r_lo));
+      meta->sums[warpgroup][r_lo] = sum[0], meta->sums[warpgroup][r_lo + 8] = sum[1];
+    }
     __syncthreads();
+    if (threadIdx.x == 0 && seg == mine.x && mine.y > 1) record_clock(p, kFirstSegmentSummed);
     const float total_lo = meta->sums[0][l.r_lo] + meta->sums[1][l.r_lo], total_hi = meta->sums[0][l.r_hi] + meta->sums[1][l.r_hi];
     const float inv_lo = total_lo > 0 ? 1.0f / total_lo : 0.0f, inv_hi = total_hi > 0 ? 1.0f / total_hi : 0.0f;
-    const bool real_rows = row0 + (l.t / 32) * 16 < p.rows;  // (a warp holds 16 rows; rows come in multiples of 16)
-    auto write = [&](auto* out) {
-      if constexpr (std::is_same_v<decltype(out), __nv_bfloat16*>) {
-        store_rows(real_rows, out, o, l.r_lo, l.r_hi, inv_lo, inv_hi, l.lane);
-      } else {  // (a partial, fp32: traded between neighbours for 16-byte stores, it spilled registers here)
+    if (through_stage1) {  // (bf16 in the tensor copies' 128-byte swizzle: a warp's 4-byte stores hit 32 banks)
+      // (swz(row, column, kRows) of the thread's columns, rows r_lo and r_lo + 8 (the same swizzle), from a base taken
+      // through an opaque move: else its 64 addresses were computed once, before the pairs, and spilled)
+      uint32_t base = smem_addr(stage1) + 2 * uint32_t(l.r_lo * 64 + warpgroup * 4 * kTileElems + (l.lane % 4) * 2), chunk = l.r_lo & 7;
+      asm volatile("mov.b32 %0, %0;\nmov.b32 %1, %1;\n" : "+r"(base), "+r"(chunk));
 #pragma unroll
-        for (int n = 0; n < 32; ++n) {
-          store_pair(real_rows, out + l.r_lo * kLatent + l.col(n), o[n][0] * inv_lo, o[n][1] * inv_lo);
-          store_pair(real_rows, out + l.r_hi * kLatent + l.col(n), o[n][2] * inv_hi, o[n][3] * inv_hi);
+      for (int n = 0; n < 32; ++n) {
+        const uint32_t at = base + 2 * ((n / 8) * kTileElems + (((n % 8) ^ chunk) << 3));
+        st_shared_b32(at, pack_bf16(o[n][0] * inv_lo, o[n][1] * inv_lo));
+        st_shared_b32(at + 2 * 8 * 64, pack_bf16(o[n][2] * inv_hi, o[n][3] * inv_hi));
+      }
+      fence_proxy_async();
+      __syncthreads();
+      if (row0 + kRows <= p.rows) {
+        if (threadIdx.x == 0) {
+          for (int c = 0; c < kTiles - 1; ++c) tma_store(&p.o_map, c * 64, done.x * p.rows + row0, stage1 + c * kTileElems);
+          bulk_commit();
+          bulk_wait_read<0>();  // (read out of stage 1: the next segment's block 1 may go there once all have passed the barrier below)
+        }
+      } else {  // (a tile past the request's rows: its real rows copied out 16 bytes a thread - the box would write the next request's)
+        __nv_bfloat16* const out = p.o_lat + (int64_t(done.x) * p.rows + row0) * kLatent;
+        for (int at = int(threadIdx.x); at < (p.rows - row0) * (kLatent / 8); at += kThreads) {
+          const int row = at / (kLatent / 8), chunk = at % (kLatent / 8);
+          const uint4 v = *reinterpret_cast<const uint4*>(stage1 + (chunk / 8) * kTileElems + row * 64 + (((chunk % 8) ^ (row & 7)) << 3));
+          *reinterpret_cast<uint4*>(out + int64_t(row) * kLatent + chunk * 8) = v;
         }
       }
-    };
-    const int cbase = warpgroup * 256;
-    const int4 done = p.segments[seg];  // (read again rather than held through the segment)
-    if (done.w) {
-      write(p.o_lat + (int64_t(done.x) * p.rows + row0) * kLatent + cbase);
-    } else {
-      write(p.o_partial + (int64_t(seg) * p.partial_rows + row0) * kLatent + cbase);
+    } else {  // (fp32, not traded between neighbours for 16-byte stores: that spilled registers here)
+      const bool real_rows = row0 + (l.t / 32) * 16 < p.rows;  // (a warp holds 16 rows; rows come in multiples of 16)
+      // (the row's start through an opaque move: the 64 stores then differ by constant offsets, not 64 addresses)
+      float* at = p.o_partial + (int64_t(seg) * p.partial_rows + row0 + l.r_lo) * kLatent + warpgroup * 256 + l.col(0);
+      asm volatile("mov.b64 %0, %0;\n" : "+l"(at));
+#pragma unroll
+      for (int n = 0; n < 32; ++n) {
+        store_pair(real_rows, at + n * 8, o[n][0] * inv_lo, o[n][1] * inv_lo);
+        store_pair(real_rows, at + 8 * kLatent + n * 8, o[n][2] * inv_hi, o[n][3] * inv_hi);
+      }
       if (warpgroup == 0 && l.lane % 4 == 0) {
         float* lse = p.lse_partial + int64_t(seg) * p.partial_rows + row0;
         lse[l.r_lo] = total_lo > 0 ? meta->m[l.r_lo] + log2f(total_lo) : -INFINITY;
         lse[l.r_hi] = total_hi > 0 ? meta->m[l.r_hi] + log2f(total_hi) : -INFINITY;
       }
     }
+    if (threadIdx.x == 0 && seg == mine.x && mine.y > 1) record_clock(p, kFirstSegmentStored);
     __syncthreads();  // (the running max and the sums are read; Q and the stages are free)
     if (threadIdx.x == 0 && seg == mine.x && mine.y > 1) record_clock(p, kFirstSegmentWritten);
+    if (through_stage1 && l.t == 0) copy_onward(p, meta, warpgroup, 1, stage1);  // (the outputs are out of stage 1)
   }
   if (!waited) {
     pdl_wait();
     pdl_launch_dependents();
   }
-  if (threadIdx.x == 0) record(p, kBlocks, (unsigned long long)blocks_walked), record_clock(p, kDone), record(p, kTimerExit, global_timer());
+  if (threadIdx.x == 0) bulk_wait<0>();  // (the last outputs' tensor stores done before the CTA leaves)
+  if (p.phases && threadIdx.x == 0) {  // (counted here: a count held through the segments was spilled)
+    unsigned long long blocks_walked = 0;
+    for (int seg = mine.x; seg < mine.x + mine.y; ++seg) blocks_walked += (p.segments[seg].z - p.segments[seg].y + kKeys - 1) / kKeys;
+    record(p, kBlocks, blocks_walked), record_clock(p, kDone), record(p, kTimerExit, global_timer());
+  }
 }
 
 }  // namespace seesaw
