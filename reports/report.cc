@@ -293,19 +293,25 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
     each_run([&](const std::string& v, const std::string& p, const Entry& e) {
       const double from = counter(e, "decode_phase_us.first_segment_accumulated"), to = counter(e, "decode_phase_us.second_segment_first_accumulated");
       if (std::isnan(from) || std::isnan(to)) return;
+      auto us_or_dash = [](double us) { return std::isnan(us) ? std::string("-") : num("%.2f", us); };  // (-: recorded since session 37 only)
       switch_rows += "| " + v + " | " + p;
-      for (const char* k : {"first_segment_accumulated", "first_segment_written", "second_segment_q_landed", "second_segment_first_accumulated"})
-        switch_rows += " | " + num("%.2f", counter(e, (std::string("decode_phase_us.") + k).c_str()));
+      for (const char* k : {"first_segment_last_pairs", "first_segment_last_pair", "first_segment_accumulated", "first_segment_stored", "first_segment_written",
+                            "second_segment_q_landed", "second_segment_scored", "second_segment_first_accumulated"})
+        switch_rows += " | " + us_or_dash(counter(e, (std::string("decode_phase_us.") + k).c_str()));
       const double per_block = counter(e, "decode_phase_us.per_block");
-      switch_rows += " | " + num("%.2f", to - from) + " | " + (std::isnan(per_block) ? std::string("-") : num("%.2f", 2 * per_block)) + " |\n";
+      switch_rows += " | " + us_or_dash(from - counter(e, "decode_phase_us.first_segment_last_pairs")) + " | " + num("%.2f", to - from) + " | " +
+                     us_or_dash(2 * per_block) + " |\n";
     });
     if (!switch_rows.empty())
       md << "Where a CTA of the two-warpgroup kernel walks two segments or more, what the switch costs "
-            "(`decode_phase_us.*`, medians, us after griddepcontrol.wait): the first segment's last pair done, its outputs "
-            "written, the second's Q landed, its first pair done; the switch is the last less the first, against two steady "
-            "blocks (one pair):\n\n"
-            "| variant | point | first segment's last pair | outputs written | next Q landed | next first pair | switch | two blocks |\n"
-            "|---|---|---:|---:|---:|---:|---:|---:|\n"
+            "(`decode_phase_us.*`, medians, us after griddepcontrol.wait): the first segment's last two or three blocks (after "
+            "its whole pairs: its tail) entered and its last pair done, all its products done, its outputs stored (by thread "
+            "0's warp) and written (by all), the second segment's Q landed, its first two blocks scored and its first pair "
+            "done; the tail is the products done less the tail entered, the switch the next first pair less the products "
+            "done, against two steady blocks (one pair):\n\n"
+            "| variant | point | tail entered | last pair done | products done | outputs stored | outputs written | next Q landed | "
+            "next scored | next first pair | tail | switch | two blocks |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
          << switch_rows << "\n";
   }
   write_sparse_against_dense(f, md);

@@ -475,7 +475,12 @@ TEST(Cli, ReportShowsWhereADecodeCtasTimeGoes) {
   // Two segments a CTA (the 128-head kernel): the switch's phases, its cost and two steady blocks.
   r.counters.insert({{"decode_phase_us.first_segment_accumulated", 146.7}, {"decode_phase_us.first_segment_written", 159.1},
                      {"decode_phase_us.second_segment_q_landed", 163.7}, {"decode_phase_us.second_segment_first_accumulated", 172.8}});
-  EXPECT_NE(report_of({r}).find("| 146.70 | 159.10 | 163.70 | 172.80 | 26.10 | 3.98 |"), std::string::npos) << report_of({r});
+  EXPECT_NE(report_of({r}).find("| - | - | 146.70 | - | 159.10 | 163.70 | - | 172.80 | - | 26.10 | 3.98 |"), std::string::npos) << report_of({r});
+  // Session 37's phases inside the switch: the tail entered and its last pair, the stores, the next blocks scored.
+  r.counters.insert({{"decode_phase_us.first_segment_last_pairs", 130.0}, {"decode_phase_us.first_segment_last_pair", 143.5},
+                     {"decode_phase_us.first_segment_stored", 151.0}, {"decode_phase_us.second_segment_scored", 166.2}});
+  EXPECT_NE(report_of({r}).find("| 130.00 | 143.50 | 146.70 | 151.00 | 159.10 | 163.70 | 166.20 | 172.80 | 16.70 | 26.10 | 3.98 |"), std::string::npos)
+      << report_of({r});
 }
 
 // A sparse result beside the dense fused kernel at its point (the same model, batch, kv_len, page size; its own

@@ -309,7 +309,8 @@ TEST(GpuMlaOps, CountersTimeEachOpOfTheStep) {
   many->run();
   const auto switched = many->counters();
   before = -1e4;
-  for (const char* phase : {"first_block_accumulated", "first_segment_accumulated", "first_segment_written", "second_segment_q_landed",
+  for (const char* phase : {"first_block_accumulated", "first_segment_last_pair", "first_segment_accumulated", "first_segment_summed",
+                            "first_segment_stored", "first_segment_written", "second_segment_q_landed", "second_segment_scored",
                             "second_segment_first_accumulated", "last_block_accumulated", "done"}) {
     const auto it = switched.find(std::string("decode_phase_us.") + phase);
     ASSERT_NE(it, switched.end()) << phase;
