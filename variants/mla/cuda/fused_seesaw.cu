@@ -323,7 +323,7 @@ __device__ __forceinline__ void pair_wg0(const Params& p, const Segment& g, int 
   wait_pinned<0>(o, s);
   // (V's left half and Q K^T are done with stage 0's tiles 0-3: block 2i + 2's are copied before the hand-over's
   // barrier, not after it - every microsecond of a copy's lead counts at 128 heads: issued after P's hand-over the
-  // kernel was 0.4-1.9% slower, before the barrier 0.3-1.6% faster at batch 128, H100, session 37)
+  // kernel was 1.2-1.9% slower, before the barrier 0.3-1.6% faster at batch 128, H100, session 37)
   if (kNext0 && l.t == 0) copy_tiles<0, 4>(p, stage0, meta->tile[0], next0);
   bar_sync(kBarScale1, 256);
   if (!kNext0 && l.t == 0) copy_next_q<0, kTiles - 1>(p, sm, next_q_row);  // (warpgroup 1's last S is done: it has scaled)
