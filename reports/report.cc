@@ -32,6 +32,9 @@ std::string num(const char* f, double v) {
   return b;
 }
 
+// A phase's us, or - where the kernel (or the dslab that wrote the results) does not record it.
+std::string us_or_dash(double us) { return std::isnan(us) ? std::string("-") : num("%.2f", us); }
+
 std::string time_str(double us) {
   if (us >= 1e6) return num("%.3g s", us * 1e-6);
   if (us >= 1e3) return num("%.3g ms", us * 1e-3);
@@ -273,7 +276,7 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
       for (const char* k : {"wait", "first_block_landed", "first_block_scored", "first_block_maxed", "first_block_handed_over",
                             "first_block_accumulated", "last_block_accumulated", "done", "last_done", "per_block", "span"}) {
         const double us = counter(e, (std::string("decode_phase_us.") + k).c_str());
-        phase_rows += " | " + (std::isnan(us) ? std::string("-") : num("%.2f", us));  // (-: a phase that kernel does not record)
+        phase_rows += " | " + us_or_dash(us);
       }
       phase_rows += " |\n";
     });
@@ -293,7 +296,6 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
     each_run([&](const std::string& v, const std::string& p, const Entry& e) {
       const double from = counter(e, "decode_phase_us.first_segment_accumulated"), to = counter(e, "decode_phase_us.second_segment_first_accumulated");
       if (std::isnan(from) || std::isnan(to)) return;
-      auto us_or_dash = [](double us) { return std::isnan(us) ? std::string("-") : num("%.2f", us); };  // (-: recorded since session 37 only)
       switch_rows += "| " + v + " | " + p;
       for (const char* k : {"first_segment_last_pairs", "first_segment_last_pair", "first_segment_accumulated", "first_segment_stored", "first_segment_written",
                             "second_segment_q_landed", "second_segment_scored", "second_segment_first_accumulated"})
