@@ -429,6 +429,17 @@ TEST(SplitKv, KeepsRequestsWholeWhereThatCostsLittleBalance) {
   }
 }
 
+TEST(SplitKv, MeanSegmentBlocksCountsPartFilledBlocksWhole) {
+  // Two whole requests of 4097 keys a CTA (65 blocks each, the last holding one key), and one of 8193 cut in two
+  // equal runs of 65 blocks (129 blocks: the second run ends one block short, at 64).
+  const mla::SplitKv whole = mla::split_kv(std::vector<int64_t>(128, 4096), 1, 64, 66, /*whole_requests=*/true);
+  EXPECT_DOUBLE_EQ(mla::mean_segment_blocks(whole, 64), 65.0);
+  const mla::SplitKv halves = mla::split_kv({8192}, 1, 64, 2, /*whole_requests=*/false);
+  ASSERT_EQ(halves.segments.size(), 2u);
+  EXPECT_DOUBLE_EQ(mla::mean_segment_blocks(halves, 64), 64.5);
+  EXPECT_DOUBLE_EQ(mla::mean_segment_blocks(mla::SplitKv{}, 64), 0.0);
+}
+
 TEST(SplitKv, FinerBlocksLeaveNoCtaIdle) {
   // The 16-head fused kernel walks 32-key blocks and is cut in them (fused.cu, schedule): 64 requests of 4097 keys on
   // 132 CTAs. In 64-key units (65 a request, 32 a CTA) two CTAs get nothing; in 32-key blocks (129 a request) every

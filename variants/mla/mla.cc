@@ -269,6 +269,13 @@ SplitKv split_kv(const std::vector<int64_t>& lengths, int64_t q_len, int64_t blo
   return s;
 }
 
+double mean_segment_blocks(const SplitKv& plan, int64_t block_keys) {
+  if (plan.segments.empty()) return 0;
+  int64_t blocks = 0;
+  for (const auto& g : plan.segments) blocks += (g.end_key - g.first_key + block_keys - 1) / block_keys;
+  return double(blocks) / double(plan.segments.size());
+}
+
 const std::vector<double>& Problem::reference() const {
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);

@@ -110,6 +110,8 @@ constexpr int64_t kWholeSlack = 32;
 constexpr int64_t kAutoBlocksPerPart = 4, kAutoMinParts = 32;
 int auto_kv_splits(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int grid_parts);
 SplitKv split_kv(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int parts, bool whole_requests);
+// A plan's blocks (of block_keys, a part-filled one counted whole) per segment, on average; 0 without segments.
+double mean_segment_blocks(const SplitKv& plan, int64_t block_keys);
 
 // Axes every MLA variant reads.
 std::vector<std::pair<std::string, std::string>> axes();

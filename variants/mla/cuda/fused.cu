@@ -35,6 +35,12 @@ using namespace fused_decode;
 // tensor copy's block lies in one page (page_size % block keys == 0).
 constexpr int kBlockKeys = 64;
 
+// Segments of at most this many blocks on average make the two-warpgroup kernel's block and Q copies evict_first in
+// L2. At 128 heads, batch 128 (two whole requests a CTA, switching all at once) the hint made the kernel 1.5-1.9%
+// faster at 4K keys (65 blocks a segment), the same within noise at 8K (129) and 0.4-0.9% slower at 16K (257) in
+// four interleaved runs (H100, session 38; hinting half the copies, or the second row tile's only, 2-7% slower): a
+// switch's fetches (its code among them) find their lines in L2, while the blocks two row tiles share are sooner lost.
+constexpr int64_t kStreamEvictFirstBlocks = 96;
 constexpr int kCombineWarps = 4, kCombineThreads = 32 * kCombineWarps, kCombineMaxSegments = 1024, kCombineAhead = 2;
 constexpr int kMergeVectors = kLatent / 4 / 32;  // float4 columns a lane holds of a merged row: lane + 32 c
 
@@ -344,6 +350,8 @@ class FusedCuda final : public MlaOp {
     out.segments = int(plan.segments.size());
     out.merges = std::any_of(plan.requests.begin(), plan.requests.end(), [](const auto& r) { return r.count > 1; });
     merges_ = merges_ || out.merges;
+    const double mean_blocks = mla::mean_segment_blocks(plan, block_keys_);
+    stream_evict_first_ = mean_blocks > 0 && mean_blocks <= double(kStreamEvictFirstBlocks);
     return out;
   }
   // The cache as a 2-D tensor [slots][576] for the tensor memory accelerator, box_keys x 64-column boxes, swizzled by
@@ -373,6 +381,7 @@ class FusedCuda final : public MlaOp {
                   o_partial_.get(), lse_partial_.get(), M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E),
                   page_shift(view.page_size), row_tiles_ * kTileRows, o_lat_.get(), record_phases_ ? phases_.get() : nullptr,
                   /*early_loads=*/!selector_};
+    params.stream_evict_first = stream_evict_first_;
     if (use_seesaw(params.tma, block_keys_, s_.kv_dtype)) launch_seesaw(params, parts_, row_tiles_, stream_);
     else if (use_fp8(params.tma, M, s_.kv_dtype)) launch_fp8(params, parts_, stream_);
     else if (use_narrow(params.tma, M, s_.kv_dtype)) launch_narrow(params, s_.kv_dtype, parts_, stream_);
@@ -415,6 +424,9 @@ class FusedCuda final : public MlaOp {
   bool core_only_ = false;  // attention_core_only: the plain merge, o_lat for absorb_output
   bool tma_ = false;
   mutable bool merges_ = false;  // a schedule made so far splits a request across CTAs, left to combine
+  // The last schedule's segments average at most kStreamEvictFirstBlocks blocks: the two-warpgroup kernel's copies
+  // then leave L2 first (Params::stream_evict_first). A CUDA graph keeps the value it was captured with (a hint only).
+  mutable bool stream_evict_first_ = false;
   CUtensorMap kv_map_{}, q_map_{}, o_map_{};
   DeviceArray<__nv_bfloat16> q_cat_buffer_, o_lat_;
   DeviceArray<float> o_partial_, lse_partial_;

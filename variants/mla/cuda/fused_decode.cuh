@@ -65,6 +65,9 @@ struct Params {
   // The page table and lengths were written before the step (by the host), not by the kernel just before this one:
   // the first blocks' lookups and copies may start before griddepcontrol.wait (see decode_kernel).
   bool early_loads;
+  // The two-warpgroup kernel's block and Q copies leave L2 first (see FusedCuda::schedule): set where segments are
+  // short, so switches are many and the lines they need (other than the stream) are worth keeping.
+  bool stream_evict_first = false;
 };
 
 // Where a CTA's time goes (FusedCuda::phase_counters): the SM's clock64 at each phase, by one thread of the role that

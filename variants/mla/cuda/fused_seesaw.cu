@@ -83,6 +83,11 @@ struct Lane {
   __device__ int col(int n) const { return n * 8 + (lane % 4) * 2; }
 };
 
+// The eviction priority of the kernel's copies in L2 (Params::stream_evict_first).
+__device__ __forceinline__ uint64_t stream_policy(const Params& p) {
+  return p.stream_evict_first ? l2_policy<L2Evict::first>() : l2_policy<L2Evict::normal>();
+}
+
 // Copies tiles [kFirst, kEnd) of the block whose first key sits in `slot` into `stage`, each counted on its own
 // mbarrier. (One thread.)
 template <int kFirst, int kEnd>
@@ -90,7 +95,7 @@ __device__ __forceinline__ void copy_tiles(const Params& p, __nv_bfloat16* stage
 #pragma unroll
   for (int c = kFirst; c < kEnd; ++c) {
     mbarrier_expect_bytes(&landed[c], uint32_t(kTileBytes));
-    tma_load(stage + c * kTileElems, &p.kv_map, c * 64, slot, &landed[c]);
+    tma_load(stage + c * kTileElems, &p.kv_map, c * 64, slot, &landed[c], stream_policy(p));
   }
 }
 
@@ -287,7 +292,7 @@ __device__ __forceinline__ void copy_next_q(const Params& p, const Smem& sm, int
   if constexpr (kEnd == kTiles) mbarrier_expect_bytes(&sm.meta->q_landed, uint32_t((kEnd - kFirst) * kTileBytes));
   else mbarrier_expect_tx(&sm.meta->q_landed, uint32_t((kEnd - kFirst) * kTileBytes));
 #pragma unroll
-  for (int c = kFirst; c < kEnd; ++c) tma_load(sm.q + c * kTileElems, &p.q_map, c * 64, q_row, &sm.meta->q_landed);
+  for (int c = kFirst; c < kEnd; ++c) tma_load(sm.q + c * kTileElems, &p.q_map, c * 64, q_row, &sm.meta->q_landed, stream_policy(p));
 }
 
 // One pair of blocks (2i in stage 0, 2i + 1 in stage 1) for warpgroup 0, whose S of block 2i is in `s`. kSecond:
@@ -600,7 +605,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         __nv_bfloat16* const out = p.o_lat + (int64_t(done.x) * p.rows + row0) * kLatent;
         for (int at = int(threadIdx.x); at < (p.rows - row0) * (kLatent / 8); at += kThreads) {
           const int row = at / (kLatent / 8), chunk = at % (kLatent / 8);
-          const uint4 v = *reinterpret_cast<const uint4*>(stage1 + (chunk / 8) * kTileElems + row * 64 + (((chunk % 8) ^ (row & 7)) << 3));
+          const uint4 v = *reinterpret_cast<const uint4*>(stage1 + swz(row, chunk * 8, kRows));
           *reinterpret_cast<uint4*>(out + int64_t(row) * kLatent + chunk * 8) = v;
         }
       }
