@@ -83,19 +83,15 @@ struct Lane {
   __device__ int col(int n) const { return n * 8 + (lane % 4) * 2; }
 };
 
-// The eviction priority of the kernel's copies in L2 (Params::stream_evict_first).
-__device__ __forceinline__ uint64_t stream_policy(const Params& p) {
-  return p.stream_evict_first ? l2_policy<L2Evict::first>() : l2_policy<L2Evict::normal>();
-}
-
 // Copies tiles [kFirst, kEnd) of the block whose first key sits in `slot` into `stage`, each counted on its own
-// mbarrier. (One thread.)
-template <int kFirst, int kEnd>
+// mbarrier; kEvictFirst: its lines leave L2 first (Params::stream_evict_first). (One thread.)
+template <int kFirst, int kEnd, bool kEvictFirst>
 __device__ __forceinline__ void copy_tiles(const Params& p, __nv_bfloat16* stage, uint64_t* landed, int slot) {
 #pragma unroll
   for (int c = kFirst; c < kEnd; ++c) {
     mbarrier_expect_bytes(&landed[c], uint32_t(kTileBytes));
-    tma_load(stage + c * kTileElems, &p.kv_map, c * 64, slot, &landed[c], stream_policy(p));
+    if constexpr (kEvictFirst) tma_load(stage + c * kTileElems, &p.kv_map, c * 64, slot, &landed[c], l2_policy<L2Evict::first>());
+    else tma_load(stage + c * kTileElems, &p.kv_map, c * 64, slot, &landed[c]);
   }
 }
 
@@ -272,11 +268,12 @@ __device__ __forceinline__ void look_ahead(const Params& p, const Segment& g, in
 // as copying at each segment's start, 0.98-1.07 both ways, H100, session 23; it spares a drain per segment where a
 // CTA walks many short ones.) Warpgroup w's first thread copies its tiles of stage `st`: 0-3 (warpgroup 0) or 4-8
 // (warpgroup 1).
+template <bool kEvictFirst>
 __device__ __forceinline__ void copy_onward(const Params& p, const Meta* meta, int warpgroup, int st, __nv_bfloat16* stage) {
   const int slot = meta->onward[warpgroup][st];
   if (slot < 0) return;
-  if (warpgroup == 0) copy_tiles<0, 4>(p, stage, const_cast<Meta*>(meta)->tile[st], slot);
-  else copy_tiles<4, kTiles>(p, stage, const_cast<Meta*>(meta)->tile[st], slot);
+  if (warpgroup == 0) copy_tiles<0, 4, kEvictFirst>(p, stage, const_cast<Meta*>(meta)->tile[st], slot);
+  else copy_tiles<4, kTiles, kEvictFirst>(p, stage, const_cast<Meta*>(meta)->tile[st], slot);
 }
 
 // The next segment's Q, by warpgroup 0's first thread while this segment ends (q_row: its first row in p.q, -1 where
@@ -286,19 +283,22 @@ __device__ __forceinline__ void copy_onward(const Params& p, const Meta* meta, i
 // the row sums and the output stores run rather than after them. (Copied after the outputs, 16 bytes a thread, a
 // later segment's Q landed ~5 us after the stores and ~16 us after the last pair: the other SMs keep the memory
 // system saturated; 128 heads, batch 128, H100, session 26.)
-template <int kFirst, int kEnd>
+template <int kFirst, int kEnd, bool kEvictFirst>
 __device__ __forceinline__ void copy_next_q(const Params& p, const Smem& sm, int q_row) {
   if (q_row < 0) return;
   if constexpr (kEnd == kTiles) mbarrier_expect_bytes(&sm.meta->q_landed, uint32_t((kEnd - kFirst) * kTileBytes));
   else mbarrier_expect_tx(&sm.meta->q_landed, uint32_t((kEnd - kFirst) * kTileBytes));
 #pragma unroll
-  for (int c = kFirst; c < kEnd; ++c) tma_load(sm.q + c * kTileElems, &p.q_map, c * 64, q_row, &sm.meta->q_landed, stream_policy(p));
+  for (int c = kFirst; c < kEnd; ++c) {
+    if constexpr (kEvictFirst) tma_load(sm.q + c * kTileElems, &p.q_map, c * 64, q_row, &sm.meta->q_landed, l2_policy<L2Evict::first>());
+    else tma_load(sm.q + c * kTileElems, &p.q_map, c * 64, q_row, &sm.meta->q_landed);
+  }
 }
 
 // One pair of blocks (2i in stage 0, 2i + 1 in stage 1) for warpgroup 0, whose S of block 2i is in `s`. kSecond:
 // block 2i + 1 exists; kNext0 / kNext1: blocks 2i + 2 / 2i + 3 exist (copied here, 2i + 2 scored here); without
 // block 2i + 2 this is the segment's last pair, which starts the next segment's Q copies (next_q_row: copy_next_q).
-template <bool kSecond, bool kNext0, bool kNext1>
+template <bool kEvictFirst, bool kSecond, bool kNext0, bool kNext1>
 __device__ __forceinline__ void pair_wg0(const Params& p, const Segment& g, int i, float (&s)[8][4], float (&o)[32][4], float (&sum)[2],
                                          const Lane& l, const Smem& sm, const uint32_t (&q_rope)[4][4], int& parity0, int next_q_row) {
   Meta* const meta = sm.meta;
@@ -329,9 +329,9 @@ __device__ __forceinline__ void pair_wg0(const Params& p, const Segment& g, int 
   // (V's left half and Q K^T are done with stage 0's tiles 0-3: block 2i + 2's are copied before the hand-over's
   // barrier, not after it - every microsecond of a copy's lead counts at 128 heads: issued after P's hand-over the
   // kernel was 1.2-1.9% slower, before the barrier 0.3-1.6% faster at batch 128, H100, session 37)
-  if (kNext0 && l.t == 0) copy_tiles<0, 4>(p, stage0, meta->tile[0], next0);
+  if (kNext0 && l.t == 0) copy_tiles<0, 4, kEvictFirst>(p, stage0, meta->tile[0], next0);
   bar_sync(kBarScale1, 256);
-  if (!kNext0 && l.t == 0) copy_next_q<0, kTiles - 1>(p, sm, next_q_row);  // (warpgroup 1's last S is done: it has scaled)
+  if (!kNext0 && l.t == 0) copy_next_q<0, kTiles - 1, kEvictFirst>(p, sm, next_q_row);  // (warpgroup 1's last S is done: it has scaled)
   const float scale1_lo = meta->scale1[l.r_lo], scale1_hi = meta->scale1[l.r_hi];
   p_fragments(s, a, scale1_lo, scale1_hi);
   store_p(sp0, a, l);
@@ -347,18 +347,18 @@ __device__ __forceinline__ void pair_wg0(const Params& p, const Segment& g, int 
   if constexpr (kNext0) score_tiles<0, 4>(s, q_desc, k_desc, q_rope, meta->tile[0], parity0, true);
   if constexpr (kNext1) {
     wgmma_wait<4>();  // (block 2i + 1's left half multiplied; S of block 2i + 2 still in flight)
-    if (l.t == 0) copy_tiles<0, 4>(p, stage1, meta->tile[1], next1);
+    if (l.t == 0) copy_tiles<0, 4, kEvictFirst>(p, stage1, meta->tile[1], next1);
   }
   if constexpr (kNext0) {
     score_tiles<4, kTiles>(s, q_desc, k_desc, q_rope, meta->tile[0], parity0, false);
     parity0 ^= 1;
   }
   wait_pinned<0>(o, s);  // (outside the branches: see FlashMLA's note on nvcc serialising the MMAs otherwise)
-  if (!kNext0 && l.t == 0) copy_next_q<kTiles - 1, kTiles>(p, sm, next_q_row);  // (its last P V, over Q's rope tile, is done)
+  if (!kNext0 && l.t == 0) copy_next_q<kTiles - 1, kTiles, kEvictFirst>(p, sm, next_q_row);  // (its last P V, over Q's rope tile, is done)
 }
 
 // The same pair for warpgroup 1, whose S of block 2i + 1 is in `s` (when kSecond).
-template <bool kSecond, bool kNext0, bool kNext1>
+template <bool kEvictFirst, bool kSecond, bool kNext0, bool kNext1>
 __device__ __forceinline__ void pair_wg1(const Params& p, const Segment& g, int i, float (&s)[8][4], float (&o)[32][4], float (&sum)[2],
                                          const Lane& l, const Smem& sm, const uint32_t (&q_rope)[4][4], int& parity1) {
   Meta* const meta = sm.meta;
@@ -398,11 +398,11 @@ __device__ __forceinline__ void pair_wg1(const Params& p, const Segment& g, int 
   if constexpr (kSecond) bar_arrive(kBarRemoteIssued, 256);
   if constexpr (kNext1) {
     wgmma_wait<1>();  // (block 2i + 1's right half multiplied; its rope tile was scored)
-    if (l.t == 0) copy_tiles<4, kTiles>(p, stage1, meta->tile[1], next1);
+    if (l.t == 0) copy_tiles<4, kTiles, kEvictFirst>(p, stage1, meta->tile[1], next1);
   }
   if constexpr (kNext0) {
     wait_pinned<0>(o, s);  // (block 2i's right half multiplied)
-    if (l.t == 0) copy_tiles<4, kTiles>(p, stage0, meta->tile[0], next0);
+    if (l.t == 0) copy_tiles<4, kTiles, kEvictFirst>(p, stage0, meta->tile[0], next0);
   }
   if constexpr (kNext1) {
     const uint64_t q_desc = wgmma_desc(sq), k_desc = wgmma_desc(stage1);
@@ -412,7 +412,10 @@ __device__ __forceinline__ void pair_wg1(const Params& p, const Segment& g, int 
   wait_pinned<0>(o, s);
 }
 
-// Launched with launch_pdl like roles::decode_kernel (its early_loads contract holds here too).
+// Launched with launch_pdl like roles::decode_kernel (its early_loads contract holds here too). kEvictFirst:
+// Params::stream_evict_first (an instance each: chosen at run time inside, the policy's selects grew the pairs' loop
+// by 236 instructions and made the kernel 5% slower at 8K-16K keys, H100, session 38).
+template <bool kEvictFirst>
 __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ Params p) {
   if (p.phases && threadIdx.x == 0) record(p, kTimerEntry, global_timer()), record_clock(p, kEntry);
   if (!p.early_loads) {
@@ -454,8 +457,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     g.page_table = p.cache.page_table + int64_t(sv.x) * p.cache.pages_per_request;
     // The first two blocks: the CTA's first segment copies them now, a later one's were copied by the segment
     // before (copy_onward).
-    if (seg == mine.x && l.t == 0 && warpgroup == 0) copy_tiles<0, kTiles>(p, stage0, meta->tile[0], g.slot_of(p, 0));
-    if (seg == mine.x && l.t == 0 && warpgroup == 1 && g.blocks > 1) copy_tiles<0, kTiles>(p, stage1, meta->tile[1], g.slot_of(p, 1));
+    if (seg == mine.x && l.t == 0 && warpgroup == 0) copy_tiles<0, kTiles, kEvictFirst>(p, stage0, meta->tile[0], g.slot_of(p, 0));
+    if (seg == mine.x && l.t == 0 && warpgroup == 1 && g.blocks > 1) copy_tiles<0, kTiles, kEvictFirst>(p, stage1, meta->tile[1], g.slot_of(p, 1));
     if (l.t == 0) {  // (committed below as one group, which look_ahead awaits before its first use of the entries)
       for (int b = 2; b < kAhead; ++b) g.fetch_ahead(p, meta, warpgroup, b);
       // The next segment's first two blocks, for copy_onward (its Q into L2 too: it is loaded once this segment ends;
@@ -492,7 +495,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     // Q by tensor copies: the CTA's first segment's now (after griddepcontrol.wait: Q comes from the kernels before),
     // a later one's were started as the segment before ended (copy_next_q). (In a 64-row box past the request's rows,
     // the next request's rows, whose outputs are not stored; past the last token's, zeros.)
-    if (seg == mine.x && threadIdx.x == 0) copy_next_q<0, kTiles>(p, sm, sv.x * p.rows + row0);
+    if (seg == mine.x && threadIdx.x == 0) copy_next_q<0, kTiles, kEvictFirst>(p, sm, sv.x * p.rows + row0);
     mbarrier_wait(&meta->q_landed, q_parity);
     q_parity ^= 1;
     __syncthreads();  // (the running max's reset too)
@@ -532,8 +535,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     // Whole pairs with both next blocks in one loop, the segment's last two or three blocks after it (as in FlashMLA).
 #define DSLAB_PAIR(SECOND, NEXT0, NEXT1)                                                                              \
   do {                                                                                                                \
-    if (warpgroup == 0) pair_wg0<SECOND, NEXT0, NEXT1>(p, g, i, s, o, sum, l, sm, q_rope, parity, next_q_row);        \
-    else pair_wg1<SECOND, NEXT0, NEXT1>(p, g, i, s, o, sum, l, sm, q_rope, parity);                                   \
+    if (warpgroup == 0) pair_wg0<kEvictFirst, SECOND, NEXT0, NEXT1>(p, g, i, s, o, sum, l, sm, q_rope, parity, next_q_row);        \
+    else pair_wg1<kEvictFirst, SECOND, NEXT0, NEXT1>(p, g, i, s, o, sum, l, sm, q_rope, parity);                                   \
     if (seg == mine.x && i == 0 && threadIdx.x == 0) record_clock(p, kFirstAccumulated);                              \
     if (seg == mine.x + 1 && i == 0 && threadIdx.x == 0) record_clock(p, kSecondFirstAccumulated);                    \
     if (seg == mine.x && mine.y > 1 && !NEXT1 && threadIdx.x == 0) record_clock(p, NEXT0 ? kFirstSegmentTailPair : kFirstSegmentLastPair); \
@@ -562,8 +565,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     const int4 done = p.segments[seg];  // (read again rather than held through the segment)
     const bool through_stage1 = done.w;
     if (l.t == 0) {  // (each warpgroup's products over both stages are done: its last pair ended with a wait)
-      copy_onward(p, meta, warpgroup, 0, stage0);
-      if (!through_stage1) copy_onward(p, meta, warpgroup, 1, stage1);
+      copy_onward<kEvictFirst>(p, meta, warpgroup, 0, stage0);
+      if (!through_stage1) copy_onward<kEvictFirst>(p, meta, warpgroup, 1, stage1);
     }
     if (threadIdx.x == 0 && seg + 1 == mine.x + mine.y) record_clock(p, kLastAccumulated);
     if (threadIdx.x == 0 && seg == mine.x && mine.y > 1) record_clock(p, kFirstSegmentAccumulated);
@@ -628,7 +631,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     if (threadIdx.x == 0 && seg == mine.x && mine.y > 1) record_clock(p, kFirstSegmentStored);
     __syncthreads();  // (the running max and the sums are read; Q and the stages are free)
     if (threadIdx.x == 0 && seg == mine.x && mine.y > 1) record_clock(p, kFirstSegmentWritten);
-    if (through_stage1 && l.t == 0) copy_onward(p, meta, warpgroup, 1, stage1);  // (the outputs are out of stage 1)
+    if (through_stage1 && l.t == 0) copy_onward<kEvictFirst>(p, meta, warpgroup, 1, stage1);  // (the outputs are out of stage 1)
   }
   if (!waited) {
     pdl_wait();
@@ -646,7 +649,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
 
 bool use_seesaw(bool tma, int block_keys, KvDtype kv) { return tma && block_keys == 64 && kv == KvDtype::bf16; }
 void launch_seesaw(const Params& params, int parts, int row_tiles, cudaStream_t stream) {
-  launch_decode<seesaw::decode_kernel>(dim3(unsigned(row_tiles), unsigned(parts)), dim3(seesaw::kThreads), seesaw::kSmemBytes, stream, params);
+  const dim3 grid{unsigned(row_tiles), unsigned(parts)}, threads{unsigned(seesaw::kThreads)};
+  if (params.stream_evict_first) launch_decode<&seesaw::decode_kernel<true>>(grid, threads, seesaw::kSmemBytes, stream, params);
+  else launch_decode<&seesaw::decode_kernel<false>>(grid, threads, seesaw::kSmemBytes, stream, params);
 }
 
 }  // namespace dslab::mla::cuda::fused_decode
