@@ -48,7 +48,7 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int 
                "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_addr(bar))
                : "memory");
 }
-// The same copy with an L2 eviction priority for the lines it reads (`policy`: from l2_policy).
+// The same copy with an L2 eviction priority for the lines it reads (`policy`: e.g. l2_evict_first()).
 __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar, uint64_t policy) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(
@@ -56,14 +56,11 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int 
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_addr(bar)), "l"(policy)
       : "memory");
 }
-// An L2 eviction priority for cache-hinted copies (createpolicy: every line of the access at that priority):
-// evict_first for lines read once, so that they leave L2 before the lines others still need.
-enum class L2Evict { first, normal };
-template <L2Evict kPriority>
-__device__ __forceinline__ uint64_t l2_policy() {
+// The L2 eviction policy of lines read once (createpolicy, every line of the access): evict_first, so that they leave
+// L2 before the lines others still need.
+__device__ __forceinline__ uint64_t l2_evict_first() {
   uint64_t policy;
-  if constexpr (kPriority == L2Evict::first) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  else asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   return policy;
 }
 // Tensor-memory-accelerator store of the box at `src` in shared memory to (column x, row y) of `map`, in the calling

@@ -38,7 +38,7 @@ constexpr int kBlockKeys = 64;
 // Segments of at most this many blocks on average make the two-warpgroup kernel's block and Q copies evict_first in
 // L2. At 128 heads, batch 128 (two whole requests a CTA, switching all at once) the hint made the kernel 1.5-1.9%
 // faster at 4K keys (65 blocks a segment), the same within noise at 8K (129) and 0.4-0.9% slower at 16K (257) in
-// four interleaved runs (H100, session 38; hinting half the copies, or the second row tile's only, 2-7% slower): a
+// four interleaved runs (H100, session 38; hinting half the copies, or the second row tile's only: 1.4-8% slower): a
 // switch's fetches (its code among them) find their lines in L2, while the blocks two row tiles share are sooner lost.
 constexpr int64_t kStreamEvictFirstBlocks = 96;
 constexpr int kCombineWarps = 4, kCombineThreads = 32 * kCombineWarps, kCombineMaxSegments = 1024, kCombineAhead = 2;

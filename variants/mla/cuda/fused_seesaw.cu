@@ -90,7 +90,7 @@ __device__ __forceinline__ void copy_tiles(const Params& p, __nv_bfloat16* stage
 #pragma unroll
   for (int c = kFirst; c < kEnd; ++c) {
     mbarrier_expect_bytes(&landed[c], uint32_t(kTileBytes));
-    if constexpr (kEvictFirst) tma_load(stage + c * kTileElems, &p.kv_map, c * 64, slot, &landed[c], l2_policy<L2Evict::first>());
+    if constexpr (kEvictFirst) tma_load(stage + c * kTileElems, &p.kv_map, c * 64, slot, &landed[c], l2_evict_first());
     else tma_load(stage + c * kTileElems, &p.kv_map, c * 64, slot, &landed[c]);
   }
 }
@@ -290,7 +290,7 @@ __device__ __forceinline__ void copy_next_q(const Params& p, const Smem& sm, int
   else mbarrier_expect_tx(&sm.meta->q_landed, uint32_t((kEnd - kFirst) * kTileBytes));
 #pragma unroll
   for (int c = kFirst; c < kEnd; ++c) {
-    if constexpr (kEvictFirst) tma_load(sm.q + c * kTileElems, &p.q_map, c * 64, q_row, &sm.meta->q_landed, l2_policy<L2Evict::first>());
+    if constexpr (kEvictFirst) tma_load(sm.q + c * kTileElems, &p.q_map, c * 64, q_row, &sm.meta->q_landed, l2_evict_first());
     else tma_load(sm.q + c * kTileElems, &p.q_map, c * 64, q_row, &sm.meta->q_landed);
   }
 }
