@@ -381,8 +381,7 @@ class FusedCuda final : public MlaOp {
                   o_partial_.get(), lse_partial_.get(), M, int(nh_), int(s_.q_len), float(scale_ * M_LOG2E),
                   page_shift(view.page_size), row_tiles_ * kTileRows, o_lat_.get(), record_phases_ ? phases_.get() : nullptr,
                   /*early_loads=*/!selector_};
-    params.stream_evict_first = stream_evict_first_;
-    if (use_seesaw(params.tma, block_keys_, s_.kv_dtype)) launch_seesaw(params, parts_, row_tiles_, stream_);
+    if (use_seesaw(params.tma, block_keys_, s_.kv_dtype)) launch_seesaw(params, parts_, row_tiles_, stream_evict_first_, stream_);
     else if (use_fp8(params.tma, M, s_.kv_dtype)) launch_fp8(params, parts_, stream_);
     else if (use_narrow(params.tma, M, s_.kv_dtype)) launch_narrow(params, s_.kv_dtype, parts_, stream_);
     else launch_roles(params, s_.kv_dtype, parts_, row_tiles_, block_keys_, stream_);
@@ -425,7 +424,7 @@ class FusedCuda final : public MlaOp {
   bool tma_ = false;
   mutable bool merges_ = false;  // a schedule made so far splits a request across CTAs, left to combine
   // The last schedule's segments average at most kStreamEvictFirstBlocks blocks: the two-warpgroup kernel's copies
-  // then leave L2 first (Params::stream_evict_first). A CUDA graph keeps the value it was captured with (a hint only).
+  // then leave L2 first (launch_seesaw's evict_first). A CUDA graph keeps the value it was captured with (a hint only).
   mutable bool stream_evict_first_ = false;
   CUtensorMap kv_map_{}, q_map_{}, o_map_{};
   DeviceArray<__nv_bfloat16> q_cat_buffer_, o_lat_;

@@ -65,9 +65,6 @@ struct Params {
   // The page table and lengths were written before the step (by the host), not by the kernel just before this one:
   // the first blocks' lookups and copies may start before griddepcontrol.wait (see decode_kernel).
   bool early_loads;
-  // The two-warpgroup kernel's block and Q copies leave L2 first (see FusedCuda::schedule): set where segments are
-  // short, so switches are many and the lines they need (other than the stream) are worth keeping.
-  bool stream_evict_first = false;
 };
 
 // Where a CTA's time goes (FusedCuda::phase_counters): the SM's clock64 at each phase, by one thread of the role that
@@ -325,7 +322,9 @@ void launch_roles(const Params& params, KvDtype kv, int parts, int row_tiles, in
 // The two-warpgroup kernel (fused_seesaw.cu) where it applies: a bf16 cache copied in whole 64-key blocks (tensor
 // copies) and 64-key blocks chosen (more than 32 rows a tile).
 bool use_seesaw(bool tma, int block_keys, KvDtype kv);
-void launch_seesaw(const Params& params, int parts, int row_tiles, cudaStream_t stream);
+// evict_first: the kernel's block and Q copies leave L2 first (see FusedCuda::schedule: where segments are short, so
+// switches are many and the lines they need, other than the stream, are worth keeping).
+void launch_seesaw(const Params& params, int parts, int row_tiles, bool evict_first, cudaStream_t stream);
 // The narrow kernel (fused_narrow.cu) where it applies: a quantised cache copied in whole 64-key blocks (tensor
 // copies) and at most 32 rows (16 or 32: rows come in multiples of 16). Its copies are half-blocks: kv_map's boxes
 // are kNarrowBoxKeys keys tall for it.

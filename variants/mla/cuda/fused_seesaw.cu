@@ -83,15 +83,21 @@ struct Lane {
   __device__ int col(int n) const { return n * 8 + (lane % 4) * 2; }
 };
 
+// A tensor copy of the box at (x, y) of `map`; kEvictFirst: its lines leave L2 first (launch_seesaw's evict_first).
+template <bool kEvictFirst>
+__device__ __forceinline__ void copy_box(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
+  if constexpr (kEvictFirst) tma_load(dst, map, x, y, bar, l2_evict_first());
+  else tma_load(dst, map, x, y, bar);
+}
+
 // Copies tiles [kFirst, kEnd) of the block whose first key sits in `slot` into `stage`, each counted on its own
-// mbarrier; kEvictFirst: its lines leave L2 first (Params::stream_evict_first). (One thread.)
+// mbarrier. (One thread.)
 template <int kFirst, int kEnd, bool kEvictFirst>
 __device__ __forceinline__ void copy_tiles(const Params& p, __nv_bfloat16* stage, uint64_t* landed, int slot) {
 #pragma unroll
   for (int c = kFirst; c < kEnd; ++c) {
     mbarrier_expect_bytes(&landed[c], uint32_t(kTileBytes));
-    if constexpr (kEvictFirst) tma_load(stage + c * kTileElems, &p.kv_map, c * 64, slot, &landed[c], l2_evict_first());
-    else tma_load(stage + c * kTileElems, &p.kv_map, c * 64, slot, &landed[c]);
+    copy_box<kEvictFirst>(stage + c * kTileElems, &p.kv_map, c * 64, slot, &landed[c]);
   }
 }
 
@@ -289,10 +295,7 @@ __device__ __forceinline__ void copy_next_q(const Params& p, const Smem& sm, int
   if constexpr (kEnd == kTiles) mbarrier_expect_bytes(&sm.meta->q_landed, uint32_t((kEnd - kFirst) * kTileBytes));
   else mbarrier_expect_tx(&sm.meta->q_landed, uint32_t((kEnd - kFirst) * kTileBytes));
 #pragma unroll
-  for (int c = kFirst; c < kEnd; ++c) {
-    if constexpr (kEvictFirst) tma_load(sm.q + c * kTileElems, &p.q_map, c * 64, q_row, &sm.meta->q_landed, l2_evict_first());
-    else tma_load(sm.q + c * kTileElems, &p.q_map, c * 64, q_row, &sm.meta->q_landed);
-  }
+  for (int c = kFirst; c < kEnd; ++c) copy_box<kEvictFirst>(sm.q + c * kTileElems, &p.q_map, c * 64, q_row, &sm.meta->q_landed);
 }
 
 // One pair of blocks (2i in stage 0, 2i + 1 in stage 1) for warpgroup 0, whose S of block 2i is in `s`. kSecond:
@@ -413,7 +416,7 @@ __device__ __forceinline__ void pair_wg1(const Params& p, const Segment& g, int 
 }
 
 // Launched with launch_pdl like roles::decode_kernel (its early_loads contract holds here too). kEvictFirst:
-// Params::stream_evict_first (an instance each: chosen at run time inside, the policy's selects grew the pairs' loop
+// launch_seesaw's evict_first (an instance each: chosen at run time inside, the policy's selects grew the pairs' loop
 // by 236 instructions and made the kernel 5% slower at 8K-16K keys, H100, session 38).
 template <bool kEvictFirst>
 __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ Params p) {
@@ -652,9 +655,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
 }  // namespace seesaw
 
 bool use_seesaw(bool tma, int block_keys, KvDtype kv) { return tma && block_keys == 64 && kv == KvDtype::bf16; }
-void launch_seesaw(const Params& params, int parts, int row_tiles, cudaStream_t stream) {
+void launch_seesaw(const Params& params, int parts, int row_tiles, bool evict_first, cudaStream_t stream) {
   const dim3 grid{unsigned(row_tiles), unsigned(parts)}, threads{unsigned(seesaw::kThreads)};
-  if (params.stream_evict_first) launch_decode<&seesaw::decode_kernel<true>>(grid, threads, seesaw::kSmemBytes, stream, params);
+  if (evict_first) launch_decode<&seesaw::decode_kernel<true>>(grid, threads, seesaw::kSmemBytes, stream, params);
   else launch_decode<&seesaw::decode_kernel<false>>(grid, threads, seesaw::kSmemBytes, stream, params);
 }
 
