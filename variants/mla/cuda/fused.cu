@@ -456,7 +456,7 @@ std::map<std::string, double> FusedCuda::phase_counters() {
                                                  {kSecondFirstAccumulated, "second_segment_first_accumulated"},
                                                  {kFirstSegmentLastPairs, "first_segment_last_pairs"}, {kFirstSegmentSummed, "first_segment_summed"},
                                                  {kFirstSegmentStored, "first_segment_stored"}, {kSecondScored, "second_segment_scored"},
-                                                 {kFirstSegmentTailPair, "first_segment_tail_pair"}, {kFirstSegmentLastPair, "first_segment_last_pair"},
+                                                 {kFirstSegmentLastPair, "first_segment_last_pair"},
                                                  {kLastSegmentLastPairs, "last_segment_last_pairs"}};
   std::map<std::string, std::vector<double>> us;
   unsigned long long first_entry = ~0ull, last_exit = 0;

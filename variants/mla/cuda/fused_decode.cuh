@@ -85,11 +85,11 @@ enum Phase : int {
   kDone,             // accumulator 0: its outputs written, leaving
   // Where a CTA walks more than one segment (two-warpgroup kernel only): thread 0 at the end of the first segment's
   // last pair, when its outputs are written, when the second segment's Q has landed, and at the end of its first
-  // pair - what a switch costs; and between them: entering the first segment's last pair(s), its row sums exchanged,
-  // its outputs' stores issued (by thread 0's warp), the second segment's first two blocks scored.
+  // pair - what a switch costs; and between them: entering the first segment's last pair, its end, its row sums
+  // exchanged, its outputs' stores issued (by thread 0's warp), the second segment's first two blocks scored.
   kFirstSegmentAccumulated, kFirstSegmentWritten, kSecondQLanded, kSecondFirstAccumulated,
   kFirstSegmentLastPairs, kFirstSegmentSummed, kFirstSegmentStored, kSecondScored,
-  kFirstSegmentTailPair, kFirstSegmentLastPair, kLastSegmentLastPairs,
+  kFirstSegmentLastPair, kLastSegmentLastPairs,
   // The narrow kernel: clocks summed over the CTA's blocks, per part of a block's step - the scorer's thread 0
   // waiting for the tile, Q K^T issued and awaited, the softmax through P^T's hand-over, P V issued and a segment's
   // writes; the first producer's thread waiting for a half-block's copies, for a tile to be free, and expanding it.

@@ -230,10 +230,20 @@ __device__ __forceinline__ void multiply_other(float (&o)[32][4], uint64_t p_des
   wgmma_commit();
 }
 
+// A segment is walked in whole pairs: an odd count of blocks gets one more past its end, whose slot is kPaddingSlot -
+// its tensor-copy box lies wholly before slot 0 and lands as zeros - and whose keys are masked like any past the end.
+// So every segment ends in the same last pair: the kernel has one tail instance, not three (7944 instructions an
+// instance, not 12600), and a CTA's switch between requests fetches less code for the first time: 0-2.7% faster at
+// 128 heads, the first segment's ending 13.6 -> 8.7-9.1 us with the extra pair (H100, session 38).
+constexpr int kPaddingSlot = -kKeys;
 // What both warpgroups know about the segment being walked.
 struct Segment {
-  int key0, k_end, blocks, last_lo, last_hi;  // key0: its first key; last_*: this thread's rows' last key
+  int key0, k_end, blocks, last_lo, last_hi;  // key0: its first key; blocks: even, >= 2 (split_kv plans no empty segment); last_*: this thread's rows' last key
   const int32_t* page_table;
+  __device__ void cover(int first_key, int end_key) {
+    key0 = first_key, k_end = end_key;
+    blocks = ((end_key - first_key + kKeys - 1) / kKeys + 1) & ~1;
+  }
   // The page-table entry of block b's first key, and the slot of that key given the entry (a block lies in one page).
   __device__ const int32_t* entry_of(const Params& p, int b) const {
     const int key = key0 + b * kKeys;
@@ -243,13 +253,16 @@ struct Segment {
     const int key = key0 + b * kKeys;
     return int(int64_t(entry) * p.cache.page_size + (p.page_shift >= 0 ? key & (int(p.cache.page_size) - 1) : key % int(p.cache.page_size)));
   }
-  __device__ int slot_of(const Params& p, int b) const { return slot_at(p, b, *entry_of(p, b)); }
+  __device__ int slot_of(const Params& p, int b) const { return key0 + b * kKeys >= k_end ? kPaddingSlot : slot_at(p, b, *entry_of(p, b)); }
   // From the warpgroup's ring (fetched by fetch_ahead at least a pair ago; its own first thread only).
   __device__ int slot_ahead(const Params& p, const Meta* meta, int warpgroup, int b) const {
     return slot_at(p, b, meta->ahead[warpgroup][b % kAhead]);
   }
   __device__ void fetch_ahead(const Params& p, Meta* meta, int warpgroup, int b) const {
-    if (b < blocks) cp_async4(&meta->ahead[warpgroup][b % kAhead], entry_of(p, b), true);
+    if (b < blocks) {  // (a block past the end: entry -1, whose slot lies a page before slot 0)
+      if (key0 + b * kKeys < k_end) cp_async4(&meta->ahead[warpgroup][b % kAhead], entry_of(p, b), true);
+      else meta->ahead[warpgroup][b % kAhead] = -1;
+    }
   }
 };
 
@@ -257,11 +270,10 @@ struct Segment {
 // (this pair's copies), and the entries of blocks 2i + 6 and 2i + 7. (Copying the next blocks' rope tiles at the
 // pair's start, their only reader done, and an L2 prefetch of blocks 2i + 4 and 2i + 5 both made the kernel
 // slower: 5-10% and a further 5-10%; an L2 prefetch of blocks 2i + 2 and 2i + 3 alone 14-23%; H100, session 23.)
-template <bool kNext0, bool kNext1>
+template <bool kNext>
 __device__ __forceinline__ void look_ahead(const Params& p, const Segment& g, int i, Meta* meta, int warpgroup, int& next0, int& next1) {
   cp_async_wait<0>();  // (this thread's entries fetched during the last pair)
-  if (kNext0) next0 = g.slot_ahead(p, meta, warpgroup, 2 * i + 2);
-  if (kNext1) next1 = g.slot_ahead(p, meta, warpgroup, 2 * i + 3);
+  if (kNext) next0 = g.slot_ahead(p, meta, warpgroup, 2 * i + 2), next1 = g.slot_ahead(p, meta, warpgroup, 2 * i + 3);
   g.fetch_ahead(p, meta, warpgroup, 2 * i + 6);
   g.fetch_ahead(p, meta, warpgroup, 2 * i + 7);
   cp_async_commit();
@@ -277,7 +289,7 @@ __device__ __forceinline__ void look_ahead(const Params& p, const Segment& g, in
 template <bool kEvictFirst>
 __device__ __forceinline__ void copy_onward(const Params& p, const Meta* meta, int warpgroup, int st, __nv_bfloat16* stage) {
   const int slot = meta->onward[warpgroup][st];
-  if (slot < 0) return;
+  if (slot == -1) return;  // (no next segment; a padding block, kPaddingSlot, is copied like any)
   if (warpgroup == 0) copy_tiles<0, 4, kEvictFirst>(p, stage, const_cast<Meta*>(meta)->tile[st], slot);
   else copy_tiles<4, kTiles, kEvictFirst>(p, stage, const_cast<Meta*>(meta)->tile[st], slot);
 }
@@ -298,19 +310,19 @@ __device__ __forceinline__ void copy_next_q(const Params& p, const Smem& sm, int
   for (int c = kFirst; c < kEnd; ++c) copy_box<kEvictFirst>(sm.q + c * kTileElems, &p.q_map, c * 64, q_row, &sm.meta->q_landed);
 }
 
-// One pair of blocks (2i in stage 0, 2i + 1 in stage 1) for warpgroup 0, whose S of block 2i is in `s`. kSecond:
-// block 2i + 1 exists; kNext0 / kNext1: blocks 2i + 2 / 2i + 3 exist (copied here, 2i + 2 scored here); without
-// block 2i + 2 this is the segment's last pair, which starts the next segment's Q copies (next_q_row: copy_next_q).
-template <bool kEvictFirst, bool kSecond, bool kNext0, bool kNext1>
+// One pair of blocks (2i in stage 0, 2i + 1 in stage 1) for warpgroup 0, whose S of block 2i is in `s`. kNext:
+// blocks 2i + 2 and 2i + 3 exist (copied here, 2i + 2 scored here); without them this is the segment's last pair, which
+// starts the next segment's Q copies (next_q_row: copy_next_q).
+template <bool kEvictFirst, bool kNext>
 __device__ __forceinline__ void pair_wg0(const Params& p, const Segment& g, int i, float (&s)[8][4], float (&o)[32][4], float (&sum)[2],
                                          const Lane& l, const Smem& sm, const uint32_t (&q_rope)[4][4], int& parity0, int next_q_row) {
   Meta* const meta = sm.meta;
   __nv_bfloat16 *const sq = sm.q, *const stage0 = sm.stage0, *const stage1 = sm.stage1, *const sp0 = sm.p0;
   const int key0 = g.key0 + 2 * i * kKeys;
   int next0 = 0, next1 = 0;  // the slots of blocks 2i + 2 and 2i + 3 (thread 0)
-  if (l.t == 0) look_ahead<kNext0, kNext1>(p, g, i, meta, 0, next0, next1);
+  if (l.t == 0) look_ahead<kNext>(p, g, i, meta, 0, next0, next1);
   mask_scores(s, l, key0, g.k_end, g.last_lo, g.last_hi);
-  if (key0 + kKeys > g.k_end) clear_rows_past(stage0, g.k_end - key0, l.t, kBarOwn);
+  if (key0 + kKeys > g.k_end && key0 < g.k_end) clear_rows_past(stage0, g.k_end - key0, l.t, kBarOwn);  // (a padding block: zeros)
   float scale[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -332,82 +344,70 @@ __device__ __forceinline__ void pair_wg0(const Params& p, const Segment& g, int 
   // (V's left half and Q K^T are done with stage 0's tiles 0-3: block 2i + 2's are copied before the hand-over's
   // barrier, not after it - every microsecond of a copy's lead counts at 128 heads: issued after P's hand-over the
   // kernel was 1.2-1.9% slower, before the barrier 0.3-1.6% faster at batch 128, H100, session 37)
-  if (kNext0 && l.t == 0) copy_tiles<0, 4, kEvictFirst>(p, stage0, meta->tile[0], next0);
+  if (kNext && l.t == 0) copy_tiles<0, 4, kEvictFirst>(p, stage0, meta->tile[0], next0);
   bar_sync(kBarScale1, 256);
-  if (!kNext0 && l.t == 0) copy_next_q<0, kTiles - 1, kEvictFirst>(p, sm, next_q_row);  // (warpgroup 1's last S is done: it has scaled)
+  if (!kNext && l.t == 0) copy_next_q<0, kTiles - 1, kEvictFirst>(p, sm, next_q_row);  // (warpgroup 1's last S is done: it has scaled)
   const float scale1_lo = meta->scale1[l.r_lo], scale1_hi = meta->scale1[l.r_hi];
   p_fragments(s, a, scale1_lo, scale1_hi);
   store_p(sp0, a, l);
   fence_proxy_async();
   bar_arrive(kBarP0, 256);
-  if constexpr (kSecond) {
-    bar_sync(kBarRemoteIssued, 256);
-    scale_rows(o, scale1_lo, scale1_hi);
-    sum[0] *= scale1_lo, sum[1] *= scale1_hi;
-    multiply_other<false>(o, wgmma_desc(sq + (kTiles - 1) * kTileElems), wgmma_desc_mn(stage1, kKeys));
-  }
+  bar_sync(kBarRemoteIssued, 256);
+  scale_rows(o, scale1_lo, scale1_hi);
+  sum[0] *= scale1_lo, sum[1] *= scale1_hi;
+  multiply_other<false>(o, wgmma_desc(sq + (kTiles - 1) * kTileElems), wgmma_desc_mn(stage1, kKeys));
   const uint64_t q_desc = wgmma_desc(sq), k_desc = wgmma_desc(stage0);
-  if constexpr (kNext0) score_tiles<0, 4>(s, q_desc, k_desc, q_rope, meta->tile[0], parity0, true);
-  if constexpr (kNext1) {
+  if constexpr (kNext) {
+    score_tiles<0, 4>(s, q_desc, k_desc, q_rope, meta->tile[0], parity0, true);
     wgmma_wait<4>();  // (block 2i + 1's left half multiplied; S of block 2i + 2 still in flight)
     if (l.t == 0) copy_tiles<0, 4, kEvictFirst>(p, stage1, meta->tile[1], next1);
-  }
-  if constexpr (kNext0) {
     score_tiles<4, kTiles>(s, q_desc, k_desc, q_rope, meta->tile[0], parity0, false);
     parity0 ^= 1;
   }
   wait_pinned<0>(o, s);  // (outside the branches: see FlashMLA's note on nvcc serialising the MMAs otherwise)
-  if (!kNext0 && l.t == 0) copy_next_q<kTiles - 1, kTiles, kEvictFirst>(p, sm, next_q_row);  // (its last P V, over Q's rope tile, is done)
+  if (!kNext && l.t == 0) copy_next_q<kTiles - 1, kTiles, kEvictFirst>(p, sm, next_q_row);  // (its last P V, over Q's rope tile, is done)
 }
 
-// The same pair for warpgroup 1, whose S of block 2i + 1 is in `s` (when kSecond).
-template <bool kEvictFirst, bool kSecond, bool kNext0, bool kNext1>
+// The same pair for warpgroup 1, whose S of block 2i + 1 is in `s`.
+template <bool kEvictFirst, bool kNext>
 __device__ __forceinline__ void pair_wg1(const Params& p, const Segment& g, int i, float (&s)[8][4], float (&o)[32][4], float (&sum)[2],
                                          const Lane& l, const Smem& sm, const uint32_t (&q_rope)[4][4], int& parity1) {
   Meta* const meta = sm.meta;
   __nv_bfloat16 *const sq = sm.q, *const stage0 = sm.stage0, *const stage1 = sm.stage1, *const sp0 = sm.p0;
   const int key0 = g.key0 + (2 * i + 1) * kKeys;
   int next0 = 0, next1 = 0;
-  if (l.t == 0) look_ahead<kNext0, kNext1>(p, g, i, meta, 1, next0, next1);
+  if (l.t == 0) look_ahead<kNext>(p, g, i, meta, 1, next0, next1);
   __nv_bfloat16* const sp1 = sq + (kTiles - 1) * kTileElems;  // (over Q's rope tile: kept in registers)
-  if constexpr (kSecond) {
-    mask_scores(s, l, key0, g.k_end, g.last_lo, g.last_hi);
-    if (key0 + kKeys > g.k_end) clear_rows_past(stage1, g.k_end - key0, l.t, kBarOwn + 1);
-  }
+  mask_scores(s, l, key0, g.k_end, g.last_lo, g.last_hi);
+  if (key0 + kKeys > g.k_end && key0 < g.k_end) clear_rows_past(stage1, g.k_end - key0, l.t, kBarOwn + 1);
   bar_sync(kBarScale0, 256);
   float scale[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = h ? l.r_hi : l.r_lo;
-    const float old = meta->m[r], block_max = kSecond ? row_max(s, h, p.scale_log2) : old;  // (no block: S is not there)
+    const float old = meta->m[r], block_max = row_max(s, h, p.scale_log2);
     const float now = block_max > old + kLazyRescale ? block_max : old;  // (lazy, as in pair_wg0)
     const float scale1 = fast_exp2(old - now);
     scale[h] = scale1 * meta->scale0[r];
     __syncwarp();
     if (l.lane % 4 == 0) meta->m[r] = now, meta->scale1[r] = scale1;
-    sum[h] = sum[h] * scale[h] + (kSecond ? exponentiate(s, h, p.scale_log2, now) : 0.0f);
+    sum[h] = sum[h] * scale[h] + exponentiate(s, h, p.scale_log2, now);
   }
   bar_arrive(kBarScale1, 256);
   scale_rows(o, scale[0], scale[1]);
-  if constexpr (kSecond) {
-    uint32_t a[4][4];
-    p_fragments(s, a, 1.0f, 1.0f);
-    store_p(sp1, a, l);
-    multiply_own(o, a, wgmma_desc_mn(stage1 + 4 * kTileElems, kKeys));
-    fence_proxy_async();  // (P of block 2i + 1, for warpgroup 0)
-  }
+  uint32_t a[4][4];
+  p_fragments(s, a, 1.0f, 1.0f);
+  store_p(sp1, a, l);
+  multiply_own(o, a, wgmma_desc_mn(stage1 + 4 * kTileElems, kKeys));
+  fence_proxy_async();  // (P of block 2i + 1, for warpgroup 0)
   bar_sync(kBarP0, 256);
-  multiply_other<kSecond>(o, wgmma_desc(sp0), wgmma_desc_mn(stage0 + 4 * kTileElems, kKeys));
-  if constexpr (kSecond) bar_arrive(kBarRemoteIssued, 256);
-  if constexpr (kNext1) {
+  multiply_other<true>(o, wgmma_desc(sp0), wgmma_desc_mn(stage0 + 4 * kTileElems, kKeys));
+  bar_arrive(kBarRemoteIssued, 256);
+  if constexpr (kNext) {
     wgmma_wait<1>();  // (block 2i + 1's right half multiplied; its rope tile was scored)
     if (l.t == 0) copy_tiles<4, kTiles, kEvictFirst>(p, stage1, meta->tile[1], next1);
-  }
-  if constexpr (kNext0) {
     wait_pinned<0>(o, s);  // (block 2i's right half multiplied)
     if (l.t == 0) copy_tiles<4, kTiles, kEvictFirst>(p, stage0, meta->tile[0], next0);
-  }
-  if constexpr (kNext1) {
     const uint64_t q_desc = wgmma_desc(sq), k_desc = wgmma_desc(stage1);
     score_tiles<4, kTiles + 4>(s, q_desc, k_desc, q_rope, meta->tile[1], parity1, true);
     parity1 ^= 1;
@@ -455,13 +455,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   for (int seg = mine.x; seg < mine.x + mine.y; ++seg) {
     Segment g;
     const int4 sv = p.segments[seg];
-    g.key0 = sv.y, g.k_end = sv.z;
-    g.blocks = (sv.z - sv.y + kKeys - 1) / kKeys;
+    g.cover(sv.y, sv.z);
     g.page_table = p.cache.page_table + int64_t(sv.x) * p.cache.pages_per_request;
     // The first two blocks: the CTA's first segment copies them now, a later one's were copied by the segment
     // before (copy_onward).
     if (seg == mine.x && l.t == 0 && warpgroup == 0) copy_tiles<0, kTiles, kEvictFirst>(p, stage0, meta->tile[0], g.slot_of(p, 0));
-    if (seg == mine.x && l.t == 0 && warpgroup == 1 && g.blocks > 1) copy_tiles<0, kTiles, kEvictFirst>(p, stage1, meta->tile[1], g.slot_of(p, 1));
+    if (seg == mine.x && l.t == 0 && warpgroup == 1) copy_tiles<0, kTiles, kEvictFirst>(p, stage1, meta->tile[1], g.slot_of(p, 1));
     if (l.t == 0) {  // (committed below as one group, which look_ahead awaits before its first use of the entries)
       for (int b = 2; b < kAhead; ++b) g.fetch_ahead(p, meta, warpgroup, b);
       // The next segment's first two blocks, for copy_onward (its Q into L2 too: it is loaded once this segment ends;
@@ -470,10 +469,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
       if (seg + 1 < mine.x + mine.y) {
         Segment n;
         const int4 nv = p.segments[seg + 1];
-        n.key0 = nv.y, n.blocks = (nv.z - nv.y + kKeys - 1) / kKeys;
+        n.cover(nv.y, nv.z);
         n.page_table = p.cache.page_table + int64_t(nv.x) * p.cache.pages_per_request;
         meta->onward[warpgroup][0] = n.slot_of(p, 0);
-        if (n.blocks > 1) meta->onward[warpgroup][1] = n.slot_of(p, 1);
+        meta->onward[warpgroup][1] = n.slot_of(p, 1);
         if (warpgroup == 0) {
           next_q_row = nv.x * p.rows + row0;
           const __nv_bfloat16* next_q = p.q + int64_t(next_q_row) * kWidth;
@@ -528,40 +527,33 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     pin(s);  // (else the last segment's P flows into the first Q K^T's accumulators: ptxas serialised every MMA, C7515)
     float sum[2] = {0, 0};
     const uint64_t q_desc = wgmma_desc(sq);
-    if (warpgroup == 0 || g.blocks > 1) {  // (one call site: accumulators merged from two made ptxas serialise, C7515)
+    if (g.k_end > g.key0) {  // (always: but without the branch ptxas spilled 225 words and de-uniformed Q K^T's descriptors)
       score_tiles<0, kTiles>(s, q_desc, wgmma_desc(warpgroup ? stage1 : stage0), q_rope, meta->tile[warpgroup], parity, true);
       parity ^= 1;
     }
     wait_pinned<0>(o, s);
     if (seg == mine.x && threadIdx.x == 0) record_clock(p, kFirstScored);
     if (seg == mine.x + 1 && threadIdx.x == 0) record_clock(p, kSecondScored);
-    // Whole pairs with both next blocks in one loop, the segment's last two or three blocks after it (as in FlashMLA).
-    // (What runs once a segment - these last pairs' instances, the outputs, the next segment's top - is slow the first
+    // Whole pairs with both next blocks in one loop, the segment's last pair after it (as in FlashMLA).
+    // (What runs once a segment - the last pair's instance, the outputs, the next segment's top - is slow the first
     // time a CTA runs it: its instructions are fetched then, by every CTA at once. Run twice in a row, the outputs'
     // staging took 2.2-2.7 us, then 0.32-0.35; the last blocks took 13.6-16.0 us at the first segment, 5.4 at the
     // last; 128 heads, batch 128, H100, session 38.)
-#define DSLAB_PAIR(SECOND, NEXT0, NEXT1)                                                                              \
+#define DSLAB_PAIR(NEXT)                                                                                              \
   do {                                                                                                                \
-    if (warpgroup == 0) pair_wg0<kEvictFirst, SECOND, NEXT0, NEXT1>(p, g, i, s, o, sum, l, sm, q_rope, parity, next_q_row);        \
-    else pair_wg1<kEvictFirst, SECOND, NEXT0, NEXT1>(p, g, i, s, o, sum, l, sm, q_rope, parity);                                   \
+    if (warpgroup == 0) pair_wg0<kEvictFirst, NEXT>(p, g, i, s, o, sum, l, sm, q_rope, parity, next_q_row);           \
+    else pair_wg1<kEvictFirst, NEXT>(p, g, i, s, o, sum, l, sm, q_rope, parity);                                      \
     if (seg == mine.x && i == 0 && threadIdx.x == 0) record_clock(p, kFirstAccumulated);                              \
     if (seg == mine.x + 1 && i == 0 && threadIdx.x == 0) record_clock(p, kSecondFirstAccumulated);                    \
-    if (seg == mine.x && mine.y > 1 && !NEXT1 && threadIdx.x == 0) record_clock(p, NEXT0 ? kFirstSegmentTailPair : kFirstSegmentLastPair); \
     ++i;                                                                                                              \
   } while (0)
     int i = 0;
 #pragma unroll 1
-    while (2 * i + 4 <= g.blocks) DSLAB_PAIR(true, true, true);
+    while (2 * i + 4 <= g.blocks) DSLAB_PAIR(true);
     if (seg == mine.x && mine.y > 1 && threadIdx.x == 0) record_clock(p, kFirstSegmentLastPairs);
     if (seg + 1 == mine.x + mine.y && threadIdx.x == 0) record_clock(p, kLastSegmentLastPairs);
-    if (g.blocks - 2 * i == 3) {
-      DSLAB_PAIR(true, true, false);
-      DSLAB_PAIR(false, false, false);
-    } else if (g.blocks - 2 * i == 2) {
-      DSLAB_PAIR(true, false, false);
-    } else {
-      DSLAB_PAIR(false, false, false);
-    }
+    DSLAB_PAIR(false);  // (blocks 2i and 2i + 1: the last pair; 2i + 1 past the end where the count was odd)
+    if (seg == mine.x && mine.y > 1 && threadIdx.x == 0) record_clock(p, kFirstSegmentLastPair);
 #undef DSLAB_PAIR
     // A whole request's outputs (bf16, final) leave through stage 1: written there by the threads, then by tensor
     // stores that run on while the next segment starts (a row tile past the request's rows: copied out by the
