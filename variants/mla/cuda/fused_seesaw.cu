@@ -232,9 +232,10 @@ __device__ __forceinline__ void multiply_other(float (&o)[32][4], uint64_t p_des
 
 // A segment is walked in whole pairs: an odd count of blocks gets one more past its end, whose slot is kPaddingSlot -
 // its tensor-copy box lies wholly before slot 0 and lands as zeros - and whose keys are masked like any past the end.
-// So every segment ends in the same last pair: the kernel has one tail instance, not three (7944 instructions an
-// instance, not 12600), and a CTA's switch between requests fetches less code for the first time: 0-2.7% faster at
-// 128 heads, the first segment's ending 13.6 -> 8.7-9.1 us with the extra pair (H100, session 38).
+// So every segment ends in the same last pair: the kernel has one tail instance, not three (7808 instructions an
+// instance, not 12600), and a CTA's switch between requests fetches less code for the first time: 0.6-2.0% faster at
+// 128 heads batch 128 (4K-8K keys, where the extra block is the 66th of 65), 1.0-1.3% at batch 64; the first
+// segment's ending 13.6 -> 8.7-9.1 us with the extra pair (H100, sessions 38-39).
 constexpr int kPaddingSlot = -kKeys;
 // What both warpgroups know about the segment being walked.
 struct Segment {
