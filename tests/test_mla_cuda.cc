@@ -281,6 +281,14 @@ TEST(GpuMlaOps, CountersTimeEachOpOfTheStep) {
     EXPECT_EQ(decode, 1);
   }
   EXPECT_LE(c.at("decode_phase_us.loads_issued"), c.at("decode_phase_us.done"));
+  // The spread of the CTAs' ends and block rates around their medians (the slowest CTA's end last of all).
+  EXPECT_LE(c.at("decode_phase_us.done_p10"), c.at("decode_phase_us.done"));
+  EXPECT_LE(c.at("decode_phase_us.done"), c.at("decode_phase_us.done_p90"));
+  EXPECT_LE(c.at("decode_phase_us.done_p90"), c.at("decode_phase_us.last_done"));
+  if (c.count("decode_phase_us.per_block")) {
+    EXPECT_LE(c.at("decode_phase_us.per_block_min"), c.at("decode_phase_us.per_block"));
+    EXPECT_LE(c.at("decode_phase_us.per_block"), c.at("decode_phase_us.per_block_max"));
+  }
   EXPECT_GT(c.at("decode_phase.sm_ghz"), 0.3);  // the SM clock as the kernel ran
   EXPECT_LT(c.at("decode_phase.sm_ghz"), 3.0);
   EXPECT_GT(c.at("decode_phase_us.done"), 0.0);
