@@ -483,19 +483,15 @@ std::map<std::string, double> FusedCuda::phase_counters() {
   }
   std::map<std::string, double> out;
   if (us.empty()) return out;
-  // Where the slowest CTAs lose their time (the kernel ends with its last): the spread of the CTAs' ends and of their
-  // block rates - a few slow SMs show in per_block_max, a late start in done_p90 against per_block's.
-  auto order_stat = [](std::vector<double> v, double q) {
-    std::sort(v.begin(), v.end());
-    return v[std::min(v.size() - 1, size_t(q * double(v.size() - 1) + 0.5))];
-  };
-  if (us.count("done")) out["decode_phase_us.done_p10"] = order_stat(us["done"], 0.1), out["decode_phase_us.done_p90"] = order_stat(us["done"], 0.9);
-  if (us.count("per_block"))
-    out["decode_phase_us.per_block_min"] = order_stat(us["per_block"], 0.0), out["decode_phase_us.per_block_max"] = order_stat(us["per_block"], 1.0);
   for (auto& [name, v] : us) {
-    std::nth_element(v.begin(), v.begin() + ptrdiff_t(v.size() / 2), v.end());
+    std::sort(v.begin(), v.end());
     out[(name == "blocks" || name == "sm_ghz" ? "decode_phase." : "decode_phase_us.") + name] = v[v.size() / 2];
   }
+  // Where the slowest CTAs lose their time (the kernel ends with its last): the spread of the CTAs' ends and of their
+  // block rates - a few slow SMs show in per_block_max, a late start in done_p90 against per_block's.
+  auto quantile = [](const std::vector<double>& sorted, double q) { return sorted[size_t(q * double(sorted.size() - 1) + 0.5)]; };
+  if (us.count("done")) out["decode_phase_us.done_p10"] = quantile(us["done"], 0.1), out["decode_phase_us.done_p90"] = quantile(us["done"], 0.9);
+  if (us.count("per_block")) out["decode_phase_us.per_block_min"] = us["per_block"].front(), out["decode_phase_us.per_block_max"] = us["per_block"].back();
   out["decode_phase.working_ctas"] = double(us["blocks"].size());
   out["decode_phase.block_keys"] = double(block_keys_);  // (blocks and per_block count blocks of this many keys)
   out["decode_phase_us.span"] = double(last_exit - first_entry) * 1e-3;

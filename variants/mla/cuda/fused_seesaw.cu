@@ -239,12 +239,14 @@ __device__ __forceinline__ void multiply_other(float (&o)[32][4], uint64_t p_des
 constexpr int kPaddingSlot = -kKeys;
 // What both warpgroups know about the segment being walked.
 struct Segment {
-  int key0, k_end, blocks, last_lo, last_hi;  // key0: its first key; blocks: even, >= 2 (split_kv plans no empty segment); last_*: this thread's rows' last key
+  // key0: its first key; blocks: even, >= 2 (split_kv plans no empty segment); last_*: this thread's rows' last key
+  int key0, k_end, blocks, last_lo, last_hi;
   const int32_t* page_table;
   __device__ void cover(int first_key, int end_key) {
     key0 = first_key, k_end = end_key;
     blocks = ((end_key - first_key + kKeys - 1) / kKeys + 1) & ~1;
   }
+  __device__ bool padding(int b) const { return key0 + b * kKeys >= k_end; }  // block b lies past the end
   // The page-table entry of block b's first key, and the slot of that key given the entry (a block lies in one page).
   __device__ const int32_t* entry_of(const Params& p, int b) const {
     const int key = key0 + b * kKeys;
@@ -254,15 +256,15 @@ struct Segment {
     const int key = key0 + b * kKeys;
     return int(int64_t(entry) * p.cache.page_size + (p.page_shift >= 0 ? key & (int(p.cache.page_size) - 1) : key % int(p.cache.page_size)));
   }
-  __device__ int slot_of(const Params& p, int b) const { return key0 + b * kKeys >= k_end ? kPaddingSlot : slot_at(p, b, *entry_of(p, b)); }
+  __device__ int slot_of(const Params& p, int b) const { return padding(b) ? kPaddingSlot : slot_at(p, b, *entry_of(p, b)); }
   // From the warpgroup's ring (fetched by fetch_ahead at least a pair ago; its own first thread only).
   __device__ int slot_ahead(const Params& p, const Meta* meta, int warpgroup, int b) const {
     return slot_at(p, b, meta->ahead[warpgroup][b % kAhead]);
   }
   __device__ void fetch_ahead(const Params& p, Meta* meta, int warpgroup, int b) const {
     if (b < blocks) {  // (a block past the end: entry -1, whose slot lies a page before slot 0)
-      if (key0 + b * kKeys < k_end) cp_async4(&meta->ahead[warpgroup][b % kAhead], entry_of(p, b), true);
-      else meta->ahead[warpgroup][b % kAhead] = -1;
+      if (padding(b)) meta->ahead[warpgroup][b % kAhead] = -1;
+      else cp_async4(&meta->ahead[warpgroup][b % kAhead], entry_of(p, b), true);
     }
   }
 };
