@@ -230,23 +230,32 @@ __device__ __forceinline__ void multiply_other(float (&o)[32][4], uint64_t p_des
   wgmma_commit();
 }
 
-// A segment is walked in whole pairs: an odd count of blocks gets one more past its end, whose slot is kPaddingSlot -
-// its tensor-copy box lies wholly before slot 0 and lands as zeros - and whose keys are masked like any past the end.
-// So every segment ends in the same last pair: the kernel has one tail instance, not three (7808 instructions an
-// instance, not 12600), and a CTA's switch between requests fetches less code for the first time: 0.6-2.0% faster at
-// 128 heads batch 128 (4K-8K keys, where the extra block is the 66th of 65), 1.0-1.3% at batch 64; the first
-// segment's ending 13.6 -> 8.7-9.1 us with the extra pair (H100, sessions 38-39).
+// A segment is walked in whole pairs: an odd count of blocks gets one more, whose slot is kPaddingSlot - its
+// tensor-copy box lies wholly before slot 0 and lands as zeros - and whose scores are masked whole. So every segment
+// ends in the same last pair: the kernel has one tail instance, not three (7808 instructions an instance, not 12600),
+// and a CTA's switch between requests fetches less code for the first time: 0.6-2.0% faster at 128 heads batch 128
+// (4K-8K keys, where the extra block is the 66th of 65), 1.0-1.3% at batch 64 (H100, sessions 38-39). The extra block
+// is the segment's first, not one past its end: then the last pair holds two real blocks, and the first pair needs
+// one block from memory, not two, when every CTA starts (or switches) at once - 0.5-1.7% faster at 128 heads, 4K-8K
+// keys, in three interleaved rounds (H100, session 40). (Cutting the padded last pair's products to its real keys
+// instead gained 0.2%: that pair's time is its chain of hand-overs, not its MMAs.)
 constexpr int kPaddingSlot = -kKeys;
 // What both warpgroups know about the segment being walked.
 struct Segment {
-  // key0: its first key; blocks: even, >= 2 (split_kv plans no empty segment); last_*: this thread's rows' last key
+  // key0: block 0's first key (the segment's, or one block before it: the padding block); k_end: past its last key;
+  // blocks: n real (n >= 1: split_kv plans no empty segment), walked in n + 1 when n is odd - then held as n + 2, odd,
+  // which marks the padding block and leaves the pairs' loop bound (2i + 4 <= blocks) as for n + 1;
+  // last_*: this thread's rows' last key
   int key0, k_end, blocks, last_lo, last_hi;
   const int32_t* page_table;
   __device__ void cover(int first_key, int end_key) {
-    key0 = first_key, k_end = end_key;
-    blocks = ((end_key - first_key + kKeys - 1) / kKeys + 1) & ~1;
+    const int n = (end_key - first_key + kKeys - 1) / kKeys;
+    key0 = n & 1 ? first_key - kKeys : first_key, k_end = end_key;
+    blocks = n & 1 ? n + 2 : n;
   }
-  __device__ bool padding(int b) const { return key0 + b * kKeys >= k_end; }  // block b lies past the end
+  __device__ bool padded() const { return blocks & 1; }  // block 0 is the padding block
+  // Block b is the padding block, or lies past the end (a block fetch_ahead looks at beyond the walk).
+  __device__ bool padding(int b) const { return (b == 0 && padded()) || key0 + b * kKeys >= k_end; }
   // The page-table entry of block b's first key, and the slot of that key given the entry (a block lies in one page).
   __device__ const int32_t* entry_of(const Params& p, int b) const {
     const int key = key0 + b * kKeys;
@@ -262,7 +271,7 @@ struct Segment {
     return slot_at(p, b, meta->ahead[warpgroup][b % kAhead]);
   }
   __device__ void fetch_ahead(const Params& p, Meta* meta, int warpgroup, int b) const {
-    if (b < blocks) {  // (a block past the end: entry -1, whose slot lies a page before slot 0)
+    if (b < blocks) {  // (the padding block, or past the end: entry -1, whose slot lies a page before slot 0)
       if (padding(b)) meta->ahead[warpgroup][b % kAhead] = -1;
       else cp_async4(&meta->ahead[warpgroup][b % kAhead], entry_of(p, b), true);
     }
@@ -324,8 +333,9 @@ __device__ __forceinline__ void pair_wg0(const Params& p, const Segment& g, int 
   const int key0 = g.key0 + 2 * i * kKeys;
   int next0 = 0, next1 = 0;  // the slots of blocks 2i + 2 and 2i + 3 (thread 0)
   if (l.t == 0) look_ahead<kNext>(p, g, i, meta, 0, next0, next1);
-  mask_scores(s, l, key0, g.k_end, g.last_lo, g.last_hi);
-  if (key0 + kKeys > g.k_end && key0 < g.k_end) clear_rows_past(stage0, g.k_end - key0, l.t, kBarOwn);  // (a padding block: zeros)
+  const int k_end = i == 0 && g.padded() ? key0 : g.k_end;  // (the padding block: every key masked)
+  mask_scores(s, l, key0, k_end, g.last_lo, g.last_hi);
+  if (key0 + kKeys > k_end && key0 < k_end) clear_rows_past(stage0, k_end - key0, l.t, kBarOwn);
   float scale[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -555,7 +565,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     while (2 * i + 4 <= g.blocks) DSLAB_PAIR(true);
     if (seg == mine.x && mine.y > 1 && threadIdx.x == 0) record_clock(p, kFirstSegmentLastPairs);
     if (seg + 1 == mine.x + mine.y && threadIdx.x == 0) record_clock(p, kLastSegmentLastPairs);
-    DSLAB_PAIR(false);  // (blocks 2i and 2i + 1: the last pair; 2i + 1 past the end where the count was odd)
+    DSLAB_PAIR(false);  // (blocks 2i and 2i + 1: the last pair)
     if (seg == mine.x && mine.y > 1 && threadIdx.x == 0) record_clock(p, kFirstSegmentLastPair);
 #undef DSLAB_PAIR
     // A whole request's outputs (bf16, final) leave through stage 1: written there by the threads, then by tensor
