@@ -234,7 +234,7 @@ __device__ __forceinline__ void multiply_other(float (&o)[32][4], uint64_t p_des
 // tensor-copy box lies wholly before slot 0 and lands as zeros - and whose scores are masked whole. So every segment
 // ends in the same last pair: the kernel has one tail instance, not three (7808 instructions an instance, not 12600),
 // and a CTA's switch between requests fetches less code for the first time: 0.6-2.0% faster at 128 heads batch 128
-// (4K-8K keys, where the extra block is the 66th of 65), 1.0-1.3% at batch 64 (H100, sessions 38-39). The extra block
+// (4K-8K keys: segments of 65 blocks walked as 66), 1.0-1.3% at batch 64 (H100, sessions 38-39). The extra block
 // is the segment's first, not one past its end: then the last pair holds two real blocks, and the first pair needs
 // one block from memory, not two, when every CTA starts (or switches) at once - 0.5-1.7% faster at 128 heads, 4K-8K
 // keys, in three interleaved rounds (H100, session 40). (Cutting the padded last pair's products to its real keys
