@@ -8,6 +8,7 @@
 #          mla-decode:SUITE[,SUITE...]
 #          sweep:NAME:SUITE[,SUITE...] (workloads/sweeps/NAME.json into $OUT/NAME-SUITE/results.json)
 #          ncu:KERNEL_REGEX:RUN,ARGS (Nsight Compute's main sections for the matching kernels of one `dslab run` point)
+#          ab:TAG:ROUNDS (BINS, interleaved, on AB_ARGS's points: scripts/kernel_variant.sh, scripts/ab_table.py)
 #          pack (all but run.log into $OUT/out.tar.xz, as at most 8 files come back; a later pack adds to it)
 #   (default: facts calibrate tests default v2 mla-cpu). mla-decode:a,b runs those suites of
 #   workloads/sweeps/mla-decode.json into $OUT/mla-decode-a/results.json; GPU_TIMEOUT caps each point (default 1 s);
@@ -88,6 +89,22 @@ for s in "${steps[@]}"; do
       plans="$OUT/offload/plans"
       scripts/plan_offload.sh "$results" "$machine" "$plans" 2>&1 | tee -a "$log"
       tar -C "$OUT/offload" -cf "$OUT/offload/plans.tar" plans && rm -rf "$plans" ;;
+    ab:*)
+      # An interleaved A/B of dslab binaries (scripts/kernel_variant.sh builds experiment ones): ab:TAG:ROUNDS runs
+      # each binary in BINS (default "dslab dslab-base") on the points AB_ARGS gives (dslab run options), round after
+      # round, into $OUT/ab/TAG-BINARY-ROUND/results.json (each run capped at AB_LIMIT s, default 300);
+      # scripts/ab_table.py $OUT/ab tabulates them. Interleaving puts a host's drift on every binary alike.
+      spec=${s#ab:}; tag=${spec%%:*}; rounds=${spec#*:}
+      [[ $rounds =~ ^[0-9]+$ && $spec == *:* ]] || { echo "device_run.sh: step '$s': expected ab:TAG:ROUNDS" | tee -a "$log"; continue; }
+      step "ab $tag x$rounds: ${BINS:-dslab dslab-base}"
+      mkdir -p "$OUT/ab"
+      for r in $(seq 1 "$rounds"); do
+        for b in ${BINS:-dslab dslab-base}; do
+          # shellcheck disable=SC2086  # AB_ARGS: dslab run options, word-split on purpose
+          timeout "${AB_LIMIT:-300}" "$b" run ${AB_ARGS:-} --machine "$machine" --out "$OUT/ab/$tag-$b-$r" >"$OUT/ab/$tag-$b-$r.log" 2>&1
+          echo "$tag $b round $r: exit $?" | tee -a "$log"
+        done
+      done ;;
     default)
       step default
       timeout 200 dslab run workloads/sweeps/default.json --machine "$machine" --out "$OUT/default" >>"$log" 2>&1
