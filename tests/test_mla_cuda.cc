@@ -133,9 +133,9 @@ TEST_P(GpuMla, LongSplitCacheMatchesReference) {
       cases.push_back({"deepseek-v3", 128, 3, 1, 3000, 64, "mixed", "bf16", "graph", splits});
       cases.push_back({"deepseek-v3", 16, 3, 1, 5000, 64, "mixed", "fp8_e4m3", "graph", splits});  // the fp8 kernel's
     }                                                                                               // segments
-    // Two requests on one CTA a row tile, segments of ~125 blocks (over kStreamEvictFirstBlocks): the two-warpgroup
+    // Two requests on one CTA a row tile, segments of ~190 blocks (over kStreamEvictFirstBlocks): the two-warpgroup
     // kernel's instance without the L2 hint (every shorter case above takes the hinted one).
-    cases.push_back({"deepseek-v3", 128, 2, 1, 8000, 64, "mixed", "bf16", "graph", "1"});
+    cases.push_back({"deepseek-v3", 128, 2, 1, 12000, 64, "mixed", "bf16", "graph", "1"});
     // Whole requests of an odd block count (the two-warpgroup kernel walks a padding block first) whose last block
     // holds 1 key (4096 + 1) or 16 (an MTP step of 2 at 4110 + 2), three and two a CTA: the switch lands on one.
     cases.push_back({"deepseek-v3", 128, 3, 1, 4096, 64, "uniform", "bf16", "graph", "1"});

@@ -40,7 +40,9 @@ constexpr int kBlockKeys = 64;
 // faster at 4K keys (65 blocks a segment), the same within noise at 8K (129) and 0.4-0.9% slower at 16K (257) in
 // four interleaved runs (H100, session 38; hinting half the copies, or the second row tile's only: 1.4-8% slower): a
 // switch's fetches (its code among them) find their lines in L2, while the blocks two row tiles share are sooner lost.
-constexpr int64_t kStreamEvictFirstBlocks = 96;
+// With the padding block walked first (session 40) 8K gains too: 1.3% at batch 64 (one segment a CTA) in all of 3 + 4
+// interleaved rounds of two calls, 0.1-0.2% at batch 128 (H100, session 40) - so 8K's 129 blocks are under the bound.
+constexpr int64_t kStreamEvictFirstBlocks = 160;
 constexpr int kCombineWarps = 4, kCombineThreads = 32 * kCombineWarps, kCombineMaxSegments = 1024, kCombineAhead = 2;
 constexpr int kMergeVectors = kLatent / 4 / 32;  // float4 columns a lane holds of a merged row: lane + 32 c
 
