@@ -75,22 +75,21 @@ def main():
         print(point)
         for key, label in keys:
             scale = 1e6 if key.endswith('_s') else 1.0
-            medians = {}
+            series = {}  # binary: its values, round by round
             for binary in binaries:
                 rounds = runs[point].get(binary, {})
                 values = [c[key] * scale for _, c in sorted(rounds.items()) if key in c]
                 if rounds and not values and key == args.counter:
                     fail(f'{point}, {binary}: no counter {key}')
                 if values:
-                    medians[binary] = statistics.median(values)
-            for binary, median in medians.items():
-                line = f'  {label:<28} {binary:<{width}}  ' + ' '.join(f'{v:9.1f}' for v in
-                       (c[key] * scale for _, c in sorted(runs[point][binary].items()) if key in c))
-                line += f'   median {median:9.1f}'
+                    series[binary] = values
+            medians = {binary: statistics.median(values) for binary, values in series.items()}
+            for binary, values in series.items():
+                line = f'  {label:<28} {binary:<{width}}  ' + ' '.join(f'{v:9.1f}' for v in values)
+                line += f'   median {medians[binary]:9.1f}'
                 if binary != base and base in medians and key == args.counter:
-                    line += f'   {base} / this {medians[base] / median:.3f}'
+                    line += f'   {base} / this {medians[base] / medians[binary]:.3f}'
                 print(line)
-
 
 if __name__ == '__main__':
     main()
