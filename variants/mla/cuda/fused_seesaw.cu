@@ -254,7 +254,8 @@ struct Segment {
     blocks = n & 1 ? n + 2 : n;
   }
   __device__ bool padded() const { return blocks & 1; }  // block 0 is the padding block
-  // Block b is the padding block, or lies past the end (a block fetch_ahead looks at beyond the walk).
+  // Block b is the padding block (slot_of, b = 0), or lies past the end: only fetch_ahead's look one block beyond a
+  // padded walk (b = blocks - 1) reaches one; no walked block does.
   __device__ bool padding(int b) const { return (b == 0 && padded()) || key0 + b * kKeys >= k_end; }
   // The page-table entry of block b's first key, and the slot of that key given the entry (a block lies in one page).
   __device__ const int32_t* entry_of(const Params& p, int b) const {
@@ -271,7 +272,7 @@ struct Segment {
     return slot_at(p, b, meta->ahead[warpgroup][b % kAhead]);
   }
   __device__ void fetch_ahead(const Params& p, Meta* meta, int warpgroup, int b) const {
-    if (b < blocks) {  // (the padding block, or past the end: entry -1, whose slot lies a page before slot 0)
+    if (b < blocks) {  // (past the end: entry -1, never used - no pair copies a block beyond the walk)
       if (padding(b)) meta->ahead[warpgroup][b % kAhead] = -1;
       else cp_async4(&meta->ahead[warpgroup][b % kAhead], entry_of(p, b), true);
     }
