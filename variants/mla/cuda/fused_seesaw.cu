@@ -254,9 +254,8 @@ struct Segment {
     blocks = n & 1 ? n + 2 : n;
   }
   __device__ bool padded() const { return blocks & 1; }  // block 0 is the padding block
-  // Block b is the padding block (slot_of, b = 0), or lies past the end: only fetch_ahead's look one block beyond a
-  // padded walk (b = blocks - 1) reaches one; no walked block does.
-  __device__ bool padding(int b) const { return (b == 0 && padded()) || key0 + b * kKeys >= k_end; }
+  __device__ int walked() const { return blocks & ~1; }    // the blocks the pairs walk (the padding block among them)
+  __device__ bool padding(int b) const { return b == 0 && padded(); }
   // The page-table entry of block b's first key, and the slot of that key given the entry (a block lies in one page).
   __device__ const int32_t* entry_of(const Params& p, int b) const {
     const int key = key0 + b * kKeys;
@@ -271,11 +270,9 @@ struct Segment {
   __device__ int slot_ahead(const Params& p, const Meta* meta, int warpgroup, int b) const {
     return slot_at(p, b, meta->ahead[warpgroup][b % kAhead]);
   }
+  // (b >= 2: never the padding block; past the walk nothing is fetched - no pair copies a block beyond it)
   __device__ void fetch_ahead(const Params& p, Meta* meta, int warpgroup, int b) const {
-    if (b < blocks) {  // (past the end: entry -1, never used - no pair copies a block beyond the walk)
-      if (padding(b)) meta->ahead[warpgroup][b % kAhead] = -1;
-      else cp_async4(&meta->ahead[warpgroup][b % kAhead], entry_of(p, b), true);
-    }
+    if (b < walked()) cp_async4(&meta->ahead[warpgroup][b % kAhead], entry_of(p, b), true);
   }
 };
 
@@ -393,7 +390,7 @@ __device__ __forceinline__ void pair_wg1(const Params& p, const Segment& g, int 
   if (l.t == 0) look_ahead<kNext>(p, g, i, meta, 1, next0, next1);
   __nv_bfloat16* const sp1 = sq + (kTiles - 1) * kTileElems;  // (over Q's rope tile: kept in registers)
   mask_scores(s, l, key0, g.k_end, g.last_lo, g.last_hi);
-  if (key0 + kKeys > g.k_end && key0 < g.k_end) clear_rows_past(stage1, g.k_end - key0, l.t, kBarOwn + 1);
+  if (key0 + kKeys > g.k_end) clear_rows_past(stage1, g.k_end - key0, l.t, kBarOwn + 1);  // (an odd block: never the padding one)
   bar_sync(kBarScale0, 256);
   float scale[2];
 #pragma unroll
