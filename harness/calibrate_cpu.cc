@@ -153,7 +153,8 @@ double avx512_bf16_kernel_shaped(int64_t iterations) {
   constexpr int kSteps = 128;  // (row pair) steps over the 16 KB before it repeats
   for (int64_t i = 0; i < iterations; ++i)
     for (int r = 0; r < kSteps; ++r) {
-      const __m512bh w0 = (__m512bh)_mm512_load_si512(weights[0] + r * 32), w1 = (__m512bh)_mm512_load_si512(weights[1] + r * 32);
+      const __m512bh w0 = (__m512bh)_mm512_load_si512(weights[0] + r * 32),
+                     w1 = (__m512bh)_mm512_load_si512(weights[1] + r * 32);
 #pragma GCC unroll 4
       for (int t = 0; t < 4; ++t) {
         int32_t pair;
@@ -174,19 +175,26 @@ double avx512_bf16_kernel_shaped(int64_t iterations) {
 
 double avx512_bf16_flops_per_thread(int64_t iterations, int accumulators) {
   switch (accumulators) {
-    case 0: return avx512_bf16_kernel_shaped(iterations);
-    case 12: return avx512_bf16_chains<12>(iterations);
-    case 24: return avx512_bf16_chains<24>(iterations);
+    case 0:
+      return avx512_bf16_kernel_shaped(iterations);
+    case 12:
+      return avx512_bf16_chains<12>(iterations);
+    case 24:
+      return avx512_bf16_chains<24>(iterations);
   }
   throw std::invalid_argument("avx512_bf16_flops_per_thread: accumulators must be 0 (kernel-shaped), 12 or 24");
 }
 
 float read_sum(const float* data, int64_t n, int streams, int prefetch_lines) {
   switch (streams) {
-    case 1: return read_streams<1>(data, n, prefetch_lines);
-    case 2: return read_streams<2>(data, n, prefetch_lines);
-    case 4: return read_streams<4>(data, n, prefetch_lines);
-    case 8: return read_streams<8>(data, n, prefetch_lines);
+    case 1:
+      return read_streams<1>(data, n, prefetch_lines);
+    case 2:
+      return read_streams<2>(data, n, prefetch_lines);
+    case 4:
+      return read_streams<4>(data, n, prefetch_lines);
+    case 8:
+      return read_streams<8>(data, n, prefetch_lines);
   }
   throw std::invalid_argument("read_sum: streams must be 1, 2, 4 or 8");
 }

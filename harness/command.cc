@@ -29,7 +29,8 @@ std::vector<std::string> Args::all(const std::string& k) const {
 
 std::string Args::one(const std::string& k, const std::string& fallback) const {
   auto v = all(k);
-  if (v.size() > 1) throw BadInput("command line: " + k + " given " + std::to_string(v.size()) + " times (expected once)");
+  if (v.size() > 1)
+    throw BadInput("command line: " + k + " given " + std::to_string(v.size()) + " times (expected once)");
   return v.empty() ? fallback : v[0];
 }
 
@@ -48,7 +49,8 @@ double Args::number(const std::string& k, double fallback, double min) const {
   return d;
 }
 
-Args parse_args(int argc, char** argv, int first, const std::vector<std::string>& flags, const std::vector<std::string>& valued) {
+Args parse_args(int argc, char** argv, int first, const std::vector<std::string>& flags,
+                const std::vector<std::string>& valued) {
   Args a;
   for (int i = first; i < argc; ++i) {
     const std::string s = argv[i];

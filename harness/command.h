@@ -1,5 +1,5 @@
 // `dslab COMMAND`: each command registers itself next to its definition, so rooms downstream of the
-// harness (reports/) add commands without the harness depending on them.
+// harness (analysis/, planner/) add commands without the harness depending on them.
 #pragma once
 #include <functional>
 #include <map>
@@ -10,8 +10,8 @@ namespace dslab {
 
 struct Command {
   std::string name;
-  std::string summary;  // one line for `dslab --help`
-  std::string help;     // full text for `dslab CMD --help`
+  std::string summary;                            // one line for `dslab --help`
+  std::string help;                               // full text for `dslab CMD --help`
   std::function<int(int argc, char** argv)> run;  // argv[0] = "dslab", argv[1] = name
 };
 
@@ -25,9 +25,10 @@ struct Args {
   bool has(const std::string& k) const { return options.count(k) > 0; }
   std::vector<std::string> all(const std::string& k) const;
   std::string one(const std::string& k, const std::string& fallback = "") const;  // BadInput if repeated
-  double number(const std::string& k, double fallback, double min) const;          // BadInput if not a number >= min
+  double number(const std::string& k, double fallback, double min) const;         // BadInput if not a number >= min
 };
-Args parse_args(int argc, char** argv, int first, const std::vector<std::string>& flags, const std::vector<std::string>& valued);
+Args parse_args(int argc, char** argv, int first, const std::vector<std::string>& flags,
+                const std::vector<std::string>& valued);
 
 }  // namespace dslab
 

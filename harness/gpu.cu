@@ -36,8 +36,8 @@ const GpuInfo& gpu_info() {
     g.name = p.name;
     char uuid[64];
     const auto* u = reinterpret_cast<const unsigned char*>(p.uuid.bytes);
-    std::snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2], u[3], u[4],
-                  u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    std::snprintf(uuid, sizeof uuid, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+                  u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
     g.uuid = uuid;
     g.sms = p.multiProcessorCount;
     DSLAB_CUDA(cudaDeviceGetAttribute(&g.clock_mhz, cudaDevAttrClockRate, 0));
@@ -104,20 +104,23 @@ __global__ void small_kernel(const uint4* src, float* dst) {
 
 // Reads n 16-byte words once, four in flight a thread, and keeps nothing. Streaming loads (calibrate()): HBM's
 // read-only rate, which a decode kernel's weight or cache stream approaches (a copy also writes, and reads no faster:
-// the fused MLA decode read 2.98 TB/s against a 2.98 TB/s copy on an H100, session 21). Ordinary loads (flush_l2()):
+// the fused MLA decode read 2.98 TB/s against a 2.98 TB/s copy on an H100). Ordinary loads (flush_l2()):
 // allocated in L2 at normal priority, so that L2 ends up holding clean lines of the buffer and nothing of the timed
 // code's. The store never happens for the memset bytes read; it keeps the loads.
 template <bool kStreaming>
 __global__ void read_kernel(const uint4* __restrict__ src, size_t n, uint32_t* __restrict__ sink) {
   const auto load = [](const uint4* p) {
-    if constexpr (kStreaming) return __ldcs(p);
-    else return *p;
+    if constexpr (kStreaming)
+      return __ldcs(p);
+    else
+      return *p;
   };
   uint32_t acc = 0;
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   for (; i + 3 * stride < n; i += 4 * stride) {
-    const uint4 a = load(src + i), b = load(src + i + stride), c = load(src + i + 2 * stride), d = load(src + i + 3 * stride);
+    const uint4 a = load(src + i), b = load(src + i + stride), c = load(src + i + 2 * stride),
+                d = load(src + i + 3 * stride);
     acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
   }
   for (; i < n; i += stride) {
@@ -139,7 +142,7 @@ __global__ void spin_kernel(uint64_t nanoseconds) {
 
 void flush_l2() {
   // A read, not a memset (nvbench's flush): a memset leaves L2 full of dirty lines, and the timed code's first
-  // kernel then pays their write-back to HBM as it reads. On the H100 (session 24, one host): a 30 MB read right
+  // kernel then pays their write-back to HBM as it reads. On the H100 (one host): a 30 MB read right
   // after a 2 x L2 memset 18.0 us, after a 2 x L2 read 13.9 us; cuBLAS's 64-row GEMM over a 2112 x 7168 weight
   // 21.9 vs 17.8 us. A decode step's predecessor (the previous layer: weights read, a few MB of activations
   // written) leaves L2 mostly clean, as this flush does.
@@ -162,8 +165,8 @@ void occupy_stream(double seconds) {
   DSLAB_CHECK_LAUNCH();
 }
 
-// "void dslab::moe::cuda::(anonymous namespace)::grouped_gemm_kernel<16, 64, ...>(GroupedArgs)" -> "grouped_gemm_kernel";
-// cuBLAS's unmangled names are kept as they are.
+// "void dslab::moe::cuda::(anonymous namespace)::grouped_gemm_kernel<16, 64, ...>(GroupedArgs)" ->
+// "grouped_gemm_kernel"; cuBLAS's unmangled names are kept as they are.
 std::string short_kernel_name(const char* name) {
   int status = 0;
   char* demangled = abi::__cxa_demangle(name, nullptr, nullptr, &status);
@@ -181,13 +184,17 @@ std::string short_kernel_name(const char* name) {
     }
     if (!last.empty()) return last.substr(0, 64);
   }
-  for (size_t at; (at = s.find("(anonymous namespace)::")) != std::string::npos;) s.erase(at, 23);  // (its '(' is no argument list)
+  for (size_t at; (at = s.find("(anonymous namespace)::")) != std::string::npos;)
+    s.erase(at, 23);  // (its '(' is no argument list)
   int depth = 0;
   std::string flat;  // without template arguments
   for (char c : s) {
-    if (c == '<') ++depth;
-    else if (c == '>') --depth;
-    else if (depth == 0) flat += c;
+    if (c == '<')
+      ++depth;
+    else if (c == '>')
+      --depth;
+    else if (depth == 0)
+      flat += c;
   }
   if (const size_t paren = flat.find('('); paren != std::string::npos && paren > 0) flat.resize(paren);
   if (const size_t space = flat.rfind(' '); space != std::string::npos) flat = flat.substr(space + 1);
@@ -197,14 +204,14 @@ std::string short_kernel_name(const char* name) {
 
 namespace {
 
-#define DSLAB_CUPTI(call)                                                                                   \
-  do {                                                                                                      \
-    CUptiResult dslab_r_ = (call);                                                                          \
-    if (dslab_r_ != CUPTI_SUCCESS) {                                                                        \
-      const char* dslab_s_ = nullptr;                                                                       \
-      cuptiGetResultString(dslab_r_, &dslab_s_);                                                            \
+#define DSLAB_CUPTI(call)                                                                                         \
+  do {                                                                                                            \
+    CUptiResult dslab_r_ = (call);                                                                                \
+    if (dslab_r_ != CUPTI_SUCCESS) {                                                                              \
+      const char* dslab_s_ = nullptr;                                                                             \
+      cuptiGetResultString(dslab_r_, &dslab_s_);                                                                  \
       throw std::runtime_error(std::string(#call) + " failed: " + (dslab_s_ ? dslab_s_ : "unknown CUPTI error")); \
-    }                                                                                                       \
+    }                                                                                                             \
   } while (0)
 
 std::mutex cupti_mu;
@@ -215,7 +222,6 @@ struct CuptiSpan {
 };
 std::vector<CuptiSpan>* cupti_spans = nullptr;  // the intervals of the call in progress
 std::map<std::string, double>* cupti_by_kernel = nullptr;
-
 
 void CUPTIAPI cupti_buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   *size = size_t(8) << 20;
@@ -248,7 +254,8 @@ void CUPTIAPI cupti_buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_
         name = "memset";
         break;
       }
-      default: continue;
+      default:
+        continue;
     }
     if (cupti_by_kernel) (*cupti_by_kernel)[name] += double(end - start) * 1e-9;
     if (cupti_spans && end > start) cupti_spans->push_back({start, end, std::move(name)});
@@ -262,7 +269,8 @@ KernelTimes kernel_times(const std::function<void()>& fn) {
   std::lock_guard<std::mutex> lock(cupti_mu);
   // Another tool holding the profiling interface (compute-sanitizer, Nsight) makes CUPTI refuse: then no records,
   // and the caller reports none, rather than the point failing.
-  static const bool available = cuptiActivityRegisterCallbacks(cupti_buffer_requested, cupti_buffer_completed) == CUPTI_SUCCESS;
+  static const bool available =
+      cuptiActivityRegisterCallbacks(cupti_buffer_requested, cupti_buffer_completed) == CUPTI_SUCCESS;
   if (!available || cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
     fn();
     DSLAB_CUDA(cudaDeviceSynchronize());
@@ -271,7 +279,8 @@ KernelTimes kernel_times(const std::function<void()>& fn) {
   std::vector<CuptiSpan> spans;
   KernelTimes t;
   DSLAB_CUDA(cudaDeviceSynchronize());
-  const CUpti_ActivityKind kinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET};
+  const CUpti_ActivityKind kinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+                                      CUPTI_ACTIVITY_KIND_MEMSET};
   for (auto k : kinds) DSLAB_CUPTI(cuptiActivityEnable(k));
   cupti_spans = &spans;
   cupti_by_kernel = &t.by_kernel_s;
@@ -388,19 +397,24 @@ nlohmann::json calibrate() {
     DSLAB_CUDA(cudaMalloc(&b, bytes));
     DSLAB_CUDA(cudaMemset(a, 1, bytes));
     DSLAB_CUDA(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-    const double copy_s = best_of(10, [&] { return ev.seconds([&] { DSLAB_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }); });
+    const double copy_s = best_of(
+        10, [&] { return ev.seconds([&] { DSLAB_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }); });
     // ... and a read-only stream of the same 2 GiB (4 CTAs of 512 threads an SM), the faster of the two the ceiling.
     const double read_s = best_of(10, [&] {
       return ev.seconds([&] {
-        read_kernel<true><<<unsigned(4 * gpu_info().sms), 512>>>(static_cast<const uint4*>(a), bytes / 16, static_cast<uint32_t*>(b));
+        read_kernel<true><<<unsigned(4 * gpu_info().sms), 512>>>(static_cast<const uint4*>(a), bytes / 16,
+                                                                 static_cast<uint32_t*>(b));
         DSLAB_CHECK_LAUNCH();
       });
     });
     out["hbm_copy_bytes_per_s"] = 2.0 * double(bytes) / copy_s;
     out["hbm_read_bytes_per_s"] = double(bytes) / read_s;
-    out["hbm_bytes_per_s"] = std::max(out["hbm_copy_bytes_per_s"].get<double>(), out["hbm_read_bytes_per_s"].get<double>());
-    out["hbm_how"] = "the faster of cudaMemcpyAsync device-to-device of 2 GiB, (read+write bytes)/time, and a read-only stream of the same "
-                     "2 GiB (16-byte streaming loads), bytes/time; each best of 10, CUDA events";
+    out["hbm_bytes_per_s"] =
+        std::max(out["hbm_copy_bytes_per_s"].get<double>(), out["hbm_read_bytes_per_s"].get<double>());
+    out["hbm_how"] =
+        "the faster of cudaMemcpyAsync device-to-device of 2 GiB, (read+write bytes)/time, and a read-only stream of "
+        "the same "
+        "2 GiB (16-byte streaming loads), bytes/time; each best of 10, CUDA events";
     DSLAB_CUDA(cudaFree(a));
     DSLAB_CUDA(cudaFree(b));
   }
@@ -419,8 +433,8 @@ nlohmann::json calibrate() {
     DSLAB_CUBLAS(cublasCreate(&h));
     const float alpha = 1, beta = 0;
     auto gemm = [&] {
-      DSLAB_CUBLAS(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n, &beta, C,
-                                CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      DSLAB_CUBLAS(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n,
+                                &beta, C, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     };
     gemm();
     DSLAB_CUDA(cudaDeviceSynchronize());
@@ -434,8 +448,9 @@ nlohmann::json calibrate() {
       __nv_bfloat16* y = C;  // (the big GEMM's output is scratch here; A's first elements serve as the input row)
       auto gemvs = [&] {
         for (int64_t i = 0; i < count; ++i)
-          DSLAB_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), 1, int(cols), &alpha, B + i * rows * cols, CUDA_R_16BF, int(cols), A,
-                                    CUDA_R_16BF, int(cols), &beta, y, CUDA_R_16BF, int(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+          DSLAB_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), 1, int(cols), &alpha, B + i * rows * cols,
+                                    CUDA_R_16BF, int(cols), A, CUDA_R_16BF, int(cols), &beta, y, CUDA_R_16BF, int(rows),
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       };
       gemvs();
       DSLAB_CUDA(cudaDeviceSynchronize());
@@ -468,7 +483,9 @@ nlohmann::json calibrate() {
       DSLAB_CUDA(cudaDeviceSynchronize());
       DSLAB_CUDA(cudaFree(workspace));
       out["gemv_bytes_per_s"] = double(replays * count * rows * cols * 2) / g;
-      out["gemv_how"] = "cublasGemmEx bf16, one row times eight 4096 x 2048 weights in turn (128 MiB) in a CUDA graph, 5 replays, weight bytes / time, best of 10";
+      out["gemv_how"] =
+          "cublasGemmEx bf16, one row times eight 4096 x 2048 weights in turn (128 MiB) in a CUDA graph, 5 replays, "
+          "weight bytes / time, best of 10";
     }
     cublasDestroy(h);
     DSLAB_CUDA(cudaFree(A));
@@ -495,13 +512,17 @@ nlohmann::json calibrate() {
     DSLAB_CUDA(cudaMalloc(&dev, bytes));
     std::memset(host, 1, bytes);
     DSLAB_CUDA(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
-    const double h2d = best_of(5, [&] { return ev.seconds([&] { DSLAB_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice)); }); });
-    const double d2h = best_of(5, [&] { return ev.seconds([&] { DSLAB_CUDA(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost)); }); });
+    const double h2d = best_of(
+        5, [&] { return ev.seconds([&] { DSLAB_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice)); }); });
+    const double d2h = best_of(
+        5, [&] { return ev.seconds([&] { DSLAB_CUDA(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost)); }); });
     out["h2d_pinned_bytes_per_s"] = double(bytes) / h2d;
     out["d2h_pinned_bytes_per_s"] = double(bytes) / d2h;
-    out["link_how"] = "cudaMemcpyAsync of 1 GiB between pinned host memory and the device, each way, best of 5, CUDA events";
+    out["link_how"] =
+        "cudaMemcpyAsync of 1 GiB between pinned host memory and the device, each way, best of 5, CUDA events";
     // A small transfer's fixed cost (a decode step's hidden states are a few KB).
-    const double small = best_of(50, [&] { return ev.seconds([&] { DSLAB_CUDA(cudaMemcpyAsync(dev, host, 4096, cudaMemcpyHostToDevice)); }); });
+    const double small = best_of(
+        50, [&] { return ev.seconds([&] { DSLAB_CUDA(cudaMemcpyAsync(dev, host, 4096, cudaMemcpyHostToDevice)); }); });
     out["h2d_4k_s"] = small;
     out["h2d_4k_how"] = "cudaMemcpyAsync of 4 KB from pinned host memory, best of 50, CUDA events";
     DSLAB_CUDA(cudaFreeHost(host));
@@ -532,7 +553,9 @@ nlohmann::json calibrate() {
     const double s100 = best_of(20, [&] { return ev.seconds([&] { DSLAB_CUDA(cudaGraphLaunch(hundred, 0)); }); });
     out["graph_launch_overhead_s"] = s1 / launches;
     out["graph_kernel_node_s"] = s100 / 100;
-    out["graph_how"] = "1000 back-to-back launches of a one-empty-kernel graph (per launch); one launch of a graph of 100 empty kernels (per node); best of 20";
+    out["graph_how"] =
+        "1000 back-to-back launches of a one-empty-kernel graph (per launch); one launch of a graph of 100 empty "
+        "kernels (per node); best of 20";
     DSLAB_CUDA(cudaGraphExecDestroy(one));
     DSLAB_CUDA(cudaGraphExecDestroy(hundred));
     // 100 small kernels in a graph, each reading 16 KB at its own place in a buffer larger than L2 (a new place
@@ -583,9 +606,13 @@ nlohmann::json calibrate() {
         }) / 50);
       }
       out["host_roundtrip_s"] = best_trip;
-      out["host_roundtrip_how"] = "kernel, then a host function running an empty OpenMP region on all cores but one, 50 in a stream; per pair, best of 20";
+      out["host_roundtrip_how"] =
+          "kernel, then a host function running an empty OpenMP region on all cores but one, 50 in a stream; per pair, "
+          "best of 20";
     }
-    out["small_kernel_how"] = "a graph of 100 one-block kernels, each reading 16 KB not in L2, reducing it and storing a value; per kernel, best of 4";
+    out["small_kernel_how"] =
+        "a graph of 100 one-block kernels, each reading 16 KB not in L2, reducing it and storing a value; per kernel, "
+        "best of 4";
     DSLAB_CUDA(cudaFree(src));
     DSLAB_CUDA(cudaFree(dst));
     DSLAB_CUDA(cudaStreamDestroy(stream));

@@ -48,7 +48,7 @@ struct KernelTimes {
   std::map<std::string, double> by_kernel_s;  // summed durations by kernel (short name: no namespaces, templates,
                                               // parameters), copies and memsets as "memcpy" / "memset"
   struct Span {
-    std::string name;  // as in by_kernel_s
+    std::string name;       // as in by_kernel_s
     double start_s, end_s;  // from the first record's start
   };
   std::vector<Span> timeline;  // every record, by start
@@ -63,7 +63,8 @@ std::string short_kernel_name(const char* name);
 // Median GPU time of each marked op over `steps` eager steps, each from a flushed L2 and queued behind a
 // blocking kernel so host launch costs do not show: {"op_us.<op>": microseconds}.
 // occupy_s must exceed the host's time to queue one step.
-std::map<std::string, double> time_ops(const std::function<void(OpMarks&)>& step, int steps = 9, double occupy_s = 2e-3);
+std::map<std::string, double> time_ops(const std::function<void(OpMarks&)>& step, int steps = 9,
+                                       double occupy_s = 2e-3);
 
 // Times one call of fn with CUDA events on the default stream; with flush_l2 it first evicts L2 (flush_l2() below)
 // so the call starts from HBM.

@@ -16,12 +16,16 @@ const GpuInfo& gpu_info() {
 }
 
 namespace gpu {
-double time_seconds(const std::function<void()>&, bool) { throw std::logic_error("GPU timing in a build without CUDA"); }
+double time_seconds(const std::function<void()>&, bool) {
+  throw std::logic_error("GPU timing in a build without CUDA");
+}
 void flush_l2() { throw std::logic_error("GPU L2 flush in a build without CUDA"); }
 void occupy_stream(double) { throw std::logic_error("GPU stream in a build without CUDA"); }
 nlohmann::json calibrate() { return nullptr; }
 OpMarks::~OpMarks() = default;
-KernelTimes kernel_times(const std::function<void()>&) { throw std::logic_error("GPU kernel timing in a build without CUDA"); }
+KernelTimes kernel_times(const std::function<void()>&) {
+  throw std::logic_error("GPU kernel timing in a build without CUDA");
+}
 void OpMarks::begin(CUstream_st*) { throw std::logic_error("GPU op timing in a build without CUDA"); }
 void OpMarks::mark(const char*, CUstream_st*) { throw std::logic_error("GPU op timing in a build without CUDA"); }
 std::map<std::string, double> OpMarks::elapsed_us() const { return {}; }

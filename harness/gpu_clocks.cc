@@ -39,17 +39,19 @@ const Nvml& nvml() {
       return n;
     }
     // clocks-event reasons were called throttle reasons before NVML 12.2; either name serves.
-    const bool ok = bind(lib, n.init, "nvmlInit_v2") && bind(lib, n.error_string, "nvmlErrorString") &&
-                    bind(lib, n.handle_by_uuid, "nvmlDeviceGetHandleByUUID") && bind(lib, n.clock_info, "nvmlDeviceGetClockInfo") &&
-                    bind(lib, n.max_clock_info, "nvmlDeviceGetMaxClockInfo") && bind(lib, n.temperature, "nvmlDeviceGetTemperature") &&
-                    bind(lib, n.power_usage, "nvmlDeviceGetPowerUsage") &&
-                    (bind(lib, n.event_reasons, "nvmlDeviceGetCurrentClocksEventReasons") ||
-                     bind(lib, n.event_reasons, "nvmlDeviceGetCurrentClocksThrottleReasons"));
+    const bool ok =
+        bind(lib, n.init, "nvmlInit_v2") && bind(lib, n.error_string, "nvmlErrorString") &&
+        bind(lib, n.handle_by_uuid, "nvmlDeviceGetHandleByUUID") && bind(lib, n.clock_info, "nvmlDeviceGetClockInfo") &&
+        bind(lib, n.max_clock_info, "nvmlDeviceGetMaxClockInfo") &&
+        bind(lib, n.temperature, "nvmlDeviceGetTemperature") && bind(lib, n.power_usage, "nvmlDeviceGetPowerUsage") &&
+        (bind(lib, n.event_reasons, "nvmlDeviceGetCurrentClocksEventReasons") ||
+         bind(lib, n.event_reasons, "nvmlDeviceGetCurrentClocksThrottleReasons"));
     if (!ok) {
       n.why_unavailable = "libnvidia-ml.so.1 lacks an entry point dslab reads";
       return n;
     }
-    if (const NvmlReturn r = n.init(); r != kNvmlSuccess) n.why_unavailable = std::string("nvmlInit: ") + n.error_string(r);
+    if (const NvmlReturn r = n.init(); r != kNvmlSuccess)
+      n.why_unavailable = std::string("nvmlInit: ") + n.error_string(r);
     return n;
   }();
   return n;
@@ -58,10 +60,15 @@ const Nvml& nvml() {
 }  // namespace
 
 nlohmann::json clock_event_reason_names(unsigned long long mask) {
-  static const std::pair<unsigned long long, const char*> kReasons[] = {
-      {0x1, "gpu_idle"},           {0x2, "applications_clocks_setting"}, {0x4, "sw_power_cap"},
-      {0x8, "hw_slowdown"},        {0x10, "sync_boost"},                 {0x20, "sw_thermal_slowdown"},
-      {0x40, "hw_thermal_slowdown"}, {0x80, "hw_power_brake_slowdown"},  {0x100, "display_clock_setting"}};
+  static const std::pair<unsigned long long, const char*> kReasons[] = {{0x1, "gpu_idle"},
+                                                                        {0x2, "applications_clocks_setting"},
+                                                                        {0x4, "sw_power_cap"},
+                                                                        {0x8, "hw_slowdown"},
+                                                                        {0x10, "sync_boost"},
+                                                                        {0x20, "sw_thermal_slowdown"},
+                                                                        {0x40, "hw_thermal_slowdown"},
+                                                                        {0x80, "hw_power_brake_slowdown"},
+                                                                        {0x100, "display_clock_setting"}};
   nlohmann::json names = nlohmann::json::array();
   unsigned long long known = 0;
   for (const auto& [bit, name] : kReasons) {
@@ -89,7 +96,8 @@ nlohmann::json gpu_clock_state(const std::string& uuid) {
   field("memory_clock_mhz", [&](unsigned* v) { return n.clock_info(dev, kNvmlClockMem, v); });
   field("max_sm_clock_mhz", [&](unsigned* v) { return n.max_clock_info(dev, kNvmlClockSm, v); });
   field("temperature_c", [&](unsigned* v) { return n.temperature(dev, kNvmlTemperatureGpu, v); });
-  field("power_w", [&](unsigned* v) { return n.power_usage(dev, v); }, 1e-3);
+  field(
+      "power_w", [&](unsigned* v) { return n.power_usage(dev, v); }, 1e-3);
   unsigned long long mask = 0;
   if (n.event_reasons(dev, &mask) == kNvmlSuccess) {
     s["clock_event_mask"] = mask;

@@ -52,7 +52,8 @@ std::string request_amx_permission() {
     if (!cpu_info().amx_bf16) return std::string("this CPU has no AMX");
     constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0)
-      return std::string("the kernel refused AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM failed; Linux >= 5.16 needed)");
+      return std::string(
+          "the kernel refused AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM failed; Linux >= 5.16 needed)");
     return std::string();
   }();
   return result;
@@ -84,10 +85,12 @@ CpuCounters cpu_counters() {
   c.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   rusage usage{};
   if (getrusage(RUSAGE_SELF, &usage) == 0)
-    c.own_s = double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + 1e-6 * double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+    c.own_s = double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+              1e-6 * double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
   std::ifstream stat("/proc/stat");
   std::string line;
-  if (stat && std::getline(stat, line) && !parse_proc_stat_cpu_line(line, double(sysconf(_SC_CLK_TCK)), &c.busy_s, &c.steal_s))
+  if (stat && std::getline(stat, line) &&
+      !parse_proc_stat_cpu_line(line, double(sysconf(_SC_CLK_TCK)), &c.busy_s, &c.steal_s))
     c.busy_s = c.steal_s = 0;
   return c;
 }
@@ -96,7 +99,8 @@ HostActivity host_activity(const CpuCounters& before, const CpuCounters& after, 
   HostActivity h;
   const double capacity = (after.wall_s - before.wall_s) * std::max(1, logical_cpus);
   if (capacity > 0 && after.busy_s > 0) {
-    h.others_fraction = std::clamp(((after.busy_s - before.busy_s) - (after.own_s - before.own_s)) / capacity, 0.0, 1.0);
+    h.others_fraction =
+        std::clamp(((after.busy_s - before.busy_s) - (after.own_s - before.own_s)) / capacity, 0.0, 1.0);
     h.steal_fraction = std::clamp((after.steal_s - before.steal_s) / capacity, 0.0, 1.0);
   }
   if (std::ifstream load("/proc/loadavg"); load) load >> h.load_average;

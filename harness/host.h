@@ -9,7 +9,7 @@ namespace dslab {
 struct CpuInfo {
   std::string model;
   int logical_cpus = 1;
-  size_t llc_bytes = 0;  // last-level cache, for the cold-cache flush
+  size_t llc_bytes = 0;          // last-level cache, for the cold-cache flush
   std::vector<std::string> isa;  // the flags dslab cares about, as /proc/cpuinfo spells them
   bool avx512f = false, avx512_bf16 = false, avx512_vnni = false, amx_bf16 = false, amx_int8 = false;
   std::string governor;  // cpufreq scaling governor of cpu0 ("" where the kernel exposes none, e.g. many VMs)

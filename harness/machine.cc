@@ -113,7 +113,8 @@ class DramProbe {
 #pragma omp parallel num_threads(threads) reduction(+ : total)
       {
         ScopedPin pin(omp_get_thread_num());
-        total += calibrate::read_sum(buf_.get() + omp_get_thread_num() * chunk, chunk, layout.streams, layout.prefetch_lines);
+        total += calibrate::read_sum(buf_.get() + omp_get_thread_num() * chunk, chunk, layout.streams,
+                                     layout.prefetch_lines);
       }
       best = std::max(best, double(chunk * threads * 4) / (now_s() - start));
       sink = sink + total;
@@ -164,9 +165,13 @@ nlohmann::json calibrate_machine(int threads) {
   if (cpu.amx_bf16 && request_amx_permission().empty()) {
     calibrate::amx_bf16_flops_per_thread(1000);  // warm: tile state allocation, frequency ramp
     c["amx_bf16_flops"] = parallel_rate(threads, 2'000'000, 5, calibrate::amx_bf16_flops_per_thread);
-    c["amx_bf16_how"] = "TDPBF16PS on 4 independent 16x16 fp32 tiles from registers, all threads pinned, each try after 200 ms idle, best of 5";
+    c["amx_bf16_how"] =
+        "TDPBF16PS on 4 independent 16x16 fp32 tiles from registers, all threads pinned, each try after 200 ms idle, "
+        "best of 5";
     c["amx_int8_ops"] = parallel_rate(threads, 2'000'000, 5, calibrate::amx_int8_ops_per_thread);
-    c["amx_int8_how"] = "TDPBSSD on 4 independent 16x16 int32 tiles from registers, all threads pinned, each try after 200 ms idle, best of 5";
+    c["amx_int8_how"] =
+        "TDPBSSD on 4 independent 16x16 int32 tiles from registers, all threads pinned, each try after 200 ms idle, "
+        "best of 5";
   } else {
     c["amx_bf16_flops"] = nullptr;
     c["amx_bf16_how"] = cpu.amx_bf16 ? request_amx_permission() : "no AMX on this CPU";
@@ -178,7 +183,8 @@ nlohmann::json calibrate_machine(int threads) {
   int64_t avx_iterations = 24'000'000 / 24;
   auto per_instruction = [](int chains) { return chains == 0 ? 1024 : chains; };
   auto avx_rate = [&](int n, int tries) {
-    return parallel_rate(n, avx_iterations, tries, [&](int64_t k) { return calibrate::avx512_bf16_flops_per_thread(k, avx_chains); });
+    return parallel_rate(n, avx_iterations, tries,
+                         [&](int64_t k) { return calibrate::avx512_bf16_flops_per_thread(k, avx_chains); });
   };
   nlohmann::json avx_runs = nlohmann::json::array();
   double avx_best = 0;
@@ -186,10 +192,12 @@ nlohmann::json calibrate_machine(int threads) {
     for (int chains : {12, 24, 0})
       for (int64_t instructions : {int64_t(24'000'000), int64_t(240'000'000)}) {
         const int64_t iterations = instructions / per_instruction(chains);
-        const double rate = parallel_rate(threads, iterations, instructions < 100'000'000 ? 5 : 2,
-                                          [&](int64_t n) { return calibrate::avx512_bf16_flops_per_thread(n, chains); });
+        const double rate = parallel_rate(threads, iterations, instructions < 100'000'000 ? 5 : 2, [&](int64_t n) {
+          return calibrate::avx512_bf16_flops_per_thread(n, chains);
+        });
         avx_runs.push_back({{"shape", chains == 0 ? std::string("moe_kernel") : std::to_string(chains) + "_chains"},
-                            {"instructions_per_thread", instructions}, {"flops", rate}});
+                            {"instructions_per_thread", instructions},
+                            {"flops", rate}});
         if (rate > avx_best) avx_best = rate, avx_chains = chains, avx_iterations = iterations;
       }
   } else {
@@ -211,12 +219,15 @@ nlohmann::json calibrate_machine(int threads) {
         if (rate > best) best = rate, best_layout = {streams, prefetch};
       }
     c["dram_read_bytes_per_s"] = std::max(best, probe.read_bytes_per_s(threads, best_layout, 10));
-    c["dram_read_how"] = "sum of a " + std::to_string(probe.bytes() >> 20) + " MiB buffer first touched by its readers, threads pinned, " +
-                         std::to_string(best_layout.streams) + " streams per thread prefetched " + std::to_string(best_layout.prefetch_lines) +
-                         " lines ahead (best of 12 layouts), best of 10";
+    c["dram_read_how"] = "sum of a " + std::to_string(probe.bytes() >> 20) +
+                         " MiB buffer first touched by its readers, threads pinned, " +
+                         std::to_string(best_layout.streams) + " streams per thread prefetched " +
+                         std::to_string(best_layout.prefetch_lines) + " lines ahead (best of 12 layouts), best of 10";
     c["dram_read_layouts"] = layouts;
     c["dram_copy_bytes_per_s"] = probe.copy_bytes_per_s(10);
-    c["dram_copy_how"] = "STREAM copy, each thread half its chunk over the other half, 64-byte loads and stores, bytes read + written, best of 10";
+    c["dram_copy_how"] =
+        "STREAM copy, each thread half its chunk over the other half, 64-byte loads and stores, bytes read + written, "
+        "best of 10";
     // The rates at fewer threads (a hybrid step may give the CPU experts only some cores): powers of two, then all.
     nlohmann::json by = nlohmann::json::array();
     for (int n = 1;; n = std::min(2 * n, threads)) {
@@ -236,15 +247,19 @@ nlohmann::json calibrate_machine(int threads) {
     const double again = avx_rate(threads, 5);
     avx_runs.push_back({{"shape", "best shape again, after the DRAM probe"}, {"flops", again}});
     c["avx512_bf16_flops"] = std::max(avx_best, again);
-    c["avx512_bf16_how"] = "VDPBF16PS zmm, " + std::string(avx_chains == 0 ? "in the MoE kernel's shape (L1 weights x broadcast pairs, 8 accumulators)"
-                                                                             : std::to_string(avx_chains) + " independent register chains") +
-                           ", " + std::to_string(avx_iterations * per_instruction(avx_chains)) +
-                           " instructions per thread, all threads pinned, each try after 200 ms idle; best of 6 shapes (short x 5, sustained x 2) and of 5 more at the end";
+    c["avx512_bf16_how"] =
+        "VDPBF16PS zmm, " +
+        std::string(avx_chains == 0 ? "in the MoE kernel's shape (L1 weights x broadcast pairs, 8 accumulators)"
+                                    : std::to_string(avx_chains) + " independent register chains") +
+        ", " + std::to_string(avx_iterations * per_instruction(avx_chains)) +
+        " instructions per thread, all threads pinned, each try after 200 ms idle; best of 6 shapes (short x 5, "
+        "sustained x 2) and of 5 more at the end";
     c["avx512_bf16_shapes"] = avx_runs;
   }
   m["cpu"] = c;
   m["gpu"] = gpu::calibrate();
-  if (gpu_info().present) m["gpu"]["name"] = gpu_info().name, m["gpu"]["memory_bytes"] = double(gpu_info().memory_bytes);
+  if (gpu_info().present)
+    m["gpu"]["name"] = gpu_info().name, m["gpu"]["memory_bytes"] = double(gpu_info().memory_bytes);
   return m;
 }
 
@@ -259,17 +274,23 @@ nlohmann::json combine_calibrations(const std::vector<nlohmann::json>& runs) {
       if (!value.is_number() || key == "threads") continue;
       std::vector<double> v;
       for (const auto& r : runs)
-        if (r.contains(section) && r[section].contains(key) && r[section][key].is_number()) v.push_back(r[section][key].get<double>());
+        if (r.contains(section) && r[section].contains(key) && r[section][key].is_number())
+          v.push_back(r[section][key].get<double>());
       std::sort(v.begin(), v.end());
       const double median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
       // The best seen: a rate's largest, a cost's (seconds) smallest. A ceiling is what a kernel can reach, and on a
       // shared host the rate moves with the neighbours (DRAM 100-146 GB/s within minutes on the lent Xeons): the
       // best of several runs bounds every kernel and moves less between calibrations than their median.
-      auto ends_with = [&](const std::string& tail) { return key.size() >= tail.size() && key.compare(key.size() - tail.size(), tail.size(), tail) == 0; };
+      auto ends_with = [&](const std::string& tail) {
+        return key.size() >= tail.size() && key.compare(key.size() - tail.size(), tail.size(), tail) == 0;
+      };
       const bool cost = ends_with("_s") && !ends_with("_per_s");  // launch_overhead_s, not hbm_bytes_per_s
       value = cost ? v.front() : v.back();
-      spread[std::string(section) + "." + key] = {{"min", v.front()}, {"median", median}, {"max", v.back()},
-                                                  {"spread", median != 0 ? (v.back() - v.front()) / median : 0.0}, {"runs", v.size()}};
+      spread[std::string(section) + "." + key] = {{"min", v.front()},
+                                                  {"median", median},
+                                                  {"max", v.back()},
+                                                  {"spread", median != 0 ? (v.back() - v.front()) / median : 0.0},
+                                                  {"runs", v.size()}};
     }
   }
   out["spread"] = spread;

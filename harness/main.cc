@@ -118,7 +118,8 @@ std::string file_safe(std::string s) {
 }
 
 int cmd_list(int argc, char** argv) {
-  if (argc > 2) throw BadInput(std::string("command line: unexpected argument '") + argv[2] + "' (see dslab list --help)");
+  if (argc > 2)
+    throw BadInput(std::string("command line: unexpected argument '") + argv[2] + "' (see dslab list --help)");
   std::printf("%-22s %-6s %-11s %s\n", "variant", "device", "here", "what");
   for (const auto& e : registered_variants()) {
     std::string here = "yes";
@@ -133,7 +134,8 @@ int cmd_list(int argc, char** argv) {
 
 int cmd_calibrate(int argc, char** argv) {
   const Args a = parse_args(argc, argv, 2, {}, {"--out", "--threads", "--repeat"});
-  if (!a.positional.empty()) throw BadInput("command line: unexpected argument '" + a.positional[0] + "' (see dslab calibrate --help)");
+  if (!a.positional.empty())
+    throw BadInput("command line: unexpected argument '" + a.positional[0] + "' (see dslab calibrate --help)");
   const int threads = int(a.number("--threads", omp_get_max_threads(), 1));
   const int repeat = int(a.number("--repeat", 1, 1));
   const std::string out = a.one("--out", default_machine_path());
@@ -148,13 +150,15 @@ int cmd_calibrate(int argc, char** argv) {
   // What else ran on the host meanwhile: a busy host (a fresh device machine still settling, a neighbour's job) or a
   // hypervisor taking cycles reads low CPU ceilings, and every roofline fraction against them comes out high.
   const HostActivity activity = host_activity(before, cpu_counters(), cpu_info().logical_cpus);
-  m["host_activity"] = {{"others_cpu_fraction", activity.others_fraction},
-                        {"steal_fraction", activity.steal_fraction},
-                        {"load_average_1m", activity.load_average},
-                        {"how", "/proc/stat busy and steal time of all CPUs less this process's CPU time, over the calibration"}};
+  m["host_activity"] = {
+      {"others_cpu_fraction", activity.others_fraction},
+      {"steal_fraction", activity.steal_fraction},
+      {"load_average_1m", activity.load_average},
+      {"how", "/proc/stat busy and steal time of all CPUs less this process's CPU time, over the calibration"}};
   if (activity.others_fraction > 0.05 || activity.steal_fraction > 0.02)
     std::fprintf(stderr,
-                 "warning: other work used %.0f%% of the CPUs and the hypervisor took %.0f%% while calibrating: the CPU ceilings "
+                 "warning: other work used %.0f%% of the CPUs and the hypervisor took %.0f%% while calibrating: the "
+                 "CPU ceilings "
                  "may read low; calibrate again on an idle host\n",
                  100 * activity.others_fraction, 100 * activity.steal_fraction);
   write_json_atomically(out, m);
@@ -168,10 +172,12 @@ int cmd_calibrate(int argc, char** argv) {
 }
 
 int cmd_run(int argc, char** argv) {
-  const Args a = parse_args(argc, argv, 2, {"--hot", "--no-verify", "--sequential"},
-                            {"--model", "--variant", "--suite", "--axis", "--out", "--dump", "--seed", "--machine", "--min-samples",
-                             "--min-time", "--max-noise", "--timeout", "--max-spread", "--repetitions"});
-  if (a.positional.size() > 1) throw BadInput("command line: expected at most one sweep file, got '" + a.positional[1] + "'");
+  const Args a =
+      parse_args(argc, argv, 2, {"--hot", "--no-verify", "--sequential"},
+                 {"--model", "--variant", "--suite", "--axis", "--out", "--dump", "--seed", "--machine",
+                  "--min-samples", "--min-time", "--max-noise", "--timeout", "--max-spread", "--repetitions"});
+  if (a.positional.size() > 1)
+    throw BadInput("command line: expected at most one sweep file, got '" + a.positional[1] + "'");
   Sweep sweep;
   if (a.positional.empty()) {
     sweep = adhoc_sweep(a.one("--model"), a.all("--variant"));
@@ -215,7 +221,8 @@ int cmd_run(int argc, char** argv) {
     return pp.support.ok ? pp.entry->make()->device_memory_bytes(*pp.model, pp.point) : 0.0;
   };
   // The GPU's clocks and throttle reasons as the run starts, and (below) as each results file is written.
-  const nlohmann::json gpu_clocks_before = gpu_info().present ? gpu_clock_state(gpu_info().uuid) : nlohmann::json(nullptr);
+  const nlohmann::json gpu_clocks_before =
+      gpu_info().present ? gpu_clock_state(gpu_info().uuid) : nlohmann::json(nullptr);
   auto run_context_json = [&] {
     nlohmann::json context = run_context(joined_command_line(argc, argv));
     if (gpu_info().present) {
@@ -229,9 +236,13 @@ int cmd_run(int argc, char** argv) {
     context["interleaved"] = !sequential;
     context["repetitions"] = repetitions;
     context["verify"] = verify;
-    context["stop_rule"] = {{"min_samples", rule.min_samples}, {"min_time_s", rule.min_time_s},
-                            {"max_noise", rule.max_noise}, {"timeout_s", rule.timeout_s}, {"max_spread", rule.max_spread}};
-    context["machine_file"] = machine ? nlohmann::json(a.one("--machine", default_machine_path())) : nlohmann::json(nullptr);
+    context["stop_rule"] = {{"min_samples", rule.min_samples},
+                            {"min_time_s", rule.min_time_s},
+                            {"max_noise", rule.max_noise},
+                            {"timeout_s", rule.timeout_s},
+                            {"max_spread", rule.max_spread}};
+    context["machine_file"] =
+        machine ? nlohmann::json(a.one("--machine", default_machine_path())) : nlohmann::json(nullptr);
     if (machine) context["machine"] = *machine;
     std::string models;
     for (const auto& m : plan.models) models += (models.empty() ? "" : ",") + m->name;
@@ -246,7 +257,8 @@ int cmd_run(int argc, char** argv) {
       size_t last = first + 1;
       double memory = host_memory(plan.points[first]), device = device_memory(plan.points[first]);
       while (!sequential && last < total && plan.points[last].suite == plan.points[first].suite &&
-             plan.points[last].model == plan.points[first].model && plan.points[last].point.label() == plan.points[first].point.label() &&
+             plan.points[last].model == plan.points[first].model &&
+             plan.points[last].point.label() == plan.points[first].point.label() &&
              (memory += host_memory(plan.points[last])) <= memory_budget &&
              (device += device_memory(plan.points[last])) <= std::max(device_budget, device_memory(plan.points[first])))
         ++last;
@@ -274,8 +286,9 @@ int cmd_run(int argc, char** argv) {
             if (machine) {
               r.compute_ceiling = machine_ceiling(*machine, v->compute_ceiling());
               const std::string bandwidth = v->bandwidth_ceiling();
-              r.bandwidth_ceiling = machine_ceiling(*machine, !bandwidth.empty() ? bandwidth
-                                                              : r.device == Device::cpu ? "cpu.dram_read_bytes_per_s" : "gpu.hbm_bytes_per_s");
+              r.bandwidth_ceiling = machine_ceiling(*machine, !bandwidth.empty()        ? bandwidth
+                                                              : r.device == Device::cpu ? "cpu.dram_read_bytes_per_s"
+                                                                                        : "gpu.hbm_bytes_per_s");
             }
           } catch (const BadInput&) {
             throw;
@@ -300,7 +313,8 @@ int cmd_run(int argc, char** argv) {
         point_rule.min_samples = std::max(rule.min_samples, plan.points[first].min_samples);
         point_rule.timeout_s = std::max(rule.timeout_s, plan.points[first].timeout_s);
         if (plan.points[first].max_spread > 0)
-          point_rule.max_spread = rule.max_spread > 0 ? std::min(rule.max_spread, plan.points[first].max_spread) : plan.points[first].max_spread;
+          point_rule.max_spread = rule.max_spread > 0 ? std::min(rule.max_spread, plan.points[first].max_spread)
+                                                      : plan.points[first].max_spread;
         samples = measure_interleaved(subjects, point_rule, hot);
       } catch (const std::exception& e) {
         for (size_t k : measured) group[k].error = std::string("run: ") + e.what();
@@ -309,10 +323,11 @@ int cmd_run(int argc, char** argv) {
       for (size_t m = 0; m < measured.size(); ++m) group[measured[m]].samples = std::move(samples[m]);
       for (size_t k = 0; k < group.size(); ++k) {
         PointResult& r = group[k];
-        const std::string progress =
-            repetitions > 1 ? "rep " + std::to_string(rep + 1) + "/" + std::to_string(repetitions) + ", " : std::string();
-        std::fprintf(stderr, "[%s%zu/%zu] %-16s %s/%s ", progress.c_str(), first + k + 1, total, r.variant.c_str(), r.model.c_str(),
-                     r.point.label().c_str());
+        const std::string progress = repetitions > 1
+                                         ? "rep " + std::to_string(rep + 1) + "/" + std::to_string(repetitions) + ", "
+                                         : std::string();
+        std::fprintf(stderr, "[%s%zu/%zu] %-16s %s/%s ", progress.c_str(), first + k + 1, total, r.variant.c_str(),
+                     r.model.c_str(), r.point.label().c_str());
         if (!r.skip_reason.empty()) {
           std::fprintf(stderr, "skipped: %s\n", r.skip_reason.c_str());
         } else if (!r.error.empty()) {
@@ -329,7 +344,8 @@ int cmd_run(int argc, char** argv) {
             // A step's GPU busy time against its wall time: what is lost between kernels (launches, gaps).
             if (r.counters.count("kernel_time_s") && r.counters.at("kernel_time_s") > 0 && median_s > 0)
               r.counters["step_over_kernel_time"] =
-                  median_s / std::max(1.0, r.counters.count("steps") ? r.counters.at("steps") : 1.0) / r.counters.at("kernel_time_s");
+                  median_s / std::max(1.0, r.counters.count("steps") ? r.counters.at("steps") : 1.0) /
+                  r.counters.at("kernel_time_s");
             // (and the share of the step the GPU sits idle: a hybrid step's wait for the CPU experts)
             if (r.counters.count("step_over_kernel_time"))
               r.counters["gpu_idle_fraction"] = std::max(0.0, 1.0 - 1.0 / r.counters.at("step_over_kernel_time"));
@@ -339,7 +355,10 @@ int cmd_run(int argc, char** argv) {
             }
             if (!dump_dir.empty())
               write_safetensors(dump_dir + "/" + file_safe(r.name()) + ".safetensors", variants[k]->tensors(),
-                                {{"variant", r.variant}, {"model", r.model}, {"point", r.point.label()}, {"seed", std::to_string(seed)}});
+                                {{"variant", r.variant},
+                                 {"model", r.model},
+                                 {"point", r.point.label()},
+                                 {"seed", std::to_string(seed)}});
           } catch (const std::exception& e) {
             r.error = std::string("verify: ") + e.what();
             ++errors;
@@ -347,10 +366,13 @@ int cmd_run(int argc, char** argv) {
             continue;
           }
           const Stats st = summarize(r.samples.seconds);
-          std::fprintf(stderr, "%.4g ms (%zu samples, %s)", st.median * 1e3, r.samples.seconds.size(), r.samples.stop_reason.c_str());
+          std::fprintf(stderr, "%.4g ms (%zu samples, %s)", st.median * 1e3, r.samples.seconds.size(),
+                       r.samples.stop_reason.c_str());
           if (r.samples.discarded_spread >= 0)
-            std::fprintf(stderr, " (sampled twice: a window's p10-p90 spanned %.0f%% of its median; kept the one at %.0f%%)",
-                         100 * std::max(r.samples.discarded_spread, r.samples.spread()), 100 * std::min(r.samples.discarded_spread, r.samples.spread()));
+            std::fprintf(stderr,
+                         " (sampled twice: a window's p10-p90 spanned %.0f%% of its median; kept the one at %.0f%%)",
+                         100 * std::max(r.samples.discarded_spread, r.samples.spread()),
+                         100 * std::min(r.samples.discarded_spread, r.samples.spread()));
           if (r.verification) {
             std::fprintf(stderr, " verify %s %.2e", r.verification->pass() ? "PASS" : "FAIL", r.verification->rel_err);
             failures += !r.verification->pass();
@@ -363,7 +385,8 @@ int cmd_run(int argc, char** argv) {
       }
       first = last;
       // What is done so far, so a run cut short (a time limit, a lost machine) still leaves its points behind.
-      if (last < total || rep + 1 < repetitions) write_json_atomically(partial_path, results_to_json(run_context_json(), results));
+      if (last < total || rep + 1 < repetitions)
+        write_json_atomically(partial_path, results_to_json(run_context_json(), results));
     }
   }
   write_json_atomically(path, results_to_json(run_context_json(), results));
@@ -375,7 +398,6 @@ int cmd_run(int argc, char** argv) {
   if (failures || errors) std::printf("%d point(s) failed verification, %d errored\n", failures, errors);
   return failures || errors ? 1 : 0;
 }
-
 
 std::string main_help() {
   std::string list;
@@ -397,13 +419,17 @@ const Command* find_command(const std::string& name) {
 
 std::string run_help() {
   std::string h = kRunHelp;
-  for (const auto& ax : known_axes()) h += "\n  " + ax.name + std::string(ax.name.size() < 10 ? 10 - ax.name.size() : 1, ' ') + ax.help;
+  for (const auto& ax : known_axes())
+    h += "\n  " + ax.name + std::string(ax.name.size() < 10 ? 10 - ax.name.size() : 1, ' ') + ax.help;
   return h + "\n";
 }
 
-DSLAB_REGISTER_COMMAND(list, "list", "the registered variants, their device, and whether they can run here", kListHelp, cmd_list);
-DSLAB_REGISTER_COMMAND(run, "run", "run a sweep file or ad-hoc variants and axes; verify; write results.json", run_help(), cmd_run);
-DSLAB_REGISTER_COMMAND(calibrate, "calibrate", "measure this machine's ceilings (AMX/AVX-512 bf16, DRAM; GPU HBM, GEMM, launch)",
+DSLAB_REGISTER_COMMAND(list, "list", "the registered variants, their device, and whether they can run here", kListHelp,
+                       cmd_list);
+DSLAB_REGISTER_COMMAND(run, "run", "run a sweep file or ad-hoc variants and axes; verify; write results.json",
+                       run_help(), cmd_run);
+DSLAB_REGISTER_COMMAND(calibrate, "calibrate",
+                       "measure this machine's ceilings (AMX/AVX-512 bf16, DRAM; GPU HBM, GEMM, launch)",
                        kCalibrateHelp, cmd_calibrate);
 
 int dispatch(int argc, char** argv) {

@@ -94,7 +94,8 @@ std::vector<SampleSet> measure_interleaved(const std::vector<Subject>& subjects,
   // LLCs read every sample still kept a fifth of it resident (the engine then read 146 GB/s over a 130 GB/s DRAM).
   std::vector<std::vector<std::pair<const void*, size_t>>> cold(n);
   for (size_t i = 0; i < n; ++i)
-    if (!hot) cold[i] = subjects[i].variant->cold_buffers();  // (a GPU variant's: host memory it reads, e.g. CPU experts)
+    if (!hot)
+      cold[i] = subjects[i].variant->cold_buffers();  // (a GPU variant's: host memory it reads, e.g. CPU experts)
   auto one_sample = [&](size_t i) {
     Variant& v = *subjects[i].variant;
     if (subjects[i].device == Device::cuda) {
@@ -156,7 +157,8 @@ std::vector<SampleSet> measure_interleaved(const std::vector<Subject>& subjects,
         again.seconds.push_back(s);
         total += s, total_sq += s * s;
         again.stop_reason = rule_says_stop(rule, again.seconds.size(), total, total_sq);
-        if (again.stop_reason.empty() && now_s() - again_start >= rule.timeout_s && again.seconds.size() >= 2) again.stop_reason = "timeout";
+        if (again.stop_reason.empty() && now_s() - again_start >= rule.timeout_s && again.seconds.size() >= 2)
+          again.stop_reason = "timeout";
       }
       const double first = out[i].spread(), second = again.spread();
       if (second < first) {

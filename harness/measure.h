@@ -38,12 +38,12 @@ struct Subject {
   double working_set_bytes;
 };
 
-// CPU: steady clock around run(), the sample (flush, eviction, run) on the team thread (harness/team_thread.h). CUDA: events around run(). Cold (unless hot): CPU caches are
-// overwritten before each sample when the working set would fit in them, and the variant's cold_buffers()
-// evicted line by line before every sample (a GPU variant's too: host memory its step reads); GPU L2 is always flushed.
-// Several subjects (the variants of one point) are sampled round-robin, one sample each per round in a
-// shuffled order, so a machine that drifts (a noisy neighbour, a frequency change) moves all of them alike
-// and their ratios hold; each stops on its own rule, and the timeout is per subject.
+// CPU: steady clock around run(), the sample (flush, eviction, run) on the team thread (harness/team_thread.h). CUDA:
+// events around run(). Cold (unless hot): CPU caches are overwritten before each sample when the working set would fit
+// in them, and the variant's cold_buffers() evicted line by line before every sample (a GPU variant's too: host memory
+// its step reads); GPU L2 is always flushed. Several subjects (the variants of one point) are sampled round-robin, one
+// sample each per round in a shuffled order, so a machine that drifts (a noisy neighbour, a frequency change) moves all
+// of them alike and their ratios hold; each stops on its own rule, and the timeout is per subject.
 std::vector<SampleSet> measure_interleaved(const std::vector<Subject>& subjects, const StopRule& rule, bool hot);
 
 }  // namespace dslab

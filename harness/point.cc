@@ -23,30 +23,51 @@ const std::vector<AxisInfo>& known_axes() {
        "CPU threads of routed experts run on the host (moe/host/cuda); absent: every core but the one driving the GPU"},
       {"gpu_experts", AxisKind::text,
        "where the routed experts live: with moe/host/cuda none | layers:N (the first N MoE layers' experts on the GPU, "
-       "run by moe/grouped/cuda) | fit (as many leading MoE layers as gpu_budget holds) | hot:N (each MoE layer's N most "
+       "run by moe/grouped/cuda) | fit (as many leading MoE layers as gpu_budget holds) | hot:N (each MoE layer's N "
+       "most "
        "routed experts on the GPU, the rest on the CPU, both at once); with a GPU moe, none (on the GPU) "
        "| streamed (in pinned host memory, copied to the GPU before each layer's use, two layers' in flight)"},
-      {"gpu_budget", AxisKind::text, "GPU memory the step may use: all (the device's) | <N>GB (e.g. 24GB, a consumer card)"},
+      {"gpu_budget", AxisKind::text,
+       "GPU memory the step may use: all (the device's) | <N>GB (e.g. 24GB, a consumer card)"},
       {"routing", AxisKind::text, "expert routing: model | uniform | zipf:S"},
       {"topk", AxisKind::positive_int, "experts per token"},
-      {"executor", AxisKind::text, "GPU step launched kernel by kernel (eager) or replayed as one CUDA graph (graph)",
+      {"executor",
+       AxisKind::text,
+       "GPU step launched kernel by kernel (eager) or replayed as one CUDA graph (graph)",
        {"eager", "graph"}},
-      {"layers", AxisKind::text, "decoder layers in the step: N consecutive layers with distinct weights, or all (the whole model: "
-                                 "embedding, every layer, final norm, LM head)"},
+      {"layers", AxisKind::text,
+       "decoder layers in the step: N consecutive layers with distinct weights, or all (the whole model: "
+       "embedding, every layer, final norm, LM head)"},
       {"attn", AxisKind::text, "a layer's attention op: any mla/<form>/cuda variant's name"},
       {"moe", AxisKind::text, "a layer's MoE op: any moe/<algo>/cuda variant's name"},
       {"steps", AxisKind::positive_int, "consecutive decode steps per timed run, lengths growing by q_len each"},
-      {"proj", AxisKind::text, "the projections' backend: own (default: dslab's weight-streaming GEMV at 1-2 rows, measured faster there; from 3 the fastest measured per shape of cuBLASLt's algorithms and dslab's weight-streaming MMA GEMM) | cublas (cuBLAS's default heuristic)", {"own", "cublas"}},
-      {"pdl", AxisKind::text, "programmatic dependent launch between the step's own kernels (Hopper): on | off", {"on", "off"}},
+      {"proj",
+       AxisKind::text,
+       "the projections' backend: own (default: dslab's weight-streaming GEMV at 1-2 rows, measured faster there; from "
+       "3 the fastest measured per shape of cuBLASLt's algorithms and dslab's weight-streaming MMA GEMM) | cublas "
+       "(cuBLAS's default heuristic)",
+       {"own", "cublas"}},
+      {"pdl",
+       AxisKind::text,
+       "programmatic dependent launch between the step's own kernels (Hopper): on | off",
+       {"on", "off"}},
       {"budget", AxisKind::positive_int, "sparse attention: keys attended per request (sinks and window included)"},
       {"block", AxisKind::positive_int, "sparse attention: keys per block for block selectors (Quest, InfLLM)"},
-      {"local", AxisKind::positive_int, "sparse attention: the most recent keys every step attends (the local window, within the budget)"},
-      {"cache_kind", AxisKind::text, "sparse attention's synthetic cache: random | clustered | needle", {"random", "clustered", "needle"}},
-      {"needle_depth", AxisKind::nonneg_int, "sparse attention: where the needle sits, percent of the cache from its oldest key"},
-      {"needle_norm", AxisKind::positive_int, "sparse attention: the needle's length in typical key lengths (1: a haystack key's)"},
-      {"weight", AxisKind::text, "the linear op's weight: q_proj | q_a_proj | q_b_proj | kv_a_proj_with_mqa | o_proj | shared_gate_up | "
-                                 "shared_down_proj | dense_gate_up | dense_down_proj | gate | lm_head"},
-      {"kv_splits", AxisKind::text, "the fused MLA kernel's split-KV CTAs per row tile: auto (about 4 key blocks each, 32 to one per SM) | N"},
+      {"local", AxisKind::positive_int,
+       "sparse attention: the most recent keys every step attends (the local window, within the budget)"},
+      {"cache_kind",
+       AxisKind::text,
+       "sparse attention's synthetic cache: random | clustered | needle",
+       {"random", "clustered", "needle"}},
+      {"needle_depth", AxisKind::nonneg_int,
+       "sparse attention: where the needle sits, percent of the cache from its oldest key"},
+      {"needle_norm", AxisKind::positive_int,
+       "sparse attention: the needle's length in typical key lengths (1: a haystack key's)"},
+      {"weight", AxisKind::text,
+       "the linear op's weight: q_proj | q_a_proj | q_b_proj | kv_a_proj_with_mqa | o_proj | shared_gate_up | "
+       "shared_down_proj | dense_gate_up | dense_down_proj | gate | lm_head"},
+      {"kv_splits", AxisKind::text,
+       "the fused MLA kernel's split-KV CTAs per row tile: auto (about 4 key blocks each, 32 to one per SM) | N"},
   };
   return axes;
 }
@@ -104,7 +125,8 @@ std::vector<AxisValue> parse_axis_values(const std::string& axis, const std::str
   for (const auto& item : split(spec, ',')) {
     if (item.empty()) throw bad_field(where, axis, "'" + spec + "'", "a comma-separated list with no empty items");
     if (info->kind == AxisKind::text) {
-      if (!info->choices.empty() && std::find(info->choices.begin(), info->choices.end(), item) == info->choices.end()) {
+      if (!info->choices.empty() &&
+          std::find(info->choices.begin(), info->choices.end(), item) == info->choices.end()) {
         std::string expected;
         for (const auto& c : info->choices) expected += (expected.empty() ? "one of " : ", ") + c;
         throw bad_field(where, axis, "'" + item + "'", expected);

@@ -58,6 +58,7 @@ nlohmann::json run_context(const std::string& command_line) {
   // dslab's.
   c["dslab_version"] = DSLAB_VERSION;
   c["git_sha"] = DSLAB_GIT_SHA;
+  if (*DSLAB_GIT_DIFF_SHA256) c["git_diff_sha256"] = DSLAB_GIT_DIFF_SHA256;  // a dirty build: which change
   c["build_type"] = DSLAB_BUILD_TYPE;
   c["compiler"] = std::string("g++ ") + __VERSION__;
   c["cpu_model"] = cpu.model;
@@ -136,10 +137,15 @@ nlohmann::json results_to_json(const nlohmann::json& context, const std::vector<
   std::map<std::string, int> family_of;  // a name's repetitions share one family index, as in Google Benchmark
   for (const auto& r : results) {
     nlohmann::json axes = nlohmann::json::object();
-    for (const auto& [k, v] : r.point.entries()) axes[k] = v.is_integer ? nlohmann::json(v.integer) : nlohmann::json(v.text);
+    for (const auto& [k, v] : r.point.entries())
+      axes[k] = v.is_integer ? nlohmann::json(v.integer) : nlohmann::json(v.text);
     if (!r.ran()) {
-      out["skipped"].push_back({{"name", r.name()}, {"variant", r.variant}, {"suite", r.suite}, {"model", r.model},
-                                {"axes", axes}, {"reason", r.skip_reason.empty() ? "error: " + r.error : r.skip_reason}});
+      out["skipped"].push_back({{"name", r.name()},
+                                {"variant", r.variant},
+                                {"suite", r.suite},
+                                {"model", r.model},
+                                {"axes", axes},
+                                {"reason", r.skip_reason.empty() ? "error: " + r.error : r.skip_reason}});
       continue;
     }
     const Stats st = summarize(r.samples.seconds);
@@ -185,16 +191,17 @@ nlohmann::json results_to_json(const nlohmann::json& context, const std::vector<
       const double floor_s = std::max(r.cost.flops / *r.compute_ceiling, r.cost.bytes / *r.bandwidth_ceiling);
       b["roofline_floor_time"] = floor_s * kUsPerS;
       b["roofline_fraction"] = floor_s / st.median;
-      b["roofline_bound"] = r.cost.flops / *r.compute_ceiling >= r.cost.bytes / *r.bandwidth_ceiling ? "compute" : "memory";
+      b["roofline_bound"] =
+          r.cost.flops / *r.compute_ceiling >= r.cost.bytes / *r.bandwidth_ceiling ? "compute" : "memory";
     }
     if (!r.counters.empty()) b["counters"] = r.counters;
     // A variant that reports its kernel's own time, FLOPs and bytes (kernel_s, kernel_flops, kernel_bytes) gets that
     // kernel's roofline fraction against the same ceilings as the step's.
     if (r.compute_ceiling && r.bandwidth_ceiling && r.counters.count("kernel_s") && r.counters.count("kernel_flops") &&
         r.counters.count("kernel_bytes") && r.counters.at("kernel_s") > 0)
-      b["kernel_roofline_fraction"] =
-          std::max(r.counters.at("kernel_flops") / *r.compute_ceiling, r.counters.at("kernel_bytes") / *r.bandwidth_ceiling) /
-          r.counters.at("kernel_s");
+      b["kernel_roofline_fraction"] = std::max(r.counters.at("kernel_flops") / *r.compute_ceiling,
+                                               r.counters.at("kernel_bytes") / *r.bandwidth_ceiling) /
+                                      r.counters.at("kernel_s");
     if (r.verification) {
       b["verify_rel_err"] = r.verification->rel_err;
       b["verify_threshold"] = r.verification->threshold;
@@ -231,8 +238,8 @@ std::string above_roofline_warnings(const std::vector<PointResult>& results) {
     const double floor_s = std::max(r.cost.flops / *r.compute_ceiling, r.cost.bytes / *r.bandwidth_ceiling);
     const double fraction = floor_s / summarize(r.samples.seconds).median;
     if (fraction > 1.0)
-      out += "warning: above its roofline (" + fmt("%.2f", fraction) + "): " + r.variant + " " + r.model + "/" + r.point.label() +
-             ": a ceiling in the machine file is stale or wrong (recalibrate: dslab calibrate)\n";
+      out += "warning: above its roofline (" + fmt("%.2f", fraction) + "): " + r.variant + " " + r.model + "/" +
+             r.point.label() + ": a ceiling in the machine file is stale or wrong (recalibrate: dslab calibrate)\n";
   }
   return out;
 }
@@ -265,7 +272,8 @@ std::string results_table(const std::vector<PointResult>& results) {
     std::snprintf(line, sizeof line, "%-16s %-40s %12s %10s..%-10s %9.1f %9.2f %7s %9s %-7s %s\n", r.variant.c_str(),
                   pt.c_str(), human_time(st.median).c_str(), human_time(st.p10).c_str(), human_time(st.p90).c_str(),
                   r.cost.flops / st.median * 1e-9, r.cost.bytes / st.median * 1e-9, roof.c_str(), err.c_str(),
-                  verdict.c_str(), (r.samples.stop_reason + (r.samples.discarded_spread >= 0 ? ", resampled" : "")).c_str());
+                  verdict.c_str(),
+                  (r.samples.stop_reason + (r.samples.discarded_spread >= 0 ? ", resampled" : "")).c_str());
     os << line;
   }
   return os.str();

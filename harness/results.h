@@ -22,10 +22,10 @@ struct PointResult {
   std::string error;        // non-empty: run() or prepare() failed at run time
   SampleSet samples;
   Cost cost;
-  std::optional<Verification> verification;   // absent with --no-verify or an unverified suite
-  std::string unverified_reason;               // the suite's reason for not verifying (Suite::unverified_reason)
+  std::optional<Verification> verification;  // absent with --no-verify or an unverified suite
+  std::string unverified_reason;             // the suite's reason for not verifying (Suite::unverified_reason)
   std::optional<double> compute_ceiling, bandwidth_ceiling;  // from the machine file
-  std::map<std::string, double> counters;                   // Variant::counters()
+  std::map<std::string, double> counters;                    // Variant::counters()
   int repetition = 0, repetitions = 1;                       // dslab run --repetitions: which whole-run pass this is
 
   bool ran() const { return skip_reason.empty() && error.empty(); }

@@ -27,7 +27,8 @@ nlohmann::json read_json(const std::string& path, const std::string& what) {
   }
 }
 
-std::vector<AxisValue> axis_values_from_json(const std::string& axis, const nlohmann::json& v, const std::string& where) {
+std::vector<AxisValue> axis_values_from_json(const std::string& axis, const nlohmann::json& v,
+                                             const std::string& where) {
   if (v.is_string()) return parse_axis_values(axis, v.get<std::string>(), where);
   if (v.is_number_integer()) return parse_axis_values(axis, std::to_string(v.get<int64_t>()), where);
   if (v.is_array() && !v.empty()) {
@@ -35,7 +36,8 @@ std::vector<AxisValue> axis_values_from_json(const std::string& axis, const nloh
     for (const auto& item : v) {
       if (!item.is_string() && !item.is_number_integer())
         throw bad_field(where, axis, v.dump(), "an array of integers or strings");
-      spec += (spec.empty() ? "" : ",") + (item.is_string() ? item.get<std::string>() : std::to_string(item.get<int64_t>()));
+      spec += (spec.empty() ? "" : ",") +
+              (item.is_string() ? item.get<std::string>() : std::to_string(item.get<int64_t>()));
     }
     return parse_axis_values(axis, spec, where);
   }
@@ -55,28 +57,34 @@ Sweep parse_sweep(const nlohmann::json& j, const std::string& source, const std:
   if (!j.is_object()) throw BadInput(source + ": expected a JSON object with \"suites\"");
   for (const auto& item : j.items())
     if (item.key() != "name" && item.key() != "model" && item.key() != "suites" && item.key() != "description")
-      throw BadInput(source + ": field '" + item.key() + "': unknown sweep field (expected name, description, model, suites)");
+      throw BadInput(source + ": field '" + item.key() +
+                     "': unknown sweep field (expected name, description, model, suites)");
   Sweep s;
   s.source = source;
   s.name = j.value("name", default_name);
   const std::string model = j.contains("model") ? j["model"].get<std::string>() : "";
   if (!j.contains("suites") || !j["suites"].is_array() || j["suites"].empty())
-    throw bad_field(source, "suites", j.contains("suites") ? j["suites"].dump() : "(missing)", "a non-empty array of suites");
+    throw bad_field(source, "suites", j.contains("suites") ? j["suites"].dump() : "(missing)",
+                    "a non-empty array of suites");
   for (size_t i = 0; i < j["suites"].size(); ++i) {
     const auto& js = j["suites"][i];
     const std::string where = source + ": suites[" + std::to_string(i) + "]";
     if (!js.is_object()) throw BadInput(where + ": expected an object");
     for (const auto& item : js.items())
-      if (item.key() != "name" && item.key() != "model" && item.key() != "variants" && item.key() != "axes" && item.key() != "min_samples" &&
-          item.key() != "timeout" && item.key() != "max_spread" && item.key() != "unverified")
+      if (item.key() != "name" && item.key() != "model" && item.key() != "variants" && item.key() != "axes" &&
+          item.key() != "min_samples" && item.key() != "timeout" && item.key() != "max_spread" &&
+          item.key() != "unverified")
         throw BadInput(where + ": field '" + item.key() +
-                       "': unknown suite field (expected name, model, variants, axes, min_samples, timeout, max_spread, unverified)");
+                       "': unknown suite field (expected name, model, variants, axes, min_samples, timeout, "
+                       "max_spread, unverified)");
     Suite suite;
     suite.name = js.value("name", "suite" + std::to_string(i));
     suite.model = js.contains("model") ? js["model"].get<std::string>() : model;
-    if (suite.model.empty()) throw bad_field(where, "model", "(missing)", "a model name or path, here or at the top level");
+    if (suite.model.empty())
+      throw bad_field(where, "model", "(missing)", "a model name or path, here or at the top level");
     if (!js.contains("variants") || !js["variants"].is_array() || js["variants"].empty())
-      throw bad_field(where, "variants", js.contains("variants") ? js["variants"].dump() : "(missing)", "a non-empty array of variant names");
+      throw bad_field(where, "variants", js.contains("variants") ? js["variants"].dump() : "(missing)",
+                      "a non-empty array of variant names");
     for (const auto& v : js["variants"]) {
       if (!v.is_string()) throw bad_field(where, "variants", v.dump(), "a variant name string");
       require_variant(v.get<std::string>(), where);
@@ -97,7 +105,9 @@ Sweep parse_sweep(const nlohmann::json& j, const std::string& source, const std:
     if (js.contains("max_spread")) {
       const auto& v = js["max_spread"];
       if (!v.is_number() || v.get<double>() <= 0 || v.get<double>() > 10)
-        throw bad_field(where, "max_spread", v.dump(), "a fraction above 0 (e.g. 0.25: a point whose p10-p90 spans more of its median is sampled again)");
+        throw bad_field(
+            where, "max_spread", v.dump(),
+            "a fraction above 0 (e.g. 0.25: a point whose p10-p90 spans more of its median is sampled again)");
       suite.max_spread = v.get<double>();
     }
     if (js.contains("unverified")) {
@@ -121,8 +131,10 @@ Sweep load_sweep(const std::string& path) {
 }
 
 Sweep adhoc_sweep(const std::string& model, const std::vector<std::string>& variants) {
-  if (model.empty()) throw BadInput("command line: --model: missing (expected a model name such as deepseek-v2, or a sweep file)");
-  if (variants.empty()) throw BadInput("command line: --variant: missing (expected at least one variant; see `dslab list`)");
+  if (model.empty())
+    throw BadInput("command line: --model: missing (expected a model name such as deepseek-v2, or a sweep file)");
+  if (variants.empty())
+    throw BadInput("command line: --variant: missing (expected at least one variant; see `dslab list`)");
   for (const auto& v : variants) require_variant(v, "command line");
   Suite suite;
   suite.name = "adhoc";
@@ -134,7 +146,8 @@ Sweep adhoc_sweep(const std::string& model, const std::vector<std::string>& vari
 void apply_axis_override(Sweep& sweep, const std::string& assignment) {
   const auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
-    throw BadInput("command line: --axis '" + assignment + "': expected NAME=VALUES, e.g. kv_len=pow2:9:14 or batch=1,8");
+    throw BadInput("command line: --axis '" + assignment +
+                   "': expected NAME=VALUES, e.g. kv_len=pow2:9:14 or batch=1,8");
   const std::string name = assignment.substr(0, eq);
   const auto values = parse_axis_values(name, assignment.substr(eq + 1), "command line --axis");
   for (auto& suite : sweep.suites) {
@@ -174,8 +187,7 @@ void restrict_suites(Sweep& sweep, const std::vector<std::string>& suites) {
     names += (names.empty() ? "" : ", ") + s.name;
     if (std::find(suites.begin(), suites.end(), s.name) != suites.end()) kept.push_back(s);
   }
-  if (kept.size() != suites.size())
-    throw BadInput(sweep.source + ": --suite: no such suite among " + names);
+  if (kept.size() != suites.size()) throw BadInput(sweep.source + ": --suite: no such suite among " + names);
   sweep.suites = kept;
 }
 
@@ -190,7 +202,8 @@ ModelFile load_model_file(const std::string& name_or_path) {
   std::vector<std::string> looked;
   if (is_path) {
     path = name_or_path;
-    if (!fs::exists(path)) throw BadInput("model '" + name_or_path + "': no such file (expected a path to a config.json)");
+    if (!fs::exists(path))
+      throw BadInput("model '" + name_or_path + "': no such file (expected a path to a config.json)");
   } else {
     std::vector<std::string> dirs = {"workloads/models"};
     if (const char* env = std::getenv("DSLAB_MODELS")) dirs.insert(dirs.begin(), env);
@@ -203,15 +216,16 @@ ModelFile load_model_file(const std::string& name_or_path) {
       }
     }
     if (path.empty()) {
-      std::set<std::string> found;  // (the search path may name one folder twice: the working directory's and the source's)
+      std::set<std::string>
+          found;  // (the search path may name one folder twice: the working directory's and the source's)
       for (const auto& d : dirs)
         if (fs::is_directory(d))
           for (const auto& f : fs::directory_iterator(d))
             if (f.path().extension() == ".json") found.insert(f.path().stem().string());
       std::string names;
       for (const auto& n : found) names += (names.empty() ? "" : ", ") + n;
-      throw BadInput("model '" + name_or_path + "': unknown model (expected one of " + (names.empty() ? "none found" : names) +
-                     ", or a path to a config.json)");
+      throw BadInput("model '" + name_or_path + "': unknown model (expected one of " +
+                     (names.empty() ? "none found" : names) + ", or a path to a config.json)");
     }
   }
   return ModelFile{fs::path(path).stem().string(), path, read_json(path, "model config")};
@@ -240,8 +254,8 @@ Plan expand(const Sweep& sweep) {
           names += (names.empty() ? "" : ", ") + d.first;
         }
         if (!ok)
-          throw BadInput(sweep.source + ": suite '" + suite.name + "': axis '" + a.name + "' is not an axis of " + name +
-                         " (expected one of " + names + ")");
+          throw BadInput(sweep.source + ": suite '" + suite.name + "': axis '" + a.name + "' is not an axis of " +
+                         name + " (expected one of " + names + ")");
       }
     }
     // Cartesian product over the suite's axes, first axis outermost.
@@ -269,12 +283,12 @@ Plan expand(const Sweep& sweep) {
         if (entry->device == Device::cuda && !gpu_info().present) {
           variant->supports(*model, p);  // still validates the point (BadInput), though it cannot run here
           s = Support::no(gpu_info().why_absent);
-        }
-        else if (Support a = variant->available(); !a.ok)
+        } else if (Support a = variant->available(); !a.ok)
           s = a;
         else
           s = variant->supports(*model, p);  // throws BadInput on an invalid model config
-        plan.points.push_back({entry, suite.name, model, p, s, suite.min_samples, suite.timeout_s, suite.max_spread, suite.unverified_reason});
+        plan.points.push_back({entry, suite.name, model, p, s, suite.min_samples, suite.timeout_s, suite.max_spread,
+                               suite.unverified_reason});
       }
   }
   return plan;

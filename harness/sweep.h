@@ -63,7 +63,7 @@ struct PlannedPoint {
   std::string suite;
   const ModelFile* model;
   Point point;
-  Support support;  // device absent, ISA missing, or the variant's own reason
+  Support support;      // device absent, ISA missing, or the variant's own reason
   int min_samples = 0;  // the suite's floors on the stop rule (Suite)
   double timeout_s = 0;
   double max_spread = 0;

@@ -11,8 +11,8 @@ Support gpu_fits(double bytes) {
   const GpuInfo& g = gpu_info();
   if (!g.present) return Support::no(g.why_absent);
   if (bytes > 0.85 * double(g.memory_bytes))
-    return Support::no("needs ~" + std::to_string(int64_t(bytes / double(1 << 30))) + " GiB of GPU memory, " + g.name + " has " +
-                       std::to_string(int64_t(double(g.memory_bytes) / double(1 << 30))) + " GiB");
+    return Support::no("needs ~" + std::to_string(int64_t(bytes / double(1 << 30))) + " GiB of GPU memory, " + g.name +
+                       " has " + std::to_string(int64_t(double(g.memory_bytes) / double(1 << 30))) + " GiB");
   return {};
 }
 namespace {

@@ -81,9 +81,10 @@ class Variant {
 
   virtual void prepare(const ModelFile& model, const Point& point, uint64_t seed) = 0;
   // Host memory a cold sample must find in DRAM (e.g. the weights a step streams): before each sample (unless --hot;
-  // a GPU variant's too, e.g. experts a GPU step runs on the CPU) the harness evicts these lines from every cache level. The LLC sweep alone is not enough for a working set
-  // read again every sample: the LLC's replacement resists scans and kept up to a third of a 352 MB expert set
-  // resident on the lent Xeons (the MoE engine then "streamed" 1.5x the DRAM probe). Valid after prepare().
+  // a GPU variant's too, e.g. experts a GPU step runs on the CPU) the harness evicts these lines from every cache
+  // level. The LLC sweep alone is not enough for a working set read again every sample: the LLC's replacement resists
+  // scans and kept up to a third of a 352 MB expert set resident on the lent Xeons (the MoE engine then "streamed" 1.5x
+  // the DRAM probe). Valid after prepare().
   virtual std::vector<std::pair<const void*, size_t>> cold_buffers() const { return {}; }
   virtual void run() = 0;
   virtual Verification verify() = 0;
@@ -113,6 +114,6 @@ const VariantEntry* find_variant(const std::string& name);
 
 }  // namespace dslab
 
-#define DSLAB_REGISTER_VARIANT(Class, name, device, summary)           \
+#define DSLAB_REGISTER_VARIANT(Class, name, device, summary)              \
   static const bool dslab_registered_##Class = ::dslab::register_variant( \
       {name, device, summary, [] { return std::unique_ptr<::dslab::Variant>(new Class()); }})

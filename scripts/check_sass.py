@@ -10,9 +10,9 @@ without rules are ignored. Exit 0: every rule holds; 1: one fails (each rule pri
 
 Why these rules: a few lines of bookkeeping added outside the two-warpgroup kernel's loop moved its Q K^T descriptors
 out of the uniform registers (10-12 instructions between its 32-cycle MMAs instead of 3-4) and made every block 8-10%
-slower on the H100 (session 35, reports/nvidia-h100/README.md) - with the same MMAs, barriers and a clean build. And a
+slower on the H100 - with the same MMAs, barriers and a clean build. And a
 kernel whose MMAs ptxas serialised (one accumulator read on a path it could not prove waited: C7514, only an info line
-in the build's output) ran at 3.7 us a block against 2.2 once mended (session 36): a finding that was taken for the
+in the build's output) ran at 3.7 us a block against 2.2 once mended: a finding that was taken for the
 design's limit.
 """
 import argparse
@@ -146,10 +146,10 @@ def rule_mmas_pipelined(code, labels):
 
 # (unit's object name, kernel name pattern, rules)
 RULES = [
-    ('fused_seesaw.cu.o', r'seesaw13decode_kernel', [rule_uniform_qk_descriptors, rule_no_local_memory, rule_mmas_pipelined]),
-    ('fused_fp8.cu.o', r'fp813decode_kernel', [rule_no_local_memory, rule_mmas_pipelined]),
-    ('fused_roles.cu.o', r'decode_kernel', [rule_mmas_pipelined]),
-    ('fused_narrow.cu.o', r'decode_kernel', [rule_mmas_pipelined]),
+    ('sm90_bf16_h128.cu.o', r'seesaw13decode_kernel', [rule_uniform_qk_descriptors, rule_no_local_memory, rule_mmas_pipelined]),
+    ('sm90_fp8_h16.cu.o', r'fp813decode_kernel', [rule_no_local_memory, rule_mmas_pipelined]),
+    ('sm90_bf16_h16.cu.o', r'decode_kernel', [rule_mmas_pipelined]),
+    ('sm90_int8_h16.cu.o', r'decode_kernel', [rule_mmas_pipelined]),
 ]
 
 

@@ -32,7 +32,7 @@ for s in "${steps[@]}"; do
     calibrate)
       step calibrate
       # (one run by default: the GPU's ceilings moved 2-7% between single calibrations of one host; for CPU sweeps set
-      # CALIBRATE_REPEAT=3, as its ceilings moved up to 49%, lowest right after the host started: session 18)
+      # CALIBRATE_REPEAT=3, as its ceilings moved up to 49%, lowest right after the host started)
       timeout $((120 * ${CALIBRATE_REPEAT:-1})) dslab calibrate --repeat "${CALIBRATE_REPEAT:-1}" --out "$machine" >>"$log" 2>&1 ||
         echo "calibrate failed: $?" | tee -a "$log" ;;
     calibrate-twice)

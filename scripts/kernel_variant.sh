@@ -4,8 +4,8 @@
 # with extra nvcc flags (typically -DSOME_EXPERIMENT guarding the change in those sources), relinked from the build
 # tree. So one source edit yields both sides of a comparison, and the flagged code is GPU-tested by the same binary
 # that is timed. Usage: scripts/kernel_variant.sh NAME [NVCC_FLAGS...]
-#   SRC: the sources, relative to the project root, separated by spaces (default variants/mla/cuda/fused_seesaw.cu;
-#   e.g. SRC="variants/mla/cuda/fused.cu variants/mla/cuda/fused_seesaw.cu" where a change spans the host and the
+#   SRC: the sources, relative to the project root, separated by spaces (default variants/mla/cuda/fused/sm90_bf16_h128.cu;
+#   e.g. SRC="variants/mla/cuda/fused/host.cu variants/mla/cuda/fused/sm90_bf16_h128.cu" where a change spans the host and the
 #   kernel); BUILD: the build tree (default build; configured and built first). Each object goes to
 #   $BUILD/kernel-variants/NAME/, under its unit's own file name, so scripts/check_sass.py reads it as it reads the
 #   build's.
@@ -16,7 +16,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -ge 1 ] || { echo "usage: scripts/kernel_variant.sh NAME [NVCC_FLAGS...]" >&2; exit 2; }
 name=$1; shift
 [[ $name =~ ^[A-Za-z0-9_]+$ ]] || { echo "kernel_variant.sh: NAME '$name': expected letters, digits or _ (it becomes dslab-$name)" >&2; exit 2; }
-read -r -a sources <<<"${SRC:-variants/mla/cuda/fused_seesaw.cu}"
+read -r -a sources <<<"${SRC:-variants/mla/cuda/fused/sm90_bf16_h128.cu}"
 [ ${#sources[@]} -ge 1 ] || { echo "kernel_variant.sh: SRC '': expected one or more sources" >&2; exit 2; }
 build=$(cd "$root" && realpath -m "${BUILD:-build}")
 for src in "${sources[@]}"; do

@@ -8,7 +8,7 @@
 # filled by tensor-memory-accelerator copies and ordered by mbarriers and producer/consumer named barriers
 # (bar.arrive on one side, bar.sync on the other), which racecheck does not model: it reports the same kinds of pairs
 # inside cuBLAS's own kernels, and in seesaw::decode_kernel it reports a write and a read of the row sums that a
-# __syncthreads() separates (session 23, reports/nvidia-h100/README.md); those are counted and listed. Usage: scripts/sanitize.sh OUT_DIR [TOOL-NAME...]
+# __syncthreads() separates; those are counted and listed. Usage: scripts/sanitize.sh OUT_DIR [TOOL-NAME...]
 # (dslab on PATH; names such as racecheck-moe-host run only those points). The layer points cover the scratch arena
 # (layer-tiny-arena; layer-tiny without it), the own weight-streaming GEMM's GPU test (stream-gemm), the fused decode at V3's 128 heads (mla-fused-v3) and 16 (mla-fused-16h; quantised caches: mla-fused-quantised; its merge that absorbs the output: mla-merge-absorb), FlashInfer's MLA decode (mla-flashinfer: its kernel is a peer's, so its
 # racecheck reports are listed, not judged), the streamed experts' copies (layer-v2-lite-streamed) and the hot

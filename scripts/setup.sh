@@ -79,6 +79,8 @@ build() {
   [ -x "$BUILD_DIR/dslab" ] || { log "build failed"; exit 1; }
 }
 
+# nvcc where the toolkit installs it, so CUDA is built on every machine that has it (the SASS guard runs in CI too).
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 install_apt_packages
 install_python_requirements
 fetch_flashinfer

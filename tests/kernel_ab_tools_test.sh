@@ -40,6 +40,6 @@ ONE_LINE=1 expect 2 "kernel_variant.sh: no name" "^usage: scripts/kernel_variant
 ONE_LINE=1 expect 2 "kernel_variant.sh: a name that is no file name part" "NAME 'a/b': expected letters, digits or _" "$variant" a/b
 ONE_LINE=1 expect 2 "kernel_variant.sh: a source not in the tree" "SRC 'variants/none.cu': no such file" env SRC=variants/none.cu "$variant" x
 ONE_LINE=1 expect 2 "kernel_variant.sh: one of several sources not in the tree" "SRC 'variants/none.cu': no such file" \
-  env SRC="variants/mla/cuda/fused.cu variants/none.cu" "$variant" x
+  env SRC="variants/mla/cuda/fused/host.cu variants/none.cu" "$variant" x
 ONE_LINE=1 expect 2 "kernel_variant.sh: an empty source list" "SRC '': expected one or more sources" env SRC=" " "$variant" x
 ONE_LINE=1 expect 2 "kernel_variant.sh: no build tree" "compile_commands.json missing: configure and build" env BUILD="$dir/nobuild" "$variant" x

@@ -31,7 +31,8 @@ TEST(HostActivity, ProcStatLineAndOthersShare) {
   EXPECT_DOUBLE_EQ(steal, 0.2);
   EXPECT_FALSE(parse_proc_stat_cpu_line("cpu0 1 2 3 4", 100, &busy, &steal));  // one CPU's line, not the total
   EXPECT_FALSE(parse_proc_stat_cpu_line("intr 12 13", 100, &busy, &steal));
-  // 10 s on 4 CPUs (40 CPU-seconds): the host busy 30 of them, this process 20, the hypervisor 2 -> others 25%, steal 5%.
+  // 10 s on 4 CPUs (40 CPU-seconds): the host busy 30 of them, this process 20, the hypervisor 2 -> others 25%, steal
+  // 5%.
   CpuCounters before, after;
   before.wall_s = 100, after.wall_s = 110;
   before.busy_s = 500, after.busy_s = 530;
@@ -114,7 +115,7 @@ TEST(Sweep, ASuiteRaisesTheStopRulesFloorsForItsPoints) {
       {"name": "engine", "variants": ["mla/cd/cpu"], "axes": {"batch": [1, 2]}, "min_samples": 15, "timeout": 4, "max_spread": 0.25},
       {"name": "plain", "variants": ["mla/cd/cpu"]}
     ]})"),
-                                                 "s.json", "s"));
+                                       "s.json", "s"));
   ASSERT_EQ(plan.points.size(), 3u);
   EXPECT_EQ(plan.points[0].min_samples, 15);
   EXPECT_EQ(plan.points[1].timeout_s, 4.0);
@@ -122,9 +123,10 @@ TEST(Sweep, ASuiteRaisesTheStopRulesFloorsForItsPoints) {
   EXPECT_EQ(plan.points[2].timeout_s, 0.0);
   EXPECT_EQ(plan.points[0].max_spread, 0.25);
   EXPECT_EQ(plan.points[2].max_spread, 0.0);
-  for (const char* bad : {R"("min_samples": 0)", R"("min_samples": 2.5)", R"("timeout": -1)", R"("timeout": "4")", R"("max_spread": 0)",
-                          R"("max_spread": "0.25")"}) {
-    const std::string text = std::string(R"({"model": "tiny", "suites": [{"name": "x", "variants": ["mla/cd/cpu"], )") + bad + "}]}";
+  for (const char* bad : {R"("min_samples": 0)", R"("min_samples": 2.5)", R"("timeout": -1)", R"("timeout": "4")",
+                          R"("max_spread": 0)", R"("max_spread": "0.25")"}) {
+    const std::string text =
+        std::string(R"({"model": "tiny", "suites": [{"name": "x", "variants": ["mla/cd/cpu"], )") + bad + "}]}";
     try {
       parse_sweep(nlohmann::json::parse(text), "s.json", "s");
       ADD_FAILURE() << bad << " must be refused";
@@ -148,8 +150,7 @@ class PacedVariant : public Variant {
     const double ms = calls_ < noisy_ && calls_ % 2 ? slow_ : fast_;
     ++calls_;
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(int64_t(ms * 1e3));
-    while (std::chrono::steady_clock::now() < until) {
-    }
+    while (std::chrono::steady_clock::now() < until) {}
   }
   Verification verify() override { return {}; }
 
@@ -212,7 +213,8 @@ TEST(Results, RoundTripKeepsTheContract) {
   const auto j = nlohmann::json::parse(f);
   ASSERT_EQ(j["benchmarks"].size(), 1u);
   const auto& b = j["benchmarks"][0];
-  EXPECT_EQ(b["name"], "mla/a_cc_me/cpu/" + r.model + "/batch:1/kv_len:4096");  // the model in the name: compare.py tells models apart
+  EXPECT_EQ(b["name"], "mla/a_cc_me/cpu/" + r.model +
+                           "/batch:1/kv_len:4096");  // the model in the name: compare.py tells models apart
   EXPECT_EQ(b["run_type"], "iteration");
   EXPECT_TRUE(j["context"].contains("cpu_governor"));  // what the CPU ran at ("" where the kernel exposes none)
   EXPECT_EQ(b["time_unit"], "us");
@@ -270,8 +272,10 @@ TEST(Results, RepetitionsCarryTheirIndexAndGoogleBenchmarksAggregates) {
   }
   EXPECT_DOUBLE_EQ(aggregate["median"], 2000.0);
   EXPECT_NEAR(aggregate["mean"], 7000.0 / 3, 1e-9);
-  EXPECT_NEAR(aggregate["stddev"], std::sqrt((std::pow(2000 - 7000.0 / 3, 2) + std::pow(1000 - 7000.0 / 3, 2) +
-                                              std::pow(4000 - 7000.0 / 3, 2)) / 2), 1e-6);
+  EXPECT_NEAR(
+      aggregate["stddev"],
+      std::sqrt((std::pow(2000 - 7000.0 / 3, 2) + std::pow(1000 - 7000.0 / 3, 2) + std::pow(4000 - 7000.0 / 3, 2)) / 2),
+      1e-6);
   EXPECT_NEAR(aggregate["cv"], aggregate["stddev"] / aggregate["mean"], 1e-12);
 }
 
@@ -320,7 +324,9 @@ fs::path write_temp(const std::string& name, const std::string& text) {
 TEST(CliBadInput, UnknownModel) { expect_bad_input("run --model deepseek-v9 --variant mla/cd/cpu", "deepseek-v9"); }
 TEST(CliBadInput, UnknownVariant) { expect_bad_input("run --model tiny --variant mla/xx/cpu", "mla/xx/cpu"); }
 TEST(CliBadInput, UnknownAxis) { expect_bad_input("run --model tiny --variant mla/cd/cpu --axis kvlen=4", "kvlen"); }
-TEST(CliBadInput, NonPositiveAxisValue) { expect_bad_input("run --model tiny --variant mla/cd/cpu --axis batch=0", "batch"); }
+TEST(CliBadInput, NonPositiveAxisValue) {
+  expect_bad_input("run --model tiny --variant mla/cd/cpu --axis batch=0", "batch");
+}
 TEST(CliBadInput, TextAxisValueOutsideItsChoices) {
   // Checked when the axis is read, so a machine that cannot run the variant still rejects the typo.
   expect_bad_input("run --model tiny --variant mla/cd/cpu --axis kv_dtype=fp16", "fp16");
@@ -331,7 +337,8 @@ TEST(CliBadInput, MalformedSweepJson) {
   expect_bad_input("run " + p.string(), "malformed JSON");
 }
 TEST(CliBadInput, SweepWithUnknownField) {
-  const auto p = write_temp("dslab_bad_sweep2.json", R"({"model": "tiny", "suites": [{"variants": ["mla/cd/cpu"], "axis": {}}]})");
+  const auto p =
+      write_temp("dslab_bad_sweep2.json", R"({"model": "tiny", "suites": [{"variants": ["mla/cd/cpu"], "axis": {}}]})");
   expect_bad_input("run " + p.string(), "'axis'");
 }
 TEST(CliBadInput, ModelWithNonPositiveField) {
@@ -352,8 +359,11 @@ TEST(CliBadInput, ModelWithMissingField) {
 TEST(Cli, SmallRunWritesVerifiedResults) {
   const fs::path out = fs::temp_directory_path() / "dslab_cli_ok";
   fs::remove_all(out);
-  const CliRun r = run_cli("run --model tiny --variant mla/cd/cpu --variant mla/a_cc_me/cpu --axis kv_len=32,64 "
-                           "--min-samples 2 --min-time 0 --timeout 1 --dump " + (out / "dump").string(), out);
+  const CliRun r = run_cli(
+      "run --model tiny --variant mla/cd/cpu --variant mla/a_cc_me/cpu --axis kv_len=32,64 "
+      "--min-samples 2 --min-time 0 --timeout 1 --dump " +
+          (out / "dump").string(),
+      out);
   ASSERT_EQ(r.status, 0) << r.err;
   std::ifstream f(out / "results.json");
   const auto j = nlohmann::json::parse(f);
@@ -431,13 +441,13 @@ PointResult layer_step(const std::string& suite, double seconds) {
 TEST(Cli, ReportShowsWholeStepsWhereTheirTimeGoes) {
   PointResult r = layer_step("split", 13.2e-3);
   r.point.set("gpu_experts", {"fit", 0, false});
-  r.counters = {{"tokens_per_s", 75.78}, {"kernel_time_s", 2.98e-3}, {"gpu_idle_fraction", 0.774},
-                {"cpu_experts_engine_s", 9.08e-3}, {"gpu_moe_layers", 18}, {"moe_layers", 26}};
+  r.counters = {{"tokens_per_s", 75.78},           {"kernel_time_s", 2.98e-3}, {"gpu_idle_fraction", 0.774},
+                {"cpu_experts_engine_s", 9.08e-3}, {"gpu_moe_layers", 18},     {"moe_layers", 26}};
   PointResult streamed = r;  // the experts streamed over the link instead: 28.8 GB in a 540 ms step
   streamed.point.set("gpu_experts", {"streamed", 0, false});
   streamed.samples.seconds = {0.54, 0.54, 0.54};
-  streamed.counters = {{"tokens_per_s", 7585}, {"kernel_time_s", 0.5}, {"gpu_idle_fraction", 0.0}, {"gpu_moe_layers", 26}, {"moe_layers", 26},
-                       {"streamed_expert_bytes", 28.8e9}};
+  streamed.counters = {{"tokens_per_s", 7585}, {"kernel_time_s", 0.5}, {"gpu_idle_fraction", 0.0},
+                       {"gpu_moe_layers", 26}, {"moe_layers", 26},     {"streamed_expert_bytes", 28.8e9}};
   const std::string md = report_of({r, streamed});
   EXPECT_NE(md.find("| 13.2 ms | 75.78 | 2.98 ms | 77% | 9.08 ms | 18 of 26 | — |"), std::string::npos) << md;
   EXPECT_NE(md.find("| 26 of 26 | 28.8 GB at 53.3 GB/s |"), std::string::npos) << md;
@@ -448,7 +458,7 @@ TEST(Cli, ReportShowsWholeStepsWhereTheirTimeGoes) {
 TEST(Cli, ReportListsAStepsOpsLargestFirst) {
   PointResult r = layer_step("acceptance", 3.3e-3);
   r.counters = {{"tokens_per_s", 303}, {"kernel_time_s", 3.2e-3}, {"gpu_idle_fraction", 0.03},
-                {"op_us.decode", 500}, {"op_us.gate_up", 1000}, {"op_us.norm", 500}};
+                {"op_us.decode", 500}, {"op_us.gate_up", 1000},   {"op_us.norm", 500}};
   const std::string md = report_of({r});
   EXPECT_NE(md.find("| gate_up 1000 (50%), decode 500 (25%), norm 500 (25%) |"), std::string::npos) << md;
 }
@@ -457,29 +467,49 @@ TEST(Cli, ReportListsAStepsOpsLargestFirst) {
 TEST(Cli, ReportShowsWhereADecodeCtasTimeGoes) {
   PointResult r = layer_step("kv-splits", 75e-6);
   r.variant = "mla/fused/cuda";
-  r.counters = {{"decode_phase.working_ctas", 22}, {"decode_phase.blocks", 3},          {"decode_phase_us.wait", 4.08},
-                {"decode_phase_us.first_block_landed", -0.83}, {"decode_phase_us.first_block_scored", 0.02},
-                {"decode_phase_us.first_block_maxed", 0.19}, {"decode_phase_us.first_block_handed_over", 3.12},
-                {"decode_phase_us.first_block_accumulated", 4.09}, {"decode_phase_us.last_block_accumulated", 8.17},
-                {"decode_phase_us.done", 9.62}, {"decode_phase_us.last_done", 10.31}, {"decode_phase_us.per_block", 1.99},
+  r.counters = {{"decode_phase.working_ctas", 22},
+                {"decode_phase.blocks", 3},
+                {"decode_phase_us.wait", 4.08},
+                {"decode_phase_us.first_block_landed", -0.83},
+                {"decode_phase_us.first_block_scored", 0.02},
+                {"decode_phase_us.first_block_maxed", 0.19},
+                {"decode_phase_us.first_block_handed_over", 3.12},
+                {"decode_phase_us.first_block_accumulated", 4.09},
+                {"decode_phase_us.last_block_accumulated", 8.17},
+                {"decode_phase_us.done", 9.62},
+                {"decode_phase_us.last_done", 10.31},
+                {"decode_phase_us.per_block", 1.99},
                 {"decode_phase_us.span", 14.08}};
   const std::string md = report_of({r});
-  EXPECT_NE(md.find("| 22 | 3 | 4.08 | -0.83 | 0.02 | 0.19 | 3.12 | 4.09 | 8.17 | 9.62 | 10.31 | 1.99 | 14.08 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 22 | 3 | 4.08 | -0.83 | 0.02 | 0.19 | 3.12 | 4.09 | 8.17 | 9.62 | 10.31 | 1.99 | 14.08 |"),
+            std::string::npos)
+      << md;
   // The 128-head kernel records a subset: the others are dashes.
-  for (const char* absent : {"decode_phase_us.first_block_landed", "decode_phase_us.first_block_maxed", "decode_phase_us.first_block_handed_over"})
+  for (const char* absent : {"decode_phase_us.first_block_landed", "decode_phase_us.first_block_maxed",
+                             "decode_phase_us.first_block_handed_over"})
     r.counters.erase(absent);
-  EXPECT_NE(report_of({r}).find("| 22 | 3 | 4.08 | - | 0.02 | - | - | 4.09 | 8.17 | 9.62 | 10.31 | 1.99 | 14.08 |"), std::string::npos) << report_of({r});
+  EXPECT_NE(report_of({r}).find("| 22 | 3 | 4.08 | - | 0.02 | - | - | 4.09 | 8.17 | 9.62 | 10.31 | 1.99 | 14.08 |"),
+            std::string::npos)
+      << report_of({r});
   PointResult plain = layer_step("kv-splits", 75e-6);
   EXPECT_EQ(report_of({plain}).find("decode_phase_us"), std::string::npos) << "no phase counters, no phase table";
   EXPECT_EQ(report_of({r}).find("what the switch costs"), std::string::npos) << "one segment a CTA, no switch table";
   // Two segments a CTA (the 128-head kernel): the switch's phases, its cost and two steady blocks.
-  r.counters.insert({{"decode_phase_us.first_segment_accumulated", 146.7}, {"decode_phase_us.first_segment_written", 159.1},
-                     {"decode_phase_us.second_segment_q_landed", 163.7}, {"decode_phase_us.second_segment_first_accumulated", 172.8}});
-  EXPECT_NE(report_of({r}).find("| - | - | 146.70 | - | 159.10 | 163.70 | - | 172.80 | - | 26.10 | 3.98 |"), std::string::npos) << report_of({r});
-  // Session 37's phases inside the switch: the tail entered and its last pair, the stores, the next blocks scored.
-  r.counters.insert({{"decode_phase_us.first_segment_last_pairs", 130.0}, {"decode_phase_us.first_segment_last_pair", 143.5},
-                     {"decode_phase_us.first_segment_stored", 151.0}, {"decode_phase_us.second_segment_scored", 166.2}});
-  EXPECT_NE(report_of({r}).find("| 130.00 | 143.50 | 146.70 | 151.00 | 159.10 | 163.70 | 166.20 | 172.80 | 16.70 | 26.10 | 3.98 |"), std::string::npos)
+  r.counters.insert({{"decode_phase_us.first_segment_accumulated", 146.7},
+                     {"decode_phase_us.first_segment_written", 159.1},
+                     {"decode_phase_us.second_segment_q_landed", 163.7},
+                     {"decode_phase_us.second_segment_first_accumulated", 172.8}});
+  EXPECT_NE(report_of({r}).find("| - | - | 146.70 | - | 159.10 | 163.70 | - | 172.80 | - | 26.10 | 3.98 |"),
+            std::string::npos)
+      << report_of({r});
+  // The phases inside the switch: the tail entered and its last pair, the stores, the next blocks scored.
+  r.counters.insert({{"decode_phase_us.first_segment_last_pairs", 130.0},
+                     {"decode_phase_us.first_segment_last_pair", 143.5},
+                     {"decode_phase_us.first_segment_stored", 151.0},
+                     {"decode_phase_us.second_segment_scored", 166.2}});
+  EXPECT_NE(report_of({r}).find(
+                "| 130.00 | 143.50 | 146.70 | 151.00 | 159.10 | 163.70 | 166.20 | 172.80 | 16.70 | 26.10 | 3.98 |"),
+            std::string::npos)
       << report_of({r});
 }
 
@@ -490,7 +520,8 @@ TEST(Cli, ReportPutsSparseAttentionBesideDense) {
   dense.variant = "mla/fused/cuda";
   dense.suite = "gpu-dense-v3";
   dense.model = "deepseek-v3";
-  for (const auto& [k, v] : std::vector<std::pair<const char*, int64_t>>{{"batch", 16}, {"q_len", 1}, {"kv_len", 131072}, {"page_size", 64}})
+  for (const auto& [k, v] :
+       std::vector<std::pair<const char*, int64_t>>{{"batch", 16}, {"q_len", 1}, {"kv_len", 131072}, {"page_size", 64}})
     dense.point.set(k, {std::to_string(v), v, true});
   dense.point.set("kv_dtype", {"bf16", 0, false});
   dense.samples.seconds = {1.317e-3, 1.317e-3, 1.317e-3};
@@ -504,13 +535,16 @@ TEST(Cli, ReportPutsSparseAttentionBesideDense) {
   quest.point.set("budget", {"6144", 6144, true});
   quest.point.set("local", {"4096", 4096, true});
   quest.samples.seconds = {0.2e-3, 0.2e-3, 0.2e-3};
-  quest.counters = {{"kernel_s", 1e-4},           {"selection_share", 0.4},   {"attended_keys", 6144},    {"rel_err_vs_dense", 0.5},
-                    {"op_us.select_scores", 30}, {"op_us.select_pages", 10}, {"op_us.decode", 52.5}, {"op_us.combine", 7.25}};
+  quest.counters = {{"kernel_s", 1e-4},        {"selection_share", 0.4},    {"attended_keys", 6144},
+                    {"rel_err_vs_dense", 0.5}, {"op_us.select_scores", 30}, {"op_us.select_pages", 10},
+                    {"op_us.decode", 52.5},    {"op_us.combine", 7.25}};
   PointResult alone = quest;  // (no dense run at 32K in the file)
   alone.point.set("kv_len", {"32768", 32768, true});
   const std::string md = report_of({dense, quest, alone});
   const std::string stages = " | pages 10, scores 30, decode 52.5, combine 7.25 | ";
-  EXPECT_NE(md.find("| 200 us | 100 us | 40%" + stages + "1.32 ms | 1.2 ms | 12.00x | 6.58x | 6144 | 5.00e-01 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 200 us | 100 us | 40%" + stages + "1.32 ms | 1.2 ms | 12.00x | 6.58x | 6144 | 5.00e-01 |"),
+            std::string::npos)
+      << md;
   EXPECT_NE(md.find("| 200 us | 100 us | 40%" + stages + "— | — | — | — | 6144 | 5.00e-01 |"), std::string::npos) << md;
 }
 
@@ -521,20 +555,24 @@ TEST(CliCompare, DoubledVariantIsSlowerAndFailsTheGate) {
   const fs::path dir = fs::temp_directory_path() / "dslab_cli_compare";
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const std::string run = dslab_binary() + " run --model tiny --variant mla/cd/cpu --variant mla/a_cc_me/cpu --axis kv_len=64 "
-                          "--hot --min-samples 40 --min-time 0 --timeout 5 --out " + (dir / "a").string() + " >/dev/null 2>&1";
+  const std::string run = dslab_binary() +
+                          " run --model tiny --variant mla/cd/cpu --variant mla/a_cc_me/cpu --axis kv_len=64 "
+                          "--hot --min-samples 40 --min-time 0 --timeout 5 --out " +
+                          (dir / "a").string() + " >/dev/null 2>&1";
   ASSERT_EQ(std::system(run.c_str()), 0);
   nlohmann::json j = nlohmann::json::parse(std::ifstream(dir / "a" / "results.json"));
   std::ofstream(dir / "same.json") << j.dump();
   for (auto& b : j["benchmarks"])
     if (b["variant"] == "mla/cd/cpu") {
-      for (const char* k : {"real_time", "cpu_time", "median_time", "p10_time", "p90_time", "mean_time"}) b[k] = b[k].get<double>() * 2;
+      for (const char* k : {"real_time", "cpu_time", "median_time", "p10_time", "p90_time", "mean_time"})
+        b[k] = b[k].get<double>() * 2;
       for (auto& s : b["sample_times"]) s = s.get<double>() * 2;
     }
   std::ofstream(dir / "doubled.json") << j.dump();
   const std::string base = (dir / "a" / "results.json").string();
   auto compare = [&](const std::string& other, const std::string& extra) {
-    const std::string cmd = dslab_binary() + " compare " + base + " " + (dir / other).string() + extra + " > " + (dir / "out.txt").string() + " 2>&1";
+    const std::string cmd = dslab_binary() + " compare " + base + " " + (dir / other).string() + extra + " > " +
+                            (dir / "out.txt").string() + " 2>&1";
     const int rc = std::system(cmd.c_str());
     std::stringstream ss;
     ss << std::ifstream(dir / "out.txt").rdbuf();
@@ -546,7 +584,8 @@ TEST(CliCompare, DoubledVariantIsSlowerAndFailsTheGate) {
   EXPECT_EQ(rc_doubled, 1) << out_doubled;
   const auto line = out_doubled.find("mla/cd/cpu/tiny/batch:1/q_len:1/kv_len:64");
   ASSERT_NE(line, std::string::npos) << out_doubled;
-  EXPECT_NE(out_doubled.substr(line, out_doubled.find('\n', line) - line).find("SLOWER"), std::string::npos) << out_doubled;
+  EXPECT_NE(out_doubled.substr(line, out_doubled.find('\n', line) - line).find("SLOWER"), std::string::npos)
+      << out_doubled;
   // Normalized by the unchanged variant, the doubled one still stands out.
   auto [rc_norm, out_norm] = compare("doubled.json", " --normalize mla/a_cc_me/cpu");
   EXPECT_EQ(rc_norm, 1) << out_norm;
@@ -558,9 +597,11 @@ TEST(CliCompare, DoubledVariantIsSlowerAndFailsTheGate) {
 // The per-kernel counters' names (kernel_us.<name>): nvcc's anonymous namespaces ("(anonymous namespace)", whose
 // parenthesis once cut the name to nothing), templates and parameters dropped; cuBLAS's unmangled names kept.
 TEST(KernelNames, ShortNamesSurviveAnonymousNamespacesAndTemplates) {
-  EXPECT_EQ(gpu::short_kernel_name("_ZN5dslab3mla4cuda46_GLOBAL__N__671bf253_8_fused_cu_c472558e_1912619merge_splits_kernelEPKfS4_iPK4int2iP13__nv_bfloat16"),
+  EXPECT_EQ(gpu::short_kernel_name("_ZN5dslab3mla4cuda46_GLOBAL__N__671bf253_8_fused_cu_c472558e_1912619merge_splits_"
+                                   "kernelEPKfS4_iPK4int2iP13__nv_bfloat16"),
             "merge_splits_kernel");
-  EXPECT_EQ(gpu::short_kernel_name("_ZN5dslab3mla4cuda46_GLOBAL__N__671bf253_8_fused_cu_c472558e_191265roles13decode_kernelILNS0_7KvDtypeE0EEEvNS2_6ParamsE"),
+  EXPECT_EQ(gpu::short_kernel_name("_ZN5dslab3mla4cuda46_GLOBAL__N__671bf253_8_fused_cu_c472558e_191265roles13decode_"
+                                   "kernelILNS0_7KvDtypeE0EEEvNS2_6ParamsE"),
             "decode_kernel");
   EXPECT_EQ(gpu::short_kernel_name("nvjet_sm90_tss_64x8_64x16_4x1_v_bz_TNT"), "nvjet_sm90_tss_64x8_64x16_4x1_v_bz_TNT");
 }
@@ -568,13 +609,14 @@ TEST(KernelNames, ShortNamesSurviveAnonymousNamespacesAndTemplates) {
 
 TEST(Calibrate, RepeatedRunsCombineToTheBestSeenWithTheirSpread) {
   auto run = [](double dram, double hbm, double launch_s) {
-    return nlohmann::json{{"cpu_model", "x"}, {"cpu", {{"threads", 16}, {"dram_read_bytes_per_s", dram}, {"dram_read_how", "probe"}}},
+    return nlohmann::json{{"cpu_model", "x"},
+                          {"cpu", {{"threads", 16}, {"dram_read_bytes_per_s", dram}, {"dram_read_how", "probe"}}},
                           {"gpu", {{"hbm_bytes_per_s", hbm}, {"launch_overhead_s", launch_s}}}};
   };
   const auto m = combine_calibrations({run(100, 3.0, 4e-6), run(150, 3.1, 3e-6), run(110, 2.9, 5e-6)});
   EXPECT_DOUBLE_EQ(m["cpu"]["dram_read_bytes_per_s"].get<double>(), 150);  // a rate: the largest
   EXPECT_DOUBLE_EQ(m["gpu"]["hbm_bytes_per_s"].get<double>(), 3.1);
-  EXPECT_DOUBLE_EQ(m["gpu"]["launch_overhead_s"].get<double>(), 3e-6);    // a cost: the smallest
+  EXPECT_DOUBLE_EQ(m["gpu"]["launch_overhead_s"].get<double>(), 3e-6);  // a cost: the smallest
   EXPECT_DOUBLE_EQ(m["spread"]["cpu.dram_read_bytes_per_s"]["median"].get<double>(), 110);
   EXPECT_NEAR(m["spread"]["cpu.dram_read_bytes_per_s"]["spread"].get<double>(), 50.0 / 110, 1e-12);
   EXPECT_EQ(m["cpu"]["dram_read_how"], "probe");

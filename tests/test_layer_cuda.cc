@@ -36,9 +36,11 @@ struct LayerCase {
 };
 
 std::string describe(const LayerCase& c) {
-  return std::string(c.model) + " layers " + c.layers + " batch " + std::to_string(c.batch) + " kv_len " + std::to_string(c.kv_len) +
-         " steps " + std::to_string(c.steps) + " " + c.attn + " " + c.moe + " " + c.executor + " proj " + c.proj + " kv_splits " + c.kv_splits + " pdl " + c.pdl +
-         " gpu_experts " + c.gpu_experts + " gpu_budget " + c.gpu_budget + (c.cpu_threads ? " cpu_threads " + std::to_string(c.cpu_threads) : "") +
+  return std::string(c.model) + " layers " + c.layers + " batch " + std::to_string(c.batch) + " kv_len " +
+         std::to_string(c.kv_len) + " steps " + std::to_string(c.steps) + " " + c.attn + " " + c.moe + " " +
+         c.executor + " proj " + c.proj + " kv_splits " + c.kv_splits + " pdl " + c.pdl + " gpu_experts " +
+         c.gpu_experts + " gpu_budget " + c.gpu_budget +
+         (c.cpu_threads ? " cpu_threads " + std::to_string(c.cpu_threads) : "") +
          (c.q_len != 1 ? " q_len " + std::to_string(c.q_len) : "");
 }
 
@@ -66,8 +68,9 @@ Point layer_point(const LayerCase& c) {
 }
 
 // Prepares and runs the case once and verifies it against the fp64 stack (bf16: within 2e-2, and not exactly 0, so
-// the output is really computed); the variant comes back for its counters, null if the case is not supported.
-std::unique_ptr<Variant> run_verified(const VariantEntry& entry, const ModelFile& model, const LayerCase& c, uint64_t seed) {
+// the output is really computed); the variant is returned for its counters, null if the case is not supported.
+std::unique_ptr<Variant> run_verified(const VariantEntry& entry, const ModelFile& model, const LayerCase& c,
+                                      uint64_t seed) {
   auto v = entry.make();
   const Support s = v->supports(model, layer_point(c));
   EXPECT_TRUE(s.ok) << s.reason;
@@ -87,7 +90,7 @@ bool available(const char* variant) {
   return e && e->make()->available().ok;
 }
 
-#define REQUIRE_LAYER()                                                                                 \
+#define REQUIRE_LAYER()                                                                               \
   const VariantEntry* entry = find_variant("layer/deepseek/cuda");                                    \
   if (!entry) GTEST_SKIP() << "layer/deepseek/cuda is not built (no CUDA toolkit at configure time)"; \
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent
@@ -123,18 +126,27 @@ TEST(GpuLayer, EveryAttentionAndMoeOpMatchesReferenceStack) {
   REQUIRE_LAYER();
   const uint64_t seed = test::fresh_seed();
   std::vector<LayerCase> cases;
-  for (const char* attn : {"mla/fused/cuda", "mla/a_cc_me/cuda", "mla/a_cc/cuda", "mla/cc/cuda", "mla/cd/cuda", "mla/cd_paged/cuda"})
-    for (const char* moe : {"moe/grouped/cuda", "moe/loop/cuda"}) cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, attn, moe, "eager"});
+  for (const char* attn :
+       {"mla/fused/cuda", "mla/a_cc_me/cuda", "mla/a_cc/cuda", "mla/cc/cuda", "mla/cd/cuda", "mla/cd_paged/cuda"})
+    for (const char* moe : {"moe/grouped/cuda", "moe/loop/cuda"})
+      cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, attn, moe, "eager"});
   cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph"});
-  cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph", "cublas"});  // cuBLAS projections
-  cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph", "cublas", "2"});  // 2 splits
-  cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph", "cublas", "auto", "off"});  // plain launches
-  cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "eager", "own", "auto", "off"});
-  cases.push_back({"tiny", "all", 3, 40, 1, "mla/a_cc_me/cuda", "moe/grouped/cuda", "graph"});  // embedding, dense + MoE layer, LM head
-  LayerCase chunk{"tiny", "all", 2, 40, 1, "mla/a_cc_me/cuda", "moe/grouped/cuda", "eager"};  // a 100-token chunk: its last layer
-  chunk.q_len = 100;                                                                            // and LM head checked on 64 rows
+  cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph",
+                   "cublas"});  // cuBLAS projections
+  cases.push_back(
+      {"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph", "cublas", "2"});  // 2 splits
+  cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "graph", "cublas", "auto",
+                   "off"});  // plain launches
+  cases.push_back(
+      {"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/grouped/cuda", "eager", "own", "auto", "off"});
+  cases.push_back({"tiny", "all", 3, 40, 1, "mla/a_cc_me/cuda", "moe/grouped/cuda",
+                   "graph"});  // embedding, dense + MoE layer, LM head
+  LayerCase chunk{"tiny", "all", 2, 40, 1, "mla/a_cc_me/cuda", "moe/grouped/cuda",
+                  "eager"};  // a 100-token chunk: its last layer
+  chunk.q_len = 100;         // and LM head checked on 64 rows
   cases.push_back(chunk);
-  if (available("mla/flashinfer/cuda")) cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/flashinfer/cuda", "moe/grouped/cuda", "graph"});
+  if (available("mla/flashinfer/cuda"))
+    cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/flashinfer/cuda", "moe/grouped/cuda", "graph"});
   if (cpu_info().avx512_bf16) {  // KTransformers' split: routed experts on the CPU, inside the captured step
     cases.push_back({"deepseek-v2-lite", "2", 2, 150, 1, "mla/fused/cuda", "moe/host/cuda", "graph"});
     cases.push_back({"tiny", "all", 3, 40, 1, "mla/a_cc_me/cuda", "moe/host/cuda", "eager"});
@@ -191,11 +203,13 @@ TEST(GpuLayer, SplitStepRunsTheFirstMoeLayersExpertsOnTheGpuAndTheRestOnTheCpu) 
 #ifdef DSLAB_HAVE_CUDA
 double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), den += double(b[i]) * b[i];
+  for (size_t i = 0; i < a.size(); ++i)
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]), den += double(b[i]) * b[i];
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
-std::vector<std::vector<float>> recorded_run(const VariantEntry& entry, const LayerCase& c, uint64_t seed, int* captures) {
+std::vector<std::vector<float>> recorded_run(const VariantEntry& entry, const LayerCase& c, uint64_t seed,
+                                             int* captures) {
   const ModelFile model = load_model_file(c.model);
   auto v = entry.make();
   auto* layer = dynamic_cast<layer::cuda::DeepseekLayerCuda*>(v.get());
@@ -227,7 +241,8 @@ TEST(GpuLayer, StreamedExpertsMatchTheReferenceAndTheResidentExpertsAtEveryStep)
   const auto streamed_steps = recorded_run(*entry, c, seed, nullptr);
   const auto resident_steps = recorded_run(*entry, resident, seed, nullptr);
   ASSERT_EQ(streamed_steps.size(), resident_steps.size());
-  for (size_t s = 0; s < streamed_steps.size(); ++s) EXPECT_LE(max_rel_diff(streamed_steps[s], resident_steps[s]), 1e-6) << "step " << s;
+  for (size_t s = 0; s < streamed_steps.size(); ++s)
+    EXPECT_LE(max_rel_diff(streamed_steps[s], resident_steps[s]), 1e-6) << "step " << s;
 }
 
 // gpu_experts=hot:N: each layer's N most routed experts on the GPU beside the CPU's share, in one captured step:
@@ -260,8 +275,9 @@ TEST(GpuLayer, HotExpertsRunOnTheGpuBesideTheCpuShare) {
   // The same experts in bf16 on either side: only accumulation order and the SwiGLU's rounding differ, but layer 2's
   // router already sees layer 1's outputs with those differences, so a near-tie choice may go the other way in one
   // run from the first step on (device runs saw 7.6e-3 at step 1, and 1.1e-2 at step 0 where the layer's verify
-  // reported a selection-score gap of 0.0048, seed 8826768128240392585, session 21): the layer's bf16 bound.
-  for (size_t s = 0; s < hot_steps.size(); ++s) EXPECT_LE(max_rel_diff(hot_steps[s], cpu_steps[s]), 2e-2) << "step " << s;
+  // reported a selection-score gap of 0.0048, seed 8826768128240392585): the layer's bf16 bound.
+  for (size_t s = 0; s < hot_steps.size(); ++s)
+    EXPECT_LE(max_rel_diff(hot_steps[s], cpu_steps[s]), 2e-2) << "step " << s;
   // all of the experts is not a hot set; a GPU op takes none
   c.gpu_experts = "hot:64";
   EXPECT_NE(v->supports(model, layer_point(c)).reason.find("gpu_experts: hot:64"), std::string::npos);
@@ -274,10 +290,12 @@ TEST(GpuLayer, HotExpertsRunOnTheGpuBesideTheCpuShare) {
 TEST(GpuLayer, GraphReplayMatchesEagerAtEveryStepWithoutRecapture) {
   REQUIRE_LAYER();
   const uint64_t seed = test::fresh_seed();
-  std::vector<LayerCase> bases{LayerCase{"deepseek-v2-lite", "2", 4, 200, 64, "mla/fused/cuda", "moe/grouped/cuda", "eager"},
-                               LayerCase{"tiny", "all", 2, 30, 16, "mla/a_cc_me/cuda", "moe/grouped/cuda", "eager"}};
+  std::vector<LayerCase> bases{
+      LayerCase{"deepseek-v2-lite", "2", 4, 200, 64, "mla/fused/cuda", "moe/grouped/cuda", "eager"},
+      LayerCase{"tiny", "all", 2, 30, 16, "mla/a_cc_me/cuda", "moe/grouped/cuda", "eager"}};
   // FlashInfer's plan made again for each step's lengths and copied in before the replay, as the fused kernel's
-  if (available("mla/flashinfer/cuda")) bases.push_back({"deepseek-v2-lite", "2", 4, 200, 16, "mla/flashinfer/cuda", "moe/grouped/cuda", "eager"});
+  if (available("mla/flashinfer/cuda"))
+    bases.push_back({"deepseek-v2-lite", "2", 4, 200, 16, "mla/flashinfer/cuda", "moe/grouped/cuda", "eager"});
   for (const LayerCase& base : bases) {
     SCOPED_TRACE(describe(base));
     LayerCase graph = base;
@@ -287,8 +305,10 @@ TEST(GpuLayer, GraphReplayMatchesEagerAtEveryStepWithoutRecapture) {
     const auto graph_steps = recorded_run(*entry, graph, seed, &captures);
     ASSERT_EQ(eager_steps.size(), size_t(base.steps));
     ASSERT_EQ(graph_steps.size(), size_t(base.steps));
-    EXPECT_EQ(captures, 1) << "one graph for every step: lengths, page table, positions and schedule are updated in place";
-    for (int64_t s = 0; s < base.steps; ++s) EXPECT_LE(max_rel_diff(graph_steps[size_t(s)], eager_steps[size_t(s)]), 1e-6) << "step " << s;
+    EXPECT_EQ(captures, 1)
+        << "one graph for every step: lengths, page table, positions and schedule are updated in place";
+    for (int64_t s = 0; s < base.steps; ++s)
+      EXPECT_LE(max_rel_diff(graph_steps[size_t(s)], eager_steps[size_t(s)]), 1e-6) << "step " << s;
     // The steps really differ (each sees one more cached token at a new position), so equality above means something.
     EXPECT_GT(max_rel_diff(eager_steps.back(), eager_steps.front()), 1e-3);
   }
@@ -339,7 +359,8 @@ TEST(GpuLayer, StepQueuesWithoutAllocationOrHostSynchronisation) {
   };
   EXPECT_TRUE(captures_globally("moe/grouped/cuda"));
   EXPECT_TRUE(captures_globally("moe/grouped/cuda", "streamed"));  // the experts' copies and their events too
-  EXPECT_FALSE(captures_globally("moe/loop/cuda")) << "the control: the loop's host read of the routing must break the capture";
+  EXPECT_FALSE(captures_globally("moe/loop/cuda"))
+      << "the control: the loop's host read of the routing must break the capture";
 }
 #endif
 

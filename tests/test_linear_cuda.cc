@@ -11,8 +11,8 @@
 #include "tests/test_util.h"
 #ifdef DSLAB_HAVE_CUDA
 #include "variants/common/bf16.h"
-#include "variants/linear/cuda/stream_gemm.h"
-#include "variants/mla/cuda/mla_cuda.h"
+#include "variants/common/cuda/stream_gemm.h"
+#include "variants/common/cuda/blas.h"
 #include "variants/reference/reference.h"
 #endif
 
@@ -33,8 +33,10 @@ TEST_P(GpuLinear, MatchesFp64ProductForEveryWeightAndRowCount) {
   if (!entry) GTEST_SKIP() << GetParam() << " is not built (no CUDA toolkit at configure time)";
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
   const uint64_t seed = test::fresh_seed();
-  const std::vector<std::string> weights = {"q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj", "shared_gate_up",
-                                            "shared_down_proj", "dense_gate_up", "dense_down_proj", "gate", "lm_head"};
+  const std::vector<std::string> weights = {
+      "q_proj",          "q_a_proj",       "q_b_proj",         "kv_a_proj_with_mqa",
+      "o_proj",          "shared_gate_up", "shared_down_proj", "dense_gate_up",
+      "dense_down_proj", "gate",           "lm_head"};
   int checked = 0;
   for (const char* model_name : {"tiny", "deepseek-v2-lite", "deepseek-v3"}) {
     const ModelFile model = load_model_file(model_name);
@@ -64,12 +66,13 @@ TEST_P(GpuLinear, MatchesFp64ProductForEveryWeightAndRowCount) {
   EXPECT_GT(checked, 70);
 }
 
-INSTANTIATE_TEST_SUITE_P(Gpu, GpuLinear, ::testing::Values("linear/own/cuda", "linear/cublas/cuda"), [](const auto& info) {
-  std::string n = info.param;
-  for (char& ch : n)
-    if (ch == '/') ch = '_';
-  return n;
-});
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuLinear, ::testing::Values("linear/own/cuda", "linear/cublas/cuda"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n)
+                             if (ch == '/') ch = '_';
+                           return n;
+                         });
 
 TEST(Linear, UnknownWeightIsBadInput) {
   const VariantEntry* entry = find_variant("linear/own/cuda");
@@ -85,24 +88,25 @@ TEST(Linear, GemvSplitFillsOneWave) {
   // o_proj (2048) two, q_proj (3072) and the LM head one; a split never leaves a lane without a 16-byte chunk
   // (K 512: at most two warps).
   // Small matrices:
-  EXPECT_EQ(mla::cuda::gemv_split(576, 2048, 4224), 4);
-  EXPECT_EQ(mla::cuda::gemv_split(2048, 2048, 4224), 2);
-  EXPECT_EQ(mla::cuda::gemv_split(3072, 2048, 4224), 1);
-  EXPECT_EQ(mla::cuda::gemv_split(102400, 2048, 4224), 1);
-  EXPECT_EQ(mla::cuda::gemv_split(64, 512, 4224), 2);
-  EXPECT_EQ(mla::cuda::gemv_split(64, 256, 4224), 1);
-  EXPECT_EQ(mla::cuda::gemv_split(16, 16384, 4224), 8);  // never more than one CTA per feature
+  EXPECT_EQ(gpu::gemv_split(576, 2048, 4224), 4);
+  EXPECT_EQ(gpu::gemv_split(2048, 2048, 4224), 2);
+  EXPECT_EQ(gpu::gemv_split(3072, 2048, 4224), 1);
+  EXPECT_EQ(gpu::gemv_split(102400, 2048, 4224), 1);
+  EXPECT_EQ(gpu::gemv_split(64, 512, 4224), 2);
+  EXPECT_EQ(gpu::gemv_split(64, 256, 4224), 1);
+  EXPECT_EQ(gpu::gemv_split(16, 16384, 4224), 8);  // never more than one CTA per feature
   // Long rows: about one batch of 8 loads per lane, many waves (V3's o_proj: 7168 x 16384; V2-Lite's dense down).
-  EXPECT_EQ(mla::cuda::gemv_split(7168, 16384, 4224), 8);
-  EXPECT_EQ(mla::cuda::gemv_split(2048, 10944, 4224), 4);
+  EXPECT_EQ(gpu::gemv_split(7168, 16384, 4224), 8);
+  EXPECT_EQ(gpu::gemv_split(2048, 10944, 4224), 4);
 }
 
 // Which shapes dslab's streaming GEMM takes (no GPU needed): a transposed weight against up to 128 rows, K in whole
 // 64-wide chunks, 16-byte aligned A and B; K split at most 8 ways (a cluster), two chunks a split at least.
 TEST(Linear, StreamGemmTakesDecodeShapesOnly) {
-  using namespace mla::cuda;
+  using namespace gpu;
   auto* w = reinterpret_cast<const void*>(uintptr_t(1) << 20);
-  const GemmShape qkv_a = gemm_shape(CUBLAS_OP_T, CUBLAS_OP_N, 2112, 64, 7168, w, 7168, 0, w, 7168, 0, w, CUDA_R_32F, 2112, 0, 1, 0.0f);
+  const GemmShape qkv_a =
+      gemm_shape(CUBLAS_OP_T, CUBLAS_OP_N, 2112, 64, 7168, w, 7168, 0, w, 7168, 0, w, CUDA_R_32F, 2112, 0, 1, 0.0f);
   EXPECT_TRUE(stream_gemm_fits(qkv_a));
   GemmShape s = qkv_a;
   s.n = 129;  // past two 64-row MMA tiles
@@ -118,10 +122,11 @@ TEST(Linear, StreamGemmTakesDecodeShapesOnly) {
   s.alignment = 8;
   EXPECT_FALSE(stream_gemm_fits(s));
   // absorb_output's per-head product (V3, 16 heads): batches along A's rows and B's columns
-  const GemmShape absorb_o = gemm_shape(CUBLAS_OP_T, CUBLAS_OP_N, 128, 64, 512, w, 512, 256 * 512, w, 16 * 512, 512, w, CUDA_R_16BF, 16 * 128, 128, 16, 0.0f);
+  const GemmShape absorb_o = gemm_shape(CUBLAS_OP_T, CUBLAS_OP_N, 128, 64, 512, w, 512, 256 * 512, w, 16 * 512, 512, w,
+                                        CUDA_R_16BF, 16 * 128, 128, 16, 0.0f);
   EXPECT_TRUE(stream_gemm_fits(absorb_o));
-  EXPECT_TRUE(stream_gemm_splits_ok(qkv_a, 8));    // 112 chunks
-  EXPECT_FALSE(stream_gemm_splits_ok(qkv_a, 16));  // past a portable cluster
+  EXPECT_TRUE(stream_gemm_splits_ok(qkv_a, 8));     // 112 chunks
+  EXPECT_FALSE(stream_gemm_splits_ok(qkv_a, 16));   // past a portable cluster
   EXPECT_TRUE(stream_gemm_splits_ok(absorb_o, 4));  // 8 chunks, two a split
   EXPECT_FALSE(stream_gemm_splits_ok(absorb_o, 8));
 }
@@ -130,7 +135,7 @@ TEST(Linear, StreamGemmTakesDecodeShapesOnly) {
 // fp64 product, with the own GEMV (1 and 2 rows: one launch for both) and past it (3 rows: cuBLAS, two GEMMs).
 TEST(GpuLinearPair, StackedProjectionsMatchFp64) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
-  using namespace mla::cuda;
+  using namespace gpu;
   const int64_t in = 2048, out1 = 16 * 192, out2 = 576;
   const uint64_t seed = test::fresh_seed();
   const std::vector<bf16> w = ref::random_bf16(seed, "w", size_t((out1 + out2) * in), 0.02f);
@@ -154,8 +159,10 @@ TEST(GpuLinearPair, StackedProjectionsMatchFp64) {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t n = 0; n < out1 + out2; ++n) {
         double want = 0;
-        for (int64_t k = 0; k < in; ++k) want += double(to_float(x[size_t(r * in + k)])) * double(to_float(w[size_t(n * in + k)]));
-        const double got = n < out1 ? double(to_float(got1[size_t(r * out1 + n)])) : double(got2[size_t(r * out2 + n - out1)]);
+        for (int64_t k = 0; k < in; ++k)
+          want += double(to_float(x[size_t(r * in + k)])) * double(to_float(w[size_t(n * in + k)]));
+        const double got =
+            n < out1 ? double(to_float(got1[size_t(r * out1 + n)])) : double(got2[size_t(r * out2 + n - out1)]);
         (n < out1 ? err1 : err2) += (got - want) * (got - want);
         (n < out1 ? norm1 : norm2) += want * want;
       }
@@ -172,22 +179,24 @@ std::vector<float> floats_of(const std::vector<bf16>& v) {
   for (size_t i = 0; i < v.size(); ++i) f[i] = to_float(v[i]);
   return f;
 }
-std::vector<double> fp64_linear(const std::vector<bf16>& x, const std::vector<bf16>& w, int64_t rows, int64_t in, int64_t out) {
+std::vector<double> fp64_linear(const std::vector<bf16>& x, const std::vector<bf16>& w, int64_t rows, int64_t in,
+                                int64_t out) {
   std::vector<double> product(size_t(rows * out));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t n = 0; n < out; ++n) {
       double sum = 0;
-      for (int64_t k = 0; k < in; ++k) sum += double(to_float(x[size_t(r * in + k)])) * double(to_float(w[size_t(n * in + k)]));
+      for (int64_t k = 0; k < in; ++k)
+        sum += double(to_float(x[size_t(r * in + k)])) * double(to_float(w[size_t(n * in + k)]));
       product[size_t(r * out + n)] = sum;
     }
   return product;
 }
 // linear() without accumulation into the bf16 `y` (first filled with 0xFF bytes: NaN wherever nothing is written),
 // read back: its relative L2 error against `want`.
-double bf16_linear_rel_err(mla::cuda::BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out,
-                           mla::cuda::DeviceArray<__nv_bfloat16>& y, const std::vector<double>& want) {
+double bf16_linear_rel_err(gpu::BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w,
+                           int64_t out, gpu::DeviceArray<__nv_bfloat16>& y, const std::vector<double>& want) {
   y.fill_bytes(0xFF);
-  mla::cuda::linear(h, x, rows, in, w, out, y.get(), CUDA_R_16BF);
+  gpu::linear(h, x, rows, in, w, out, y.get(), CUDA_R_16BF);
   std::vector<bf16> got(y.size());
   DSLAB_CUDA(cudaDeviceSynchronize());
   DSLAB_CUDA(cudaMemcpy(got.data(), y.get(), got.size() * 2, cudaMemcpyDeviceToHost));
@@ -200,7 +209,7 @@ double bf16_linear_rel_err(mla::cuda::BlasHandle& h, const __nv_bfloat16* x, int
 // heuristic pick there (no tuning: it would synchronise) and the replayed graph is still right.
 TEST(GpuTunedGemm, AccumulatesIntoTheCallersOutputAndCapturesUntuned) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
-  using namespace mla::cuda;
+  using namespace gpu;
   const int64_t rows = 16, in = 1024, out = 768;
   const uint64_t seed = test::fresh_seed();
   const std::vector<bf16> w = ref::random_bf16(seed, "w", size_t(out * in), 0.03f);
@@ -238,7 +247,8 @@ TEST(GpuTunedGemm, AccumulatesIntoTheCallersOutputAndCapturesUntuned) {
     ASSERT_NE(choice, nullptr) << "an eager first call tunes";
     EXPECT_GE(choice->candidates, 1);
     EXPECT_GT(choice->tuned_us, 0.0);
-    EXPECT_LE(choice->tuned_us, choice->heuristic_us) << "the first candidate is a candidate: the fastest is at most its time";
+    EXPECT_LE(choice->tuned_us, choice->heuristic_us)
+        << "the first candidate is a candidate: the fastest is at most its time";
     if (slices != 0) EXPECT_EQ(choice->k_slices, slices);
     linear(h, dx.get(), rows, in, dw.get(), out, y.get(), CUDA_R_32F, 1.0f);
     EXPECT_LE(error_after(2), 1e-5);
@@ -249,7 +259,9 @@ TEST(GpuTunedGemm, AccumulatesIntoTheCallersOutputAndCapturesUntuned) {
     h.tuner().only_slices(4);
     DeviceArray<__nv_bfloat16> yb(size_t(rows * out));
     EXPECT_LE(bf16_linear_rel_err(h, dx.get(), rows, in, dw.get(), out, yb, product), 1e-2);
-    EXPECT_EQ(h.tuner().choice(linear_gemm_shape(dx.get(), rows, in, dw.get(), out, yb.get(), CUDA_R_16BF, 0.0f))->k_slices, 4);
+    EXPECT_EQ(
+        h.tuner().choice(linear_gemm_shape(dx.get(), rows, in, dw.get(), out, yb.get(), CUDA_R_16BF, 0.0f))->k_slices,
+        4);
   }
   {
     BlasHandle h;
@@ -264,7 +276,8 @@ TEST(GpuTunedGemm, AccumulatesIntoTheCallersOutputAndCapturesUntuned) {
     linear(h, dx.get(), rows, in, dw.get(), out, y.get(), CUDA_R_32F, 1.0f);
     DSLAB_CUDA(cudaStreamEndCapture(stream, &graph));
     DSLAB_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    EXPECT_EQ(h.tuner().choice(linear_gemm_shape(dx.get(), rows, in, dw.get(), out, y.get(), CUDA_R_32F, 1.0f)), nullptr)
+    EXPECT_EQ(h.tuner().choice(linear_gemm_shape(dx.get(), rows, in, dw.get(), out, y.get(), CUDA_R_32F, 1.0f)),
+              nullptr)
         << "no tuning inside a capture";
     DSLAB_CUDA(cudaGraphLaunch(exec, stream));
     DSLAB_CUDA(cudaStreamSynchronize(stream));
@@ -280,7 +293,7 @@ TEST(GpuTunedGemm, AccumulatesIntoTheCallersOutputAndCapturesUntuned) {
 // inside a capture (untuned) y itself too. Each against fp64.
 TEST(GpuTunedGemm, UnsummedSlicesAddUpToTheProduct) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
-  using namespace mla::cuda;
+  using namespace gpu;
   const int64_t rows = 24, in = 2048, out = 320;
   const uint64_t seed = test::fresh_seed();
   const std::vector<bf16> w = ref::random_bf16(seed, "w", size_t(out * in), 0.03f);
@@ -295,7 +308,8 @@ TEST(GpuTunedGemm, UnsummedSlicesAddUpToTheProduct) {
     std::vector<float> parts(size_t(k.count) * size_t(rows * out));
     DSLAB_CUDA(cudaDeviceSynchronize());
     for (int s = 0; s < k.count; ++s)
-      DSLAB_CUDA(cudaMemcpy(parts.data() + size_t(s) * size_t(rows * out), k.data + s * k.stride, size_t(rows * out) * 4, cudaMemcpyDeviceToHost));
+      DSLAB_CUDA(cudaMemcpy(parts.data() + size_t(s) * size_t(rows * out), k.data + s * k.stride,
+                            size_t(rows * out) * 4, cudaMemcpyDeviceToHost));
     std::vector<float> sum(size_t(rows * out), 0.0f);
     for (int s = 0; s < k.count; ++s)
       for (size_t i = 0; i < sum.size(); ++i) sum[i] += parts[size_t(s) * sum.size() + i];
@@ -309,12 +323,15 @@ TEST(GpuTunedGemm, UnsummedSlicesAddUpToTheProduct) {
     y.fill_bytes(0xFF);  // (NaN: a sliced run must not need it, an unsliced one must overwrite it)
     const KSlices k = linear_unsummed(h, dx.get(), rows, in, dw.get(), out, y.get());
     EXPECT_EQ(k.count, slices);
-    if (slices == 1) EXPECT_EQ(k.data, y.get());
-    else EXPECT_EQ(k.stride, rows * out);
+    if (slices == 1)
+      EXPECT_EQ(k.data, y.get());
+    else
+      EXPECT_EQ(k.stride, rows * out);
     const double err = error_of(k);
     EXPECT_LE(err, 1e-5);
     EXPECT_GT(err, 0.0) << "fp32 sums cannot match fp64 exactly: is the output really computed?";
-    EXPECT_EQ(error_of(linear_unsummed(h, dx.get(), rows, in, dw.get(), out, y.get())), err) << "a second call runs the same way";
+    EXPECT_EQ(error_of(linear_unsummed(h, dx.get(), rows, in, dw.get(), out, y.get())), err)
+        << "a second call runs the same way";
   }
   {
     BlasHandle h;
@@ -350,18 +367,19 @@ TEST(GpuTunedGemm, MlaStepWithSlicedProjectionsMatchesReference) {
   if (Support a = entry->make()->available(); !a.ok) GTEST_SKIP() << a.reason;
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
   struct Restore {
-    ~Restore() { mla::cuda::GemmTuner::slice_everywhere_for_tests(0); }
+    ~Restore() { gpu::GemmTuner::slice_everywhere_for_tests(0); }
   } restore;
   const ModelFile model = load_model_file("deepseek-v3");
   Point p;
-  for (const auto& [axis, value] : std::vector<std::pair<std::string, int64_t>>{{"batch", 8}, {"q_len", 1}, {"kv_len", 300}, {"heads", 16}, {"page_size", 64}})
+  for (const auto& [axis, value] : std::vector<std::pair<std::string, int64_t>>{
+           {"batch", 8}, {"q_len", 1}, {"kv_len", 300}, {"heads", 16}, {"page_size", 64}})
     p.set(axis, {std::to_string(value), value, true});
   for (const auto& [axis, value] : std::vector<std::pair<std::string, std::string>>{
            {"len_dist", "mixed"}, {"kv_dtype", "bf16"}, {"executor", "graph"}, {"kv_splits", "auto"}, {"proj", "own"}})
     p.set(axis, {value, 0, false});
   for (int slices : {2, 4, 8}) {
     SCOPED_TRACE("K slices " + std::to_string(slices));
-    mla::cuda::GemmTuner::slice_everywhere_for_tests(slices);
+    gpu::GemmTuner::slice_everywhere_for_tests(slices);
     auto v = entry->make();
     ASSERT_TRUE(v->supports(model, p).ok);
     v->prepare(model, p, test::fresh_seed());
@@ -379,7 +397,7 @@ TEST(GpuTunedGemm, MlaStepWithSlicedProjectionsMatchesReference) {
 // MlaOp's absorb_output (W_UV inside kv_b_proj, o_lat rows [t][h][rank], out [t][h][vd]); each against fp64.
 TEST(GpuTunedGemm, OwnStreamingKernelMatchesFp64) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
-  using namespace mla::cuda;
+  using namespace gpu;
   const uint64_t seed = test::fresh_seed();
   const int64_t in = 512, out = 200;
   const std::vector<bf16> w = ref::random_bf16(seed, "w", size_t(out * in), 0.05f);
@@ -407,7 +425,8 @@ TEST(GpuTunedGemm, OwnStreamingKernelMatchesFp64) {
       const double err = ref::relative_l2_error(got.data(), want.data(), want.size());
       EXPECT_LE(err, 1e-5);
       EXPECT_GT(err, 0.0) << "fp32 sums cannot match fp64 exactly: is the output really computed?";
-      const TunedChoice* choice = h.tuner().choice(linear_gemm_shape(dx.get(), rows, in, dw.get(), out, y.get(), CUDA_R_32F, 1.0f));
+      const TunedChoice* choice =
+          h.tuner().choice(linear_gemm_shape(dx.get(), rows, in, dw.get(), out, y.get(), CUDA_R_32F, 1.0f));
       ASSERT_NE(choice, nullptr);
       EXPECT_TRUE(choice->own_kernel);
       EXPECT_EQ(choice->k_slices, splits);
@@ -428,8 +447,8 @@ TEST(GpuTunedGemm, OwnStreamingKernelMatchesFp64) {
     BlasHandle h;
     h.set_projections(Projections::own);
     h.tuner().only_own(1);
-    gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, vd, tokens, rank, dkv.get() + nope * rank, rank, per_head, dlat.get(), heads * rank, rank, dattn.get(),
-         CUDA_R_16BF, heads * vd, vd, heads);
+    gemm(h, CUBLAS_OP_T, CUBLAS_OP_N, vd, tokens, rank, dkv.get() + nope * rank, rank, per_head, dlat.get(),
+         heads * rank, rank, dattn.get(), CUDA_R_16BF, heads * vd, vd, heads);
     std::vector<bf16> got(dattn.size());
     DSLAB_CUDA(cudaDeviceSynchronize());
     DSLAB_CUDA(cudaMemcpy(got.data(), dattn.get(), got.size() * 2, cudaMemcpyDeviceToHost));
@@ -439,13 +458,15 @@ TEST(GpuTunedGemm, OwnStreamingKernelMatchesFp64) {
         for (int64_t v = 0; v < vd; ++v) {
           double sum = 0;
           for (int64_t k = 0; k < rank; ++k)
-            sum += double(to_float(o_lat[size_t((t * heads + hd) * rank + k)])) * double(to_float(kv_b[size_t(hd * per_head + (nope + v) * rank + k)]));
+            sum += double(to_float(o_lat[size_t((t * heads + hd) * rank + k)])) *
+                   double(to_float(kv_b[size_t(hd * per_head + (nope + v) * rank + k)]));
           const size_t at = size_t((t * heads + hd) * vd + v);
           want[at] = sum;
         }
     EXPECT_LE(ref::relative_l2_error(floats_of(got).data(), want.data(), want.size()), 1e-2);
-    const GemmShape shape = gemm_shape(CUBLAS_OP_T, CUBLAS_OP_N, vd, tokens, rank, dkv.get() + nope * rank, rank, per_head, dlat.get(), heads * rank,
-                                       rank, dattn.get(), CUDA_R_16BF, heads * vd, vd, heads, 0.0f);
+    const GemmShape shape =
+        gemm_shape(CUBLAS_OP_T, CUBLAS_OP_N, vd, tokens, rank, dkv.get() + nope * rank, rank, per_head, dlat.get(),
+                   heads * rank, rank, dattn.get(), CUDA_R_16BF, heads * vd, vd, heads, 0.0f);
     ASSERT_NE(h.tuner().choice(shape), nullptr);
     EXPECT_TRUE(h.tuner().choice(shape)->own_kernel);
   }
@@ -456,7 +477,7 @@ TEST(GpuTunedGemm, OwnStreamingKernelMatchesFp64) {
 // kGemvRows rows, or with cuBLAS projections, it declines (false) and writes nothing.
 TEST(GpuBatchedGemv, PerHeadProductsMatchFp64InBothLayouts) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
-  using namespace mla::cuda;
+  using namespace gpu;
   const uint64_t seed = test::fresh_seed();
   struct Shape {
     int64_t heads, nope, rank, vd;
@@ -468,18 +489,22 @@ TEST(GpuBatchedGemv, PerHeadProductsMatchFp64InBothLayouts) {
     DeviceArray<__nv_bfloat16> dw;
     dw.upload(w);
     for (bool k_major : {true, false}) {
-      // k_major (W_UK): x = q_nope inside q [t][h][nope + 8], out [t][h][rank + 8]; else (W_UV): x = o_lat [t][h][rank], out [t][h][vd]
+      // k_major (W_UK): x = q_nope inside q [t][h][nope + 8], out [t][h][rank + 8]; else (W_UV): x = o_lat
+      // [t][h][rank], out [t][h][vd]
       const int64_t K = k_major ? sh.nope : sh.rank, N = k_major ? sh.rank : sh.vd;
       const int64_t x_head = k_major ? sh.nope + 8 : sh.rank, y_head = k_major ? sh.rank + 8 : sh.vd;
       const __nv_bfloat16* wp = dw.get() + (k_major ? 0 : sh.nope * sh.rank);
       for (int64_t rows : {1, 2, 3}) {
-        SCOPED_TRACE("heads " + std::to_string(sh.heads) + (k_major ? " W_UK" : " W_UV") + " rows " + std::to_string(rows));
-        const std::vector<bf16> x = ref::random_bf16(seed + uint64_t(rows), "x", size_t(rows * sh.heads * x_head), 1.0f);
+        SCOPED_TRACE("heads " + std::to_string(sh.heads) + (k_major ? " W_UK" : " W_UV") + " rows " +
+                     std::to_string(rows));
+        const std::vector<bf16> x =
+            ref::random_bf16(seed + uint64_t(rows), "x", size_t(rows * sh.heads * x_head), 1.0f);
         DeviceArray<__nv_bfloat16> dx, dy(size_t(rows * sh.heads * y_head));
         dx.upload(x);
         dy.fill_bytes(0xFF);  // NaN until written
         BlasHandle h;
-        const BatchedGemv g{dx.get(), sh.heads * x_head, x_head, K, wp, per_head, N, k_major, dy.get(), sh.heads * y_head, y_head};
+        const BatchedGemv g{dx.get(), sh.heads * x_head, x_head, K, wp, per_head, N, k_major,
+                            dy.get(), sh.heads * y_head, y_head};
         EXPECT_FALSE(batched_gemv(h, g, rows, sh.heads)) << "a new handle's projections are cublas";
         h.set_projections(Projections::own);
         const bool ran = batched_gemv(h, g, rows, sh.heads);
@@ -503,7 +528,8 @@ TEST(GpuBatchedGemv, PerHeadProductsMatchFp64InBothLayouts) {
               err += (gv - want) * (gv - want);
               norm += want * want;
             }
-            for (int64_t n = N; n < y_head; ++n) untouched += std::isnan(to_float(got[size_t((t * sh.heads + hd) * y_head + n)])) ? 1 : 0;
+            for (int64_t n = N; n < y_head; ++n)
+              untouched += std::isnan(to_float(got[size_t((t * sh.heads + hd) * y_head + n)])) ? 1 : 0;
           }
         EXPECT_LE(std::sqrt(err / norm), 1e-2);  // bf16 output
         EXPECT_EQ(untouched, rows * sh.heads * (y_head - N)) << "wrote outside its rows";

@@ -50,7 +50,8 @@ TEST_P(MlaCpu, MatchesReferenceAtDeepSeekV2Dims) {
   EXPECT_LE(err, 1e-2);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllForms, MlaCpu, ::testing::Values("mla/cd/cpu", "mla/cc/cpu", "mla/a_cc/cpu", "mla/a_cc_me/cpu"),
+INSTANTIATE_TEST_SUITE_P(AllForms, MlaCpu,
+                         ::testing::Values("mla/cd/cpu", "mla/cc/cpu", "mla/a_cc/cpu", "mla/a_cc_me/cpu"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (auto& ch : n)
@@ -92,7 +93,8 @@ TEST(MlaCpuVerify, CatchesAWrongOutput) {
   // v's output against other's reference.
   std::vector<double> ref;
   for (const auto& t : other->tensors())
-    if (t.name == "reference_output") ref.assign(static_cast<const double*>(t.data), static_cast<const double*>(t.data) + t.nbytes / 8);
+    if (t.name == "reference_output")
+      ref.assign(static_cast<const double*>(t.data), static_cast<const double*>(t.data) + t.nbytes / 8);
   EXPECT_GT(ref::relative_l2_error(static_cast<const float*>(out->data), ref.data(), ref.size()), 0.5);
 }
 

@@ -26,8 +26,8 @@ struct GpuCase {
 
 std::string describe(const GpuCase& c) {
   return std::string(c.model) + " heads " + std::to_string(c.heads) + " batch " + std::to_string(c.batch) + " q_len " +
-         std::to_string(c.q_len) + " kv_len " + std::to_string(c.kv_len) + " page_size " + std::to_string(c.page_size) + " " +
-         c.len_dist + " " + c.kv_dtype + " " + c.executor + " kv_splits " + c.kv_splits;
+         std::to_string(c.q_len) + " kv_len " + std::to_string(c.kv_len) + " page_size " + std::to_string(c.page_size) +
+         " " + c.len_dist + " " + c.kv_dtype + " " + c.executor + " kv_splits " + c.kv_splits;
 }
 
 Point point_of(const GpuCase& c) {
@@ -46,7 +46,7 @@ Point point_of(const GpuCase& c) {
 }
 
 // Skips the calling test unless the variant was built and a GPU is present.
-#define REQUIRE_GPU_VARIANT(name)                                                           \
+#define REQUIRE_GPU_VARIANT(name)                                                          \
   const VariantEntry* entry = find_variant(name);                                          \
   if (!entry) GTEST_SKIP() << name << " is not built (no CUDA toolkit at configure time)"; \
   if (Support a = entry->make()->available(); !a.ok) GTEST_SKIP() << a.reason;             \
@@ -81,26 +81,29 @@ TEST_P(GpuMla, MatchesReferenceOverPagesLengthsAndCacheTypes) {
         if (std::string(kv) != "bf16" && !quantised_ok) continue;
         cases.push_back({"deepseek-v2-lite", 16, 3, 1, 150, page, dist, kv});
       }
-  cases.push_back({"deepseek-v2-lite", 16, 2, 2, 130, 16, "mixed", "bf16"});  // MTP: two new tokens, causal between them
-  cases.push_back({"deepseek-v3", 128, 2, 1, 200, 64, "uniform", "bf16"});    // all heads of one GPU: 64-row tiles
+  cases.push_back(
+      {"deepseek-v2-lite", 16, 2, 2, 130, 16, "mixed", "bf16"});            // MTP: two new tokens, causal between them
+  cases.push_back({"deepseek-v3", 128, 2, 1, 200, 64, "uniform", "bf16"});  // all heads of one GPU: 64-row tiles
   // (128 heads from tensor copies: the two-warpgroup kernel's pairs of blocks, segments of one block (its lone
   // block, no second), five (a whole pair, then three left: a pair and a lone block) and mixed)
   cases.push_back({"deepseek-v3", 128, 3, 1, 40, 64, "uniform", "bf16"});
   cases.push_back({"deepseek-v3", 128, 2, 1, 300, 64, "uniform", "bf16"});
-  cases.push_back({"deepseek-v3", 128, 2, 2, 170, 1, "mixed", "bf16"});      // 64-row tiles, MTP: four tiles per request
-  cases.push_back({"deepseek-v3", 128, 2, 2, 170, 64, "mixed", "bf16"});     // the same with tensor-memory-accelerator copies
-  cases.push_back({"deepseek-v3", 64, 3, 1, 90, 256, "uniform", "bf16"});    // one 64-row tile per request
+  cases.push_back({"deepseek-v3", 128, 2, 2, 170, 1, "mixed", "bf16"});  // 64-row tiles, MTP: four tiles per request
+  cases.push_back(
+      {"deepseek-v3", 128, 2, 2, 170, 64, "mixed", "bf16"});  // the same with tensor-memory-accelerator copies
+  cases.push_back({"deepseek-v3", 64, 3, 1, 90, 256, "uniform", "bf16"});  // one 64-row tile per request
   if (quantised_ok) {
-    cases.push_back({"deepseek-v3", 128, 2, 1, 300, 16, "mixed", "int8"});       // two 64-row tiles, expanded (cp.async)
-    cases.push_back({"deepseek-v3", 128, 2, 1, 300, 64, "mixed", "fp8_e4m3"});   // the same from tensor copies
-    cases.push_back({"deepseek-v3", 16, 3, 2, 333, 64, "mixed", "fp8_e4m3"});    // 32 rows (MTP), narrow kernel
+    cases.push_back({"deepseek-v3", 128, 2, 1, 300, 16, "mixed", "int8"});      // two 64-row tiles, expanded (cp.async)
+    cases.push_back({"deepseek-v3", 128, 2, 1, 300, 64, "mixed", "fp8_e4m3"});  // the same from tensor copies
+    cases.push_back({"deepseek-v3", 16, 3, 2, 333, 64, "mixed", "fp8_e4m3"});   // 32 rows (MTP), narrow kernel
   }
-  cases.push_back({"deepseek-v3", 16, 3, 2, 333, 64, "mixed", "bf16"});      // 32 rows (MTP) padded to one 64-row tile
-  cases.push_back({"deepseek-v3", 96, 3, 1, 333, 64, "mixed", "bf16"});      // 96 rows: the two-warpgroup kernel's part-filled tile
+  cases.push_back({"deepseek-v3", 16, 3, 2, 333, 64, "mixed", "bf16"});  // 32 rows (MTP) padded to one 64-row tile
+  cases.push_back(
+      {"deepseek-v3", 96, 3, 1, 333, 64, "mixed", "bf16"});  // 96 rows: the two-warpgroup kernel's part-filled tile
   cases.push_back({"deepseek-v2-lite", 16, 1, 1, 0, 16, "uniform", "bf16"});  // empty cache: the new token only
   if (!fused) {
     cases.push_back({"deepseek-v2-lite", 16, 2, 5, 70, 16, "uniform", "bf16"});  // extend: causal among 5 new tokens
-    cases.push_back({"tiny", 4, 3, 3, 37, 16, "mixed", "bf16"});                // narrow latent, odd sizes
+    cases.push_back({"tiny", 4, 3, 3, 37, 16, "mixed", "bf16"});                 // narrow latent, odd sizes
   }
   // Each case under the variant's default executor, and one under the other (eager launches vs the replayed graph).
   const char* default_executor = fused ? "graph" : "eager";
@@ -126,13 +129,14 @@ TEST_P(GpuMla, LongSplitCacheMatchesReference) {
   std::vector<GpuCase> cases = {GpuCase{"deepseek-v3", 16, 2, 1, 5000, 64, "mixed", "bf16"},
                                 GpuCase{"deepseek-v3", 128, 5, 1, 3000, 16, "mixed", "bf16"},
                                 GpuCase{"deepseek-v3", 128, 5, 1, 3000, 64, "mixed", "bf16"}};
-  if (GetParam() == "mla/fused/cuda") {  // split counts other than one per SM: 1 (no merge), 3 and 8 (long runs per CTA)
+  if (GetParam() ==
+      "mla/fused/cuda") {  // split counts other than one per SM: 1 (no merge), 3 and 8 (long runs per CTA)
     for (const char* splits : {"1", "3", "8"}) {
       cases.push_back({"deepseek-v3", 16, 2, 1, 5000, 64, "mixed", "bf16", "graph", splits});
       cases.push_back({"deepseek-v3", 128, 3, 1, 3000, 16, "mixed", "bf16", "eager", splits});
       cases.push_back({"deepseek-v3", 128, 3, 1, 3000, 64, "mixed", "bf16", "graph", splits});
       cases.push_back({"deepseek-v3", 16, 3, 1, 5000, 64, "mixed", "fp8_e4m3", "graph", splits});  // the fp8 kernel's
-    }                                                                                               // segments
+    }                                                                                              // segments
     // Two requests on one CTA a row tile, segments of ~190 blocks (over kStreamEvictFirstBlocks): the two-warpgroup
     // kernel's instance without the L2 hint (every shorter case above takes the hinted one).
     cases.push_back({"deepseek-v3", 128, 2, 1, 12000, 64, "mixed", "bf16", "graph", "1"});
@@ -140,7 +144,7 @@ TEST_P(GpuMla, LongSplitCacheMatchesReference) {
     // holds 1 key (4096 + 1) or 16 (an MTP step of 2 at 4110 + 2), three and two a CTA: the switch lands on one.
     cases.push_back({"deepseek-v3", 128, 3, 1, 4096, 64, "uniform", "bf16", "graph", "1"});
     cases.push_back({"deepseek-v3", 128, 2, 2, 4110, 64, "uniform", "bf16", "eager", "1"});
-    cases.push_back({"deepseek-v3", 16, 4, 1, 5000, 64, "mixed", "int8"});              // the narrow kernel: int8,
+    cases.push_back({"deepseek-v3", 16, 4, 1, 5000, 64, "mixed", "int8"});               // the narrow kernel: int8,
     cases.push_back({"deepseek-v3", 16, 2, 2, 5000, 64, "mixed", "fp8_e4m3", "eager"});  // fp8 with an MTP token
     cases.push_back({"deepseek-v3", 8, 3, 2, 3000, 64, "mixed", "fp8_e4m3", "eager"});   // 16 rows of two tokens: the
                                                                                          // fp8 kernel's causal mask
@@ -194,8 +198,8 @@ TEST(GpuMlaFused, RepeatedStepsGiveIdenticalOutputs) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuMla,
-                         ::testing::Values("mla/cd/cuda", "mla/cd_paged/cuda", "mla/cc/cuda", "mla/a_cc/cuda", "mla/a_cc_me/cuda", "mla/fused/cuda",
-                                           "mla/flashinfer/cuda"),
+                         ::testing::Values("mla/cd/cuda", "mla/cd_paged/cuda", "mla/cc/cuda", "mla/a_cc/cuda",
+                                           "mla/a_cc_me/cuda", "mla/fused/cuda", "mla/flashinfer/cuda"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '/', '_');
@@ -231,7 +235,8 @@ TEST(GpuMlaOps, CountersTimeEachOpOfTheStep) {
   v->prepare(model, point_of({"deepseek-v3", 16, 4, 1, 2048, 64, "uniform", "bf16", "graph"}), test::fresh_seed());
   v->run();
   const auto c = v->counters();
-  for (const char* op : {"qkv_a", "norm_cache_write", "q_b", "absorb_q", "rope_q", "decode", "combine", "absorb_o", "o_proj"}) {
+  for (const char* op :
+       {"qkv_a", "norm_cache_write", "q_b", "absorb_q", "rope_q", "decode", "combine", "absorb_o", "o_proj"}) {
     const auto it = c.find(std::string("op_us.") + op);
     ASSERT_NE(it, c.end()) << op;
     EXPECT_GT(it->second, 0.0) << op;
@@ -249,14 +254,15 @@ TEST(GpuMlaOps, CountersTimeEachOpOfTheStep) {
   EXPECT_LT(c.at("kernel_tb_per_s"), 10.0);  // no HBM moves 10 TB/s
   // Where the decode kernel's CTAs spend their time (medians over the CTAs that walked blocks): every phase there, in
   // the order a CTA reaches them, inside the step's time.
-  ASSERT_TRUE(c.count("decode_phase.working_ctas") && c.count("decode_phase.blocks") && c.count("decode_phase_us.span"));
+  ASSERT_TRUE(c.count("decode_phase.working_ctas") && c.count("decode_phase.blocks") &&
+              c.count("decode_phase_us.span"));
   EXPECT_GE(c.at("decode_phase.working_ctas"), 1.0);
   EXPECT_GE(c.at("decode_phase.blocks"), 1.0);
   ASSERT_TRUE(c.count("decode_phase.block_keys"));
   EXPECT_TRUE(c.at("decode_phase.block_keys") == 32 || c.at("decode_phase.block_keys") == 64);
   double before = -1e4;  // (with early loads the first copies are queued before the wait: a negative time)
-  for (const char* phase : {"first_block_landed", "first_block_scored", "first_block_handed_over", "first_block_accumulated",
-                            "last_block_accumulated", "done"}) {
+  for (const char* phase : {"first_block_landed", "first_block_scored", "first_block_handed_over",
+                            "first_block_accumulated", "last_block_accumulated", "done"}) {
     const auto it = c.find(std::string("decode_phase_us.") + phase);
     ASSERT_NE(it, c.end()) << phase;
     EXPECT_GE(it->second, before) << phase;
@@ -306,7 +312,8 @@ TEST(GpuMlaOps, CountersTimeEachOpOfTheStep) {
   w->run();
   const auto wide = w->counters();
   before = -1e4;
-  for (const char* phase : {"loads_issued", "q_landed", "first_block_scored", "first_block_accumulated", "last_block_accumulated", "done"}) {
+  for (const char* phase : {"loads_issued", "q_landed", "first_block_scored", "first_block_accumulated",
+                            "last_block_accumulated", "done"}) {
     const auto it = wide.find(std::string("decode_phase_us.") + phase);
     ASSERT_NE(it, wide.end()) << phase;
     EXPECT_GE(it->second, before) << phase;
@@ -324,9 +331,10 @@ TEST(GpuMlaOps, CountersTimeEachOpOfTheStep) {
   many->run();
   const auto switched = many->counters();
   before = -1e4;
-  for (const char* phase : {"first_block_accumulated", "first_segment_last_pair", "first_segment_accumulated", "first_segment_summed",
-                            "first_segment_stored", "first_segment_written", "second_segment_q_landed", "second_segment_scored",
-                            "second_segment_first_accumulated", "last_block_accumulated", "done"}) {
+  for (const char* phase :
+       {"first_block_accumulated", "first_segment_last_pair", "first_segment_accumulated", "first_segment_summed",
+        "first_segment_stored", "first_segment_written", "second_segment_q_landed", "second_segment_scored",
+        "second_segment_first_accumulated", "last_block_accumulated", "done"}) {
     const auto it = switched.find(std::string("decode_phase_us.") + phase);
     ASSERT_NE(it, switched.end()) << phase;
     EXPECT_GE(it->second, before) << phase;
@@ -337,14 +345,16 @@ TEST(GpuMlaOps, CountersTimeEachOpOfTheStep) {
   // 64 requests at 16 heads, each split across CTAs: the merge absorbs the output in the same kernel, so the step
   // has a combine op and no absorb_o op (and the timeline no absorb GEMM after the merge).
   auto merged = entry->make();
-  merged->prepare(model, point_of({"deepseek-v3", 16, 64, 1, 2048, 64, "uniform", "bf16", "graph"}), test::fresh_seed());
+  merged->prepare(model, point_of({"deepseek-v3", 16, 64, 1, 2048, 64, "uniform", "bf16", "graph"}),
+                  test::fresh_seed());
   merged->run();
   const auto fused_absorb = merged->counters();
   EXPECT_GT(fused_absorb.at("op_us.combine"), 0.0);
   EXPECT_EQ(fused_absorb.count("op_us.absorb_o"), 0u);
   if (fused_absorb.count("step_gpu.span_us")) {
     int merge_absorb = 0;
-    for (const auto& [name, start] : fused_absorb) merge_absorb += name.find("step_start_us.") == 0 && name.find("merge_absorb_kernel") != std::string::npos;
+    for (const auto& [name, start] : fused_absorb)
+      merge_absorb += name.find("step_start_us.") == 0 && name.find("merge_absorb_kernel") != std::string::npos;
     EXPECT_EQ(merge_absorb, 1);
   }
   EXPECT_TRUE(merged->verify().pass());
@@ -371,8 +381,11 @@ TEST(RequestLengths, MixedIsSkewedWithTheUniformTotal) {
 }
 
 TEST(SplitKv, EveryKeyOnceInEqualRunsPerCta) {
-  for (const auto& [lengths, parts] : std::vector<std::pair<std::vector<int64_t>, int>>{
-           {mla::request_lengths("mixed", 64, 4096, 3), 132}, {{0, 1, 63, 64, 65, 5000}, 7}, {{100}, 132}, {{70000}, 66}}) {
+  for (const auto& [lengths, parts] :
+       std::vector<std::pair<std::vector<int64_t>, int>>{{mla::request_lengths("mixed", 64, 4096, 3), 132},
+                                                         {{0, 1, 63, 64, 65, 5000}, 7},
+                                                         {{100}, 132},
+                                                         {{70000}, 66}}) {
     const int64_t q_len = 2, block = 64;
     const mla::SplitKv s = mla::split_kv(lengths, q_len, block, parts, /*whole_requests=*/false);
     ASSERT_EQ(s.parts.size(), size_t(parts));
@@ -465,7 +478,8 @@ TEST(SplitKv, FinerBlocksLeaveNoCtaIdle) {
     int64_t busiest = 0, idle = 0;
     for (const auto& part : s.parts) {
       int64_t keys = 0;
-      for (int32_t i = part.first; i < part.first + part.count; ++i) keys += s.segments[size_t(i)].end_key - s.segments[size_t(i)].first_key;
+      for (int32_t i = part.first; i < part.first + part.count; ++i)
+        keys += s.segments[size_t(i)].end_key - s.segments[size_t(i)].first_key;
       busiest = std::max(busiest, keys);
       idle += part.count == 0;
     }
@@ -478,7 +492,8 @@ TEST(SplitKv, FinerBlocksLeaveNoCtaIdle) {
 TEST(KvSplits, AutoOrAPositiveCount) {
   EXPECT_EQ(mla::parse_kv_splits("auto"), 0);
   EXPECT_EQ(mla::parse_kv_splits("16"), 16);
-  for (const char* bad : {"0", "-3", "8x", "", "many", "5000"}) EXPECT_THROW(mla::parse_kv_splits(bad), BadInput) << bad;
+  for (const char* bad : {"0", "-3", "8x", "", "many", "5000"})
+    EXPECT_THROW(mla::parse_kv_splits(bad), BadInput) << bad;
 }
 
 TEST(KvDtype, ParsesTheThreeCacheTypes) {

@@ -38,12 +38,12 @@ TEST_P(MoeCpu, MatchesReference) {
   auto v = find_variant(GetParam())->make();
   if (Support s = v->available(); !s.ok) GTEST_SKIP() << s.reason;
   const uint64_t seed = test::fresh_seed();
-  for (const MoeCase& c : {MoeCase{"tiny", 1, "model", 0, 2},           // decode: most experts idle
-                           MoeCase{"tiny", 37, "model", 0, 3},          // odd tokens, odd threads
-                           MoeCase{"tiny", 50, "zipf:3", 0, 2},         // one hot expert, a long tail of empty ones
-                           MoeCase{"deepseek-v2-lite", 3, "uniform", 16, 2},
-                           MoeCase{"deepseek-v2-lite", 70, "zipf:1.2", 12, 3},
-                           MoeCase{"deepseek-v3", 2, "uniform", 8, 2}}) {
+  for (const MoeCase& c :
+       {MoeCase{"tiny", 1, "model", 0, 2},    // decode: most experts idle
+        MoeCase{"tiny", 37, "model", 0, 3},   // odd tokens, odd threads
+        MoeCase{"tiny", 50, "zipf:3", 0, 2},  // one hot expert, a long tail of empty ones
+        MoeCase{"deepseek-v2-lite", 3, "uniform", 16, 2}, MoeCase{"deepseek-v2-lite", 70, "zipf:1.2", 12, 3},
+        MoeCase{"deepseek-v3", 2, "uniform", 8, 2}}) {
     SCOPED_TRACE(std::string(c.model) + " tokens " + std::to_string(c.tokens) + " routing " + c.routing);
     const ModelFile model = load_model_file(c.model);
     const Point p = moe_point(c);
@@ -61,8 +61,9 @@ TEST_P(MoeCpu, MatchesReference) {
 
 // Relative L2 error of the engine's out [tokens][hidden] against the fp64 sum over each token's choices of weight x
 // expert(x) (choices with id < 0 run elsewhere and are left out).
-double rel_err_vs_experts(const ModelConfig& m, const std::vector<ref::MlpParams>& experts, const std::vector<bf16>& x, int64_t tokens,
-                          const std::vector<int32_t>& ids, const std::vector<float>& w, int64_t K, const std::vector<float>& out) {
+double rel_err_vs_experts(const ModelConfig& m, const std::vector<ref::MlpParams>& experts, const std::vector<bf16>& x,
+                          int64_t tokens, const std::vector<int32_t>& ids, const std::vector<float>& w, int64_t K,
+                          const std::vector<float>& out) {
   const int64_t H = m.hidden_size;
   double num = 0, den = 0;
   for (int64_t t = 0; t < tokens; ++t) {
@@ -91,7 +92,8 @@ TEST(HostExperts, CallsOfAnySizeOnOnePackedLayer) {
   const int64_t E = 12, K = m.num_experts_per_tok, H = m.hidden_size;
   const uint64_t seed = test::fresh_seed();
   std::vector<ref::MlpParams> experts;
-  for (int64_t e = 0; e < E; ++e) experts.push_back(ref::make_mlp_params(m, m.moe_intermediate_size, seed, "experts." + std::to_string(e)));
+  for (int64_t e = 0; e < E; ++e)
+    experts.push_back(ref::make_mlp_params(m, m.moe_intermediate_size, seed, "experts." + std::to_string(e)));
   for (auto kernel : {moe::HostExperts::Kernel::avx512, moe::HostExperts::Kernel::choose}) {
     if (kernel != moe::HostExperts::Kernel::avx512 && !cpu.amx_bf16) continue;
     moe::HostExperts op(kernel, 2);
@@ -103,7 +105,8 @@ TEST(HostExperts, CallsOfAnySizeOnOnePackedLayer) {
       std::vector<float> w(ids.size());
       for (int64_t t = 0; t < tokens; ++t)
         for (int64_t k = 0; k < K; ++k) {
-          ids[size_t(t * K + k)] = int32_t((t * 5 + k * 7 + tokens) % E);  // distinct per token (7 k mod 12 differ for k < 6)
+          ids[size_t(t * K + k)] =
+              int32_t((t * 5 + k * 7 + tokens) % E);  // distinct per token (7 k mod 12 differ for k < 6)
           w[size_t(t * K + k)] = 0.1f + 0.05f * float(k);
         }
       std::vector<float> out(size_t(tokens * H), std::nanf(""));
@@ -126,7 +129,8 @@ TEST(HostExperts, LeavesOutTheChoicesTheGpuRuns) {
   auto on_gpu = [](int64_t e) { return e % 3 == 0; };  // 0, 3, 6, 9
   std::vector<ref::MlpParams> experts(static_cast<size_t>(E));
   for (int64_t e = 0; e < E; ++e)
-    if (!on_gpu(e)) experts[size_t(e)] = ref::make_mlp_params(m, m.moe_intermediate_size, seed, "experts." + std::to_string(e));
+    if (!on_gpu(e))
+      experts[size_t(e)] = ref::make_mlp_params(m, m.moe_intermediate_size, seed, "experts." + std::to_string(e));
   moe::HostExperts op(moe::HostExperts::Kernel::avx512, 2);
   op.set_weights(m, experts);
   const auto x = ref::random_bf16(seed, "x", size_t(tokens * H), 1.0f);
@@ -179,8 +183,9 @@ TEST_P(MoeCpu, ColdBuffersAreTheReachedExpertsWeights) {
   EXPECT_LE(v->verify().rel_err, GetParam().find("int8") != std::string::npos ? 5e-2 : 1e-2);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllKernels, MoeCpu, ::testing::Values("moe/amx/cpu", "moe/avx512/cpu", "moe/auto/cpu", "moe/onednn/cpu",
-                                                             "moe/amx_int8/cpu"),
+INSTANTIATE_TEST_SUITE_P(AllKernels, MoeCpu,
+                         ::testing::Values("moe/amx/cpu", "moe/avx512/cpu", "moe/auto/cpu", "moe/onednn/cpu",
+                                           "moe/amx_int8/cpu"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (auto& ch : n)
@@ -202,7 +207,8 @@ TEST(MoeRouting, ZipfMakesOneHotExpertAndIdleOnes) {
   EXPECT_GT(idle, 0u);
   for (int64_t t = 0; t < s.tokens; ++t)  // distinct experts per token
     for (int64_t a = 0; a < s.topk; ++a)
-      for (int64_t b = a + 1; b < s.topk; ++b) EXPECT_NE(p->routing.expert[size_t(t * s.topk + a)], p->routing.expert[size_t(t * s.topk + b)]);
+      for (int64_t b = a + 1; b < s.topk; ++b)
+        EXPECT_NE(p->routing.expert[size_t(t * s.topk + a)], p->routing.expert[size_t(t * s.topk + b)]);
 }
 
 TEST(MoeRouting, ModelRoutingNeedsAllExpertsAndBadValuesAreBadInput) {

@@ -38,14 +38,19 @@ TEST_P(GpuMoe, MatchesReferenceOverRoutersTokensAndRoutings) {
     int64_t experts;
   };
   const std::vector<Case> cases = {
-      {"tiny", 1, "model", 0},              {"tiny", 37, "model", 0},               // noaux_tc, sigmoid; odd intermediate (24)
-      {"deepseek-v2-lite", 1, "model", 0},  {"deepseek-v2-lite", 300, "model", 0},  // greedy softmax; 16- and 64-row tiles
-      {"deepseek-v2-lite", 2048, "model", 0},                                       // 128-row tiles
-      {"deepseek-v2", 7, "model", 0},                                               // group_limited_greedy
-      {"deepseek-v2-lite", 64, "uniform", 0}, {"deepseek-v2-lite", 200, "zipf:1.2", 32},
-      {"deepseek-v3", 3, "model", 0},       {"deepseek-v3", 600, "model", 0},       // noaux_tc over 8 groups of 32
-      {"deepseek-v3", 16, "model", 0},      {"deepseek-v2-lite", 32, "model", 0},   // the most tokens routed in one block
-      {"deepseek-v3", 17, "model", 0},                                              // and one past it (router, then scan)
+      {"tiny", 1, "model", 0},
+      {"tiny", 37, "model", 0},  // noaux_tc, sigmoid; odd intermediate (24)
+      {"deepseek-v2-lite", 1, "model", 0},
+      {"deepseek-v2-lite", 300, "model", 0},   // greedy softmax; 16- and 64-row tiles
+      {"deepseek-v2-lite", 2048, "model", 0},  // 128-row tiles
+      {"deepseek-v2", 7, "model", 0},          // group_limited_greedy
+      {"deepseek-v2-lite", 64, "uniform", 0},
+      {"deepseek-v2-lite", 200, "zipf:1.2", 32},
+      {"deepseek-v3", 3, "model", 0},
+      {"deepseek-v3", 600, "model", 0},  // noaux_tc over 8 groups of 32
+      {"deepseek-v3", 16, "model", 0},
+      {"deepseek-v2-lite", 32, "model", 0},  // the most tokens routed in one block
+      {"deepseek-v3", 17, "model", 0},       // and one past it (router, then scan)
   };
   const uint64_t seed = test::fresh_seed();
   for (const Case& c : cases) {
@@ -62,12 +67,14 @@ TEST_P(GpuMoe, MatchesReferenceOverRoutersTokensAndRoutings) {
     const Verification r = v->verify();
     EXPECT_LE(r.rel_err, 1e-2);
     EXPECT_GT(r.rel_err, 0.0) << "bf16 arithmetic cannot match fp64 exactly: is the output really computed?";
-    std::printf("%-16s %-18s tokens %5lld %-9s rel_err %.3e\n", GetParam().c_str(), c.model, static_cast<long long>(c.tokens), c.routing,
-                r.rel_err);
+    std::printf("%-16s %-18s tokens %5lld %-9s rel_err %.3e\n", GetParam().c_str(), c.model,
+                static_cast<long long>(c.tokens), c.routing, r.rel_err);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Gpu, GpuMoe, ::testing::Values("moe/grouped/cuda", "moe/grouped_wgmma/cuda", "moe/loop/cuda", "moe/host/cuda"),
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuMoe,
+                         ::testing::Values("moe/grouped/cuda", "moe/grouped_wgmma/cuda", "moe/loop/cuda",
+                                           "moe/host/cuda"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n)
@@ -77,7 +84,7 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuMoe, ::testing::Values("moe/grouped/cuda", "moe
 
 #ifdef DSLAB_HAVE_CUDA
 TEST(MoeCudaPlan, TileRowsFollowRowsPerExpert) {
-  EXPECT_EQ(moe::cuda::tile_rows_for(0.03), 16);   // V3 decode, one token: 8 of 256 experts
+  EXPECT_EQ(moe::cuda::tile_rows_for(0.03), 16);  // V3 decode, one token: 8 of 256 experts
   EXPECT_EQ(moe::cuda::tile_rows_for(4), 16);
   EXPECT_EQ(moe::cuda::tile_rows_for(17.5), 64);  // V3, 512 tokens: every expert's rows in one tile
   EXPECT_EQ(moe::cuda::tile_rows_for(64), 128);

@@ -82,14 +82,16 @@ TEST(LayerOps, AnUnfusedAttentionPaysItsRectangleAndItsScoresThroughMemory) {
   s.q_len = 1, s.kv_len = 4096;
   EXPECT_EQ(by_name(layer::layer_ops(m, 1, s)).at("attention_core").staged_bytes, 0.0);
   s.fused_decode = false;
-  EXPECT_DOUBLE_EQ(by_name(layer::layer_ops(m, 1, s)).at("attention_core").staged_bytes, 4097.0 * 16 * 20 + 4097.0 * 576 * 4);
+  EXPECT_DOUBLE_EQ(by_name(layer::layer_ops(m, 1, s)).at("attention_core").staged_bytes,
+                   4097.0 * 16 * 20 + 4097.0 * 576 * 4);
   EXPECT_DOUBLE_EQ(by_name(layer::layer_ops(m, 1, s)).at("attention_core").extra_flops, 0.0);
 }
 
 TEST(LayerOps, WholeStepWeightsAreTheModelsParameters) {
   // With every expert reached, the step reads each weight once: with the embedding table, the published totals
   // (V2-Lite 15.7 B parameters; V3 671 B, its checkpoint's 685 B less the 14 B multi-token-prediction module).
-  for (const auto& [name, params] : std::vector<std::pair<const char*, double>>{{"deepseek-v2-lite", 15.7e9}, {"deepseek-v3", 671e9}}) {
+  for (const auto& [name, params] :
+       std::vector<std::pair<const char*, double>>{{"deepseek-v2-lite", 15.7e9}, {"deepseek-v3", 671e9}}) {
     const ModelConfig m = test::model(name);
     layer::StepShape s;
     s.batch = 1, s.q_len = 1 << 20;
@@ -115,7 +117,8 @@ TEST(LayerOps, GpuExpertsAndBudgetAxesParseOrNameTheAxis) {
       layer::parse_gpu_experts(bad);
       ADD_FAILURE() << "'" << bad << "' must be refused";
     } catch (const BadInput& e) {
-      EXPECT_NE(std::string(e.what()).find("axis 'gpu_experts': value '" + std::string(bad) + "'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("axis 'gpu_experts': value '" + std::string(bad) + "'"), std::string::npos)
+          << e.what();
     }
   EXPECT_EQ(layer::parse_gpu_budget("all"), 0);
   EXPECT_EQ(layer::parse_gpu_budget("24GB"), 24e9);

@@ -5,7 +5,7 @@
 #include "harness/errors.h"
 #include "harness/sweep.h"
 #include "harness/variant.h"
-#include "reports/plan.h"
+#include "planner/plan.h"
 #include "tests/test_util.h"
 #include "variants/mla/mla.h"
 #include "variants/moe/moe.h"
@@ -16,7 +16,8 @@ namespace {
 // An H100-like GPU and a 16-core AMX host (round numbers, so the expected times below are easy to derive).
 nlohmann::json machine() {
   return {{"cpu_model", "test CPU"},
-          {"cpu", {{"amx_bf16_flops", 10e12}, {"avx512_bf16_flops", 1e12}, {"dram_read_bytes_per_s", 100e9}, {"threads", 16}}},
+          {"cpu",
+           {{"amx_bf16_flops", 10e12}, {"avx512_bf16_flops", 1e12}, {"dram_read_bytes_per_s", 100e9}, {"threads", 16}}},
           {"gpu",
            {{"name", "test GPU"},
             {"tensor_bf16_flops", 800e12},
@@ -67,7 +68,7 @@ TEST(Plan, FewerCpuThreadsTakeTheirCalibratedRates) {
   EXPECT_DOUBLE_EQ(c.cpu_flops, 6e12);
   EXPECT_DOUBLE_EQ(c.cpu_bytes_per_s, 80e9);
   EXPECT_DOUBLE_EQ(reports::Ceilings::from_machine(m, "m.json").cpu_bytes_per_s, 100e9);  // default: all threads
-  EXPECT_THROW(reports::Ceilings::from_machine(machine(), "m.json", 4), BadInput);   // no by_threads in the file
+  EXPECT_THROW(reports::Ceilings::from_machine(machine(), "m.json", 4), BadInput);        // no by_threads in the file
 }
 
 TEST(Plan, OpTimesAreRooflinesPlusTheKernelsFixedCost) {
@@ -128,7 +129,8 @@ TEST(Plan, AllGpuDecodeIsTheWeightsOverBandwidthPlusEachKernel) {
   const auto& all_gpu = plan.placements.front();
   EXPECT_NEAR(all_gpu.predicted_s, bytes / 3e12 + kernels * 3e-6, 1e-9);
   const auto j = plan.to_json();
-  for (const char* key : {"placement", "point", "predicted_s", "measured_s", "chosen"}) EXPECT_TRUE(j["placements"][0].contains(key)) << key;
+  for (const char* key : {"placement", "point", "predicted_s", "measured_s", "chosen"})
+    EXPECT_TRUE(j["placements"][0].contains(key)) << key;
   EXPECT_TRUE(j["placements"][0]["measured_s"].is_null());  // a prediction until a run fills it
 }
 
@@ -142,7 +144,8 @@ TEST(Plan, KTransformersSplitOverlapsTheCpuExpertsWithTheGpu) {
     if (p.placement == "ktransformers") kt = &p;
   ASSERT_NE(kt, nullptr);
   EXPECT_GT(kt->parts_s.at("cpu experts (inside moe)"), 0);
-  EXPECT_GE(kt->parts_s.at("moe"), kt->parts_s.at("cpu experts (inside moe)") + kt->parts_s.at("transfers (inside moe)") - 1e-12);
+  EXPECT_GE(kt->parts_s.at("moe"),
+            kt->parts_s.at("cpu experts (inside moe)") + kt->parts_s.at("transfers (inside moe)") - 1e-12);
 }
 
 TEST(Plan, StreamingExpertsPaysWhereTheCpuTurnsComputeBound) {
@@ -152,7 +155,8 @@ TEST(Plan, StreamingExpertsPaysWhereTheCpuTurnsComputeBound) {
   EXPECT_NEAR(reports::stream_crossover_tokens_per_expert(test::model("deepseek-v3"), c), 200, 2);
   auto slow = machine();
   slow["gpu"]["h2d_pinned_bytes_per_s"] = 1e9;  // a link 50x slower moves the crossover 50x
-  EXPECT_NEAR(reports::stream_crossover_tokens_per_expert(test::model("deepseek-v3"), reports::Ceilings::from_machine(slow, "m.json")),
+  EXPECT_NEAR(reports::stream_crossover_tokens_per_expert(test::model("deepseek-v3"),
+                                                          reports::Ceilings::from_machine(slow, "m.json")),
               10000, 100);
 }
 
@@ -166,7 +170,8 @@ TEST(Plan, MeasuredStepsFillTheirPlacementsGraphFirst) {
     e.variant = "layer/deepseek/cuda";
     e.model = "deepseek-v2-lite";
     e.name = std::string(moe) + " " + executor;
-    e.axes = {{"batch", batch}, {"q_len", 1}, {"kv_len", 4096}, {"layers", "all"}, {"moe", moe}, {"executor", executor}};
+    e.axes = {{"batch", batch},  {"q_len", 1}, {"kv_len", 4096},
+              {"layers", "all"}, {"moe", moe}, {"executor", executor}};
     e.median_us = us;
     return e;
   };
@@ -176,9 +181,12 @@ TEST(Plan, MeasuredStepsFillTheirPlacementsGraphFirst) {
   reports::attach_measurements(plan, {f});
   int measured = 0;
   for (const auto& p : plan.placements) {
-    if (p.placement == "all_gpu") EXPECT_DOUBLE_EQ(p.measured_s, 6000e-6);  // the graph run, not the eager one
-    else if (p.placement == "ktransformers") EXPECT_DOUBLE_EQ(p.measured_s, 110000e-6);  // batch 4's, not batch 1's
-    else EXPECT_LT(p.measured_s, 0) << p.placement;
+    if (p.placement == "all_gpu")
+      EXPECT_DOUBLE_EQ(p.measured_s, 6000e-6);  // the graph run, not the eager one
+    else if (p.placement == "ktransformers")
+      EXPECT_DOUBLE_EQ(p.measured_s, 110000e-6);  // batch 4's, not batch 1's
+    else
+      EXPECT_LT(p.measured_s, 0) << p.placement;
     measured += p.measured_s >= 0;
   }
   EXPECT_EQ(measured, 2);
@@ -195,9 +203,12 @@ TEST(Plan, AllGpuCapacityIsTheWeightsTheCacheAndTheLayersScratch) {
     const double H = double(m.hidden_size), E = double(m.n_routed_experts), I = double(m.moe_intermediate_size);
     double weights = 0;
     for (const auto& op : plan.ops) {
-      if (op.group == layer::OpGroup::routed_experts) weights += E * 3 * H * I * 2;  // every expert, not the reached ones
-      else if (op.group == layer::OpGroup::embedding) weights += double(m.vocab_size) * H * 2;  // the whole table
-      else weights += op.weight_bytes;
+      if (op.group == layer::OpGroup::routed_experts)
+        weights += E * 3 * H * I * 2;  // every expert, not the reached ones
+      else if (op.group == layer::OpGroup::embedding)
+        weights += double(m.vocab_size) * H * 2;  // the whole table
+      else
+        weights += op.weight_bytes;
     }
     const double kv = double(m.num_hidden_layers) * double(r.shape.kv_len + q_len) * 576 * 2;
     layer::StepScratch s;
@@ -210,8 +221,9 @@ TEST(Plan, AllGpuCapacityIsTheWeightsTheCacheAndTheLayersScratch) {
     // probabilities alone are heads x 1K x 1K x 6 bytes), once, not once per layer.
     const double arena = layer::gpu_step_arena_bytes(m, s);
     if (q_len == 1024) EXPECT_GT(arena, 16.0 * 1024 * 1024 * 6);
-    EXPECT_LT(arena, 0.05 * double(s.layers) * (mla::gpu_forward_scratch_bytes(m, s.algo, s.attn, s.max_keys, s.fused) +
-                                                moe::gpu_moe_forward_scratch_bytes(m, q_len)));
+    EXPECT_LT(arena, 0.05 * double(s.layers) *
+                         (mla::gpu_forward_scratch_bytes(m, s.algo, s.attn, s.max_keys, s.fused) +
+                          moe::gpu_moe_forward_scratch_bytes(m, q_len)));
     EXPECT_GT(scratch, arena);
     for (const auto& p : plan.placements)
       if (p.placement == "all_gpu") EXPECT_NEAR(p.gpu_bytes, weights + kv + scratch, 1e6);
@@ -232,18 +244,31 @@ TEST(Plan, RunnablePlacementsNeedWhatTheLayerAllocates) {
   int checked = 0;
   for (const auto& p : plan.placements) {
     std::string moe = "moe/host/cuda", gpu_experts;
-    if (p.placement == "streamed_experts") moe = "moe/grouped/cuda", gpu_experts = "streamed";
-    else if (p.placement == "ktransformers") gpu_experts = "none";
-    else if (p.placement.rfind("gpu_layers:", 0) == 0) gpu_experts = "layers:" + p.placement.substr(11);
-    else if (p.placement.rfind("hot_experts:", 0) == 0) gpu_experts = "hot:" + p.placement.substr(12);
-    else continue;
+    if (p.placement == "streamed_experts")
+      moe = "moe/grouped/cuda", gpu_experts = "streamed";
+    else if (p.placement == "ktransformers")
+      gpu_experts = "none";
+    else if (p.placement.rfind("gpu_layers:", 0) == 0)
+      gpu_experts = "layers:" + p.placement.substr(11);
+    else if (p.placement.rfind("hot_experts:", 0) == 0)
+      gpu_experts = "hot:" + p.placement.substr(12);
+    else
+      continue;
     SCOPED_TRACE(p.placement);
     Point pt;
-    for (const auto& [axis, v] : std::vector<std::pair<const char*, int64_t>>{{"batch", 1}, {"q_len", 4096}, {"kv_len", 0}, {"steps", 1}, {"page_size", 64}})
+    for (const auto& [axis, v] : std::vector<std::pair<const char*, int64_t>>{
+             {"batch", 1}, {"q_len", 4096}, {"kv_len", 0}, {"steps", 1}, {"page_size", 64}})
       pt.set(axis, {std::to_string(v), v, true});
-    for (const auto& [axis, v] : std::vector<std::pair<const char*, std::string>>{
-             {"layers", "all"}, {"attn", "mla/a_cc_me/cuda"}, {"moe", moe}, {"executor", "graph"}, {"kv_dtype", "bf16"}, {"proj", "own"},
-             {"kv_splits", "auto"}, {"pdl", "on"}, {"gpu_experts", gpu_experts}, {"gpu_budget", "all"}})
+    for (const auto& [axis, v] : std::vector<std::pair<const char*, std::string>>{{"layers", "all"},
+                                                                                  {"attn", "mla/a_cc_me/cuda"},
+                                                                                  {"moe", moe},
+                                                                                  {"executor", "graph"},
+                                                                                  {"kv_dtype", "bf16"},
+                                                                                  {"proj", "own"},
+                                                                                  {"kv_splits", "auto"},
+                                                                                  {"pdl", "on"},
+                                                                                  {"gpu_experts", gpu_experts},
+                                                                                  {"gpu_budget", "all"}})
       pt.set(axis, {v, 0, false});
     EXPECT_NEAR(layer->device_memory_bytes(model, pt), p.gpu_bytes, 0.1e9);
     ++checked;
@@ -261,7 +286,8 @@ TEST(Plan, SplitRunsAreMeasuredAsTheirGpuLayersPlacement) {
     e.variant = "layer/deepseek/cuda";
     e.model = "deepseek-v2-lite";
     e.name = "host " + std::to_string(resident) + " " + threads;
-    e.axes = {{"batch", 1}, {"q_len", 1}, {"kv_len", 4096}, {"layers", "all"}, {"moe", "moe/host/cuda"}, {"executor", "graph"}};
+    e.axes = {{"batch", 1},         {"q_len", 1}, {"kv_len", 4096}, {"layers", "all"}, {"moe", "moe/host/cuda"},
+              {"executor", "graph"}};
     if (*threads) e.axes["cpu_threads"] = std::stoi(threads);
     e.raw = {{"counters", {{"gpu_moe_layers", resident}}}};
     e.median_us = us;
@@ -302,7 +328,8 @@ TEST(Plan, SplitRunsAreMeasuredAsTheirGpuLayersPlacement) {
   ASSERT_EQ(r.hot_expert_counts, std::vector<int64_t>{12});
   plan = reports::make_plan(r, c);
   reports::attach_measurements(plan, {f});
-  const auto it = std::find_if(plan.placements.begin(), plan.placements.end(), [](const auto& p) { return p.placement == "hot_experts:12"; });
+  const auto it = std::find_if(plan.placements.begin(), plan.placements.end(),
+                               [](const auto& p) { return p.placement == "hot_experts:12"; });
   ASSERT_NE(it, plan.placements.end());
   EXPECT_EQ(it->measured_s, 33000 * 1e-6);
   EXPECT_GT(it->predicted_s, 0);
@@ -310,7 +337,8 @@ TEST(Plan, SplitRunsAreMeasuredAsTheirGpuLayersPlacement) {
   // A disturbed run (p10-p90 over 25% of the median) is measured, and the plan says it is noisy.
   f.entries.back().samples_us = {28000, 28500, 29000, 29500, 30000, 45000, 50000, 60000, 66000, 33000, 31000};
   reports::attach_measurements(plan, {f});
-  const auto noisy = std::find_if(plan.placements.begin(), plan.placements.end(), [](const auto& p) { return p.placement == "hot_experts:12"; });
+  const auto noisy = std::find_if(plan.placements.begin(), plan.placements.end(),
+                                  [](const auto& p) { return p.placement == "hot_experts:12"; });
   EXPECT_GT(noisy->measured_spread, reports::kNoisySpread);
   EXPECT_NE(plan.to_markdown().find("(noisy: p10-p90 spans"), std::string::npos);
 }
@@ -339,17 +367,19 @@ TEST(Plan, CpuExpertsRunAtTheEnginesMeasuredEfficiency) {
   reports::ResultsFile f;
   f.path = "engine.json";
   // 100 MB at 100 GB/s is 1 ms: 2 ms measured is 0.5 of the roofline, 1.25 ms is 0.8.
-  f.entries = {engine_entry("moe/auto/cpu", "deepseek-v2-lite", 1, 100e6, 2000), engine_entry("moe/auto/cpu", "deepseek-v2-lite", 4, 100e6, 1250),
-               engine_entry("moe/amx/cpu", "deepseek-v2-lite", 1, 100e6, 10000),   // auto preferred over the unit's own
+  f.entries = {engine_entry("moe/auto/cpu", "deepseek-v2-lite", 1, 100e6, 2000),
+               engine_entry("moe/auto/cpu", "deepseek-v2-lite", 4, 100e6, 1250),
+               engine_entry("moe/amx/cpu", "deepseek-v2-lite", 1, 100e6, 10000),  // auto preferred over the unit's own
                engine_entry("moe/auto/cpu", "deepseek-v3", 1, 100e6, 10000)};     // another model's
   reports::attach_cpu_expert_runs(c, "deepseek-v2-lite", {f});
   ASSERT_EQ(c.cpu_expert_efficiency.size(), 2u);
   EXPECT_NEAR(c.cpu_expert_efficiency_at(1), 0.5, 1e-12);
-  EXPECT_NEAR(c.cpu_expert_efficiency_at(2), 0.65, 1e-12);  // halfway in log(tokens per expert)
+  EXPECT_NEAR(c.cpu_expert_efficiency_at(2), 0.65, 1e-12);   // halfway in log(tokens per expert)
   EXPECT_NEAR(c.cpu_expert_efficiency_at(0.5), 0.5, 1e-12);  // held at the ends
   EXPECT_NEAR(c.cpu_expert_efficiency_at(100), 0.8, 1e-12);
   // The routed experts on the CPU take 1/efficiency of their roofline time; the rest of the plan is unchanged.
-  const auto plain = reports::make_plan(request("deepseek-v2-lite", 1, 1, 4096, 80), reports::Ceilings::from_machine(machine(), "m.json"));
+  const auto plain = reports::make_plan(request("deepseek-v2-lite", 1, 1, 4096, 80),
+                                        reports::Ceilings::from_machine(machine(), "m.json"));
   const auto measured = reports::make_plan(request("deepseek-v2-lite", 1, 1, 4096, 80), c);
   auto cpu_experts = [](const reports::Plan& p) { return part_s(p, "ktransformers", "cpu experts (inside moe)"); };
   double tpe = 0;
@@ -373,12 +403,14 @@ TEST(Plan, GpuExpertsRunAtTheGroupedGemmsMeasuredEfficiency) {
     e.raw = {{"flops", 8e12}, {"bytes", 1e9}, {"counters", {{"tokens_per_active_expert", tpe}}}};
     return e;
   };
-  f.entries = {gpu_entry("moe/grouped/cuda", 96, 40000), gpu_entry("moe/loop/cuda", 96, 20000)};  // only the grouped op counts
+  f.entries = {gpu_entry("moe/grouped/cuda", 96, 40000),
+               gpu_entry("moe/loop/cuda", 96, 20000)};  // only the grouped op counts
   reports::attach_gpu_expert_runs(c, "deepseek-v2-lite", {f});
   ASSERT_EQ(c.gpu_expert_efficiency.size(), 1u);
   EXPECT_NEAR(c.gpu_expert_efficiency_at(96), (10e-3 + 3e-6) / 40e-3, 1e-9);  // (+ one small kernel's fixed cost)
   // A prefill chunk all on the GPU: its routed experts take 1/efficiency of their roofline, nothing else changes.
-  const auto plain = reports::make_plan(request("deepseek-v2-lite", 1, 1024, 0, 80), reports::Ceilings::from_machine(machine(), "m.json"));
+  const auto plain = reports::make_plan(request("deepseek-v2-lite", 1, 1024, 0, 80),
+                                        reports::Ceilings::from_machine(machine(), "m.json"));
   const auto measured = reports::make_plan(request("deepseek-v2-lite", 1, 1024, 0, 80), c);
   auto moe_s = [](const reports::Plan& p) { return part_s(p, "all_gpu", "moe"); };
   EXPECT_GT(moe_s(measured), 3 * moe_s(plain));

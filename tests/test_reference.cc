@@ -138,8 +138,10 @@ TEST(DecoderLayer, SampledRowsEqualTheWholeComputation) {
       const bool kept = t % 9 == 0 || t % 9 == 4 || t % 9 == 8;
       for (int64_t j = 0; j < H; ++j) {
         const size_t i = size_t(t * H + j);
-        if (kept) EXPECT_EQ(sampled[i], whole[i]) << "token " << t;
-        else EXPECT_EQ(sampled[i], 0.0) << "token " << t;
+        if (kept)
+          EXPECT_EQ(sampled[i], whole[i]) << "token " << t;
+        else
+          EXPECT_EQ(sampled[i], 0.0) << "token " << t;
       }
       compared += kept;
     }
@@ -183,12 +185,13 @@ TEST(Reference, MlaAttentionOverAKeySelection) {
     for (int64_t i = 0; i < r; ++i) x.ckv_cache[size_t((request * in.kv_len + key) * r + i)] = to_bf16(0.5f);
     return ref::mla_attention(m, p, x, ref::MlaForm::absorbed_split, &some);
   };
-  EXPECT_EQ(perturbed(0, 5), sparse);       // key 5 of request 0: not selected
-  EXPECT_EQ(perturbed(1, 4), sparse);       // key 4 of request 1: not selected
-  EXPECT_NE(perturbed(0, 8), sparse);       // selected
+  EXPECT_EQ(perturbed(0, 5), sparse);  // key 5 of request 0: not selected
+  EXPECT_EQ(perturbed(1, 4), sparse);  // key 4 of request 1: not selected
+  EXPECT_NE(perturbed(0, 8), sparse);  // selected
   std::vector<std::vector<int64_t>> bad = {{0, N}, {0}};
   EXPECT_THROW(ref::mla_attention(m, p, in, ref::MlaForm::absorbed_split, &bad), std::invalid_argument);
-  // mass_recall: dense attention's mass inside the selection; every key keeps it all, a split into two halves shares it.
+  // mass_recall: dense attention's mass inside the selection; every key keeps it all, a split into two halves shares
+  // it.
   double mass_all = 0, mass_even = 0, mass_odd = 0;
   ref::mla_attention(m, p, in, ref::MlaForm::absorbed_split, &all, &mass_all);
   std::vector<std::vector<int64_t>> even(2), odd(2);
@@ -238,7 +241,8 @@ TEST(Reference, ForcedRoutingFollowsTheGivenExpertsAndMeasuresTheGap) {
   std::vector<int> forced = own.expert;
   int best_other = -1;
   for (int64_t e = 0; e < E; ++e)
-    if (std::find(own.expert.begin(), own.expert.end(), int(e)) == own.expert.end() && (best_other < 0 || logits[size_t(e)] > logits[size_t(best_other)]))
+    if (std::find(own.expert.begin(), own.expert.end(), int(e)) == own.expert.end() &&
+        (best_other < 0 || logits[size_t(e)] > logits[size_t(best_other)]))
       best_other = int(e);
   forced[size_t(K - 1)] = best_other;
   const ref::Routing followed = ref::route(m, logits, {}, 1, &forced, &check);

@@ -8,9 +8,9 @@
 #include "harness/errors.h"
 #include "harness/variant.h"
 
-#include "reports/compare.h"
-#include "reports/results_file.h"
-#include "reports/stats.h"
+#include "analysis/compare.h"
+#include "analysis/results_file.h"
+#include "analysis/stats.h"
 
 namespace dslab::reports {
 namespace {
@@ -29,7 +29,8 @@ TEST(MannWhitneyU, MatchesScipyExact) {
 
 TEST(MannWhitneyU, MatchesScipyAsymptoticWithTies) {
   // x=[10,12,11,14,13,15,16,12.5,11.5,10.5], y=[14,15,13,17,18,16,19,14.5,16.5,17.5] -> U 10, p 0.0027859446415680706
-  auto r = stats::mann_whitney_u({10, 12, 11, 14, 13, 15, 16, 12.5, 11.5, 10.5}, {14, 15, 13, 17, 18, 16, 19, 14.5, 16.5, 17.5});
+  auto r = stats::mann_whitney_u({10, 12, 11, 14, 13, 15, 16, 12.5, 11.5, 10.5},
+                                 {14, 15, 13, 17, 18, 16, 19, 14.5, 16.5, 17.5});
   EXPECT_FALSE(r.exact);
   EXPECT_DOUBLE_EQ(r.u, 10);
   EXPECT_NEAR(r.p_value, 0.0027859446415680706, 1e-12);
@@ -40,11 +41,11 @@ TEST(MannWhitneyU, MatchesScipyAsymptoticWithTies) {
 }
 
 TEST(Verdict, ThresholdThenSignificance) {
-  const CompareOptions o;  // 5%, alpha 0.05
-  EXPECT_EQ(decide(1.03, 0.001, o), Verdict::same);    // real but small
+  const CompareOptions o;                            // 5%, alpha 0.05
+  EXPECT_EQ(decide(1.03, 0.001, o), Verdict::same);  // real but small
   EXPECT_EQ(decide(1.20, 0.001, o), Verdict::slower);
   EXPECT_EQ(decide(0.80, 0.001, o), Verdict::faster);
-  EXPECT_EQ(decide(1.20, 0.30, o), Verdict::noisy);    // large but indistinguishable
+  EXPECT_EQ(decide(1.20, 0.30, o), Verdict::noisy);  // large but indistinguishable
   EXPECT_EQ(decide(0.99, 0.90, o), Verdict::same);
 }
 
@@ -66,9 +67,13 @@ std::vector<double> around(double center, int n = 12) {
 }
 
 TEST(Compare, MatchesByVariantAndAxesAndFlagsTheDoubledOne) {
-  ResultsFile base{"base.json", {}, {entry("a", 64, around(100)), entry("b", 64, around(50)), entry("a", 128, around(200))}, {}};
-  ResultsFile next{"new.json", {}, {entry("a", 128, around(200)), entry("b", 64, around(100)), entry("a", 64, around(100)),
-                                    entry("c", 64, around(1))}, {}};
+  ResultsFile base{
+      "base.json", {}, {entry("a", 64, around(100)), entry("b", 64, around(50)), entry("a", 128, around(200))}, {}};
+  ResultsFile next{"new.json",
+                   {},
+                   {entry("a", 128, around(200)), entry("b", 64, around(100)), entry("a", 64, around(100)),
+                    entry("c", 64, around(1))},
+                   {}};
   const auto rep = compare(base, next, {});
   ASSERT_EQ(rep.rows.size(), 3u);
   for (const auto& r : rep.rows) {
@@ -91,13 +96,48 @@ TEST(Compare, NormalizationCancelsAMachineThatGotSlower) {
   EXPECT_TRUE(compare(base, next, {}).regression());
   CompareOptions o;
   o.normalize = "ref";
+  const auto find = [](const CompareReport& r, const std::string& prefix) {
+    for (const auto& row : r.rows)
+      if (row.name.rfind(prefix, 0) == 0) return row;
+    ADD_FAILURE() << "no row " << prefix;
+    return Comparison{};
+  };
   const auto rep = compare(base, next, o);
-  ASSERT_EQ(rep.rows.size(), 1u);  // the reference itself is not compared
-  EXPECT_EQ(rep.rows[0].verdict, Verdict::same);
-  EXPECT_NEAR(rep.rows[0].base_median, 10.0, 1e-9);
+  ASSERT_EQ(rep.rows.size(), 2u);  // the reference on its own times, against the wide normalizer threshold
+  EXPECT_EQ(find(rep, "a/").verdict, Verdict::same);
+  EXPECT_NEAR(find(rep, "a/").base_median, 10.0, 1e-9);
+  EXPECT_TRUE(find(rep, "ref/").normalizer);
+  EXPECT_NE(find(rep, "ref/").verdict, Verdict::slower);  // twice as slow: at the default bound, not beyond it
   // A real regression relative to the reference survives normalization.
   next.entries[1] = entry("a", 64, around(400));
-  EXPECT_EQ(compare(base, next, o).rows[0].verdict, Verdict::slower);
+  EXPECT_EQ(find(compare(base, next, o), "a/").verdict, Verdict::slower);
+  // The reference itself three times as slow (everything with it): flagged by the wide bound.
+  ResultsFile slow_ref{"new.json", {}, {entry("ref", 64, around(30)), entry("a", 64, around(300))}, {}};
+  const auto flagged = compare(base, slow_ref, o);
+  EXPECT_EQ(find(flagged, "ref/").verdict, Verdict::slower);
+  EXPECT_EQ(find(flagged, "a/").verdict, Verdict::same);
+}
+
+TEST(Compare, EachFamilyIsNormalizedByItsOwnReference) {
+  // mla/ runs by mla/ref, moe/ runs by moe/ref: the MoE family slowed 1.5x against its reference, MLA did not.
+  ResultsFile base{"base.json",
+                   {},
+                   {entry("mla/ref", 64, around(10)), entry("mla/x", 64, around(100)), entry("moe/ref", 64, around(40)),
+                    entry("moe/y", 64, around(80))},
+                   {}};
+  ResultsFile next{"new.json",
+                   {},
+                   {entry("mla/ref", 64, around(12)), entry("mla/x", 64, around(120)), entry("moe/ref", 64, around(40)),
+                    entry("moe/y", 64, around(120))},
+                   {}};
+  CompareOptions o;
+  o.threshold = 0.3;
+  o.normalize = "mla/ref,moe/ref";
+  const auto rep = compare(base, next, o);
+  ASSERT_EQ(rep.rows.size(), 4u);
+  for (const auto& r : rep.rows)
+    EXPECT_EQ(r.verdict, r.name.rfind("moe/y", 0) == 0 ? Verdict::slower : Verdict::same) << r.name;
+  EXPECT_TRUE(rep.unmatched.empty());
 }
 
 // One run's entry per repetition: `pass_medians` are the repetitions' medians, each pass's samples tight around
@@ -142,13 +182,17 @@ TEST(Compare, RepetitionMediansSeeDriftThatOneRunsSamplesCannot) {
 TEST(ResultsFile, RepetitionsOfOneRunAreOneEntryInPassOrder) {
   const auto path = std::filesystem::temp_directory_path() / "dslab_repetitions.json";
   auto pass = [](int index, double us) {
-    return nlohmann::json{{"name", "a/tiny/batch:1"}, {"variant", "a"}, {"model", "tiny"}, {"axes", {{"batch", 1}}},
-                          {"run_type", "iteration"}, {"repetitions", 3}, {"repetition_index", index},
-                          {"real_time", us}, {"time_unit", "us"}, {"sample_times", {us, us}}};
+    return nlohmann::json{{"name", "a/tiny/batch:1"},  {"variant", "a"},          {"model", "tiny"},
+                          {"axes", {{"batch", 1}}},    {"run_type", "iteration"}, {"repetitions", 3},
+                          {"repetition_index", index}, {"real_time", us},         {"time_unit", "us"},
+                          {"sample_times", {us, us}}};
   };
   nlohmann::json j = {{"context", nlohmann::json::object()},
-                      {"benchmarks", {pass(2, 30), pass(0, 10), pass(1, 50),
-                                      {{"name", "a/tiny/batch:1_median"}, {"run_type", "aggregate"}, {"real_time", 30}}}}};
+                      {"benchmarks",
+                       {pass(2, 30),
+                        pass(0, 10),
+                        pass(1, 50),
+                        {{"name", "a/tiny/batch:1_median"}, {"run_type", "aggregate"}, {"real_time", 30}}}}};
   std::ofstream(path) << j.dump();
   const ResultsFile f = load_results(path.string());
   ASSERT_EQ(f.entries.size(), 1u);
@@ -166,8 +210,9 @@ TEST(ResultsFile, RepetitionsOfOneRunAreOneEntryInPassOrder) {
 TEST(ResultsFile, TwoSuitesSharingAPointAreTwoEntries) {
   const auto path = std::filesystem::temp_directory_path() / "dslab_two_suites.json";
   auto run = [](const std::string& suite, double us) {
-    return nlohmann::json{{"name", "a/tiny/batch:1"}, {"variant", "a"}, {"model", "tiny"}, {"axes", {{"batch", 1}}}, {"suite", suite},
-                          {"run_type", "iteration"}, {"real_time", us}, {"time_unit", "us"}, {"sample_times", {us, us}}};
+    return nlohmann::json{{"name", "a/tiny/batch:1"}, {"variant", "a"},    {"model", "tiny"},
+                          {"axes", {{"batch", 1}}},   {"suite", suite},    {"run_type", "iteration"},
+                          {"real_time", us},          {"time_unit", "us"}, {"sample_times", {us, us}}};
   };
   nlohmann::json j = {{"context", nlohmann::json::object()}, {"benchmarks", {run("first", 10), run("second", 12)}}};
   std::ofstream(path) << j.dump();
@@ -186,8 +231,12 @@ TEST(ResultsFile, ReadsXzCompressedResults) {
   const auto dir = std::filesystem::temp_directory_path();
   const auto plain = dir / "dslab_xz_results.json", packed = dir / "dslab_xz_results.json.xz";
   const nlohmann::json j = {{"context", {{"gpu", "test"}}},
-                            {"benchmarks", {{{"name", "a/tiny/batch:1"}, {"variant", "a"}, {"real_time", 12.5}, {"time_unit", "us"},
-                                             {"sample_times", {12.0, 12.5, 13.0}}}}}};
+                            {"benchmarks",
+                             {{{"name", "a/tiny/batch:1"},
+                               {"variant", "a"},
+                               {"real_time", 12.5},
+                               {"time_unit", "us"},
+                               {"sample_times", {12.0, 12.5, 13.0}}}}}};
   std::ofstream(plain) << j.dump();
   std::filesystem::remove(packed);
   ASSERT_EQ(std::system(("xz -k " + plain.string()).c_str()), 0) << "xz (xz-utils) is needed by this test";
@@ -208,25 +257,47 @@ TEST(ResultsFile, ReadsXzCompressedResults) {
 
 TEST(Compare, NormalizesEachRepetitionByItsOwnReference) {
   // The reference and the variant drift together pass by pass: normalized pass by pass, the ratio is exactly 1.
-  ResultsFile base{"base.json", {}, {repeated("ref", {10, 12, 9, 11, 10}), repeated("a", {100, 120, 90, 110, 100})}, {}};
+  ResultsFile base{
+      "base.json", {}, {repeated("ref", {10, 12, 9, 11, 10}), repeated("a", {100, 120, 90, 110, 100})}, {}};
   ResultsFile next{"new.json", {}, {repeated("ref", {13, 9, 10, 12, 11}), repeated("a", {130, 90, 100, 120, 110})}, {}};
   CompareOptions o;
   o.normalize = "ref";
   const auto rep = compare(base, next, o);
-  ASSERT_EQ(rep.rows.size(), 1u);
-  EXPECT_NEAR(rep.rows[0].ratio, 1.0, 1e-9);
-  EXPECT_EQ(rep.rows[0].verdict, Verdict::same);
+  ASSERT_EQ(rep.rows.size(), 2u);  // a/ and the reference's own times
+  for (const auto& r : rep.rows) {
+    EXPECT_EQ(r.verdict, Verdict::same) << r.name;
+    if (!r.normalizer) EXPECT_NEAR(r.ratio, 1.0, 1e-9);
+  }
+}
+
+TEST(Compare, ThreeRepetitionsASideStillCatchAOneAndAHalfTimesSlowdown) {
+  // Three passes a side, as CI's smoke runs: the U test over 3 against 3 medians cannot go below p = 0.1, so the
+  // test runs on the passes' samples pooled - a 1.5x slowdown is SLOWER, an unchanged run is not.
+  const std::vector<double> base_passes = {100, 104, 97}, same_passes = {101, 98, 103};
+  ResultsFile base{"base.json", {}, {repeated("a", base_passes)}, {}};
+  ResultsFile same{"same.json", {}, {repeated("a", same_passes)}, {}};
+  const auto unchanged = compare(base, same, {});
+  EXPECT_TRUE(unchanged.rows[0].pooled);
+  EXPECT_EQ(unchanged.pooled, 1u);
+  EXPECT_NE(unchanged.rows[0].verdict, Verdict::slower);
+  std::vector<double> slow;
+  for (double m : same_passes) slow.push_back(1.5 * m);
+  ResultsFile slower{"slow.json", {}, {repeated("a", slow)}, {}};
+  const auto caught = compare(base, slower, {});
+  EXPECT_EQ(caught.rows[0].verdict, Verdict::slower);
+  EXPECT_NEAR(caught.rows[0].ratio, 1.5, 0.05);
 }
 
 }  // namespace
 }  // namespace dslab::reports
 
-#include "reports/offload.h"
+#include "planner/offload.h"
 
 namespace dslab::reports {
 namespace {
 
-Entry op_entry(const std::string& variant, const std::string& device, int tokens, double us, double flops, double bytes) {
+Entry op_entry(const std::string& variant, const std::string& device, int tokens, double us, double flops,
+               double bytes) {
   Entry e;
   e.variant = variant;
   e.device = device;
@@ -245,9 +316,9 @@ TEST(Offload, MemoryBoundExpertsStayOnTheCpuComputeBoundOnesCrossPcie) {
   f.context["machine"] = {{"cpu_model", "cpu"},
                           {"cpu", {{"amx_bf16_flops", 10e12}, {"dram_read_bytes_per_s", 100e9}}},
                           {"gpu", {{"name", "gpu"}, {"tensor_bf16_flops", 800e12}, {"hbm_bytes_per_s", 4e12}}}};
-  f.entries = {op_entry("moe/amx/cpu", "cpu", 1, 1e3, 1e8, 1e8),       // 1 ms; GPU: 100 MB over PCIe = 4 ms
-               op_entry("moe/amx/cpu", "cpu", 4096, 1e6, 1e13, 1e9),   // 1 s; GPU: 40 ms PCIe + 12.5 ms
-               op_entry("mla/a_cc_me/cpu", "cpu", 1, 1e4, 1e9, 3e8),   // GPU-resident: 75 us on the GPU roofline
+  f.entries = {op_entry("moe/amx/cpu", "cpu", 1, 1e3, 1e8, 1e8),      // 1 ms; GPU: 100 MB over PCIe = 4 ms
+               op_entry("moe/amx/cpu", "cpu", 4096, 1e6, 1e13, 1e9),  // 1 s; GPU: 40 ms PCIe + 12.5 ms
+               op_entry("mla/a_cc_me/cpu", "cpu", 1, 1e4, 1e9, 3e8),  // GPU-resident: 75 us on the GPU roofline
                op_entry("mla/cd/cpu", "cpu", 1, 3e4, 5e8, 2e9)};
   const OffloadPlan plan = plan_offload({f}, {});
   ASSERT_EQ(plan.ops.size(), 3u);
@@ -281,7 +352,8 @@ TEST(Offload, GpuFormsAtTheirDefaultsJoinTheCpuOp) {
   cpu.axes = {{"batch", 1}, {"q_len", 1}, {"kv_len", 4096}};
   Entry gpu = op_entry("mla/fused/cuda", "cuda", 1, 150, 1e9, 3e8);
   gpu.model = "deepseek-v2";  // 128 heads
-  gpu.axes = {{"batch", 1}, {"q_len", 1}, {"kv_len", 4096}, {"heads", 128}, {"page_size", 64}, {"len_dist", "uniform"},
+  gpu.axes = {{"batch", 1},        {"q_len", 1},      {"kv_len", 4096},
+              {"heads", 128},      {"page_size", 64}, {"len_dist", "uniform"},
               {"kv_dtype", "bf16"}};
   Entry other = gpu;  // a non-default page size or head count is another op
   other.axes["page_size"] = 16;

@@ -26,7 +26,8 @@ TEST(SparseFidelity, TheWholeCacheIsDenseAttention) {
   EXPECT_LT(f.rel_err, 1e-9);
   Budget b;
   b.tokens = 300, b.block = 32;
-  for (const auto& sel : {sparse::select_oracle(p, b), sparse::select_quest(p, b), sparse::select_infllm(p, b)}) EXPECT_EQ(sel, all);
+  for (const auto& sel : {sparse::select_oracle(p, b), sparse::select_quest(p, b), sparse::select_infllm(p, b)})
+    EXPECT_EQ(sel, all);
   // Only the sinks: little mass, a large error.
   const auto few = sparse::fidelity(p, {0, 1, 2, 3});
   EXPECT_LT(few.mass_recall, 0.2);
@@ -37,8 +38,9 @@ TEST(SparseSelect, BudgetSinksWindowAndWholeBlocks) {
   const auto p = sparse::make_problem(4, 64, 16, 1000, CacheKind::clustered, 0, test::fresh_seed());
   Budget b;
   b.tokens = 256, b.block = 32, b.n_init = 4, b.local = 40;
-  for (const auto& [name, sel] : {std::pair{"oracle", sparse::select_oracle(p, b)}, std::pair{"quest", sparse::select_quest(p, b)},
-                                  std::pair{"infllm", sparse::select_infllm(p, b)}}) {
+  for (const auto& [name, sel] :
+       {std::pair{"oracle", sparse::select_oracle(p, b)}, std::pair{"quest", sparse::select_quest(p, b)},
+        std::pair{"infllm", sparse::select_infllm(p, b)}}) {
     SCOPED_TRACE(name);
     EXPECT_LE(int64_t(sel.size()), b.tokens);
     EXPECT_TRUE(std::is_sorted(sel.begin(), sel.end()));
@@ -46,7 +48,8 @@ TEST(SparseSelect, BudgetSinksWindowAndWholeBlocks) {
     if (std::string(name) != "oracle")  // outside the sinks and window, whole blocks
       for (int64_t k : sel)
         if (k >= b.n_init && k < 1000 - b.local)
-          for (int64_t j = k / b.block * b.block; j < std::min<int64_t>(1000 - b.local, (k / b.block + 1) * b.block); ++j)
+          for (int64_t j = k / b.block * b.block; j < std::min<int64_t>(1000 - b.local, (k / b.block + 1) * b.block);
+               ++j)
             if (j >= b.n_init) EXPECT_TRUE(std::binary_search(sel.begin(), sel.end(), j)) << k << " without " << j;
   }
 }
@@ -77,13 +80,16 @@ TEST(SparseTokens, SinksWindowAndTheBestScoredWithALengthKnownBeforehand) {
     double lowest_in = INFINITY, highest_out = -INFINITY;
     int64_t last_in_at_lowest = -1, first_out_at_lowest = keys;
     for (int64_t k = 4; k < keys - 100; ++k) {
-      if (in[size_t(k)]) lowest_in = std::min(lowest_in, score[size_t(k)]);
-      else highest_out = std::max(highest_out, score[size_t(k)]);
+      if (in[size_t(k)])
+        lowest_in = std::min(lowest_in, score[size_t(k)]);
+      else
+        highest_out = std::max(highest_out, score[size_t(k)]);
     }
     if (tokens > 104 && tokens < keys) {
       EXPECT_GE(lowest_in, highest_out) << tokens;
       for (int64_t k = 4; k < keys - 100; ++k)
-        if (score[size_t(k)] == lowest_in) (in[size_t(k)] ? last_in_at_lowest = k : first_out_at_lowest = std::min(first_out_at_lowest, k));
+        if (score[size_t(k)] == lowest_in)
+          (in[size_t(k)] ? last_in_at_lowest = k : first_out_at_lowest = std::min(first_out_at_lowest, k));
       EXPECT_LT(last_in_at_lowest, first_out_at_lowest) << tokens;
     }
   }
@@ -150,10 +156,10 @@ TEST(SparseSelect, TheOracleFindsTheNeedleAtAnyDepth) {
 
 TEST(SparseDsa, E4m3RoundingAsTheFormatHoldsIt) {
   EXPECT_EQ(sparse::round_e4m3(1.0f), 1.0f);
-  EXPECT_EQ(sparse::round_e4m3(1.0625f), 1.0f);     // halfway to 1.125 rounds to even
-  EXPECT_EQ(sparse::round_e4m3(1.1f), 1.125f);      // 3 mantissa bits: steps of 1/8 in [1, 2)
-  EXPECT_EQ(sparse::round_e4m3(300.0f), 288.0f);    // steps of 32 in [256, 448]
-  EXPECT_EQ(sparse::round_e4m3(1000.0f), 448.0f);   // saturates
+  EXPECT_EQ(sparse::round_e4m3(1.0625f), 1.0f);          // halfway to 1.125 rounds to even
+  EXPECT_EQ(sparse::round_e4m3(1.1f), 1.125f);           // 3 mantissa bits: steps of 1/8 in [1, 2)
+  EXPECT_EQ(sparse::round_e4m3(300.0f), 288.0f);         // steps of 32 in [256, 448]
+  EXPECT_EQ(sparse::round_e4m3(1000.0f), 448.0f);        // saturates
   EXPECT_EQ(sparse::round_e4m3(-0.01f), -0.009765625f);  // subnormal: a multiple of 2^-9
 }
 
@@ -244,7 +250,8 @@ TEST(SparseVariants, EachRunAppendsTheStepsKey) {
   const ModelFile model = load_model_file("deepseek-v2-lite");
   Point p;
   auto integer = [&](const char* axis, int64_t v) { p.set(axis, {std::to_string(v), v, true}); };
-  integer("kv_len", 600), integer("budget", 128), integer("block", 64), integer("needle_depth", 50), integer("needle_norm", 1), integer("heads", 4);
+  integer("kv_len", 600), integer("budget", 128), integer("block", 64), integer("needle_depth", 50),
+      integer("needle_norm", 1), integer("heads", 4);
   p.set("cache_kind", {"random", 0, false});
   for (const auto& [name, steps] : {std::pair<const char*, int>{"sparse/quest/cpu", 1030}, {"sparse/dsa/cpu", 5}}) {
     SCOPED_TRACE(name);
@@ -267,7 +274,8 @@ TEST(SparseVariants, ABatchIsItsRequestsEachWithItsOwnCacheAndSelection) {
   auto point = [](int64_t batch) {
     Point p;
     auto integer = [&](const char* axis, int64_t v) { p.set(axis, {std::to_string(v), v, true}); };
-    integer("batch", batch), integer("kv_len", 1500), integer("budget", 256), integer("block", 64), integer("needle_depth", 50), integer("needle_norm", 1), integer("heads", 4);
+    integer("batch", batch), integer("kv_len", 1500), integer("budget", 256), integer("block", 64),
+        integer("needle_depth", 50), integer("needle_norm", 1), integer("heads", 4);
     p.set("cache_kind", {"clustered", 0, false});
     return p;
   };
@@ -294,7 +302,8 @@ TEST(SparseVariants, ABatchIsItsRequestsEachWithItsOwnCacheAndSelection) {
     const auto c = batch->counters();
     EXPECT_NEAR(c.at("mass_recall"), mass, 1e-9);
     EXPECT_NEAR(c.at("rel_err_vs_dense"), err, 1e-9);
-    EXPECT_NEAR(batch->cost(model, point(3)).flops, 3 * batch->cost(model, point(1)).flops, 1e-6 * batch->cost(model, point(1)).flops);
+    EXPECT_NEAR(batch->cost(model, point(3)).flops, 3 * batch->cost(model, point(1)).flops,
+                1e-6 * batch->cost(model, point(1)).flops);
   }
 }
 
@@ -305,10 +314,12 @@ namespace dslab {
 namespace {
 
 // The token top-k's cluster size (sparse::cuda::topk_launch), given the clusters of each size a GPU holds at once -
-// here the H100's measured answers (session 20: 15 clusters of 8, 17 of 6, 22 of 5): the fewest rounds x keys a CTA,
+// here the H100's measured answers (15 clusters of 8, 17 of 6, 22 of 5): the fewest rounds x keys a CTA,
 // a streaming pass (keys past 22 a thread) counted 1.5 register passes; one block below 16K keys.
 TEST(TopkLaunch, ChoosesTheClusterThatFinishesFirstOnThisGpu) {
-  const auto h100 = [](int ctas, bool) { return ctas == 8 ? 15 : ctas == 7 ? 15 : ctas == 6 ? 17 : ctas == 5 ? 22 : 30; };
+  const auto h100 = [](int ctas, bool) {
+    return ctas == 8 ? 15 : ctas == 7 ? 15 : ctas == 6 ? 17 : ctas == 5 ? 22 : 30;
+  };
   const auto small = sparse::cuda::topk_launch_given(3000, 16, h100);
   EXPECT_EQ(small.ctas_per_request, 1);
   EXPECT_EQ(small.max_active_clusters, 0);

@@ -75,8 +75,10 @@ PagedProblems lay_out(const std::vector<sparse::Problem>& problems, int64_t P, u
       for (int64_t d = 0; d < rope; ++d) row[latent + d] = to_bf16(p.k_pe[size_t(k * rope + d)]);
     }
     for (int64_t h = 0; h < l.heads; ++h) {
-      for (int64_t d = 0; d < latent; ++d) l.q[size_t((r * l.heads + h) * l.width + d)] = to_bf16(p.q_lat[size_t(h * latent + d)]);
-      for (int64_t d = 0; d < rope; ++d) l.q[size_t((r * l.heads + h) * l.width + latent + d)] = to_bf16(p.q_pe[size_t(h * rope + d)]);
+      for (int64_t d = 0; d < latent; ++d)
+        l.q[size_t((r * l.heads + h) * l.width + d)] = to_bf16(p.q_lat[size_t(h * latent + d)]);
+      for (int64_t d = 0; d < rope; ++d)
+        l.q[size_t((r * l.heads + h) * l.width + latent + d)] = to_bf16(p.q_pe[size_t(h * rope + d)]);
     }
     l.lengths_before.push_back(int32_t(p.keys - 1));
   }
@@ -91,10 +93,11 @@ struct GpuPageSelection {
   std::vector<int32_t> table, physical, logical, length, before, keys_after;
   int64_t ppr = 0, max_pages = 0;
 };
-GpuPageSelection select_on_gpu(sparse::cuda::Summary kind, const std::vector<sparse::Problem>& problems, int64_t P, const sparse::Budget& budget,
-                               uint64_t seed) {
+GpuPageSelection select_on_gpu(sparse::cuda::Summary kind, const std::vector<sparse::Problem>& problems, int64_t P,
+                               const sparse::Budget& budget, uint64_t seed) {
   const PagedProblems l = lay_out(problems, P, seed);
-  const int64_t batch = l.batch, heads = l.heads, width = l.width, ppr = l.ppr, sw = sparse::cuda::summary_width(kind, width);
+  const int64_t batch = l.batch, heads = l.heads, width = l.width, ppr = l.ppr,
+                sw = sparse::cuda::summary_width(kind, width);
   GpuPageSelection g;
   g.ppr = g.max_pages = ppr;
   g.table = l.table;
@@ -118,23 +121,29 @@ GpuPageSelection select_on_gpu(sparse::cuda::Summary kind, const std::vector<spa
   const Device<int32_t> d_physical{size_t(batch * ppr)}, d_logical{size_t(batch * ppr)}, d_length{size_t(batch)};
   auto* cache_ptr = reinterpret_cast<const __nv_bfloat16*>(d_cache.p);
   auto* summaries = reinterpret_cast<__nv_bfloat16*>(d_summaries.p);
-  sparse::cuda::page_summaries(kind, cache_ptr, P, width, d_listed.p, d_rows.p, d_counts.p, int(listed.size()), summaries, 0);
-  sparse::cuda::step_page_summaries(kind, cache_ptr, P, width, d_lengths.p, 1, d_table.p, ppr, batch, d_keys.p, summaries, 0);
-  mla::cuda::BlasHandle blas;
+  sparse::cuda::page_summaries(kind, cache_ptr, P, width, d_listed.p, d_rows.p, d_counts.p, int(listed.size()),
+                               summaries, 0);
+  sparse::cuda::step_page_summaries(kind, cache_ptr, P, width, d_lengths.p, 1, d_table.p, ppr, batch, d_keys.p,
+                                    summaries, 0);
+  gpu::BlasHandle blas;
   blas.set_stream(0);
-  sparse::cuda::page_scores(kind, blas.get(), reinterpret_cast<const __nv_bfloat16*>(d_q.p), batch, 1, heads, width, summaries, ppr, d_keys.p, P,
-                            reinterpret_cast<__nv_bfloat16*>(d_split.p), d_products.p, d_scores.p, 0);
-  sparse::cuda::compact_pages(d_scores.p, d_table.p, ppr, d_keys.p, P, budget, batch, ppr, 1, d_physical.p, d_logical.p, d_length.p, d_before.p, 0);
+  sparse::cuda::page_scores(kind, blas.get(), reinterpret_cast<const __nv_bfloat16*>(d_q.p), batch, 1, heads, width,
+                            summaries, ppr, d_keys.p, P, reinterpret_cast<__nv_bfloat16*>(d_split.p), d_products.p,
+                            d_scores.p, 0);
+  sparse::cuda::compact_pages(d_scores.p, d_table.p, ppr, d_keys.p, P, budget, batch, ppr, 1, d_physical.p, d_logical.p,
+                              d_length.p, d_before.p, 0);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   g.summaries = d_summaries.host(size_t(batch * ppr * sw));
   g.scores = d_scores.host(size_t(batch * ppr));
   g.physical = d_physical.host(size_t(batch * ppr)), g.logical = d_logical.host(size_t(batch * ppr));
-  g.length = d_length.host(size_t(batch)), g.before = d_before.host(size_t(batch)), g.keys_after = d_keys.host(size_t(batch));
+  g.length = d_length.host(size_t(batch)), g.before = d_before.host(size_t(batch)),
+  g.keys_after = d_keys.host(size_t(batch));
   return g;
 }
 
 // Each problem in bf16 values (the CPU reference reads the same numbers the GPU does).
-sparse::Problem bf16_problem(int64_t heads, int64_t keys, sparse::CacheKind kind, double depth, uint64_t seed, double needle_norm = 1) {
+sparse::Problem bf16_problem(int64_t heads, int64_t keys, sparse::CacheKind kind, double depth, uint64_t seed,
+                             double needle_norm = 1) {
   sparse::Problem p = sparse::make_problem(heads, 512, 64, keys, kind, depth, seed, needle_norm);
   for (auto* v : {&p.q_lat, &p.q_pe, &p.c_kv, &p.k_pe})
     for (float& x : *v) x = bf16_round(x);
@@ -146,13 +155,15 @@ TEST(GpuSparse, PageSelectionMatchesTheCpuReference) {
   using sparse::cuda::Summary;
   const uint64_t seed = test::fresh_seed();
   const int64_t heads = 16, width = 576, P = 64;
-  const std::vector<int64_t> keys = {1000, 641, 130, 4096};  // partial last pages (641: the step opens one); one within the budget
+  const std::vector<int64_t> keys = {1000, 641, 130,
+                                     4096};  // partial last pages (641: the step opens one); one within the budget
   const int64_t batch = int64_t(keys.size());
   sparse::Budget budget;
   budget.tokens = 512, budget.block = P, budget.n_init = 4, budget.local = 64;
   std::vector<sparse::Problem> problems;
   for (int64_t r = 0; r < batch; ++r)
-    problems.push_back(bf16_problem(heads, keys[size_t(r)], sparse::CacheKind::clustered, 0, sparse::request_seed(seed, r)));
+    problems.push_back(
+        bf16_problem(heads, keys[size_t(r)], sparse::CacheKind::clustered, 0, sparse::request_seed(seed, r)));
   for (const Summary kind : {Summary::quest_bounds, Summary::infllm_mean}) {
     const bool quest = kind == Summary::quest_bounds;
     SCOPED_TRACE(quest ? "quest" : "infllm");
@@ -171,15 +182,18 @@ TEST(GpuSparse, PageSelectionMatchesTheCpuReference) {
         for (int64_t d = 0; d < width; ++d) {
           if (quest) {
             ASSERT_EQ(to_float(g.summaries[size_t(at + d)]), st.block_max(pg)[d]) << "page " << pg << " column " << d;
-            ASSERT_EQ(to_float(g.summaries[size_t(at + width + d)]), st.block_min(pg)[d]) << "page " << pg << " column " << d;
+            ASSERT_EQ(to_float(g.summaries[size_t(at + width + d)]), st.block_min(pg)[d])
+                << "page " << pg << " column " << d;
           } else {
             mean[size_t(pg)][size_t(d)] = st.block_sum(pg)[d] / float(count);
-            ASSERT_NEAR(to_float(g.summaries[size_t(at + d)]), mean[size_t(pg)][size_t(d)], std::abs(mean[size_t(pg)][size_t(d)]) * 0x1p-8 + 1e-30)
+            ASSERT_NEAR(to_float(g.summaries[size_t(at + d)]), mean[size_t(pg)][size_t(d)],
+                        std::abs(mean[size_t(pg)][size_t(d)]) * 0x1p-8 + 1e-30)
                 << "page " << pg << " column " << d;
           }
         }
       }
-      const std::vector<double> want = quest ? sparse::quest_block_scores(p, budget, st) : sparse::infllm_block_scores(p, budget, st);
+      const std::vector<double> want =
+          quest ? sparse::quest_block_scores(p, budget, st) : sparse::infllm_block_scores(p, budget, st);
       const std::vector<double> got(g.scores.begin() + r * ppr, g.scores.begin() + r * ppr + pages);
       for (int64_t pg = 0; pg < pages; ++pg) {
         // Quest: fp32 sums of exact bf16 products, far within 1e-4 of the sum of magnitudes; InfLLM's bf16 mean adds
@@ -188,7 +202,8 @@ TEST(GpuSparse, PageSelectionMatchesTheCpuReference) {
         for (int64_t h = 0; h < heads; ++h) {
           double m = 0;
           for (int64_t d = 0; d < width; ++d) {
-            const double summary = quest ? std::max(std::abs(st.block_min(pg)[d]), std::abs(st.block_max(pg)[d])) : std::abs(mean[size_t(pg)][size_t(d)]);
+            const double summary = quest ? std::max(std::abs(st.block_min(pg)[d]), std::abs(st.block_max(pg)[d]))
+                                         : std::abs(mean[size_t(pg)][size_t(d)]);
             m += std::abs(to_float(g.q[size_t((r * heads + h) * width + d)])) * summary;
           }
           magnitude = std::max(magnitude, m);
@@ -224,14 +239,16 @@ TEST(GpuSparse, NeedlePageIsChosenAtEveryDepth) {
   std::vector<sparse::Problem> problems;
   const std::vector<double> depths = {0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0};
   for (size_t i = 0; i < depths.size(); ++i)
-    problems.push_back(bf16_problem(16, keys, sparse::CacheKind::needle, depths[i], sparse::request_seed(seed, int64_t(i)), 4));
+    problems.push_back(
+        bf16_problem(16, keys, sparse::CacheKind::needle, depths[i], sparse::request_seed(seed, int64_t(i)), 4));
   for (const Summary kind : {Summary::quest_bounds, Summary::infllm_mean}) {
     const GpuPageSelection g = select_on_gpu(kind, problems, P, budget, seed);
     for (size_t r = 0; r < problems.size(); ++r) {
       const int64_t needle_page = problems[r].needle / P, chosen = (g.length[r] + P - 1) / P;
       bool found = false;
       for (int64_t i = 0; i < chosen; ++i) found |= g.logical[r * size_t(g.max_pages) + size_t(i)] == needle_page;
-      EXPECT_TRUE(found) << (kind == Summary::quest_bounds ? "quest" : "infllm") << " depth " << depths[r] << " (page " << needle_page << ")";
+      EXPECT_TRUE(found) << (kind == Summary::quest_bounds ? "quest" : "infllm") << " depth " << depths[r] << " (page "
+                         << needle_page << ")";
     }
   }
 }
@@ -255,7 +272,8 @@ void check_indexer(int64_t P, uint64_t seed) {
   budget.tokens = 512, budget.block = 1, budget.n_init = 4, budget.local = 64;
   std::vector<sparse::Problem> problems;
   for (int64_t r = 0; r < batch; ++r)
-    problems.push_back(bf16_problem(heads, keys[size_t(r)], sparse::CacheKind::clustered, 0, sparse::request_seed(seed, r)));
+    problems.push_back(
+        bf16_problem(heads, keys[size_t(r)], sparse::CacheKind::clustered, 0, sparse::request_seed(seed, r)));
   const PagedProblems l = lay_out(problems, P, seed);
   const int64_t ppr = l.ppr, slots = l.slots;
   const std::vector<int32_t>& table = l.table;
@@ -268,34 +286,39 @@ void check_indexer(int64_t P, uint64_t seed) {
   const Device<float> d_scales{size_t(slots)}, d_scratch{size_t(1000 * D)}, d_scores{size_t(batch * ppr * P)};
   const Device<uint8_t> d_queries{size_t(batch * sparse::cuda::kIndexHeads * D)};
   const Device<float> d_query_scales{size_t(batch * sparse::cuda::kIndexHeads)};
-  const Device<int32_t> d_slots{size_t(batch * (budget.tokens + 1))}, d_logical{size_t(batch * (budget.tokens + 1))}, d_length{size_t(batch)},
-      d_before{size_t(batch)};
+  const Device<int32_t> d_slots{size_t(batch * (budget.tokens + 1))}, d_logical{size_t(batch * (budget.tokens + 1))},
+      d_length{size_t(batch)}, d_before{size_t(batch)};
   auto* cache_ptr = reinterpret_cast<const __nv_bfloat16*>(d_cache.p);
   auto* projection_ptr = reinterpret_cast<const __nv_bfloat16*>(d_projection.p);
-  mla::cuda::BlasHandle blas;
+  gpu::BlasHandle blas;
   blas.set_stream(0);
   // Every slot by prepare's GEMM (1000-row chunks: a partial last chunk), then the step's new keys remade; each
   // request's last key's slot zeroed first, so the step must write it.
-  sparse::cuda::index_all_keys(blas.get(), cache_ptr, slots, width, projection_ptr, d_scratch.p, 1000, d_index.p, d_scales.p, 0);
+  sparse::cuda::index_all_keys(blas.get(), cache_ptr, slots, width, projection_ptr, d_scratch.p, 1000, d_index.p,
+                               d_scales.p, 0);
   for (int64_t r = 0; r < batch; ++r) {
     const int64_t k = keys[size_t(r)] - 1, slot = table[size_t(r * ppr + k / P)] * P + k % P;
     ASSERT_EQ(cudaMemset(d_index.p + slot * D, 0, size_t(D)), cudaSuccess);
   }
-  sparse::cuda::index_step_keys(cache_ptr, width, d_lengths.p, 1, d_table.p, ppr, P, batch, projection_ptr, d_index.p, d_scales.p, d_keys.p, 0);
+  sparse::cuda::index_step_keys(cache_ptr, width, d_lengths.p, 1, d_table.p, ppr, P, batch, projection_ptr, d_index.p,
+                                d_scales.p, d_keys.p, 0);
   const Device<float> d_projected{size_t(batch * heads * D)};
-  sparse::cuda::index_queries(blas.get(), reinterpret_cast<const __nv_bfloat16*>(d_q.p), batch, heads, width, projection_ptr, d_projected.p,
-                              d_queries.p, d_query_scales.p, 0);
+  sparse::cuda::index_queries(blas.get(), reinterpret_cast<const __nv_bfloat16*>(d_q.p), batch, heads, width,
+                              projection_ptr, d_projected.p, d_queries.p, d_query_scales.p, 0);
   const CUtensorMap index_map = sparse::cuda::index_key_map(d_index.p, slots);
-  sparse::cuda::indexer_scores(d_queries.p, d_query_scales.p, d_index.p, &index_map, d_scales.p, d_table.p, ppr, P, d_keys.p, batch, ppr * P, d_scores.p, 0);
-  sparse::cuda::compact_tokens(d_scores.p, ppr * P, d_table.p, ppr, d_keys.p, P, budget, batch, budget.tokens + 1, 1, d_slots.p, d_logical.p,
-                               d_length.p, d_before.p, 0);
+  sparse::cuda::indexer_scores(d_queries.p, d_query_scales.p, d_index.p, &index_map, d_scales.p, d_table.p, ppr, P,
+                               d_keys.p, batch, ppr * P, d_scores.p, 0);
+  sparse::cuda::compact_tokens(d_scores.p, ppr * P, d_table.p, ppr, d_keys.p, P, budget, batch, budget.tokens + 1, 1,
+                               d_slots.p, d_logical.p, d_length.p, d_before.p, 0);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto index = d_index.host(size_t(slots * D));
   const auto scales = d_scales.host(size_t(slots)), scores = d_scores.host(size_t(batch * ppr * P));
   const auto queries = d_queries.host(size_t(batch * sparse::cuda::kIndexHeads * D));
   const auto query_scales = d_query_scales.host(size_t(batch * sparse::cuda::kIndexHeads));
-  const auto out_slots = d_slots.host(size_t(batch * (budget.tokens + 1))), logical = d_logical.host(size_t(batch * (budget.tokens + 1)));
-  const auto length = d_length.host(size_t(batch)), before = d_before.host(size_t(batch)), keys_after = d_keys.host(size_t(batch));
+  const auto out_slots = d_slots.host(size_t(batch * (budget.tokens + 1))),
+             logical = d_logical.host(size_t(batch * (budget.tokens + 1)));
+  const auto length = d_length.host(size_t(batch)), before = d_before.host(size_t(batch)),
+             keys_after = d_keys.host(size_t(batch));
   const int64_t max_tokens = budget.tokens + 1;
   for (int64_t r = 0; r < batch; ++r) {
     SCOPED_TRACE("request " + std::to_string(r) + ", " + std::to_string(keys[size_t(r)]) + " keys");
@@ -315,7 +338,8 @@ void check_indexer(int64_t P, uint64_t seed) {
       for (int64_t d = 0; d < D; ++d) {
         const float got = e4m3_value(index[size_t(slot * D + d)]) * scales[size_t(slot)];
         exact += std::abs(got - want[d]) <= 1e-4f * std::abs(want[d]);
-        ASSERT_NEAR(got, want[d], std::abs(want[d]) / 8 + std::ldexp(scales[size_t(slot)], -9) * 1.01f) << "key " << k << " dim " << d;
+        ASSERT_NEAR(got, want[d], std::abs(want[d]) / 8 + std::ldexp(scales[size_t(slot)], -9) * 1.01f)
+            << "key " << k << " dim " << d;
       }
     }
     EXPECT_GE(double(exact), 0.99 * double(p.keys * D));
@@ -333,7 +357,8 @@ void check_indexer(int64_t P, uint64_t seed) {
       for (int64_t d = 0; d < D; ++d) {
         const float got = e4m3_value(queries[at + size_t(d)]) * query_scales[size_t(r * sparse::cuda::kIndexHeads + j)];
         same_query += std::abs(got - rounded[size_t(d)]) <= 1e-4f * std::abs(rounded[size_t(d)]);
-        ASSERT_NEAR(got, rounded[size_t(d)], std::abs(rounded[size_t(d)]) / 8 + std::ldexp(scale, -9) * 1.01f) << "index head " << j << " dim " << d;
+        ASSERT_NEAR(got, rounded[size_t(d)], std::abs(rounded[size_t(d)]) / 8 + std::ldexp(scale, -9) * 1.01f)
+            << "index head " << j << " dim " << d;
       }
     }
     EXPECT_GE(double(same_query), 0.99 * double(sparse::cuda::kIndexHeads * D));
@@ -347,8 +372,9 @@ void check_indexer(int64_t P, uint64_t seed) {
     std::vector<double> gpu_query(size_t(sparse::cuda::kIndexHeads * D));
     for (int64_t j = 0; j < sparse::cuda::kIndexHeads; ++j)
       for (int64_t d = 0; d < D; ++d)
-        gpu_query[size_t(j * D + d)] = double(e4m3_value(queries[size_t((r * sparse::cuda::kIndexHeads + j) * D + d)])) *
-                                       double(query_scales[size_t(r * sparse::cuda::kIndexHeads + j)]);
+        gpu_query[size_t(j * D + d)] =
+            double(e4m3_value(queries[size_t((r * sparse::cuda::kIndexHeads + j) * D + d)])) *
+            double(query_scales[size_t(r * sparse::cuda::kIndexHeads + j)]);
     for (int64_t k = 0; k < p.keys; ++k) {
       const int64_t slot = table[size_t(r * ppr + k / P)] * P + k % P;
       double magnitude = 0, cpu_magnitude = 0, from_gpu_values = 0;
@@ -358,7 +384,8 @@ void check_indexer(int64_t P, uint64_t seed) {
           const double key = double(e4m3_value(index[size_t(slot * D + d)])) * double(scales[size_t(slot)]);
           dot += gpu_query[size_t(j * D + d)] * key;
           magnitude += std::abs(gpu_query[size_t(j * D + d)] * key) / double(sparse::cuda::kIndexHeads);
-          cpu_magnitude += std::abs(double(iq[size_t(j * D + d)]) * st.index_key(k)[d]) / double(sparse::cuda::kIndexHeads);
+          cpu_magnitude +=
+              std::abs(double(iq[size_t(j * D + d)]) * st.index_key(k)[d]) / double(sparse::cuda::kIndexHeads);
         }
         from_gpu_values += std::max(0.0, dot) / double(sparse::cuda::kIndexHeads);
       }
@@ -376,8 +403,8 @@ void check_indexer(int64_t P, uint64_t seed) {
   }
 }
 
-// Pages of whole 64-key tiles, one or two a page (a tile by a tensor copy and a warpgroup MMA), and of 48 keys (cp.async
-// and mma.sync, a page-table lookup per key).
+// Pages of whole 64-key tiles, one or two a page (a tile by a tensor copy and a warpgroup MMA), and of 48 keys
+// (cp.async and mma.sync, a page-table lookup per key).
 TEST(GpuSparse, IndexerMatchesTheCpuReference) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
   const uint64_t seed = test::fresh_seed();
@@ -395,21 +422,24 @@ TEST(GpuSparse, OracleMassMatchesTheCpuReference) {
   budget.tokens = 256, budget.block = 1, budget.n_init = 4, budget.local = 64;
   std::vector<sparse::Problem> problems;
   for (size_t r = 0; r < keys.size(); ++r)
-    problems.push_back(bf16_problem(heads, keys[r], sparse::CacheKind::clustered, 0, sparse::request_seed(seed, int64_t(r))));
+    problems.push_back(
+        bf16_problem(heads, keys[r], sparse::CacheKind::clustered, 0, sparse::request_seed(seed, int64_t(r))));
   const PagedProblems l = lay_out(problems, P, seed);
   const int64_t batch = l.batch, max_keys = l.ppr * P, max_tokens = budget.tokens + 1;
   const Device<bf16> d_cache(l.cache), d_q(l.q), d_gathered{size_t(batch * max_keys * l.width)};
   const Device<int32_t> d_table(l.table), d_lengths(l.lengths_before), d_keys{size_t(batch)};
-  const Device<float> d_head_scores{size_t(batch * heads * max_keys)}, d_max{size_t(batch * heads)}, d_sum{size_t(batch * heads)},
-      d_mass{size_t(batch * max_keys)};
-  const Device<int32_t> d_slots{size_t(batch * max_tokens)}, d_logical{size_t(batch * max_tokens)}, d_length{size_t(batch)};
-  mla::cuda::BlasHandle blas;
+  const Device<float> d_head_scores{size_t(batch * heads * max_keys)}, d_max{size_t(batch * heads)},
+      d_sum{size_t(batch * heads)}, d_mass{size_t(batch * max_keys)};
+  const Device<int32_t> d_slots{size_t(batch * max_tokens)}, d_logical{size_t(batch * max_tokens)},
+      d_length{size_t(batch)};
+  gpu::BlasHandle blas;
   blas.set_stream(0);
-  sparse::cuda::attention_mass(blas.get(), reinterpret_cast<const __nv_bfloat16*>(d_cache.p), l.width, d_lengths.p, 1, d_table.p, l.ppr, P, batch,
-                               reinterpret_cast<const __nv_bfloat16*>(d_q.p), heads, problems[0].scale, max_keys,
-                               reinterpret_cast<__nv_bfloat16*>(d_gathered.p), d_head_scores.p, d_max.p, d_sum.p, d_keys.p, d_mass.p, 0);
-  sparse::cuda::compact_tokens(d_mass.p, max_keys, d_table.p, l.ppr, d_keys.p, P, budget, batch, max_tokens, 1, d_slots.p, d_logical.p, d_length.p,
-                               nullptr, 0);
+  sparse::cuda::attention_mass(blas.get(), reinterpret_cast<const __nv_bfloat16*>(d_cache.p), l.width, d_lengths.p, 1,
+                               d_table.p, l.ppr, P, batch, reinterpret_cast<const __nv_bfloat16*>(d_q.p), heads,
+                               problems[0].scale, max_keys, reinterpret_cast<__nv_bfloat16*>(d_gathered.p),
+                               d_head_scores.p, d_max.p, d_sum.p, d_keys.p, d_mass.p, 0);
+  sparse::cuda::compact_tokens(d_mass.p, max_keys, d_table.p, l.ppr, d_keys.p, P, budget, batch, max_tokens, 1,
+                               d_slots.p, d_logical.p, d_length.p, nullptr, 0);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const auto mass = d_mass.host(size_t(batch * max_keys));
   const auto keys_after = d_keys.host(size_t(batch));
@@ -447,7 +477,8 @@ TEST(GpuSparse, TopkLaunchSaysHowManyClustersFit) {
       const sparse::cuda::TopkLaunch t = sparse::cuda::topk_launch(keys, batch);
       EXPECT_GE(t.ctas_per_request, 4);
       EXPECT_LE(t.ctas_per_request, 8);
-      EXPECT_EQ(t.streaming, keys > int64_t(t.ctas_per_request) * 1024 * 22);  // (22 keys a thread in registers: 128K keys fit 6 CTAs)
+      EXPECT_EQ(t.streaming, keys > int64_t(t.ctas_per_request) * 1024 *
+                                        22);  // (22 keys a thread in registers: 128K keys fit 6 CTAs)
       EXPECT_GE(t.max_active_clusters, 1);
       EXPECT_LE(t.max_active_clusters, gpu_info().sms / t.ctas_per_request);
       EXPECT_EQ(t.rounds, (batch + t.max_active_clusters - 1) / t.max_active_clusters);
@@ -455,8 +486,8 @@ TEST(GpuSparse, TopkLaunchSaysHowManyClustersFit) {
       EXPECT_LE(double(t.rounds) * double((keys + t.ctas_per_request - 1) / t.ctas_per_request),
                 double(eight.rounds) * double((keys + 7) / 8) * (eight.streaming ? 1.5 : 1.0));
       std::printf("top-k over %lld keys, batch %lld: clusters of %d%s, %d at once on this GPU (8: %d), %d round(s)\n",
-                  static_cast<long long>(keys), static_cast<long long>(batch), t.ctas_per_request, t.streaming ? " (streaming)" : "",
-                  t.max_active_clusters, eight.max_active_clusters, t.rounds);
+                  static_cast<long long>(keys), static_cast<long long>(batch), t.ctas_per_request,
+                  t.streaming ? " (streaming)" : "", t.max_active_clusters, eight.max_active_clusters, t.rounds);
     }
 }
 
@@ -473,7 +504,8 @@ TEST(GpuSparse, TokenSelectionMatchesTheCpuAtEverySize) {
   for (const int64_t most : {3000, 40000, 131072 + 64, 200000, 1048576}) {
     SCOPED_TRACE(std::to_string(most) + " keys at most");
     const std::vector<int64_t> keys = {most, most / 2 + 7, 1000};
-    const int64_t batch = int64_t(keys.size()), ppr = (most + P - 1) / P, per_request = ppr * P, max_tokens = budget.tokens + 1;
+    const int64_t batch = int64_t(keys.size()), ppr = (most + P - 1) / P, per_request = ppr * P,
+                  max_tokens = budget.tokens + 1;
     std::vector<int32_t> table(size_t(batch * ppr));
     std::iota(table.begin(), table.end(), 0);
     std::shuffle(table.begin(), table.end(), gen);
@@ -483,17 +515,20 @@ TEST(GpuSparse, TokenSelectionMatchesTheCpuAtEverySize) {
     std::vector<int32_t> key_counts(keys.begin(), keys.end());
     const Device<float> d_scores(scores);
     const Device<int32_t> d_table(table), d_keys(key_counts);
-    const Device<int32_t> d_slots{size_t(batch * max_tokens)}, d_logical{size_t(batch * max_tokens)}, d_length{size_t(batch)}, d_before{size_t(batch)};
+    const Device<int32_t> d_slots{size_t(batch * max_tokens)}, d_logical{size_t(batch * max_tokens)},
+        d_length{size_t(batch)}, d_before{size_t(batch)};
     // The launch compact_tokens chooses, then (past 16K keys) every cluster size on the same requests.
     std::vector<sparse::cuda::TopkLaunch> launches = {sparse::cuda::topk_launch(per_request, batch)};
     if (launches[0].ctas_per_request > 1)
-      for (int ctas = 4; ctas <= 8; ++ctas) launches.push_back(sparse::cuda::topk_cluster_launch(per_request, batch, ctas));
+      for (int ctas = 4; ctas <= 8; ++ctas)
+        launches.push_back(sparse::cuda::topk_cluster_launch(per_request, batch, ctas));
     for (const sparse::cuda::TopkLaunch& launch : launches) {
       SCOPED_TRACE("clusters of " + std::to_string(launch.ctas_per_request) + (launch.streaming ? " (streaming)" : ""));
-      ASSERT_EQ(cudaMemset(d_slots.p, 0xff, size_t(batch * max_tokens) * sizeof(int32_t)), cudaSuccess);  // (no answer left from the last launch)
+      ASSERT_EQ(cudaMemset(d_slots.p, 0xff, size_t(batch * max_tokens) * sizeof(int32_t)),
+                cudaSuccess);  // (no answer left from the last launch)
       ASSERT_EQ(cudaMemset(d_logical.p, 0xff, size_t(batch * max_tokens) * sizeof(int32_t)), cudaSuccess);
-      sparse::cuda::compact_tokens_as(launch, d_scores.p, per_request, d_table.p, ppr, d_keys.p, P, budget, batch, max_tokens, 1, d_slots.p,
-                                      d_logical.p, d_length.p, d_before.p, 0);
+      sparse::cuda::compact_tokens_as(launch, d_scores.p, per_request, d_table.p, ppr, d_keys.p, P, budget, batch,
+                                      max_tokens, 1, d_slots.p, d_logical.p, d_length.p, d_before.p, 0);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const auto slots = d_slots.host(size_t(batch * max_tokens)), logical = d_logical.host(size_t(batch * max_tokens));
       const auto length = d_length.host(size_t(batch)), before = d_before.host(size_t(batch));
@@ -513,10 +548,10 @@ TEST(GpuSparse, TokenSelectionMatchesTheCpuAtEverySize) {
   }
 }
 
-// sparse/{quest,infllm,dsa,oracle}/cuda, the whole step (selection + mla/fused/cuda's kernel over the chosen pages or keys,
-// from one captured graph): against the fp64 reference over exactly the keys it chose, at V2-Lite's 16 heads and
-// V3's 128, decode and two new tokens (not DSA's or the oracle's: one query per request), requests of mixed lengths; a budget
-// that holds every key gives dense attention.
+// sparse/{quest,infllm,dsa,oracle}/cuda, the whole step (selection + mla/fused/cuda's kernel over the chosen pages or
+// keys, from one captured graph): against the fp64 reference over exactly the keys it chose, at V2-Lite's 16 heads and
+// V3's 128, decode and two new tokens (not DSA's or the oracle's: one query per request), requests of mixed lengths; a
+// budget that holds every key gives dense attention.
 class GpuSparseDecode : public ::testing::TestWithParam<const char*> {};
 TEST_P(GpuSparseDecode, DecodeMatchesTheReferenceOverItsPages) {
   const VariantEntry* entry = find_variant(GetParam());
@@ -528,15 +563,15 @@ TEST_P(GpuSparseDecode, DecodeMatchesTheReferenceOverItsPages) {
     const char* len_dist;
   };
   const std::vector<Case> cases = {
-      {"deepseek-v2-lite", 3, 1, 5000, 1024, 256, "mixed"},  // pages beside the window chosen by score
+      {"deepseek-v2-lite", 3, 1, 5000, 1024, 256, "mixed"},   // pages beside the window chosen by score
       {"deepseek-v2-lite", 2, 2, 3001, 512, 100, "uniform"},  // two new tokens; an unaligned window
       {"deepseek-v3", 2, 1, 4100, 768, 128, "mixed"},         // 128 heads: the best head's bound
       {"deepseek-v2-lite", 2, 1, 700, 4096, 64, "uniform"},   // the budget holds every key: dense
   };
   const uint64_t seed = test::fresh_seed();
   for (const Case& c : cases) {
-    SCOPED_TRACE(std::string(c.model) + " batch " + std::to_string(c.batch) + " q_len " + std::to_string(c.q_len) + " kv_len " +
-                 std::to_string(c.kv_len) + " budget " + std::to_string(c.budget));
+    SCOPED_TRACE(std::string(c.model) + " batch " + std::to_string(c.batch) + " q_len " + std::to_string(c.q_len) +
+                 " kv_len " + std::to_string(c.kv_len) + " budget " + std::to_string(c.budget));
     const ModelFile model = load_model_file(c.model);
     Point p;
     p.set("batch", {std::to_string(c.batch), c.batch, true});
@@ -573,9 +608,11 @@ TEST_P(GpuSparseDecode, DecodeMatchesTheReferenceOverItsPages) {
     EXPECT_LE(extra.at("mass_recall"), 1.0 + 1e-12);
     if (dense) EXPECT_NEAR(extra.at("mass_recall"), 1.0, 1e-12);
     EXPECT_LE(extra.at("attended_keys"), double(std::min(c.budget + 64, c.kv_len + c.q_len)));  // (a partial last page)
-    std::printf("%s %-17s batch %lld q_len %lld kv_len %5lld budget %4lld: rel_err %.3e, vs dense %.3e, mass %.3f, keys %.0f\n", GetParam(), c.model,
-                static_cast<long long>(c.batch), static_cast<long long>(c.q_len), static_cast<long long>(c.kv_len),
-                static_cast<long long>(c.budget), r.rel_err, extra.at("rel_err_vs_dense"), extra.at("mass_recall"), extra.at("attended_keys"));
+    std::printf(
+        "%s %-17s batch %lld q_len %lld kv_len %5lld budget %4lld: rel_err %.3e, vs dense %.3e, mass %.3f, keys %.0f\n",
+        GetParam(), c.model, static_cast<long long>(c.batch), static_cast<long long>(c.q_len),
+        static_cast<long long>(c.kv_len), static_cast<long long>(c.budget), r.rel_err, extra.at("rel_err_vs_dense"),
+        extra.at("mass_recall"), extra.at("attended_keys"));
   }
   // An int8 cache is refused (the summaries read bf16 pages)
   Point bad;
@@ -589,8 +626,12 @@ TEST_P(GpuSparseDecode, DecodeMatchesTheReferenceOverItsPages) {
   bad.set("local", {"64", 64, true});
   EXPECT_FALSE(entry->make()->supports(load_model_file("deepseek-v2-lite"), bad).ok);
 }
-INSTANTIATE_TEST_SUITE_P(Gpu, GpuSparseDecode, ::testing::Values("sparse/quest/cuda", "sparse/infllm/cuda", "sparse/dsa/cuda", "sparse/oracle/cuda"),
-                         [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param).substr(7, std::string(i.param).find('/', 7) - 7); });
+INSTANTIATE_TEST_SUITE_P(Gpu, GpuSparseDecode,
+                         ::testing::Values("sparse/quest/cuda", "sparse/infllm/cuda", "sparse/dsa/cuda",
+                                           "sparse/oracle/cuda"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           return std::string(i.param).substr(7, std::string(i.param).find('/', 7) - 7);
+                         });
 #endif
 
 }  // namespace

@@ -13,7 +13,7 @@ inline bf16 to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40)};  // quiet NaN stays NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  u += 0x7fffu + ((u >> 16) & 1u);                                               // round to nearest even
   return bf16{uint16_t(u >> 16)};
 }
 

@@ -12,7 +12,9 @@ dnnl::stream& cpu_stream() {
   return s;
 }
 
-View dense(int64_t rows, int64_t cols, dt type, int64_t batch) { return View{batch, rows, cols, rows * cols, cols, 1, type}; }
+View dense(int64_t rows, int64_t cols, dt type, int64_t batch) {
+  return View{batch, rows, cols, rows * cols, cols, 1, type};
+}
 
 namespace {
 dnnl::memory::desc md(const View& v) {

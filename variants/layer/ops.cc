@@ -10,14 +10,22 @@ namespace dslab::layer {
 
 const char* group_name(OpGroup g) {
   switch (g) {
-    case OpGroup::attention: return "attention";
-    case OpGroup::gate: return "gate";
-    case OpGroup::shared_experts: return "shared_experts";
-    case OpGroup::routed_experts: return "routed_experts";
-    case OpGroup::dense_mlp: return "dense_mlp";
-    case OpGroup::norms: return "norms";
-    case OpGroup::embedding: return "embedding";
-    case OpGroup::lm_head: return "lm_head";
+    case OpGroup::attention:
+      return "attention";
+    case OpGroup::gate:
+      return "gate";
+    case OpGroup::shared_experts:
+      return "shared_experts";
+    case OpGroup::routed_experts:
+      return "routed_experts";
+    case OpGroup::dense_mlp:
+      return "dense_mlp";
+    case OpGroup::norms:
+      return "norms";
+    case OpGroup::embedding:
+      return "embedding";
+    case OpGroup::lm_head:
+      return "lm_head";
   }
   return "?";
 }
@@ -91,9 +99,15 @@ std::vector<OpCost> layer_ops(const ModelConfig& m, int64_t layer, const StepSha
   const double pairs = B * (S * double(s.kv_len) + S * (S + 1) / 2);
   core.flops = pairs * mla::pair_flops(m, s.attn, H_heads);
   switch (s.attn) {
-    case mla::Algo::cd: core.flops += T * mla::decompress_flops(m, H_heads); break;
-    case mla::Algo::cc: core.flops += B * keys * mla::decompress_flops(m, H_heads); break;
-    default: core.flops += T * 2 * nh * r * (nope + vd); break;
+    case mla::Algo::cd:
+      core.flops += T * mla::decompress_flops(m, H_heads);
+      break;
+    case mla::Algo::cc:
+      core.flops += B * keys * mla::decompress_flops(m, H_heads);
+      break;
+    default:
+      core.flops += T * 2 * nh * r * (nope + vd);
+      break;
   }
   core.weight_bytes = 2 * r * nh * (nope + vd);  // kv_b_proj
   // norm + cache write, RoPE (inside the norm's kernel without q_lora_rank), W_UK into q, attention, split merge,
@@ -124,7 +138,8 @@ std::vector<OpCost> layer_ops(const ModelConfig& m, int64_t layer, const StepSha
   ops.push_back(projection("gate", OpGroup::gate, layer, T, H, E, 4));
   // decode: logits, routing and permutation in one kernel; beyond: the logits' GEMM, then routing (+ permutation)
   ops.back().gpu_kernels = T <= double(moe::kGateKernelTokens) ? 1 : 2;
-  if (m.n_shared_experts > 0) ops.push_back(mlp("shared_experts", OpGroup::shared_experts, layer, T, H, I * double(m.n_shared_experts)));
+  if (m.n_shared_experts > 0)
+    ops.push_back(mlp("shared_experts", OpGroup::shared_experts, layer, T, H, I * double(m.n_shared_experts)));
   OpCost routed;
   routed.name = "routed_experts";
   routed.group = OpGroup::routed_experts;
@@ -133,8 +148,9 @@ std::vector<OpCost> layer_ops(const ModelConfig& m, int64_t layer, const StepSha
   routed.tokens_per_expert = T * K / routed.active_experts;
   routed.flops = 6 * T * K * H * I;
   routed.weight_bytes = routed.active_experts * 3 * H * I * 2;
-  routed.act_bytes = T * K * (H * 2 + H * 2);  // each (token, expert) row in and out, bf16 (moe/grouped*: MoeOp::bf16_rows)
-  routed.gpu_kernels = 3;                        // grouped gate+up, grouped down, weighted combine
+  routed.act_bytes =
+      T * K * (H * 2 + H * 2);  // each (token, expert) row in and out, bf16 (moe/grouped*: MoeOp::bf16_rows)
+  routed.gpu_kernels = 3;       // grouped gate+up, grouped down, weighted combine
   ops.push_back(routed);
   return ops;
 }
@@ -146,7 +162,7 @@ std::vector<OpCost> step_ops(const ModelConfig& m, const StepShape& s) {
   embed.name = "embedding";
   embed.group = OpGroup::embedding;
   embed.act_bytes = T * H * 2 + T * H * 4;  // the tokens' rows read, the residual stream written
-  embed.gpu_kernels = 0;                     // (inside the first norm's kernel)
+  embed.gpu_kernels = 0;                    // (inside the first norm's kernel)
   ops.push_back(embed);
   for (int64_t layer = 0; layer < m.num_hidden_layers; ++layer) {
     auto l = layer_ops(m, layer, s);
@@ -184,9 +200,11 @@ double gpu_step_arena_bytes(const ModelConfig& m, const StepScratch& s) {
 
 double gpu_step_scratch_bytes(const ModelConfig& m, const StepScratch& s) {
   const double T = double(s.attn.tokens()), H = double(m.hidden_size);
-  return gpu_step_arena_bytes(m, s) + double(s.layers) * mla::gpu_owned_scratch_bytes(m, s.algo, s.attn, s.max_keys, s.fused) +
-         double(s.moe_layers) * moe::gpu_moe_owned_bytes(m, s.attn.tokens(), m.n_routed_experts, s.hot_experts) + T * H * 16 +
-         (s.whole ? T * double(m.vocab_size) * 4 : double(s.steps) * T * H * 2) + double(size_t(256) << 20);
+  return gpu_step_arena_bytes(m, s) +
+         double(s.layers) * mla::gpu_owned_scratch_bytes(m, s.algo, s.attn, s.max_keys, s.fused) +
+         double(s.moe_layers) * moe::gpu_moe_owned_bytes(m, s.attn.tokens(), m.n_routed_experts, s.hot_experts) +
+         T * H * 16 + (s.whole ? T * double(m.vocab_size) * 4 : double(s.steps) * T * H * 2) +
+         double(size_t(256) << 20);
 }
 
 GpuExperts parse_gpu_experts(const std::string& text) {
@@ -210,7 +228,8 @@ GpuExperts parse_gpu_experts(const std::string& text) {
     g.hot = positive_integer(text, 4);
     if (g.hot > 0) return g;
   }
-  throw BadInput("axis 'gpu_experts': value '" + text + "': expected none, layers:N (N >= 1), fit, streamed or hot:N (N >= 1)");
+  throw BadInput("axis 'gpu_experts': value '" + text +
+                 "': expected none, layers:N (N >= 1), fit, streamed or hot:N (N >= 1)");
 }
 
 double parse_gpu_budget(const std::string& text) {
@@ -219,10 +238,12 @@ double parse_gpu_budget(const std::string& text) {
     const int64_t n = positive_integer(text.substr(0, text.size() - 2), 0);
     if (n > 0) return double(n) * 1e9;
   }
-  throw BadInput("axis 'gpu_budget': value '" + text + "': expected all or <N>GB with N a positive integer (e.g. 24GB)");
+  throw BadInput("axis 'gpu_budget': value '" + text +
+                 "': expected all or <N>GB with N a positive integer (e.g. 24GB)");
 }
 
-int64_t resident_moe_layers(double budget_bytes, double fixed_bytes, int64_t moe_layers, double host_set_bytes, double full_set_bytes) {
+int64_t resident_moe_layers(double budget_bytes, double fixed_bytes, int64_t moe_layers, double host_set_bytes,
+                            double full_set_bytes) {
   const double room = budget_bytes - fixed_bytes - double(moe_layers) * host_set_bytes;
   const double extra = full_set_bytes - host_set_bytes;
   if (room <= 0 || extra <= 0) return 0;

@@ -19,7 +19,7 @@ const char* group_name(OpGroup g);
 
 struct StepShape {
   int64_t batch = 1, q_len = 1, kv_len = 0;  // requests, new tokens per request, tokens cached per request before
-  mla::Algo attn = mla::Algo::a_cc_me;      // the attention form (what its core computes and caches)
+  mla::Algo attn = mla::Algo::a_cc_me;       // the attention form (what its core computes and caches)
   mla::KvDtype kv_dtype = mla::KvDtype::bf16;
   // Decode steps (q_len up to 2) run the fused kernel (mla/fused/cuda: the a_cc_me form, scores on chip), as the
   // layer sweeps do; longer chunks, or every step when false, the unfused form (scores through memory).
@@ -59,13 +59,13 @@ std::vector<OpCost> step_ops(const ModelConfig& m, const StepShape& s);
 // library workspaces. The layer sizes its memory by it and the planner counts it in a placement's capacity: one
 // formula for both.
 struct StepScratch {
-  mla::Shape attn;        // heads, batch (the graph's bucket), q_len, kv_len
+  mla::Shape attn;  // heads, batch (the graph's bucket), q_len, kv_len
   mla::Algo algo = mla::Algo::a_cc_me;
-  bool fused = true;      // the fused decode kernel (mla/fused/cuda) rather than an unfused form
-  int64_t max_keys = 0;   // per request, at the run's last step
+  bool fused = true;     // the fused decode kernel (mla/fused/cuda) rather than an unfused form
+  int64_t max_keys = 0;  // per request, at the run's last step
   int64_t layers = 0, moe_layers = 0, steps = 1;
   int64_t hot_experts = 0;  // moe/host/cuda's per MoE layer (gpu_experts=hot:N; their weights are not scratch)
-  bool whole = false;     // embedding .. LM head: the logits are kept
+  bool whole = false;       // embedding .. LM head: the logits are kept
 };
 double gpu_step_scratch_bytes(const ModelConfig& m, const StepScratch& s);
 double gpu_step_arena_bytes(const ModelConfig& m, const StepScratch& s);  // the arena's part of it
@@ -82,11 +82,13 @@ struct GpuExperts {
   int64_t layers = 0;  // Kind::layers
   int64_t hot = 0;     // Kind::hot
 };
-GpuExperts parse_gpu_experts(const std::string& text);  // none | layers:N | fit | streamed | hot:N; BadInput naming the axis otherwise
+GpuExperts parse_gpu_experts(
+    const std::string& text);  // none | layers:N | fit | streamed | hot:N; BadInput naming the axis otherwise
 // The `gpu_budget` axis: all (0: the device's memory) or "<N>GB" (decimal gigabytes) as bytes; BadInput otherwise.
 double parse_gpu_budget(const std::string& text);
 // How many leading MoE layers can keep all their experts on the GPU: each costs full_set_bytes instead of the
 // host_set_bytes (router and shared experts) every MoE layer needs; fixed_bytes is everything else on the GPU.
-int64_t resident_moe_layers(double budget_bytes, double fixed_bytes, int64_t moe_layers, double host_set_bytes, double full_set_bytes);
+int64_t resident_moe_layers(double budget_bytes, double fixed_bytes, int64_t moe_layers, double host_set_bytes,
+                            double full_set_bytes);
 
 }  // namespace dslab::layer

@@ -48,9 +48,12 @@ KvDtype parse_kv_dtype(const std::string& text) {
 
 const char* kv_dtype_name(KvDtype d) {
   switch (d) {
-    case KvDtype::int8: return "int8";
-    case KvDtype::fp8_e4m3: return "fp8_e4m3";
-    default: return "bf16";
+    case KvDtype::int8:
+      return "int8";
+    case KvDtype::fp8_e4m3:
+      return "fp8_e4m3";
+    default:
+      return "bf16";
   }
 }
 
@@ -60,7 +63,8 @@ std::vector<std::pair<std::string, std::string>> axes() {
 
 double weight_elements(const ModelConfig& m, int64_t H) {
   const double hid = double(m.hidden_size), qhd = double(m.q_head_dim()), r = double(m.kv_lora_rank);
-  const double q = m.q_lora_rank ? hid * double(*m.q_lora_rank) + double(*m.q_lora_rank) * double(H) * qhd : hid * double(H) * qhd;
+  const double q =
+      m.q_lora_rank ? hid * double(*m.q_lora_rank) + double(*m.q_lora_rank) * double(H) * qhd : hid * double(H) * qhd;
   return q + hid * (r + double(m.qk_rope_head_dim)) + r * double(H) * double(m.qk_nope_head_dim + m.v_head_dim) +
          double(H) * double(m.v_head_dim) * hid;
 }
@@ -92,14 +96,20 @@ Cost cost_per_cached_token(const ModelConfig& m, Algo algo, int64_t heads) {
 Cost cost(const ModelConfig& m, Algo algo, const Shape& s) {
   const double H = double(s.heads), T = double(s.tokens()), hid = double(m.hidden_size), r = double(m.kv_lora_rank);
   const double S = double(s.q_len), L = double(s.kv_len);
-  const double pairs = double(s.batch) * (S * L + S * (S + 1) / 2);  // causal among the new tokens
+  const double pairs = double(s.batch) * (S * L + S * (S + 1) / 2);                      // causal among the new tokens
   const double proj = 2.0 * weight_elements(m, s.heads) - decompress_flops(m, s.heads);  // kv_b_proj counted per form
   Cost c;
   c.flops = T * proj + pairs * pair_flops(m, algo, s.heads);
   switch (algo) {
-    case Algo::cd: c.flops += T * decompress_flops(m, s.heads); break;  // new tokens into the K/V cache
-    case Algo::cc: c.flops += double(s.batch) * double(s.keys()) * decompress_flops(m, s.heads); break;
-    default: c.flops += T * 2.0 * H * r * double(m.qk_nope_head_dim + m.v_head_dim); break;  // W_UK into q, W_UV out
+    case Algo::cd:
+      c.flops += T * decompress_flops(m, s.heads);
+      break;  // new tokens into the K/V cache
+    case Algo::cc:
+      c.flops += double(s.batch) * double(s.keys()) * decompress_flops(m, s.heads);
+      break;
+    default:
+      c.flops += T * 2.0 * H * r * double(m.qk_nope_head_dim + m.v_head_dim);
+      break;  // W_UK into q, W_UV out
   }
   const double cache_tok = cache_bytes_per_token(m, algo, s.heads, s.kv_dtype);
   c.bytes = 2.0 * weight_elements(m, s.heads) + double(s.batch) * double(s.keys()) * cache_tok + T * cache_tok +
@@ -107,7 +117,8 @@ Cost cost(const ModelConfig& m, Algo algo, const Shape& s) {
   return c;
 }
 
-Cost attention_kernel_cost(const ModelConfig& m, Algo algo, const Shape& s, const std::vector<int64_t>& lengths, bool fused) {
+Cost attention_kernel_cost(const ModelConfig& m, Algo algo, const Shape& s, const std::vector<int64_t>& lengths,
+                           bool fused) {
   const double H = double(s.heads), S = double(s.q_len), T = double(s.tokens()), r = double(m.kv_lora_rank);
   const double rope = double(m.qk_rope_head_dim), nope = double(m.qk_nope_head_dim), vd = double(m.v_head_dim);
   double pairs = 0, keys = 0;
@@ -120,9 +131,14 @@ Cost attention_kernel_cost(const ModelConfig& m, Algo algo, const Shape& s, cons
     return c;
   }
   switch (algo) {
-    case Algo::cd: break;  // (its K/V were decompressed when written)
-    case Algo::cc: c.flops += keys * decompress_flops(m, s.heads); break;
-    default: c.flops += T * 2 * H * r * (nope + vd); break;
+    case Algo::cd:
+      break;  // (its K/V were decompressed when written)
+    case Algo::cc:
+      c.flops += keys * decompress_flops(m, s.heads);
+      break;
+    default:
+      c.flops += T * 2 * H * r * (nope + vd);
+      break;
   }
   c.bytes = 2 * r * H * (nope + vd) + keys * per_token + T * H * double(m.q_head_dim()) * 2 + T * H * vd * 2;
   return c;
@@ -138,17 +154,26 @@ double gpu_forward_scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s
   double bytes = T * (double(m.q_lora_rank.value_or(0)) + w) * 6 + T * H * double(m.q_head_dim() + m.v_head_dim) * 2;
   if (fused) {  // query [latent ‖ rope], latent output, and per split-KV segment a 64-row tile's 512 partials + LSE
     const double row_tiles = std::ceil(S * H / 64.0);
-    const double parts = s.kv_splits > 0 ? double(std::min<int64_t>(s.kv_splits, 1023)) : std::max(1.0, std::floor(double(kFusedMaxSms) / row_tiles));
+    const double parts = s.kv_splits > 0 ? double(std::min<int64_t>(s.kv_splits, 1023))
+                                         : std::max(1.0, std::floor(double(kFusedMaxSms) / row_tiles));
     // (mla/flashinfer/cuda, also a fused op: FlashInfer's partial outputs, bf16, for two 64-row tiles per SM)
     const double flashinfer = 2.0 * double(kFusedMaxSms) * 64 * (r * 2 + 4) + 256;
     return bytes + T * H * (w + r) * 2 + std::max((B + parts) * row_tiles * 64 * 513 * 4, flashinfer);
   }
   bytes += padded * H * S * 4;  // scores fp32
   switch (algo) {
-    case Algo::cd: bytes += T * w * 2 + T * H * double(m.qk_nope_head_dim + m.v_head_dim) * 2; break;  // new rows, decompressed
-    case Algo::cc: bytes += padded * H * double(m.q_head_dim()) * 2; break;                              // K = [nope ‖ rope]
-    case Algo::a_cc: bytes += padded * H * S * 2 + padded * H * w * 2 + T * H * (w + r) * 2; break;     // probs, K_cat, q_cat, o_lat
-    case Algo::a_cc_me: bytes += padded * H * S * 2 + T * H * r * 4; break;                             // probs, q_abs, o_lat
+    case Algo::cd:
+      bytes += T * w * 2 + T * H * double(m.qk_nope_head_dim + m.v_head_dim) * 2;
+      break;  // new rows, decompressed
+    case Algo::cc:
+      bytes += padded * H * double(m.q_head_dim()) * 2;
+      break;  // K = [nope ‖ rope]
+    case Algo::a_cc:
+      bytes += padded * H * S * 2 + padded * H * w * 2 + T * H * (w + r) * 2;
+      break;  // probs, K_cat, q_cat, o_lat
+    case Algo::a_cc_me:
+      bytes += padded * H * S * 2 + T * H * r * 4;
+      break;  // probs, q_abs, o_lat
   }
   return bytes;
 }
@@ -158,13 +183,15 @@ double gpu_owned_scratch_bytes(const ModelConfig& m, Algo algo, const Shape& s, 
   const double B = double(s.batch), H = double(s.heads), S = double(s.q_len);
   const double padded = B * (double(max_keys) + double(kGpuKeyAlign));
   const double w = double(m.kv_lora_rank + m.qk_rope_head_dim);
-  switch (algo) {  // (the gathered buffers' padding is zeroed once, in prepare)
+  switch (algo) {   // (the gathered buffers' padding is zeroed once, in prepare)
     case Algo::cd:  // the decompressed K/V pages (one slot per cached token, whole pages), the gathered K/V, probs
-      return (padded + B * 64) * H * double(m.q_head_dim() + m.v_head_dim) * 2 + padded * H * double(m.q_head_dim() + m.v_head_dim) * 2 +
-             padded * H * S * 2;
-    case Algo::cc: return padded * w * 2 + padded * H * double(m.qk_nope_head_dim + m.v_head_dim) * 2 + padded * H * S * 2;
+      return (padded + B * 64) * H * double(m.q_head_dim() + m.v_head_dim) * 2 +
+             padded * H * double(m.q_head_dim() + m.v_head_dim) * 2 + padded * H * S * 2;
+    case Algo::cc:
+      return padded * w * 2 + padded * H * double(m.qk_nope_head_dim + m.v_head_dim) * 2 + padded * H * S * 2;
     case Algo::a_cc:
-    case Algo::a_cc_me: return padded * w * 2;  // the gathered latent
+    case Algo::a_cc_me:
+      return padded * w * 2;  // the gathered latent
   }
   return 0;
 }
@@ -174,12 +201,19 @@ double cpu_memory_bytes(const ModelConfig& m, Algo algo, const Shape& s) {
   const double r = double(m.kv_lora_rank), rope = double(m.qk_rope_head_dim);
   double bytes = 3 * 2.0 * weight_elements(m, s.heads)  // generated, packed, and the problem's copy
                  + 2 * B * N * (r + rope) * 2.0         // the problem's cache and the variant's
-                 + H * S * N * 6.0;                      // scores (fp32) and probabilities (bf16) of one request
+                 + H * S * N * 6.0;                     // scores (fp32) and probabilities (bf16) of one request
   switch (algo) {
-    case Algo::cd: bytes += B * N * H * double(m.q_head_dim() + m.v_head_dim) * 2; break;
-    case Algo::cc: bytes += N * H * double(m.qk_nope_head_dim + m.v_head_dim + m.q_head_dim()) * 2; break;
-    case Algo::a_cc: bytes += H * N * (r + rope) * 2; break;
-    case Algo::a_cc_me: break;
+    case Algo::cd:
+      bytes += B * N * H * double(m.q_head_dim() + m.v_head_dim) * 2;
+      break;
+    case Algo::cc:
+      bytes += N * H * double(m.qk_nope_head_dim + m.v_head_dim + m.q_head_dim()) * 2;
+      break;
+    case Algo::a_cc:
+      bytes += H * N * (r + rope) * 2;
+      break;
+    case Algo::a_cc_me:
+      break;
   }
   return bytes;
 }
@@ -209,8 +243,8 @@ std::vector<int64_t> request_lengths(const std::string& len_dist, int64_t batch,
 namespace {
 // Whole requests, consecutive ones per part, when that keeps every part within 1/kWholeSlack of the balanced
 // run (per_part blocks): no request is split, so no partial outputs need merging. Empty where they do not fit.
-std::optional<SplitKv> whole_request_plan(const std::vector<int64_t>& lengths, int64_t q_len, const std::vector<int64_t>& first_block,
-                                          int64_t per_part, int parts) {
+std::optional<SplitKv> whole_request_plan(const std::vector<int64_t>& lengths, int64_t q_len,
+                                          const std::vector<int64_t>& first_block, int64_t per_part, int parts) {
   const int64_t capacity = per_part + std::max<int64_t>(1, per_part / kWholeSlack);
   SplitKv s;
   s.parts.assign(size_t(parts), {0, 0});
@@ -240,7 +274,8 @@ int auto_kv_splits(const std::vector<int64_t>& lengths, int64_t q_len, int64_t b
   return int(std::clamp<int64_t>(wanted, std::min<int64_t>(kAutoMinParts, grid_parts), grid_parts));
 }
 
-SplitKv split_kv(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int parts, bool whole_requests) {
+SplitKv split_kv(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int parts,
+                 bool whole_requests) {
   const int64_t B = int64_t(lengths.size());
   std::vector<int64_t> first_block(static_cast<size_t>(B) + 1, 0);
   for (int64_t b = 0; b < B; ++b)
@@ -499,7 +534,8 @@ void CpuVariant::prepare_absorbed() {
 void CpuVariant::absorb_query() {
   const int64_t T = s_.tokens(), w = r_ + rope_;
   absorb_q_.run(q_.data(), problem_->params.kv_b_proj.data(), q_abs_.data());
-  for (int64_t th = 0; th < T * nh_; ++th) std::copy_n(&q_[size_t(th * qhd_ + nope_)], rope_, &q_abs_[size_t(th * w + r_)]);
+  for (int64_t th = 0; th < T * nh_; ++th)
+    std::copy_n(&q_[size_t(th * qhd_ + nope_)], rope_, &q_abs_[size_t(th * w + r_)]);
 }
 
 void CpuVariant::absorb_output() {

@@ -19,7 +19,7 @@ enum class Algo { cd, cc, a_cc, a_cc_me };
 // of kQuantGroup with one fp32 scale per group, as PPL's KeyValueCache quant groups do.
 enum class KvDtype { bf16, int8, fp8_e4m3 };
 constexpr int64_t kQuantGroup = 64;
-KvDtype parse_kv_dtype(const std::string& text);  // BadInput for anything else
+KvDtype parse_kv_dtype(const std::string& text);   // BadInput for anything else
 int64_t parse_kv_splits(const std::string& text);  // "auto" -> 0, else 1..4096; BadInput for anything else
 const char* kv_dtype_name(KvDtype d);
 
@@ -27,7 +27,8 @@ struct Shape {
   int64_t heads = 0, batch = 0, q_len = 0, kv_len = 0;
   KvDtype kv_dtype = KvDtype::bf16;  // the latent cache's (cd caches bf16 K/V)
   int64_t kv_splits = 0;             // the fused kernel's CTAs per row tile (split-KV parts); 0: auto (auto_kv_splits)
-  int64_t budget = 0, local = 0;     // sparse attention: keys attended per request and the local window within them; 0: dense
+  int64_t budget = 0,
+          local = 0;  // sparse attention: keys attended per request and the local window within them; 0: dense
   int64_t tokens() const { return batch * q_len; }
   int64_t keys() const { return kv_len + q_len; }  // per request, after this step's tokens are written
 };
@@ -45,7 +46,8 @@ double decompress_flops(const ModelConfig& m, int64_t H);
 // The attention kernel's own work at these request lengths (the issue-18 kernel metrics): the fused kernel (decode +
 // split merge: scores and weighted sum over the cache, q_cat in, the latent output out) or an unfused form's whole
 // attention core (its kv_b_proj use included: absorbs, decompression).
-Cost attention_kernel_cost(const ModelConfig& m, Algo algo, const Shape& s, const std::vector<int64_t>& lengths, bool fused);
+Cost attention_kernel_cost(const ModelConfig& m, Algo algo, const Shape& s, const std::vector<int64_t>& lengths,
+                           bool fused);
 // What one cached token costs a decode query (the per-token figures the MADSys benchmark publishes).
 Cost cost_per_cached_token(const ModelConfig& m, Algo algo, int64_t heads);
 // Bytes of the attention module's bf16 weights at `heads` heads.
@@ -53,7 +55,7 @@ double weight_bytes(const ModelConfig& m, int64_t heads);
 // Device memory one mla/<form>/cuda op allocates beyond its weights and the paged cache, keys padded to
 // kGpuKeyAlign, in two parts. Forward scratch lives only inside one forward() (the projections' outputs, scores,
 // the fused kernel's query, latent output and split partials): a model's layers take it from one arena
-// (mla::cuda::ScratchArena). Owned buffers keep something from step to step (cd's decompressed K/V pages, the
+// (gpu::ScratchArena). Owned buffers keep something from step to step (cd's decompressed K/V pages, the
 // gathered latent and K/V whose padding must stay zero). The ops size their buffers by these; the layer and the
 // offload planner count them. kFusedMaxSms bounds the fused kernel's split-KV parts (one CTA per SM and row tile).
 constexpr int64_t kGpuKeyAlign = 8;
@@ -109,7 +111,8 @@ constexpr int64_t kWholeSlack = 32;
 // equal where every SM has 4+ blocks).
 constexpr int64_t kAutoBlocksPerPart = 4, kAutoMinParts = 32;
 int auto_kv_splits(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int grid_parts);
-SplitKv split_kv(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int parts, bool whole_requests);
+SplitKv split_kv(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int parts,
+                 bool whole_requests);
 // A plan's blocks (of block_keys, a part-filled one counted whole) per segment, on average; 0 without segments.
 double mean_segment_blocks(const SplitKv& plan, int64_t block_keys);
 

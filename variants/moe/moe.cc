@@ -40,9 +40,9 @@ double zipf_exponent(const std::string& routing) {  // "zipf:S" -> S; BadInput o
   double s = -1;
   try {
     s = std::stod(routing.substr(5), &used);
-  } catch (const std::exception&) {
-  }
-  if (used != routing.size() - 5 || !(s > 0)) throw BadInput("axis 'routing': value '" + routing + "': expected zipf:S with S > 0");
+  } catch (const std::exception&) {}
+  if (used != routing.size() - 5 || !(s > 0))
+    throw BadInput("axis 'routing': value '" + routing + "': expected zipf:S with S > 0");
   return s;
 }
 
@@ -100,7 +100,8 @@ std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uin
       last->shape.experts == s.experts && last->shape.routing == s.routing)
     return last;
   std::shared_ptr<const std::vector<ref::MlpParams>> weights;
-  if (last && last->model.source == m.source && last->seed == seed && last->shape.experts == s.experts) weights = last->experts;
+  if (last && last->model.source == m.source && last->seed == seed && last->shape.experts == s.experts)
+    weights = last->experts;
   last.reset();
   if (!weights) {
     auto w = std::make_shared<std::vector<ref::MlpParams>>();
@@ -115,11 +116,14 @@ std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uin
   p->experts = weights;
   p->x = ref::random_bf16(seed, "moe_hidden_states", size_t(s.tokens * m.hidden_size), std::sqrt(3.0f));
   if (s.routing == "model") {  // the model's own gate (same tensors as ref::make_moe_params) on these inputs
-    const auto gate = ref::random_bf16(seed, "gate", size_t(m.n_routed_experts * m.hidden_size), std::sqrt(3.0f / float(m.hidden_size)));
+    const auto gate = ref::random_bf16(seed, "gate", size_t(m.n_routed_experts * m.hidden_size),
+                                       std::sqrt(3.0f / float(m.hidden_size)));
     std::vector<float> bias;
     if (m.topk_method == "noaux_tc")
-      for (auto b : ref::random_bf16(seed, "e_score_correction_bias", size_t(m.n_routed_experts), 0.1f)) bias.push_back(to_float(b));
-    std::vector<double> xt(static_cast<size_t>(m.hidden_size)), logits(static_cast<size_t>(s.tokens * m.n_routed_experts));
+      for (auto b : ref::random_bf16(seed, "e_score_correction_bias", size_t(m.n_routed_experts), 0.1f))
+        bias.push_back(to_float(b));
+    std::vector<double> xt(static_cast<size_t>(m.hidden_size)),
+        logits(static_cast<size_t>(s.tokens * m.n_routed_experts));
     for (int64_t t = 0; t < s.tokens; ++t) {
       for (int64_t i = 0; i < m.hidden_size; ++i) xt[size_t(i)] = to_float(p->x[size_t(t * m.hidden_size + i)]);
       ref::matvec(gate.data(), m.n_routed_experts, m.hidden_size, xt.data(), &logits[size_t(t * m.n_routed_experts)]);
@@ -149,7 +153,8 @@ const std::vector<double>& Problem::reference() const {
     for (int64_t j = 0; j < H; ++j) xt[size_t(j)] = to_float(x[size_t(t * H + j)]);
     for (int64_t k = 0; k < K; ++k) {
       const auto y = ref::mlp(model, (*experts)[size_t(routing.expert[size_t(t * K + k)])], xt, 1);
-      for (int64_t j = 0; j < H; ++j) reference_[i * size_t(H) + size_t(j)] += routing.weight[size_t(t * K + k)] * y[size_t(j)];
+      for (int64_t j = 0; j < H; ++j)
+        reference_[i * size_t(H) + size_t(j)] += routing.weight[size_t(t * K + k)] * y[size_t(j)];
     }
   }
   return reference_;
@@ -164,7 +169,7 @@ Cost cost(const ModelConfig& m, const Problem& p) {
   Cost c;
   double active = 0;
   for (const auto& rows : p.rows) active += !rows.empty();
-  c.flops = T * double(p.shape.topk) * 6.0 * H * I;              // gate, up, down: 2*H*I each per (token, expert)
+  c.flops = T * double(p.shape.topk) * 6.0 * H * I;                  // gate, up, down: 2*H*I each per (token, expert)
   c.bytes = active * 3.0 * H * I * 2.0 + T * H * 2.0 + T * H * 4.0;  // active experts' weights, x in, out
   return c;
 }
@@ -197,12 +202,14 @@ Support Base::supports(const ModelFile& model, const Point& point) const {
     throw BadInput("axis 'experts': value " + std::to_string(s.experts) + ": expected between num_experts_per_tok (" +
                    std::to_string(s.topk) + ") and n_routed_experts (" + std::to_string(m.n_routed_experts) + ")");
   if (s.routing == "model" && s.experts != m.n_routed_experts)
-    return Support::no("routing=model routes over all " + std::to_string(m.n_routed_experts) + " experts (use routing=uniform or zipf:S with fewer)");
+    return Support::no("routing=model routes over all " + std::to_string(m.n_routed_experts) +
+                       " experts (use routing=uniform or zipf:S with fewer)");
   const double weights = double(s.experts) * 3.0 * double(m.hidden_size) * double(m.moe_intermediate_size) * 2.0;
   const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   if (2.2 * weights > 0.6 * have)  // generated + packed copies
-    return Support::no("expert weights " + std::to_string(int64_t(weights / double(1 << 30))) + " GiB twice exceed memory (" +
-                       std::to_string(int64_t(have / double(1 << 30))) + " GiB); reduce the experts axis");
+    return Support::no("expert weights " + std::to_string(int64_t(weights / double(1 << 30))) +
+                       " GiB twice exceed memory (" + std::to_string(int64_t(have / double(1 << 30))) +
+                       " GiB); reduce the experts axis");
   return {};
 }
 
@@ -220,10 +227,12 @@ Cost Base::cost(const ModelFile& model, const Point& point) const {
 }
 
 double gpu_moe_forward_scratch_bytes(const ModelConfig& m, int64_t tokens) {
-  const double T = double(tokens), K = double(m.num_experts_per_tok), H = double(m.hidden_size), I = double(m.moe_intermediate_size);
+  const double T = double(tokens), K = double(m.num_experts_per_tok), H = double(m.hidden_size),
+               I = double(m.moe_intermediate_size);
   // per permuted row: its token and weight; its expert's output (fp32); the loop op's gathered input (bf16),
   // gate|up (fp32) and product (bf16), which also covers the grouped op's product
-  return T * K * (8 + H * 4 + H * 2 + 2 * I * 4 + I * 2) + gpu_mlp_scratch_bytes(tokens, m.moe_intermediate_size * m.n_shared_experts);
+  return T * K * (8 + H * 4 + H * 2 + 2 * I * 4 + I * 2) +
+         gpu_mlp_scratch_bytes(tokens, m.moe_intermediate_size * m.n_shared_experts);
 }
 
 double gpu_moe_owned_bytes(const ModelConfig& m, int64_t tokens, int64_t experts, int64_t hot_experts) {
@@ -231,12 +240,17 @@ double gpu_moe_owned_bytes(const ModelConfig& m, int64_t tokens, int64_t experts
   // logits; top-k ids and weights, each row's slot, the tiles (at most rows/16 + experts), counts and offsets; with hot
   // experts, each choice's CPU id and GPU row, the hot tiles, the expert -> slab map and the slabs' ids
   const double hot = hot_experts > 0 ? rows * 8 + (rows / 16 + N) * 8 + 4 + double(experts) * 4 + N * 4 : 0;
-  return T * double(m.n_routed_experts) * 4 + rows * 12 + (rows / 16 + double(experts)) * 8 + double(experts + 2) * 8 + hot;
+  return T * double(m.n_routed_experts) * 4 + rows * 12 + (rows / 16 + double(experts)) * 8 + double(experts + 2) * 8 +
+         hot;
 }
 
-std::string Base::compute_ceiling() const { return cpu_info().amx_bf16 ? "cpu.amx_bf16_flops" : "cpu.avx512_bf16_flops"; }
+std::string Base::compute_ceiling() const {
+  return cpu_info().amx_bf16 ? "cpu.amx_bf16_flops" : "cpu.avx512_bf16_flops";
+}
 
-std::string Engine::compute_ceiling() const { return kernel_ == Kernel::avx512 ? "cpu.avx512_bf16_flops" : Base::compute_ceiling(); }
+std::string Engine::compute_ceiling() const {
+  return kernel_ == Kernel::avx512 ? "cpu.avx512_bf16_flops" : Base::compute_ceiling();
+}
 
 void Base::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
   m_ = parse_model_config(model.config, model.name, model.path);
@@ -246,7 +260,8 @@ void Base::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
   std::vector<int> next_row(static_cast<size_t>(s.experts), 0);
   slot_.assign(size_t(s.tokens), std::vector<int>(size_t(s.topk)));
   for (int64_t t = 0; t < s.tokens; ++t)
-    for (int64_t k = 0; k < s.topk; ++k) slot_[size_t(t)][size_t(k)] = next_row[size_t(p_->routing.expert[size_t(t * s.topk + k)])]++;
+    for (int64_t k = 0; k < s.topk; ++k)
+      slot_[size_t(t)][size_t(k)] = next_row[size_t(p_->routing.expert[size_t(t * s.topk + k)])]++;
   out_.assign(size_t(s.tokens * m_.hidden_size), std::nanf(""));  // poisoned until run() writes it
 }
 
@@ -313,11 +328,14 @@ void Engine::prepare(const ModelFile& model, const Point& point, uint64_t seed) 
   op_->set_weights(m_, *p_->experts);
   ids_.assign(p_->routing.expert.begin(), p_->routing.expert.end());
   weights_.assign(p_->routing.weight.begin(), p_->routing.weight.end());
-  op_->forward(p_->x.data(), p_->shape.tokens, ids_.data(), weights_.data(), p_->shape.topk, out_.data());  // sizes the buffers
+  op_->forward(p_->x.data(), p_->shape.tokens, ids_.data(), weights_.data(), p_->shape.topk,
+               out_.data());                           // sizes the buffers
   std::fill(out_.begin(), out_.end(), std::nanf(""));  // poisoned again: verification must see run()'s output
 }
 
-std::vector<std::pair<const void*, size_t>> Engine::cold_buffers() const { return op_->weights_of(ids_.data(), int64_t(ids_.size())); }
+std::vector<std::pair<const void*, size_t>> Engine::cold_buffers() const {
+  return op_->weights_of(ids_.data(), int64_t(ids_.size()));
+}
 
 std::vector<std::pair<const void*, size_t>> HostExperts::weights_of(const int32_t* ids, int64_t count) const {
   std::vector<char> reached(size_t(experts_), 0);
@@ -326,16 +344,20 @@ std::vector<std::pair<const void*, size_t>> HostExperts::weights_of(const int32_
   std::vector<std::pair<const void*, size_t>> out;
   for (int64_t e = 0; e < experts_; ++e)
     if (reached[size_t(e)])
-      for (const Packed* w : {&gate_[size_t(e)], &up_[size_t(e)], &down_[size_t(e)]}) out.emplace_back(w->data.data(), w->data.size() * sizeof(bf16));
+      for (const Packed* w : {&gate_[size_t(e)], &up_[size_t(e)], &down_[size_t(e)]})
+        out.emplace_back(w->data.data(), w->data.size() * sizeof(bf16));
   return out;
 }
 
-void Engine::run() { op_->forward(p_->x.data(), p_->shape.tokens, ids_.data(), weights_.data(), p_->shape.topk, out_.data()); }
+void Engine::run() {
+  op_->forward(p_->x.data(), p_->shape.tokens, ids_.data(), weights_.data(), p_->shape.topk, out_.data());
+}
 
 void HostExperts::set_weights(const ModelConfig& m, const std::vector<ref::MlpParams>& experts) {
   // AMX tiles need the process's permission first (else the first tile instruction is an illegal instruction).
   if (kernel_ != Kernel::avx512)
-    if (const std::string why = request_amx_permission(); !why.empty()) throw std::runtime_error("HostExperts: AMX: " + why);
+    if (const std::string why = request_amx_permission(); !why.empty())
+      throw std::runtime_error("HostExperts: AMX: " + why);
   hidden_ = m.hidden_size;
   inter_ = m.moe_intermediate_size;
   experts_ = int64_t(experts.size());
@@ -358,7 +380,8 @@ void HostExperts::set_weights(const ModelConfig& m, const std::vector<ref::MlpPa
   });
 }
 
-void HostExperts::forward(const bf16* x, int64_t tokens, const int32_t* ids, const float* weights, int64_t topk, float* out) {
+void HostExperts::forward(const bf16* x, int64_t tokens, const int32_t* ids, const float* weights, int64_t topk,
+                          float* out) {
   const int64_t H = hidden_, E = experts_;
   // Plan: each expert's (token, k) pairs in token order, their padded row ranges, the tasks of active experts.
   rows_.resize(size_t(E));
@@ -367,7 +390,8 @@ void HostExperts::forward(const bf16* x, int64_t tokens, const int32_t* ids, con
     const int32_t e = ids[i];
     if (e < 0) continue;  // run elsewhere
     if (e >= E) throw std::logic_error("HostExperts: expert id " + std::to_string(e) + " out of range");
-    if (gate_[size_t(e)].data.empty()) throw std::logic_error("HostExperts: expert " + std::to_string(e) + " was routed here but not given");
+    if (gate_[size_t(e)].data.empty())
+      throw std::logic_error("HostExperts: expert " + std::to_string(e) + " was routed here but not given");
     rows_[size_t(e)].push_back(int32_t(i));
   }
   first_row_.assign(size_t(E) + 1, 0);
@@ -407,7 +431,8 @@ void HostExperts::forward(const bf16* x, int64_t tokens, const int32_t* ids, con
       float* c1 = c0 + max_rows * 16;
       if (any_amx) kernels::amx_configure();
 #pragma omp for schedule(dynamic)
-      for (int64_t e = 0; e < E; ++e) {  // pack activations: each expert's tokens into 16 x 32 tiles (padding rows zero)
+      for (int64_t e = 0; e < E;
+           ++e) {  // pack activations: each expert's tokens into 16 x 32 tiles (padding rows zero)
         const auto& rows = rows_[size_t(e)];
         if (rows.empty()) continue;
         bf16* a = &a_[size_t(first_row_[size_t(e)] * hidden_blocks_ * 32)];
@@ -436,7 +461,9 @@ void HostExperts::forward(const bf16* x, int64_t tokens, const int32_t* ids, con
           kernels::amx_two_blocks(a, padded_rows(m), g.block(t.block), u.block(t.block), g.k_blocks, c0, c1, 16);
         else
           kernels::avx512_two_blocks(a, m, g.block(t.block), u.block(t.block), g.k_blocks, c0, c1, 16);
-        kernels::swiglu_block(c0, c1, m, &h_[size_t(row0 * inter_blocks_ * 32)] + (t.block / 2) * 512 + (t.block % 2) * 16, inter_blocks_ * 512);
+        kernels::swiglu_block(c0, c1, m,
+                              &h_[size_t(row0 * inter_blocks_ * 32)] + (t.block / 2) * 512 + (t.block % 2) * 16,
+                              inter_blocks_ * 512);
       }
 #pragma omp barrier
       for (int64_t i; (i = next_down.fetch_add(1, std::memory_order_relaxed)) < int64_t(down_tasks_.size());) {
@@ -446,7 +473,8 @@ void HostExperts::forward(const bf16* x, int64_t tokens, const int32_t* ids, con
         const bf16* h = &h_[size_t(row0 * inter_blocks_ * 32)];
         float* y = &y_[size_t(row0 * y_stride_)] + t.block * 16;
         if (use_amx_[size_t(t.expert)])
-          kernels::amx_two_blocks(h, padded_rows(m), d.block(t.block), d.block(t.block + 1), d.k_blocks, y, y + 16, y_stride_);
+          kernels::amx_two_blocks(h, padded_rows(m), d.block(t.block), d.block(t.block + 1), d.k_blocks, y, y + 16,
+                                  y_stride_);
         else
           kernels::avx512_two_blocks(h, m, d.block(t.block), d.block(t.block + 1), d.k_blocks, y, y + 16, y_stride_);
       }
@@ -478,7 +506,8 @@ int64_t amx_crossover(int64_t hidden, int64_t intermediate, int threads) {
   // Synthetic experts of this shape, with distinct gate, up and down weights, as many copies as it takes to
   // stream twice the LLC: the layer's decision is made with weights coming from DRAM, and a probe run on
   // cache-resident weights put the crossover too low (AMX won at 2 tokens hot but lost at 3 cold).
-  const int64_t h_pad = (hidden + 31) / 32 * 32, i_pad = (intermediate + 31) / 32 * 32;  // packed A: rows x K, zero padded
+  const int64_t h_pad = (hidden + 31) / 32 * 32,
+                i_pad = (intermediate + 31) / 32 * 32;  // packed A: rows x K, zero padded
   const double expert_bytes = 3.0 * double(hidden) * double(intermediate) * 2.0;
   const int copies = int(std::clamp(std::ceil(2.0 * double(cpu_info().llc_bytes) / expert_bytes), 1.0, 64.0));
   struct Expert {
@@ -491,7 +520,8 @@ int64_t amx_crossover(int64_t hidden, int64_t intermediate, int threads) {
     const auto gw = ref::random_bf16(11, tag + ".gate", size_t(intermediate * hidden), scale);
     const auto uw = ref::random_bf16(11, tag + ".up", size_t(intermediate * hidden), scale);
     const auto dw = ref::random_bf16(11, tag + ".down", size_t(hidden * intermediate), scale);
-    experts[size_t(i)] = {pack(gw.data(), intermediate, hidden), pack(uw.data(), intermediate, hidden), pack(dw.data(), hidden, intermediate)};
+    experts[size_t(i)] = {pack(gw.data(), intermediate, hidden), pack(uw.data(), intermediate, hidden),
+                          pack(dw.data(), hidden, intermediate)};
   }
   auto step_seconds = [&](bool amx, int64_t m) {  // seconds per expert, best of three passes over all copies
     const int64_t rows = padded_rows(m);
@@ -508,14 +538,16 @@ int64_t amx_crossover(int64_t hidden, int64_t intermediate, int threads) {
         for (const Expert& x : experts) {
 #pragma omp for schedule(dynamic)
           for (int64_t nb = 0; nb < x.gate.n_blocks; ++nb)
-            amx ? kernels::amx_two_blocks(a.data(), rows, x.gate.block(nb), x.up.block(nb), x.gate.k_blocks, c0, c0 + rows * 16, 16)
-                : kernels::avx512_two_blocks(a.data(), m, x.gate.block(nb), x.up.block(nb), x.gate.k_blocks, c0, c0 + rows * 16, 16);
+            amx ? kernels::amx_two_blocks(a.data(), rows, x.gate.block(nb), x.up.block(nb), x.gate.k_blocks, c0,
+                                          c0 + rows * 16, 16)
+                : kernels::avx512_two_blocks(a.data(), m, x.gate.block(nb), x.up.block(nb), x.gate.k_blocks, c0,
+                                             c0 + rows * 16, 16);
 #pragma omp for schedule(dynamic)
           for (int64_t nb = 0; nb < x.down.n_blocks; nb += 2)
-            amx ? kernels::amx_two_blocks(h.data(), rows, x.down.block(nb), x.down.block(nb + 1), x.down.k_blocks, &y[size_t(nb * 16)],
-                                          &y[size_t(nb * 16 + 16)], h_pad)
-                : kernels::avx512_two_blocks(h.data(), m, x.down.block(nb), x.down.block(nb + 1), x.down.k_blocks, &y[size_t(nb * 16)],
-                                             &y[size_t(nb * 16 + 16)], h_pad);
+            amx ? kernels::amx_two_blocks(h.data(), rows, x.down.block(nb), x.down.block(nb + 1), x.down.k_blocks,
+                                          &y[size_t(nb * 16)], &y[size_t(nb * 16 + 16)], h_pad)
+                : kernels::avx512_two_blocks(h.data(), m, x.down.block(nb), x.down.block(nb + 1), x.down.k_blocks,
+                                             &y[size_t(nb * 16)], &y[size_t(nb * 16 + 16)], h_pad);
         }
         if (amx) kernels::amx_release();
       }
@@ -533,9 +565,11 @@ int64_t amx_crossover(int64_t hidden, int64_t intermediate, int threads) {
       break;
     }
   }
-  std::fprintf(stderr, "moe: AMX beats AVX-512 from %lld tokens per expert (hidden %lld, intermediate %lld, %d threads; "
-               "%d cold copies; AVX-512/AMX time by tokens:%s)\n", static_cast<long long>(crossover),
-               static_cast<long long>(hidden), static_cast<long long>(intermediate), threads, copies, trace.c_str());
+  std::fprintf(stderr,
+               "moe: AMX beats AVX-512 from %lld tokens per expert (hidden %lld, intermediate %lld, %d threads; "
+               "%d cold copies; AVX-512/AMX time by tokens:%s)\n",
+               static_cast<long long>(crossover), static_cast<long long>(hidden), static_cast<long long>(intermediate),
+               threads, copies, trace.c_str());
   measured[key] = crossover;
   return crossover;
 }

@@ -27,9 +27,9 @@ struct Problem {
   // `experts` of them, HF names experts.{e}.{gate,up,down}_proj; shared across token counts (the
   // largest tensors here: 22.5 GB for all of DeepSeek-V3's).
   std::shared_ptr<const std::vector<ref::MlpParams>> experts;
-  std::vector<bf16> x;                  // [tokens][hidden]
-  ref::Routing routing;                 // [tokens][topk] expert ids and weights
-  std::vector<std::vector<int>> rows;   // per expert: the tokens routed to it, in token order
+  std::vector<bf16> x;                 // [tokens][hidden]
+  ref::Routing routing;                // [tokens][topk] expert ids and weights
+  std::vector<std::vector<int>> rows;  // per expert: the tokens routed to it, in token order
   // fp64 reference of up to kVerifiedTokens tokens spread over the batch (the reference costs
   // tokens*topk*3*hidden*intermediate MACs in fp64): which tokens, and their outputs.
   static constexpr int64_t kVerifiedTokens = 48;
@@ -134,14 +134,14 @@ class HostExperts {
   int64_t hidden_blocks_ = 0, inter_blocks_ = 0, y_stride_ = 0;
   std::vector<Packed> gate_, up_, down_;
   // Per call: each expert's tokens, their rows' offsets in the arenas (16-row padded per expert), the tasks.
-  std::vector<std::vector<int32_t>> rows_;     // per expert: (token, k) as token * topk + k
-  std::vector<int64_t> first_row_;             // per expert, in padded rows
+  std::vector<std::vector<int32_t>> rows_;  // per expert: (token, k) as token * topk + k
+  std::vector<int64_t> first_row_;          // per expert, in padded rows
   std::vector<char> use_amx_;
-  std::vector<bf16> a_, h_;                    // gathered tokens, SwiGLU output (packed, kernels.h)
-  std::vector<float> y_;                       // down output [rows][y_stride_]
-  std::vector<int32_t> slot_;                  // per (token, k): its row in y_
+  std::vector<bf16> a_, h_;    // gathered tokens, SwiGLU output (packed, kernels.h)
+  std::vector<float> y_;       // down output [rows][y_stride_]
+  std::vector<int32_t> slot_;  // per (token, k): its row in y_
   std::vector<Task> gate_up_tasks_, down_tasks_;
-  std::vector<std::vector<float>> scratch_;    // per thread: two [max rows][16] fp32 blocks
+  std::vector<std::vector<float>> scratch_;  // per thread: two [max rows][16] fp32 blocks
   int64_t amx_experts_ = 0;
 };
 
@@ -169,12 +169,15 @@ class Engine : public Base {
 // Device memory of the GPU MoE ops (variants/moe/cuda) beyond their weights. A SwiGLU MLP over `tokens` rows: gate|up
 // fp32 and the product bf16, all forward scratch. One MoE layer: forward scratch (the permutation, the experts'
 // outputs, the grouped or per-expert GEMMs' intermediates, the shared experts' MLP), which a model's layers take
-// from one arena (mla::cuda::ScratchArena), and owned buffers that outlive a step (router logits and the routing
+// from one arena (gpu::ScratchArena), and owned buffers that outlive a step (router logits and the routing
 // the verification reads, the expert counts the scan leaves zeroed, the tiles). The ops size their buffers by
 // these; the layer and the offload planner count them.
-inline double gpu_mlp_scratch_bytes(int64_t tokens, int64_t intermediate) { return double(tokens) * double(intermediate) * 10; }
+inline double gpu_mlp_scratch_bytes(int64_t tokens, int64_t intermediate) {
+  return double(tokens) * double(intermediate) * 10;
+}
 double gpu_moe_forward_scratch_bytes(const ModelConfig& m, int64_t tokens);
-double gpu_moe_owned_bytes(const ModelConfig& m, int64_t tokens, int64_t experts, int64_t hot_experts = 0);  // (hot: moe/host/cuda's split, not its weights)
+double gpu_moe_owned_bytes(const ModelConfig& m, int64_t tokens, int64_t experts,
+                           int64_t hot_experts = 0);  // (hot: moe/host/cuda's split, not its weights)
 inline double gpu_moe_scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts) {
   return gpu_moe_forward_scratch_bytes(m, tokens) + gpu_moe_owned_bytes(m, tokens, experts);
 }

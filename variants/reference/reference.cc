@@ -38,7 +38,9 @@ std::vector<int> topk_indices(const std::vector<double>& v, int64_t k) {
 std::vector<char> wanted_rows(const MlaInputs& in) {
   std::vector<char> wanted(static_cast<size_t>(in.q_len), in.rows.empty() ? 1 : 0);
   for (int64_t s : in.rows) {
-    if (s < 0 || s >= in.q_len) throw std::invalid_argument("MlaInputs::rows: new token " + std::to_string(s) + " of " + std::to_string(in.q_len));
+    if (s < 0 || s >= in.q_len)
+      throw std::invalid_argument("MlaInputs::rows: new token " + std::to_string(s) + " of " +
+                                  std::to_string(in.q_len));
     wanted[size_t(s)] = 1;
   }
   return wanted;
@@ -68,7 +70,8 @@ MlaParams make_mla_params(const ModelConfig& m, int64_t heads, uint64_t seed) {
   }
   p.kv_a_proj_with_mqa = random_bf16(seed, "kv_a_proj_with_mqa", size_t((r + m.qk_rope_head_dim) * H), fan_in_scale(H));
   p.kv_a_layernorm = random_bf16(seed, "kv_a_layernorm", size_t(r), 0.1f, 1.0f);
-  p.kv_b_proj = random_bf16(seed, "kv_b_proj", size_t(heads * (m.qk_nope_head_dim + m.v_head_dim) * r), fan_in_scale(r));
+  p.kv_b_proj =
+      random_bf16(seed, "kv_b_proj", size_t(heads * (m.qk_nope_head_dim + m.v_head_dim) * r), fan_in_scale(r));
   p.o_proj = random_bf16(seed, "o_proj", size_t(H * heads * m.v_head_dim), fan_in_scale(heads * m.v_head_dim));
   return p;
 }
@@ -104,8 +107,11 @@ MoeParams make_moe_params_lazy(const ModelConfig& m, uint64_t seed) {
   p.gate = random_bf16(seed, "gate", size_t(m.n_routed_experts * m.hidden_size), fan_in_scale(m.hidden_size));
   p.e_score_correction_bias.clear();
   if (m.topk_method == "noaux_tc")
-    for (auto v : random_bf16(seed, "e_score_correction_bias", size_t(m.n_routed_experts), 0.1f)) p.e_score_correction_bias.push_back(to_float(v));
-  p.make_expert = [m, seed](int e) { return make_mlp_params(m, m.moe_intermediate_size, seed, "experts." + std::to_string(e)); };
+    for (auto v : random_bf16(seed, "e_score_correction_bias", size_t(m.n_routed_experts), 0.1f))
+      p.e_score_correction_bias.push_back(to_float(v));
+  p.make_expert = [m, seed](int e) {
+    return make_mlp_params(m, m.moe_intermediate_size, seed, "experts." + std::to_string(e));
+  };
   return p;
 }
 
@@ -206,13 +212,15 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
   const int64_t hid = m.hidden_size, nh = p.heads, nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim;
   const int64_t qhd = nope + rope, vd = m.v_head_dim, r = m.kv_lora_rank;
   const int64_t B = in.batch, S = in.q_len, L = in.kv_len, T = B * S, N = L + S;
-  if (keys && int64_t(keys->size()) != B) throw std::invalid_argument("mla_attention: a key selection per request expected");
+  if (keys && int64_t(keys->size()) != B)
+    throw std::invalid_argument("mla_attention: a key selection per request expected");
   const double scale = m.softmax_scale();
   const auto x = to_double(in.hidden_states);
   const std::vector<char> wanted = wanted_rows(in);
 
   // Projections of the new tokens: every one's key, the wanted ones' queries.
-  std::vector<double> q(static_cast<size_t>(T * nh * qhd)), ckv_new(static_cast<size_t>(T * r)), kpe_new(static_cast<size_t>(T * rope));
+  std::vector<double> q(static_cast<size_t>(T * nh * qhd)), ckv_new(static_cast<size_t>(T * r)),
+      kpe_new(static_cast<size_t>(T * rope));
 #pragma omp parallel for schedule(dynamic) if (T > 1)
   for (int64_t t = 0; t < T; ++t) {
     const double* xt = &x[size_t(t * hid)];
@@ -252,8 +260,12 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
     }
     return {kpe_new.begin() + (b * S + j - L) * rope, kpe_new.begin() + (b * S + j - L + 1) * rope};
   };
-  auto w_uk = [&](int64_t h, int64_t d, int64_t i) { return double(to_float(p.kv_b_proj[size_t((h * (nope + vd) + d) * r + i)])); };
-  auto w_uv = [&](int64_t h, int64_t d, int64_t i) { return double(to_float(p.kv_b_proj[size_t((h * (nope + vd) + nope + d) * r + i)])); };
+  auto w_uk = [&](int64_t h, int64_t d, int64_t i) {
+    return double(to_float(p.kv_b_proj[size_t((h * (nope + vd) + d) * r + i)]));
+  };
+  auto w_uv = [&](int64_t h, int64_t d, int64_t i) {
+    return double(to_float(p.kv_b_proj[size_t((h * (nope + vd) + nope + d) * r + i)]));
+  };
 
   std::vector<double> attn(static_cast<size_t>(T * nh * vd));
   // Dense attention's softmax mass inside the selection, per (request, new token, head); their mean is mass_recall.
@@ -267,7 +279,8 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
     std::vector<char> attended(static_cast<size_t>(N), keys ? 0 : 1);  // (sparse: the request's selection)
     if (keys)
       for (int64_t j : (*keys)[size_t(b)]) {
-        if (j < 0 || j >= N) throw std::invalid_argument("mla_attention: selected key " + std::to_string(j) + " of " + std::to_string(N));
+        if (j < 0 || j >= N)
+          throw std::invalid_argument("mla_attention: selected key " + std::to_string(j) + " of " + std::to_string(N));
         attended[size_t(j)] = 1;
       }
 #pragma omp parallel for schedule(dynamic)
@@ -280,7 +293,8 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
         for (int64_t j = 0; j < N; ++j)
           for (int64_t d = 0; d < nope + vd; ++d) {
             double acc = 0;
-            for (int64_t i = 0; i < r; ++i) acc += (d < nope ? w_uk(h, d, i) : w_uv(h, d - nope, i)) * c[size_t(j)][size_t(i)];
+            for (int64_t i = 0; i < r; ++i)
+              acc += (d < nope ? w_uk(h, d, i) : w_uv(h, d - nope, i)) * c[size_t(j)][size_t(i)];
             (d < nope ? k_nope[size_t(j * nope + d)] : v[size_t(j * vd + d - nope)]) = acc;
           }
       }
@@ -303,7 +317,8 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
             for (int64_t d = 0; d < rope; ++d) sc += qh[nope + d] * kpe[size_t(j)][size_t(d)];
           } else if (form == MlaForm::absorbed_concat) {
             for (int64_t i = 0; i < r + rope; ++i)
-              sc += (i < r ? q_abs[size_t(i)] * c[size_t(j)][size_t(i)] : qh[nope + i - r] * kpe[size_t(j)][size_t(i - r)]);
+              sc += (i < r ? q_abs[size_t(i)] * c[size_t(j)][size_t(i)]
+                           : qh[nope + i - r] * kpe[size_t(j)][size_t(i - r)]);
           } else {
             double s_pe = 0, s_nope = 0;
             for (int64_t d = 0; d < rope; ++d) s_pe += qh[nope + d] * kpe[size_t(j)][size_t(d)];
@@ -435,7 +450,8 @@ Routing route(const ModelConfig& m, const std::vector<double>& logits, const std
         if (!group_score.empty()) {
           for (int e : theirs) their_group[size_t(e / per_group)] = true;
           for (int e : chosen) our_group[size_t(e / per_group)] = true;
-          for (size_t g = 0; g < group_score.size(); ++g) group_differs = group_differs || (their_group[g] && !our_group[g]);
+          for (size_t g = 0; g < group_score.size(); ++g)
+            group_differs = group_differs || (their_group[g] && !our_group[g]);
         }
         if (group_differs) {
           double ours_g = 1e300, worst_g = 1e300;
@@ -480,7 +496,8 @@ std::vector<double> moe_forced(const ModelConfig& m, const MoeParams& p, const s
   std::vector<double> logits(static_cast<size_t>(tokens * E));
   for (int64_t t = 0; t < tokens; ++t) matvec(p.gate.data(), E, H, &x[size_t(t * H)], &logits[size_t(t * E)]);
   const Routing routing = route(m, logits, p.e_score_correction_bias, tokens, forced, p.check);
-  std::vector<double> y = m.n_shared_experts > 0 ? mlp(m, p.shared, x, tokens) : std::vector<double>(size_t(tokens * H), 0);
+  std::vector<double> y =
+      m.n_shared_experts > 0 ? mlp(m, p.shared, x, tokens) : std::vector<double>(size_t(tokens * H), 0);
   // Lazily built experts (p.experts empty): the ones the routing reached, made in parallel before they are used.
   std::map<int, MlpParams> made;
   if (p.experts.empty()) {
@@ -498,7 +515,8 @@ std::vector<double> moe_forced(const ModelConfig& m, const MoeParams& p, const s
     for (int64_t k = 0; k < routing.topk; ++k) {
       const auto e = size_t(routing.expert[size_t(t * routing.topk + k)]);
       const auto ye = mlp(m, p.experts.empty() ? made.at(int(e)) : p.experts[e], xt, 1);
-      for (int64_t i = 0; i < H; ++i) y[size_t(t * H + i)] += routing.weight[size_t(t * routing.topk + k)] * ye[size_t(i)];
+      for (int64_t i = 0; i < H; ++i)
+        y[size_t(t * H + i)] += routing.weight[size_t(t * routing.topk + k)] * ye[size_t(i)];
     }
   }
   return y;
@@ -510,16 +528,17 @@ std::vector<double> moe(const ModelConfig& m, const MoeParams& p, const std::vec
   return moe_forced(m, p, x, tokens, p.forced_experts.empty() ? nullptr : &p.forced_experts);
 }
 
-std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, const LayerParams& p,
-                                  const MlaInputs& in, MlaForm form) {
+std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, const LayerParams& p, const MlaInputs& in,
+                                  MlaForm form) {
   return decoder_layer(m, layer_index, p, to_double(in.hidden_states), in, form);
 }
 
-std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, const LayerParams& p, const std::vector<double>& x,
-                                  const MlaInputs& in, MlaForm form) {
+std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, const LayerParams& p,
+                                  const std::vector<double>& x, const MlaInputs& in, MlaForm form) {
   const int64_t H = m.hidden_size, T = in.batch * in.q_len;
   std::vector<double> normed(x.size());
-  for (int64_t t = 0; t < T; ++t) rms_norm(&x[size_t(t * H)], p.input_layernorm.data(), H, m.rms_norm_eps, &normed[size_t(t * H)]);
+  for (int64_t t = 0; t < T; ++t)
+    rms_norm(&x[size_t(t * H)], p.input_layernorm.data(), H, m.rms_norm_eps, &normed[size_t(t * H)]);
   MlaInputs attn_in = in;  // the attention module sees the normalised stream (rounded to bf16, as a bf16 model would)
   attn_in.hidden_states.resize(normed.size());
   for (size_t i = 0; i < normed.size(); ++i) attn_in.hidden_states[i] = to_bf16(float(normed[i]));
@@ -527,7 +546,8 @@ std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, con
   std::vector<double> h(x.size());
   for (size_t i = 0; i < x.size(); ++i) h[i] = x[i] + a[i];
   // The MLP / MoE sees it rounded to bf16 too (the router's top-k is then decided on the values a bf16 model has).
-  for (int64_t t = 0; t < T; ++t) rms_norm(&h[size_t(t * H)], p.post_attention_layernorm.data(), H, m.rms_norm_eps, &normed[size_t(t * H)]);
+  for (int64_t t = 0; t < T; ++t)
+    rms_norm(&h[size_t(t * H)], p.post_attention_layernorm.data(), H, m.rms_norm_eps, &normed[size_t(t * H)]);
   for (auto& v : normed) v = double(round_to_bf16(float(v)));
   // The MLP / MoE of the wanted rows (all, or MlaInputs::rows), each with its forced experts; the others' rows 0.
   const bool dense = layer_index < m.first_k_dense_replace;
@@ -542,12 +562,14 @@ std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, con
   for (int64_t i = 0; i < n; ++i) {
     std::copy_n(&normed[size_t(tokens[size_t(i)] * H)], H, &rows[size_t(i * H)]);
     if (!dense && !p.moe.forced_experts.empty())
-      forced.insert(forced.end(), p.moe.forced_experts.begin() + tokens[size_t(i)] * K, p.moe.forced_experts.begin() + (tokens[size_t(i)] + 1) * K);
+      forced.insert(forced.end(), p.moe.forced_experts.begin() + tokens[size_t(i)] * K,
+                    p.moe.forced_experts.begin() + (tokens[size_t(i)] + 1) * K);
   }
   const auto f = dense ? mlp(m, p.dense, rows, n) : moe_forced(m, p.moe, rows, n, forced.empty() ? nullptr : &forced);
   std::vector<double> out(h.size(), 0.0);
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < H; ++j) out[size_t(tokens[size_t(i)] * H + j)] = h[size_t(tokens[size_t(i)] * H + j)] + f[size_t(i * H + j)];
+    for (int64_t j = 0; j < H; ++j)
+      out[size_t(tokens[size_t(i)] * H + j)] = h[size_t(tokens[size_t(i)] * H + j)] + f[size_t(i * H + j)];
   return out;
 }
 

@@ -21,8 +21,9 @@ struct MlaParams {
   std::vector<bf16> q_proj;              // [heads*q_head_dim][hidden]     (q_lora_rank == null)
   std::vector<bf16> kv_a_proj_with_mqa;  // [kv_lora_rank + qk_rope_head_dim][hidden]
   std::vector<bf16> kv_a_layernorm;      // [kv_lora_rank]
-  std::vector<bf16> kv_b_proj;           // [heads*(qk_nope_head_dim + v_head_dim)][kv_lora_rank]; per head: W_UK rows, then W_UV rows
-  std::vector<bf16> o_proj;              // [hidden][heads*v_head_dim]
+  std::vector<bf16>
+      kv_b_proj;  // [heads*(qk_nope_head_dim + v_head_dim)][kv_lora_rank]; per head: W_UK rows, then W_UV rows
+  std::vector<bf16> o_proj;  // [hidden][heads*v_head_dim]
 };
 
 struct MlpParams {  // SwiGLU: down(silu(gate(x)) * up(x))
@@ -32,10 +33,10 @@ struct MlpParams {  // SwiGLU: down(silu(gate(x)) * up(x))
 };
 
 struct MoeParams {
-  std::vector<bf16> gate;                        // router weight [n_routed_experts][hidden]
-  std::vector<float> e_score_correction_bias;    // [n_routed_experts], noaux_tc only
-  std::vector<MlpParams> experts;                // n_routed_experts, or empty: then make_expert builds each as needed
-  std::function<MlpParams(int)> make_expert;     // (a V3 layer's experts are 22.5 GB: the reference makes the few it uses)
+  std::vector<bf16> gate;                      // router weight [n_routed_experts][hidden]
+  std::vector<float> e_score_correction_bias;  // [n_routed_experts], noaux_tc only
+  std::vector<MlpParams> experts;              // n_routed_experts, or empty: then make_expert builds each as needed
+  std::function<MlpParams(int)> make_expert;  // (a V3 layer's experts are 22.5 GB: the reference makes the few it uses)
   // Another implementation's choice of experts ([tokens][topk]) to follow, weights from this router's scores: a
   // stack of layers checks the arithmetic, not which side of a near-tie a float landed on. Where the choices
   // differ, `check` records how far apart the swapped experts' selection scores were (a tie or a bug).
@@ -45,7 +46,7 @@ struct MoeParams {
     double max_gap = 0;  // largest (own k-th best - worst forced) selection score, relative to the former
   };
   RoutingCheck* check = nullptr;
-  MlpParams shared;                              // intermediate = moe_intermediate_size * n_shared_experts (absent if 0)
+  MlpParams shared;  // intermediate = moe_intermediate_size * n_shared_experts (absent if 0)
 };
 
 // Deterministic random weights: the same (model, seed) gives the same tensors on every backend.
@@ -95,7 +96,8 @@ enum class MlaForm { decompressed, absorbed_concat, absorbed_split };
 // others are masked out of every new token's softmax (causality still applies). mass_recall, when given with keys: the
 // mean over requests, new tokens and heads of dense attention's softmax mass inside the selection.
 std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, const MlaInputs& in, MlaForm form,
-                                  const std::vector<std::vector<int64_t>>* keys = nullptr, double* mass_recall = nullptr);
+                                  const std::vector<std::vector<int64_t>>* keys = nullptr,
+                                  double* mass_recall = nullptr);
 
 // ---- feed-forward ----
 
@@ -103,8 +105,8 @@ std::vector<double> mlp(const ModelConfig& m, const MlpParams& p, const std::vec
 
 struct Routing {
   int64_t tokens = 0, topk = 0;
-  std::vector<int> expert;      // [tokens][topk]
-  std::vector<double> weight;   // [tokens][topk], normalised and scaled as the model says
+  std::vector<int> expert;     // [tokens][topk]
+  std::vector<double> weight;  // [tokens][topk], normalised and scaled as the model says
 };
 // logits: [tokens][n_routed_experts] from the router gate.
 Routing route(const ModelConfig& m, const std::vector<double>& logits, const std::vector<float>& bias, int64_t tokens,
@@ -123,11 +125,11 @@ struct LayerParams {
 LayerParams make_layer_params(const ModelConfig& m, int64_t layer_index, uint64_t seed, bool lazy_experts = false);
 // in.hidden_states: [batch*q_len][hidden] residual stream in; returns the residual stream out (with in.rows: those
 // new tokens' rows, the others 0).
-std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, const LayerParams& p,
-                                  const MlaInputs& in, MlaForm form);
+std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, const LayerParams& p, const MlaInputs& in,
+                                  MlaForm form);
 // The same with the residual stream in double (in.hidden_states unused), as a stack of layers carries it.
-std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, const LayerParams& p, const std::vector<double>& x,
-                                  const MlaInputs& in, MlaForm form);
+std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, const LayerParams& p,
+                                  const std::vector<double>& x, const MlaInputs& in, MlaForm form);
 
 double relative_l2_error(const float* out, const double* ref, size_t n);
 

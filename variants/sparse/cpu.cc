@@ -42,22 +42,25 @@ class SparseCpu : public Variant {
  public:
   explicit SparseCpu(Selector s) : selector_(s) {}
   std::vector<std::pair<std::string, std::string>> axes() const override {
-    return {{"batch", "1"}, {"kv_len", "32768"}, {"heads", ""}, {"budget", "2048"}, {"block", "64"}, {"cache_kind", "clustered"}, {"needle_depth", "50"},
-            {"needle_norm", "1"}};
+    return {{"batch", "1"},  {"kv_len", "32768"},         {"heads", ""},          {"budget", "2048"},
+            {"block", "64"}, {"cache_kind", "clustered"}, {"needle_depth", "50"}, {"needle_norm", "1"}};
   }
   Support supports(const ModelFile& model, const Point& point) const override {
     const ModelConfig m = parse_model_config(model.config, model.name, model.path);
     parse_cache_kind(point.text("cache_kind"));
     if (point.integer("needle_depth") > 100) throw BadInput("axis needle_depth: expected a percentage 0..100");
-    if (point.integer("needle_norm") < 1) throw BadInput("axis needle_norm: expected the needle's length in typical key lengths, 1 or more");
+    if (point.integer("needle_norm") < 1)
+      throw BadInput("axis needle_norm: expected the needle's length in typical key lengths, 1 or more");
     if (point.integer("kv_len") < 1) return Support::no("an empty cache selects nothing");
-    if (double(batch_of(point)) * double(point.integer("kv_len")) * double(m.kv_lora_rank + m.qk_rope_head_dim) * 4 > 8e9)
+    if (double(batch_of(point)) * double(point.integer("kv_len")) * double(m.kv_lora_rank + m.qk_rope_head_dim) * 4 >
+        8e9)
       return Support::no("caches above 8 GB");
     return {};
   }
   Cost cost(const ModelFile& model, const Point& point) const override {
     const ModelConfig m = parse_model_config(model.config, model.name, model.path);
-    const double H = double(point.has("heads") ? point.integer("heads") : m.num_attention_heads), N = double(point.integer("kv_len"));
+    const double H = double(point.has("heads") ? point.integer("heads") : m.num_attention_heads),
+                 N = double(point.integer("kv_len"));
     const double width = double(m.kv_lora_rank + m.qk_rope_head_dim), B = std::min(N, double(point.integer("budget")));
     const double blocks = std::ceil(N / double(point.integer("block")));
     Cost c;
@@ -67,9 +70,15 @@ class SparseCpu : public Variant {
     c.flops = 2 * H * B * (width + double(m.kv_lora_rank));
     c.bytes = B * width * 4;
     switch (selector_) {
-      case Selector::oracle: c.flops += 2 * H * N * width, c.bytes += N * width * 4; break;  // every key's true score
-      case Selector::quest: c.flops += 2 * H * blocks * width * 2, c.bytes += blocks * width * 2 * 4; break;
-      case Selector::infllm: c.flops += 2 * H * blocks * width, c.bytes += blocks * width * 4; break;
+      case Selector::oracle:
+        c.flops += 2 * H * N * width, c.bytes += N * width * 4;
+        break;  // every key's true score
+      case Selector::quest:
+        c.flops += 2 * H * blocks * width * 2, c.bytes += blocks * width * 2 * 4;
+        break;
+      case Selector::infllm:
+        c.flops += 2 * H * blocks * width, c.bytes += blocks * width * 4;
+        break;
       case Selector::dsa: {
         const Indexer ix;  // index keys: e4m3 plus a scale per token; the queries' and the new key's projections
         c.flops += 2 * double(ix.heads) * N * double(ix.dim) + 2 * (double(ix.heads) + 1) * width * double(ix.dim);
@@ -92,12 +101,15 @@ class SparseCpu : public Variant {
     for (size_t r = 0; r < requests_.size(); ++r) {
       Request& q = requests_[r];
       const uint64_t own = request_seed(seed, int64_t(r));
-      q.p = make_problem(heads, m.kv_lora_rank, m.qk_rope_head_dim, point.integer("kv_len"), parse_cache_kind(point.text("cache_kind")),
-                         double(point.integer("needle_depth")) / 100.0, own, double(point.integer("needle_norm")));
+      q.p = make_problem(heads, m.kv_lora_rank, m.qk_rope_head_dim, point.integer("kv_len"),
+                         parse_cache_kind(point.text("cache_kind")), double(point.integer("needle_depth")) / 100.0, own,
+                         double(point.integer("needle_norm")));
       // The keys decode appends: fresh random latents and rope keys (the cache kind shapes the prefix only).
-      q.new_keys = make_problem(1, m.kv_lora_rank, m.qk_rope_head_dim, kRewind, CacheKind::random, 0, own ^ 0x9e3779b97f4a7c15ull);
+      q.new_keys = make_problem(1, m.kv_lora_rank, m.qk_rope_head_dim, kRewind, CacheKind::random, 0,
+                                own ^ 0x9e3779b97f4a7c15ull);
       if (selector_ != Selector::oracle)
-        q.state = std::make_unique<SelectorState>(q.p, b_.block, Indexer{}, selector_ == Selector::dsa ? SelectorState::index_keys : SelectorState::blocks);
+        q.state = std::make_unique<SelectorState>(
+            q.p, b_.block, Indexer{}, selector_ == Selector::dsa ? SelectorState::index_keys : SelectorState::blocks);
       q.out.assign(size_t(q.p.heads * q.p.latent), std::nanf(""));
     }
     kv_len_ = requests_.front().p.keys;
@@ -117,7 +129,8 @@ class SparseCpu : public Variant {
     for (const Request& q : requests_) {
       const std::vector<double> want = attention(q.p, q.selected);
       double err = 0, norm = 0;
-      for (size_t i = 0; i < want.size(); ++i) err += (q.out[i] - want[i]) * (q.out[i] - want[i]), norm += want[i] * want[i];
+      for (size_t i = 0; i < want.size(); ++i)
+        err += (q.out[i] - want[i]) * (q.out[i] - want[i]), norm += want[i] * want[i];
       const double e = std::sqrt(err / norm);
       worst = std::isnan(e) || std::isnan(worst) ? std::nan("") : std::max(worst, e);
     }
@@ -141,8 +154,8 @@ class SparseCpu : public Variant {
       attend(q, sel, scratch);
       attend_s += seconds_since(t2);
     }
-    std::map<std::string, double> c = {{"mass_recall", mass},    {"rel_err_vs_dense", err}, {"selected_tokens", selected},
-                                       {"append_s", append_s},  {"select_s", select_s},   {"attend_s", attend_s}};
+    std::map<std::string, double> c = {{"mass_recall", mass},  {"rel_err_vs_dense", err}, {"selected_tokens", selected},
+                                       {"append_s", append_s}, {"select_s", select_s},    {"attend_s", attend_s}};
     if (requests_.front().p.needle >= 0) c["needle_recall"] = found;
     return c;
   }
@@ -169,10 +182,14 @@ class SparseCpu : public Variant {
   }
   std::vector<int64_t> select(const Request& q) const {
     switch (selector_) {
-      case Selector::oracle: return select_oracle(q.p, b_);
-      case Selector::quest: return select_quest(q.p, b_, *q.state);
-      case Selector::infllm: return select_infllm(q.p, b_, *q.state);
-      case Selector::dsa: return select_dsa(q.p, b_, *q.state);
+      case Selector::oracle:
+        return select_oracle(q.p, b_);
+      case Selector::quest:
+        return select_quest(q.p, b_, *q.state);
+      case Selector::infllm:
+        return select_infllm(q.p, b_, *q.state);
+      case Selector::dsa:
+        return select_dsa(q.p, b_, *q.state);
     }
     return {};
   }
@@ -184,8 +201,10 @@ class SparseCpu : public Variant {
       float mx = -INFINITY;
       for (size_t i = 0; i < sel.size(); ++i) {
         float dot = 0;
-        for (int64_t d = 0; d < p.latent; ++d) dot += p.q_lat[size_t(h * p.latent + d)] * p.c_kv[size_t(sel[i] * p.latent + d)];
-        for (int64_t d = 0; d < p.rope; ++d) dot += p.q_pe[size_t(h * p.rope + d)] * p.k_pe[size_t(sel[i] * p.rope + d)];
+        for (int64_t d = 0; d < p.latent; ++d)
+          dot += p.q_lat[size_t(h * p.latent + d)] * p.c_kv[size_t(sel[i] * p.latent + d)];
+        for (int64_t d = 0; d < p.rope; ++d)
+          dot += p.q_pe[size_t(h * p.rope + d)] * p.k_pe[size_t(sel[i] * p.rope + d)];
         mx = std::max(mx, s[i] = dot * p.scale);
       }
       float sum = 0;
@@ -226,11 +245,13 @@ using dslab::sparse::SparseDsaCpu;
 using dslab::sparse::SparseInfllmCpu;
 using dslab::sparse::SparseOracleCpu;
 using dslab::sparse::SparseQuestCpu;
-DSLAB_REGISTER_VARIANT(SparseOracleCpu, "sparse/oracle/cpu", dslab::Device::cpu,
-                       "sparse MLA decode on the exact top keys by true attention mass (the fidelity bound for a budget)");
+DSLAB_REGISTER_VARIANT(
+    SparseOracleCpu, "sparse/oracle/cpu", dslab::Device::cpu,
+    "sparse MLA decode on the exact top keys by true attention mass (the fidelity bound for a budget)");
 DSLAB_REGISTER_VARIANT(SparseQuestCpu, "sparse/quest/cpu", dslab::Device::cpu,
                        "sparse MLA decode on Quest's blocks (per-block min/max upper bound of q.k, best head)");
 DSLAB_REGISTER_VARIANT(SparseInfllmCpu, "sparse/infllm/cpu", dslab::Device::cpu,
                        "sparse MLA decode on InfLLM's blocks (a mean representative key per block, best head)");
-DSLAB_REGISTER_VARIANT(SparseDsaCpu, "sparse/dsa/cpu", dslab::Device::cpu,
-                       "sparse MLA decode on DeepSeek-V3.2's lightning-indexer top tokens (64 index heads x 128, FP8 index keys)");
+DSLAB_REGISTER_VARIANT(
+    SparseDsaCpu, "sparse/dsa/cpu", dslab::Device::cpu,
+    "sparse MLA decode on DeepSeek-V3.2's lightning-indexer top tokens (64 index heads x 128, FP8 index keys)");

@@ -11,11 +11,14 @@
 
 namespace dslab::sparse {
 
-uint64_t request_seed(uint64_t seed, int64_t request) { return request == 0 ? seed : splitmix64(seed ^ (0x5e0000ull + uint64_t(request))); }
+uint64_t request_seed(uint64_t seed, int64_t request) {
+  return request == 0 ? seed : splitmix64(seed ^ (0x5e0000ull + uint64_t(request)));
+}
 
-Problem make_problem(int64_t heads, int64_t latent, int64_t rope, int64_t keys, CacheKind kind, double needle_depth, uint64_t seed,
-                     double needle_norm) {
-  if (heads < 1 || latent < 1 || rope < 0 || keys < 1) throw std::invalid_argument("sparse::make_problem: empty problem");
+Problem make_problem(int64_t heads, int64_t latent, int64_t rope, int64_t keys, CacheKind kind, double needle_depth,
+                     uint64_t seed, double needle_norm) {
+  if (heads < 1 || latent < 1 || rope < 0 || keys < 1)
+    throw std::invalid_argument("sparse::make_problem: empty problem");
   Problem p;
   p.heads = heads, p.latent = latent, p.rope = rope, p.keys = keys;
   p.scale = 1.0f / std::sqrt(float(latent + rope));
@@ -40,10 +43,12 @@ Problem make_problem(int64_t heads, int64_t latent, int64_t rope, int64_t keys, 
       const int64_t j = pick(gen);
       const float recency = 0.5f + 0.5f * float(k + 1) / float(keys);
       for (int64_t d = 0; d < latent; ++d)
-        p.c_kv[size_t(k * latent + d)] = recency * (2.0f * c[size_t(j * latent + d)] + 0.5f * p.c_kv[size_t(k * latent + d)]);
+        p.c_kv[size_t(k * latent + d)] =
+            recency * (2.0f * c[size_t(j * latent + d)] + 0.5f * p.c_kv[size_t(k * latent + d)]);
     }
     for (int64_t h = 0; h < heads; ++h)
-      for (int64_t d = 0; d < latent; ++d) p.q_lat[size_t(h * latent + d)] = 0.5f * p.q_lat[size_t(h * latent + d)] + c[size_t(d)];
+      for (int64_t d = 0; d < latent; ++d)
+        p.q_lat[size_t(h * latent + d)] = 0.5f * p.q_lat[size_t(h * latent + d)] + c[size_t(d)];
   }
   if (kind == CacheKind::needle) {
     p.needle = std::clamp<int64_t>(int64_t(std::llround(needle_depth * double(keys - 1))), 0, keys - 1);
@@ -66,8 +71,10 @@ std::vector<float> scores(const Problem& p) {
   for (int64_t h = 0; h < p.heads; ++h)
     for (int64_t k = 0; k < p.keys; ++k) {
       double dot = 0;
-      for (int64_t d = 0; d < p.latent; ++d) dot += double(p.q_lat[size_t(h * p.latent + d)]) * p.c_kv[size_t(k * p.latent + d)];
-      for (int64_t d = 0; d < p.rope; ++d) dot += double(p.q_pe[size_t(h * p.rope + d)]) * p.k_pe[size_t(k * p.rope + d)];
+      for (int64_t d = 0; d < p.latent; ++d)
+        dot += double(p.q_lat[size_t(h * p.latent + d)]) * p.c_kv[size_t(k * p.latent + d)];
+      for (int64_t d = 0; d < p.rope; ++d)
+        dot += double(p.q_pe[size_t(h * p.rope + d)]) * p.k_pe[size_t(k * p.rope + d)];
       s[size_t(h * p.keys + k)] = float(dot) * p.scale;
     }
   return s;
@@ -113,7 +120,8 @@ std::vector<int64_t> assemble(int64_t keys, const Budget& b, const std::vector<i
 std::vector<int64_t> rank_descending(const std::vector<double>& score) {
   std::vector<int64_t> order(score.size());
   std::iota(order.begin(), order.end(), int64_t(0));
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[size_t(a)] > score[size_t(b)]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return score[size_t(a)] > score[size_t(b)]; });
   return order;
 }
 
@@ -125,7 +133,8 @@ std::vector<double> block_scores(const Problem& p, const Budget& b, ScoreOf scor
   std::vector<double> best(size_t(blocks), -INFINITY);
   for (int64_t blk = 0; blk < blocks; ++blk)
     for (int64_t h = 0; h < p.heads; ++h)
-      best[size_t(blk)] = std::max(best[size_t(blk)], score_of(h, blk * b.block, std::min(p.keys, (blk + 1) * b.block)));
+      best[size_t(blk)] =
+          std::max(best[size_t(blk)], score_of(h, blk * b.block, std::min(p.keys, (blk + 1) * b.block)));
   return best;
 }
 }  // namespace
@@ -139,7 +148,9 @@ std::vector<double> oracle_key_mass(const Problem& p) {
   return mass;
 }
 
-std::vector<int64_t> select_oracle(const Problem& p, const Budget& b) { return select_tokens(p.keys, b, oracle_key_mass(p)); }
+std::vector<int64_t> select_oracle(const Problem& p, const Budget& b) {
+  return select_tokens(p.keys, b, oracle_key_mass(p));
+}
 
 void append_key(Problem& p, const float* latent, const float* rope) {
   p.c_kv.insert(p.c_kv.end(), latent, latent + p.latent);
@@ -156,7 +167,8 @@ void truncate_keys(Problem& p, int64_t keys) {
 }
 
 void SelectorState::truncate(const Problem& p) {
-  if (p.keys > keys_ || p.keys < 1) throw std::logic_error("SelectorState::truncate: the problem is not a prefix of the state's");
+  if (p.keys > keys_ || p.keys < 1)
+    throw std::logic_error("SelectorState::truncate: the problem is not a prefix of the state's");
   const int64_t last = (p.keys - 1) / block_;  // the last block, made again from its keys
   keys_ = last * block_;
   if (keeps(blocks)) min_.resize(size_t(last * width_)), max_.resize(min_.size()), sum_.resize(min_.size());
@@ -168,7 +180,8 @@ std::vector<float> indexer_projection(const Indexer& ix, int64_t width) {
   std::mt19937_64 gen(ix.seed);
   std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(float(ix.dim)));
   std::vector<float> proj(size_t(width * ix.dim));
-  for (float& v : proj) v = to_float(to_bf16(normal(gen)));  // (bf16 weights, as a model's: the GPU multiplies the same numbers)
+  for (float& v : proj)
+    v = to_float(to_bf16(normal(gen)));  // (bf16 weights, as a model's: the GPU multiplies the same numbers)
   return proj;
 }
 
@@ -184,7 +197,8 @@ SelectorState::SelectorState(const Problem& p, int64_t block, const Indexer& ix,
     proj_ = indexer_projection(ix, width_);
     index_keys_.reserve(size_t(keys * ix.dim));
   }
-  for (int64_t k = 0; k < keys; ++k) append_row(&p.c_kv[size_t(k * latent_)], &p.k_pe[size_t(k * rope_)]);  // key by key
+  for (int64_t k = 0; k < keys; ++k)
+    append_row(&p.c_kv[size_t(k * latent_)], &p.k_pe[size_t(k * rope_)]);  // key by key
 }
 
 void SelectorState::project(const float* latent, const float* rope, float* out) const {
@@ -228,8 +242,8 @@ void SelectorState::append_row(const float* latent, const float* rope) {
 }
 
 bool SelectorState::operator==(const SelectorState& o) const {
-  return block_ == o.block_ && width_ == o.width_ && keys_ == o.keys_ && keep_ == o.keep_ && min_ == o.min_ && max_ == o.max_ && sum_ == o.sum_ &&
-         index_keys_ == o.index_keys_;
+  return block_ == o.block_ && width_ == o.width_ && keys_ == o.keys_ && keep_ == o.keep_ && min_ == o.min_ &&
+         max_ == o.max_ && sum_ == o.sum_ && index_keys_ == o.index_keys_;
 }
 
 namespace {
@@ -262,7 +276,9 @@ std::vector<int64_t> select_quest(const Problem& p, const Budget& b, const Selec
   return assemble(p.keys, b, rank_descending(quest_block_scores(p, b, st)), b.block);
 }
 
-std::vector<int64_t> select_quest(const Problem& p, const Budget& b) { return select_quest(p, b, SelectorState(p, b.block, Indexer{}, SelectorState::blocks)); }
+std::vector<int64_t> select_quest(const Problem& p, const Budget& b) {
+  return select_quest(p, b, SelectorState(p, b.block, Indexer{}, SelectorState::blocks));
+}
 
 namespace {
 // The pages select_pages always keeps: those holding the first n_init keys (sinks) and the last `local` (window).
@@ -276,9 +292,11 @@ std::vector<char> kept_pages(int64_t keys, int64_t page_size, const Budget& b) {
 }  // namespace
 
 PageSelection select_pages(int64_t keys, int64_t page_size, const Budget& b, const std::vector<double>& page_score) {
-  if (keys < 1 || page_size < 1) throw std::invalid_argument("sparse::select_pages: keys and page_size must be positive");
+  if (keys < 1 || page_size < 1)
+    throw std::invalid_argument("sparse::select_pages: keys and page_size must be positive");
   const int64_t pages = (keys + page_size - 1) / page_size;
-  if (int64_t(page_score.size()) != pages) throw std::invalid_argument("sparse::select_pages: one score per page expected");
+  if (int64_t(page_score.size()) != pages)
+    throw std::invalid_argument("sparse::select_pages: one score per page expected");
   std::vector<char> in = kept_pages(keys, page_size, b);
   int64_t used = std::count(in.begin(), in.end(), 1);
   auto take = [&](int64_t pg) {
@@ -292,7 +310,8 @@ PageSelection select_pages(int64_t keys, int64_t page_size, const Budget& b, con
   PageSelection s;
   for (int64_t pg = 0; pg < pages; ++pg)
     if (in[size_t(pg)]) s.pages.push_back(pg);
-  s.length = (int64_t(s.pages.size()) - 1) * page_size + (keys - (pages - 1) * page_size);  // (the last page is always kept)
+  s.length =
+      (int64_t(s.pages.size()) - 1) * page_size + (keys - (pages - 1) * page_size);  // (the last page is always kept)
   return s;
 }
 
@@ -327,14 +346,16 @@ std::vector<int64_t> select_infllm(const Problem& p, const Budget& b, const Sele
   return assemble(p.keys, b, rank_descending(infllm_block_scores(p, b, st)), b.block);
 }
 
-std::vector<int64_t> select_infllm(const Problem& p, const Budget& b) { return select_infllm(p, b, SelectorState(p, b.block, Indexer{}, SelectorState::blocks)); }
+std::vector<int64_t> select_infllm(const Problem& p, const Budget& b) {
+  return select_infllm(p, b, SelectorState(p, b.block, Indexer{}, SelectorState::blocks));
+}
 
 float round_e4m3(float x) {
   const float a = std::fabs(x);
   if (a == 0 || std::isnan(x)) return x;
   if (a >= 448.0f) return std::copysign(448.0f, x);
   int e = 0;
-  std::frexp(a, &e);                                     // a = m 2^e, m in [0.5, 1)
+  std::frexp(a, &e);                                         // a = m 2^e, m in [0.5, 1)
   const float step = std::ldexp(1.0f, std::max(e, -5) - 4);  // 3 mantissa bits; subnormal spacing 2^-9 below 2^-6
   return std::copysign(std::min(448.0f, std::nearbyint(a / step) * step), x);
 }
@@ -379,9 +400,13 @@ int64_t token_sparse_length(int64_t keys, const Budget& b) {
   return std::max(std::min(sinks, window_first) + (keys - window_first), std::min(b.tokens, keys));
 }
 
-std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const SelectorState& st) { return select_tokens(p.keys, b, dsa_token_scores(p, st)); }
+std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const SelectorState& st) {
+  return select_tokens(p.keys, b, dsa_token_scores(p, st));
+}
 
-std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const Indexer& ix) { return select_dsa(p, b, SelectorState(p, b.block, ix, SelectorState::index_keys)); }
+std::vector<int64_t> select_dsa(const Problem& p, const Budget& b, const Indexer& ix) {
+  return select_dsa(p, b, SelectorState(p, b.block, ix, SelectorState::index_keys));
+}
 
 std::vector<double> attention(const Problem& p, const std::vector<int64_t>& selected) {
   std::vector<double> out(size_t(p.heads * p.latent), 0.0), s(selected.size());
@@ -391,8 +416,10 @@ std::vector<double> attention(const Problem& p, const std::vector<int64_t>& sele
       const int64_t k = selected[i];
       if (k < 0 || k >= p.keys) throw std::invalid_argument("sparse: key index out of range");
       double dot = 0;
-      for (int64_t d = 0; d < p.latent; ++d) dot += double(p.q_lat[size_t(h * p.latent + d)]) * p.c_kv[size_t(k * p.latent + d)];
-      for (int64_t d = 0; d < p.rope; ++d) dot += double(p.q_pe[size_t(h * p.rope + d)]) * p.k_pe[size_t(k * p.rope + d)];
+      for (int64_t d = 0; d < p.latent; ++d)
+        dot += double(p.q_lat[size_t(h * p.latent + d)]) * p.c_kv[size_t(k * p.latent + d)];
+      for (int64_t d = 0; d < p.rope; ++d)
+        dot += double(p.q_pe[size_t(h * p.rope + d)]) * p.k_pe[size_t(k * p.rope + d)];
       mx = std::max(mx, s[i] = dot * p.scale);
     }
     for (double& v : s) sum += (v = std::exp(v - mx));
@@ -423,7 +450,8 @@ Fidelity fidelity(const Problem& p, const std::vector<int64_t>& selected) {
     f.mass_recall += inside / total / double(p.heads);
   }
   double err = 0, norm = 0;
-  for (size_t i = 0; i < dense.size(); ++i) err += (dense[i] - sparse[i]) * (dense[i] - sparse[i]), norm += dense[i] * dense[i];
+  for (size_t i = 0; i < dense.size(); ++i)
+    err += (dense[i] - sparse[i]) * (dense[i] - sparse[i]), norm += dense[i] * dense[i];
   f.rel_err = std::sqrt(err / norm);
   f.needle_found = p.needle >= 0 && in[size_t(p.needle)];
   return f;

@@ -23,10 +23,11 @@ struct Problem {
 // clustered: keys drawn around a few centres, the query close to one of them, with a recency bias (what a trained
 // model's attention looks like, roughly: a few regions matter); needle: random, with one key at `needle_depth`
 // (0 = oldest, 1 = newest) along the heads' mean query, needle_norm times a random key's typical norm (1: a key of the
-// haystack's length whose score stands several deviations above theirs; longer needles stand out of block summaries too).
+// haystack's length whose score stands several deviations above theirs; longer needles stand out of block summaries
+// too).
 enum class CacheKind { random, clustered, needle };
-Problem make_problem(int64_t heads, int64_t latent, int64_t rope, int64_t keys, CacheKind kind, double needle_depth, uint64_t seed,
-                     double needle_norm = 1.0);
+Problem make_problem(int64_t heads, int64_t latent, int64_t rope, int64_t keys, CacheKind kind, double needle_depth,
+                     uint64_t seed, double needle_norm = 1.0);
 // The seed of request r of a batch: request 0 keeps the run's seed (batch 1 is the single-request problem), the
 // others get streams of their own.
 uint64_t request_seed(uint64_t seed, int64_t request);
@@ -82,9 +83,9 @@ class SelectorState {
   int64_t block_, latent_, rope_, width_, keys_ = 0;
   Indexer ix_;
   Keep keep_;
-  std::vector<float> proj_;                    // [width][dim]
-  std::vector<float> min_, max_, sum_;         // [blocks][width]
-  std::vector<float> index_keys_;              // [keys][dim], e4m3 values times the token's scale
+  std::vector<float> proj_;             // [width][dim]
+  std::vector<float> min_, max_, sum_;  // [blocks][width]
+  std::vector<float> index_keys_;       // [keys][dim], e4m3 values times the token's scale
 };
 
 // Appends one key (a latent row and a rope row) to the problem's cache; truncate_keys drops keys from its end.
@@ -148,8 +149,8 @@ float round_e4m3_scaled(float* v, int64_t n);
 std::vector<double> attention(const Problem& p, const std::vector<int64_t>& selected);
 
 struct Fidelity {
-  double mass_recall = 0;    // softmax mass inside the selection, mean over heads
-  double rel_err = 0;        // relative L2 error of the attention output (all heads) against dense
+  double mass_recall = 0;     // softmax mass inside the selection, mean over heads
+  double rel_err = 0;         // relative L2 error of the attention output (all heads) against dense
   bool needle_found = false;  // the planted key is in the selection (needle caches)
 };
 Fidelity fidelity(const Problem& p, const std::vector<int64_t>& selected);

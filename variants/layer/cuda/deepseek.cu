@@ -1,6 +1,5 @@
 #include "variants/layer/cuda/deepseek.h"
 
-#include <nvtx3/nvToolsExt.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,17 +8,18 @@
 #include <cstring>
 
 #include "harness/errors.h"
+#include "variants/common/cuda/nvtx.h"
 #include "harness/host.h"
-#include "variants/common/device_random.h"
-#include "variants/common/pdl.cuh"
+#include "variants/common/cuda/device_random.h"
+#include "variants/common/cuda/pdl.cuh"
 #include "variants/common/rng.h"
 #include "variants/layer/ops.h"
 
 namespace dslab::layer::cuda {
 
+using gpu::ScratchArena;
 using mla::cuda::MlaBuffers;
 using mla::cuda::MlaOp;
-using mla::cuda::ScratchArena;
 using moe::cuda::MoeBuffers;
 using moe::cuda::MoeOp;
 
@@ -29,11 +29,6 @@ const float kUnitScale = std::sqrt(3.0f);  // unit-variance inputs, as the refer
 constexpr int kNormThreads = 256;
 constexpr int64_t kRecordedRows = 8;
 constexpr int64_t kVerifiedRows = 64;  // new tokens of a request verified against the reference (all, up to this many)
-
-struct NvtxRange {
-  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
-  ~NvtxRange() { nvtxRangePop(); }
-};
 
 __device__ inline float block_sum(float v) {
   __shared__ float partial[kNormThreads / 32];
@@ -52,8 +47,8 @@ constexpr int kNormPerThread = 32;  // hidden_size up to kNormThreads * kNormPer
 
 // xb = bf16(v * rsqrt(mean(v^2) + eps) * w) for this thread's values v[k], weights w[k] at j = threadIdx.x + k *
 // kNormThreads (the weights loaded beside the values, so the reduction is the only wait after the loads).
-__device__ inline void norm_values(const float (&v)[kNormPerThread], const float (&w)[kNormPerThread], float ss, int hidden, float eps,
-                                   __nv_bfloat16* xb) {
+__device__ inline void norm_values(const float (&v)[kNormPerThread], const float (&w)[kNormPerThread], float ss,
+                                   int hidden, float eps, __nv_bfloat16* xb) {
   const float inv = rsqrtf(block_sum(ss) / float(hidden) + eps);
 #pragma unroll
   for (int k = 0; k < kNormPerThread; ++k) {
@@ -66,11 +61,12 @@ __device__ inline void norm_values(const float (&v)[kNormPerThread], const float
 // row t of this step's random hidden states (inputs[step]). Every load is issued before the first store (with the
 // stores interleaved, the compiler had to assume they might alias the next loads and waited out each load in turn:
 // 8 us per norm at batch 1 on the H100).
-__global__ void __launch_bounds__(kNormThreads) input_norm_kernel(const __nv_bfloat16* __restrict__ source, const int32_t* __restrict__ ids,
-                                                                  const int32_t* __restrict__ step, int64_t tokens, int hidden,
-                                                                  const __nv_bfloat16* __restrict__ weight, float eps, float* __restrict__ resid,
-                                                                  __nv_bfloat16* __restrict__ xb) {
-  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+__global__ void __launch_bounds__(kNormThreads)
+    input_norm_kernel(const __nv_bfloat16* __restrict__ source, const int32_t* __restrict__ ids,
+                      const int32_t* __restrict__ step, int64_t tokens, int hidden,
+                      const __nv_bfloat16* __restrict__ weight, float eps, float* __restrict__ resid,
+                      __nv_bfloat16* __restrict__ xb) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/cuda/pdl.cuh)
   pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   const int64_t row = ids ? int64_t(ids[t]) : int64_t(*step) * tokens + t;
@@ -93,10 +89,10 @@ __global__ void __launch_bounds__(kNormThreads) input_norm_kernel(const __nv_bfl
 }
 
 // resid += add; then, with a weight, the next op's input xb = RMSNorm(resid) * weight (loads first, as above).
-__global__ void __launch_bounds__(kNormThreads) add_norm_kernel(float* __restrict__ resid, const float* __restrict__ add, int hidden,
-                                                                const __nv_bfloat16* __restrict__ weight, float eps,
-                                                                __nv_bfloat16* __restrict__ xb) {
-  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+__global__ void __launch_bounds__(kNormThreads)
+    add_norm_kernel(float* __restrict__ resid, const float* __restrict__ add, int hidden,
+                    const __nv_bfloat16* __restrict__ weight, float eps, __nv_bfloat16* __restrict__ xb) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/cuda/pdl.cuh)
   pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   float* r = resid + t * hidden;
@@ -121,10 +117,12 @@ uint64_t layer_seed(uint64_t seed, int64_t layer) { return splitmix64(seed ^ (0x
 uint64_t moe_set_seed(uint64_t seed, int64_t set) { return splitmix64(seed ^ (0x3e70000ull + uint64_t(set))); }
 
 // Values [first, first + count) of ref::random_bf16(seed, name, ..., scale): rows of a tensor too large to make whole.
-std::vector<double> host_random_rows(uint64_t seed, const std::string& name, int64_t first, int64_t count, float scale) {
+std::vector<double> host_random_rows(uint64_t seed, const std::string& name, int64_t first, int64_t count,
+                                     float scale) {
   const uint64_t stream = stream_id(seed, name);
   std::vector<double> out(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) out[size_t(i)] = to_float(to_bf16(scale * uniform_pm1(stream, uint64_t(first + i))));
+  for (int64_t i = 0; i < count; ++i)
+    out[size_t(i)] = to_float(to_bf16(scale * uniform_pm1(stream, uint64_t(first + i))));
   return out;
 }
 
@@ -153,13 +151,13 @@ struct DeepseekLayerCuda::Plan {
   int64_t first = 0, layers = 0;  // decoder layers [first, first + layers)
   int64_t moe_layers = 0, moe_sets = 0;
   double fixed_bytes = 0, moe_set_bytes = 0, full_set_bytes = 0, host_expert_bytes = 0;
-  double arena_bytes = 0;  // the ops' forward scratch, one arena for all (part of fixed_bytes)
+  double arena_bytes = 0;        // the ops' forward scratch, one arena for all (part of fixed_bytes)
   bool experts_on_host = false;  // the moe op runs the routed experts from host memory (moe/host/cuda)
   // gpu_experts=streamed: a GPU op's routed experts live in pinned host memory (routed_set_bytes per MoE layer) and
   // are copied into one of two staging buffers (staging_bytes) before each layer's use.
   bool streamed = false;
   double routed_set_bytes = 0, staging_bytes = 0;
-  int cpu_threads = 0;           // of that op (0: its default)
+  int cpu_threads = 0;  // of that op (0: its default)
   // MoE layers (the first ones) whose experts stay on the GPU, run by moe/grouped/cuda beside a host op's layers
   // (gpu_experts axis); their weight sets are never reused.
   int64_t resident_moe_layers = 0;
@@ -202,11 +200,10 @@ struct DeepseekLayerCuda::Plan {
       int64_t n = 0;
       try {
         n = std::stoll(l, &used);
-      } catch (const std::exception&) {
-      }
+      } catch (const std::exception&) {}
       if (used != l.size() || n < 1 || n > m.num_hidden_layers)
-        throw BadInput("axis 'layers': value '" + l + "': expected all or 1.." + std::to_string(m.num_hidden_layers) + " (num_hidden_layers of " +
-                       m.source + ")");
+        throw BadInput("axis 'layers': value '" + l + "': expected all or 1.." + std::to_string(m.num_hidden_layers) +
+                       " (num_hidden_layers of " + m.source + ")");
       layers = n;
       // N layers: the model's first MoE layers (the typical layer), or its last N if it has fewer.
       first = std::min(m.first_k_dense_replace, m.num_hidden_layers - n);
@@ -229,29 +226,41 @@ struct DeepseekLayerCuda::Plan {
     for (int64_t i = first; i < first + layers; ++i) moe_layers += dense(i) ? 0 : 1;
     const auto attn_op = mla::cuda::make_mla_op(attn);
     // (a sparse op attends the keys it selects; the layers' fp64 reference attends them all)
-    why_not = attn_op->sparse() ? "attn: " + attn + " attends a selection of the keys; the layers verify dense attention, so they take dense attn ops"
-                                : attn_op->unsupported(m, attn_shape());
-    if (why_not.empty() && kv_splits > 0 && !attn_op->fused()) why_not = "kv_splits: only the fused attention splits the keys (" + attn + " does not)";
+    why_not =
+        attn_op->sparse()
+            ? "attn: " + attn +
+                  " attends a selection of the keys; the layers verify dense attention, so they take dense attn ops"
+            : attn_op->unsupported(m, attn_shape());
+    if (why_not.empty() && kv_splits > 0 && !attn_op->fused())
+      why_not = "kv_splits: only the fused attention splits the keys (" + attn + " does not)";
     const auto moe_op = moe::cuda::make_moe_op(moe);
     experts_on_host = moe_op->experts_on_host();
     cpu_threads = p.has("cpu_threads") ? int(p.integer("cpu_threads")) : 0;
-    const layer::GpuExperts gpu_experts = layer::parse_gpu_experts(p.has("gpu_experts") ? p.text("gpu_experts") : "none");
+    const layer::GpuExperts gpu_experts =
+        layer::parse_gpu_experts(p.has("gpu_experts") ? p.text("gpu_experts") : "none");
     const double budget_request = layer::parse_gpu_budget(  // bytes (0: the device's)
         p.has("gpu_budget") ? p.text("gpu_budget") : "all");
-    if (why_not.empty() && cpu_threads > 0 && !experts_on_host) why_not = "cpu_threads: " + moe + " runs no experts on the CPU";
+    if (why_not.empty() && cpu_threads > 0 && !experts_on_host)
+      why_not = "cpu_threads: " + moe + " runs no experts on the CPU";
     streamed = gpu_experts.kind == layer::GpuExperts::Kind::streamed;
     if (why_not.empty() && streamed && experts_on_host)
-      why_not = "gpu_experts: streamed copies the routed experts to a GPU op (e.g. moe/grouped/cuda); " + moe + " runs them on the CPU";
+      why_not = "gpu_experts: streamed copies the routed experts to a GPU op (e.g. moe/grouped/cuda); " + moe +
+                " runs them on the CPU";
     if (why_not.empty() && streamed && moe_layers == 0) why_not = "gpu_experts: streamed: the step has no MoE layers";
     if (why_not.empty() && !streamed && gpu_experts.kind != layer::GpuExperts::Kind::none && !experts_on_host)
-      why_not = "gpu_experts: " + moe + " keeps every layer's experts on the GPU already (the axis splits a host op's layers, e.g. moe/host/cuda's)";
+      why_not =
+          "gpu_experts: " + moe +
+          " keeps every layer's experts on the GPU already (the axis splits a host op's layers, e.g. moe/host/cuda's)";
     if (why_not.empty() && gpu_experts.kind == layer::GpuExperts::Kind::layers && gpu_experts.layers > moe_layers)
-      why_not = "gpu_experts: layers:" + std::to_string(gpu_experts.layers) + ": the step has " + std::to_string(moe_layers) + " MoE layers";
+      why_not = "gpu_experts: layers:" + std::to_string(gpu_experts.layers) + ": the step has " +
+                std::to_string(moe_layers) + " MoE layers";
     if (gpu_experts.kind == layer::GpuExperts::Kind::hot) {
       hot_experts = gpu_experts.hot;
       if (why_not.empty() && hot_experts >= m.n_routed_experts)
-        why_not = "gpu_experts: hot:" + std::to_string(hot_experts) + ": " + m.source + " has " + std::to_string(m.n_routed_experts) +
-                  " routed experts (hot:N keeps fewer than all on the GPU; all of them is gpu_experts=layers:N or moe/grouped/cuda)";
+        why_not = "gpu_experts: hot:" + std::to_string(hot_experts) + ": " + m.source + " has " +
+                  std::to_string(m.n_routed_experts) +
+                  " routed experts (hot:N keeps fewer than all on the GPU; all of them is gpu_experts=layers:N or "
+                  "moe/grouped/cuda)";
       if (why_not.empty() && moe_layers == 0) why_not = "gpu_experts: hot:N: the step has no MoE layers";
     }
     if (why_not.empty() && moe_layers > 0) why_not = moe_op->unavailable();
@@ -276,8 +285,8 @@ struct DeepseekLayerCuda::Plan {
     scratch.whole = whole;
     scratch.hot_experts = hot_experts;
     fixed_bytes = double(layers) * (mla::weight_bytes(m, m.num_attention_heads) + cache + 4 * H) +
-                  double(layers - moe_layers) * 3 * H * double(m.intermediate_size) * 2 + (whole ? 2 * double(m.vocab_size) * H * 2 : 0) +
-                  layer::gpu_step_scratch_bytes(m, scratch);
+                  double(layers - moe_layers) * 3 * H * double(m.intermediate_size) * 2 +
+                  (whole ? 2 * double(m.vocab_size) * H * 2 : 0) + layer::gpu_step_scratch_bytes(m, scratch);
     arena_bytes = layer::gpu_step_arena_bytes(m, scratch);
     const double host_set_bytes = moe::cuda::moe_weight_bytes(m, 0);  // router and shared experts
     full_set_bytes = moe::cuda::moe_weight_bytes(m, m.n_routed_experts);
@@ -287,25 +296,33 @@ struct DeepseekLayerCuda::Plan {
     if (streamed) staging_bytes = double(std::min<int64_t>(2, moe_layers)) * routed_set_bytes;
     const GpuInfo& g = gpu_info();
     if (why_not.empty() && g.present && budget_request > double(g.memory_bytes))
-      why_not = "gpu_budget: " + p.text("gpu_budget") + " is more than the " + g.name + "'s " + std::to_string(int64_t(double(g.memory_bytes) / 1e9)) + " GB";
-    const double budget = budget_request > 0 ? std::min(budget_request, 0.85 * double(g.memory_bytes)) : 0.85 * double(g.memory_bytes);
-    if (experts_on_host && gpu_experts.kind == layer::GpuExperts::Kind::layers) resident_moe_layers = std::min(gpu_experts.layers, moe_layers);
+      why_not = "gpu_budget: " + p.text("gpu_budget") + " is more than the " + g.name + "'s " +
+                std::to_string(int64_t(double(g.memory_bytes) / 1e9)) + " GB";
+    const double budget =
+        budget_request > 0 ? std::min(budget_request, 0.85 * double(g.memory_bytes)) : 0.85 * double(g.memory_bytes);
+    if (experts_on_host && gpu_experts.kind == layer::GpuExperts::Kind::layers)
+      resident_moe_layers = std::min(gpu_experts.layers, moe_layers);
     if (experts_on_host && gpu_experts.kind == layer::GpuExperts::Kind::fit)
       resident_moe_layers = layer::resident_moe_layers(budget, fixed_bytes, moe_layers, host_set_bytes, full_set_bytes);
-    if (experts_on_host || streamed) {  // the other MoE layers' routed experts in host memory (made and packed: twice, briefly, per layer)
+    if (experts_on_host ||
+        streamed) {  // the other MoE layers' routed experts in host memory (made and packed: twice, briefly, per layer)
       host_expert_bytes = double(moe_layers - resident_moe_layers) * (routed_set_bytes - hot_set_bytes);
       const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
       if (why_not.empty() && host_expert_bytes > 0.7 * have)
-        why_not = "the routed experts of " + std::to_string(moe_layers) + " layers need ~" + std::to_string(int64_t(host_expert_bytes / double(1 << 30))) +
-                  " GiB of host memory, this machine has " + std::to_string(int64_t(have / double(1 << 30))) + " GiB (fewer layers)";
+        why_not = "the routed experts of " + std::to_string(moe_layers) + " layers need ~" +
+                  std::to_string(int64_t(host_expert_bytes / double(1 << 30))) +
+                  " GiB of host memory, this machine has " + std::to_string(int64_t(have / double(1 << 30))) +
+                  " GiB (fewer layers)";
     }
     // The other MoE layers' sets: reused cyclically when they do not all fit, but only for a run with no budget and no
     // resident layers (a budget or a split states what fits).
     const int64_t others = moe_layers - resident_moe_layers;
-    const double fixed_and_resident = fixed_bytes + double(resident_moe_layers) * full_set_bytes + staging_bytes + double(others) * hot_set_bytes;
+    const double fixed_and_resident =
+        fixed_bytes + double(resident_moe_layers) * full_set_bytes + staging_bytes + double(others) * hot_set_bytes;
     moe_sets = others == 0 ? 0 : std::clamp<int64_t>(int64_t((budget - fixed_and_resident) / moe_set_bytes), 0, others);
     const bool reuse = budget_request == 0 && resident_moe_layers == 0 && !streamed;
-    if (why_not.empty() && g.present && (fixed_and_resident > budget || (others > 0 && moe_sets < 1) || (!reuse && moe_sets < others))) {
+    if (why_not.empty() && g.present &&
+        (fixed_and_resident > budget || (others > 0 && moe_sets < 1) || (!reuse && moe_sets < others))) {
       const double need = fixed_and_resident + double(reuse ? std::min<int64_t>(others, 1) : others) * moe_set_bytes;
       why_not = "needs ~" + std::to_string(int64_t(need / 1e9)) + " GB of GPU memory, " +
                 (budget_request > 0 ? "gpu_budget is " + p.text("gpu_budget")
@@ -314,11 +331,13 @@ struct DeepseekLayerCuda::Plan {
     if (!g.present) moe_sets = others;  // (cost only)
   }
   double device_bytes() const {
-    return fixed_bytes + double(resident_moe_layers) * full_set_bytes + double(moe_sets) * moe_set_bytes + staging_bytes +
-           double(moe_layers - resident_moe_layers) * hot_set_bytes;
+    return fixed_bytes + double(resident_moe_layers) * full_set_bytes + double(moe_sets) * moe_set_bytes +
+           staging_bytes + double(moe_layers - resident_moe_layers) * hot_set_bytes;
   }
   // Which weight set MoE layer q (0-based among the step's MoE layers) uses, and whether its experts are on the GPU.
-  int64_t moe_set(int64_t q) const { return q < resident_moe_layers ? q : resident_moe_layers + (q - resident_moe_layers) % moe_sets; }
+  int64_t moe_set(int64_t q) const {
+    return q < resident_moe_layers ? q : resident_moe_layers + (q - resident_moe_layers) % moe_sets;
+  }
 };
 
 // gpu_experts=streamed: every MoE layer's routed experts in one pinned host buffer, copied on a stream of their own
@@ -387,9 +406,22 @@ DeepseekLayerCuda::~DeepseekLayerCuda() {
 }
 
 std::vector<std::pair<std::string, std::string>> DeepseekLayerCuda::axes() const {
-  return {{"batch", "1"},       {"q_len", "1"},  {"kv_len", "4096"}, {"layers", "1"},      {"attn", "mla/fused/cuda"}, {"moe", "moe/grouped_wgmma/cuda"},
-          {"executor", "graph"}, {"steps", "1"}, {"page_size", "64"}, {"kv_dtype", "bf16"}, {"proj", "own"},
-          {"kv_splits", "auto"}, {"pdl", "on"},          {"cpu_threads", ""},     {"gpu_experts", "none"}, {"gpu_budget", "all"}};
+  return {{"batch", "1"},
+          {"q_len", "1"},
+          {"kv_len", "4096"},
+          {"layers", "1"},
+          {"attn", "mla/fused/cuda"},
+          {"moe", "moe/grouped_wgmma/cuda"},
+          {"executor", "graph"},
+          {"steps", "1"},
+          {"page_size", "64"},
+          {"kv_dtype", "bf16"},
+          {"proj", "own"},
+          {"kv_splits", "auto"},
+          {"pdl", "on"},
+          {"cpu_threads", ""},
+          {"gpu_experts", "none"},
+          {"gpu_budget", "all"}};
 }
 
 Support DeepseekLayerCuda::supports(const ModelFile& model, const Point& point) const {
@@ -420,12 +452,14 @@ Cost DeepseekLayerCuda::cost(const ModelFile& model, const Point& point) const {
         total.flops += 6 * T * H * I;
         total.bytes += 3 * H * I * 2 + T * H * 6;
       } else {
-        // Experts reached: as this point's routing reached them in prepare() (per MoE layer), else the uniform expectation.
+        // Experts reached: as this point's routing reached them in prepare() (per MoE layer), else the uniform
+        // expectation.
         size_t q = 0;  // this layer's ordinal among the MoE layers
         for (int64_t j = plan.first; j < layer; ++j) q += plan.dense(j) ? 0 : 1;
         const bool measured = prepared_label_ == point.label() + "@" + m.source && q < active_experts_.size();
         const double active = measured ? active_experts_[q]
-                                       : moe::cuda::expected_active_experts(m.n_routed_experts, m.num_experts_per_tok, plan.batch * plan.q_len);
+                                       : moe::cuda::expected_active_experts(m.n_routed_experts, m.num_experts_per_tok,
+                                                                            plan.batch * plan.q_len);
         const Cost c = moe::cuda::moe_layer_cost(m, plan.batch * plan.q_len, active);
         total.flops += c.flops;
         total.bytes += c.bytes;
@@ -447,17 +481,21 @@ double DeepseekLayerCuda::host_memory_bytes(const ModelFile& model, const Point&
   // The reference, one layer at a time: attention and dense weights, the experts it reaches, the caches of the
   // verified requests; the whole model's LM head.
   return mla::weight_bytes(m, m.num_attention_heads) + 3 * H * double(m.intermediate_size) * 2 +
-         double(m.num_experts_per_tok + m.n_shared_experts) * double(plan.q_len) * 3 * H * double(m.moe_intermediate_size) * 2 +
+         double(m.num_experts_per_tok + m.n_shared_experts) * double(plan.q_len) * 3 * H *
+             double(m.moe_intermediate_size) * 2 +
          2 * double(plan.max_keys()) * 576 * 2 + (plan.whole ? double(m.vocab_size) * H * 2 : 0) +
-         double(plan.steps) * double(plan.tokens()) * 2048 * 4 + plan.host_expert_bytes;  // (+ experts run from host memory)
+         double(plan.steps) * double(plan.tokens()) * 2048 * 4 +
+         plan.host_expert_bytes;  // (+ experts run from host memory)
 }
 
-double DeepseekLayerCuda::device_memory_bytes(const ModelFile& model, const Point& point) const { return Plan(model, point).device_bytes(); }
+double DeepseekLayerCuda::device_memory_bytes(const ModelFile& model, const Point& point) const {
+  return Plan(model, point).device_bytes();
+}
 
 int64_t DeepseekLayerCuda::output_width() const { return plan_->whole ? m_.vocab_size : m_.hidden_size; }
 
 void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
-  NvtxRange range("layer.prepare");
+  gpu::NvtxRange range("layer.prepare");
   if (graph_) {
     DSLAB_CUDA(cudaGraphExecDestroy(graph_));
     graph_ = nullptr;
@@ -480,8 +518,8 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
   seed_ = seed;
   if (!blas_) blas_ = std::make_unique<BlasHandle>();
   if (!side_blas_) side_blas_ = std::make_unique<BlasHandle>();
-  blas_->set_projections(mla::cuda::parse_projections(point.text("proj")));
-  side_blas_->set_projections(mla::cuda::parse_projections(point.text("proj")));
+  blas_->set_projections(gpu::parse_projections(point.text("proj")));
+  side_blas_->set_projections(gpu::parse_projections(point.text("proj")));
   const int64_t B = P.bucket, S = P.q_len, T = P.tokens(), H = m_.hidden_size, L = P.layers;
 
   // Lengths: the requests' kv_len; a bucket's padding requests start empty (they attend to their own new tokens).
@@ -493,7 +531,8 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
   const auto probe = mla::cuda::make_mla_op(P.attn);
   const int64_t half = m_.qk_rope_head_dim / 2;
   const int64_t ppr = (P.max_keys() + P.page_size - 1) / P.page_size;
-  const int64_t off_len = 0, off_pt = align4(B), off_cos = off_pt + align4(B * ppr), off_sin = off_cos + align4(T * half);
+  const int64_t off_len = 0, off_pt = align4(B), off_cos = off_pt + align4(B * ppr),
+                off_sin = off_cos + align4(T * half);
   const int64_t off_sched = off_sin + align4(T * half);
   const int64_t sched_ints = int64_t(probe->schedule_ints_for(m_, P.attn_shape()));
   const int64_t off_ids = off_sched + align4(sched_ints), off_step = off_ids + align4(T), meta_ints = off_step + 4;
@@ -525,12 +564,14 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
         auto mw = std::make_shared<moe::cuda::MoeWeights>();
         const bool on_device = (!P.experts_on_host && !P.streamed) || q < P.resident_moe_layers;
         moe::cuda::generate_moe_weights(m_, m_.n_routed_experts, w.moe_seed, mw.get(), /*routed_on_device=*/on_device);
-        if (P.streamed) {  // the experts made in their staging buffer, kept in host memory, read from the staging buffer
+        if (P.streamed) {  // the experts made in their staging buffer, kept in host memory, read from the staging
+                           // buffer
           const int64_t E = m_.n_routed_experts, I = m_.moe_intermediate_size, n = E * I * H;
           if (!streamer_) streamer_ = std::make_unique<ExpertStreamer>(P.moe_layers, size_t(3 * n));
           __nv_bfloat16* at = streamer_->slot(q);
           for (int64_t e = 0; e < E; ++e)
-            moe::cuda::generate_expert_weights(m_, w.moe_seed, e, at + e * I * H, at + n + e * I * H, at + 2 * n + e * H * I);
+            moe::cuda::generate_expert_weights(m_, w.moe_seed, e, at + e * I * H, at + n + e * I * H,
+                                               at + 2 * n + e * H * I);
           DSLAB_CUDA(cudaMemcpy(streamer_->host_set(q), at, size_t(3 * n) * 2, cudaMemcpyDeviceToHost));
           mw->staged_gate = at, mw->staged_up = at + n, mw->staged_down = at + 2 * n;
         }
@@ -550,7 +591,8 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
   } else {
     inputs_.resize(size_t(P.steps * T * H));
     for (int64_t s = 0; s < P.steps; ++s)
-      fill_random_bf16(inputs_.get() + s * T * H, size_t(T * H), seed, "layer_inputs.s" + std::to_string(s), kUnitScale);
+      fill_random_bf16(inputs_.get() + s * T * H, size_t(T * H), seed, "layer_inputs.s" + std::to_string(s),
+                       kUnitScale);
   }
   resid_.resize(size_t(T * H));
   attn_out_.resize(size_t(T * H));
@@ -573,7 +615,8 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
     mla::cuda::fill_paged_cache(c, len_dev.get(), B, P.kv_len, streams, m_.kv_lora_rank);
     c.shared_page_table = meta_.get() + off_pt;
   }
-  const std::vector<int32_t> page_table = caches_[0].host_page_table;  // the same in every layer (same lengths, room, seed)
+  const std::vector<int32_t> page_table =
+      caches_[0].host_page_table;  // the same in every layer (same lengths, room, seed)
 
   // Each step's metadata, built now (as a scheduler would before each step) into pinned memory.
   if (meta_host_) DSLAB_CUDA(cudaFreeHost(meta_host_));
@@ -617,13 +660,15 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
     b.schedule = sched_ints ? meta_.get() + off_sched : nullptr;
     attn_.push_back(mla::cuda::make_mla_op(P.attn));
     if (arena) arena->rewind();
-    attn_.back()->prepare(m_, P.attn_shape(), P.max_keys(), weights_[size_t(i)].attn, b, *blas_, /*lengths_vary=*/P.steps > 1, arena);
+    attn_.back()->prepare(m_, P.attn_shape(), P.max_keys(), weights_[size_t(i)].attn, b, *blas_,
+                          /*lengths_vary=*/P.steps > 1, arena);
     if (weights_[size_t(i)].moe) {
       MoeBuffers mb;
       mb.x = xb_.get();
       mb.out = ffn_out_.get();
       // (the first resident_moe_layers MoE layers' experts are on the GPU: the grouped op runs them)
-      moe_.push_back(moe::cuda::make_moe_op(moe_.size() < size_t(P.resident_moe_layers) ? "moe/grouped_wgmma/cuda" : P.moe));
+      moe_.push_back(
+          moe::cuda::make_moe_op(moe_.size() < size_t(P.resident_moe_layers) ? "moe/grouped_wgmma/cuda" : P.moe));
       moe_.back()->set_cpu_threads(P.cpu_threads);
       if (moe_.size() > size_t(P.resident_moe_layers)) moe_.back()->set_hot_experts(P.hot_experts);
       if (arena) arena->rewind();
@@ -689,20 +734,21 @@ void DeepseekLayerCuda::forward(cudaStream_t stream, gpu::OpMarks* marks) {
   auto mark = [&](const char* op) {
     if (marks) marks->mark(op, stream);
   };
-  NvtxRange range("layer.step");
+  gpu::NvtxRange range("layer.step");
   const ProgrammaticLaunchScope pdl(P.pdl);  // (the pdl axis: for the kernels of every op this step launches)
   const int32_t* ids = P.whole ? meta_.get() + off_ids_ : nullptr;
-  launch_pdl(input_norm_kernel, dim3(unsigned(T)), dim3(kNormThreads), 0, stream, P.whole ? embed_.get() : inputs_.get(), ids, meta_.get() + off_step_, T, H,
-                                                              weights_[0].input_layernorm.get(), eps, resid_.get(), xb_.get());
+  launch_pdl(input_norm_kernel, dim3(unsigned(T)), dim3(kNormThreads), 0, stream,
+             P.whole ? embed_.get() : inputs_.get(), ids, meta_.get() + off_step_, T, H,
+             weights_[0].input_layernorm.get(), eps, resid_.get(), xb_.get());
   DSLAB_CHECK_LAUNCH();
   mark(P.whole ? "embed_norm" : "norm");
   size_t moe_i = 0, dense_i = 0;
   if (streamer_) streamer_->begin(stream);
   for (size_t i = 0; i < weights_.size(); ++i) {
-    NvtxRange layer_range("layer");
+    gpu::NvtxRange layer_range("layer");
     attn_[i]->forward(stream, marks);
-    launch_pdl(add_norm_kernel, dim3(unsigned(T)), dim3(kNormThreads), 0, stream, resid_.get(), attn_out_.get(), H, weights_[i].post_attention_layernorm.get(), eps,
-                                                              xb_.get());
+    launch_pdl(add_norm_kernel, dim3(unsigned(T)), dim3(kNormThreads), 0, stream, resid_.get(), attn_out_.get(), H,
+               weights_[i].post_attention_layernorm.get(), eps, xb_.get());
     DSLAB_CHECK_LAUNCH();
     mark("norm");
     if (weights_[i].moe) {
@@ -718,20 +764,24 @@ void DeepseekLayerCuda::forward(cudaStream_t stream, gpu::OpMarks* marks) {
       dense_[dense_i++].forward(*blas_, xb_.get(), ffn_out_.get(), 0.0f, stream);
       mark("dense_mlp");
     }
-    const __nv_bfloat16* next = i + 1 < weights_.size() ? weights_[i + 1].input_layernorm.get() : P.whole ? final_norm_.get() : nullptr;
-    launch_pdl(add_norm_kernel, dim3(unsigned(T)), dim3(kNormThreads), 0, stream, resid_.get(), ffn_out_.get(), H, next, eps, xb_.get());
+    const __nv_bfloat16* next = i + 1 < weights_.size() ? weights_[i + 1].input_layernorm.get()
+                                : P.whole               ? final_norm_.get()
+                                                        : nullptr;
+    launch_pdl(add_norm_kernel, dim3(unsigned(T)), dim3(kNormThreads), 0, stream, resid_.get(), ffn_out_.get(), H, next,
+               eps, xb_.get());
     DSLAB_CHECK_LAUNCH();
     mark("norm");
   }
   if (P.whole) {
     blas_->set_stream(stream);
-    mla::cuda::linear(*blas_, xb_.get(), T, H, lm_head_.get(), m_.vocab_size, logits_.get(), CUDA_R_32F);
+    gpu::linear(*blas_, xb_.get(), T, H, lm_head_.get(), m_.vocab_size, logits_.get(), CUDA_R_32F);
     mark("lm_head");
   }
 }
 
 void DeepseekLayerCuda::enqueue_step(int64_t step, cudaStream_t stream) {
-  DSLAB_CUDA(cudaMemcpyAsync(meta_.get(), meta_host_ + step * meta_ints_, size_t(meta_ints_) * 4, cudaMemcpyHostToDevice, stream));
+  DSLAB_CUDA(cudaMemcpyAsync(meta_.get(), meta_host_ + step * meta_ints_, size_t(meta_ints_) * 4,
+                             cudaMemcpyHostToDevice, stream));
   if (graph_)
     DSLAB_CUDA(cudaGraphLaunch(graph_, stream));
   else
@@ -739,8 +789,8 @@ void DeepseekLayerCuda::enqueue_step(int64_t step, cudaStream_t stream) {
   if (record_) {
     const int64_t rows = std::min<int64_t>(plan_->tokens(), kRecordedRows), width = output_width();
     if (history_.size() < size_t(plan_->steps * rows * width)) history_.resize(size_t(plan_->steps * rows * width));
-    DSLAB_CUDA(cudaMemcpyAsync(history_.get() + step * rows * width, plan_->whole ? logits_.get() : resid_.get(), size_t(rows * width) * 4,
-                               cudaMemcpyDeviceToDevice, stream));
+    DSLAB_CUDA(cudaMemcpyAsync(history_.get() + step * rows * width, plan_->whole ? logits_.get() : resid_.get(),
+                               size_t(rows * width) * 4, cudaMemcpyDeviceToDevice, stream));
   }
 }
 
@@ -755,7 +805,8 @@ std::vector<std::vector<float>> DeepseekLayerCuda::recorded_steps() const {
   if (history_.size() == 0) return out;
   for (int64_t s = 0; s < plan_->steps; ++s) {
     out.emplace_back(size_t(rows * width));
-    DSLAB_CUDA(cudaMemcpy(out.back().data(), history_.get() + s * rows * width, size_t(rows * width) * 4, cudaMemcpyDeviceToHost));
+    DSLAB_CUDA(cudaMemcpy(out.back().data(), history_.get() + s * rows * width, size_t(rows * width) * 4,
+                          cudaMemcpyDeviceToHost));
   }
   return out;
 }
@@ -771,7 +822,8 @@ Verification DeepseekLayerCuda::verify() {
   const int64_t S = P.q_len, H = m_.hidden_size, width = output_width();
   host_out_.resize(size_t(P.tokens() * width));
   DSLAB_CUDA(cudaDeviceSynchronize());
-  DSLAB_CUDA(cudaMemcpy(host_out_.data(), P.whole ? logits_.get() : resid_.get(), host_out_.size() * 4, cudaMemcpyDeviceToHost));
+  DSLAB_CUDA(cudaMemcpy(host_out_.data(), P.whole ? logits_.get() : resid_.get(), host_out_.size() * 4,
+                        cudaMemcpyDeviceToHost));
   // Requests verified: the first, and the last where the reference of the stack is cheap.
   std::vector<int64_t> requests = {0};
   if (P.batch > 1 && P.layers <= 4) requests.push_back(P.batch - 1);
@@ -797,7 +849,8 @@ Verification DeepseekLayerCuda::verify() {
     std::vector<double> x(size_t(S * H));
     for (int64_t s = 0; s < S; ++s) {
       const int64_t t = b * S + s;
-      const auto row = P.whole ? host_random_rows(seed_, "embed_tokens", int64_t(token_id(seed_, 0, t, m_.vocab_size)) * H, H, kUnitScale)
+      const auto row = P.whole ? host_random_rows(seed_, "embed_tokens",
+                                                  int64_t(token_id(seed_, 0, t, m_.vocab_size)) * H, H, kUnitScale)
                                : host_random_rows(seed_, "layer_inputs.s0", t * H, H, kUnitScale);
       std::copy(row.begin(), row.end(), x.begin() + s * H);
     }
@@ -821,7 +874,8 @@ Verification DeepseekLayerCuda::verify() {
       in.batch = 1;
       in.q_len = S;
       in.kv_len = lengths0_[size_t(b)];
-      const auto latent = mla::cuda::host_latent(m_, mla::cuda::ckv_stream(w.seed, b), mla::cuda::kpe_stream(w.seed, b), in.kv_len);
+      const auto latent =
+          mla::cuda::host_latent(m_, mla::cuda::ckv_stream(w.seed, b), mla::cuda::kpe_stream(w.seed, b), in.kv_len);
       const int64_t r = m_.kv_lora_rank, rope = m_.qk_rope_head_dim;
       in.ckv_cache.resize(size_t(in.kv_len * r));
       in.kpe_cache.resize(size_t(in.kv_len * rope));
@@ -859,12 +913,16 @@ Verification DeepseekLayerCuda::verify() {
   const double kTieGap = 0.05;
   double rel_err = ref::relative_l2_error(got.data(), want.data(), want.size());
   if (check.tokens_differing > 0) {
-    std::fprintf(stderr, "  (layer verify: the GPU's routing differs from the fp64 router's at %d token-layer(s), selection score gap up to %.2g; "
-                         "the reference follows the GPU's choice)\n", check.tokens_differing, check.max_gap);
+    std::fprintf(stderr,
+                 "  (layer verify: the GPU's routing differs from the fp64 router's at %d token-layer(s), selection "
+                 "score gap up to %.2g; "
+                 "the reference follows the GPU's choice)\n",
+                 check.tokens_differing, check.max_gap);
     routing_flips_ = check.tokens_differing;
   }
   if (check.max_gap > kTieGap) rel_err = std::max(rel_err, 1.0);  // not a tie: a routing bug
-  // bf16 weights and activations through a stack of layers (issue 14's bar for the layer: 2e-2); quantised caches add theirs.
+  // bf16 weights and activations through a stack of layers (issue 14's bar for the layer: 2e-2); quantised caches add
+  // theirs.
   const double threshold = P.kv_dtype == mla::KvDtype::bf16 ? 2e-2 : P.kv_dtype == mla::KvDtype::int8 ? 4e-2 : 8e-2;
   return {rel_err, threshold};
 }
@@ -877,9 +935,12 @@ std::map<std::string, double> DeepseekLayerCuda::counters() {
   int64_t hot_layers = 0;
   for (const auto& op : moe_)
     for (const auto& [name, value] : op->own_counters()) {
-      if (name == "cpu_experts_engine_s") c[name] += value;
-      else if (name == "cpu_experts_threads" || name == "gpu_hot_experts") c[name] = value;
-      else if (name == "hot_share" || name == "hot_share_profiled") c[name] += value;  // (mean over the layers, below)
+      if (name == "cpu_experts_engine_s")
+        c[name] += value;
+      else if (name == "cpu_experts_threads" || name == "gpu_hot_experts")
+        c[name] = value;
+      else if (name == "hot_share" || name == "hot_share_profiled")
+        c[name] += value;  // (mean over the layers, below)
       if (name == "gpu_hot_experts") ++hot_layers;
     }
   for (const char* name : {"hot_share", "hot_share_profiled"})
@@ -912,8 +973,10 @@ std::map<std::string, double> DeepseekLayerCuda::counters() {
   c["moe_layers"] = double(P.moe_layers);
   c["distinct_moe_weight_sets"] = double(P.resident_moe_layers + P.moe_sets);
   c["weights_reused"] = P.resident_moe_layers + P.moe_sets < P.moe_layers ? 1.0 : 0.0;
-  c["gpu_moe_layers"] = double(P.experts_on_host ? P.resident_moe_layers : P.moe_layers);  // MoE layers whose experts the GPU runs
-  if (P.streamed) c["streamed_expert_bytes"] = double(P.moe_layers) * P.routed_set_bytes;  // copied to the GPU each step
+  c["gpu_moe_layers"] =
+      double(P.experts_on_host ? P.resident_moe_layers : P.moe_layers);  // MoE layers whose experts the GPU runs
+  if (P.streamed)
+    c["streamed_expert_bytes"] = double(P.moe_layers) * P.routed_set_bytes;  // copied to the GPU each step
   c["device_bytes"] = P.device_bytes();
   // The ops' forward scratch: the arena the formula sized, and the most any op took of it.
   c["scratch_arena_bytes"] = double(arena_.capacity());
@@ -932,7 +995,10 @@ std::map<std::string, double> DeepseekLayerCuda::counters() {
 std::vector<DumpTensor> DeepseekLayerCuda::tensors() const {
   std::vector<DumpTensor> t;
   if (!host_out_.empty())
-    t.push_back({plan_->whole ? "logits" : "hidden_states_out", "F32", {plan_->bucket, plan_->q_len, output_width()}, host_out_.data(),
+    t.push_back({plan_->whole ? "logits" : "hidden_states_out",
+                 "F32",
+                 {plan_->bucket, plan_->q_len, output_width()},
+                 host_out_.data(),
                  host_out_.size() * 4});
   return t;
 }
@@ -948,16 +1014,21 @@ Support DeepseekLayerHybrid::supports(const ModelFile& model, const Point& point
   const std::string& moe = point.text("moe");
   const auto op = moe::cuda::make_moe_op(moe);
   if (op && !op->experts_on_host())
-    return Support::no("moe: " + moe + " runs the routed experts on the GPU; layer/deepseek/hybrid runs them on the CPU (moe/host/cuda): use layer/deepseek/cuda");
+    return Support::no("moe: " + moe +
+                       " runs the routed experts on the GPU; layer/deepseek/hybrid runs them on the CPU "
+                       "(moe/host/cuda): use layer/deepseek/cuda");
   return DeepseekLayerCuda::supports(model, point);
 }
 
 DSLAB_REGISTER_VARIANT(DeepseekLayerHybrid, "layer/deepseek/hybrid", dslab::Device::cuda,
-                       "layer/deepseek/cuda with KTransformers' placement: attention, router and shared experts on the GPU, routed experts on "
-                       "the CPU (moe/host/cuda; gpu_experts keeps the first N layers' or each layer's N hottest on the GPU; gpu_budget, cpu_threads)");
+                       "layer/deepseek/cuda with KTransformers' placement: attention, router and shared experts on the "
+                       "GPU, routed experts on "
+                       "the CPU (moe/host/cuda; gpu_experts keeps the first N layers' or each layer's N hottest on the "
+                       "GPU; gpu_budget, cpu_threads)");
 
-DSLAB_REGISTER_VARIANT(DeepseekLayerCuda, "layer/deepseek/cuda", dslab::Device::cuda,
-                       "DeepSeek decoder layers end to end (norms, attn=any mla/*/cuda, moe=any moe/*/cuda or the dense MLP, residuals; "
-                       "layers=N or all with embedding and LM head), eager or one CUDA graph per batch bucket");
+DSLAB_REGISTER_VARIANT(
+    DeepseekLayerCuda, "layer/deepseek/cuda", dslab::Device::cuda,
+    "DeepSeek decoder layers end to end (norms, attn=any mla/*/cuda, moe=any moe/*/cuda or the dense MLP, residuals; "
+    "layers=N or all with embedding and LM head), eager or one CUDA graph per batch bucket");
 
 }  // namespace dslab::layer::cuda

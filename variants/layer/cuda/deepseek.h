@@ -22,8 +22,8 @@
 
 namespace dslab::layer::cuda {
 
-using mla::cuda::BlasHandle;
-using mla::cuda::DeviceArray;
+using gpu::BlasHandle;
+using gpu::DeviceArray;
 
 // One decoder layer's weights on the device. MoE weights may be shared by several layers (a V3 layer's
 // experts are 22.5 GB: a stack longer than memory holds reuses them, and says so).
@@ -63,7 +63,7 @@ class DeepseekLayerCuda : public Variant {
   int64_t output_width() const;
 
  private:
-  struct Plan;  // layers, buckets, memory: what supports(), cost() and prepare() all need
+  struct Plan;            // layers, buckets, memory: what supports(), cost() and prepare() all need
   struct ExpertStreamer;  // gpu_experts=streamed: the routed experts' host copies, staging buffers, copy stream
   void forward(cudaStream_t stream, gpu::OpMarks* marks);
   void capture();
@@ -71,27 +71,27 @@ class DeepseekLayerCuda : public Variant {
   ModelConfig m_;
   uint64_t seed_ = 0;
   std::unique_ptr<BlasHandle> blas_, side_blas_;  // side: the MoE layers' shared experts, beside their routed ones
-  std::vector<LayerWeights> weights_;            // one per layer (MoE weights shared where reused)
+  std::vector<LayerWeights> weights_;             // one per layer (MoE weights shared where reused)
   std::vector<mla::cuda::PagedLatentCache> caches_;
-  mla::cuda::ScratchArena arena_;               // every op's forward scratch (they run one after another)
+  gpu::ScratchArena arena_;  // every op's forward scratch (they run one after another)
   std::unique_ptr<ExpertStreamer> streamer_;
   std::vector<std::unique_ptr<mla::cuda::MlaOp>> attn_;
-  std::vector<std::unique_ptr<moe::cuda::MoeOp>> moe_;  // per MoE layer
-  std::vector<moe::cuda::MlpRunner> dense_;             // per dense layer
+  std::vector<std::unique_ptr<moe::cuda::MoeOp>> moe_;                // per MoE layer
+  std::vector<moe::cuda::MlpRunner> dense_;                           // per dense layer
   DeviceArray<__nv_bfloat16> embed_, final_norm_, lm_head_, inputs_;  // inputs_: [steps][tokens][hidden] (N-layer runs)
   DeviceArray<float> resid_, attn_out_, ffn_out_, logits_;
-  DeviceArray<__nv_bfloat16> xb_;                // the normalised stream, each op's input
-  DeviceArray<int32_t> meta_;                    // the static metadata buffer (see Plan for its layout)
-  int32_t* meta_host_ = nullptr;                 // pinned, [steps][meta ints]
+  DeviceArray<__nv_bfloat16> xb_;  // the normalised stream, each op's input
+  DeviceArray<int32_t> meta_;      // the static metadata buffer (see Plan for its layout)
+  int32_t* meta_host_ = nullptr;   // pinned, [steps][meta ints]
   int64_t meta_ints_ = 0, off_ids_ = 0, off_step_ = 0;
-  std::vector<double> active_experts_;           // per MoE layer: experts its routing reached in prepare()'s step
-  std::string prepared_label_;                   // the point (label@model) they belong to
-  std::vector<int64_t> lengths0_;                // cached tokens per (bucket) request before step 0
+  std::vector<double> active_experts_;  // per MoE layer: experts its routing reached in prepare()'s step
+  std::string prepared_label_;          // the point (label@model) they belong to
+  std::vector<int64_t> lengths0_;       // cached tokens per (bucket) request before step 0
   cudaGraphExec_t graph_ = nullptr;
   int captures_ = 0;
   bool record_ = false;
-  int routing_flips_ = 0;                        // near-ties the last verify() found (reference followed the GPU)
-  DeviceArray<float> history_;                   // [steps][rows][width] when recording
+  int routing_flips_ = 0;       // near-ties the last verify() found (reference followed the GPU)
+  DeviceArray<float> history_;  // [steps][rows][width] when recording
   std::vector<float> host_out_;
 };
 

@@ -15,12 +15,13 @@
 #include "harness/measure.h"
 #include "harness/variant.h"
 #include "variants/common/bf16.h"
-#include "variants/common/device_random.h"
+#include "variants/common/cuda/device_random.h"
 #include "variants/common/model_config.h"
-#include "variants/mla/cuda/mla_cuda.h"
+#include "variants/common/cuda/blas.h"
 #include "variants/reference/reference.h"
 
-namespace dslab::mla::cuda {
+namespace dslab::linear_cuda {
+using namespace dslab::gpu;
 namespace {
 
 struct LinearShape {
@@ -33,7 +34,8 @@ const char* const kWeights =
 
 // The weight's [out][in] shape in model m, or a reason it has none (q_proj only without q_lora_rank, ...).
 LinearShape linear_shape(const ModelConfig& m, const std::string& weight, std::string* why_not) {
-  const int64_t H = m.hidden_size, heads = m.num_attention_heads, shared_I = m.moe_intermediate_size * m.n_shared_experts;
+  const int64_t H = m.hidden_size, heads = m.num_attention_heads,
+                shared_I = m.moe_intermediate_size * m.n_shared_experts;
   const int64_t kv_a_out = m.kv_lora_rank + m.qk_rope_head_dim;
   if (weight == "q_proj") {
     if (m.q_lora_rank) *why_not = m.name + " has q_lora_rank: its queries come from q_a_proj and q_b_proj";
@@ -75,7 +77,8 @@ LinearPoint linear_point(const ModelFile& model, const Point& point) {
   p.m = parse_model_config(model.config, model.name, model.path);
   p.weight = point.text("weight");
   p.tokens = point.integer("tokens");
-  if (p.tokens < 1) throw BadInput("axis 'tokens': value " + std::to_string(p.tokens) + ": expected a positive row count");
+  if (p.tokens < 1)
+    throw BadInput("axis 'tokens': value " + std::to_string(p.tokens) + ": expected a positive row count");
   p.shape = linear_shape(p.m, p.weight, &p.why_not);
   return p;
 }
@@ -93,7 +96,9 @@ class LinearVariant : public Variant {
  public:
   explicit LinearVariant(Projections projections) : projections_(projections) {}
 
-  std::vector<std::pair<std::string, std::string>> axes() const override { return {{"weight", "o_proj"}, {"tokens", "1"}}; }
+  std::vector<std::pair<std::string, std::string>> axes() const override {
+    return {{"weight", "o_proj"}, {"tokens", "1"}};
+  }
 
   Support supports(const ModelFile& model, const Point& point) const override {
     const LinearPoint p = linear_point(model, point);
@@ -109,7 +114,8 @@ class LinearVariant : public Variant {
 
   double device_memory_bytes(const ModelFile& model, const Point& point) const override {
     const LinearPoint p = linear_point(model, point);
-    return 2.0 * double(p.shape.in) * double(p.shape.out) + (2.0 * double(p.shape.in) + 4.0 * double(p.shape.out)) * double(p.tokens);
+    return 2.0 * double(p.shape.in) * double(p.shape.out) +
+           (2.0 * double(p.shape.in) + 4.0 * double(p.shape.out)) * double(p.tokens);
   }
 
   double host_memory_bytes(const ModelFile& model, const Point& point) const override {
@@ -160,7 +166,7 @@ class LinearVariant : public Variant {
     }
     // Exact bf16 products summed in fp32 (both backends): the fp32 threshold, 1e-5, up to K = 6250; past it, 4 sqrt(K)
     // fp32 roundings (2^-24 each), as a K-long fp32 sum's error grows with sqrt(K) - at V3's o_proj (K = 16384) a
-    // tuned cuBLASLt algorithm measured 1.78e-5 and the default one 8.5e-6 (H100, session 25): 3.1e-5 there.
+    // tuned cuBLASLt algorithm measured 1.78e-5 and the default one 8.5e-6 (H100): 3.1e-5 there.
     const double threshold = std::max(1e-5, 4.0 * std::sqrt(double(in)) * std::ldexp(1.0, -24));
     return {ref::relative_l2_error(got.data(), want.data(), want.size()), threshold};
   }
@@ -175,7 +181,8 @@ class LinearVariant : public Variant {
     if (own) c["gemv_split"] = double(own_gemv_split(p_.tokens, p_.shape.out, p_.shape.in));
     const TunedChoice* tuned = nullptr;
     if (projections_ == Projections::own && !own)
-      tuned = blas_->tuner().choice(linear_gemm_shape(x_.get(), p_.tokens, p_.shape.in, w_.get(), p_.shape.out, y_.get(), CUDA_R_32F, 0.0f));
+      tuned = blas_->tuner().choice(
+          linear_gemm_shape(x_.get(), p_.tokens, p_.shape.in, w_.get(), p_.shape.out, y_.get(), CUDA_R_32F, 0.0f));
     if (tuned) {  // what tuning chose, and its cold time against cuBLASLt's first heuristic pick in the same tuning
       c["tuned_candidates"] = tuned->candidates;
       c["tuned_algo_id"] = tuned->algo_id;
@@ -183,7 +190,8 @@ class LinearVariant : public Variant {
       c["tuned_split_k"] = tuned->split_k;
       c["tuned_k_slices"] = tuned->k_slices;
       c["tuned_own_kernel"] = tuned->own_kernel ? 1.0 : 0.0;
-      if (tuned->own_us > 0) c["tuned_own_over_tuned"] = tuned->own_us / tuned->tuned_us;  // dslab's streaming GEMM's best, cold
+      if (tuned->own_us > 0)
+        c["tuned_own_over_tuned"] = tuned->own_us / tuned->tuned_us;  // dslab's streaming GEMM's best, cold
       c["tuned_heuristic_over_tuned"] = tuned->heuristic_us / tuned->tuned_us;
     }
     // The kernels' own time (CUPTI busy time of a cold call, median of 9): the run's mean also holds a launch.
@@ -221,9 +229,11 @@ class LinearCublas : public LinearVariant {
 };
 
 DSLAB_REGISTER_VARIANT(LinearOwn, "linear/own/cuda", Device::cuda,
-                       "nn.Linear by dslab's weight-streaming GEMV up to 2 rows, above the fastest measured of cuBLASLt's algorithms and dslab's streaming MMA GEMM: the layers' proj=own");
-DSLAB_REGISTER_VARIANT(LinearCublas, "linear/cublas/cuda", Device::cuda,
-                       "nn.Linear by one cuBLAS GEMM, default heuristic (bf16, fp32 accumulation): the layers' proj=cublas baseline");
+                       "nn.Linear by dslab's weight-streaming GEMV up to 2 rows, above the fastest measured of "
+                       "cuBLASLt's algorithms and dslab's streaming MMA GEMM: the layers' proj=own");
+DSLAB_REGISTER_VARIANT(
+    LinearCublas, "linear/cublas/cuda", Device::cuda,
+    "nn.Linear by one cuBLAS GEMM, default heuristic (bf16, fp32 accumulation): the layers' proj=cublas baseline");
 
 }  // namespace
-}  // namespace dslab::mla::cuda
+}  // namespace dslab::linear_cuda

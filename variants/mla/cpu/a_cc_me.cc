@@ -22,7 +22,8 @@ class MlaACcMeCpu : public CpuVariant {
     const onednn::View kpe_t{1, rope_, N, N * rope_, 1, rope_, dt::bf16};
     score_latent_ = onednn::Matmul(q_nope, ckv_t, onednn::dense(rows, N, dt::f32));
     score_rope_ = onednn::Matmul(q_pe, kpe_t, onednn::dense(rows, N, dt::f32), /*accumulate=*/true);
-    pv_ = onednn::Matmul(onednn::dense(rows, N, dt::bf16), onednn::dense(N, r_, dt::bf16), onednn::dense(rows, r_, dt::bf16));
+    pv_ = onednn::Matmul(onednn::dense(rows, N, dt::bf16), onednn::dense(N, r_, dt::bf16),
+                         onednn::dense(rows, r_, dt::bf16));
   }
 
   void attend() override {

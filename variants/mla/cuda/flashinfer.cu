@@ -28,8 +28,8 @@ class FlashInferCuda final : public MlaOp {
 #ifdef DSLAB_HAVE_FLASHINFER
     return "";
 #else
-    return "not built: FlashInfer's headers were not found at configure time (scripts/setup.sh fetches flashinfer-python==" DSLAB_FLASHINFER_PIN
-           " from PyPI; DSLAB_FLASHINFER=off skips it)";
+    return "not built: FlashInfer's headers were not found at configure time (scripts/setup.sh fetches "
+           "flashinfer-python==" DSLAB_FLASHINFER_PIN " from PyPI; DSLAB_FLASHINFER=off skips it)";
 #endif
   }
 
@@ -58,7 +58,8 @@ class FlashInferCuda final : public MlaOp {
     if (int64_t(lengths.size()) != s_.batch) throw std::logic_error("mla/flashinfer/cuda: schedule for another batch");
     MlaSchedule out;
     out.blob.assign(schedule_ints(), 0);
-    if (make_plan(lengths, out.blob.data()) != plan_info_) throw std::logic_error("mla/flashinfer/cuda: the plan's layout changed with the lengths");
+    if (make_plan(lengths, out.blob.data()) != plan_info_)
+      throw std::logic_error("mla/flashinfer/cuda: the plan's layout changed with the lengths");
     return out;
   }
   void attend() override {
@@ -66,9 +67,10 @@ class FlashInferCuda final : public MlaOp {
     const int32_t* page_table = b_.cache->shared_page_table ? b_.cache->shared_page_table : b_.cache->page_table.get();
     void* schedule = schedule_buffer();
     if (reinterpret_cast<uintptr_t>(schedule) % 16 || reinterpret_cast<uintptr_t>(workspace_.get()) % 16)
-      throw std::logic_error("mla/flashinfer/cuda: its schedule and workspace must be 16-byte aligned (the plan's offsets assume it)");
-    const flashinfer_mla::Step step{q_cat_, b_.cache->values.get(), page_table, o_lat_.get(), s_.tokens(), nh_, b_.cache->page_size, scale_,
-                                    s_.q_len > 1};
+      throw std::logic_error(
+          "mla/flashinfer/cuda: its schedule and workspace must be 16-byte aligned (the plan's offsets assume it)");
+    const flashinfer_mla::Step step{q_cat_, b_.cache->values.get(), page_table, o_lat_.get(), s_.tokens(),
+                                    nh_,    b_.cache->page_size,    scale_,     s_.q_len > 1};
     DSLAB_CUDA(flashinfer_mla::run(step, plan_info_, schedule, workspace_.get(), stream_));
     DSLAB_CHECK_LAUNCH();
     mark("decode");
@@ -87,8 +89,8 @@ class FlashInferCuda final : public MlaOp {
     if (!host) scratch.assign(schedule_ints(), 0), host = scratch.data();
     void* const base = reinterpret_cast<void*>(uintptr_t(256));
     size_t staged = 0;
-    return flashinfer_mla::plan(base, host, schedule_ints() * 4, base, flashinfer_mla::float_workspace_bytes(sms_), kv, s_.q_len,
-                                b_.cache->pages_per_request, nh_, s_.q_len > 1, &staged);
+    return flashinfer_mla::plan(base, host, schedule_ints() * 4, base, flashinfer_mla::float_workspace_bytes(sms_), kv,
+                                s_.q_len, b_.cache->pages_per_request, nh_, s_.q_len > 1, &staged);
   }
   int sms_ = 0;
   std::vector<int64_t> plan_info_;
@@ -102,7 +104,8 @@ class FlashInferCuda final : public MlaOp {
 }  // namespace
 
 DSLAB_REGISTER_MLA_OP(FlashInferCuda, "mla/flashinfer/cuda",
-                      "peer baseline: FlashInfer's Hopper MLA paged decode (pinned release, fetched by the set-up) as the attention core of "
+                      "peer baseline: FlashInfer's Hopper MLA paged decode (pinned release, fetched by the set-up) as "
+                      "the attention core of "
                       "the same step, its scheduler as the step's schedule");
 
 }  // namespace dslab::mla::cuda

@@ -33,9 +33,9 @@ size_t float_workspace_bytes(int sms) {
   return size_t(2) * size_t(sms) * 64 * (kLatent * 2 + sizeof(float)) + 256;
 }
 
-std::vector<int64_t> plan(void* device_int_base, void* host_ints, size_t int_bytes, void* float_workspace, size_t float_bytes,
-                          const std::vector<int64_t>& kv_lens, int64_t q_len, int64_t pages_per_request, int64_t heads,
-                          bool causal, size_t* staged_bytes) {
+std::vector<int64_t> plan(void* device_int_base, void* host_ints, size_t int_bytes, void* float_workspace,
+                          size_t float_bytes, const std::vector<int64_t>& kv_lens, int64_t q_len,
+                          int64_t pages_per_request, int64_t heads, bool causal, size_t* staged_bytes) {
   const size_t batch = kv_lens.size();
   std::vector<IdType> qo_indptr(batch + 1), kv_indptr(batch + 1), kv_len(batch);
   for (size_t i = 0; i <= batch; ++i) {
@@ -45,14 +45,15 @@ std::vector<int64_t> plan(void* device_int_base, void* host_ints, size_t int_byt
   }
   flashinfer::MLAPlanInfo info;
   // (MLAPlan fills the host buffer only; the stream it takes is unused)
-  const cudaError_t e = flashinfer::MLAPlan<IdType>(float_workspace, float_bytes, device_int_base, host_ints, int_bytes, info, *staged_bytes,
-                                                    qo_indptr.data(), kv_indptr.data(), kv_len.data(), uint32_t(batch), uint32_t(heads),
-                                                    uint32_t(kLatent), causal, cudaStream_t(0));
+  const cudaError_t e = flashinfer::MLAPlan<IdType>(
+      float_workspace, float_bytes, device_int_base, host_ints, int_bytes, info, *staged_bytes, qo_indptr.data(),
+      kv_indptr.data(), kv_len.data(), uint32_t(batch), uint32_t(heads), uint32_t(kLatent), causal, cudaStream_t(0));
   if (e != cudaSuccess) throw std::runtime_error(std::string("FlashInfer MLAPlan: ") + cudaGetErrorString(e));
   return info.ToVector();
 }
 
-cudaError_t run(const Step& s, const std::vector<int64_t>& plan_info, void* device_int_base, void* float_workspace, cudaStream_t stream) {
+cudaError_t run(const Step& s, const std::vector<int64_t>& plan_info, void* device_int_base, void* float_workspace,
+                cudaStream_t stream) {
   flashinfer::MLAPlanInfo info;
   info.FromVector(plan_info);
   Params p;
@@ -92,8 +93,10 @@ cudaError_t run(const Step& s, const std::vector<int64_t>& plan_info, void* devi
   p.sm_scale = s.sm_scale;
   p.return_lse_base_on_e = false;
   if (s.causal)
-    return flashinfer::mla::BatchMLAPageAttentionHopper<flashinfer::MaskMode::kCausal, kLatent, kRope>(p, info.num_blks_x, info.num_blks_y, stream);
-  return flashinfer::mla::BatchMLAPageAttentionHopper<flashinfer::MaskMode::kNone, kLatent, kRope>(p, info.num_blks_x, info.num_blks_y, stream);
+    return flashinfer::mla::BatchMLAPageAttentionHopper<flashinfer::MaskMode::kCausal, kLatent, kRope>(
+        p, info.num_blks_x, info.num_blks_y, stream);
+  return flashinfer::mla::BatchMLAPageAttentionHopper<flashinfer::MaskMode::kNone, kLatent, kRope>(
+      p, info.num_blks_x, info.num_blks_y, stream);
 }
 
 }  // namespace dslab::mla::cuda::flashinfer_mla

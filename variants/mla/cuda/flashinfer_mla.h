@@ -24,7 +24,7 @@ struct Step {
   const int32_t* page_table = nullptr;
   void* out = nullptr;
   int64_t tokens = 0, heads = 0, page_size = 0;
-  float sm_scale = 0;  // softmax scale (natural log base)
+  float sm_scale = 0;   // softmax scale (natural log base)
   bool causal = false;  // q_len > 1: each new token sees the keys up to its own
 };
 
@@ -37,9 +37,9 @@ size_t float_workspace_bytes(int sms);
 // apart in the page table: the schedule written to host_ints (what the step's int workspace must hold, as laid out
 // from device_int_base, whose address the offsets are aligned against) and the plan's grid and offsets (18 values).
 // Host only: the caller copies host_ints[0, *staged_bytes) to device_int_base before the step.
-std::vector<int64_t> plan(void* device_int_base, void* host_ints, size_t int_bytes, void* float_workspace, size_t float_bytes,
-                          const std::vector<int64_t>& kv_lens, int64_t q_len, int64_t pages_per_request, int64_t heads,
-                          bool causal, size_t* staged_bytes);
+std::vector<int64_t> plan(void* device_int_base, void* host_ints, size_t int_bytes, void* float_workspace,
+                          size_t float_bytes, const std::vector<int64_t>& kv_lens, int64_t q_len,
+                          int64_t pages_per_request, int64_t heads, bool causal, size_t* staged_bytes);
 
 // Queues the kernel on `stream` with a plan made for this step's shapes (its grid and offsets: plan()'s result).
 cudaError_t run(const Step& step, const std::vector<int64_t>& plan_info, void* device_int_base, void* float_workspace,

@@ -11,17 +11,20 @@
 namespace dslab::mla::cuda {
 namespace {
 
-void gemm_batched(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k, const void** a,
-                  int64_t lda, const void** b, int64_t ldb, void** c, cudaDataType c_type, int64_t ldc, int64_t batch) {
+void gemm_batched(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k,
+                  const void** a, int64_t lda, const void** b, int64_t ldb, void** c, cudaDataType c_type, int64_t ldc,
+                  int64_t batch) {
   const float alpha = 1.0f, beta = 0.0f;
-  DSLAB_CUBLAS(cublasGemmBatchedEx(h, op_a, op_b, int(m), int(n), int(k), &alpha, a, CUDA_R_16BF, int(lda), b, CUDA_R_16BF,
-                                        int(ldb), &beta, c, c_type, int(ldc), int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  DSLAB_CUBLAS(cublasGemmBatchedEx(h, op_a, op_b, int(m), int(n), int(k), &alpha, a, CUDA_R_16BF, int(lda), b,
+                                   CUDA_R_16BF, int(ldb), &beta, c, c_type, int(ldc), int(batch), CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT));
 }
 
 // K of head h for every (request, key): [k_nope (from the decompressed rows) ‖ k_pe (shared by all heads)].
 // decompressed: [rows][heads][nope + vd]; latent: [rows][width] (rope at r); k: [rows][heads][nope + rope].
-__global__ void concat_key_kernel(const __nv_bfloat16* decompressed, const __nv_bfloat16* latent, int64_t rows, int64_t heads,
-                                  int64_t nope, int64_t vd, int64_t rope, int64_t r, int64_t width, __nv_bfloat16* k) {
+__global__ void concat_key_kernel(const __nv_bfloat16* decompressed, const __nv_bfloat16* latent, int64_t rows,
+                                  int64_t heads, int64_t nope, int64_t vd, int64_t rope, int64_t r, int64_t width,
+                                  __nv_bfloat16* k) {
   const int64_t qhd = nope + rope, total = rows * heads * qhd;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = i / (heads * qhd), h = (i / qhd) % heads, d = i % qhd;
@@ -30,7 +33,8 @@ __global__ void concat_key_kernel(const __nv_bfloat16* decompressed, const __nv_
 }
 
 // a_cc's per-head copy of the [latent ‖ rope] key: [batch][heads][keys][width] from [batch][keys][width].
-__global__ void broadcast_heads_kernel(const uint4* latent, int64_t keys_x_width16, int64_t heads, int64_t batch, uint4* out) {
+__global__ void broadcast_heads_kernel(const uint4* latent, int64_t keys_x_width16, int64_t heads, int64_t batch,
+                                       uint4* out) {
   const int64_t total = batch * heads * keys_x_width16;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t b = i / (heads * keys_x_width16), e = i % keys_x_width16;
@@ -41,18 +45,21 @@ __global__ void broadcast_heads_kernel(const uint4* latent, int64_t keys_x_width
 // cd's cache: decompressed K [slot][heads][qhd] and V [slot][heads][vd] in the latent cache's pages. Row `row`
 // of `decompressed`/`latent` is token j = row % rows_per_request of request b = row / rows_per_request; with
 // new_tokens it sits at position lengths[b] + j, else at j (only j < lengths[b] are stored).
-__global__ void store_decompressed_kernel(const __nv_bfloat16* decompressed, const __nv_bfloat16* latent, int64_t latent_ld,
-                                          int64_t rows, int64_t rows_per_request, bool new_tokens, CacheView pages,
-                                          const int32_t* lengths, int64_t heads, int64_t nope, int64_t vd, int64_t rope, int64_t r,
-                                          __nv_bfloat16* k_pool, __nv_bfloat16* v_pool) {
+__global__ void store_decompressed_kernel(const __nv_bfloat16* decompressed, const __nv_bfloat16* latent,
+                                          int64_t latent_ld, int64_t rows, int64_t rows_per_request, bool new_tokens,
+                                          CacheView pages, const int32_t* lengths, int64_t heads, int64_t nope,
+                                          int64_t vd, int64_t rope, int64_t r, __nv_bfloat16* k_pool,
+                                          __nv_bfloat16* v_pool) {
   const int64_t qhd = nope + rope, per_row = heads * (qhd + vd);
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * per_row; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * per_row;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = i / per_row, e = i % per_row, b = row / rows_per_request, j = row % rows_per_request;
     if (!new_tokens && j >= lengths[b]) continue;
     const int64_t slot = pages.slot(b, new_tokens ? lengths[b] + j : j);
     if (e < heads * qhd) {
       const int64_t h = e / qhd, d = e % qhd;
-      k_pool[slot * heads * qhd + e] = d < nope ? decompressed[(row * heads + h) * (nope + vd) + d] : latent[row * latent_ld + r + d - nope];
+      k_pool[slot * heads * qhd + e] =
+          d < nope ? decompressed[(row * heads + h) * (nope + vd) + d] : latent[row * latent_ld + r + d - nope];
     } else {
       const int64_t h = (e - heads * qhd) / vd, d = (e - heads * qhd) % vd;
       v_pool[slot * heads * vd + h * vd + d] = decompressed[(row * heads + h) * (nope + vd) + nope + d];
@@ -61,8 +68,9 @@ __global__ void store_decompressed_kernel(const __nv_bfloat16* decompressed, con
 }
 
 // cd's pages -> contiguous [batch][keys][heads][qhd] and [..][vd].
-__global__ void gather_decompressed_kernel(CacheView pages, const int32_t* lengths, int64_t q_len, int64_t keys, int64_t k_row16,
-                                           int64_t v_row16, const uint4* k_pool, const uint4* v_pool, uint4* k, uint4* v) {
+__global__ void gather_decompressed_kernel(CacheView pages, const int32_t* lengths, int64_t q_len, int64_t keys,
+                                           int64_t k_row16, int64_t v_row16, const uint4* k_pool, const uint4* v_pool,
+                                           uint4* k, uint4* v) {
   const int64_t b = blockIdx.y;
   for (int64_t token = blockIdx.x; token < lengths[b] + q_len; token += gridDim.x) {
     const int64_t slot = pages.slot(b, token), dst = b * keys + token;
@@ -81,20 +89,20 @@ unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256
 constexpr int kCdWarps = 4, kCdMaxQPairs = 4, kCdMaxVPairs = 2;  // qhd <= 256, vd <= 128
 // Q new tokens a block, U keys a warp's group. A decode step's one token gets a kernel that holds one query (96
 // registers, 2 KB of shared state) and eight keys in flight a warp: its attention ran 1.08-1.13x faster than four
-// queries' with four keys in the same run (16 heads, batch 32, 4K-16K; H100, session 23; at 128 heads, 4K, 3735 us
-// against session 22's 4421); one query with four keys was 6-7% slower than four queries'. MTP and extend steps keep four of each (four queries' registers
-// with eight keys ran 10-21% slower, session 22).
+// queries' with four keys in the same run (16 heads, batch 32, 4K-16K; H100; at 128 heads, 4K, 3735 us
+// against 4421 before); one query with four keys was 6-7% slower than four queries'. MTP and extend steps keep
+// four of each (four queries' registers with eight keys ran 10-21% slower).
 struct CdShape {
   int queries, unroll;
 };
 constexpr CdShape kCdOneToken{1, 8}, kCdTokens{4, 4};
 CdShape cd_shape(int64_t q_len) { return q_len == 1 ? kCdOneToken : kCdTokens; }
 template <int Q, int U>
-__global__ void __launch_bounds__(kCdWarps * 32) cd_decode_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_pool,
-                                                                  const __nv_bfloat16* __restrict__ v_pool, CacheView pages,
-                                                                  const int32_t* __restrict__ lengths, int heads, int qhd, int vd, int q_len,
-                                                                  float scale, int chunk, int splits, float* __restrict__ o_part,
-                                                                  float* __restrict__ lse_part) {
+__global__ void __launch_bounds__(kCdWarps * 32)
+    cd_decode_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_pool,
+                     const __nv_bfloat16* __restrict__ v_pool, CacheView pages, const int32_t* __restrict__ lengths,
+                     int heads, int qhd, int vd, int q_len, float scale, int chunk, int splits,
+                     float* __restrict__ o_part, float* __restrict__ lse_part) {
   __shared__ float state_m[kCdWarps][Q], state_l[kCdWarps][Q];
   __shared__ float state_o[kCdWarps][Q][2 * 32 * kCdMaxVPairs];
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
@@ -109,9 +117,9 @@ __global__ void __launch_bounds__(kCdWarps * 32) cd_decode_kernel(const __nv_bfl
 #pragma unroll
     for (int j = 0; j < kCdMaxQPairs; ++j) {
       const int pair = lane + 32 * j;
-      qv[i][j] = i < nq && pair < q_pairs
-                     ? __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(q + ((int64_t(b) * q_len + q0 + i) * heads + h) * qhd)[pair])
-                     : make_float2(0.0f, 0.0f);
+      qv[i][j] = i < nq && pair < q_pairs ? __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(
+                                                q + ((int64_t(b) * q_len + q0 + i) * heads + h) * qhd)[pair])
+                                          : make_float2(0.0f, 0.0f);
     }
   float m[Q], l[Q];
   float2 acc[Q][kCdMaxVPairs];
@@ -137,9 +145,11 @@ __global__ void __launch_bounds__(kCdWarps * 32) cd_decode_kernel(const __nv_bfl
       const auto* krow = reinterpret_cast<const __nv_bfloat162*>(k_pool + (slot * heads + h) * qhd);
       const auto* vrow = reinterpret_cast<const __nv_bfloat162*>(v_pool + (slot * heads + h) * vd);
 #pragma unroll
-      for (int j = 0; j < kCdMaxQPairs; ++j) kr[u][j] = key < last && lane + 32 * j < q_pairs ? krow[lane + 32 * j] : __float2bfloat162_rn(0.0f);
+      for (int j = 0; j < kCdMaxQPairs; ++j)
+        kr[u][j] = key < last && lane + 32 * j < q_pairs ? krow[lane + 32 * j] : __float2bfloat162_rn(0.0f);
 #pragma unroll
-      for (int j = 0; j < kCdMaxVPairs; ++j) vr[u][j] = key < last && lane + 32 * j < v_pairs ? vrow[lane + 32 * j] : __float2bfloat162_rn(0.0f);
+      for (int j = 0; j < kCdMaxVPairs; ++j)
+        vr[u][j] = key < last && lane + 32 * j < v_pairs ? vrow[lane + 32 * j] : __float2bfloat162_rn(0.0f);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -194,8 +204,8 @@ __global__ void __launch_bounds__(kCdWarps * 32) cd_decode_kernel(const __nv_bfl
 }
 
 // The splits of each (token, head) combined by their log-sum-exps into the attention output [tokens][heads][vd].
-__global__ void cd_merge_kernel(const float* __restrict__ o_part, const float* __restrict__ lse_part, int splits, int vd,
-                                __nv_bfloat16* __restrict__ attn) {
+__global__ void cd_merge_kernel(const float* __restrict__ o_part, const float* __restrict__ lse_part, int splits,
+                                int vd, __nv_bfloat16* __restrict__ attn) {
   const int64_t row = blockIdx.x;
   float top = -INFINITY;
   for (int s = 0; s < splits; ++s) top = fmaxf(top, lse_part[row * splits + s]);
@@ -245,18 +255,19 @@ class MhaForm : public MlaOp {
   void attend_mha() {
     const int64_t B = s_.batch, S = s_.q_len, N = keys_;
     // scores[b][h] [S x N] = q[b][h] [S x qhd] · K[b][h]^T
-    gemm_batched(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, S, qhd_, k_ptrs_, nh_ * qhd_, q_ptrs_, nh_ * qhd_, const_cast<void**>(s_ptrs_),
-                 CUDA_R_32F, N, B * nh_);
+    gemm_batched(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, S, qhd_, k_ptrs_, nh_ * qhd_, q_ptrs_, nh_ * qhd_,
+                 const_cast<void**>(s_ptrs_), CUDA_R_32F, N, B * nh_);
     softmax(scores_.get(), probs_.get(), B * nh_ * S, nh_ * S, 1);
     // attn[b][h] [S x vd] = P [S x N] · V [N x vd]
-    gemm_batched(blas_, CUBLAS_OP_N, CUBLAS_OP_N, vd_, S, N, v_ptrs_, v_ld_, p_ptrs_, N, const_cast<void**>(o_ptrs_), CUDA_R_16BF,
-                 nh_ * vd_, B * nh_);
+    gemm_batched(blas_, CUBLAS_OP_N, CUBLAS_OP_N, vd_, S, N, v_ptrs_, v_ld_, p_ptrs_, N, const_cast<void**>(o_ptrs_),
+                 CUDA_R_16BF, nh_ * vd_, B * nh_);
   }
   DeviceArray<float> scores_;
   DeviceArray<__nv_bfloat16> probs_;
 
  private:
-  const void **k_ptrs_ = nullptr, **q_ptrs_ = nullptr, **s_ptrs_ = nullptr, **v_ptrs_ = nullptr, **p_ptrs_ = nullptr, **o_ptrs_ = nullptr;
+  const void **k_ptrs_ = nullptr, **q_ptrs_ = nullptr, **s_ptrs_ = nullptr, **v_ptrs_ = nullptr, **p_ptrs_ = nullptr,
+             **o_ptrs_ = nullptr;
   int64_t v_ld_ = 0;
 };
 
@@ -286,12 +297,12 @@ class CdForm : public MhaForm {
   }
   // Latent rows (`per_request` a request, in request order; step: this step's new tokens, after each request's cached
   // ones) decompressed through `decompressed` and stored as K and V at their slots in the pages.
-  void decompress_into_pages(const __nv_bfloat16* latent, int64_t rows, int64_t per_request, bool step, __nv_bfloat16* decompressed,
-                             cudaStream_t stream) {
+  void decompress_into_pages(const __nv_bfloat16* latent, int64_t rows, int64_t per_request, bool step,
+                             __nv_bfloat16* decompressed, cudaStream_t stream) {
     decompress(latent, rows, decompressed);
-    store_decompressed_kernel<<<grid_for(rows * nh_ * (qhd_ + vd_)), 256, 0, stream>>>(decompressed, latent, width_, rows, per_request, step,
-                                                                            cache_view(*b_.cache), b_.lengths, nh_, nope_, vd_, rope_, r_,
-                                                                            k_pool_.get(), v_pool_.get());
+    store_decompressed_kernel<<<grid_for(rows * nh_ * (qhd_ + vd_)), 256, 0, stream>>>(
+        decompressed, latent, width_, rows, per_request, step, cache_view(*b_.cache), b_.lengths, nh_, nope_, vd_,
+        rope_, r_, k_pool_.get(), v_pool_.get());
     DSLAB_CHECK_LAUNCH();
   }
   DeviceArray<__nv_bfloat16> k_pool_, v_pool_, new_decompressed_;
@@ -334,15 +345,17 @@ class CdPagedCuda final : public CdForm {
     // cd's, less what it never allocates (the gathered K/V, the scores and probabilities), plus the splits' partials.
     const double padded = double(s.batch) * double(max_keys + kGpuKeyAlign), H = double(s.heads), S = double(s.q_len);
     const double splits = double(std::max<int64_t>(1, max_keys / 256));
-    return mla::gpu_scratch_bytes(m, Algo::cd, s, max_keys, false) - padded * H * double(m.q_head_dim() + m.v_head_dim) * 2 -
-           padded * H * S * 6 + double(s.tokens()) * H * splits * double(m.v_head_dim + 1) * 4;
+    return mla::gpu_scratch_bytes(m, Algo::cd, s, max_keys, false) -
+           padded * H * double(m.q_head_dim() + m.v_head_dim) * 2 - padded * H * S * 6 +
+           double(s.tokens()) * H * splits * double(m.v_head_dim + 1) * 4;
   }
 
  protected:
   std::string form_unsupported(const ModelConfig& m, const Shape&) const override {
-    if (m.q_head_dim() % 2 || m.v_head_dim % 2 || m.q_head_dim() > 64 * kCdMaxQPairs || m.v_head_dim > 64 * kCdMaxVPairs)
-      return "mla/cd_paged/cuda: head dims even, q_head_dim <= " + std::to_string(64 * kCdMaxQPairs) + " and v_head_dim <= " +
-             std::to_string(64 * kCdMaxVPairs);
+    if (m.q_head_dim() % 2 || m.v_head_dim % 2 || m.q_head_dim() > 64 * kCdMaxQPairs ||
+        m.v_head_dim > 64 * kCdMaxVPairs)
+      return "mla/cd_paged/cuda: head dims even, q_head_dim <= " + std::to_string(64 * kCdMaxQPairs) +
+             " and v_head_dim <= " + std::to_string(64 * kCdMaxVPairs);
     return "";
   }
   void prepare_form() override {
@@ -351,20 +364,25 @@ class CdPagedCuda final : public CdForm {
     // at least 256 keys each; fixed here so one captured graph serves steps of any length up to keys_.
     shape_ = cd_shape(s_.q_len);
     const int64_t blocks = s_.batch * nh_ * ((s_.q_len + shape_.queries - 1) / shape_.queries);
-    splits_ = int(std::clamp<int64_t>((4 * int64_t(gpu_info().sms) + blocks - 1) / blocks, 1, std::max<int64_t>(1, keys_ / 256)));
-    chunk_ = int((keys_ + splits_ - 1) / splits_ + shape_.unroll - 1) / shape_.unroll * shape_.unroll;  // (whole key groups: see cd_decode_kernel)
+    splits_ = int(
+        std::clamp<int64_t>((4 * int64_t(gpu_info().sms) + blocks - 1) / blocks, 1, std::max<int64_t>(1, keys_ / 256)));
+    chunk_ = int((keys_ + splits_ - 1) / splits_ + shape_.unroll - 1) / shape_.unroll *
+             shape_.unroll;  // (whole key groups: see cd_decode_kernel)
     o_part_.scratch(arena_, size_t(s_.tokens() * nh_ * splits_ * vd_));
     lse_part_.scratch(arena_, size_t(s_.tokens() * nh_ * splits_));
   }
   void attend() override {
     store_step();
-    const dim3 grid(unsigned(splits_), unsigned(s_.batch * nh_), unsigned((s_.q_len + shape_.queries - 1) / shape_.queries));
-    const auto kernel = shape_.queries == 1 ? cd_decode_kernel<kCdOneToken.queries, kCdOneToken.unroll> : cd_decode_kernel<kCdTokens.queries, kCdTokens.unroll>;
-    kernel<<<grid, kCdWarps * 32, 0, stream_>>>(q_.get(), k_pool_.get(), v_pool_.get(), cache_view(*b_.cache), b_.lengths, int(nh_),
-                                                         int(qhd_), int(vd_), int(s_.q_len), scale_, chunk_, splits_, o_part_.get(),
-                                                         lse_part_.get());
+    const dim3 grid(unsigned(splits_), unsigned(s_.batch * nh_),
+                    unsigned((s_.q_len + shape_.queries - 1) / shape_.queries));
+    const auto kernel = shape_.queries == 1 ? cd_decode_kernel<kCdOneToken.queries, kCdOneToken.unroll>
+                                            : cd_decode_kernel<kCdTokens.queries, kCdTokens.unroll>;
+    kernel<<<grid, kCdWarps * 32, 0, stream_>>>(q_.get(), k_pool_.get(), v_pool_.get(), cache_view(*b_.cache),
+                                                b_.lengths, int(nh_), int(qhd_), int(vd_), int(s_.q_len), scale_,
+                                                chunk_, splits_, o_part_.get(), lse_part_.get());
     DSLAB_CHECK_LAUNCH();
-    cd_merge_kernel<<<unsigned(s_.tokens() * nh_), 128, 0, stream_>>>(o_part_.get(), lse_part_.get(), splits_, int(vd_), attn_.get());
+    cd_merge_kernel<<<unsigned(s_.tokens() * nh_), 128, 0, stream_>>>(o_part_.get(), lse_part_.get(), splits_, int(vd_),
+                                                                      attn_.get());
     DSLAB_CHECK_LAUNCH();
   }
 
@@ -392,8 +410,8 @@ class CcCuda final : public MhaForm {
     const int64_t B = s_.batch, N = keys_;
     gather_latent(latent_.get());
     decompress(latent_.get(), B * N, decompressed_.get());  // every cached token again, every step
-    concat_key_kernel<<<grid_for(B * N * nh_ * qhd_), 256, 0, stream_>>>(decompressed_.get(), latent_.get(), B * N, nh_, nope_, vd_, rope_, r_,
-                                                              width_, k_.get());
+    concat_key_kernel<<<grid_for(B * N * nh_ * qhd_), 256, 0, stream_>>>(decompressed_.get(), latent_.get(), B * N, nh_,
+                                                                         nope_, vd_, rope_, r_, width_, k_.get());
     DSLAB_CHECK_LAUNCH();
     attend_mha();
   }
@@ -436,15 +454,15 @@ class ACcCuda final : public MlaOp {
     const int64_t B = s_.batch, S = s_.q_len, N = keys_;
     gather_latent(latent_.get());
     // The concatenated [latent ‖ rope] key materialised once per head, as the unfused absorbed form does.
-    broadcast_heads_kernel<<<grid_for(B * nh_ * N * width_ / 8), 256, 0, stream_>>>(reinterpret_cast<const uint4*>(latent_.get()), N * width_ / 8,
-                                                                         nh_, B, reinterpret_cast<uint4*>(k_cat_.get()));
+    broadcast_heads_kernel<<<grid_for(B * nh_ * N * width_ / 8), 256, 0, stream_>>>(
+        reinterpret_cast<const uint4*>(latent_.get()), N * width_ / 8, nh_, B, reinterpret_cast<uint4*>(k_cat_.get()));
     DSLAB_CHECK_LAUNCH();
     concat_query();
-    gemm_batched(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, S, width_, k_ptrs_, width_, q_ptrs_, nh_ * width_, const_cast<void**>(s_ptrs_),
-                 CUDA_R_32F, N, B * nh_);
+    gemm_batched(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, S, width_, k_ptrs_, width_, q_ptrs_, nh_ * width_,
+                 const_cast<void**>(s_ptrs_), CUDA_R_32F, N, B * nh_);
     softmax(scores_.get(), probs_.get(), B * nh_ * S, nh_ * S, 1);
-    gemm_batched(blas_, CUBLAS_OP_N, CUBLAS_OP_N, r_, S, N, k_ptrs_, width_, p_ptrs_, N, const_cast<void**>(o_ptrs_), CUDA_R_16BF,
-                 nh_ * r_, B * nh_);
+    gemm_batched(blas_, CUBLAS_OP_N, CUBLAS_OP_N, r_, S, N, k_ptrs_, width_, p_ptrs_, N, const_cast<void**>(o_ptrs_),
+                 CUDA_R_16BF, nh_ * r_, B * nh_);
     absorb_output(o_lat_.get());
   }
 
@@ -475,14 +493,14 @@ class ACcMeCuda final : public MlaOp {
     gather_latent(latent_.get());  // int8/fp8 caches are dequantised here
     absorb_query(q_abs_.get(), r_);
     // scores[b] [M x N] = q_abs[b] · c_kv[b]^T + q_pe[b] · k_pe[b]^T: two sums, no concatenated key.
-    gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, r_, latent_.get(), width_, N * width_, q_abs_.get(), r_, M * r_, scores_.get(),
-         CUDA_R_32F, N, M * N, B);
-    gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, rope_, latent_.get() + r_, width_, N * width_, q_.get() + nope_, qhd_, M * qhd_,
-         scores_.get(), CUDA_R_32F, N, M * N, B, 1.0f);
+    gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, r_, latent_.get(), width_, N * width_, q_abs_.get(), r_, M * r_,
+         scores_.get(), CUDA_R_32F, N, M * N, B);
+    gemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, N, M, rope_, latent_.get() + r_, width_, N * width_, q_.get() + nope_, qhd_,
+         M * qhd_, scores_.get(), CUDA_R_32F, N, M * N, B, 1.0f);
     softmax(scores_.get(), probs_.get(), B * M, M, nh_);
     // o_lat[b] [M x r] = P[b] · c_kv[b]
-    gemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, r_, M, N, latent_.get(), width_, N * width_, probs_.get(), N, M * N, o_lat_.get(),
-         CUDA_R_16BF, r_, M * r_, B);
+    gemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, r_, M, N, latent_.get(), width_, N * width_, probs_.get(), N, M * N,
+         o_lat_.get(), CUDA_R_16BF, r_, M * r_, B);
     absorb_output(o_lat_.get());
   }
 
@@ -493,15 +511,15 @@ class ACcMeCuda final : public MlaOp {
 
 }  // namespace
 
-DSLAB_REGISTER_MLA_OP(CdCuda, "mla/cd/cuda",
-                       "CacheDecompressed on the GPU: paged K/V, gathered, cuBLAS batched MHA");
-DSLAB_REGISTER_MLA_OP(CdPagedCuda, "mla/cd_paged/cuda",
-                       "CacheDecompressed on the GPU, its K/V read once from the pages by a flash-decoding kernel of ours (no gather)");
+DSLAB_REGISTER_MLA_OP(CdCuda, "mla/cd/cuda", "CacheDecompressed on the GPU: paged K/V, gathered, cuBLAS batched MHA");
+DSLAB_REGISTER_MLA_OP(
+    CdPagedCuda, "mla/cd_paged/cuda",
+    "CacheDecompressed on the GPU, its K/V read once from the pages by a flash-decoding kernel of ours (no gather)");
 DSLAB_REGISTER_MLA_OP(CcCuda, "mla/cc/cuda",
-                       "CacheCompressed on the GPU: the whole latent cache re-decompressed by cuBLAS every step");
+                      "CacheCompressed on the GPU: the whole latent cache re-decompressed by cuBLAS every step");
 DSLAB_REGISTER_MLA_OP(ACcCuda, "mla/a_cc/cuda",
-                       "Absorbed on the GPU: [latent ‖ rope] key materialised per head, cuBLAS batched");
+                      "Absorbed on the GPU: [latent ‖ rope] key materialised per head, cuBLAS batched");
 DSLAB_REGISTER_MLA_OP(ACcMeCuda, "mla/a_cc_me/cuda",
-                       "Absorbed + MoveElision on the GPU: MQA over the gathered latent, two-sum scores, cuBLAS");
+                      "Absorbed + MoveElision on the GPU: MQA over the gathered latent, two-sum scores, cuBLAS");
 
 }  // namespace dslab::mla::cuda

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "variants/common/cp_async.cuh"
+#include "variants/common/cuda/cp_async.cuh"
 #include "variants/mla/cuda/mla_cuda.h"
 
 namespace dslab::mla::cuda {
@@ -26,7 +26,8 @@ struct CacheView {
 };
 
 inline CacheView cache_view(const PagedLatentCache& c) {
-  return {c.values.get(), c.scales.get(), c.shared_page_table ? c.shared_page_table : c.page_table.get(), c.page_size, c.width, c.groups,
+  return {c.values.get(),      c.scales.get(), c.shared_page_table ? c.shared_page_table : c.page_table.get(),
+          c.page_size,         c.width,        c.groups,
           c.pages_per_request, c.dtype};
 }
 

@@ -16,144 +16,47 @@
 #include "harness/cuda_check.h"
 #include "harness/gpu.h"
 #include "harness/variant.h"
-#include "variants/linear/cuda/tuned_gemm.h"
+#include "variants/common/cuda/blas.h"
+#include "variants/common/cuda/device_array.h"
 #include "variants/mla/mla.h"
 
 namespace dslab::mla::cuda {
 
-class ScratchArena;
+// The shared GPU library (variants/common/cuda), as the MLA family spells it.
+using gpu::batched_gemv;
+using gpu::BatchedGemv;
+using gpu::BlasHandle;
+using gpu::DeviceArray;
+using gpu::gemm;
+using gpu::gemm_shape;
+using gpu::GemmShape;
+using gpu::GemmTuner;
+using gpu::gemv_split;
+using gpu::kGemvRows;
+using gpu::kMaxUnsummedSlices;
+using gpu::KSlices;
+using gpu::linear;
+using gpu::linear_gemm_shape;
+using gpu::linear_pair;
+using gpu::linear_unsummed;
+using gpu::own_gemv_split;
+using gpu::parse_projections;
+using gpu::Projections;
+using gpu::ScratchArena;
+using gpu::StreamGemmMaps;
+using gpu::TunedChoice;
 
-// A device allocation, owned (resize) or a stretch of a ScratchArena (scratch: the arena owns it).
-template <class T>
-class DeviceArray {
- public:
-  DeviceArray() = default;
-  explicit DeviceArray(size_t n) { resize(n); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  DeviceArray(DeviceArray&& o) noexcept : p_(o.p_), n_(o.n_), owned_(o.owned_) { o.p_ = nullptr, o.n_ = 0; }
-  DeviceArray& operator=(DeviceArray&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    std::swap(owned_, o.owned_);
-    return *this;
-  }
-  ~DeviceArray() { release(); }
-  void resize(size_t n) {
-    release();
-    n_ = n;
-    if (n) DSLAB_CUDA(cudaMalloc(&p_, n * sizeof(T)));
-  }
-  // n elements of the op's forward()-only scratch: from the arena when one is given, else owned (resize).
-  inline void scratch(ScratchArena* arena, size_t n);
-  void zero() { fill_bytes(0); }
-  void fill_bytes(uint8_t byte) {
-    if (n_) DSLAB_CUDA(cudaMemset(p_, byte, n_ * sizeof(T)));
-  }
-  template <class U>
-  void upload(const std::vector<U>& host) {
-    static_assert(sizeof(U) == sizeof(T));
-    resize(host.size());
-    if (n_) DSLAB_CUDA(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  T* get() const { return p_; }
-  size_t size() const { return n_; }
-
- private:
-  void release() {
-    if (owned_) cudaFree(p_);
-    p_ = nullptr, n_ = 0, owned_ = true;
-  }
-  T* p_ = nullptr;
-  size_t n_ = 0;
-  bool owned_ = true;
-};
-
-// Scratch that lives only inside one op's forward(): ops that run one after another on one stream (a model's
-// layers: attention, MoE, attention, ...) all take theirs from one arena, each from its start (rewind() before
-// each op's prepare), so a step holds its largest op's scratch instead of every layer's. Sized up front by the
-// formulas the planner counts (layer::gpu_step_arena_bytes): an op that takes more than they say throws, so a
-// formula that falls behind the code is caught by the first run, not by an out-of-memory on a budget.
-class ScratchArena {
- public:
-  ScratchArena() = default;
-  ScratchArena(const ScratchArena&) = delete;
-  ScratchArena& operator=(const ScratchArena&) = delete;
-  ~ScratchArena() { cudaFree(base_); }
-  void reserve(size_t bytes) {
-    cudaFree(base_);
-    base_ = nullptr, capacity_ = 0, used_ = 0, high_water_ = 0;
-    if (bytes) DSLAB_CUDA(cudaMalloc(&base_, bytes));
-    capacity_ = bytes;
-  }
-  void rewind() { used_ = 0; }
-  void* take(size_t bytes) {
-    const size_t start = (used_ + kAlign - 1) / kAlign * kAlign;
-    if (start + bytes > capacity_)
-      throw std::runtime_error("scratch arena: " + std::to_string(start + bytes) + " bytes taken of " + std::to_string(capacity_) +
-                               " reserved (the scratch formula in variants/*/ counts less than an op allocates)");
-    used_ = start + bytes;
-    high_water_ = std::max(high_water_, used_);
-    return static_cast<char*>(base_) + start;
-  }
-  size_t capacity() const { return capacity_; }
-  size_t high_water() const { return high_water_; }  // the most any op took
-  static constexpr size_t kAlign = 256;  // (cudaMalloc's alignment: vector loads and TMA need no less)
-
- private:
-  void* base_ = nullptr;
-  size_t capacity_ = 0, used_ = 0, high_water_ = 0;
-};
-
-template <class T>
-void DeviceArray<T>::scratch(ScratchArena* arena, size_t n) {
-  if (!arena) return resize(n);
-  release();
-  n_ = n;
-  owned_ = false;
-  if (n) p_ = static_cast<T*>(arena->take(n * sizeof(T)));
-}
-
-// The paged latent cache: token slot = page * page_size + offset; each slot holds [c_kv (kv_lora_rank) ‖ k_pe
 // (rope)] in the kv_dtype, plus (int8/fp8) one fp32 scale per kQuantGroup values.
 struct PagedLatentCache {
   KvDtype dtype = KvDtype::bf16;
   int64_t page_size = 0, width = 0, groups = 0, pages_per_request = 0;
-  DeviceArray<uint8_t> values;  // [pages][page_size][width] elements of dtype
-  DeviceArray<float> scales;    // [pages][page_size][groups] (quantised dtypes only)
-  DeviceArray<int32_t> page_table;  // [batch][pages_per_request]
+  DeviceArray<uint8_t> values;                 // [pages][page_size][width] elements of dtype
+  DeviceArray<float> scales;                   // [pages][page_size][groups] (quantised dtypes only)
+  DeviceArray<int32_t> page_table;             // [batch][pages_per_request]
   const int32_t* shared_page_table = nullptr;  // set: read this one instead (a model's layers share one page table)
   std::vector<int32_t> host_page_table;
   size_t element_bytes() const { return dtype == KvDtype::bf16 ? 2 : 1; }
 };
-
-// A cuBLAS handle with a workspace of its own (cuBLAS must not allocate inside a graph capture).
-enum class Projections { own, cublas };
-class BlasHandle {
- public:
-  BlasHandle();
-  ~BlasHandle();
-  BlasHandle(const BlasHandle&) = delete;
-  BlasHandle& operator=(const BlasHandle&) = delete;
-  cublasHandle_t get() const { return h_; }
-  // Every call goes to `stream` from here on, with this handle's workspace (cublasSetStream resets it).
-  void set_stream(cudaStream_t stream);
-  cudaStream_t stream() const;  // the one set last (cuBLAS's: 0 until then)
-  // Which backend linear() takes for decode-sized products on this handle (the `proj` axis sets it; a new handle starts with cublas).
-  void set_projections(Projections p) { projections_ = p; }
-  Projections projections() const { return projections_; }
-  // cuBLASLt with the algorithm timed fastest per shape (tuned_gemm.h): the own projections' path above kGemvRows.
-  GemmTuner& tuner() const { return *tuner_; }
-
- private:
-  cublasHandle_t h_ = nullptr;
-  DeviceArray<uint8_t> workspace_;
-  std::unique_ptr<GemmTuner> tuner_;
-  Projections projections_ = Projections::cublas;
-};
-
-// One layer's attention weights on the device (HF names). The two projections of the layer input are stacked
-// into qkv_a, since both read the same input: q_a_proj and kv_a_proj_with_mqa for q_lora_rank models, q_proj and
 // kv_a_proj_with_mqa for the others.
 struct MlaWeights {
   DeviceArray<__nv_bfloat16> qkv_a, q_a_norm, q_b, kv_a_norm, kv_b, o_proj;
@@ -204,8 +107,8 @@ class MlaOp {
   // launches its merge, which skips requests whole in that step's schedule).
   // arena: where the forward scratch comes from (mla::gpu_forward_scratch_bytes of it; the caller rewinds it
   // first), or null for buffers of the op's own.
-  void prepare(const ModelConfig& m, const Shape& s, int64_t max_keys, const MlaWeights& w, const MlaBuffers& b, BlasHandle& blas,
-               bool lengths_vary, ScratchArena* arena = nullptr);
+  void prepare(const ModelConfig& m, const Shape& s, int64_t max_keys, const MlaWeights& w, const MlaBuffers& b,
+               BlasHandle& blas, bool lengths_vary, ScratchArena* arena = nullptr);
   virtual MlaSchedule schedule(const std::vector<int64_t>& lengths) const;
   int32_t* schedule_buffer() const { return b_.schedule ? b_.schedule : schedule_dev_.get(); }
   size_t schedule_ints() const { return schedule_ints_for(m_, s_); }
@@ -220,7 +123,8 @@ class MlaOp {
   virtual int64_t attended_keys(int64_t keys, int64_t /*page_size*/, const Shape&) const { return keys; }
   virtual Cost selection_cost(const ModelConfig&, const Shape&, int64_t /*page_size*/) const { return {}; }
   virtual std::vector<std::vector<int64_t>> attended_key_indices() const { return {}; }
-  // How the selection runs at the prepared shapes (its selector's launch facts, e.g. the top-k's clusters), as counters.
+  // How the selection runs at the prepared shapes (its selector's launch facts, e.g. the top-k's clusters), as
+  // counters.
   virtual std::map<std::string, double> selection_counters() const { return {}; }
   // Where one step's attention kernel spends its time inside its CTAs (a fused op: one more step, eager, with the
   // kernel's phase clocks on), as counters; {} for an op without them.
@@ -248,7 +152,7 @@ class MlaOp {
   // q_cat_ = [q_nope·W_UK ‖ q_pe] per (token, head), a fused op's pieces marked absorb_q and rope_q; forms that use
   // it allocate q_cat_
   void concat_query() const;
-  void absorb_output(const __nv_bfloat16* o_lat) const;         // attn = o_lat·W_UV^T per head
+  void absorb_output(const __nv_bfloat16* o_lat) const;  // attn = o_lat·W_UV^T per head
   // Latent rows [rows][width] decompressed through kv_b_proj: out [rows][heads*(nope+vd)] (cd's K/V, cc every step).
   void decompress(const __nv_bfloat16* latent, int64_t rows, __nv_bfloat16* out) const;
   // Device pointer array for cublasGemmBatchedEx, built once in prepare.
@@ -276,8 +180,8 @@ class MlaOp {
   DeviceArray<__nv_bfloat16> attn_;    // [tokens][heads][v_head_dim]
   DeviceArray<__nv_bfloat16> kv_new_;  // [tokens][width]: this step's latent rows, bf16, if a form allocates it
   DeviceArray<int32_t> schedule_dev_;
-  __nv_bfloat16* q_cat_ = nullptr;     // [tokens][heads][width]: q_pe behind the absorbed part is written by
-                                       // concat_query() (q_lora_rank models) or norm_and_cache_kernel (the others)
+  __nv_bfloat16* q_cat_ = nullptr;  // [tokens][heads][width]: q_pe behind the absorbed part is written by
+                                    // concat_query() (q_lora_rank models) or norm_and_cache_kernel (the others)
 
  private:
   void project();
@@ -303,7 +207,8 @@ class PageSelector {
   virtual int64_t kept_keys(int64_t keys, int64_t page_size, const Shape& s) const = 0;
   virtual Cost cost(const ModelConfig& m, const Shape& s, int64_t page_size) const = 0;
   // lengths: [batch] cached keys before the step (the op's buffers); the cache as it is after prepare's writes.
-  virtual void prepare(const ModelConfig& m, const Shape& s, const PagedLatentCache& cache, const int32_t* lengths, ScratchArena* arena) = 0;
+  virtual void prepare(const ModelConfig& m, const Shape& s, const PagedLatentCache& cache, const int32_t* lengths,
+                       ScratchArena* arena) = 0;
   // Queued on `stream` before the decode kernel. q_cat: [tokens][heads][kv_lora_rank + rope] the absorbed query;
   // blas: the op's cuBLAS handle, already on `stream`; mark(op): the work queued since the last mark is op's (the
   // per-op breakdown; its names start with "select").
@@ -327,7 +232,7 @@ using MlaOpFactory = std::unique_ptr<MlaOp> (*)();
 bool register_mla_op(const char* name, const char* summary, MlaOpFactory make);
 std::unique_ptr<MlaOp> make_mla_op(const std::string& name);  // nullptr if unknown
 std::vector<std::string> mla_op_names();
-#define DSLAB_REGISTER_MLA_OP(Class, name, summary)                                       \
+#define DSLAB_REGISTER_MLA_OP(Class, name, summary)                             \
   static const bool dslab_mla_op_##Class = ::dslab::mla::cuda::register_mla_op( \
       name, summary, [] { return std::unique_ptr<::dslab::mla::cuda::MlaOp>(new Class()); })
 
@@ -346,8 +251,8 @@ struct GpuProblem {
   MlaWeights weights;
   DeviceArray<__nv_bfloat16> x;
   PagedLatentCache cache;
-  DeviceArray<int32_t> lengths_dev;  // int32 [batch]
-  DeviceArray<float> rope_cos, rope_sin;  // [tokens][rope/2], YaRN-scaled, at each new token's position
+  DeviceArray<int32_t> lengths_dev;            // int32 [batch]
+  DeviceArray<float> rope_cos, rope_sin;       // [tokens][rope/2], YaRN-scaled, at each new token's position
   uint64_t ckv_stream(int64_t request) const;  // counter-based streams of request b's cached latent / rope key
   uint64_t kpe_stream(int64_t request) const;
   // Which requests verify() compares (all, unless the fp64 reference of all would take too long) and their
@@ -356,15 +261,17 @@ struct GpuProblem {
   const std::vector<double>& reference(int64_t request) const;
   // The reference of one request over only these key indices (0 .. its keys - 1, new tokens last), or all (null).
   // mass_recall (with keys): dense attention's softmax mass inside them, the mean over new tokens and heads.
-  std::vector<double> reference_over(int64_t request, const std::vector<int64_t>* keys, double* mass_recall = nullptr) const;
+  std::vector<double> reference_over(int64_t request, const std::vector<int64_t>* keys,
+                                     double* mass_recall = nullptr) const;
 
  private:
   mutable std::vector<std::vector<double>> reference_;
 };
-std::shared_ptr<GpuProblem> gpu_problem(const ModelConfig& m, const Shape& s, int64_t page_size, const std::string& len_dist,
-                                        uint64_t seed);
+std::shared_ptr<GpuProblem> gpu_problem(const ModelConfig& m, const Shape& s, int64_t page_size,
+                                        const std::string& len_dist, uint64_t seed);
 // The cached values of request b as the CPU generates them (the GPU fill must match bit for bit).
-std::vector<bf16> host_latent(const GpuProblem& p, int64_t request);  // [lengths[b]][width], bf16 before any quantisation
+std::vector<bf16> host_latent(const GpuProblem& p,
+                              int64_t request);  // [lengths[b]][width], bf16 before any quantisation
 // The same for any streams: `length` tokens of [latent (ckv_stream) ‖ rope key (kpe_stream)].
 std::vector<bf16> host_latent(const ModelConfig& m, uint64_t ckv_stream, uint64_t kpe_stream, int64_t length);
 // The counter-based streams of request b's cached latent and rope key under `seed`.
@@ -373,79 +280,23 @@ uint64_t kpe_stream(uint64_t seed, int64_t request);
 
 // Paged cache set-up shared by the family variants and the layers: pages for each request's cached and new
 // tokens (room for `room` new tokens each), drawn in shuffled order from one pool, unwritten slots 0xFF (NaN).
-void allocate_paged_cache(const ModelConfig& m, KvDtype dtype, int64_t page_size, const std::vector<int64_t>& lengths, int64_t room,
-                          uint64_t seed, PagedLatentCache* c);
+void allocate_paged_cache(const ModelConfig& m, KvDtype dtype, int64_t page_size, const std::vector<int64_t>& lengths,
+                          int64_t room, uint64_t seed, PagedLatentCache* c);
 // Fills request b's cached tokens [0, lengths[b]) with the counter-based values of streams[2b] (latent) and
 // streams[2b + 1] (rope key), as host_latent() generates them.
-void fill_paged_cache(PagedLatentCache& c, const int32_t* lengths_dev, int64_t batch, int64_t max_len, const std::vector<uint64_t>& streams,
-                      int64_t kv_lora_rank);
+void fill_paged_cache(PagedLatentCache& c, const int32_t* lengths_dev, int64_t batch, int64_t max_len,
+                      const std::vector<uint64_t>& streams, int64_t kv_lora_rank);
 // RoPE tables [tokens][rope/2] for q_len new tokens per request at positions lengths[b] + s.
-void rope_tables(const ModelConfig& m, const std::vector<int64_t>& lengths, int64_t q_len, std::vector<float>* cos_table,
-                 std::vector<float>* sin_table);
+void rope_tables(const ModelConfig& m, const std::vector<int64_t>& lengths, int64_t q_len,
+                 std::vector<float>* cos_table, std::vector<float>* sin_table);
 
 // Device bytes a point needs beyond the shared problem, for an op (its own scratch), for supports().
-double device_bytes(const MlaOp& op, const ModelConfig& m, const Shape& s, int64_t page_size, const std::string& len_dist);
-
-// cuBLAS column-major GEMM over a strided batch with fp32 accumulation; every MLA matmul goes through here.
-void gemm(cublasHandle_t h, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k, const void* a,
-          int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* c, cudaDataType c_type, int64_t ldc,
-          int64_t stride_c, int64_t batch, float beta = 0.0f);
-// The same on a handle's stream, by its projections: own, cuBLASLt with the algorithm tuned for the shape
-// (h.tuner()); cublas, the call above (cuBLAS's default heuristic: the baseline).
-void gemm(const BlasHandle& h, cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k, const void* a,
-          int64_t lda, int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, void* c, cudaDataType c_type, int64_t ldc,
-          int64_t stride_c, int64_t batch, float beta = 0.0f);
-// The GemmShape that gemm(h, ...) tunes for these arguments (for a tuned choice's counters).
-GemmShape gemm_shape(cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
-                     int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b, const void* c, cudaDataType c_type, int64_t ldc,
-                     int64_t stride_c, int64_t batch, float beta);
-// linear()'s GEMM above kGemvRows, in gemm()'s column-major terms: y^T [out x rows] = w [in x out]^T · x^T [in x rows].
-GemmShape linear_gemm_shape(const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out, const void* y,
-                            cudaDataType y_type, float beta);
-// Row-major nn.Linear: y[rows][out] = x[rows][in] · w[out][in]^T (+ beta y), on the handle's stream
-// (variants/linear/cuda/gemv.cu). With the handle's projections set to own, decode sizes (rows up to kGemvRows)
-// go to a weight-streaming GEMV of ours (gemv_split warps per output feature, weights prefetched under PDL), more
-// rows to cuBLASLt tuned for the shape (gemm(const BlasHandle&, ...)); with cublas, to cuBLAS's default heuristic. `linear/{own,cublas}/cuda` time both per weight shape in one sweep: on the H100 the GEMV's
-// per-row FMAs and input loads made it 0.5-0.8x cuBLAS from 4 rows on (session 10), hence the limit of 2.
-void linear(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out,
-            void* y, cudaDataType y_type, float beta = 0.0f);
-// linear() into fp32 y, but where the tuned cuBLASLt way cuts K into slices their partials are left unsummed for
-// the caller's next kernel to add up (GemmTuner::gemm_unsummed); otherwise y itself, count 1.
-KSlices linear_unsummed(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out, float* y);
-// Two nn.Linears of one input whose weights are stacked, w = [out1 + out2][in]: y1[rows][out1] (y1_type) from the
-// first out1 rows, y2[rows][out2] (fp32) from the rest. Where linear() would take the own GEMV, one launch streams
-// both (a decode step's kv_a_proj_with_mqa alone, 2.4 MB at V2-Lite, took ~10 us, mostly the launch's ramp and
-// tail); otherwise two linear() calls.
-void linear_pair(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out1, void* y1,
-                 cudaDataType y1_type, int64_t out2, float* y2);
-constexpr int64_t kGemvRows = 2;
-// Per-head products of the absorbed forms at decode sizes, batched over `batch` heads: y[m][b][0..N) (bf16) =
-// sum_k x[m][b][k] w_b(k, n) for rows m < rows, x's rows ldx apart (batch b at x + b x_batch), y's ldy apart (at
-// y + b y_batch), w_b at w + b w_batch: [N][K] rows (W_UV into the output) or, w_k_major, [K][N] rows (W_UK into the
-// query). The own kernels of gemv.cu (weights prefetched under PDL as linear()'s) where the handle's projections
-// are own, rows <= kGemvRows and the operands allow 16-byte loads; otherwise nothing is launched and the result is
-// false (the caller's cuBLAS batched GEMM then does it).
-struct BatchedGemv {
-  const __nv_bfloat16* x;
-  int64_t ldx, x_batch, K;
-  const __nv_bfloat16* w;
-  int64_t w_batch, N;
-  bool w_k_major;
-  __nv_bfloat16* y;
-  int64_t ldy, y_batch;
-};
-bool batched_gemv(const BlasHandle& h, const BatchedGemv& g, int64_t rows, int64_t batch);
-// Warps per output feature of the own GEMV (1..8, one CTA at most): for a small matrix the most that keep the grid
-// within one wave of `resident_warps`, for a long row enough that each lane loads about one batch; at least one
-// 16-byte chunk of the row per lane.
-int gemv_split(int64_t out, int64_t in, int64_t resident_warps);
-// The split linear() uses on this GPU for `rows` (1..kGemvRows) rows.
-int own_gemv_split(int64_t rows, int64_t out, int64_t in);
-Projections parse_projections(const std::string& text);  // BadInput unless own | cublas
+double device_bytes(const MlaOp& op, const ModelConfig& m, const Shape& s, int64_t page_size,
+                    const std::string& len_dist);
 
 // The unfused forms pad every request to the longest (max_keys) in their gathered buffers, and further to a
 // multiple of kKeyAlign keys (keys_): a key count in a GEMM's dimensions and leading dimensions that is not a
-// multiple of 8 (max_keys = kv_len + 1 at q_len 1) sends cuBLAS to its unaligned kernels. On the H200 (session
+// multiple of 8 (max_keys = kv_len + 1 at q_len 1) sends cuBLAS to its unaligned kernels. On the H200 (
 // 6): a_cc_me's batched score GEMM at 16 rows, 64 requests, 4097 keys 579 us, at 4104 keys 79 us; P V 269 vs 77 us.
 // The padding keys are zeros that the softmax masks like any key past a request's end.
 constexpr int64_t kKeyAlign = mla::kGpuKeyAlign;
@@ -469,7 +320,8 @@ class GpuVariant : public Variant {
   Verification verify() override;
   std::vector<DumpTensor> tensors() const override;
   std::map<std::string, double> counters() override;
-  std::map<std::string, double> verification_counters() const override;  // a sparse op's: rel_err_vs_dense, attended_keys, mass_recall
+  std::map<std::string, double> verification_counters()
+      const override;  // a sparse op's: rel_err_vs_dense, attended_keys, mass_recall
 
  private:
   void capture_graph();

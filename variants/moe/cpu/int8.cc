@@ -141,26 +141,27 @@ class MoeAmxInt8Cpu : public Base {
         else
           kernels::vnni_two_blocks(a, m, g.block(nb), u.block(nb), g.k_blocks, &g.colsum[size_t(nb * 16)],
                                    &u.colsum[size_t(nb * 16)], c0, c1, 16);
-        kernels::swiglu_i32_block(c0, c1, m, a_scale_[size_t(e)].data(), &g.scale[size_t(nb * 16)], &u.scale[size_t(nb * 16)],
-                                  hf_[size_t(e)].data() + nb * 16, h_stride_);
+        kernels::swiglu_i32_block(c0, c1, m, a_scale_[size_t(e)].data(), &g.scale[size_t(nb * 16)],
+                                  &u.scale[size_t(nb * 16)], hf_[size_t(e)].data() + nb * 16, h_stride_);
       }
 #pragma omp barrier
 #pragma omp for schedule(dynamic)
       for (int64_t e = 0; e < E; ++e) {  // the down projection's input, quantized per token
         const int64_t m = int64_t(p_->rows[size_t(e)].size());
         for (int64_t r = 0; r < m; ++r)
-          h_scale_[size_t(e)][size_t(r)] =
-              quantize_row(&hf_[size_t(e)][size_t(r * h_stride_)], I, &h_[size_t(e)][size_t((r / 16) * ik_ * 1024 + (r % 16) * 64)]);
+          h_scale_[size_t(e)][size_t(r)] = quantize_row(&hf_[size_t(e)][size_t(r * h_stride_)], I,
+                                                        &h_[size_t(e)][size_t((r / 16) * ik_ * 1024 + (r % 16) * 64)]);
       }
       for (int64_t i; (i = next_down.fetch_add(1, std::memory_order_relaxed)) < int64_t(down_tasks_.size());) {
         const auto [e, nb] = down_tasks_[size_t(i)];
         const int64_t m = int64_t(p_->rows[size_t(e)].size());
         const PackedI8& d = down_[size_t(e)];
         if (use_amx_[size_t(e)])
-          kernels::amx_i8_two_blocks(h_[size_t(e)].data(), padded_rows(m), d.block(nb), d.block(nb + 1), d.k_blocks, c0, c1, 16);
+          kernels::amx_i8_two_blocks(h_[size_t(e)].data(), padded_rows(m), d.block(nb), d.block(nb + 1), d.k_blocks, c0,
+                                     c1, 16);
         else
-          kernels::vnni_two_blocks(h_[size_t(e)].data(), m, d.block(nb), d.block(nb + 1), d.k_blocks, &d.colsum[size_t(nb * 16)],
-                                   &d.colsum[size_t(nb * 16 + 16)], c0, c1, 16);
+          kernels::vnni_two_blocks(h_[size_t(e)].data(), m, d.block(nb), d.block(nb + 1), d.k_blocks,
+                                   &d.colsum[size_t(nb * 16)], &d.colsum[size_t(nb * 16 + 16)], c0, c1, 16);
         const float* ws = &d.scale[size_t(nb * 16)];
         for (int64_t r = 0; r < m; ++r) {
           const float rs = h_scale_[size_t(e)][size_t(r)];
@@ -230,5 +231,6 @@ class MoeAmxInt8Cpu : public Base {
 }  // namespace dslab::moe
 
 using dslab::moe::MoeAmxInt8Cpu;
-DSLAB_REGISTER_VARIANT(MoeAmxInt8Cpu, "moe/amx_int8/cpu", dslab::Device::cpu,
-                       "routed experts: INT8 weights (per-row scales), per-token activation scales; AMX-INT8 or AVX-512-VNNI");
+DSLAB_REGISTER_VARIANT(
+    MoeAmxInt8Cpu, "moe/amx_int8/cpu", dslab::Device::cpu,
+    "routed experts: INT8 weights (per-row scales), per-token activation scales; AMX-INT8 or AVX-512-VNNI");

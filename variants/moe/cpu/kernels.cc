@@ -22,7 +22,6 @@ void amx_configure() {
 
 void amx_release() { _tile_release(); }
 
-
 namespace {
 
 // The first row chunk is the first to touch this column block's weights, which come from DRAM: tile
@@ -93,8 +92,8 @@ inline __m512bh row_of(const bf16* p) { return (__m512bh)_mm512_loadu_si512(p); 
 
 }  // namespace
 
-void avx512_two_blocks(const bf16* a, int64_t rows, const bf16* b0, const bf16* b1, int64_t k_blocks, float* c0, float* c1,
-                       int64_t ldc) {
+void avx512_two_blocks(const bf16* a, int64_t rows, const bf16* b0, const bf16* b1, int64_t k_blocks, float* c0,
+                       float* c1, int64_t ldc) {
   // Row m of packed A, K block kb, starts at row_of_a(m) + kb * 512.
   auto row_of_a = [&](int64_t m) { return a + (m / 16) * k_blocks * 512 + (m % 16) * 32; };
   int64_t m = 0;
@@ -207,7 +206,8 @@ void amx_i8_two_blocks(const int8_t* a, int64_t rows, const int8_t* b0, const in
 void vnni_two_blocks(const int8_t* a, int64_t rows, const int8_t* b0, const int8_t* b1, int64_t k_blocks,
                      const int32_t* colsum0, const int32_t* colsum1, int32_t* c0, int32_t* c1, int64_t ldc) {
   const __m512i offset = _mm512_set1_epi32(int32_t(0x80808080u));  // s8 -> u8: + 128 on each byte
-  const __m512i corr0 = _mm512_slli_epi32(_mm512_loadu_si512(colsum0), 7), corr1 = _mm512_slli_epi32(_mm512_loadu_si512(colsum1), 7);
+  const __m512i corr0 = _mm512_slli_epi32(_mm512_loadu_si512(colsum0), 7),
+                corr1 = _mm512_slli_epi32(_mm512_loadu_si512(colsum1), 7);
   for (int64_t m = 0; m < rows; ++m) {
     const int8_t* x = a + (m / 16) * k_blocks * 1024 + (m % 16) * 64;
     __m512i e0 = _mm512_setzero_si512(), e1 = e0, o0 = e0, o1 = e0;  // two chains per block hide the latency
@@ -216,7 +216,8 @@ void vnni_two_blocks(const int8_t* a, int64_t rows, const int8_t* b0, const int8
         int32_t qe, qo;
         std::memcpy(&qe, x + kb * 1024 + 4 * r, 4);
         std::memcpy(&qo, x + kb * 1024 + 4 * r + 4, 4);
-        const __m512i xe = _mm512_xor_si512(_mm512_set1_epi32(qe), offset), xo = _mm512_xor_si512(_mm512_set1_epi32(qo), offset);
+        const __m512i xe = _mm512_xor_si512(_mm512_set1_epi32(qe), offset),
+                      xo = _mm512_xor_si512(_mm512_set1_epi32(qo), offset);
         const int8_t* w0 = b0 + kb * 1024 + r * 64;
         const int8_t* w1 = b1 + kb * 1024 + r * 64;
         e0 = _mm512_dpbusd_epi32(e0, xe, _mm512_loadu_si512(w0));
@@ -229,8 +230,8 @@ void vnni_two_blocks(const int8_t* a, int64_t rows, const int8_t* b0, const int8
   }
 }
 
-void swiglu_i32_block(const int32_t* cg, const int32_t* cu, int64_t rows, const float* row_scale, const float* gate_scale,
-                      const float* up_scale, float* h, int64_t ldh) {
+void swiglu_i32_block(const int32_t* cg, const int32_t* cu, int64_t rows, const float* row_scale,
+                      const float* gate_scale, const float* up_scale, float* h, int64_t ldh) {
   const __m512 one = _mm512_set1_ps(1.0f), gs = _mm512_loadu_ps(gate_scale), us = _mm512_loadu_ps(up_scale);
   for (int64_t r = 0; r < rows; ++r) {
     const __m512 rs = _mm512_set1_ps(row_scale[r]);

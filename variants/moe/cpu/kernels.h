@@ -17,8 +17,8 @@ void amx_two_blocks(const bf16* a, int64_t rows, const bf16* b0, const bf16* b1,
                     int64_t ldc);
 
 // AVX-512-BF16: any row count (only the real rows are computed).
-void avx512_two_blocks(const bf16* a, int64_t rows, const bf16* b0, const bf16* b1, int64_t k_blocks, float* c0, float* c1,
-                       int64_t ldc);
+void avx512_two_blocks(const bf16* a, int64_t rows, const bf16* b0, const bf16* b1, int64_t k_blocks, float* c0,
+                       float* c1, int64_t ldc);
 
 // bf16(SiLU(g) * u) for rows < rows of a 16-column block, written into packed activations: row r at
 // h + (r / 16) * row_tile_stride + (r % 16) * 32 (h points at the block's first column); g, u [rows][16] fp32.
@@ -35,7 +35,7 @@ void amx_i8_two_blocks(const int8_t* a, int64_t rows, const int8_t* b0, const in
 void vnni_two_blocks(const int8_t* a, int64_t rows, const int8_t* b0, const int8_t* b1, int64_t k_blocks,
                      const int32_t* colsum0, const int32_t* colsum1, int32_t* c0, int32_t* c1, int64_t ldc);
 // h[r][c] = SiLU(g) * u with g = cg[r][c] * row_scale[r] * gate_scale[c], u likewise; fp32 out, row stride ldh.
-void swiglu_i32_block(const int32_t* cg, const int32_t* cu, int64_t rows, const float* row_scale, const float* gate_scale,
-                      const float* up_scale, float* h, int64_t ldh);
+void swiglu_i32_block(const int32_t* cg, const int32_t* cu, int64_t rows, const float* row_scale,
+                      const float* gate_scale, const float* up_scale, float* h, int64_t ldh);
 
 }  // namespace dslab::moe::kernels

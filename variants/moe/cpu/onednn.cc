@@ -54,7 +54,8 @@ class MoeOnednnCpu : public Base {
       x.down.run(x.h.data(), x.y.data());
     }
 #pragma omp parallel num_threads(threads_)
-    combine([&](int expert, int slot) { return &experts_[size_t(index_[size_t(expert)])].y[size_t(slot) * size_t(H)]; });
+    combine(
+        [&](int expert, int slot) { return &experts_[size_t(index_[size_t(expert)])].y[size_t(slot) * size_t(H)]; });
     omp_set_num_threads(saved);
   }
 

@@ -15,31 +15,31 @@
 
 #include "harness/cuda_check.h"
 #include "harness/errors.h"
-#include "variants/common/cp_async.cuh"
-#include "variants/common/mma.cuh"
-#include "variants/common/pdl.cuh"
-#include "variants/common/wgmma.cuh"
+#include "variants/common/cuda/cp_async.cuh"
+#include "variants/common/cuda/mma.cuh"
+#include "variants/common/cuda/pdl.cuh"
+#include "variants/common/cuda/wgmma.cuh"
 #include "variants/moe/cuda/moe_cuda.h"
 #include "variants/moe/cuda/moe_kernels.cuh"
 
 namespace dslab::moe::cuda {
 namespace {
 
-constexpr int kTileK = 64;     // one 128-byte row of bf16
+constexpr int kTileK = 64;  // one 128-byte row of bf16
 
 struct GroupedArgs {
-  const int2* tiles;        // (expert, first permuted row)
+  const int2* tiles;  // (expert, first permuted row)
   const int32_t* num_tiles;
-  const int32_t* offsets;   // [experts + 1]
-  const int32_t* perm_token;  // gather: A row of permuted row p is a[perm_token[p]] (null: a[p])
-  const __nv_bfloat16* a;   // [rows][K]
-  const __nv_bfloat16* b0;  // gate (or down) [experts][N][K]
-  const __nv_bfloat16* b1;  // up [experts][N][K] (gate+up only)
+  const int32_t* offsets;      // [experts + 1]
+  const int32_t* perm_token;   // gather: A row of permuted row p is a[perm_token[p]] (null: a[p])
+  const __nv_bfloat16* a;      // [rows][K]
+  const __nv_bfloat16* b0;     // gate (or down) [experts][N][K]
+  const __nv_bfloat16* b1;     // up [experts][N][K] (gate+up only)
   const int32_t* weight_slot;  // an expert's place in b0/b1 (null: the expert itself)
   int N, K;
-  __nv_bfloat16* h;         // gate+up: [rows][N]
-  float* y;                 // down: [rows][N]
-  __nv_bfloat16* y16;       // down, where given: the rows in bf16 instead of y
+  __nv_bfloat16* h;    // gate+up: [rows][N]
+  float* y;            // down: [rows][N]
+  __nv_bfloat16* y16;  // down, where given: the rows in bf16 instead of y
   // The tile list, offsets and gathers were written two or more launches back (down after gate+up): the CTA's
   // first weight stages may be copied before griddepcontrol.wait (see grouped_gemm_kernel).
   bool b_early;
@@ -68,7 +68,8 @@ __device__ inline bool cta_tile(const GroupedArgs& g, CtaTile& ct) {
   if (tile_index >= *g.num_tiles) return false;
   const int2 tile = g.tiles[tile_index];
   const int expert = tile.x;
-  ct = {tile.y, min(BM, g.offsets[expert + 1] - tile.y), column_tile * (GATE_UP ? BN / 2 : BN), g.weight_slot ? g.weight_slot[expert] : expert};
+  ct = {tile.y, min(BM, g.offsets[expert + 1] - tile.y), column_tile * (GATE_UP ? BN / 2 : BN),
+        g.weight_slot ? g.weight_slot[expert] : expert};
   return true;
 }
 // The grid over `max_tiles` row tiles and the column tiles of N outputs (gate+up: BN / 2 a tile).
@@ -91,7 +92,8 @@ __device__ inline void store_row(const GroupedArgs& g, int64_t row, int half, in
       const float h1 = silu(acc[j][2 * half + 1]) * acc[j + 1][2 * half + 1];
       *reinterpret_cast<__nv_bfloat162*>(g.h + row * g.N + col) = __floats2bfloat162_rn(h0, h1);
     } else if (g.y16) {
-      *reinterpret_cast<__nv_bfloat162*>(g.y16 + row * g.N + col) = __floats2bfloat162_rn(acc[j][2 * half], acc[j][2 * half + 1]);
+      *reinterpret_cast<__nv_bfloat162*>(g.y16 + row * g.N + col) =
+          __floats2bfloat162_rn(acc[j][2 * half], acc[j][2 * half + 1]);
     } else {
       *reinterpret_cast<float2*>(g.y + row * g.N + col) = make_float2(acc[j][2 * half], acc[j][2 * half + 1]);
     }
@@ -112,7 +114,8 @@ struct TileLoader {
   const GroupedArgs& g;
   int tid;
 
-  __device__ TileLoader(const GroupedArgs& args, int thread, int64_t slab, int out0, int row0, int rows) : g(args), tid(thread) {
+  __device__ TileLoader(const GroupedArgs& args, int thread, int64_t slab, int out0, int row0, int rows)
+      : g(args), tid(thread) {
     const int64_t K = g.K;
 #pragma unroll
     for (int i = 0; i < kBChunks; ++i) {
@@ -168,8 +171,8 @@ struct TileLoader {
 // BM rows x BN B rows (gate+up: BN / 2 gate + BN / 2 up rows = BN / 2 outputs) per CTA, WARPS warps of which
 // WARPS_M along the rows.
 //
-// Launched with launch_pdl (variants/common/pdl.cuh). With g.b_early (down, after gate+up) the CTA finds its tile and
-// copies its first STAGES - 1 weight stages before griddepcontrol.wait: the tile list comes from the router two
+// Launched with launch_pdl (variants/common/cuda/pdl.cuh). With g.b_early (down, after gate+up) the CTA finds its tile
+// and copies its first STAGES - 1 weight stages before griddepcontrol.wait: the tile list comes from the router two
 // launches back, finished once gate+up (which triggers after its own wait) let this kernel start, and the weights
 // from no kernel; the A rows (gate+up's output) are copied after the wait. At decode each CTA streams its ~200 KB of
 // weights once, so its pipeline's fill is a large part of its time, and this overlaps it with gate+up's tail.
@@ -183,7 +186,7 @@ __global__ void __launch_bounds__(WARPS * 32) grouped_gemm_kernel(GroupedArgs g)
   constexpr int WARPS_N = WARPS / WARPS_M, WTM = BM / WARPS_M, WTN = kTileN / WARPS_N, MT = WTM / 16, NT = WTN / 8;
   static_assert(NT % 2 == 0 && MT >= 1, "warp tile: whole m16 rows, pairs of n8 columns");
   extern __shared__ __align__(128) __nv_bfloat16 smem[];
-  __nv_bfloat16* sa = smem;                        // [STAGES][BM][64]
+  __nv_bfloat16* sa = smem;                         // [STAGES][BM][64]
   __nv_bfloat16* sb = smem + STAGES * BM * kTileK;  // [STAGES][128][64]
 
   CtaTile ct;
@@ -277,8 +280,8 @@ void launch_tiles(const GroupedArgs& g, int max_tiles, int threads, size_t smem,
 
 template <int BM, int BN, int WARPS, int WARPS_M, int STAGES, bool GATE_UP>
 void launch(const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
-  launch_tiles<grouped_gemm_kernel<BM, BN, WARPS, WARPS_M, STAGES, GATE_UP>, BN, GATE_UP>(g, max_tiles, WARPS * 32,
-                                                                                        size_t(STAGES) * (BM + BN) * kTileK * 2, stream);
+  launch_tiles<grouped_gemm_kernel<BM, BN, WARPS, WARPS_M, STAGES, GATE_UP>, BN, GATE_UP>(
+      g, max_tiles, WARPS * 32, size_t(STAGES) * (BM + BN) * kTileK * 2, stream);
 }
 
 // ---- Prefill tiles on Hopper's warpgroup MMA (moe/grouped_wgmma/cuda) ---------------------------------------------
@@ -287,58 +290,39 @@ void launch(const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
 // m64nBNk16 from the swizzled tiles (both operands K-major), keeping one k-stage's MMAs in flight while the next
 // one's are issued. BN 256 (the default) copies 48 KB a k-stage for twice the FLOPs of BN 128's 32 KB and reads each
 // A byte from shared memory once per 256 columns instead of 128: on the H100, V3 at 8192 tokens, 23.5 ms (BN 128, six
-// stages) -> 19.0 ms, moe/loop/cuda over it 0.91x -> 1.12x in the same runs (session 18, before the tile groups).
+// stages) -> 19.0 ms, moe/loop/cuda over it 0.91x -> 1.12x in the same runs (before the tile groups).
 // DSLAB_WGMMA_TILE=128x128 selects the BN 128 kernel (six stages) for such A/B runs.
 constexpr int kWgRows = 128, kWgThreads = 256;
 template <int BN, int STAGES>
-constexpr size_t wg_smem() { return size_t(STAGES) * (kWgRows + BN) * kTileK * 2 + 1024; }  // (+ room to align to 1024)
-
-// d (+)= A[64 x 16] . B[BN x 16]^T, fp32 accumulators d[BN / 8][4] in the m16n8 layout per warp (rows 16 w + lane / 4
-// and + 8, columns 8 j + 2 (lane % 4) and + 1).
-__device__ inline void wgmma_m64n128k16(float (&d)[16][4], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-      : "l"(a), "l"(b));
-}
-__device__ inline void wgmma_m64n256k16(float (&d)[32][4], uint64_t a, uint64_t b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
-      : "l"(a), "l"(b));
-}
-template <int BN>
-__device__ inline void wgmma_tile(float (&d)[BN / 8][4], uint64_t a, uint64_t b) {
-  if constexpr (BN == 256) wgmma_m64n256k16(d, a, b);
-  else wgmma_m64n128k16(d, a, b);
-}
+constexpr size_t wg_smem() {
+  return size_t(STAGES) * (kWgRows + BN) * kTileK * 2 + 1024;
+}  // (+ room to align to 1024)
 
 template <int BN, int STAGES, bool GATE_UP>
 __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArgs g) {
-  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_wait();  // (launched with launch_pdl: see variants/common/cuda/pdl.cuh)
   pdl_launch_dependents();
   constexpr int kAhead = STAGES - 2;  // (the stage being multiplied and the one whose MMAs may still be in flight)
   extern __shared__ unsigned char wg_smem_raw[];
   // Stages start 1024-byte aligned (the swizzle's period, which the descriptors assume).
-  __nv_bfloat16* sa = reinterpret_cast<__nv_bfloat16*>(wg_smem_raw + ((1024 - (smem_addr(wg_smem_raw) & 1023)) & 1023));  // [stages][128][64]
-  __nv_bfloat16* sb = sa + STAGES * kWgRows * kTileK;                                                                // [stages][BN][64]
+  __nv_bfloat16* sa = reinterpret_cast<__nv_bfloat16*>(
+      wg_smem_raw + ((1024 - (smem_addr(wg_smem_raw) & 1023)) & 1023));  // [stages][128][64]
+  __nv_bfloat16* sb = sa + STAGES * kWgRows * kTileK;                    // [stages][BN][64]
 
   CtaTile ct;
   if (!cta_tile<kWgRows, BN, GATE_UP>(g, ct)) return;
   const int tid = int(threadIdx.x), warpgroup = tid / 128, lane = tid % 32, warp = (tid % 128) / 32;
   const int k_tiles = (g.K + kTileK - 1) / kTileK;
   const TileLoader<kWgRows, BN, kWgThreads, GATE_UP> loader(g, tid, ct.slab, ct.out0, ct.row0, ct.rows);
-  auto load_stage = [&](int kt) { loader.load(sa + (kt % STAGES) * kWgRows * kTileK, sb + (kt % STAGES) * BN * kTileK, kt); };
+  auto load_stage = [&](int kt) {
+    loader.load(sa + (kt % STAGES) * kWgRows * kTileK, sb + (kt % STAGES) * BN * kTileK, kt);
+  };
 
   float acc[BN / 8][4];
 #pragma unroll
   for (auto& x : acc) x[0] = x[1] = x[2] = x[3] = 0.0f;
-  // Tiles 0 .. kAhead - 1 in flight; iteration kt copies tile kt + kAhead into the stage tile kt - 2 used, whose MMAs
-  // every warp has waited for (wgmma_wait<1> at the end of iteration kt - 1, before this iteration's barrier).
+    // Tiles 0 .. kAhead - 1 in flight; iteration kt copies tile kt + kAhead into the stage tile kt - 2 used, whose MMAs
+    // every warp has waited for (wgmma_wait<1> at the end of iteration kt - 1, before this iteration's barrier).
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) {
     if (s < k_tiles) load_stage(s);
@@ -354,7 +338,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArg
     const uint64_t b_desc = wgmma_desc(sb + (kt % STAGES) * BN * kTileK);
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < kTileK / 16; ++ks) wgmma_tile<BN>(acc, a_desc + 2 * ks, b_desc + 2 * ks);  // (+32 bytes a k16 step)
+    for (int ks = 0; ks < kTileK / 16; ++ks)
+      wgmma_tile<BN>(acc, a_desc + 2 * ks, b_desc + 2 * ks);  // (+32 bytes a k16 step)
     wgmma_commit();
     wgmma_wait<1>();
   }
@@ -371,7 +356,8 @@ __global__ void __launch_bounds__(kWgThreads, 1) grouped_wgmma_kernel(GroupedArg
 
 template <int BN, int STAGES, bool GATE_UP>
 void launch_wgmma(const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
-  launch_tiles<grouped_wgmma_kernel<BN, STAGES, GATE_UP>, BN, GATE_UP>(g, max_tiles, kWgThreads, wg_smem<BN, STAGES>(), stream);
+  launch_tiles<grouped_wgmma_kernel<BN, STAGES, GATE_UP>, BN, GATE_UP>(g, max_tiles, kWgThreads, wg_smem<BN, STAGES>(),
+                                                                       stream);
 }
 
 // The wgmma tile's width: 256 unless DSLAB_WGMMA_TILE=128x128 (read once; anything else is an error).
@@ -388,15 +374,22 @@ bool wgmma_narrow_tile() {
 template <bool GATE_UP>
 void launch_for_tile(int tile_rows, bool wgmma, const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
   if (wgmma && tile_rows == kWgRows)
-    return wgmma_narrow_tile() ? launch_wgmma<128, 6, GATE_UP>(g, max_tiles, stream) : launch_wgmma<256, 4, GATE_UP>(g, max_tiles, stream);
+    return wgmma_narrow_tile() ? launch_wgmma<128, 6, GATE_UP>(g, max_tiles, stream)
+                               : launch_wgmma<256, 4, GATE_UP>(g, max_tiles, stream);
   switch (tile_rows) {
     // Decode: weight streaming, so narrow CTAs (64 B rows, 4 warps, 60 KB: three per SM) for more of them in
     // flight (a V2-Lite layer's 6 experts x 1408 outputs made 132 CTAs of 128 B rows; its down GEMM 96).
-    case 16: launch<16, 64, 4, 1, 6, GATE_UP>(g, max_tiles, stream); break;
-    case 64: launch<64, 128, 8, 2, 4, GATE_UP>(g, max_tiles, stream); break;
+    case 16:
+      launch<16, 64, 4, 1, 6, GATE_UP>(g, max_tiles, stream);
+      break;
+    case 64:
+      launch<64, 128, 8, 2, 4, GATE_UP>(g, max_tiles, stream);
+      break;
     // (96 KB of shared memory would let two CTAs share an SM, but 169-171 registers x 256 threads hold one: prefill
-    // here runs at 0.54-0.59x the speed of moe/grouped_wgmma/cuda's tiles, H100 session 18)
-    default: launch<128, 128, 8, 2, 3, GATE_UP>(g, max_tiles, stream); break;
+    // here runs at 0.54-0.59x the speed of moe/grouped_wgmma/cuda's tiles, H100)
+    default:
+      launch<128, 128, 8, 2, 3, GATE_UP>(g, max_tiles, stream);
+      break;
   }
 }
 
@@ -410,8 +403,9 @@ class MoeGrouped final : public MoeOp {
   void prepare_experts() override { h_.scratch(arena_, size_t(rows_ * inter_)); }
   bool bf16_rows() const override { return true; }
   void experts() override {
-    GroupedExperts e{tiles_.get(), num_tiles_.get(), offsets_.get(), perm_token_.get(), max_tiles_, tile_rows_, b_.x, w_->gate_experts(),
-                     w_->up_experts(), w_->down_experts(), nullptr, hidden_, inter_, h_.get(), nullptr};
+    GroupedExperts e{tiles_.get(), num_tiles_.get(),   offsets_.get(),   perm_token_.get(),  max_tiles_, tile_rows_,
+                     b_.x,         w_->gate_experts(), w_->up_experts(), w_->down_experts(), nullptr,    hidden_,
+                     inter_,       h_.get(),           nullptr};
     e.wgmma = kWgmma;
     e.y16 = y16_.get();
     e.down_after_gate_up = true;
@@ -429,22 +423,24 @@ using MoeGroupedWgmma = MoeGrouped<true>;
 }  // namespace
 
 void grouped_gate_up(const GroupedExperts& e, cudaStream_t stream) {
-  const GroupedArgs up{e.tiles, e.num_tiles, e.offsets, e.perm_token, e.x, e.gate, e.up, e.weight_slot, int(e.inter), int(e.hidden), e.h, nullptr,
-                       nullptr, /*b_early=*/false};
+  const GroupedArgs up{e.tiles,       e.num_tiles,  e.offsets,     e.perm_token, e.x,     e.gate,  e.up,
+                       e.weight_slot, int(e.inter), int(e.hidden), e.h,          nullptr, nullptr, /*b_early=*/false};
   launch_for_tile<true>(e.tile_rows, e.wgmma, up, e.max_tiles, stream);
 }
 
 void grouped_down(const GroupedExperts& e, cudaStream_t stream) {
-  const GroupedArgs down{e.tiles, e.num_tiles, e.offsets, nullptr, e.h, e.down, nullptr, e.weight_slot, int(e.hidden), int(e.inter), nullptr, e.y,
-                         e.y16, e.down_after_gate_up};
+  const GroupedArgs down{e.tiles,       e.num_tiles,   e.offsets,    nullptr, e.h, e.down, nullptr,
+                         e.weight_slot, int(e.hidden), int(e.inter), nullptr, e.y, e.y16,  e.down_after_gate_up};
   launch_for_tile<false>(e.tile_rows, e.wgmma, down, e.max_tiles, stream);
 }
 
-DSLAB_REGISTER_MOE_OP(MoeGroupedWgmma, "moe/grouped_wgmma/cuda",
-                      "moe/grouped/cuda with prefill's 128-row tiles on Hopper's warpgroup MMA (128 x 256 CTA tiles, wgmma m64n256k16, "
-                      "two warpgroups a CTA, four cp.async stages); decode tiles as moe/grouped/cuda");
-DSLAB_REGISTER_MOE_OP(MoeGroupedCuda, "moe/grouped/cuda",
-                      "routed experts as two grouped GEMMs of our own (mma.sync, tiles by expert from the GPU router), SiLU*up fused, "
-                      "graph-capturable");
+DSLAB_REGISTER_MOE_OP(
+    MoeGroupedWgmma, "moe/grouped_wgmma/cuda",
+    "moe/grouped/cuda with prefill's 128-row tiles on Hopper's warpgroup MMA (128 x 256 CTA tiles, wgmma m64n256k16, "
+    "two warpgroups a CTA, four cp.async stages); decode tiles as moe/grouped/cuda");
+DSLAB_REGISTER_MOE_OP(
+    MoeGroupedCuda, "moe/grouped/cuda",
+    "routed experts as two grouped GEMMs of our own (mma.sync, tiles by expert from the GPU router), SiLU*up fused, "
+    "graph-capturable");
 
 }  // namespace dslab::moe::cuda

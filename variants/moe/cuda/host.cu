@@ -30,11 +30,11 @@ namespace {
 // and per (token, k) the CPU's id (-1 for a hot expert's choice) and the GPU's row (-1 for a cold one). One block.
 constexpr int kHotThreads = 1024;
 struct HotArgs {
-  const int32_t* ids;         // [rows]
-  const int32_t* slot;        // [rows]: the permuted row of each choice
-  const int32_t* offsets;     // [experts + 1]
-  const int32_t* hot_ids;     // [hot]
-  const int32_t* hot_index;   // [experts]: slab of a hot expert, -1 for the others
+  const int32_t* ids;        // [rows]
+  const int32_t* slot;       // [rows]: the permuted row of each choice
+  const int32_t* offsets;    // [experts + 1]
+  const int32_t* hot_ids;    // [hot]
+  const int32_t* hot_index;  // [experts]: slab of a hot expert, -1 for the others
   int hot, rows, tile_rows;
   int2* tiles;
   int32_t *num_tiles, *cpu_ids, *hot_slot;
@@ -97,11 +97,16 @@ class HostMoe final : public MoeOp {
   // The layer's experts, made as the reference makes them (on the device, then copied here: the counter-based
   // generator is the GPU's fastest way to make gigabytes), packed for the CPU kernels, and the pinned buffers.
   void prepare_experts() override {
-    if (w_->routed_on_device) throw std::logic_error("moe/host/cuda: its routed experts belong in host memory (MoeWeights::routed_on_device)");
+    if (w_->routed_on_device)
+      throw std::logic_error("moe/host/cuda: its routed experts belong in host memory (MoeWeights::routed_on_device)");
     const int64_t H = hidden_, I = inter_;
-    const int threads = cpu_threads_ > 0 ? cpu_threads_ : std::max(1, int(std::thread::hardware_concurrency()) - 1);  // one core left to the thread driving the GPU
+    const int threads =
+        cpu_threads_ > 0
+            ? cpu_threads_
+            : std::max(1, int(std::thread::hardware_concurrency()) - 1);  // one core left to the thread driving the GPU
     // AMX where the CPU has it and the process may use it (the kernel per expert by the measured crossover).
-    const auto kernel = cpu_info().amx_bf16 && request_amx_permission().empty() ? HostExperts::Kernel::choose : HostExperts::Kernel::avx512;
+    const auto kernel = cpu_info().amx_bf16 && request_amx_permission().empty() ? HostExperts::Kernel::choose
+                                                                                : HostExperts::Kernel::avx512;
     if (!engine_ || engine_->threads() != threads) engine_ = std::make_unique<HostExperts>(kernel, threads);
     choose_hot_experts();
     std::vector<ref::MlpParams> experts(static_cast<size_t>(experts_));
@@ -123,7 +128,7 @@ class HostMoe final : public MoeOp {
     weights_.resize(size_t(rows_));
     y_host_.resize(size_t(tokens_ * H));
     if (hot_ids_.size() == 0) {
-      combined_by_experts_ = true;  // y_ comes back as [tokens][hidden], each token's weighted sum
+      combined_by_experts_ = true;  // y_ is left as [tokens][hidden], each token's weighted sum
       experts_sum_ = y_.get();
     } else {  // the GPU's rows in y_, the CPU's per-token sum beside them
       cpu_sum_.scratch(arena_, size_t(tokens_ * H));
@@ -145,7 +150,8 @@ class HostMoe final : public MoeOp {
     std::map<std::string, double> c{{"cpu_experts_engine_s", double(kept[kept.size() / 2]) * 1e-9},
                                     {"cpu_experts_calls", double(calls)},
                                     {"cpu_experts_threads", double(engine_->threads())}};
-    if (hot_ids_.size() > 0) {  // the hot experts' share of the choices: in the profile, and in the last step (synchronises)
+    if (hot_ids_.size() >
+        0) {  // the hot experts' share of the choices: in the profile, and in the last step (synchronises)
       std::vector<int32_t> ids(static_cast<size_t>(rows_));
       DSLAB_CUDA(cudaDeviceSynchronize());
       DSLAB_CUDA(cudaMemcpy(ids.data(), cpu_ids_.get(), size_t(rows_) * 4, cudaMemcpyDeviceToHost));
@@ -163,12 +169,14 @@ class HostMoe final : public MoeOp {
   }
 
   void experts() override {
-    if (!error_.empty()) throw std::runtime_error("moe/host/cuda: the CPU experts failed in an earlier step: " + error_);
+    if (!error_.empty())
+      throw std::runtime_error("moe/host/cuda: the CPU experts failed in an earlier step: " + error_);
     const int32_t* ids = b_.topk_ids ? b_.topk_ids : topk_ids_.get();
     const float* weights = b_.topk_weights ? b_.topk_weights : topk_weights_.get();
     if (hot_ids_.size() > 0) {
-      const HotArgs a{ids, slot_.get(), offsets_.get(), hot_ids_.get(), hot_slab_device_.get(), int(hot_ids_.size()), int(rows_), tile_rows_,
-                      hot_tiles_.get(), hot_num_tiles_.get(), cpu_ids_.get(), hot_slot_.get()};
+      const HotArgs a{
+          ids,        slot_.get(), offsets_.get(),   hot_ids_.get(),       hot_slab_device_.get(), int(hot_ids_.size()),
+          int(rows_), tile_rows_,  hot_tiles_.get(), hot_num_tiles_.get(), cpu_ids_.get(),         hot_slot_.get()};
       hot_split_kernel<<<1, kHotThreads, 0, stream_>>>(a);
       DSLAB_CHECK_LAUNCH();
       mark("hot_split");
@@ -178,8 +186,21 @@ class HostMoe final : public MoeOp {
         DSLAB_CUDA(cudaEventRecord(hot_ready_, stream_));
         DSLAB_CUDA(cudaStreamWaitEvent(gpu, hot_ready_, 0));
       }
-      const GroupedExperts e{hot_tiles_.get(), hot_num_tiles_.get(), offsets_.get(), perm_token_.get(), hot_max_tiles_, tile_rows_, b_.x,
-                             hot_gate_.get(), hot_up_.get(), hot_down_.get(), hot_slab_device_.get(), hidden_, inter_, hot_h_.get(), y_.get()};
+      const GroupedExperts e{hot_tiles_.get(),
+                             hot_num_tiles_.get(),
+                             offsets_.get(),
+                             perm_token_.get(),
+                             hot_max_tiles_,
+                             tile_rows_,
+                             b_.x,
+                             hot_gate_.get(),
+                             hot_up_.get(),
+                             hot_down_.get(),
+                             hot_slab_device_.get(),
+                             hidden_,
+                             inter_,
+                             hot_h_.get(),
+                             y_.get()};
       grouped_gate_up(e, gpu);
       grouped_down(e, gpu);
       if (!side_) mark("hot_experts");
@@ -191,8 +212,8 @@ class HostMoe final : public MoeOp {
     mark("to_host");
     DSLAB_CUDA(cudaLaunchHostFunc(stream_, &HostMoe::run_on_host, this));
     mark("cpu_experts");
-    DSLAB_CUDA(cudaMemcpyAsync(hot_ids_.size() == 0 ? y_.get() : cpu_sum_.get(), y_host_.get(), size_t(tokens_ * hidden_) * 4, cudaMemcpyHostToDevice,
-                               stream_));
+    DSLAB_CUDA(cudaMemcpyAsync(hot_ids_.size() == 0 ? y_.get() : cpu_sum_.get(), y_host_.get(),
+                               size_t(tokens_ * hidden_) * 4, cudaMemcpyHostToDevice, stream_));
     mark("to_device");
   }
 
@@ -204,15 +225,18 @@ class HostMoe final : public MoeOp {
     hot_ids_.resize(0);
     if (hot_experts_ <= 0) return;
     if (hot_experts_ >= experts_ || hot_experts_ > kHotThreads)
-      throw BadInput("moe/host/cuda: hot experts: " + std::to_string(hot_experts_) + ": expected 1.." + std::to_string(std::min<int64_t>(experts_ - 1, kHotThreads)));
+      throw BadInput("moe/host/cuda: hot experts: " + std::to_string(hot_experts_) + ": expected 1.." +
+                     std::to_string(std::min<int64_t>(experts_ - 1, kHotThreads)));
     const std::vector<int64_t> counts = profiled_counts(kProfileTokens, w_->seed);
     std::vector<int32_t> order(static_cast<size_t>(experts_));
     for (int64_t e = 0; e < experts_; ++e) order[size_t(e)] = int32_t(e);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return counts[size_t(a)] > counts[size_t(b)]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return counts[size_t(a)] > counts[size_t(b)]; });
     order.resize(size_t(hot_experts_));
     int64_t hot_choices = 0, all_choices = 0;
     for (int64_t e = 0; e < experts_; ++e) all_choices += counts[size_t(e)];
-    for (size_t h = 0; h < order.size(); ++h) hot_slab_[size_t(order[h])] = int32_t(h), hot_choices += counts[size_t(order[h])];
+    for (size_t h = 0; h < order.size(); ++h)
+      hot_slab_[size_t(order[h])] = int32_t(h), hot_choices += counts[size_t(order[h])];
     profiled_hot_share_ = all_choices ? double(hot_choices) / double(all_choices) : 0;
     hot_ids_.upload(order);
     hot_slab_device_.upload(hot_slab_);
@@ -221,7 +245,8 @@ class HostMoe final : public MoeOp {
     hot_up_.resize(size_t(N * I * H));
     hot_down_.resize(size_t(N * H * I));
     for (int64_t h = 0; h < N; ++h)
-      generate_expert_weights(m_, w_->seed, order[size_t(h)], hot_gate_.get() + h * I * H, hot_up_.get() + h * I * H, hot_down_.get() + h * H * I);
+      generate_expert_weights(m_, w_->seed, order[size_t(h)], hot_gate_.get() + h * I * H, hot_up_.get() + h * I * H,
+                              hot_down_.get() + h * H * I);
     hot_max_tiles_ = int(rows_ / tile_rows_ + std::min(N, rows_));
     hot_tiles_.resize(size_t(hot_max_tiles_));
     hot_num_tiles_.resize(1);
@@ -236,10 +261,11 @@ class HostMoe final : public MoeOp {
     auto* op = static_cast<HostMoe*>(self);
     try {
       const auto start = std::chrono::steady_clock::now();
-      op->engine_->forward(reinterpret_cast<const bf16*>(op->x_.get()), op->tokens_, op->ids_.get(), op->weights_.get(), op->topk_,
-                           op->y_host_.get());
+      op->engine_->forward(reinterpret_cast<const bf16*>(op->x_.get()), op->tokens_, op->ids_.get(), op->weights_.get(),
+                           op->topk_, op->y_host_.get());
       const int64_t call = op->engine_calls_.load(std::memory_order_relaxed);
-      op->call_ns_[size_t(call % kKeptCalls)] = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+      op->call_ns_[size_t(call % kKeptCalls)] =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
       op->engine_calls_.store(call + 1, std::memory_order_release);
     } catch (const std::exception& e) {
       op->error_ = e.what();
@@ -253,12 +279,12 @@ class HostMoe final : public MoeOp {
   std::vector<int32_t> hot_slab_;
   DeviceArray<int32_t> hot_ids_, hot_slab_device_;
   DeviceArray<__nv_bfloat16> hot_gate_, hot_up_, hot_down_;  // [hot][I][H], [hot][I][H], [hot][H][I]
-  double profiled_hot_share_ = 0;  // of the profile's choices, those of the hot experts
+  double profiled_hot_share_ = 0;                            // of the profile's choices, those of the hot experts
   int hot_max_tiles_ = 0;
   DeviceArray<int2> hot_tiles_;
   DeviceArray<int32_t> hot_num_tiles_, cpu_ids_, hot_slot_;  // [1], [rows], [rows]
-  DeviceArray<__nv_bfloat16> hot_h_;                          // [rows][I] (scratch)
-  DeviceArray<float> cpu_sum_;                                // [tokens][hidden] (scratch)
+  DeviceArray<__nv_bfloat16> hot_h_;                         // [rows][I] (scratch)
+  DeviceArray<float> cpu_sum_;                               // [tokens][hidden] (scratch)
   cudaEvent_t hot_ready_{};
   PinnedArray<__nv_bfloat16> x_;
   PinnedArray<int32_t> ids_;
@@ -272,8 +298,9 @@ class HostMoe final : public MoeOp {
 
 }  // namespace
 
-DSLAB_REGISTER_MOE_OP(HostMoe, "moe/host/cuda",
-                      "KTransformers' split: router and shared experts on the GPU, routed experts on the CPU (AMX/AVX-512 engine) "
-                      "through pinned memory and a host function in the stream (graph-capturable)");
+DSLAB_REGISTER_MOE_OP(
+    HostMoe, "moe/host/cuda",
+    "KTransformers' split: router and shared experts on the GPU, routed experts on the CPU (AMX/AVX-512 engine) "
+    "through pinned memory and a host function in the stream (graph-capturable)");
 
 }  // namespace dslab::moe::cuda

@@ -10,7 +10,8 @@
 namespace dslab::moe::cuda {
 namespace {
 
-__global__ void gather_rows_kernel(const __nv_bfloat16* x, const int32_t* perm_token, int64_t rows, int64_t hidden, __nv_bfloat16* out) {
+__global__ void gather_rows_kernel(const __nv_bfloat16* x, const int32_t* perm_token, int64_t rows, int64_t hidden,
+                                   __nv_bfloat16* out) {
   const int64_t r = blockIdx.x;
   if (r >= rows) return;
   const uint4* src = reinterpret_cast<const uint4*>(x + int64_t(perm_token[r]) * hidden);
@@ -35,23 +36,25 @@ class MoeLoopCuda final : public MoeOp {
   void experts() override {
     gather_rows_kernel<<<unsigned(rows_), 128, 0, stream_>>>(b_.x, perm_token_.get(), rows_, hidden_, xg_.get());
     DSLAB_CHECK_LAUNCH();
-    DSLAB_CUDA(cudaMemcpyAsync(host_offsets_, offsets_.get(), size_t(experts_ + 1) * 4, cudaMemcpyDeviceToHost, stream_));
+    DSLAB_CUDA(
+        cudaMemcpyAsync(host_offsets_, offsets_.get(), size_t(experts_ + 1) * 4, cudaMemcpyDeviceToHost, stream_));
     DSLAB_CUDA(cudaStreamSynchronize(stream_));  // the baseline's defining cost: the host reads the routing
     const int64_t H = hidden_, I = inter_;
     for (int64_t e = 0; e < experts_; ++e) {
       const int64_t first = host_offsets_[e], n = host_offsets_[e + 1] - first;
       if (n == 0) continue;
       // gate and up into the two halves of each row of gate_up_ [rows][2I] (ldc 2I)
-      mla::cuda::gemm(blas_->get(), CUBLAS_OP_T, CUBLAS_OP_N, I, n, H, w_->gate_experts() + e * I * H, H, 0, xg_.get() + first * H, H, 0,
-                      gate_up_.get() + first * 2 * I, CUDA_R_32F, 2 * I, 0, 1);
-      mla::cuda::gemm(blas_->get(), CUBLAS_OP_T, CUBLAS_OP_N, I, n, H, w_->up_experts() + e * I * H, H, 0, xg_.get() + first * H, H, 0,
-                      gate_up_.get() + first * 2 * I + I, CUDA_R_32F, 2 * I, 0, 1);
+      gpu::gemm(blas_->get(), CUBLAS_OP_T, CUBLAS_OP_N, I, n, H, w_->gate_experts() + e * I * H, H, 0,
+                xg_.get() + first * H, H, 0, gate_up_.get() + first * 2 * I, CUDA_R_32F, 2 * I, 0, 1);
+      gpu::gemm(blas_->get(), CUBLAS_OP_T, CUBLAS_OP_N, I, n, H, w_->up_experts() + e * I * H, H, 0,
+                xg_.get() + first * H, H, 0, gate_up_.get() + first * 2 * I + I, CUDA_R_32F, 2 * I, 0, 1);
     }
     silu_mul(gate_up_.get(), rows_, I, h_.get(), stream_);
     for (int64_t e = 0; e < experts_; ++e) {
       const int64_t first = host_offsets_[e], n = host_offsets_[e + 1] - first;
       if (n == 0) continue;
-      mla::cuda::linear(*blas_, h_.get() + first * I, n, I, w_->down_experts() + e * H * I, H, y_.get() + first * H, CUDA_R_32F);
+      gpu::linear(*blas_, h_.get() + first * I, n, I, w_->down_experts() + e * H * I, H, y_.get() + first * H,
+                  CUDA_R_32F);
     }
   }
 
@@ -63,7 +66,8 @@ class MoeLoopCuda final : public MoeOp {
 
 }  // namespace
 
-DSLAB_REGISTER_MOE_OP(MoeLoopCuda, "moe/loop/cuda",
-                      "naive baseline: routing read back by the host, then cuBLAS GEMMs for gate, up, down of each active expert");
+DSLAB_REGISTER_MOE_OP(
+    MoeLoopCuda, "moe/loop/cuda",
+    "naive baseline: routing read back by the host, then cuBLAS GEMMs for gate, up, down of each active expert");
 
 }  // namespace dslab::moe::cuda

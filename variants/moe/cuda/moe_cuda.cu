@@ -1,22 +1,22 @@
 #include "variants/moe/cuda/moe_cuda.h"
 
 #include <cub/block/block_scan.cuh>
-#include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
 #include <cmath>
 #include <mutex>
 
 #include "harness/errors.h"
+#include "variants/common/cuda/nvtx.h"
 #include "harness/host.h"
 #include "harness/op_registry.h"
-#include "variants/common/device_random.h"
-#include "variants/common/pdl.cuh"
+#include "variants/common/cuda/device_random.h"
+#include "variants/common/cuda/pdl.cuh"
 #include "variants/moe/cuda/moe_kernels.cuh"
 
 namespace dslab::moe::cuda {
 
-using mla::cuda::linear;
+using gpu::linear;
 
 namespace {
 
@@ -65,8 +65,10 @@ __device__ void route_token(const RouterParams& p, int t, float* scratch) {
       float best = -INFINITY, second = -INFINITY;
       for (int i = 0; i < per_group; ++i) {
         const float v = choice[lane * per_group + i];
-        if (v > best) second = best, best = v;
-        else if (v > second) second = v;
+        if (v > best)
+          second = best, best = v;
+        else if (v > second)
+          second = v;
       }
       group_score = p.noaux ? best + (per_group > 1 ? second : 0.0f) : best;
     }
@@ -100,7 +102,7 @@ __device__ void route_token(const RouterParams& p, int t, float* scratch) {
       const int oi = __shfl_xor_sync(0xffffffffu, i, o);
       if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
     }
-    __syncwarp();  // every lane has scanned the choices before one is taken
+    __syncwarp();                    // every lane has scanned the choices before one is taken
     if (lane == 0) choice[i] = NAN;  // taken: NaN compares false with everything
     __syncwarp();
     const float w = score[i];
@@ -118,7 +120,7 @@ __device__ void route_token(const RouterParams& p, int t, float* scratch) {
 
 constexpr int kRouterWarps = 4;
 __global__ void router_kernel(RouterParams p) {
-  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_wait();  // (launched with launch_pdl: see variants/common/cuda/pdl.cuh)
   pdl_launch_dependents();
   extern __shared__ float smem[];
   const int warp = int(threadIdx.x) / 32;
@@ -128,7 +130,7 @@ __global__ void router_kernel(RouterParams p) {
 
 // Given routing: only the counts.
 __global__ void count_kernel(const int32_t* ids, int n, int32_t* counts) {
-  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_wait();  // (launched with launch_pdl: see variants/common/cuda/pdl.cuh)
   pdl_launch_dependents();
   const int i = int(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) atomicAdd(&counts[ids[i]], 1);
@@ -143,7 +145,7 @@ struct ScanArgs {
   int E, tile_rows;
   const int32_t* ids;
   int rows, topk;
-  int32_t *offsets;
+  int32_t* offsets;
   int2* tiles;
   int32_t *num_tiles, *perm_token, *slot;
 };
@@ -155,7 +157,8 @@ __device__ void scan_scatter(const ScanArgs& a) {
   const int n = e < a.E ? a.counts[e] : 0;
   const int2 mine = make_int2(n, (n + a.tile_rows - 1) / a.tile_rows);
   int2 first, total;
-  Scan(temp).ExclusiveScan(mine, first, make_int2(0, 0), [](int2 x, int2 y) { return make_int2(x.x + y.x, x.y + y.y); }, total);
+  Scan(temp).ExclusiveScan(
+      mine, first, make_int2(0, 0), [](int2 x, int2 y) { return make_int2(x.x + y.x, x.y + y.y); }, total);
   if (e < a.E) {
     a.offsets[e] = first.x;
     cursor[e] = first.x;
@@ -174,7 +177,7 @@ __device__ void scan_scatter(const ScanArgs& a) {
   }
 }
 __global__ void __launch_bounds__(kScanThreads) scan_scatter_kernel(ScanArgs a) {
-  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_wait();  // (launched with launch_pdl: see variants/common/cuda/pdl.cuh)
   pdl_launch_dependents();
   scan_scatter(a);
 }
@@ -183,9 +186,10 @@ __global__ void __launch_bounds__(kScanThreads) scan_scatter_kernel(ScanArgs a) 
 // token routes it, then the block's barrier (which also makes the warps' global writes visible to the whole
 // block) and the scan + scatter as above.
 constexpr int kFusedRouteTokens = kScanThreads / 32;
-constexpr size_t kMaxRouterSmem = 32 * 1024;  // dynamic shared memory, well inside the 48 KB a kernel gets without opting in
+constexpr size_t kMaxRouterSmem =
+    32 * 1024;  // dynamic shared memory, well inside the 48 KB a kernel gets without opting in
 __global__ void __launch_bounds__(kScanThreads) route_scan_scatter_kernel(RouterParams p, ScanArgs a) {
-  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_wait();  // (launched with launch_pdl: see variants/common/cuda/pdl.cuh)
   pdl_launch_dependents();
   extern __shared__ float smem[];
   const int warp = int(threadIdx.x) / 32;
@@ -226,9 +230,10 @@ __device__ inline float gate_dot(const __nv_bfloat16* x, const __nv_bfloat16* ga
 // The router's logits for a handful of tokens (decode) without a GEMM launch: one warp per (token, expert) dot
 // product; blocks of 8 experts spread the gate's rows over the SMs.
 constexpr int kGateThreads = 256;
-__global__ void __launch_bounds__(kGateThreads) gate_logits_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ gate,
-                                                                   int hidden, int E, float* __restrict__ logits) {
-  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+__global__ void __launch_bounds__(kGateThreads)
+    gate_logits_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ gate, int hidden, int E,
+                       float* __restrict__ logits) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/cuda/pdl.cuh)
   pdl_launch_dependents();
   const int t = blockIdx.x, e = int(blockIdx.y) * (kGateThreads / 32) + int(threadIdx.x) / 32;
   if (e >= E) return;
@@ -243,10 +248,10 @@ __global__ void __launch_bounds__(kGateThreads) gate_logits_kernel(const __nv_bf
 // scan + scatter. (Each block's logit writes are fenced before its count, the last block's reads after it: the
 // threadFenceReduction pattern.)
 constexpr int kGateRouteExperts = 8, kGateRouteSplit = kScanThreads / 32 / kGateRouteExperts;
-__global__ void __launch_bounds__(kScanThreads) gate_route_scan_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ gate,
-                                                                       int hidden, float* logits, unsigned* blocks_done, RouterParams p,
-                                                                       ScanArgs a) {
-  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+__global__ void __launch_bounds__(kScanThreads)
+    gate_route_scan_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ gate, int hidden,
+                           float* logits, unsigned* blocks_done, RouterParams p, ScanArgs a) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/cuda/pdl.cuh)
   pdl_launch_dependents();
   extern __shared__ float smem[];  // [tokens][E] logits, then [tokens][2 E] routing scratch
   __shared__ float partial[kScanThreads / 32];
@@ -276,7 +281,8 @@ __global__ void __launch_bounds__(kScanThreads) gate_route_scan_kernel(const __n
   __threadfence();
   if (threadIdx.x == 0) *blocks_done = 0;  // (the next step's count starts from zero)
   float* staged = smem;
-  for (int i = int(threadIdx.x); i < p.tokens * p.E; i += kScanThreads) staged[i] = __ldcg(logits + i);  // (L2: not a stale L1 line)
+  for (int i = int(threadIdx.x); i < p.tokens * p.E; i += kScanThreads)
+    staged[i] = __ldcg(logits + i);  // (L2: not a stale L1 line)
   __syncthreads();
   RouterParams from_smem = p;
   from_smem.logits = staged;
@@ -293,13 +299,15 @@ constexpr int kCombineColumns = 1024, kCombineMaxTopk = 16;
 __device__ inline float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ inline float4 load4(const __nv_bfloat16* p) {
   const uint2 u = *reinterpret_cast<const uint2*>(p);
-  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x)), b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x)),
+               b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
   return make_float4(a.x, a.y, b.x, b.y);
 }
 template <class Row>  // (the rows' type: fp32, or bf16 where the op writes them so)
-__global__ void combine_kernel(const Row* __restrict__ y, const int32_t* __restrict__ slot, const float* __restrict__ weights, int topk,
-                               int hidden, bool accumulate, const float* __restrict__ add, float* __restrict__ out) {
-  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+__global__ void combine_kernel(const Row* __restrict__ y, const int32_t* __restrict__ slot,
+                               const float* __restrict__ weights, int topk, int hidden, bool accumulate,
+                               const float* __restrict__ add, float* __restrict__ out) {
+  pdl_wait();  // (launched with launch_pdl: see variants/common/cuda/pdl.cuh)
   pdl_launch_dependents();
   const int t = blockIdx.x, j = int(blockIdx.y) * kCombineColumns + int(threadIdx.x) * 4;
   if (j >= hidden) return;
@@ -320,36 +328,35 @@ __global__ void combine_kernel(const Row* __restrict__ y, const int32_t* __restr
   for (int k = 0; k < kCombineMaxTopk; ++k)
     v[k] = rows[k] >= 0 ? load4(y + int64_t(rows[k]) * hidden + j) : make_float4(0, 0, 0, 0);
 #pragma unroll
-  for (int k = 0; k < kCombineMaxTopk; ++k) acc.x += w[k] * v[k].x, acc.y += w[k] * v[k].y, acc.z += w[k] * v[k].z, acc.w += w[k] * v[k].w;
+  for (int k = 0; k < kCombineMaxTopk; ++k)
+    acc.x += w[k] * v[k].x, acc.y += w[k] * v[k].y, acc.z += w[k] * v[k].z, acc.w += w[k] * v[k].w;
   *reinterpret_cast<float4*>(out + int64_t(t) * hidden + j) = acc;
 }
 
 __global__ void silu_mul_kernel(const float* gate_up, int64_t rows, int64_t inter, __nv_bfloat16* h) {
-  pdl_wait();  // (launched with launch_pdl: see variants/common/pdl.cuh)
+  pdl_wait();  // (launched with launch_pdl: see variants/common/cuda/pdl.cuh)
   pdl_launch_dependents();
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * inter; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * inter;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / inter, j = i % inter;
     const float g = gate_up[r * 2 * inter + j], u = gate_up[r * 2 * inter + inter + j];
     h[i] = __float2bfloat16_rn(silu(g) * u);
   }
 }
 
-struct NvtxRange {
-  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
-  ~NvtxRange() { nvtxRangePop(); }
-};
-
 }  // namespace
 
 void silu_mul(const float* gate_up, int64_t rows, int64_t inter, __nv_bfloat16* h, cudaStream_t stream) {
   if (rows * inter == 0) return;
-  launch_pdl(silu_mul_kernel, dim3(unsigned(std::min<int64_t>((rows * inter + 255) / 256, 132 * 16))), dim3(256), 0, stream, gate_up, rows, inter, h);
+  launch_pdl(silu_mul_kernel, dim3(unsigned(std::min<int64_t>((rows * inter + 255) / 256, 132 * 16))), dim3(256), 0,
+             stream, gate_up, rows, inter, h);
   DSLAB_CHECK_LAUNCH();
 }
 
 // ---- weights ---------------------------------------------------------------------------------------------
 
-void generate_mlp_weights(const ModelConfig& m, int64_t intermediate, uint64_t seed, const std::string& prefix, MlpWeights* w) {
+void generate_mlp_weights(const ModelConfig& m, int64_t intermediate, uint64_t seed, const std::string& prefix,
+                          MlpWeights* w) {
   const int64_t H = m.hidden_size, I = intermediate;
   w->intermediate = I;
   w->gate_up.resize(size_t(2 * I * H));
@@ -359,7 +366,8 @@ void generate_mlp_weights(const ModelConfig& m, int64_t intermediate, uint64_t s
   fill_random_bf16(w->down.get(), size_t(H * I), seed, prefix + ".down_proj", fan_in_scale(I));
 }
 
-void generate_expert_weights(const ModelConfig& m, uint64_t seed, int64_t e, __nv_bfloat16* gate, __nv_bfloat16* up, __nv_bfloat16* down) {
+void generate_expert_weights(const ModelConfig& m, uint64_t seed, int64_t e, __nv_bfloat16* gate, __nv_bfloat16* up,
+                             __nv_bfloat16* down) {
   const int64_t H = m.hidden_size, I = m.moe_intermediate_size;
   const std::string prefix = "experts." + std::to_string(e);
   fill_random_bf16(gate, size_t(I * H), seed, prefix + ".gate_proj", fan_in_scale(H));
@@ -389,19 +397,21 @@ void generate_moe_weights(const ModelConfig& m, int64_t experts, uint64_t seed, 
   w->w_up.resize(size_t(on_device * I * H));
   w->w_down.resize(size_t(on_device * H * I));
   for (int64_t e = 0; e < on_device; ++e)
-    generate_expert_weights(m, seed, e, w->w_gate.get() + e * I * H, w->w_up.get() + e * I * H, w->w_down.get() + e * H * I);
+    generate_expert_weights(m, seed, e, w->w_gate.get() + e * I * H, w->w_up.get() + e * I * H,
+                            w->w_down.get() + e * H * I);
   if (m.n_shared_experts > 0) generate_mlp_weights(m, I * m.n_shared_experts, seed, "shared_experts", &w->shared);
   DSLAB_CUDA(cudaDeviceSynchronize());
 }
 
 double moe_weight_bytes(const ModelConfig& m, int64_t experts) {
   const double H = double(m.hidden_size), I = double(m.moe_intermediate_size);
-  return 2.0 * (double(m.n_routed_experts) * H + 3.0 * double(experts) * H * I + 3.0 * H * I * double(m.n_shared_experts));
+  return 2.0 *
+         (double(m.n_routed_experts) * H + 3.0 * double(experts) * H * I + 3.0 * H * I * double(m.n_shared_experts));
 }
 
 // ---- MLP ---------------------------------------------------------------------------------------------------
 
-void MlpRunner::prepare(const ModelConfig& m, const MlpWeights& w, int64_t tokens, mla::cuda::ScratchArena* arena) {
+void MlpRunner::prepare(const ModelConfig& m, const MlpWeights& w, int64_t tokens, gpu::ScratchArena* arena) {
   w_ = &w;
   hidden_ = m.hidden_size;
   tokens_ = tokens;
@@ -422,7 +432,9 @@ void MlpRunner::forward(BlasHandle& blas, const __nv_bfloat16* x, float* out, fl
 // a mean of 4 rows (the busiest expert then still fits), 64 up to 40, else 128 (compute-bound: fewer B reloads).
 int tile_rows_for(double rows_per_expert) { return rows_per_expert <= 4 ? 16 : rows_per_expert <= 40 ? 64 : 128; }
 
-double MoeOp::scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts) { return moe::gpu_moe_scratch_bytes(m, tokens, experts); }
+double MoeOp::scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts) {
+  return moe::gpu_moe_scratch_bytes(m, tokens, experts);
+}
 
 MoeOp::SideStream::SideStream(BlasHandle* side_blas) : blas(side_blas) {
   DSLAB_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -436,9 +448,11 @@ MoeOp::SideStream::~SideStream() {
   cudaStreamDestroy(stream);
 }
 
-void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, const MoeBuffers& b, BlasHandle& blas, BlasHandle* side_blas,
-                    mla::cuda::ScratchArena* arena) {
-  if (m.n_routed_experts > kScanThreads) throw BadInput(m.source + ": n_routed_experts above " + std::to_string(kScanThreads) + " is not supported on the GPU");
+void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, const MoeBuffers& b, BlasHandle& blas,
+                    BlasHandle* side_blas, gpu::ScratchArena* arena) {
+  if (m.n_routed_experts > kScanThreads)
+    throw BadInput(m.source + ": n_routed_experts above " + std::to_string(kScanThreads) +
+                   " is not supported on the GPU");
   if (m.n_group > 32) throw BadInput(m.source + ": n_group above 32 is not supported by the GPU router");
   if (m.hidden_size % 8 || m.moe_intermediate_size % 8)
     throw BadInput(m.source + ": hidden_size and moe_intermediate_size must be multiples of 8 for the GPU MoE");
@@ -470,8 +484,10 @@ void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, c
   max_tiles_ = int(rows_ / tile_rows_ + std::min(experts_, rows_));
   tiles_.resize(size_t(max_tiles_));
   num_tiles_.resize(1);
-  if (bf16_rows()) y16_.scratch(arena_, size_t(rows_ * hidden_));
-  else y_.scratch(arena_, size_t(rows_ * hidden_));
+  if (bf16_rows())
+    y16_.scratch(arena_, size_t(rows_ * hidden_));
+  else
+    y_.scratch(arena_, size_t(rows_ * hidden_));
   if (w.shared.intermediate > 0) shared_.prepare(m, w.shared, tokens, arena_);
   side_.reset();
   if (side_blas && w.shared.intermediate > 0) side_ = std::make_unique<SideStream>(side_blas);
@@ -483,44 +499,74 @@ void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, c
 }
 
 void MoeOp::route() {
-  NvtxRange range("moe.route");
+  gpu::NvtxRange range("moe.route");
   const int32_t* ids = b_.topk_ids ? b_.topk_ids : topk_ids_.get();  // given, or the router's
-  const ScanArgs a{counts_.get(), int(experts_), tile_rows_, ids, int(rows_), int(topk_), offsets_.get(),
-                   tiles_.get(), num_tiles_.get(), perm_token_.get(), slot_.get()};
+  const ScanArgs a{counts_.get(),    int(experts_),     tile_rows_,     ids,
+                   int(rows_),       int(topk_),        offsets_.get(), tiles_.get(),
+                   num_tiles_.get(), perm_token_.get(), slot_.get()};
   if (b_.topk_ids) {
-    launch_pdl(count_kernel, dim3(unsigned((rows_ + 255) / 256)), dim3(256), 0, stream_, b_.topk_ids, int(rows_), counts_.get());
+    launch_pdl(count_kernel, dim3(unsigned((rows_ + 255) / 256)), dim3(256), 0, stream_, b_.topk_ids, int(rows_),
+               counts_.get());
     DSLAB_CHECK_LAUNCH();
   } else {
     const size_t per_warp = 2 * size_t(m_.n_routed_experts) * 4;
     const size_t gate_route_smem = size_t(tokens_) * (per_warp + size_t(m_.n_routed_experts) * 4);
     if (tokens_ <= kGateKernelTokens && tokens_ <= kFusedRouteTokens && gate_route_smem <= kMaxRouterSmem) {
-      RouterParams p{nullptr, w_->bias.get(), int(tokens_), int(m_.n_routed_experts), int(topk_), int(m_.n_group), int(m_.topk_group),
-                     m_.scoring_func == "sigmoid", m_.topk_method != "greedy", m_.topk_method == "noaux_tc", m_.norm_topk_prob,
-                     float(m_.routed_scaling_factor), topk_ids_.get(), topk_weights_.get(), counts_.get()};
-      launch_pdl(gate_route_scan_kernel, dim3(unsigned(tokens_), unsigned((m_.n_routed_experts + kGateRouteExperts - 1) / kGateRouteExperts)),
-                 dim3(kScanThreads), gate_route_smem, stream_, b_.x, w_->gate.get(), int(hidden_), logits_.get(), gate_blocks_done_.get(), p, a);
+      RouterParams p{nullptr,
+                     w_->bias.get(),
+                     int(tokens_),
+                     int(m_.n_routed_experts),
+                     int(topk_),
+                     int(m_.n_group),
+                     int(m_.topk_group),
+                     m_.scoring_func == "sigmoid",
+                     m_.topk_method != "greedy",
+                     m_.topk_method == "noaux_tc",
+                     m_.norm_topk_prob,
+                     float(m_.routed_scaling_factor),
+                     topk_ids_.get(),
+                     topk_weights_.get(),
+                     counts_.get()};
+      launch_pdl(gate_route_scan_kernel,
+                 dim3(unsigned(tokens_), unsigned((m_.n_routed_experts + kGateRouteExperts - 1) / kGateRouteExperts)),
+                 dim3(kScanThreads), gate_route_smem, stream_, b_.x, w_->gate.get(), int(hidden_), logits_.get(),
+                 gate_blocks_done_.get(), p, a);
       DSLAB_CHECK_LAUNCH();
       mark("route");
       return;
     }
     if (tokens_ <= kGateKernelTokens) {
-      launch_pdl(gate_logits_kernel, dim3(unsigned(tokens_), unsigned((m_.n_routed_experts + 7) / 8)), dim3(kGateThreads), 0, stream_, b_.x, w_->gate.get(), int(hidden_), int(m_.n_routed_experts),
-                                                                          logits_.get());
+      launch_pdl(gate_logits_kernel, dim3(unsigned(tokens_), unsigned((m_.n_routed_experts + 7) / 8)),
+                 dim3(kGateThreads), 0, stream_, b_.x, w_->gate.get(), int(hidden_), int(m_.n_routed_experts),
+                 logits_.get());
       DSLAB_CHECK_LAUNCH();
     } else {
       linear(*blas_, b_.x, tokens_, hidden_, w_->gate.get(), m_.n_routed_experts, logits_.get(), CUDA_R_32F);
     }
     mark("gate");
-    RouterParams p{logits_.get(), w_->bias.get(), int(tokens_), int(m_.n_routed_experts), int(topk_), int(m_.n_group), int(m_.topk_group),
-                   m_.scoring_func == "sigmoid", m_.topk_method != "greedy", m_.topk_method == "noaux_tc", m_.norm_topk_prob,
-                   float(m_.routed_scaling_factor), topk_ids_.get(), topk_weights_.get(), counts_.get()};
+    RouterParams p{logits_.get(),
+                   w_->bias.get(),
+                   int(tokens_),
+                   int(m_.n_routed_experts),
+                   int(topk_),
+                   int(m_.n_group),
+                   int(m_.topk_group),
+                   m_.scoring_func == "sigmoid",
+                   m_.topk_method != "greedy",
+                   m_.topk_method == "noaux_tc",
+                   m_.norm_topk_prob,
+                   float(m_.routed_scaling_factor),
+                   topk_ids_.get(),
+                   topk_weights_.get(),
+                   counts_.get()};
     if (tokens_ <= kFusedRouteTokens && size_t(tokens_) * per_warp <= kMaxRouterSmem) {
       launch_pdl(route_scan_scatter_kernel, dim3(1), dim3(kScanThreads), size_t(tokens_) * per_warp, stream_, p, a);
       DSLAB_CHECK_LAUNCH();
       mark("route");
       return;
     }
-    launch_pdl(router_kernel, dim3(unsigned((tokens_ + kRouterWarps - 1) / kRouterWarps)), dim3(32 * kRouterWarps), kRouterWarps * per_warp, stream_, p);
+    launch_pdl(router_kernel, dim3(unsigned((tokens_ + kRouterWarps - 1) / kRouterWarps)), dim3(32 * kRouterWarps),
+               kRouterWarps * per_warp, stream_, p);
     DSLAB_CHECK_LAUNCH();
   }
   launch_pdl(scan_scatter_kernel, dim3(1), dim3(kScanThreads), 0, stream_, a);
@@ -541,11 +587,11 @@ void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
   blas_->set_stream(stream);
   route();
   {
-    NvtxRange range("moe.experts");
+    gpu::NvtxRange range("moe.experts");
     experts();
     mark("experts");
   }
-  NvtxRange range("moe.shared_combine");
+  gpu::NvtxRange range("moe.shared_combine");
   if (shared && !side_) {  // (blas_ is on `stream` since route())
     shared_.forward(*blas_, b_.x, b_.out, 0.0f, stream);
     mark("shared_experts");
@@ -555,16 +601,17 @@ void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
     DSLAB_CUDA(cudaStreamWaitEvent(stream, side_->joined, 0));
     mark("shared_experts_join");
   }
-  const dim3 grid(unsigned(tokens_), unsigned((hidden_ + kCombineColumns - 1) / kCombineColumns)), block(kCombineColumns / 4);
+  const dim3 grid(unsigned(tokens_), unsigned((hidden_ + kCombineColumns - 1) / kCombineColumns)),
+      block(kCombineColumns / 4);
   const int32_t* slot = combine_slot_ ? combine_slot_ : slot_.get();
   const float* weights = b_.topk_weights ? b_.topk_weights : topk_weights_.get();
   const int topk = combined_by_experts_ ? 0 : int(topk_);
   if (bf16_rows())
-    launch_pdl(combine_kernel<__nv_bfloat16>, grid, block, 0, stream_, static_cast<const __nv_bfloat16*>(y16_.get()), slot, weights, topk,
-               int(hidden_), shared, experts_sum_, b_.out);
+    launch_pdl(combine_kernel<__nv_bfloat16>, grid, block, 0, stream_, static_cast<const __nv_bfloat16*>(y16_.get()),
+               slot, weights, topk, int(hidden_), shared, experts_sum_, b_.out);
   else
-    launch_pdl(combine_kernel<float>, grid, block, 0, stream_, static_cast<const float*>(y_.get()), slot, weights, topk, int(hidden_), shared,
-               experts_sum_, b_.out);
+    launch_pdl(combine_kernel<float>, grid, block, 0, stream_, static_cast<const float*>(y_.get()), slot, weights, topk,
+               int(hidden_), shared, experts_sum_, b_.out);
   DSLAB_CHECK_LAUNCH();
   mark("moe_combine");  // (not "combine": in a layer's breakdown that is the attention's split merge)
   marks_ = nullptr;
@@ -579,11 +626,23 @@ std::vector<int64_t> MoeOp::profiled_counts(int64_t tokens, uint64_t seed) {
   counts.zero();
   blas_->set_stream(0);
   linear(*blas_, x.get(), tokens, hidden_, w_->gate.get(), E, logits.get(), CUDA_R_32F);
-  const RouterParams p{logits.get(), w_->bias.get(), int(tokens), int(E), int(topk_), int(m_.n_group), int(m_.topk_group),
-                       m_.scoring_func == "sigmoid", m_.topk_method != "greedy", m_.topk_method == "noaux_tc", m_.norm_topk_prob,
-                       float(m_.routed_scaling_factor), ids.get(), weights.get(), counts.get()};
-  launch_pdl(router_kernel, dim3(unsigned((tokens + kRouterWarps - 1) / kRouterWarps)), dim3(32 * kRouterWarps), kRouterWarps * 2 * size_t(E) * 4,
-             cudaStream_t(0), p);
+  const RouterParams p{logits.get(),
+                       w_->bias.get(),
+                       int(tokens),
+                       int(E),
+                       int(topk_),
+                       int(m_.n_group),
+                       int(m_.topk_group),
+                       m_.scoring_func == "sigmoid",
+                       m_.topk_method != "greedy",
+                       m_.topk_method == "noaux_tc",
+                       m_.norm_topk_prob,
+                       float(m_.routed_scaling_factor),
+                       ids.get(),
+                       weights.get(),
+                       counts.get()};
+  launch_pdl(router_kernel, dim3(unsigned((tokens + kRouterWarps - 1) / kRouterWarps)), dim3(32 * kRouterWarps),
+             kRouterWarps * 2 * size_t(E) * 4, cudaStream_t(0), p);
   DSLAB_CHECK_LAUNCH();
   std::vector<int32_t> host(static_cast<size_t>(E));
   DSLAB_CUDA(cudaMemcpy(host.data(), counts.get(), size_t(E) * 4, cudaMemcpyDeviceToHost));
@@ -595,12 +654,16 @@ void MoeOp::routing(std::vector<int32_t>* ids, std::vector<float>* weights) cons
   // (every verification passes here: gate_route_scan_kernel's last block must have left its counter at zero, or the
   // next step's routing would never run and keep this one's - invisible to a check that replays the same inputs)
   unsigned pending = 0;
-  if (gate_blocks_done_.get()) DSLAB_CUDA(cudaMemcpy(&pending, gate_blocks_done_.get(), sizeof(pending), cudaMemcpyDeviceToHost));
-  if (pending != 0) throw std::logic_error("MoE router: " + std::to_string(pending) + " blocks left counted after a step (expected 0)");
+  if (gate_blocks_done_.get())
+    DSLAB_CUDA(cudaMemcpy(&pending, gate_blocks_done_.get(), sizeof(pending), cudaMemcpyDeviceToHost));
+  if (pending != 0)
+    throw std::logic_error("MoE router: " + std::to_string(pending) + " blocks left counted after a step (expected 0)");
   ids->resize(size_t(rows_));
   weights->resize(size_t(rows_));
-  DSLAB_CUDA(cudaMemcpy(ids->data(), b_.topk_ids ? b_.topk_ids : topk_ids_.get(), size_t(rows_) * 4, cudaMemcpyDeviceToHost));
-  DSLAB_CUDA(cudaMemcpy(weights->data(), b_.topk_weights ? b_.topk_weights : topk_weights_.get(), size_t(rows_) * 4, cudaMemcpyDeviceToHost));
+  DSLAB_CUDA(
+      cudaMemcpy(ids->data(), b_.topk_ids ? b_.topk_ids : topk_ids_.get(), size_t(rows_) * 4, cudaMemcpyDeviceToHost));
+  DSLAB_CUDA(cudaMemcpy(weights->data(), b_.topk_weights ? b_.topk_weights : topk_weights_.get(), size_t(rows_) * 4,
+                        cudaMemcpyDeviceToHost));
 }
 
 // ---- the registry ----------------------------------------------------------------------------------------
@@ -617,7 +680,8 @@ std::vector<std::string> moe_op_names() { return OpRegistry<MoeOp>::instance().n
 // ---- cost ------------------------------------------------------------------------------------------------
 
 Cost moe_layer_cost(const ModelConfig& m, int64_t tokens, double active_experts) {
-  const double T = double(tokens), H = double(m.hidden_size), I = double(m.moe_intermediate_size), E = double(m.n_routed_experts);
+  const double T = double(tokens), H = double(m.hidden_size), I = double(m.moe_intermediate_size),
+               E = double(m.n_routed_experts);
   const double K = double(m.num_experts_per_tok), Is = I * double(m.n_shared_experts);
   Cost c;
   c.flops = 2 * T * E * H + T * K * 6 * H * I + T * 6 * H * Is;
@@ -631,12 +695,14 @@ namespace {
 
 // Weights shared by the variants of a point (and kept from one point to the next while model, seed and
 // expert count stay): V3's 256 experts are 22.5 GB.
-std::shared_ptr<const MoeWeights> shared_weights(const ModelConfig& m, int64_t experts, uint64_t seed, bool routed_on_device) {
+std::shared_ptr<const MoeWeights> shared_weights(const ModelConfig& m, int64_t experts, uint64_t seed,
+                                                 bool routed_on_device) {
   static std::mutex mu;
   static std::shared_ptr<const MoeWeights> last;
   static std::string key;
   std::lock_guard<std::mutex> lock(mu);
-  const std::string k = m.source + "/" + std::to_string(experts) + "/" + std::to_string(seed) + (routed_on_device ? "" : "/host");
+  const std::string k =
+      m.source + "/" + std::to_string(experts) + "/" + std::to_string(seed) + (routed_on_device ? "" : "/host");
   if (last && key == k) return last;
   last.reset();
   auto w = std::make_shared<MoeWeights>();
@@ -663,7 +729,9 @@ std::string GpuMoeVariant::compute_ceiling() const {
   return cpu_info().amx_bf16 ? "cpu.amx_bf16_flops" : "cpu.avx512_bf16_flops";
 }
 
-std::string GpuMoeVariant::bandwidth_ceiling() const { return op_->experts_on_host() ? "cpu.dram_read_bytes_per_s" : ""; }
+std::string GpuMoeVariant::bandwidth_ceiling() const {
+  return op_->experts_on_host() ? "cpu.dram_read_bytes_per_s" : "";
+}
 
 Support GpuMoeVariant::supports(const ModelFile& model, const Point& point) const {
   const ModelConfig m = parse_model_config(model.config, model.name, model.path);
@@ -673,10 +741,12 @@ Support GpuMoeVariant::supports(const ModelFile& model, const Point& point) cons
     throw BadInput("axis 'experts': value '" + std::to_string(s.experts) + "': expected at most n_routed_experts (" +
                    std::to_string(m.n_routed_experts) + ") of " + m.source);
   if (s.routing == "model" && s.experts != m.n_routed_experts)
-    return Support::no("routing model needs all " + std::to_string(m.n_routed_experts) + " experts (the router may pick any)");
+    return Support::no("routing model needs all " + std::to_string(m.n_routed_experts) +
+                       " experts (the router may pick any)");
   if (s.experts < s.topk) return Support::no("fewer experts than num_experts_per_tok");
   if (const std::string why = op_->unavailable(); !why.empty()) return Support::no(why);
-  if (point.has("cpu_threads") && !op_->experts_on_host()) return Support::no("cpu_threads: this op runs no experts on the CPU");
+  if (point.has("cpu_threads") && !op_->experts_on_host())
+    return Support::no("cpu_threads: this op runs no experts on the CPU");
   return gpu_fits(device_memory_bytes(model, point));
 }
 
@@ -685,7 +755,8 @@ Cost GpuMoeVariant::cost(const ModelFile& model, const Point& point) const {
   const Shape s = shape_of(m, point);
   // After prepare: the experts this point's routing reaches (the router's on random weights concentrates on
   // fewer experts than a uniform spread would reach). Before: the uniform expectation.
-  if (active_experts_ > 0 && prepared_ == point.label() + "@" + m.source) return moe_layer_cost(m, s.tokens, active_experts_);
+  if (active_experts_ > 0 && prepared_ == point.label() + "@" + m.source)
+    return moe_layer_cost(m, s.tokens, active_experts_);
   double active = expected_active_experts(s.experts, s.topk, s.tokens);
   if (s.routing.rfind("zipf:", 0) == 0) {  // skewed: count the experts the synthetic routing reaches
     const ref::Routing r = synthetic_routing(m, s, 0);
@@ -703,7 +774,8 @@ double GpuMoeVariant::host_memory_bytes(const ModelFile& model, const Point& poi
   const double experts = double(std::min<int64_t>(s.experts, kVerifiedTokens * s.topk));
   const double expert_bytes = 3 * double(m.hidden_size) * double(m.moe_intermediate_size) * 2;
   return double(s.tokens) * double(m.hidden_size) * 6 + experts * expert_bytes +
-         (op_->experts_on_host() ? 2 * double(s.experts) * expert_bytes : 0);  // (the op's experts, generated and packed)
+         (op_->experts_on_host() ? 2 * double(s.experts) * expert_bytes
+                                 : 0);  // (the op's experts, generated and packed)
 }
 
 double GpuMoeVariant::device_memory_bytes(const ModelFile& model, const Point& point) const {
@@ -720,8 +792,8 @@ void GpuMoeVariant::prepare(const ModelFile& model, const Point& point, uint64_t
   weights_ = shared_weights(m_, s_.experts, seed, !op_->experts_on_host());
   if (!blas_) blas_ = std::make_unique<BlasHandle>();
   if (!side_blas_) side_blas_ = std::make_unique<BlasHandle>();
-  blas_->set_projections(mla::cuda::parse_projections(point.text("proj")));
-  side_blas_->set_projections(mla::cuda::parse_projections(point.text("proj")));
+  blas_->set_projections(gpu::parse_projections(point.text("proj")));
+  side_blas_->set_projections(gpu::parse_projections(point.text("proj")));
   x_host_ = ref::random_bf16(seed, "moe_hidden_states", size_t(s_.tokens * m_.hidden_size), std::sqrt(3.0f));
   x_.upload(x_host_);
   out_.resize(size_t(s_.tokens * m_.hidden_size));
@@ -764,7 +836,8 @@ Verification GpuMoeVariant::verify() {
     const auto gate = ref::random_bf16(seed_, "gate", size_t(m_.n_routed_experts * H), fan_in_scale(H));
     std::vector<float> bias;
     if (m_.topk_method == "noaux_tc")
-      for (auto v : ref::random_bf16(seed_, "e_score_correction_bias", size_t(m_.n_routed_experts), 0.1f)) bias.push_back(to_float(v));
+      for (auto v : ref::random_bf16(seed_, "e_score_correction_bias", size_t(m_.n_routed_experts), 0.1f))
+        bias.push_back(to_float(v));
     std::vector<double> logits(static_cast<size_t>(n * m_.n_routed_experts)), xt(static_cast<size_t>(H));
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t j = 0; j < H; ++j) xt[size_t(j)] = to_float(x_host_[size_t(tokens[size_t(i)] * H + j)]);

@@ -13,13 +13,14 @@
 #include "harness/gpu.h"
 #include "harness/variant.h"
 #include "variants/common/model_config.h"
-#include "variants/mla/cuda/mla_cuda.h"  // DeviceArray, BlasHandle, linear
+#include "variants/common/cuda/blas.h"
+#include "variants/common/cuda/device_array.h"
 #include "variants/moe/moe.h"
 
 namespace dslab::moe::cuda {
 
-using mla::cuda::BlasHandle;
-using mla::cuda::DeviceArray;
+using gpu::BlasHandle;
+using gpu::DeviceArray;
 
 // A SwiGLU MLP on the device (a dense layer's MLP, or the shared experts): gate and up stacked in one
 // [2 * intermediate][hidden] matrix, so both come from one GEMM.
@@ -28,20 +29,23 @@ struct MlpWeights {
   DeviceArray<__nv_bfloat16> gate_up, down;  // [2I][H], [H][I]
 };
 // The reference's tensors (ref::make_mlp_params(m, intermediate, seed, prefix)), generated on the device.
-void generate_mlp_weights(const ModelConfig& m, int64_t intermediate, uint64_t seed, const std::string& prefix, MlpWeights* w);
+void generate_mlp_weights(const ModelConfig& m, int64_t intermediate, uint64_t seed, const std::string& prefix,
+                          MlpWeights* w);
 
 // Runs a SwiGLU MLP: out = down(silu(gate x) * up x), with its scratch; out fp32, written (beta 0) or added (beta 1).
 class MlpRunner {
  public:
   // arena: where gate|up and the product come from (the caller rewinds it), or null for buffers of its own.
-  void prepare(const ModelConfig& m, const MlpWeights& w, int64_t tokens, mla::cuda::ScratchArena* arena = nullptr);
+  void prepare(const ModelConfig& m, const MlpWeights& w, int64_t tokens, gpu::ScratchArena* arena = nullptr);
   void forward(BlasHandle& blas, const __nv_bfloat16* x, float* out, float beta, cudaStream_t stream) const;
-  static double scratch_bytes(int64_t tokens, int64_t intermediate) { return moe::gpu_mlp_scratch_bytes(tokens, intermediate); }
+  static double scratch_bytes(int64_t tokens, int64_t intermediate) {
+    return moe::gpu_mlp_scratch_bytes(tokens, intermediate);
+  }
 
  private:
   const MlpWeights* w_ = nullptr;
   int64_t hidden_ = 0, tokens_ = 0;
-  DeviceArray<float> gate_up_;     // [tokens][2I]
+  DeviceArray<float> gate_up_;    // [tokens][2I]
   DeviceArray<__nv_bfloat16> h_;  // [tokens][I]
 };
 
@@ -49,8 +53,8 @@ class MlpRunner {
 // each [I][H] gate, [I][H] up, [H][I] down, experts stacked), the shared experts.
 struct MoeWeights {
   int64_t experts = 0;
-  uint64_t seed = 0;              // the reference's seed of these tensors (an op may make its own copies elsewhere)
-  bool routed_on_device = true;   // false: w_gate, w_up, w_down are empty (an op that keeps the experts on the host)
+  uint64_t seed = 0;                // the reference's seed of these tensors (an op may make its own copies elsewhere)
+  bool routed_on_device = true;     // false: w_gate, w_up, w_down are empty (an op that keeps the experts on the host)
   DeviceArray<__nv_bfloat16> gate;  // router [n_routed_experts][hidden]
   DeviceArray<float> bias;          // e_score_correction_bias (noaux_tc)
   DeviceArray<__nv_bfloat16> w_gate, w_up, w_down;
@@ -64,10 +68,12 @@ struct MoeWeights {
   const __nv_bfloat16* down_experts() const { return staged_down ? staged_down : w_down.get(); }
 };
 // Routed expert e of ref::make_moe_params (its gate [I][H], up [I][H], down [H][I]), generated on the device.
-void generate_expert_weights(const ModelConfig& m, uint64_t seed, int64_t e, __nv_bfloat16* gate, __nv_bfloat16* up, __nv_bfloat16* down);
+void generate_expert_weights(const ModelConfig& m, uint64_t seed, int64_t e, __nv_bfloat16* gate, __nv_bfloat16* up,
+                             __nv_bfloat16* down);
 // ref::make_moe_params's tensors, generated on the device (experts beyond `experts` are not made; none of the
 // routed experts when !routed_on_device).
-void generate_moe_weights(const ModelConfig& m, int64_t experts, uint64_t seed, MoeWeights* w, bool routed_on_device = true);
+void generate_moe_weights(const ModelConfig& m, int64_t experts, uint64_t seed, MoeWeights* w,
+                          bool routed_on_device = true);
 // Device bytes of those weights.
 double moe_weight_bytes(const ModelConfig& m, int64_t experts);
 
@@ -111,7 +117,7 @@ class MoeOp {
   // arena: where the forward scratch comes from (moe::gpu_moe_forward_scratch_bytes of it; the caller rewinds it
   // first), or null for buffers of the op's own.
   void prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, const MoeBuffers& b, BlasHandle& blas,
-               BlasHandle* side_blas = nullptr, mla::cuda::ScratchArena* arena = nullptr);
+               BlasHandle* side_blas = nullptr, gpu::ScratchArena* arena = nullptr);
   // Queues one step; marks, when given, time the router, experts and combine.
   void forward(cudaStream_t stream, gpu::OpMarks* marks = nullptr);
   static double scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts);
@@ -146,26 +152,26 @@ class MoeOp {
   const MoeWeights* w_ = nullptr;
   MoeBuffers b_;
   BlasHandle* blas_ = nullptr;
-  mla::cuda::ScratchArena* arena_ = nullptr;  // the forward scratch's source (DeviceArray::scratch), or null
+  gpu::ScratchArena* arena_ = nullptr;  // the forward scratch's source (DeviceArray::scratch), or null
   cudaStream_t stream_ = 0;
   gpu::OpMarks* marks_ = nullptr;
   // Routing and permutation, all on the device.
-  DeviceArray<float> logits_;           // [tokens][n_routed_experts]
-  DeviceArray<int32_t> topk_ids_;       // [tokens][topk]
-  DeviceArray<float> topk_weights_;     // [tokens][topk]
-  DeviceArray<int32_t> counts_;         // [experts]: rows routed to each expert
+  DeviceArray<float> logits_;               // [tokens][n_routed_experts]
+  DeviceArray<int32_t> topk_ids_;           // [tokens][topk]
+  DeviceArray<float> topk_weights_;         // [tokens][topk]
+  DeviceArray<int32_t> counts_;             // [experts]: rows routed to each expert
   DeviceArray<unsigned> gate_blocks_done_;  // decode's gate_route_scan_kernel: its blocks finished so far
-  DeviceArray<int32_t> offsets_;        // [experts + 1]: first permuted row of each expert
-  DeviceArray<int32_t> perm_token_;     // [rows]: the token of each permuted row
-  DeviceArray<float> perm_weight_;      // [rows]
-  DeviceArray<int32_t> slot_;           // [tokens][topk]: the permuted row of each (token, k)
-  DeviceArray<int2> tiles_;             // (expert, first row) of each row tile
+  DeviceArray<int32_t> offsets_;            // [experts + 1]: first permuted row of each expert
+  DeviceArray<int32_t> perm_token_;         // [rows]: the token of each permuted row
+  DeviceArray<float> perm_weight_;          // [rows]
+  DeviceArray<int32_t> slot_;               // [tokens][topk]: the permuted row of each (token, k)
+  DeviceArray<int2> tiles_;                 // (expert, first row) of each row tile
   DeviceArray<int32_t> num_tiles_;
   int tile_rows_ = 16, max_tiles_ = 0;
   int cpu_threads_ = 0;
   int64_t hot_experts_ = 0;
-  DeviceArray<float> y_;                // [rows][hidden] (unless bf16_rows())
-  DeviceArray<__nv_bfloat16> y16_;      // [rows][hidden] where bf16_rows()
+  DeviceArray<float> y_;            // [rows][hidden] (unless bf16_rows())
+  DeviceArray<__nv_bfloat16> y16_;  // [rows][hidden] where bf16_rows()
   MlpRunner shared_;
   struct SideStream {
     explicit SideStream(BlasHandle* side_blas);
@@ -184,7 +190,7 @@ using MoeOpFactory = std::unique_ptr<MoeOp> (*)();
 bool register_moe_op(const char* name, const char* summary, MoeOpFactory make);
 std::unique_ptr<MoeOp> make_moe_op(const std::string& name);  // nullptr if unknown
 std::vector<std::string> moe_op_names();
-#define DSLAB_REGISTER_MOE_OP(Class, name, summary)                                     \
+#define DSLAB_REGISTER_MOE_OP(Class, name, summary)                             \
   static const bool dslab_moe_op_##Class = ::dslab::moe::cuda::register_moe_op( \
       name, summary, [] { return std::unique_ptr<::dslab::moe::cuda::MoeOp>(new Class()); })
 
@@ -207,7 +213,9 @@ class GpuMoeVariant : public Variant {
   std::map<std::string, double> counters() override;
   // moe/host/cuda's experts in host memory: alone, one layer's reached experts (at one token, 104 MB of V2-Lite's)
   // would sit in a large LLC from sample to sample (the op read 1.7x the DRAM probe on the lent Xeon's 300 MB L3).
-  std::vector<std::pair<const void*, size_t>> cold_buffers() const override { return op_ ? op_->host_weights() : decltype(op_->host_weights()){}; }
+  std::vector<std::pair<const void*, size_t>> cold_buffers() const override {
+    return op_ ? op_->host_weights() : decltype(op_->host_weights()){};
+  }
 
  private:
   std::unique_ptr<MoeOp> op_;
@@ -234,13 +242,13 @@ struct GroupedExperts {
   const int32_t* offsets;     // [experts + 1]
   const int32_t* perm_token;  // [rows]
   int max_tiles, tile_rows;
-  const __nv_bfloat16* x;     // [tokens][hidden]
+  const __nv_bfloat16* x;  // [tokens][hidden]
   const __nv_bfloat16 *gate, *up, *down;
   const int32_t* weight_slot;
   int64_t hidden, inter;
-  __nv_bfloat16* h;           // [rows][inter]
-  float* y;                   // [rows][hidden]
-  bool wgmma = false;         // 128-row tiles on the warpgroup-MMA kernel (moe/grouped_wgmma/cuda)
+  __nv_bfloat16* h;              // [rows][inter]
+  float* y;                      // [rows][hidden]
+  bool wgmma = false;            // 128-row tiles on the warpgroup-MMA kernel (moe/grouped_wgmma/cuda)
   __nv_bfloat16* y16 = nullptr;  // down's rows in bf16 instead of y (MoeOp::bf16_rows)
   // grouped_down runs right after grouped_gate_up on the stream, and the tile list before that: down's first weight
   // stages are copied before it waits for gate+up (grouped_gemm_kernel)

@@ -1,10 +1,11 @@
 // sparse/dsa/cuda: DeepSeek-V3.2's sparse attention (DSA) over the paged latent cache (issue 16). The lightning indexer
 // (indexer.h: 64 index heads x 128 dims, an e4m3 index key with one scale per cached key, kept beside the latent cache:
 // every key's made at prepare, the step's new keys' inside run(); e4m3 index queries with a scale per head, FP8
-// tensor-core products) scores every key, score_k = sum_j ReLU(q_j · key_k) / 64; the sinks (4 keys), the `local` window and the best-scored others up to the `budget` are kept, one selection
-// per request shared by all heads (they share the latent), and mla/fused/cuda's kernel attends exactly those keys: its
-// page table becomes their cache slots, walked as pages of one key (FlashMLA's sparse decode gathers top-k token
-// indices through the page table the same way).
+// tensor-core products) scores every key, score_k = sum_j ReLU(q_j · key_k) / 64; the sinks (4 keys), the `local`
+// window and the best-scored others up to the `budget` are kept, one selection per request shared by all heads (they
+// share the latent), and mla/fused/cuda's kernel attends exactly those keys: its page table becomes their cache slots,
+// walked as pages of one key (FlashMLA's sparse decode gathers top-k token indices through the page table the same
+// way).
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -19,7 +20,7 @@
 namespace dslab::sparse::cuda {
 namespace {
 
-using mla::cuda::DeviceArray;
+using gpu::DeviceArray;
 
 constexpr int64_t kIndexChunk = 65536;  // cache rows per GEMM of the prepare's index keys (32 MB of fp32 scratch)
 
@@ -44,7 +45,8 @@ class DsaSelector final : public TokenSelector {
  private:
   void prepare_scores(const ModelConfig&) override {
     const Indexer ix;
-    if (ix.heads != kIndexHeads || ix.dim != kIndexDim) throw std::logic_error("sparse/dsa/cuda: the kernels' indexer is not sparse::Indexer's");
+    if (ix.heads != kIndexHeads || ix.dim != kIndexDim)
+      throw std::logic_error("sparse/dsa/cuda: the kernels' indexer is not sparse::Indexer's");
     const std::vector<float> projection = indexer_projection(ix, width_);  // (bf16 values)
     std::vector<bf16> projection_bf16(projection.size());
     for (size_t i = 0; i < projection.size(); ++i) projection_bf16[i] = to_bf16(projection[i]);
@@ -58,21 +60,22 @@ class DsaSelector final : public TokenSelector {
     projected_.resize(size_t(s_.tokens() * s_.heads * kIndexDim));
     // Every slot's index key, once (slots past a request's keys hold whatever the cache holds there; a step remakes
     // its new keys' before they are scored).
-    mla::cuda::BlasHandle blas;
+    gpu::BlasHandle blas;
     blas.set_stream(0);
     DeviceArray<float> scratch{size_t(std::min(kIndexChunk, slots) * kIndexDim)};
-    index_all_keys(blas.get(), bf16_values(*cache_), slots, width_, projection_.get(), scratch.get(), std::min(kIndexChunk, slots), index_keys_.get(),
-                   index_scales_.get(), 0);
+    index_all_keys(blas.get(), bf16_values(*cache_), slots, width_, projection_.get(), scratch.get(),
+                   std::min(kIndexChunk, slots), index_keys_.get(), index_scales_.get(), 0);
     DSLAB_CUDA(cudaDeviceSynchronize());
   }
   void score(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) override {
     const int64_t P = cache_->page_size, ppr = cache_->pages_per_request;
-    index_step_keys(bf16_values(*cache_), width_, lengths_in_, s_.q_len, page_table_of(*cache_), ppr, P, s_.batch, projection_.get(), index_keys_.get(),
-                    index_scales_.get(), keys_.get(), stream);
+    index_step_keys(bf16_values(*cache_), width_, lengths_in_, s_.q_len, page_table_of(*cache_), ppr, P, s_.batch,
+                    projection_.get(), index_keys_.get(), index_scales_.get(), keys_.get(), stream);
     mark("select_index_keys");
-    index_queries(blas, q_cat, s_.tokens(), s_.heads, width_, projection_.get(), projected_.get(), queries_.get(), query_scales_.get(), stream);
-    indexer_scores(queries_.get(), query_scales_.get(), index_keys_.get(), &index_key_map_, index_scales_.get(), page_table_of(*cache_), ppr, P, keys_.get(),
-                   s_.batch, scores_per_request(), scores_.get(), stream);
+    index_queries(blas, q_cat, s_.tokens(), s_.heads, width_, projection_.get(), projected_.get(), queries_.get(),
+                  query_scales_.get(), stream);
+    indexer_scores(queries_.get(), query_scales_.get(), index_keys_.get(), &index_key_map_, index_scales_.get(),
+                   page_table_of(*cache_), ppr, P, keys_.get(), s_.batch, scores_per_request(), scores_.get(), stream);
     mark("select_scores");
   }
 
@@ -85,11 +88,13 @@ class DsaSelector final : public TokenSelector {
   DeviceArray<float> projected_;           // [tokens][heads][128]: every head's query projected, fp32
 };
 
-const bool registered = mla::cuda::register_mla_op(
-    "sparse/dsa/cuda",
-    "DeepSeek-V3.2 sparse attention: the lightning indexer (64 heads x 128, FP8: e4m3 index keys beside the latent cache, the "
-    "step's made in run(), e4m3 queries) scores every key, sinks + window + top keys within the budget, attended by mla/fused/cuda's kernel through their slots",
-    [] { return mla::cuda::make_fused_op(std::make_unique<DsaSelector>()); });
+const bool registered =
+    mla::cuda::register_mla_op("sparse/dsa/cuda",
+                               "DeepSeek-V3.2 sparse attention: the lightning indexer (64 heads x 128, FP8: e4m3 index "
+                               "keys beside the latent cache, the "
+                               "step's made in run(), e4m3 queries) scores every key, sinks + window + top keys within "
+                               "the budget, attended by mla/fused/cuda's kernel through their slots",
+                               [] { return mla::cuda::make_fused_op(std::make_unique<DsaSelector>()); });
 
 }  // namespace
 }  // namespace dslab::sparse::cuda

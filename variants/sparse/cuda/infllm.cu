@@ -12,8 +12,10 @@ namespace {
 
 const bool registered = mla::cuda::register_mla_op(
     "sparse/infllm/cuda",
-    "InfLLM block-sparse decode: a representative key per page (the mean of its latent keys, remade for the step's pages in "
-    "run()), pages scored by the best head's q·rep (one GEMM), sinks + window + best pages within the budget, walked by mla/fused/cuda's kernel",
+    "InfLLM block-sparse decode: a representative key per page (the mean of its latent keys, remade for the step's "
+    "pages in "
+    "run()), pages scored by the best head's q·rep (one GEMM), sinks + window + best pages within the budget, walked "
+    "by mla/fused/cuda's kernel",
     [] { return mla::cuda::make_fused_op(make_block_selector(Summary::infllm_mean, "sparse/infllm/cuda")); });
 
 }  // namespace

@@ -20,7 +20,8 @@ namespace {
 
 constexpr int kSummaryThreads = 256;
 // One page's summary by the block, from its first `count` keys into `row`.
-__device__ void summarise_page(Summary kind, const __nv_bfloat16* __restrict__ keys, int count, int width, __nv_bfloat16* __restrict__ row) {
+__device__ void summarise_page(Summary kind, const __nv_bfloat16* __restrict__ keys, int count, int width,
+                               __nv_bfloat16* __restrict__ row) {
   for (int d = int(threadIdx.x); d < width; d += int(blockDim.x)) {
     float lo = INFINITY, hi = -INFINITY, sum = 0;
     for (int k = 0; k < count; ++k) {
@@ -36,33 +37,37 @@ __device__ void summarise_page(Summary kind, const __nv_bfloat16* __restrict__ k
   }
 }
 
-__global__ void __launch_bounds__(kSummaryThreads) page_summaries_kernel(Summary kind, const __nv_bfloat16* __restrict__ cache, int page_size,
-                                                                         int width, const int32_t* __restrict__ pages,
-                                                                         const int32_t* __restrict__ rows, const int32_t* __restrict__ counts,
-                                                                         __nv_bfloat16* __restrict__ summaries) {
+__global__ void __launch_bounds__(kSummaryThreads)
+    page_summaries_kernel(Summary kind, const __nv_bfloat16* __restrict__ cache, int page_size, int width,
+                          const int32_t* __restrict__ pages, const int32_t* __restrict__ rows,
+                          const int32_t* __restrict__ counts, __nv_bfloat16* __restrict__ summaries) {
   const int64_t page = pages[blockIdx.x];
   if (page < 0) return;  // (an entry a step does not need: see page_summaries)
   const int64_t row_width = kind == Summary::quest_bounds ? 2 * width : width;
-  summarise_page(kind, cache + page * page_size * width, counts[blockIdx.x], width, summaries + int64_t(rows[blockIdx.x]) * row_width);
+  summarise_page(kind, cache + page * page_size * width, counts[blockIdx.x], width,
+                 summaries + int64_t(rows[blockIdx.x]) * row_width);
 }
 
-__global__ void __launch_bounds__(kSummaryThreads) step_page_summaries_kernel(Summary kind, const __nv_bfloat16* __restrict__ cache, int page_size,
-                                                                              int width, const int32_t* __restrict__ lengths, int q_len,
-                                                                              const int32_t* __restrict__ page_table, int pages_per_request,
-                                                                              int32_t* __restrict__ keys, __nv_bfloat16* __restrict__ summaries) {
+__global__ void __launch_bounds__(kSummaryThreads)
+    step_page_summaries_kernel(Summary kind, const __nv_bfloat16* __restrict__ cache, int page_size, int width,
+                               const int32_t* __restrict__ lengths, int q_len, const int32_t* __restrict__ page_table,
+                               int pages_per_request, int32_t* __restrict__ keys,
+                               __nv_bfloat16* __restrict__ summaries) {
   const int r = int(blockIdx.x);
   const int k = lengths[r] + q_len, first = lengths[r] / page_size, last = (k - 1) / page_size;
   const int64_t at = int64_t(r) * pages_per_request, row_width = kind == Summary::quest_bounds ? 2 * width : width;
   if (threadIdx.x == 0) keys[r] = k;
   for (int p = first; p <= last; ++p)
-    summarise_page(kind, cache + int64_t(page_table[at + p]) * page_size * width, min(page_size, k - p * page_size), width,
-                   summaries + (at + p) * row_width);
+    summarise_page(kind, cache + int64_t(page_table[at + p]) * page_size * width, min(page_size, k - p * page_size),
+                   width, summaries + (at + p) * row_width);
 }
 
 // [q⁺ ‖ q⁻] per query row, the GEMM's left operand (signs split exactly in bf16).
-__global__ void split_signs_kernel(const __nv_bfloat162* __restrict__ q, int64_t rows, int half_width, __nv_bfloat162* __restrict__ out) {
+__global__ void split_signs_kernel(const __nv_bfloat162* __restrict__ q, int64_t rows, int half_width,
+                                   __nv_bfloat162* __restrict__ out) {
   const __nv_bfloat162 zero = __float2bfloat162_rn(0.0f);
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * half_width; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * half_width;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = i / half_width, d = i % half_width;
     const __nv_bfloat162 v = q[i];
     out[row * 2 * half_width + d] = __hmax2(v, zero);
@@ -72,8 +77,9 @@ __global__ void split_signs_kernel(const __nv_bfloat162* __restrict__ q, int64_t
 
 // A warp per (request, logical page): the best of its query rows' products.
 constexpr int kReduceWarps = 8;
-__global__ void __launch_bounds__(kReduceWarps * 32) best_row_kernel(const float* __restrict__ products, int rows, int pages_per_request,
-                                                                     const int32_t* __restrict__ keys, int page_size, float* __restrict__ scores) {
+__global__ void __launch_bounds__(kReduceWarps * 32)
+    best_row_kernel(const float* __restrict__ products, int rows, int pages_per_request,
+                    const int32_t* __restrict__ keys, int page_size, float* __restrict__ scores) {
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int r = int(blockIdx.y), p = int(blockIdx.x) * kReduceWarps + warp;
   if (p >= pages_per_request) return;
@@ -153,7 +159,8 @@ __device__ int select_in_order(int units, int need, Fixed fixed, Key key, Emit e
   __shared__ int histogram[256];
   __shared__ uint32_t chosen_digit;
   __shared__ int chosen_above, equal_taken, chosen_total;
-  __shared__ int warp_above[kWarps], warp_equal[kWarps], warp_fixed[kWarps], equal_before[kWarps], chosen_before[kWarps];
+  __shared__ int warp_above[kWarps], warp_equal[kWarps], warp_fixed[kWarps], equal_before[kWarps],
+      chosen_before[kWarps];
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const unsigned lanes_below = (1u << lane) - 1;
   uint32_t threshold = 0xffffffffu;  // (need 0: nothing is chosen by key)
@@ -220,8 +227,10 @@ __device__ int select_in_order(int units, int need, Fixed fixed, Key key, Emit e
   }
   if (lane == 0) warp_above[warp] = above, warp_equal[warp] = equal, warp_fixed[warp] = fixed_count;
   __syncthreads();
-  if (warp == 0) {  // the warps' offsets: equal keys before each (the lowest-indexed are taken), chosen units before each
-    const int a = lane < kWarps ? warp_above[lane] : 0, e = lane < kWarps ? warp_equal[lane] : 0, f = lane < kWarps ? warp_fixed[lane] : 0;
+  if (warp ==
+      0) {  // the warps' offsets: equal keys before each (the lowest-indexed are taken), chosen units before each
+    const int a = lane < kWarps ? warp_above[lane] : 0, e = lane < kWarps ? warp_equal[lane] : 0,
+              f = lane < kWarps ? warp_fixed[lane] : 0;
     int above_total = a, e_incl = e;
     for (int o = 1; o < 32; o <<= 1) {
       above_total += __shfl_xor_sync(0xffffffffu, above_total, o);
@@ -271,8 +280,8 @@ __global__ void __launch_bounds__(kSelectThreads) compact_pages_kernel(SelectArg
   const int r = int(blockIdx.x);
   const int keys = a.keys[r], P = a.page_size;
   const int pages = (keys + P - 1) / P;
-  const int sink_end = (min(a.n_init, keys) + P - 1) / P;   // pages [0, sink_end)
-  const int window_first = max(0, keys - a.local) / P;      // pages [window_first, pages)
+  const int sink_end = (min(a.n_init, keys) + P - 1) / P;  // pages [0, sink_end)
+  const int window_first = max(0, keys - a.local) / P;     // pages [window_first, pages)
   const int fixed_count = min(sink_end, window_first) + (pages - window_first);
   const int need = max(0, min(pages, max(1, a.tokens / P)) - fixed_count);
   const float* score = a.scores + int64_t(r) * a.pages_per_request;
@@ -280,7 +289,8 @@ __global__ void __launch_bounds__(kSelectThreads) compact_pages_kernel(SelectArg
   const int total = select_in_order(
       pages, need, [&](int p) { return p < sink_end || p >= window_first; }, [&](int p) { return order_key(score[p]); },
       [&](int p, int position) {
-        if (position < a.max_out) a.physical[int64_t(r) * a.max_out + position] = table[p], a.logical[int64_t(r) * a.max_out + position] = p;
+        if (position < a.max_out)
+          a.physical[int64_t(r) * a.max_out + position] = table[p], a.logical[int64_t(r) * a.max_out + position] = p;
       });
   if (threadIdx.x == 0) {
     const int length = (total - 1) * P + (keys - (pages - 1) * P);
@@ -340,15 +350,20 @@ constexpr int kClusterMaxCtas = 8, kClusterMinCtas = 4, kClusterKeysPerThread = 
 // reads its keys from L2 again), which only decides between a size whose keys fit the registers and a smaller one
 // whose do not.
 constexpr double kStreamingCost = 1.5;
-bool cluster_streams(int64_t scores, int ctas) { return scores > int64_t(ctas) * kSelectThreads * kClusterKeysPerThread; }
+bool cluster_streams(int64_t scores, int ctas) {
+  return scores > int64_t(ctas) * kSelectThreads * kClusterKeysPerThread;
+}
 // Which top-k kernel a launch takes: one block, or a cluster (holding the scores in registers or re-reading them each
 // pass).
 enum class TopkKernel { block, cluster, cluster_streaming };
 TopkKernel topk_kernel(const TopkLaunch& t) {
-  return t.ctas_per_request == 1 ? TopkKernel::block : t.streaming ? TopkKernel::cluster_streaming : TopkKernel::cluster;
+  return t.ctas_per_request == 1 ? TopkKernel::block
+         : t.streaming           ? TopkKernel::cluster_streaming
+                                 : TopkKernel::cluster;
 }
 template <bool kStream>
-__global__ void __launch_bounds__(kSelectThreads) compact_tokens_cluster_kernel(SelectArgs a, int64_t scores_per_request) {
+__global__ void __launch_bounds__(kSelectThreads)
+    compact_tokens_cluster_kernel(SelectArgs a, int64_t scores_per_request) {
   namespace cg = cooperative_groups;
   using Scan = cub::BlockScan<int, kSelectThreads>;
   __shared__ typename Scan::TempStorage temp;
@@ -356,14 +371,15 @@ __global__ void __launch_bounds__(kSelectThreads) compact_tokens_cluster_kernel(
   __shared__ uint32_t chosen_digit;
   __shared__ int chosen_above, cta_above[kClusterMaxCtas], cta_equal[kClusterMaxCtas], cta_chosen[kClusterMaxCtas];
   cg::cluster_group cluster = cg::this_cluster();
-  const int rank = int(cluster.block_rank()), ctas = int(cluster.num_blocks()), r = int(blockIdx.y), tid = int(threadIdx.x),
-            P = a.page_size;
+  const int rank = int(cluster.block_rank()), ctas = int(cluster.num_blocks()), r = int(blockIdx.y),
+            tid = int(threadIdx.x), P = a.page_size;
   const TokenRequest q = token_request(a, r, scores_per_request);
   const int keys = q.keys, sinks = q.sinks, window_first = q.window_first, need = q.need;
   const float* score = q.score;
   const int32_t* table = q.table;
   const int per_cta = (keys + ctas - 1) / ctas, per_thread = (per_cta + kSelectThreads - 1) / kSelectThreads;
-  const int first = min(keys, rank * per_cta + tid * per_thread), last = min(min(keys, (rank + 1) * per_cta), first + per_thread);
+  const int first = min(keys, rank * per_cta + tid * per_thread),
+            last = min(min(keys, (rank + 1) * per_cta), first + per_thread);
   uint32_t key[kStream ? 1 : kClusterKeysPerThread];
   uint32_t fixed_bits = 0, candidate_bits = 0;
   if constexpr (!kStream) {
@@ -372,8 +388,10 @@ __global__ void __launch_bounds__(kSelectThreads) compact_tokens_cluster_kernel(
       const int u = first + i;
       key[i] = 0;
       if (u < last) {
-        if (u < sinks || u >= window_first) fixed_bits |= 1u << i;
-        else key[i] = order_key(score[u]), candidate_bits |= 1u << i;
+        if (u < sinks || u >= window_first)
+          fixed_bits |= 1u << i;
+        else
+          key[i] = order_key(score[u]), candidate_bits |= 1u << i;
       }
     }
   }
@@ -387,7 +405,8 @@ __global__ void __launch_bounds__(kSelectThreads) compact_tokens_cluster_kernel(
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < kClusterKeysPerThread; ++i) f(first + i, bool(fixed_bits >> i & 1u), bool(candidate_bits >> i & 1u), key[i]);
+      for (int i = 0; i < kClusterKeysPerThread; ++i)
+        f(first + i, bool(fixed_bits >> i & 1u), bool(candidate_bits >> i & 1u), key[i]);
     }
   };
   int* cluster_histogram = cluster.map_shared_rank(histogram, 0);
@@ -412,7 +431,9 @@ __global__ void __launch_bounds__(kSelectThreads) compact_tokens_cluster_kernel(
       cluster.sync();
       // One thread per CTA fetches the answer from CTA 0 (8192 threads reading one remote word queue at CTA 0's SM:
       // ~100 us a selection), the others read the local copy.
-      if (rank != 0 && tid == 0) chosen_digit = *cluster.map_shared_rank(&chosen_digit, 0), chosen_above = *cluster.map_shared_rank(&chosen_above, 0);
+      if (rank != 0 && tid == 0)
+        chosen_digit = *cluster.map_shared_rank(&chosen_digit, 0),
+        chosen_above = *cluster.map_shared_rank(&chosen_above, 0);
       __syncthreads();
       prefix |= chosen_digit << shift, mask |= 255u << shift;
       remaining -= chosen_above;
@@ -430,9 +451,12 @@ __global__ void __launch_bounds__(kSelectThreads) compact_tokens_cluster_kernel(
   __syncthreads();
   Scan(temp).ExclusiveSum(equal, equal_before, equal_cta);
   __syncthreads();
-  if (tid == 0) cluster.map_shared_rank(cta_above, 0)[rank] = above_cta, cluster.map_shared_rank(cta_equal, 0)[rank] = equal_cta;
+  if (tid == 0)
+    cluster.map_shared_rank(cta_above, 0)[rank] = above_cta, cluster.map_shared_rank(cta_equal, 0)[rank] = equal_cta;
   cluster.sync();
-  if (rank != 0 && tid < ctas) cta_above[tid] = cluster.map_shared_rank(cta_above, 0)[tid], cta_equal[tid] = cluster.map_shared_rank(cta_equal, 0)[tid];
+  if (rank != 0 && tid < ctas)
+    cta_above[tid] = cluster.map_shared_rank(cta_above, 0)[tid],
+    cta_equal[tid] = cluster.map_shared_rank(cta_equal, 0)[tid];
   __syncthreads();
   int above_total = 0, equal_before_cta = 0;
   for (int c = 0; c < ctas; ++c) {
@@ -474,50 +498,68 @@ __global__ void __launch_bounds__(kSelectThreads) compact_tokens_cluster_kernel(
 
 }  // namespace
 
-void page_summaries(Summary kind, const __nv_bfloat16* cache, int64_t page_size, int64_t width, const int32_t* pages, const int32_t* rows,
-                    const int32_t* counts, int n, __nv_bfloat16* summaries, cudaStream_t stream) {
+void page_summaries(Summary kind, const __nv_bfloat16* cache, int64_t page_size, int64_t width, const int32_t* pages,
+                    const int32_t* rows, const int32_t* counts, int n, __nv_bfloat16* summaries, cudaStream_t stream) {
   if (n <= 0) return;
-  page_summaries_kernel<<<unsigned(n), kSummaryThreads, 0, stream>>>(kind, cache, int(page_size), int(width), pages, rows, counts, summaries);
+  page_summaries_kernel<<<unsigned(n), kSummaryThreads, 0, stream>>>(kind, cache, int(page_size), int(width), pages,
+                                                                     rows, counts, summaries);
   DSLAB_CHECK_LAUNCH();
 }
 
-void step_page_summaries(Summary kind, const __nv_bfloat16* cache, int64_t page_size, int64_t width, const int32_t* lengths, int64_t q_len,
-                         const int32_t* page_table, int64_t pages_per_request, int64_t batch, int32_t* keys, __nv_bfloat16* summaries,
-                         cudaStream_t stream) {
+void step_page_summaries(Summary kind, const __nv_bfloat16* cache, int64_t page_size, int64_t width,
+                         const int32_t* lengths, int64_t q_len, const int32_t* page_table, int64_t pages_per_request,
+                         int64_t batch, int32_t* keys, __nv_bfloat16* summaries, cudaStream_t stream) {
   if (q_len > page_size) throw std::invalid_argument("sparse step_page_summaries: q_len above page_size");
-  step_page_summaries_kernel<<<unsigned(batch), kSummaryThreads, 0, stream>>>(kind, cache, int(page_size), int(width), lengths, int(q_len),
-                                                                              page_table, int(pages_per_request), keys, summaries);
+  step_page_summaries_kernel<<<unsigned(batch), kSummaryThreads, 0, stream>>>(kind, cache, int(page_size), int(width),
+                                                                              lengths, int(q_len), page_table,
+                                                                              int(pages_per_request), keys, summaries);
   DSLAB_CHECK_LAUNCH();
 }
 
-void page_scores(Summary kind, cublasHandle_t blas, const __nv_bfloat16* q, int64_t batch, int64_t q_len, int64_t heads, int64_t width,
-                 const __nv_bfloat16* summaries, int64_t pages_per_request, const int32_t* keys, int64_t page_size, __nv_bfloat16* q_split,
-                 float* products, float* scores, cudaStream_t stream) {
-  if (width % 8) throw std::invalid_argument("sparse page_scores: the key width must be a multiple of 8 (16-byte rows)");
+void page_scores(Summary kind, cublasHandle_t blas, const __nv_bfloat16* q, int64_t batch, int64_t q_len, int64_t heads,
+                 int64_t width, const __nv_bfloat16* summaries, int64_t pages_per_request, const int32_t* keys,
+                 int64_t page_size, __nv_bfloat16* q_split, float* products, float* scores, cudaStream_t stream) {
+  if (width % 8)
+    throw std::invalid_argument("sparse page_scores: the key width must be a multiple of 8 (16-byte rows)");
   const int64_t rows = q_len * heads, k = summary_width(kind, width);
   const __nv_bfloat16* left = q;
   if (kind == Summary::quest_bounds) {
     const int64_t pairs = batch * rows * (width / 2);
     split_signs_kernel<<<unsigned(std::min<int64_t>((pairs + 255) / 256, 4096)), 256, 0, stream>>>(
-        reinterpret_cast<const __nv_bfloat162*>(q), batch * rows, int(width / 2), reinterpret_cast<__nv_bfloat162*>(q_split));
+        reinterpret_cast<const __nv_bfloat162*>(q), batch * rows, int(width / 2),
+        reinterpret_cast<__nv_bfloat162*>(q_split));
     DSLAB_CHECK_LAUNCH();
     left = q_split;
   }
   // Per request, column-major: products (rows x pages) = left^T (rows x k) . summaries (k x pages): row-major
   // [pages][rows], each page's rows side by side for the reduction.
-  mla::cuda::gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, pages_per_request, k, left, k, rows * k, summaries, k, pages_per_request * k, products,
-                  CUDA_R_32F, rows, pages_per_request * rows, batch);
+  gpu::gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, pages_per_request, k, left, k, rows * k, summaries, k,
+            pages_per_request * k, products, CUDA_R_32F, rows, pages_per_request * rows, batch);
   const dim3 grid(unsigned((pages_per_request + kReduceWarps - 1) / kReduceWarps), unsigned(batch));
-  best_row_kernel<<<grid, kReduceWarps * 32, 0, stream>>>(products, int(rows), int(pages_per_request), keys, int(page_size), scores);
+  best_row_kernel<<<grid, kReduceWarps * 32, 0, stream>>>(products, int(rows), int(pages_per_request), keys,
+                                                          int(page_size), scores);
   DSLAB_CHECK_LAUNCH();
 }
 
-void compact_pages(const float* scores, const int32_t* page_table, int64_t pages_per_request, const int32_t* keys, int64_t page_size,
-                   const Budget& budget, int64_t batch, int64_t max_pages, int64_t q_len, int32_t* physical, int32_t* logical, int32_t* length,
-                   int32_t* before, cudaStream_t stream) {
-  if (pages_per_request > kMaxPages) throw std::invalid_argument("sparse compact_pages: at most 65536 pages per request");
-  const SelectArgs a{scores, page_table, int(pages_per_request), keys, int(page_size), int(budget.tokens), int(budget.n_init),
-                     int(budget.local), int(max_pages), int(q_len), physical, logical, length, before};
+void compact_pages(const float* scores, const int32_t* page_table, int64_t pages_per_request, const int32_t* keys,
+                   int64_t page_size, const Budget& budget, int64_t batch, int64_t max_pages, int64_t q_len,
+                   int32_t* physical, int32_t* logical, int32_t* length, int32_t* before, cudaStream_t stream) {
+  if (pages_per_request > kMaxPages)
+    throw std::invalid_argument("sparse compact_pages: at most 65536 pages per request");
+  const SelectArgs a{scores,
+                     page_table,
+                     int(pages_per_request),
+                     keys,
+                     int(page_size),
+                     int(budget.tokens),
+                     int(budget.n_init),
+                     int(budget.local),
+                     int(max_pages),
+                     int(q_len),
+                     physical,
+                     logical,
+                     length,
+                     before};
   compact_pages_kernel<<<unsigned(batch), kSelectThreads, 0, stream>>>(a);
   DSLAB_CHECK_LAUNCH();
 }
@@ -537,37 +579,55 @@ cudaLaunchConfig_t cluster_config(int ctas, int64_t requests, cudaStream_t strea
   return config;
 }
 
-TopkLaunch topk_cluster_launch_given(int64_t scores_per_request, int64_t batch, int ctas, const std::function<int(int, bool)>& max_active) {
-  if (ctas < kClusterMinCtas || ctas > kClusterMaxCtas) throw std::invalid_argument("sparse top-k: a cluster of 4 to 8 CTAs");
+TopkLaunch topk_cluster_launch_given(int64_t scores_per_request, int64_t batch, int ctas,
+                                     const std::function<int(int, bool)>& max_active) {
+  if (ctas < kClusterMinCtas || ctas > kClusterMaxCtas)
+    throw std::invalid_argument("sparse top-k: a cluster of 4 to 8 CTAs");
   TopkLaunch t;
   t.ctas_per_request = ctas;
   t.streaming = cluster_streams(scores_per_request, ctas);
   t.max_active_clusters = max_active(ctas, t.streaming);
-  if (t.max_active_clusters <= 0) throw std::invalid_argument("sparse top-k: no cluster of " + std::to_string(ctas) + " CTAs fits");
+  if (t.max_active_clusters <= 0)
+    throw std::invalid_argument("sparse top-k: no cluster of " + std::to_string(ctas) + " CTAs fits");
   t.rounds = int((std::max<int64_t>(batch, 1) + t.max_active_clusters - 1) / t.max_active_clusters);
   return t;
 }
 
-TopkLaunch topk_launch_given(int64_t scores_per_request, int64_t batch, const std::function<int(int, bool)>& max_active) {
+TopkLaunch topk_launch_given(int64_t scores_per_request, int64_t batch,
+                             const std::function<int(int, bool)>& max_active) {
   if (scores_per_request < kClusterMinKeys) return {};
   TopkLaunch best;
   double best_cost = 0;
   for (int ctas = kClusterMaxCtas; ctas >= kClusterMinCtas; --ctas) {  // (a tie keeps the larger cluster)
     const TopkLaunch t = topk_cluster_launch_given(scores_per_request, batch, ctas, max_active);
-    const double cost = double(t.rounds) * double((scores_per_request + ctas - 1) / ctas) * (t.streaming ? kStreamingCost : 1.0);
+    const double cost =
+        double(t.rounds) * double((scores_per_request + ctas - 1) / ctas) * (t.streaming ? kStreamingCost : 1.0);
     if (best.ctas_per_request == 1 || cost < best_cost) best = t, best_cost = cost;
   }
   return best;
 }
 
-void compact_tokens_as(const TopkLaunch& launch, const float* scores, int64_t scores_per_request, const int32_t* page_table,
-                       int64_t pages_per_request, const int32_t* keys, int64_t page_size, const Budget& budget, int64_t batch,
-                       int64_t max_tokens, int64_t q_len, int32_t* slots, int32_t* logical, int32_t* length, int32_t* before,
-                       cudaStream_t stream) {
-  if (pages_per_request * page_size > kMaxTokens) throw std::invalid_argument("sparse compact_tokens: at most 4M keys per request");
+void compact_tokens_as(const TopkLaunch& launch, const float* scores, int64_t scores_per_request,
+                       const int32_t* page_table, int64_t pages_per_request, const int32_t* keys, int64_t page_size,
+                       const Budget& budget, int64_t batch, int64_t max_tokens, int64_t q_len, int32_t* slots,
+                       int32_t* logical, int32_t* length, int32_t* before, cudaStream_t stream) {
+  if (pages_per_request * page_size > kMaxTokens)
+    throw std::invalid_argument("sparse compact_tokens: at most 4M keys per request");
   if (batch <= 0) return;
-  const SelectArgs a{scores, page_table, int(pages_per_request), keys, int(page_size), int(budget.tokens), int(budget.n_init),
-                     int(budget.local), int(max_tokens), int(q_len), slots, logical, length, before};
+  const SelectArgs a{scores,
+                     page_table,
+                     int(pages_per_request),
+                     keys,
+                     int(page_size),
+                     int(budget.tokens),
+                     int(budget.n_init),
+                     int(budget.local),
+                     int(max_tokens),
+                     int(q_len),
+                     slots,
+                     logical,
+                     length,
+                     before};
   const TopkKernel kernel = topk_kernel(launch);
   if (kernel == TopkKernel::block) {
     compact_tokens_kernel<<<unsigned(batch), kSelectThreads, 0, stream>>>(a, scores_per_request);
@@ -576,17 +636,19 @@ void compact_tokens_as(const TopkLaunch& launch, const float* scores, int64_t sc
       throw std::logic_error("sparse compact_tokens: a cluster holding its keys in registers, but too small for them");
     cudaLaunchAttribute cluster;
     const cudaLaunchConfig_t config = cluster_config(launch.ctas_per_request, batch, stream, cluster);
-    DSLAB_CUDA(kernel == TopkKernel::cluster_streaming ? cudaLaunchKernelEx(&config, compact_tokens_cluster_kernel<true>, a, scores_per_request)
-                                                       : cudaLaunchKernelEx(&config, compact_tokens_cluster_kernel<false>, a, scores_per_request));
+    DSLAB_CUDA(kernel == TopkKernel::cluster_streaming
+                   ? cudaLaunchKernelEx(&config, compact_tokens_cluster_kernel<true>, a, scores_per_request)
+                   : cudaLaunchKernelEx(&config, compact_tokens_cluster_kernel<false>, a, scores_per_request));
   }
   DSLAB_CHECK_LAUNCH();
 }
 
-void compact_tokens(const float* scores, int64_t scores_per_request, const int32_t* page_table, int64_t pages_per_request, const int32_t* keys,
-                    int64_t page_size, const Budget& budget, int64_t batch, int64_t max_tokens, int64_t q_len, int32_t* slots, int32_t* logical,
-                    int32_t* length, int32_t* before, cudaStream_t stream) {
-  compact_tokens_as(topk_launch(scores_per_request, batch), scores, scores_per_request, page_table, pages_per_request, keys, page_size, budget,
-                    batch, max_tokens, q_len, slots, logical, length, before, stream);
+void compact_tokens(const float* scores, int64_t scores_per_request, const int32_t* page_table,
+                    int64_t pages_per_request, const int32_t* keys, int64_t page_size, const Budget& budget,
+                    int64_t batch, int64_t max_tokens, int64_t q_len, int32_t* slots, int32_t* logical, int32_t* length,
+                    int32_t* before, cudaStream_t stream) {
+  compact_tokens_as(topk_launch(scores_per_request, batch), scores, scores_per_request, page_table, pages_per_request,
+                    keys, page_size, budget, batch, max_tokens, q_len, slots, logical, length, before, stream);
 }
 
 // How many clusters of `ctas` CTAs of the register or streaming kernel this GPU holds at once; asked once per
@@ -599,7 +661,8 @@ static int max_active_clusters(int ctas, bool streaming) {
     const cudaLaunchConfig_t config = cluster_config(ctas, 1, 0, cluster);
     DSLAB_CUDA(streaming ? cudaOccupancyMaxActiveClusters(&max_active, compact_tokens_cluster_kernel<true>, &config)
                          : cudaOccupancyMaxActiveClusters(&max_active, compact_tokens_cluster_kernel<false>, &config));
-    if (max_active <= 0) throw std::runtime_error("sparse top-k: this GPU holds no cluster of " + std::to_string(ctas) + " CTAs");
+    if (max_active <= 0)
+      throw std::runtime_error("sparse top-k: this GPU holds no cluster of " + std::to_string(ctas) + " CTAs");
   }
   return max_active;
 }
@@ -608,16 +671,18 @@ TopkLaunch topk_cluster_launch(int64_t scores_per_request, int64_t batch, int ct
   return topk_cluster_launch_given(scores_per_request, batch, ctas, max_active_clusters);
 }
 
-TopkLaunch topk_launch(int64_t scores_per_request, int64_t batch) { return topk_launch_given(scores_per_request, batch, max_active_clusters); }
+TopkLaunch topk_launch(int64_t scores_per_request, int64_t batch) {
+  return topk_launch_given(scores_per_request, batch, max_active_clusters);
+}
 
 namespace {
 
-using mla::cuda::DeviceArray;
+using gpu::DeviceArray;
 
 // Every page of every request with its cached keys before the first step (pages past a request's keys: -1); entry i
 // is summary row i.
-__global__ void all_pages_kernel(const int32_t* lengths, const int32_t* page_table, int pages_per_request, int page_size, int batch,
-                                 int32_t* pages, int32_t* rows, int32_t* counts) {
+__global__ void all_pages_kernel(const int32_t* lengths, const int32_t* page_table, int pages_per_request,
+                                 int page_size, int batch, int32_t* pages, int32_t* rows, int32_t* counts) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= int64_t(batch) * pages_per_request) return;
   const int r = int(i / pages_per_request), p = int(i % pages_per_request);
@@ -631,7 +696,9 @@ class BlockSelector final : public mla::cuda::PageSelector {
  public:
   BlockSelector(Summary kind, const char* name) : kind_(kind), name_(name) {}
   std::string name() const override { return name_; }
-  std::string unsupported(const ModelConfig& m, const mla::Shape& s) const override { return sparse_unsupported(name_, m, s, false); }
+  std::string unsupported(const ModelConfig& m, const mla::Shape& s) const override {
+    return sparse_unsupported(name_, m, s, false);
+  }
   int64_t kept_keys(int64_t keys, int64_t page_size, const mla::Shape& s) const override {
     return paged_sparse_length(keys, page_size, sparse_budget(s, page_size));
   }
@@ -639,26 +706,30 @@ class BlockSelector final : public mla::cuda::PageSelector {
     // Per request: every page's summary read (bf16) and scored against every head's and new token's query (a GEMM;
     // Quest's query split by sign first, written and read), its products written and read back for the best row;
     // the chosen page table written. The remade summaries of the step's pages are small beside them.
-    const double pages = double((s.keys() + page_size - 1) / page_size), width = double(m.kv_lora_rank + m.qk_rope_head_dim);
+    const double pages = double((s.keys() + page_size - 1) / page_size),
+                 width = double(m.kv_lora_rank + m.qk_rope_head_dim);
     const double rows = double(s.q_len * s.heads), k = double(summary_width(kind_, int64_t(width)));
     Cost c;
     c.flops = double(s.batch) * pages * rows * k * 2;
-    c.bytes = double(s.batch) * (pages * (k * 2 + rows * 4 * 2 + 4 * 3) + rows * (width * 2 + (kind_ == Summary::quest_bounds ? k * 2 * 2 : 0)));
+    c.bytes = double(s.batch) * (pages * (k * 2 + rows * 4 * 2 + 4 * 3) +
+                                 rows * (width * 2 + (kind_ == Summary::quest_bounds ? k * 2 * 2 : 0)));
     return c;
   }
-  void prepare(const ModelConfig& m, const mla::Shape& s, const mla::cuda::PagedLatentCache& cache, const int32_t* lengths,
-               mla::cuda::ScratchArena*) override {
+  void prepare(const ModelConfig& m, const mla::Shape& s, const mla::cuda::PagedLatentCache& cache,
+               const int32_t* lengths, gpu::ScratchArena*) override {
     if (s.q_len > cache.page_size)
-      throw BadInput(name_ + ": q_len " + std::to_string(s.q_len) + " above page_size " + std::to_string(cache.page_size) +
-                     " (a step's keys must reach at most two pages)");
+      throw BadInput(name_ + ": q_len " + std::to_string(s.q_len) + " above page_size " +
+                     std::to_string(cache.page_size) + " (a step's keys must reach at most two pages)");
     s_ = s;
     cache_ = &cache;
     lengths_in_ = lengths;
     width_ = m.kv_lora_rank + m.qk_rope_head_dim;
     budget_ = sparse_budget(s, cache.page_size);
     const int64_t P = cache.page_size, ppr = cache.pages_per_request, rows = s.q_len * s.heads;
-    // The most pages select_pages keeps: the budget's, or the sinks' and the window's (an unaligned window spans one more).
-    max_pages_ = std::min<int64_t>(ppr, std::max<int64_t>(budget_.tokens / P, (kSinkTokens + P - 1) / P + budget_.local / P + 2) + 1);
+    // The most pages select_pages keeps: the budget's, or the sinks' and the window's (an unaligned window spans one
+    // more).
+    max_pages_ = std::min<int64_t>(
+        ppr, std::max<int64_t>(budget_.tokens / P, (kSinkTokens + P - 1) / P + budget_.local / P + 2) + 1);
     summaries_.resize(size_t(s.batch * ppr * summary_width(kind_, width_)));
     summaries_.zero();  // (rows past a request's keys are multiplied but never ranked)
     q_split_.resize(kind_ == Summary::quest_bounds ? size_t(s.batch * rows * 2 * width_) : 0);
@@ -672,22 +743,23 @@ class BlockSelector final : public mla::cuda::PageSelector {
     // Every page's summary, once (the cache as prepared: the cached keys before the first step).
     const int64_t n = s.batch * ppr;
     DeviceArray<int32_t> pages{size_t(n)}, rows_of{size_t(n)}, counts{size_t(n)};
-    all_pages_kernel<<<unsigned((n + 255) / 256), 256>>>(lengths, page_table_of(cache), int(ppr), int(P), int(s.batch), pages.get(), rows_of.get(),
-                                                         counts.get());
+    all_pages_kernel<<<unsigned((n + 255) / 256), 256>>>(lengths, page_table_of(cache), int(ppr), int(P), int(s.batch),
+                                                         pages.get(), rows_of.get(), counts.get());
     DSLAB_CHECK_LAUNCH();
-    page_summaries(kind_, bf16_values(cache), P, width_, pages.get(), rows_of.get(), counts.get(), int(n), summaries_.get(), 0);
+    page_summaries(kind_, bf16_values(cache), P, width_, pages.get(), rows_of.get(), counts.get(), int(n),
+                   summaries_.get(), 0);
     DSLAB_CUDA(cudaDeviceSynchronize());
   }
   void select(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) override {
     const int64_t P = cache_->page_size, ppr = cache_->pages_per_request, B = s_.batch;
-    step_page_summaries(kind_, bf16_values(*cache_), P, width_, lengths_in_, s_.q_len, page_table_of(*cache_), ppr, B, keys_.get(), summaries_.get(),
-                        stream);
+    step_page_summaries(kind_, bf16_values(*cache_), P, width_, lengths_in_, s_.q_len, page_table_of(*cache_), ppr, B,
+                        keys_.get(), summaries_.get(), stream);
     mark("select_summaries");
-    page_scores(kind_, blas, q_cat, B, s_.q_len, s_.heads, width_, summaries_.get(), ppr, keys_.get(), P, q_split_.get(), products_.get(),
-                scores_.get(), stream);
+    page_scores(kind_, blas, q_cat, B, s_.q_len, s_.heads, width_, summaries_.get(), ppr, keys_.get(), P,
+                q_split_.get(), products_.get(), scores_.get(), stream);
     mark("select_scores");
-    compact_pages(scores_.get(), page_table_of(*cache_), ppr, keys_.get(), P, budget_, B, max_pages_, s_.q_len, physical_.get(), logical_.get(),
-                  kept_.get(), lengths_.get(), stream);
+    compact_pages(scores_.get(), page_table_of(*cache_), ppr, keys_.get(), P, budget_, B, max_pages_, s_.q_len,
+                  physical_.get(), logical_.get(), kept_.get(), lengths_.get(), stream);
     mark("select_pages");
   }
   const int32_t* page_table() const override { return physical_.get(); }
@@ -696,14 +768,16 @@ class BlockSelector final : public mla::cuda::PageSelector {
   std::vector<std::vector<int64_t>> key_indices() const override {
     DSLAB_CUDA(cudaDeviceSynchronize());
     const size_t B = size_t(s_.batch);
-    const std::vector<int32_t> logical = to_host(logical_, B * size_t(max_pages_)), kept = to_host(kept_, B), keys = to_host(keys_, B);
+    const std::vector<int32_t> logical = to_host(logical_, B * size_t(max_pages_)), kept = to_host(kept_, B),
+                               keys = to_host(keys_, B);
     const int64_t P = cache_->page_size;
     std::vector<std::vector<int64_t>> out(static_cast<size_t>(s_.batch));
     for (int64_t r = 0; r < s_.batch; ++r) {
       const int64_t k = keys[size_t(r)], pages = (k + P - 1) / P, last = k - (pages - 1) * P;
       PageSelection sel;
       sel.length = kept[size_t(r)];
-      for (int64_t i = 0; i < (sel.length - last) / P + 1; ++i) sel.pages.push_back(logical[size_t(r * max_pages_ + i)]);
+      for (int64_t i = 0; i < (sel.length - last) / P + 1; ++i)
+        sel.pages.push_back(logical[size_t(r * max_pages_ + i)]);
       out[size_t(r)] = keys_of(sel, k, P);
     }
     return out;
@@ -717,8 +791,9 @@ class BlockSelector final : public mla::cuda::PageSelector {
   const int32_t* lengths_in_ = nullptr;
   int64_t width_ = 0, max_pages_ = 0;
   Budget budget_;
-  DeviceArray<__nv_bfloat16> summaries_, q_split_;  // [batch][pages per request][summary_width], [tokens * heads][q⁺ ‖ q⁻]
-  DeviceArray<float> products_, scores_;         // [batch][pages per request][q_len * heads], [batch][pages per request]
+  DeviceArray<__nv_bfloat16> summaries_,
+      q_split_;                           // [batch][pages per request][summary_width], [tokens * heads][q⁺ ‖ q⁻]
+  DeviceArray<float> products_, scores_;  // [batch][pages per request][q_len * heads], [batch][pages per request]
   DeviceArray<int32_t> physical_, logical_, kept_, lengths_, keys_;
 };
 
@@ -733,7 +808,7 @@ Budget sparse_budget(const mla::Shape& s, int64_t block) {
   return b;
 }
 
-std::vector<int32_t> to_host(const mla::cuda::DeviceArray<int32_t>& a, size_t n) {
+std::vector<int32_t> to_host(const gpu::DeviceArray<int32_t>& a, size_t n) {
   std::vector<int32_t> h(n);
   DSLAB_CUDA(cudaMemcpy(h.data(), a.get(), n * 4, cudaMemcpyDeviceToHost));
   return h;
@@ -748,8 +823,8 @@ std::string sparse_unsupported(const std::string& name, const ModelConfig& m, co
   return "";
 }
 
-void TokenSelector::prepare(const ModelConfig& m, const mla::Shape& s, const mla::cuda::PagedLatentCache& cache, const int32_t* lengths,
-                            mla::cuda::ScratchArena*) {
+void TokenSelector::prepare(const ModelConfig& m, const mla::Shape& s, const mla::cuda::PagedLatentCache& cache,
+                            const int32_t* lengths, gpu::ScratchArena*) {
   s_ = s;
   cache_ = &cache;
   lengths_in_ = lengths;
@@ -766,8 +841,9 @@ void TokenSelector::prepare(const ModelConfig& m, const mla::Shape& s, const mla
 
 void TokenSelector::select(const __nv_bfloat16* q_cat, cudaStream_t stream, cublasHandle_t blas, const Mark& mark) {
   score(q_cat, stream, blas, mark);
-  compact_tokens_as(topk_, scores_.get(), scores_per_request(), page_table_of(*cache_), cache_->pages_per_request, keys_.get(), cache_->page_size, budget_,
-                 s_.batch, max_tokens_, s_.q_len, slots_.get(), logical_.get(), kept_.get(), lengths_.get(), stream);
+  compact_tokens_as(topk_, scores_.get(), scores_per_request(), page_table_of(*cache_), cache_->pages_per_request,
+                    keys_.get(), cache_->page_size, budget_, s_.batch, max_tokens_, s_.q_len, slots_.get(),
+                    logical_.get(), kept_.get(), lengths_.get(), stream);
   mark("select_tokens");
 }
 
@@ -776,7 +852,8 @@ std::vector<std::vector<int64_t>> TokenSelector::key_indices() const {
   const size_t B = size_t(s_.batch), T = size_t(max_tokens_);
   const std::vector<int32_t> all = to_host(logical_, B * T), count = to_host(kept_, B);
   std::vector<std::vector<int64_t>> out(B);
-  for (size_t r = 0; r < B; ++r) out[r].assign(all.begin() + ptrdiff_t(r * T), all.begin() + ptrdiff_t(r * T + size_t(count[r])));
+  for (size_t r = 0; r < B; ++r)
+    out[r].assign(all.begin() + ptrdiff_t(r * T), all.begin() + ptrdiff_t(r * T + size_t(count[r])));
   return out;
 }
 
@@ -790,6 +867,8 @@ std::map<std::string, double> TokenSelector::launch_counters() const {
   return c;
 }
 
-std::unique_ptr<mla::cuda::PageSelector> make_block_selector(Summary kind, const char* name) { return std::make_unique<BlockSelector>(kind, name); }
+std::unique_ptr<mla::cuda::PageSelector> make_block_selector(Summary kind, const char* name) {
+  return std::make_unique<BlockSelector>(kind, name);
+}
 
 }  // namespace dslab::sparse::cuda

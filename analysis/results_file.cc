@@ -1,4 +1,4 @@
-#include "reports/results_file.h"
+#include "analysis/results_file.h"
 
 #include <lzma.h>
 
@@ -8,7 +8,7 @@
 #include <map>
 
 #include "harness/errors.h"
-#include "reports/stats.h"
+#include "analysis/stats.h"
 
 namespace dslab::reports {
 
@@ -27,7 +27,8 @@ std::string read_text(const std::string& path) {
   std::string raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   if (path.size() < 3 || path.compare(path.size() - 3, 3, ".xz") != 0) return raw;
   lzma_stream z = LZMA_STREAM_INIT;
-  if (lzma_stream_decoder(&z, UINT64_MAX, 0) != LZMA_OK) throw std::runtime_error(path + ": cannot start the xz decoder");
+  if (lzma_stream_decoder(&z, UINT64_MAX, 0) != LZMA_OK)
+    throw std::runtime_error(path + ": cannot start the xz decoder");
   std::string out;
   char buffer[1 << 16];
   z.next_in = reinterpret_cast<const uint8_t*>(raw.data());
@@ -55,14 +56,15 @@ ResultsFile load_results(const std::string& path) {
     throw BadInput(path + ": malformed JSON (" + msg.substr(msg.find(']') + 2) + ")");
   }
   if (!j.is_object() || !j.contains("benchmarks") || !j["benchmarks"].is_array())
-    throw bad_field(path, "benchmarks", j.is_object() && j.contains("benchmarks") ? j["benchmarks"].dump().substr(0, 40) : "(missing)",
+    throw bad_field(path, "benchmarks",
+                    j.is_object() && j.contains("benchmarks") ? j["benchmarks"].dump().substr(0, 40) : "(missing)",
                     "an array (Google Benchmark JSON, as dslab run writes)");
   ResultsFile r;
   r.path = path;
   r.context = j.value("context", nlohmann::json::object());
   r.skipped = j.value("skipped", nlohmann::json::array());
-  std::map<std::string, size_t> first_of;        // entry key -> index in r.entries
-  std::vector<std::vector<int>> repetition_of;   // per entry: its repetition indices, sorted
+  std::map<std::string, size_t> first_of;       // entry key -> index in r.entries
+  std::vector<std::vector<int>> repetition_of;  // per entry: its repetition indices, sorted
   for (size_t i = 0; i < j["benchmarks"].size(); ++i) {
     const auto& b = j["benchmarks"][i];
     const std::string where = path + ": benchmarks[" + std::to_string(i) + "]";

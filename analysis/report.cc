@@ -9,8 +9,8 @@
 
 #include "harness/command.h"
 #include "harness/errors.h"
-#include "reports/results_file.h"
-#include "reports/stats.h"
+#include "analysis/results_file.h"
+#include "analysis/stats.h"
 
 namespace dslab::reports {
 namespace {
@@ -43,13 +43,16 @@ std::string time_str(double us) {
 
 std::string axes_label(const nlohmann::json& axes) {
   std::string s;
-  for (const auto& [k, v] : axes.items()) s += (s.empty() ? "" : " ") + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
+  for (const auto& [k, v] : axes.items())
+    s += (s.empty() ? "" : " ") + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
   return s;
 }
 
 double counter(const Entry& e, const char* k) {
   const auto& r = e.raw;
-  return r.contains("counters") && r["counters"].contains(k) && r["counters"][k].is_number() ? r["counters"][k].get<double>() : NAN;
+  return r.contains("counters") && r["counters"].contains(k) && r["counters"][k].is_number()
+             ? r["counters"][k].get<double>()
+             : NAN;
 }
 
 // Sparse attention against dense: each sparse result's attention (kernel_s: its selection + decode + combine) and where
@@ -64,17 +67,22 @@ void write_sparse_against_dense(const ResultsFile& f, std::ostringstream& md) {
       if (a.axes.value(k, nlohmann::json()) != b.axes.value(k, nlohmann::json())) return false;
     return a.model == b.model;
   };
-  md << "Sparse attention against dense mla/fused/cuda at the same point (attention = `kernel_s`: a sparse step's selection, "
+  md << "Sparse attention against dense mla/fused/cuda at the same point (attention = `kernel_s`: a sparse step's "
+        "selection, "
         "the `op_us.select_*` stages, then its decode and combine; the step adds the projections both share):\n\n"
-        "| variant | point | step | attention | of it: selection | its stages, us | dense step | dense attention | dense / sparse attention | "
-        "dense / sparse step | keys attended | rel. err vs dense |\n|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n";
-  // The attention's stages (op_us.select_*, then decode and combine), so where a selector's time goes reads off the row.
+        "| variant | point | step | attention | of it: selection | its stages, us | dense step | dense attention | "
+        "dense / sparse attention | "
+        "dense / sparse step | keys attended | rel. err vs dense "
+        "|\n|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n";
+  // The attention's stages (op_us.select_*, then decode and combine), so where a selector's time goes reads off the
+  // row.
   auto stages = [](const Entry& e) {
     std::string out;
     if (!e.raw.contains("counters")) return out;
     const auto& c = e.raw["counters"];
     auto add = [&](const std::string& key, const std::string& label) {
-      if (c.contains(key) && c[key].is_number()) out += (out.empty() ? "" : ", ") + label + " " + num("%.3g", c[key].get<double>());
+      if (c.contains(key) && c[key].is_number())
+        out += (out.empty() ? "" : ", ") + label + " " + num("%.3g", c[key].get<double>());
     };
     for (const auto& [k, v] : c.items())
       if (k.rfind("op_us.select_", 0) == 0) add(k, k.substr(13));
@@ -87,12 +95,14 @@ void write_sparse_against_dense(const ResultsFile& f, std::ostringstream& md) {
     for (const Entry& d : f.entries)
       if (d.variant == "mla/fused/cuda" && same_point(*e, d)) dense = &d;
     const double attention = counter(*e, "kernel_s");
-    md << "| " << e->variant << " | " << axes_label(e->axes) << " | " << time_str(e->median_us) << " | " << time_str(attention * 1e6) << " | "
-       << num("%.0f%%", 100 * counter(*e, "selection_share")) << " | " << stages(*e) << " | ";
+    md << "| " << e->variant << " | " << axes_label(e->axes) << " | " << time_str(e->median_us) << " | "
+       << time_str(attention * 1e6) << " | " << num("%.0f%%", 100 * counter(*e, "selection_share")) << " | "
+       << stages(*e) << " | ";
     if (dense) {
       const double dense_attention = counter(*dense, "kernel_s");
-      md << time_str(dense->median_us) << " | " << time_str(dense_attention * 1e6) << " | " << num("%.2fx", dense_attention / attention) << " | "
-         << num("%.2fx", dense->median_us / e->median_us) << " | ";
+      md << time_str(dense->median_us) << " | " << time_str(dense_attention * 1e6) << " | "
+         << num("%.2fx", dense_attention / attention) << " | " << num("%.2fx", dense->median_us / e->median_us)
+         << " | ";
     } else {
       md << "— | — | — | — | ";
     }
@@ -107,7 +117,8 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
   md << "| | |\n|---|---|\n";
   md << "| CPU | " << c.value("cpu_model", "?") << " (" << c.value("num_cpus", 0) << " threads) |\n";
   if (c.contains("gpu_name") && c["gpu_name"].is_string())
-    md << "| GPU | " << c["gpu_name"].get<std::string>() << " (" << c.value("gpu_sms", 0) << " SMs) " << c.value("gpu_uuid", "") << " |\n";
+    md << "| GPU | " << c["gpu_name"].get<std::string>() << " (" << c.value("gpu_sms", 0) << " SMs) "
+       << c.value("gpu_uuid", "") << " |\n";
   // SM clock and throttle reasons as the run started and ended: a run that throttled says so next to its numbers.
   for (const char* when : {"gpu_clocks_before", "gpu_clocks_after"}) {
     if (!c.contains(when) || !c[when].is_object()) continue;
@@ -119,9 +130,12 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
     std::string reasons;
     if (k.contains("clock_event_reasons") && k["clock_event_reasons"].is_array())
       for (const auto& r : k["clock_event_reasons"]) reasons += (reasons.empty() ? "" : ", ") + r.get<std::string>();
-    auto mhz = [&](const char* key) { return k.contains(key) && k[key].is_number() ? num("%.0f", k[key].get<double>()) : std::string("?"); };
-    md << "| " << when << " | SM " << mhz("sm_clock_mhz") << " of " << mhz("max_sm_clock_mhz") << " MHz, memory " << mhz("memory_clock_mhz")
-       << " MHz, " << mhz("temperature_c") << " C, " << mhz("power_w") << " W; clock reasons: " << (reasons.empty() ? "none" : reasons) << " |\n";
+    auto mhz = [&](const char* key) {
+      return k.contains(key) && k[key].is_number() ? num("%.0f", k[key].get<double>()) : std::string("?");
+    };
+    md << "| " << when << " | SM " << mhz("sm_clock_mhz") << " of " << mhz("max_sm_clock_mhz") << " MHz, memory "
+       << mhz("memory_clock_mhz") << " MHz, " << mhz("temperature_c") << " C, " << mhz("power_w")
+       << " W; clock reasons: " << (reasons.empty() ? "none" : reasons) << " |\n";
   }
   md << "| commit | " << c.value("git_sha", "?") << " (" << c.value("build_type", "?") << ") |\n";
   md << "| date | " << c.value("date", "?") << " |\n";
@@ -184,7 +198,8 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
         }
         const auto& r = it->second->raw;
         md << " " << time_str(it->second->median_us);
-        if (r.contains("p10_time")) md << " (" << time_str(r["p10_time"].get<double>()) << ".." << time_str(r["p90_time"].get<double>()) << ")";
+        if (r.contains("p10_time"))
+          md << " (" << time_str(r["p10_time"].get<double>()) << ".." << time_str(r["p90_time"].get<double>()) << ")";
         md << " |";
       }
       md << "\n";
@@ -195,11 +210,14 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
       const auto base = at.find({baseline, p});
       for (const auto& v : variants) {
         const auto it = at.find({v, p});
-        md << " " << (it == at.end() || base == at.end() ? "—" : num("%.2fx", base->second->median_us / it->second->median_us)) << " |";
+        md << " "
+           << (it == at.end() || base == at.end() ? "—" : num("%.2fx", base->second->median_us / it->second->median_us))
+           << " |";
       }
       md << "\n";
     }
-    md << "\n| variant | point | TFLOP/s | GB/s | FLOP/byte | roofline | bound | rel. err | verify | stop | samples | counters |\n";
+    md << "\n| variant | point | TFLOP/s | GB/s | FLOP/byte | roofline | bound | rel. err | verify | stop | samples | "
+          "counters |\n";
     md << "|---|---|---:|---:|---:|---:|---|---:|---|---|---:|---|\n";
     // f(variant, point, entry) for each run of the suite, point by point.
     auto each_run = [&](auto&& f) {
@@ -208,40 +226,53 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
           if (const auto it = at.find({v, p}); it != at.end()) f(v, p, *it->second);
     };
     each_run([&](const std::string& v, const std::string& p, const Entry& e) {
-        const auto& r = e.raw;
-        auto get = [&](const char* k) { return r.contains(k) && r[k].is_number() ? r[k].get<double>() : NAN; };
-        const bool verified = r.contains("verify_pass") && r["verify_pass"].is_boolean();
-        md << "| " << v << " | " << p << " | " << num("%.3g", get("achieved_flops_per_s") * 1e-12) << " | "
-           << num("%.3g", get("achieved_bytes_per_s") * 1e-9) << " | " << num("%.3g", get("arithmetic_intensity")) << " | "
-           << (r.contains("roofline_fraction") ? num("%.2f", get("roofline_fraction")) : "—") << " | "
-           << r.value("roofline_bound", "—") << " | " << (verified ? num("%.2e", get("verify_rel_err")) : "—") << " | "
-           << (verified ? (r["verify_pass"].get<bool>() ? "PASS" : "**FAIL**") : r.contains("unverified") ? "not verified" : "off") << " | " << r.value("stop_reason", "—") << (r.value("resampled", false) ? ", resampled" : "")
-           << " | " << r.value("samples", 0) << " | ";
-        if (r.contains("counters") && r["counters"].is_object())
-          for (const auto& [k, cv] : r["counters"].items()) md << k << "=" << num("%.4g", cv.get<double>()) << " ";
-        md << "|\n";
+      const auto& r = e.raw;
+      auto get = [&](const char* k) { return r.contains(k) && r[k].is_number() ? r[k].get<double>() : NAN; };
+      const bool verified = r.contains("verify_pass") && r["verify_pass"].is_boolean();
+      md << "| " << v << " | " << p << " | " << num("%.3g", get("achieved_flops_per_s") * 1e-12) << " | "
+         << num("%.3g", get("achieved_bytes_per_s") * 1e-9) << " | " << num("%.3g", get("arithmetic_intensity"))
+         << " | " << (r.contains("roofline_fraction") ? num("%.2f", get("roofline_fraction")) : "—") << " | "
+         << r.value("roofline_bound", "—") << " | " << (verified ? num("%.2e", get("verify_rel_err")) : "—") << " | "
+         << (verified                   ? (r["verify_pass"].get<bool>() ? "PASS" : "**FAIL**")
+             : r.contains("unverified") ? "not verified"
+                                        : "off")
+         << " | " << r.value("stop_reason", "—") << (r.value("resampled", false) ? ", resampled" : "") << " | "
+         << r.value("samples", 0) << " | ";
+      if (r.contains("counters") && r["counters"].is_object())
+        for (const auto& [k, cv] : r["counters"].items()) md << k << "=" << num("%.4g", cv.get<double>()) << " ";
+      md << "|\n";
     });
     md << "\n";
     // Whole steps (layer runs): what a step delivers and where its time goes between the GPU and the CPU.
     bool steps = false;
-    for (const auto& [key, e] : at) steps = steps || (!std::isnan(counter(*e, "tokens_per_s")) && !std::isnan(counter(*e, "kernel_time_s")));
+    for (const auto& [key, e] : at)
+      steps = steps || (!std::isnan(counter(*e, "tokens_per_s")) && !std::isnan(counter(*e, "kernel_time_s")));
     if (steps) {
-      md << "Whole steps: tokens/s at the median; the GPU's busy time (CUPTI) and idle share of the step; the routed experts' CPU "
-            "time per step (measured inside the step, where the CPU runs them); MoE layers whose experts the GPU runs; the "
-            "experts streamed to the GPU per step (gpu_experts=streamed) and the link rate that makes over the step:\n\n"
-            "| variant | point | step | tokens/s | GPU busy | GPU idle | CPU experts | MoE layers on the GPU | experts streamed |\n"
+      md << "Whole steps: tokens/s at the median; the GPU's busy time (CUPTI) and idle share of the step; the routed "
+            "experts' CPU "
+            "time per step (measured inside the step, where the CPU runs them); MoE layers whose experts the GPU runs; "
+            "the "
+            "experts streamed to the GPU per step (gpu_experts=streamed) and the link rate that makes over the "
+            "step:\n\n"
+            "| variant | point | step | tokens/s | GPU busy | GPU idle | CPU experts | MoE layers on the GPU | experts "
+            "streamed |\n"
             "|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
       each_run([&](const std::string& v, const std::string& p, const Entry& e) {
-          if (std::isnan(counter(e, "kernel_time_s"))) return;
-          const double cpu = counter(e, "cpu_experts_engine_s"), on_gpu = counter(e, "gpu_moe_layers"), moe = counter(e, "moe_layers");
-          const double streamed = counter(e, "streamed_expert_bytes");
-          md << "| " << v << " | " << p << " | " << time_str(e.median_us) << " | " << num("%.4g", counter(e, "tokens_per_s")) << " | "
-             << time_str(counter(e, "kernel_time_s") * 1e6) << " | " << num("%.0f%%", 100 * counter(e, "gpu_idle_fraction")) << " | "
-             << (std::isnan(cpu) ? std::string("—") : time_str(cpu * 1e6)) << " | "
-             << (std::isnan(on_gpu) ? std::string("—") : num("%.0f", on_gpu) + (std::isnan(moe) ? "" : " of " + num("%.0f", moe))) << " | "
-             << (std::isnan(streamed) ? std::string("—")
-                                      : num("%.1f GB", streamed / 1e9) + " at " + num("%.1f GB/s", streamed / (e.median_us * 1e-6) / 1e9))
-             << " |\n";
+        if (std::isnan(counter(e, "kernel_time_s"))) return;
+        const double cpu = counter(e, "cpu_experts_engine_s"), on_gpu = counter(e, "gpu_moe_layers"),
+                     moe = counter(e, "moe_layers");
+        const double streamed = counter(e, "streamed_expert_bytes");
+        md << "| " << v << " | " << p << " | " << time_str(e.median_us) << " | "
+           << num("%.4g", counter(e, "tokens_per_s")) << " | " << time_str(counter(e, "kernel_time_s") * 1e6) << " | "
+           << num("%.0f%%", 100 * counter(e, "gpu_idle_fraction")) << " | "
+           << (std::isnan(cpu) ? std::string("—") : time_str(cpu * 1e6)) << " | "
+           << (std::isnan(on_gpu) ? std::string("—")
+                                  : num("%.0f", on_gpu) + (std::isnan(moe) ? "" : " of " + num("%.0f", moe)))
+           << " | "
+           << (std::isnan(streamed)
+                   ? std::string("—")
+                   : num("%.1f GB", streamed / 1e9) + " at " + num("%.1f GB/s", streamed / (e.median_us * 1e-6) / 1e9))
+           << " |\n";
       });
       md << "\n";
       // Where a step's time goes, op by op (the op_us.* counters), largest first: a row for each run that has them.
@@ -251,17 +282,23 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
         std::vector<std::pair<double, std::string>> op_us;
         double sum = 0;
         for (const auto& [k, cv] : e.raw["counters"].items())
-          if (k.rfind("op_us.", 0) == 0 && cv.is_number()) op_us.push_back({cv.get<double>(), k.substr(6)}), sum += cv.get<double>();
+          if (k.rfind("op_us.", 0) == 0 && cv.is_number())
+            op_us.push_back({cv.get<double>(), k.substr(6)}), sum += cv.get<double>();
         if (op_us.empty()) return;
-        std::sort(op_us.begin(), op_us.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+        std::sort(op_us.begin(), op_us.end(), [](const auto& a, const auto& b) {
+          return a.first != b.first ? a.first > b.first : a.second < b.second;
+        });
         op_rows += "| " + v + " | " + p + " | ";
         for (size_t i = 0; i < op_us.size(); ++i)
-          op_rows += (i ? ", " : "") + op_us[i].second + " " + num("%.4g", op_us[i].first) + " (" + num("%.0f%%", 100 * op_us[i].first / sum) + ")";
+          op_rows += (i ? ", " : "") + op_us[i].second + " " + num("%.4g", op_us[i].first) + " (" +
+                     num("%.0f%%", 100 * op_us[i].first / sum) + ")";
         op_rows += " |\n";
       });
       if (!op_rows.empty())
-        md << "Per-op GPU time of a step, largest first (`op_us.*`: one eager step queued behind a blocking kernel, each op "
-              "bracketed by events, so each carries its event's 1-2 us and none overlaps the next under PDL: they sum past "
+        md << "Per-op GPU time of a step, largest first (`op_us.*`: one eager step queued behind a blocking kernel, "
+              "each op "
+              "bracketed by events, so each carries its event's 1-2 us and none overlaps the next under PDL: they sum "
+              "past "
               "the step's GPU busy time; the share is of their sum):\n\n"
               "| variant | point | ops, us (share) |\n|---|---|---|\n"
            << op_rows << "\n";
@@ -273,45 +310,60 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
       if (std::isnan(counter(e, "decode_phase_us.done"))) return;
       phase_rows += "| " + v + " | " + p + " | " + num("%.0f", counter(e, "decode_phase.working_ctas")) + " | " +
                     num("%.0f", counter(e, "decode_phase.blocks"));
-      for (const char* k : {"wait", "first_block_landed", "first_block_scored", "first_block_maxed", "first_block_handed_over",
-                            "first_block_accumulated", "last_block_accumulated", "done", "last_done", "per_block", "span"}) {
+      for (const char* k :
+           {"wait", "first_block_landed", "first_block_scored", "first_block_maxed", "first_block_handed_over",
+            "first_block_accumulated", "last_block_accumulated", "done", "last_done", "per_block", "span"}) {
         const double us = counter(e, (std::string("decode_phase_us.") + k).c_str());
         phase_rows += " | " + us_or_dash(us);
       }
       phase_rows += " |\n";
     });
     if (!phase_rows.empty())
-      md << "Where the fused decode kernel's CTAs spend their time (`decode_phase_us.*`: SM clocks in one more eager step, "
-            "medians over the CTAs that walked keys; wait is from a CTA's start to the end of its griddepcontrol.wait, the "
-            "phases are us after that (negative: copies queued before it; -: not recorded by that kernel - the 128-head "
-            "two-warpgroup kernel's \"their P V done\" is the end of its first pair of blocks), per block is the steady time "
-            "of a further block of decode_phase.block_keys keys, span the kernel's first start to last exit; the slowest CTA's "
+      md << "Where the fused decode kernel's CTAs spend their time (`decode_phase_us.*`: SM clocks in one more eager "
+            "step, "
+            "medians over the CTAs that walked keys; wait is from a CTA's start to the end of its griddepcontrol.wait, "
+            "the "
+            "phases are us after that (negative: copies queued before it; -: not recorded by that kernel - the "
+            "128-head "
+            "two-warpgroup kernel's \"their P V done\" is the end of its first pair of blocks), per block is the "
+            "steady time "
+            "of a further block of decode_phase.block_keys keys, span the kernel's first start to last exit; the "
+            "slowest CTA's "
             "outputs written against the median's is what the CTAs' unequal pace costs):\n\n"
-            "| variant | point | CTAs | blocks a CTA | wait | first keys landed | their Q K^T done | row max | P handed over | their P V done | "
-            "last block's P V done | outputs written | slowest CTA's | per block | span |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+            "| variant | point | CTAs | blocks a CTA | wait | first keys landed | their Q K^T done | row max | P "
+            "handed over | their P V done | "
+            "last block's P V done | outputs written | slowest CTA's | per block | span "
+            "|\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
          << phase_rows << "\n";
     // Where the 128-head kernel's CTAs walk two segments or more: what switching from the first to the second costs
     // (its phases, and the switch against the two blocks a steady pair takes).
     std::string switch_rows;
     each_run([&](const std::string& v, const std::string& p, const Entry& e) {
-      const double from = counter(e, "decode_phase_us.first_segment_accumulated"), to = counter(e, "decode_phase_us.second_segment_first_accumulated");
+      const double from = counter(e, "decode_phase_us.first_segment_accumulated"),
+                   to = counter(e, "decode_phase_us.second_segment_first_accumulated");
       if (std::isnan(from) || std::isnan(to)) return;
       switch_rows += "| " + v + " | " + p;
-      for (const char* k : {"first_segment_last_pairs", "first_segment_last_pair", "first_segment_accumulated", "first_segment_stored", "first_segment_written",
-                            "second_segment_q_landed", "second_segment_scored", "second_segment_first_accumulated"})
+      for (const char* k : {"first_segment_last_pairs", "first_segment_last_pair", "first_segment_accumulated",
+                            "first_segment_stored", "first_segment_written", "second_segment_q_landed",
+                            "second_segment_scored", "second_segment_first_accumulated"})
         switch_rows += " | " + us_or_dash(counter(e, (std::string("decode_phase_us.") + k).c_str()));
       const double per_block = counter(e, "decode_phase_us.per_block");
-      switch_rows += " | " + us_or_dash(from - counter(e, "decode_phase_us.first_segment_last_pairs")) + " | " + num("%.2f", to - from) + " | " +
-                     us_or_dash(2 * per_block) + " |\n";
+      switch_rows += " | " + us_or_dash(from - counter(e, "decode_phase_us.first_segment_last_pairs")) + " | " +
+                     num("%.2f", to - from) + " | " + us_or_dash(2 * per_block) + " |\n";
     });
     if (!switch_rows.empty())
       md << "Where a CTA of the two-warpgroup kernel walks two segments or more, what the switch costs "
-            "(`decode_phase_us.*`, medians, us after griddepcontrol.wait): the first segment's last two or three blocks (after "
-            "its whole pairs: its tail) entered and its last pair done, all its products done, its outputs stored (by thread "
-            "0's warp) and written (by all), the second segment's Q landed, its first two blocks scored and its first pair "
-            "done; the tail is the products done less the tail entered, the switch the next first pair less the products "
+            "(`decode_phase_us.*`, medians, us after griddepcontrol.wait): the first segment's last two or three "
+            "blocks (after "
+            "its whole pairs: its tail) entered and its last pair done, all its products done, its outputs stored (by "
+            "thread "
+            "0's warp) and written (by all), the second segment's Q landed, its first two blocks scored and its first "
+            "pair "
+            "done; the tail is the products done less the tail entered, the switch the next first pair less the "
+            "products "
             "done, against two steady blocks (one pair):\n\n"
-            "| variant | point | tail entered | last pair done | products done | outputs stored | outputs written | next Q landed | "
+            "| variant | point | tail entered | last pair done | products done | outputs stored | outputs written | "
+            "next Q landed | "
             "next scored | next first pair | tail | switch | two blocks |\n"
             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
          << switch_rows << "\n";
@@ -319,12 +371,16 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
   write_sparse_against_dense(f, md);
   std::vector<const Entry*> above;  // faster than its floor: the ceilings are stale or wrong, not the kernel fast
   for (const Entry& e : f.entries)
-    if (e.raw.contains("roofline_fraction") && e.raw["roofline_fraction"].is_number() && e.raw["roofline_fraction"].get<double>() > 1.0)
+    if (e.raw.contains("roofline_fraction") && e.raw["roofline_fraction"].is_number() &&
+        e.raw["roofline_fraction"].get<double>() > 1.0)
       above.push_back(&e);
   if (!above.empty()) {
-    md << "**Above the roofline** (roofline_fraction > 1.0: no kernel beats its ceiling, so a ceiling in the machine file is "
+    md << "**Above the roofline** (roofline_fraction > 1.0: no kernel beats its ceiling, so a ceiling in the machine "
+          "file is "
           "stale or wrong; recalibrate with `dslab calibrate`):\n\n";
-    for (const Entry* e : above) md << "- " << e->name << " [" << e->model << "]: " << num("%.2f", e->raw["roofline_fraction"].get<double>()) << "\n";
+    for (const Entry* e : above)
+      md << "- " << e->name << " [" << e->model << "]: " << num("%.2f", e->raw["roofline_fraction"].get<double>())
+         << "\n";
     md << "\n";
   }
   if (!f.skipped.empty()) {
@@ -336,7 +392,8 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
 
 int cmd_report(int argc, char** argv) {
   const Args a = parse_args(argc, argv, 2, {}, {"--out", "--baseline"});
-  if (a.positional.empty()) throw BadInput("command line: expected at least one RESULTS.json (see dslab report --help)");
+  if (a.positional.empty())
+    throw BadInput("command line: expected at least one RESULTS.json (see dslab report --help)");
   const std::string out = a.one("--out");
   if (out.empty()) throw BadInput("command line: --out: missing (expected the folder for report.md)");
   std::vector<ResultsFile> files;

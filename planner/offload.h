@@ -13,20 +13,20 @@
 
 #include <nlohmann/json.hpp>
 
-#include "reports/results_file.h"
+#include "analysis/results_file.h"
 
 namespace dslab::reports {
 
 struct OffloadOptions {
   std::vector<std::string> host_resident = {"moe"};  // families whose weights live in host memory
-  double pcie_bytes_per_s = 25e9;                     // host-to-device copy bandwidth
+  double pcie_bytes_per_s = 25e9;                    // host-to-device copy bandwidth
 };
 
 struct Placement {
   std::string op, family, model;
   nlohmann::json axes;
   double flops = 0, bytes = 0, intensity = 0;  // of the way it is computed where it is placed
-  double cpu_s = 0, gpu_s = 0;  // 0: no estimate possible
+  double cpu_s = 0, gpu_s = 0;                 // 0: no estimate possible
   std::string cpu_source, gpu_source;  // "measured: <variant>" | "roofline estimate" | "roofline estimate + PCIe"
   std::string device;                  // cpu | gpu
   std::string reason;

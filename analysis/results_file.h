@@ -9,11 +9,11 @@ namespace dslab::reports {
 
 struct Entry {
   std::string name, variant, model, suite, device;
-  nlohmann::json axes;              // object
-  std::vector<double> samples_us;   // sample_times, or the one real_time (of every repetition, concatenated)
-  double median_us = 0;             // the median, or with repetitions the median of the repetitions' medians
+  nlohmann::json axes;                        // object
+  std::vector<double> samples_us;             // sample_times, or the one real_time (of every repetition, concatenated)
+  double median_us = 0;                       // the median, or with repetitions the median of the repetitions' medians
   std::vector<double> repetition_medians_us;  // each repetition's median in repetition_index order (one: a single run)
-  nlohmann::json raw;               // the whole entry, for fields a report prints
+  nlohmann::json raw;                         // the whole entry, for fields a report prints
   // One run of one point: variant + axes (+ model), within its suite (two suites of one sweep that share a point
   // each measure it; their runs are two entries, not repetitions of one)
   std::string key() const { return suite + "|" + variant + "|" + model + "|" + axes.dump(); }

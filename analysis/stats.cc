@@ -1,4 +1,4 @@
-#include "reports/stats.h"
+#include "analysis/stats.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,8 @@ namespace {
 // P(U >= k) under H0 for sample sizes m, n: counts of rank arrangements with each U, by recursion
 // c(m, n, u) = c(m-1, n, u-n) + c(m, n-1, u).
 double exact_sf(int m, int n, int k) {
-  std::vector<std::vector<std::vector<double>>> c(static_cast<size_t>(m + 1), std::vector<std::vector<double>>(size_t(n + 1)));
+  std::vector<std::vector<std::vector<double>>> c(static_cast<size_t>(m + 1),
+                                                  std::vector<std::vector<double>>(size_t(n + 1)));
   for (int i = 0; i <= m; ++i)
     for (int j = 0; j <= n; ++j) {
       auto& cur = c[size_t(i)][size_t(j)];
@@ -22,7 +23,8 @@ double exact_sf(int m, int n, int k) {
       const auto& a = c[size_t(i - 1)][size_t(j)];
       const auto& b = c[size_t(i)][size_t(j - 1)];
       for (int u = 0; u <= i * j; ++u)
-        cur[size_t(u)] = (u - j >= 0 && size_t(u - j) < a.size() ? a[size_t(u - j)] : 0) + (size_t(u) < b.size() ? b[size_t(u)] : 0);
+        cur[size_t(u)] =
+            (u - j >= 0 && size_t(u - j) < a.size() ? a[size_t(u - j)] : 0) + (size_t(u) < b.size() ? b[size_t(u)] : 0);
     }
   const auto& dist = c[size_t(m)][size_t(n)];
   const double total = std::accumulate(dist.begin(), dist.end(), 0.0);

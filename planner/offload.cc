@@ -1,4 +1,4 @@
-#include "reports/offload.h"
+#include "planner/offload.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -39,10 +39,13 @@ nlohmann::json op_axes(const std::string& variant, const std::string& model, con
       if (v.name.substr(0, v.name.find('/')) != family) continue;
       std::vector<std::string> mine;
       for (const auto& [name, def] : v.make()->axes()) mine.push_back(name);
-      if (first) names = mine;
-      else names.erase(std::remove_if(names.begin(), names.end(), [&](const std::string& n) {
-                         return std::find(mine.begin(), mine.end(), n) == mine.end();
-                       }), names.end());
+      if (first)
+        names = mine;
+      else
+        names.erase(
+            std::remove_if(names.begin(), names.end(),
+                           [&](const std::string& n) { return std::find(mine.begin(), mine.end(), n) == mine.end(); }),
+            names.end());
       first = false;
     }
     common[family] = names;
@@ -89,11 +92,14 @@ OffloadPlan plan_offload(const std::vector<ResultsFile>& files, const OffloadOpt
       break;
     }
   if (machine.is_null())
-    throw BadInput(files.front().path + ": context.machine: no machine file with CPU and GPU ceilings (expected results of a "
-                                        "`dslab run --machine FILE` whose FILE `dslab calibrate` wrote on a GPU machine)");
-  const double cpu_flops = std::max(ceiling(machine, "cpu", "amx_bf16_flops"), ceiling(machine, "cpu", "avx512_bf16_flops"));
+    throw BadInput(files.front().path +
+                   ": context.machine: no machine file with CPU and GPU ceilings (expected results of a "
+                   "`dslab run --machine FILE` whose FILE `dslab calibrate` wrote on a GPU machine)");
+  const double cpu_flops =
+      std::max(ceiling(machine, "cpu", "amx_bf16_flops"), ceiling(machine, "cpu", "avx512_bf16_flops"));
   const double cpu_bw = ceiling(machine, "cpu", "dram_read_bytes_per_s");
-  const double gpu_flops = ceiling(machine, "gpu", "tensor_bf16_flops"), gpu_bw = ceiling(machine, "gpu", "hbm_bytes_per_s");
+  const double gpu_flops = ceiling(machine, "gpu", "tensor_bf16_flops"),
+               gpu_bw = ceiling(machine, "gpu", "hbm_bytes_per_s");
   OffloadPlan plan;
   plan.cpu_ridge = cpu_bw > 0 ? cpu_flops / cpu_bw : 0;
   plan.gpu_ridge = gpu_bw > 0 ? gpu_flops / gpu_bw : 0;
@@ -123,7 +129,8 @@ OffloadPlan plan_offload(const std::vector<ResultsFile>& files, const OffloadOpt
         p.model = e.model;
         p.axes = axes;
         p.op = family + " " + e.model;
-        for (const auto& [k, v] : axes.items()) p.op += " " + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
+        for (const auto& [k, v] : axes.items())
+          p.op += " " + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
       }
       const Way way{e.raw.value("flops", 0.0), e.raw.value("bytes", 0.0), e.variant};
       ways[key].push_back(way);
@@ -138,7 +145,8 @@ OffloadPlan plan_offload(const std::vector<ResultsFile>& files, const OffloadOpt
     }
   for (const auto& key : order) {
     Placement p = ops[key];
-    const bool host_resident = std::find(o.host_resident.begin(), o.host_resident.end(), p.family) != o.host_resident.end();
+    const bool host_resident =
+        std::find(o.host_resident.begin(), o.host_resident.end(), p.family) != o.host_resident.end();
     // Roofline estimate on a device that measured nothing: the best of the op's ways there.
     auto estimate = [&](double flops_rate, double bandwidth, double extra_per_byte, std::pair<double, double>& cost) {
       double best = 0;
@@ -164,9 +172,10 @@ OffloadPlan plan_offload(const std::vector<ResultsFile>& files, const OffloadOpt
     p.intensity = p.bytes > 0 ? p.flops / p.bytes : 0;
     const std::string bound_cpu = p.intensity < plan.cpu_ridge ? "memory-bound on the CPU" : "compute-bound on the CPU";
     const std::string bound_gpu = p.intensity < plan.gpu_ridge ? "memory-bound on the GPU" : "compute-bound on the GPU";
-    p.reason = fmt("%.3g FLOP/byte: ", p.intensity) + bound_cpu + " (ridge " + fmt("%.3g", plan.cpu_ridge) + "), " + bound_gpu +
-               " (ridge " + fmt("%.3g", plan.gpu_ridge) + ")" +
-               (host_resident ? "; weights in host memory cross PCIe at " + fmt("%.3g GB/s", o.pcie_bytes_per_s * 1e-9) : "");
+    p.reason =
+        fmt("%.3g FLOP/byte: ", p.intensity) + bound_cpu + " (ridge " + fmt("%.3g", plan.cpu_ridge) + "), " +
+        bound_gpu + " (ridge " + fmt("%.3g", plan.gpu_ridge) + ")" +
+        (host_resident ? "; weights in host memory cross PCIe at " + fmt("%.3g GB/s", o.pcie_bytes_per_s * 1e-9) : "");
     plan.ops.push_back(p);
   }
   return plan;
@@ -178,10 +187,19 @@ nlohmann::json OffloadPlan::to_json() const {
   j["gpu"] = {{"name", gpu_name}, {"ridge_flop_per_byte", gpu_ridge}};
   j["ops"] = nlohmann::json::array();
   for (const auto& p : ops)
-    j["ops"].push_back({{"op", p.op}, {"family", p.family}, {"model", p.model}, {"axes", p.axes}, {"flops", p.flops},
-                        {"bytes", p.bytes}, {"arithmetic_intensity", p.intensity}, {"cpu_time_s", p.cpu_s},
-                        {"cpu_source", p.cpu_source}, {"gpu_time_s", p.gpu_s}, {"gpu_source", p.gpu_source},
-                        {"placement", p.device}, {"reason", p.reason}});
+    j["ops"].push_back({{"op", p.op},
+                        {"family", p.family},
+                        {"model", p.model},
+                        {"axes", p.axes},
+                        {"flops", p.flops},
+                        {"bytes", p.bytes},
+                        {"arithmetic_intensity", p.intensity},
+                        {"cpu_time_s", p.cpu_s},
+                        {"cpu_source", p.cpu_source},
+                        {"gpu_time_s", p.gpu_s},
+                        {"gpu_source", p.gpu_source},
+                        {"placement", p.device},
+                        {"reason", p.reason}});
   return j;
 }
 
@@ -203,7 +221,8 @@ options:
 
 int cmd_offload(int argc, char** argv) {
   const Args a = parse_args(argc, argv, 2, {}, {"--out", "--host-resident", "--pcie"});
-  if (a.positional.empty()) throw BadInput("command line: expected at least one RESULTS.json (see dslab offload --help)");
+  if (a.positional.empty())
+    throw BadInput("command line: expected at least one RESULTS.json (see dslab offload --help)");
   const std::string out = a.one("--out");
   if (out.empty()) throw BadInput("command line: --out: missing (expected the folder for offload.json)");
   OffloadOptions o;
@@ -213,14 +232,17 @@ int cmd_offload(int argc, char** argv) {
   for (const auto& p : a.positional) files.push_back(load_results(p));
   const OffloadPlan plan = plan_offload(files, o);
   std::ostringstream md;
-  md << "# Offload plan\n\nCPU: " << plan.cpu_name << " (ridge " << fmt("%.3g", plan.cpu_ridge) << " FLOP/byte); GPU: "
-     << plan.gpu_name << " (ridge " << fmt("%.3g", plan.gpu_ridge) << " FLOP/byte). Host-resident families:";
+  md << "# Offload plan\n\nCPU: " << plan.cpu_name << " (ridge " << fmt("%.3g", plan.cpu_ridge)
+     << " FLOP/byte); GPU: " << plan.gpu_name << " (ridge " << fmt("%.3g", plan.gpu_ridge)
+     << " FLOP/byte). Host-resident families:";
   for (const auto& h : o.host_resident) md << " " << h;
   md << "; PCIe " << fmt("%.3g", o.pcie_bytes_per_s * 1e-9) << " GB/s.\n\n";
-  md << "| op | FLOP/byte | CPU time | source | GPU time | source | placement | why |\n|---|---:|---:|---|---:|---|---|---|\n";
+  md << "| op | FLOP/byte | CPU time | source | GPU time | source | placement | why "
+        "|\n|---|---:|---:|---|---:|---|---|---|\n";
   for (const auto& p : plan.ops)
-    md << "| " << p.op << " | " << fmt("%.3g", p.intensity) << " | " << fmt("%.3g ms", p.cpu_s * 1e3) << " | " << p.cpu_source
-       << " | " << fmt("%.3g ms", p.gpu_s * 1e3) << " | " << p.gpu_source << " | **" << p.device << "** | " << p.reason << " |\n";
+    md << "| " << p.op << " | " << fmt("%.3g", p.intensity) << " | " << fmt("%.3g ms", p.cpu_s * 1e3) << " | "
+       << p.cpu_source << " | " << fmt("%.3g ms", p.gpu_s * 1e3) << " | " << p.gpu_source << " | **" << p.device
+       << "** | " << p.reason << " |\n";
   write_json_atomically(out + "/offload.json", plan.to_json());
   {
     std::ofstream f(out + "/offload.md.tmp");

@@ -1,4 +1,4 @@
-#include "reports/plan.h"
+#include "planner/plan.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,9 +22,10 @@ using layer::OpGroup;
 namespace {
 
 double field(const nlohmann::json& machine, const std::string& source, const char* section, const char* key) {
-  if (!machine.contains(section) || !machine[section].is_object() || !machine[section].contains(key) || !machine[section][key].is_number() ||
-      machine[section][key].get<double>() <= 0)
-    throw BadInput(source + ": " + section + "." + key + ": missing or not a positive number (run `dslab calibrate` on the machine to plan for; "
+  if (!machine.contains(section) || !machine[section].is_object() || !machine[section].contains(key) ||
+      !machine[section][key].is_number() || machine[section][key].get<double>() <= 0)
+    throw BadInput(source + ": " + section + "." + key +
+                   ": missing or not a positive number (run `dslab calibrate` on the machine to plan for; "
                    "this field is newer than the file)");
   return machine[section][key].get<double>();
 }
@@ -48,9 +49,10 @@ Ceilings Ceilings::from_machine(const nlohmann::json& machine, const std::string
   c.gpu_bytes_per_s = field(machine, source, "gpu", "hbm_bytes_per_s");
   c.gpu_kernel_s = field(machine, source, "gpu", "small_kernel_s");
   const auto& g = machine["gpu"];
-  c.gpu_weight_stream_bytes_per_s = g.contains("gemv_bytes_per_s") && g["gemv_bytes_per_s"].is_number() && g["gemv_bytes_per_s"].get<double>() > 0
-                                        ? g["gemv_bytes_per_s"].get<double>()
-                                        : c.gpu_bytes_per_s;
+  c.gpu_weight_stream_bytes_per_s =
+      g.contains("gemv_bytes_per_s") && g["gemv_bytes_per_s"].is_number() && g["gemv_bytes_per_s"].get<double>() > 0
+          ? g["gemv_bytes_per_s"].get<double>()
+          : c.gpu_bytes_per_s;
   c.h2d_bytes_per_s = field(machine, source, "gpu", "h2d_pinned_bytes_per_s");
   c.d2h_bytes_per_s = field(machine, source, "gpu", "d2h_pinned_bytes_per_s");
   c.transfer_s = field(machine, source, "gpu", "h2d_4k_s");
@@ -59,7 +61,8 @@ Ceilings Ceilings::from_machine(const nlohmann::json& machine, const std::string
     c.gpu_memory_bytes = machine["gpu"]["memory_bytes"].get<double>();
   c.cpu_bytes_per_s = field(machine, source, "cpu", "dram_read_bytes_per_s");
   const auto& cpu = machine["cpu"];
-  const bool amx = cpu.contains("amx_bf16_flops") && cpu["amx_bf16_flops"].is_number() && cpu["amx_bf16_flops"].get<double>() > 0;
+  const bool amx =
+      cpu.contains("amx_bf16_flops") && cpu["amx_bf16_flops"].is_number() && cpu["amx_bf16_flops"].get<double>() > 0;
   c.cpu_unit = amx ? "amx" : "avx512";
   c.cpu_flops = field(machine, source, "cpu", amx ? "amx_bf16_flops" : "avx512_bf16_flops");
   c.cpu_threads = cpu.value("threads", 0);
@@ -68,11 +71,14 @@ Ceilings Ceilings::from_machine(const nlohmann::json& machine, const std::string
       throw BadInput(source + ": cpu.by_threads: missing (needed for --cpu-threads; run `dslab calibrate` again)");
     const nlohmann::json* pick = nullptr;
     for (const auto& e : cpu["by_threads"])
-      if (e.value("threads", 0) <= cpu_threads && (!pick || e.value("threads", 0) > pick->value("threads", 0))) pick = &e;
-    if (!pick) throw BadInput(source + ": cpu.by_threads: no rate at " + std::to_string(cpu_threads) + " threads or fewer");
+      if (e.value("threads", 0) <= cpu_threads && (!pick || e.value("threads", 0) > pick->value("threads", 0)))
+        pick = &e;
+    if (!pick)
+      throw BadInput(source + ": cpu.by_threads: no rate at " + std::to_string(cpu_threads) + " threads or fewer");
     const char* unit = c.cpu_unit == "amx" ? "amx_bf16_flops" : "avx512_bf16_flops";
     if (!pick->contains(unit) || !pick->contains("dram_read_bytes_per_s"))
-      throw BadInput(source + ": cpu.by_threads: the entry for " + std::to_string(pick->value("threads", 0)) + " threads has no " + unit);
+      throw BadInput(source + ": cpu.by_threads: the entry for " + std::to_string(pick->value("threads", 0)) +
+                     " threads has no " + unit);
     c.cpu_flops = (*pick)[unit].get<double>();
     c.cpu_bytes_per_s = (*pick)["dram_read_bytes_per_s"].get<double>();
     c.cpu_threads = pick->value("threads", 0);
@@ -107,7 +113,8 @@ double stream_crossover_tokens_per_expert(const ModelConfig& m, const Ceilings& 
 }
 
 double cpu_op_s(const OpCost& op, const Ceilings& c) {
-  return std::max((op.flops + op.extra_flops) / c.cpu_flops, op.bytes() / c.cpu_bytes_per_s) + op.staged_bytes / c.cpu_bytes_per_s;
+  return std::max((op.flops + op.extra_flops) / c.cpu_flops, op.bytes() / c.cpu_bytes_per_s) +
+         op.staged_bytes / c.cpu_bytes_per_s;
 }
 
 namespace {
@@ -123,14 +130,17 @@ double efficiency_at(const std::vector<std::pair<double, double>>& e, double tok
 }
 
 // Each run's roofline time on these ceilings over its measured time, averaged by the run's tokens per expert.
-std::vector<std::pair<double, double>> efficiencies(const std::vector<ResultsFile>& files, const std::string& variant, const std::string& model,
-                                                    const char* tpe_counter, const std::function<double(const OpCost&)>& roofline_s) {
+std::vector<std::pair<double, double>> efficiencies(const std::vector<ResultsFile>& files, const std::string& variant,
+                                                    const std::string& model, const char* tpe_counter,
+                                                    const std::function<double(const OpCost&)>& roofline_s) {
   std::map<double, std::vector<double>> by_tpe;
   for (const ResultsFile& f : files)
     for (const Entry& e : f.entries) {
       if (e.variant != variant || e.model != model || e.median_us <= 0) continue;
       const auto& raw = e.raw;
-      if (!raw.contains("flops") || !raw.contains("bytes") || !raw.contains("counters") || !raw["counters"].contains(tpe_counter)) continue;
+      if (!raw.contains("flops") || !raw.contains("bytes") || !raw.contains("counters") ||
+          !raw["counters"].contains(tpe_counter))
+        continue;
       OpCost run;  // the run's work, priced on these ceilings
       run.flops = raw["flops"].get<double>();
       run.weight_bytes = raw["bytes"].get<double>();
@@ -154,8 +164,12 @@ std::string file_names(const std::vector<ResultsFile>& files) {
 
 }  // namespace
 
-double Ceilings::cpu_expert_efficiency_at(double tokens_per_expert) const { return efficiency_at(cpu_expert_efficiency, tokens_per_expert); }
-double Ceilings::gpu_expert_efficiency_at(double tokens_per_expert) const { return efficiency_at(gpu_expert_efficiency, tokens_per_expert); }
+double Ceilings::cpu_expert_efficiency_at(double tokens_per_expert) const {
+  return efficiency_at(cpu_expert_efficiency, tokens_per_expert);
+}
+double Ceilings::gpu_expert_efficiency_at(double tokens_per_expert) const {
+  return efficiency_at(gpu_expert_efficiency, tokens_per_expert);
+}
 
 double cpu_routed_experts_s(const OpCost& op, const Ceilings& c) {
   return cpu_op_s(op, c) / c.cpu_expert_efficiency_at(op.tokens_per_expert);
@@ -167,10 +181,12 @@ double gpu_routed_experts_s(const OpCost& op, const Ceilings& c) {
 
 void attach_gpu_expert_runs(Ceilings& c, const std::string& model, const std::vector<ResultsFile>& files) {
   if (files.empty()) return;
-  c.gpu_expert_efficiency = efficiencies(files, "moe/grouped/cuda", model, "tokens_per_active_expert", [&](const OpCost& op) { return gpu_op_s(op, c); });
+  c.gpu_expert_efficiency = efficiencies(files, "moe/grouped/cuda", model, "tokens_per_active_expert",
+                                         [&](const OpCost& op) { return gpu_op_s(op, c); });
   if (c.gpu_expert_efficiency.empty())
-    throw BadInput(file_names(files) + ": no moe/grouped/cuda results for model " + model +
-                   " with flops, bytes and counters.tokens_per_active_expert (expected a dslab run of the GPU MoE at this model)");
+    throw BadInput(
+        file_names(files) + ": no moe/grouped/cuda results for model " + model +
+        " with flops, bytes and counters.tokens_per_active_expert (expected a dslab run of the GPU MoE at this model)");
   c.gpu_expert_efficiency_source = "moe/grouped/cuda in " + file_names(files);
 }
 
@@ -179,14 +195,16 @@ void attach_cpu_expert_runs(Ceilings& c, const std::string& model, const std::ve
   const std::string names = file_names(files);
   const std::string unit_variant = c.cpu_unit == "amx" ? "moe/amx/cpu" : "moe/avx512/cpu";
   for (const std::string& variant : {std::string("moe/auto/cpu"), unit_variant}) {
-    auto e = efficiencies(files, variant, model, "tokens_per_expert", [&](const OpCost& op) { return cpu_op_s(op, c); });
+    auto e =
+        efficiencies(files, variant, model, "tokens_per_expert", [&](const OpCost& op) { return cpu_op_s(op, c); });
     if (e.empty()) continue;
     c.cpu_expert_efficiency = std::move(e);
     c.cpu_expert_efficiency_source = variant + " in " + names;
     return;
   }
-  throw BadInput(names + ": no moe/auto/cpu or " + unit_variant + " results for model " + model +
-                 " with flops, bytes and counters.tokens_per_expert (expected a dslab run of the CPU MoE engine at this model)");
+  throw BadInput(
+      names + ": no moe/auto/cpu or " + unit_variant + " results for model " + model +
+      " with flops, bytes and counters.tokens_per_expert (expected a dslab run of the CPU MoE engine at this model)");
 }
 
 namespace {
@@ -196,9 +214,9 @@ namespace {
 struct Candidate {
   std::string name;
   bool attention_on_gpu = true, shared_on_gpu = true, dense_on_gpu = true;
-  int64_t gpu_moe_layers = 0;    // MoE layers whose experts all live on the GPU (from the first)
-  int64_t hot_experts = 0;       // per other MoE layer, experts resident on the GPU
-  bool stream_experts = false;   // the other layers' experts, all of them, copied to the GPU each step
+  int64_t gpu_moe_layers = 0;   // MoE layers whose experts all live on the GPU (from the first)
+  int64_t hot_experts = 0;      // per other MoE layer, experts resident on the GPU
+  bool stream_experts = false;  // the other layers' experts, all of them, copied to the GPU each step
 };
 
 struct Model {
@@ -235,18 +253,26 @@ struct Model {
     PlacementPlan p;
     p.placement = k.name;
     const auto& m = r.model;
-    const double T = double(r.shape.tokens()), H = double(m.hidden_size), K = double(m.num_experts_per_tok), E = double(m.n_routed_experts);
+    const double T = double(r.shape.tokens()), H = double(m.hidden_size), K = double(m.num_experts_per_tok),
+                 E = double(m.n_routed_experts);
     // Capacity: the groups resident on the GPU, all their weights (every expert, not only the active ones).
     double gpu_bytes = workspace_bytes(), host_bytes = 0, stream_buffer = 0;
     int64_t moe_index = 0;
     for (const OpCost& op : ops) {
       switch (op.group) {
-        case OpGroup::attention: (k.attention_on_gpu ? gpu_bytes : host_bytes) += op.weight_bytes; break;
-        case OpGroup::shared_experts: (k.shared_on_gpu ? gpu_bytes : host_bytes) += op.weight_bytes; break;
-        case OpGroup::dense_mlp: (k.dense_on_gpu ? gpu_bytes : host_bytes) += op.weight_bytes; break;
+        case OpGroup::attention:
+          (k.attention_on_gpu ? gpu_bytes : host_bytes) += op.weight_bytes;
+          break;
+        case OpGroup::shared_experts:
+          (k.shared_on_gpu ? gpu_bytes : host_bytes) += op.weight_bytes;
+          break;
+        case OpGroup::dense_mlp:
+          (k.dense_on_gpu ? gpu_bytes : host_bytes) += op.weight_bytes;
+          break;
         case OpGroup::routed_experts: {
           const double all = E * expert_bytes();
-          if (moe_index < k.gpu_moe_layers) gpu_bytes += all;
+          if (moe_index < k.gpu_moe_layers)
+            gpu_bytes += all;
           else {
             const double hot = double(k.hot_experts) * expert_bytes();
             gpu_bytes += hot;
@@ -257,8 +283,12 @@ struct Model {
           break;
         }
         // The embedding reads only its tokens' rows, but the whole table lives where it runs.
-        case OpGroup::embedding: (k.attention_on_gpu ? gpu_bytes : host_bytes) += double(m.vocab_size) * H * 2; break;
-        default: (k.attention_on_gpu ? gpu_bytes : host_bytes) += op.weight_bytes; break;  // gate, norms, head
+        case OpGroup::embedding:
+          (k.attention_on_gpu ? gpu_bytes : host_bytes) += double(m.vocab_size) * H * 2;
+          break;
+        default:
+          (k.attention_on_gpu ? gpu_bytes : host_bytes) += op.weight_bytes;
+          break;  // gate, norms, head
       }
     }
     gpu_bytes += stream_buffer + (k.attention_on_gpu ? kv_bytes() : 0);
@@ -266,7 +296,8 @@ struct Model {
     p.gpu_bytes = gpu_bytes;
     p.host_bytes = host_bytes;
     const double budget = r.gpu_budget_bytes > 0 ? r.gpu_budget_bytes : c.gpu_memory_bytes;
-    if (budget > 0 && gpu_bytes > budget) p.fits = false, p.why_not = "needs " + gb(gpu_bytes) + " on the GPU, budget " + gb(budget);
+    if (budget > 0 && gpu_bytes > budget)
+      p.fits = false, p.why_not = "needs " + gb(gpu_bytes) + " on the GPU, budget " + gb(budget);
     if (p.fits && r.host_memory_bytes > 0 && host_bytes > r.host_memory_bytes)
       p.fits = false, p.why_not = "needs " + gb(host_bytes) + " of host memory, has " + gb(r.host_memory_bytes);
 
@@ -323,7 +354,8 @@ struct Model {
           // hidden states (bf16), ids and weights to the host (three copies), the experts' sum (fp32) back (one), and
           // the host function's round trip (the stream waits for it; the CPU's workers wake for it).
           if (k.attention_on_gpu)
-            xfer_s = c.host_roundtrip_s + 4 * c.transfer_s + T * (H * 2 + K * 8) / c.d2h_bytes_per_s + T * H * 4 / c.h2d_bytes_per_s;
+            xfer_s = c.host_roundtrip_s + 4 * c.transfer_s + T * (H * 2 + K * 8) / c.d2h_bytes_per_s +
+                     T * H * 4 / c.h2d_bytes_per_s;
         }
       }
       // The GPU runs its shared and routed share while the CPU runs the rest (KTransformers' overlap).
@@ -349,8 +381,9 @@ std::string why_op(const OpCost& op, const Ceilings& c, bool on_gpu) {
   const double i = op.intensity(), g = gpu_op_s(op, c), h = cpu_op_s(op, c);
   std::string bound_gpu = i < c.gpu_ridge() ? "memory-bound" : "compute-bound";
   std::string bound_cpu = i < c.cpu_ridge() ? "memory-bound" : "compute-bound";
-  return fmt("%.1f FLOP/B: ", i) + bound_gpu + " on the GPU (ridge " + fmt("%.0f", c.gpu_ridge()) + "), " + bound_cpu + " on the CPU (ridge " +
-         fmt("%.0f", c.cpu_ridge()) + "); GPU " + fmt("%.1f", h / g) + "x faster" + (on_gpu ? "" : ", but placed on the CPU by capacity");
+  return fmt("%.1f FLOP/B: ", i) + bound_gpu + " on the GPU (ridge " + fmt("%.0f", c.gpu_ridge()) + "), " + bound_cpu +
+         " on the CPU (ridge " + fmt("%.0f", c.cpu_ridge()) + "); GPU " + fmt("%.1f", h / g) + "x faster" +
+         (on_gpu ? "" : ", but placed on the CPU by capacity");
 }
 
 }  // namespace
@@ -375,12 +408,14 @@ Plan make_plan(const PlanRequest& r, const Ceilings& c) {
   const double budget = r.gpu_budget_bytes > 0 ? r.gpu_budget_bytes : c.gpu_memory_bytes;
   if (budget > 0) {
     const PlacementPlan base = model.evaluate(candidates[1]);
-    const int64_t n = std::clamp<int64_t>(int64_t((budget - base.gpu_bytes) / (double(E) * model.expert_bytes())), 0, L);
+    const int64_t n =
+        std::clamp<int64_t>(int64_t((budget - base.gpu_bytes) / (double(E) * model.expert_bytes())), 0, L);
     if (n > 0 && n < L) candidates.push_back({"gpu_layers:" + std::to_string(n), true, true, true, n, 0, false});
   }
   for (int64_t n : r.gpu_layer_counts) {  // the splits that were run, so each gets its prediction
     const std::string name = "gpu_layers:" + std::to_string(n);
-    if (n > 0 && n < L && std::none_of(candidates.begin(), candidates.end(), [&](const Candidate& k) { return k.name == name; }))
+    if (n > 0 && n < L &&
+        std::none_of(candidates.begin(), candidates.end(), [&](const Candidate& k) { return k.name == name; }))
       candidates.push_back({name, true, true, true, n, 0, false});
   }
   candidates.push_back({"streamed_experts", true, true, true, 0, 0, true});
@@ -393,9 +428,12 @@ Plan make_plan(const PlanRequest& r, const Ceilings& c) {
   if (!plan.placements.empty() && plan.placements.front().fits) plan.placements.front().chosen = true;
   const double best = plan.placements.front().predicted_s;
   for (auto& p : plan.placements) {
-    if (!p.fits) p.reason = p.why_not;
-    else if (p.chosen) p.reason = "fastest predicted of those that fit";
-    else p.reason = fmt("%.2fx the chosen placement's time", p.predicted_s / best);
+    if (!p.fits)
+      p.reason = p.why_not;
+    else if (p.chosen)
+      p.reason = "fastest predicted of those that fit";
+    else
+      p.reason = fmt("%.2fx the chosen placement's time", p.predicted_s / best);
   }
   return plan;
 }
@@ -409,7 +447,8 @@ std::string axis_text(const nlohmann::json& axes, const char* k) {
 
 // The placement a whole-model layer run at the request's point measured ("" if it is not one, or not at that point).
 std::string placement_of(const Entry& e, const PlanRequest& r) {
-  if ((e.variant != "layer/deepseek/cuda" && e.variant != "layer/deepseek/hybrid") || e.model != r.model_name) return "";
+  if ((e.variant != "layer/deepseek/cuda" && e.variant != "layer/deepseek/hybrid") || e.model != r.model_name)
+    return "";
   const auto& s = r.shape;
   if (axis_text(e.axes, "layers") != "all" || axis_text(e.axes, "batch") != std::to_string(s.batch) ||
       axis_text(e.axes, "q_len") != std::to_string(s.q_len) || axis_text(e.axes, "kv_len") != std::to_string(s.kv_len))
@@ -422,7 +461,9 @@ std::string placement_of(const Entry& e, const PlanRequest& r) {
   const std::string gpu_experts = axis_text(e.axes, "gpu_experts");
   if (gpu_experts.rfind("hot:", 0) == 0) return "hot_experts:" + gpu_experts.substr(4);
   const auto& counters = e.raw.contains("counters") ? e.raw["counters"] : nlohmann::json::object();
-  const double resident = counters.contains("gpu_moe_layers") && counters["gpu_moe_layers"].is_number() ? counters["gpu_moe_layers"].get<double>() : 0;
+  const double resident = counters.contains("gpu_moe_layers") && counters["gpu_moe_layers"].is_number()
+                              ? counters["gpu_moe_layers"].get<double>()
+                              : 0;
   return resident > 0 ? "gpu_layers:" + std::to_string(int64_t(resident)) : "ktransformers";
 }
 
@@ -460,7 +501,8 @@ std::string run_with(const std::string& placement) {
 
 namespace {
 // The N of every `<prefix>N` placement the files ran at the request's point.
-std::vector<int64_t> measured_counts(const PlanRequest& r, const std::vector<ResultsFile>& files, const std::string& prefix) {
+std::vector<int64_t> measured_counts(const PlanRequest& r, const std::vector<ResultsFile>& files,
+                                     const std::string& prefix) {
   std::vector<int64_t> counts;
   for (const ResultsFile& f : files)
     for (const Entry& e : f.entries) {
@@ -513,15 +555,22 @@ nlohmann::json Plan::to_json() const {
   j["phase"] = request.phase;
   j["point"] = {{"batch", request.shape.batch}, {"q_len", request.shape.q_len}, {"kv_len", request.shape.kv_len}};
   j["gpu_budget_bytes"] = request.gpu_budget_bytes > 0 ? request.gpu_budget_bytes : ceilings.gpu_memory_bytes;
-  j["ceilings"] = {{"source", ceilings.source},          {"gpu", ceilings.gpu_name},
-                   {"cpu", ceilings.cpu_name},            {"gpu_flops", ceilings.gpu_flops},
-                   {"gpu_bytes_per_s", ceilings.gpu_bytes_per_s}, {"gpu_kernel_s", ceilings.gpu_kernel_s},
+  j["ceilings"] = {{"source", ceilings.source},
+                   {"gpu", ceilings.gpu_name},
+                   {"cpu", ceilings.cpu_name},
+                   {"gpu_flops", ceilings.gpu_flops},
+                   {"gpu_bytes_per_s", ceilings.gpu_bytes_per_s},
+                   {"gpu_kernel_s", ceilings.gpu_kernel_s},
                    {"gpu_weight_stream_bytes_per_s", ceilings.gpu_weight_stream_bytes_per_s},
-                   {"h2d_bytes_per_s", ceilings.h2d_bytes_per_s}, {"d2h_bytes_per_s", ceilings.d2h_bytes_per_s},
-                   {"transfer_s", ceilings.transfer_s},   {"host_roundtrip_s", ceilings.host_roundtrip_s},
+                   {"h2d_bytes_per_s", ceilings.h2d_bytes_per_s},
+                   {"d2h_bytes_per_s", ceilings.d2h_bytes_per_s},
+                   {"transfer_s", ceilings.transfer_s},
+                   {"host_roundtrip_s", ceilings.host_roundtrip_s},
                    {"cpu_flops", ceilings.cpu_flops},
-                   {"cpu_unit", ceilings.cpu_unit},       {"cpu_bytes_per_s", ceilings.cpu_bytes_per_s},
-                   {"gpu_ridge", ceilings.gpu_ridge()},   {"cpu_ridge", ceilings.cpu_ridge()}};
+                   {"cpu_unit", ceilings.cpu_unit},
+                   {"cpu_bytes_per_s", ceilings.cpu_bytes_per_s},
+                   {"gpu_ridge", ceilings.gpu_ridge()},
+                   {"cpu_ridge", ceilings.cpu_ridge()}};
   j["ceilings"]["cpu_expert_efficiency"] = curve_json(ceilings.cpu_expert_efficiency);
   j["ceilings"]["cpu_expert_efficiency_source"] = ceilings.cpu_expert_efficiency_source;
   j["ceilings"]["gpu_expert_efficiency"] = curve_json(ceilings.gpu_expert_efficiency);
@@ -547,25 +596,27 @@ nlohmann::json Plan::to_json() const {
                         {"intensity", op.intensity()},
                         {"gpu_s", gpu_op_s(op, ceilings)},
                         {"cpu_s", cpu_op_s(op, ceilings)}};
-    if (op.group == OpGroup::routed_experts) o["tokens_per_expert"] = op.tokens_per_expert, o["active_experts"] = op.active_experts;
+    if (op.group == OpGroup::routed_experts)
+      o["tokens_per_expert"] = op.tokens_per_expert, o["active_experts"] = op.active_experts;
     ops.push_back(o);
   }
   j["ops"] = ops;
   nlohmann::json placements = nlohmann::json::array();
   for (const auto& p : this->placements) {
-    placements.push_back({{"placement", p.placement},
-                          {"point", j["point"]},
-                          {"predicted_s", p.predicted_s},
-                          {"measured_s", p.measured_s >= 0 ? nlohmann::json(p.measured_s) : nlohmann::json(nullptr)},
-                          {"measured_by", p.measured_by},
-                          {"measured_spread", p.measured_spread >= 0 ? nlohmann::json(p.measured_spread) : nlohmann::json(nullptr)},
-                          {"run_with", run_with(p.placement).empty() ? nlohmann::json(nullptr) : nlohmann::json(run_with(p.placement))},
-                          {"chosen", p.chosen},
-                          {"fits", p.fits},
-                          {"gpu_bytes", p.gpu_bytes},
-                          {"host_bytes", p.host_bytes},
-                          {"parts_s", p.parts_s},
-                          {"reason", p.reason}});
+    placements.push_back(
+        {{"placement", p.placement},
+         {"point", j["point"]},
+         {"predicted_s", p.predicted_s},
+         {"measured_s", p.measured_s >= 0 ? nlohmann::json(p.measured_s) : nlohmann::json(nullptr)},
+         {"measured_by", p.measured_by},
+         {"measured_spread", p.measured_spread >= 0 ? nlohmann::json(p.measured_spread) : nlohmann::json(nullptr)},
+         {"run_with", run_with(p.placement).empty() ? nlohmann::json(nullptr) : nlohmann::json(run_with(p.placement))},
+         {"chosen", p.chosen},
+         {"fits", p.fits},
+         {"gpu_bytes", p.gpu_bytes},
+         {"host_bytes", p.host_bytes},
+         {"parts_s", p.parts_s},
+         {"reason", p.reason}});
   }
   j["placements"] = placements;
   j["stream_crossover_tokens_per_expert"] = stream_crossover;
@@ -575,42 +626,53 @@ nlohmann::json Plan::to_json() const {
 std::string Plan::to_markdown() const {
   std::ostringstream md;
   const auto& s = request.shape;
-  md << "# Offload plan: " << request.model_name << ", " << request.phase << ", batch " << s.batch << ", q_len " << s.q_len << ", kv_len " << s.kv_len
-     << "\n\n";
-  md << "Ceilings (" << ceilings.source << "): " << ceilings.gpu_name << " " << fmt("%.0f", ceilings.gpu_flops / 1e12) << " TFLOP/s, "
-     << fmt("%.2f", ceilings.gpu_bytes_per_s / 1e12) << " TB/s (ridge " << fmt("%.0f", ceilings.gpu_ridge()) << " FLOP/B), "
-     << fmt("%.1f", ceilings.gpu_kernel_s * 1e6) << " us per small kernel, decode-sized GEMMs stream weights at "
-     << fmt("%.2f", ceilings.gpu_weight_stream_bytes_per_s / 1e12) << " TB/s; " << ceilings.cpu_name << " (" << ceilings.cpu_unit << ") "
-     << fmt("%.1f", ceilings.cpu_flops / 1e12) << " TFLOP/s on " << ceilings.cpu_threads << " threads, " << fmt("%.0f", ceilings.cpu_bytes_per_s / 1e9) << " GB/s (ridge "
+  md << "# Offload plan: " << request.model_name << ", " << request.phase << ", batch " << s.batch << ", q_len "
+     << s.q_len << ", kv_len " << s.kv_len << "\n\n";
+  md << "Ceilings (" << ceilings.source << "): " << ceilings.gpu_name << " " << fmt("%.0f", ceilings.gpu_flops / 1e12)
+     << " TFLOP/s, " << fmt("%.2f", ceilings.gpu_bytes_per_s / 1e12) << " TB/s (ridge "
+     << fmt("%.0f", ceilings.gpu_ridge()) << " FLOP/B), " << fmt("%.1f", ceilings.gpu_kernel_s * 1e6)
+     << " us per small kernel, decode-sized GEMMs stream weights at "
+     << fmt("%.2f", ceilings.gpu_weight_stream_bytes_per_s / 1e12) << " TB/s; " << ceilings.cpu_name << " ("
+     << ceilings.cpu_unit << ") " << fmt("%.1f", ceilings.cpu_flops / 1e12) << " TFLOP/s on " << ceilings.cpu_threads
+     << " threads, " << fmt("%.0f", ceilings.cpu_bytes_per_s / 1e9) << " GB/s (ridge "
      << fmt("%.0f", ceilings.cpu_ridge()) << "); link " << fmt("%.0f", ceilings.h2d_bytes_per_s / 1e9) << " GB/s, "
      << fmt("%.1f", ceilings.transfer_s * 1e6) << " us per small copy, " << fmt("%.1f", ceilings.host_roundtrip_s * 1e6)
      << " us per host round trip.\n\n";
-  curve_markdown(md, "CPU routed experts at the engine's measured fraction of that roofline", ceilings.cpu_expert_efficiency_source,
-                 ceilings.cpu_expert_efficiency, ops);
-  curve_markdown(md, "GPU routed experts at the grouped GEMMs' measured fraction of the GPU's roofline", ceilings.gpu_expert_efficiency_source,
-                 ceilings.gpu_expert_efficiency, ops);
-  md << "## Placements\n\n| placement | predicted ms | measured ms | predicted / measured | GPU memory | host memory | chosen | why | run it with |\n"
+  curve_markdown(md, "CPU routed experts at the engine's measured fraction of that roofline",
+                 ceilings.cpu_expert_efficiency_source, ceilings.cpu_expert_efficiency, ops);
+  curve_markdown(md, "GPU routed experts at the grouped GEMMs' measured fraction of the GPU's roofline",
+                 ceilings.gpu_expert_efficiency_source, ceilings.gpu_expert_efficiency, ops);
+  md << "## Placements\n\n| placement | predicted ms | measured ms | predicted / measured | GPU memory | host memory | "
+        "chosen | why | run it with |\n"
         "|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& p : placements) {
     const bool measured = p.measured_s >= 0;
-    const std::string noisy = p.measured_spread > kNoisySpread ? fmt(" (noisy: p10-p90 spans %.0f%% of the median)", 100 * p.measured_spread) : "";
-    md << "| " << p.placement << " | " << fmt("%.3f", p.predicted_s * 1e3) << " | " << (measured ? fmt("%.3f", p.measured_s * 1e3) + noisy : "-") << " | "
-       << (measured ? fmt("%.2f", p.predicted_s / p.measured_s) : "-") << " | " << gb(p.gpu_bytes) << " | " << gb(p.host_bytes) << " | "
-       << (p.chosen ? "**yes**" : "") << " | " << p.reason << " | "
-       << (run_with(p.placement).empty() ? "(predicted only: dslab runs no all-CPU step)" : "`" + run_with(p.placement) + "`") << " |\n";
+    const std::string noisy = p.measured_spread > kNoisySpread
+                                  ? fmt(" (noisy: p10-p90 spans %.0f%% of the median)", 100 * p.measured_spread)
+                                  : "";
+    md << "| " << p.placement << " | " << fmt("%.3f", p.predicted_s * 1e3) << " | "
+       << (measured ? fmt("%.3f", p.measured_s * 1e3) + noisy : "-") << " | "
+       << (measured ? fmt("%.2f", p.predicted_s / p.measured_s) : "-") << " | " << gb(p.gpu_bytes) << " | "
+       << gb(p.host_bytes) << " | " << (p.chosen ? "**yes**" : "") << " | " << p.reason << " | "
+       << (run_with(p.placement).empty() ? "(predicted only: dslab runs no all-CPU step)"
+                                         : "`" + run_with(p.placement) + "`")
+       << " |\n";
   }
-  md << "\nRouted experts: running one on the GPU with its weights copied over the link beats running it on the CPU from ";
+  md << "\nRouted experts: running one on the GPU with its weights copied over the link beats running it on the CPU "
+        "from ";
   if (stream_crossover > 0)
     md << fmt("%.0f", stream_crossover) << " tokens per expert (this step: "
-       << fmt("%.1f", [&] {
-            for (const auto& op : ops)
-              if (op.group == OpGroup::routed_experts) return op.tokens_per_expert;
-            return 0.0;
-          }())
+       << fmt("%.1f",
+              [&] {
+                for (const auto& op : ops)
+                  if (op.group == OpGroup::routed_experts) return op.tokens_per_expert;
+                return 0.0;
+              }())
        << ").\n";
   else
     md << "no batch up to 65536 tokens per expert.\n";
-  md << "\n## Ops (per instance; count = instances in the step)\n\n| op | count | GFLOP | MB | FLOP/B | GPU us | CPU us | why |\n"
+  md << "\n## Ops (per instance; count = instances in the step)\n\n| op | count | GFLOP | MB | FLOP/B | GPU us | CPU "
+        "us | why |\n"
         "|---|---|---|---|---|---|---|---|\n";
   std::map<std::string, int> count;
   for (const OpCost& op : ops) ++count[op.name];
@@ -618,9 +680,10 @@ std::string Plan::to_markdown() const {
   for (const OpCost& op : ops) {
     if (shown[op.name]) continue;
     shown[op.name] = true;
-    md << "| " << op.name << " | " << count[op.name] << " | " << fmt("%.3g", op.flops / 1e9) << " | " << fmt("%.3g", op.bytes() / 1e6) << " | "
-       << fmt("%.1f", op.intensity()) << " | " << fmt("%.1f", gpu_op_s(op, ceilings) * 1e6) << " | " << fmt("%.1f", cpu_op_s(op, ceilings) * 1e6)
-       << " | " << (op.bytes() > 0 ? why_op(op, ceilings, true) : "") << " |\n";
+    md << "| " << op.name << " | " << count[op.name] << " | " << fmt("%.3g", op.flops / 1e9) << " | "
+       << fmt("%.3g", op.bytes() / 1e6) << " | " << fmt("%.1f", op.intensity()) << " | "
+       << fmt("%.1f", gpu_op_s(op, ceilings) * 1e6) << " | " << fmt("%.1f", cpu_op_s(op, ceilings) * 1e6) << " | "
+       << (op.bytes() > 0 ? why_op(op, ceilings, true) : "") << " |\n";
   }
   return md.str();
 }
@@ -663,9 +726,13 @@ options:
 )";
 
 int cmd_plan(int argc, char** argv) {
-  const Args a = parse_args(argc, argv, 2, {}, {"--model", "--phase", "--batch", "--q-len", "--kv-len", "--gpu-budget", "--cpu-threads", "--machine", "--measured", "--cpu-experts", "--gpu-experts", "--out"});
-  if (!a.positional.empty()) throw BadInput("command line: plan: unexpected argument '" + a.positional.front() + "' (see dslab plan --help)");
-  if (!a.has("--model")) throw BadInput("command line: plan: --model is required (a name under models/ or a config.json path)");
+  const Args a = parse_args(argc, argv, 2, {},
+                            {"--model", "--phase", "--batch", "--q-len", "--kv-len", "--gpu-budget", "--cpu-threads",
+                             "--machine", "--measured", "--cpu-experts", "--gpu-experts", "--out"});
+  if (!a.positional.empty())
+    throw BadInput("command line: plan: unexpected argument '" + a.positional.front() + "' (see dslab plan --help)");
+  if (!a.has("--model"))
+    throw BadInput("command line: plan: --model is required (a name under models/ or a config.json path)");
   PlanRequest r;
   const ModelFile f = load_model_file(a.one("--model"));
   r.model_name = f.name;
@@ -680,7 +747,9 @@ int cmd_plan(int argc, char** argv) {
   r.gpu_budget_bytes = a.number("--gpu-budget", 0, 0) * 1e9;
   const std::string machine_path = a.one("--machine", default_machine_path());
   std::ifstream in(machine_path);
-  if (!in) throw BadInput(machine_path + ": cannot read the machine file (run `dslab calibrate` first, or pass --machine FILE)");
+  if (!in)
+    throw BadInput(machine_path +
+                   ": cannot read the machine file (run `dslab calibrate` first, or pass --machine FILE)");
   nlohmann::json machine;
   try {
     machine = nlohmann::json::parse(in);
@@ -715,7 +784,8 @@ int cmd_plan(int argc, char** argv) {
 
 }  // namespace
 
-DSLAB_REGISTER_COMMAND(plan, "plan", "place a DeepSeek step's ops on CPU or GPU from the op cost model and calibrated ceilings", kPlanHelp,
-                       cmd_plan);
+DSLAB_REGISTER_COMMAND(plan, "plan",
+                       "place a DeepSeek step's ops on CPU or GPU from the op cost model and calibrated ceilings",
+                       kPlanHelp, cmd_plan);
 
 }  // namespace dslab::reports

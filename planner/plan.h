@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "reports/results_file.h"
+#include "analysis/results_file.h"
 #include "variants/common/model_config.h"
 #include "variants/layer/ops.h"
 
@@ -59,14 +59,15 @@ struct PlanRequest {
   // Splits measured (layer/deepseek/cuda gpu_experts runs: the first N MoE layers' experts on the GPU) to evaluate as
   // gpu_layers:N beside the planner's own candidates (measured_gpu_layer_counts).
   std::vector<int64_t> gpu_layer_counts;
-  std::vector<int64_t> hot_expert_counts;  // likewise gpu_experts=hot:N runs, as hot_experts:N (measured_hot_expert_counts)
+  std::vector<int64_t>
+      hot_expert_counts;  // likewise gpu_experts=hot:N runs, as hot_experts:N (measured_hot_expert_counts)
 };
 
 struct PlacementPlan {
-  std::string placement;           // all_gpu | ktransformers | hot_experts:N | gpu_layers:N | streamed_experts | all_cpu
-  double predicted_s = 0;          // the step
-  double measured_s = -1;          // a run of that placement at that point (layer/deepseek/cuda), -1: none
-  std::string measured_by;         // which results entry
+  std::string placement;    // all_gpu | ktransformers | hot_experts:N | gpu_layers:N | streamed_experts | all_cpu
+  double predicted_s = 0;   // the step
+  double measured_s = -1;   // a run of that placement at that point (layer/deepseek/cuda), -1: none
+  std::string measured_by;  // which results entry
   // (p90 - p10) / median of that run's samples: above kNoisySpread the run's own samples disagree by more than the
   // 25% a prediction is judged by (a disturbed host), and the plan says so.
   double measured_spread = -1;
@@ -82,7 +83,7 @@ constexpr double kNoisySpread = 0.25;
 struct Plan {
   PlanRequest request;
   Ceilings ceilings;
-  std::vector<layer::OpCost> ops;        // the whole step's
+  std::vector<layer::OpCost> ops;         // the whole step's
   std::vector<PlacementPlan> placements;  // ranked: fitting ones by predicted time, then the rest
   double stream_crossover = 0;            // stream_crossover_tokens_per_expert for this model and machine
   nlohmann::json to_json() const;
@@ -95,8 +96,8 @@ Plan make_plan(const PlanRequest& r, const Ceilings& c);
 // all_cpu).
 std::string run_with(const std::string& placement);
 
-// Fills measured_s from runs of the whole model at the plan's point: layer/deepseek/cuda (or /hybrid), layers all, the same
-// batch, q_len and kv_len (and cpu_threads, when the run set it); moe/grouped/cuda is all_gpu, moe/host/cuda is
+// Fills measured_s from runs of the whole model at the plan's point: layer/deepseek/cuda (or /hybrid), layers all, the
+// same batch, q_len and kv_len (and cpu_threads, when the run set it); moe/grouped/cuda is all_gpu, moe/host/cuda is
 // ktransformers, gpu_layers:N where the run kept N MoE layers' experts on the GPU (counters.gpu_moe_layers), or
 // hot_experts:N where it kept each layer's N hottest (gpu_experts=hot:N); moe/grouped/cuda with gpu_experts=streamed
 // is streamed_experts. A graph run is preferred to an eager one.

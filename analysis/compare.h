@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "reports/results_file.h"
+#include "analysis/results_file.h"
 
 namespace dslab::reports {
 
@@ -16,7 +16,8 @@ const char* verdict_name(Verdict v);
 struct CompareOptions {
   double threshold = 0.05;  // a change smaller than this is SAME
   double alpha = 0.05;      // significance of the U test
-  std::string normalize;    // reference variant, or empty
+  std::string normalize;    // reference variant(s), or empty: "A" for every run, "A,B" one per family (mla/, moe/)
+  double normalizer_threshold = 1.0;  // a reference variant's own change (not normalized) smaller than this is SAME
 };
 
 struct Comparison {
@@ -24,7 +25,9 @@ struct Comparison {
   double base_median = 0, new_median = 0;  // (normalized) medians
   double ratio = 1;                        // new / base: > 1 is slower
   double p_value = 1;
-  size_t repetitions = 1;  // repetition medians per side the test ran on (fewer than 2: it ran on samples)
+  size_t repetitions = 1;   // repetition medians per side (fewer than 2: one run's samples were tested)
+  bool normalizer = false;  // a reference variant, compared on its own times against normalizer_threshold
+  bool pooled = false;      // too few repetitions for their medians' test to reach alpha: it ran on pooled samples
   Verdict verdict = Verdict::same;
 };
 
@@ -33,6 +36,7 @@ struct CompareReport {
   std::vector<std::string> unmatched;  // in one file only, or missing their normalizing reference
   double geomean_ratio = 1;
   size_t single_runs = 0;  // rows tested on one run's samples (no repetitions on one side or both)
+  size_t pooled = 0;       // rows whose repetitions were too few: tested on their samples pooled
   bool regression() const;
 };
 
