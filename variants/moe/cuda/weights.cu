@@ -1,0 +1,96 @@
+// MoE and dense-MLP weights made on the device from counter-based streams (the CPU reference makes the same), and
+// the dense MLP the first layers and the shared experts run.
+#include "variants/moe/cuda/moe_cuda.h"
+
+#include <cub/block/block_scan.cuh>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+
+#include "harness/errors.h"
+#include "variants/common/cuda/nvtx.h"
+#include "harness/host.h"
+#include "harness/op_registry.h"
+#include "variants/common/cuda/device_random.h"
+#include "variants/common/cuda/pdl.cuh"
+#include "variants/moe/cuda/moe_kernels.cuh"
+
+namespace dslab::moe::cuda {
+
+using gpu::linear;
+
+// ---- weights ---------------------------------------------------------------------------------------------
+
+void generate_mlp_weights(const ModelConfig& m, int64_t intermediate, uint64_t seed, const std::string& prefix,
+                          MlpWeights* w) {
+  const int64_t H = m.hidden_size, I = intermediate;
+  w->intermediate = I;
+  w->gate_up.resize(size_t(2 * I * H));
+  w->down.resize(size_t(H * I));
+  fill_random_bf16(w->gate_up.get(), size_t(I * H), seed, prefix + ".gate_proj", fan_in_scale(H));
+  fill_random_bf16(w->gate_up.get() + I * H, size_t(I * H), seed, prefix + ".up_proj", fan_in_scale(H));
+  fill_random_bf16(w->down.get(), size_t(H * I), seed, prefix + ".down_proj", fan_in_scale(I));
+}
+
+void generate_expert_weights(const ModelConfig& m, uint64_t seed, int64_t e, __nv_bfloat16* gate, __nv_bfloat16* up,
+                             __nv_bfloat16* down) {
+  const int64_t H = m.hidden_size, I = m.moe_intermediate_size;
+  const std::string prefix = "experts." + std::to_string(e);
+  fill_random_bf16(gate, size_t(I * H), seed, prefix + ".gate_proj", fan_in_scale(H));
+  fill_random_bf16(up, size_t(I * H), seed, prefix + ".up_proj", fan_in_scale(H));
+  fill_random_bf16(down, size_t(H * I), seed, prefix + ".down_proj", fan_in_scale(I));
+}
+
+void generate_moe_weights(const ModelConfig& m, int64_t experts, uint64_t seed, MoeWeights* w, bool routed_on_device) {
+  const int64_t H = m.hidden_size, I = m.moe_intermediate_size, E = m.n_routed_experts;
+  w->experts = experts;
+  w->seed = seed;
+  w->routed_on_device = routed_on_device;
+  w->gate.resize(size_t(E * H));
+  fill_random_bf16(w->gate.get(), size_t(E * H), seed, "gate", fan_in_scale(H));
+  if (m.topk_method == "noaux_tc") {
+    DeviceArray<__nv_bfloat16> b{size_t(E)};
+    fill_random_bf16(b.get(), size_t(E), seed, "e_score_correction_bias", 0.1f);
+    std::vector<bf16> host{};
+    host.resize(size_t(E));
+    DSLAB_CUDA(cudaMemcpy(host.data(), b.get(), size_t(E) * 2, cudaMemcpyDeviceToHost));
+    std::vector<float> f;
+    for (auto v : host) f.push_back(to_float(v));
+    w->bias.upload(f);
+  }
+  const int64_t on_device = routed_on_device ? experts : 0;
+  w->w_gate.resize(size_t(on_device * I * H));
+  w->w_up.resize(size_t(on_device * I * H));
+  w->w_down.resize(size_t(on_device * H * I));
+  for (int64_t e = 0; e < on_device; ++e)
+    generate_expert_weights(m, seed, e, w->w_gate.get() + e * I * H, w->w_up.get() + e * I * H,
+                            w->w_down.get() + e * H * I);
+  if (m.n_shared_experts > 0) generate_mlp_weights(m, I * m.n_shared_experts, seed, "shared_experts", &w->shared);
+  DSLAB_CUDA(cudaDeviceSynchronize());
+}
+
+double moe_weight_bytes(const ModelConfig& m, int64_t experts) {
+  const double H = double(m.hidden_size), I = double(m.moe_intermediate_size);
+  return 2.0 *
+         (double(m.n_routed_experts) * H + 3.0 * double(experts) * H * I + 3.0 * H * I * double(m.n_shared_experts));
+}
+
+// ---- MLP ---------------------------------------------------------------------------------------------------
+
+void MlpRunner::prepare(const ModelConfig& m, const MlpWeights& w, int64_t tokens, gpu::ScratchArena* arena) {
+  w_ = &w;
+  hidden_ = m.hidden_size;
+  tokens_ = tokens;
+  gate_up_.scratch(arena, size_t(tokens * 2 * w.intermediate));
+  h_.scratch(arena, size_t(tokens * w.intermediate));
+}
+
+void MlpRunner::forward(BlasHandle& blas, const __nv_bfloat16* x, float* out, float beta, cudaStream_t stream) const {
+  const int64_t I = w_->intermediate;
+  linear(blas, x, tokens_, hidden_, w_->gate_up.get(), 2 * I, gate_up_.get(), CUDA_R_32F);
+  silu_mul(gate_up_.get(), tokens_, I, h_.get(), stream);
+  linear(blas, h_.get(), tokens_, I, w_->down.get(), hidden_, out, CUDA_R_32F, beta);
+}
+
+}  // namespace dslab::moe::cuda
