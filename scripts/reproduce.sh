@@ -14,10 +14,11 @@ cd "$root"
 say() { printf '[reproduce] %s\n' "$*" >&2; }
 bad() { printf 'reproduce: %s\n' "$*" >&2; exit 2; }
 dslab=${DSLAB:-}
+[ -n "$dslab" ] || [ -z "${DSLAB_PREBUILT:-}" ] || dslab=$DSLAB_PREBUILT/dslab
 [ -n "$dslab" ] || { [ -x build/dslab ] && dslab=build/dslab; } || dslab=$(command -v dslab || true)
 [ -n "$dslab" ] && [ -x "$dslab" ] || bad "no dslab binary (build it: scripts/test.sh, or set DSLAB)"
 python=python3
-[ -x .venv/bin/python ] && python=.venv/bin/python
+[ -x .venv/bin/python ] && [ -z "${DSLAB_PREBUILT:-}" ] && python=.venv/bin/python
 device="" topics=()
 while [ $# -gt 0 ]; do
   case $1 in

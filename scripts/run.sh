@@ -35,7 +35,7 @@ finish() {  # finish OUT RESULTS... [-- PLOT ARGS]: the report and plots of thes
   while [ $# -gt 0 ] && [ "$1" != -- ]; do files+=("$1"); shift; done
   [ $# -gt 0 ] && shift && plot_args=("$@")
   "$BUILD_DIR/dslab" report "${files[@]}" --out "$out" >/dev/null
-  "$VENV/bin/python" scripts/plot.py "${files[@]}" --out "$out/plots" "${plot_args[@]}" >/dev/null
+  "$PYTHON" scripts/plot.py "${files[@]}" --out "$out/plots" "${plot_args[@]}" >/dev/null
   say "results: ${files[*]}"
   say "report:  $out/report.md"
   say "plots:   $(cd "$out/plots" && ls *.png | tr '\n' ' ') in $out/plots"

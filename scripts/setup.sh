@@ -8,6 +8,16 @@ VENV=${DSLAB_VENV:-$DSLAB_ROOT/.venv}
 
 log() { printf '[dslab setup] %s\n' "$*" >&2; }
 
+# A prebuilt bundle on a GPU machine (scripts/device_bundle.sh; its env.sh sets DSLAB_PREBUILT to the folder holding
+# dslab): nothing to install or build there, and its system python3 draws the plots.
+if [ -n "${DSLAB_PREBUILT:-}" ]; then
+  BUILD_DIR=$DSLAB_PREBUILT
+  PYTHON=${DSLAB_PYTHON:-python3}
+  [ -x "$BUILD_DIR/dslab" ] || { log "DSLAB_PREBUILT=$BUILD_DIR holds no dslab"; exit 2; }
+  return 0 2>/dev/null || exit 0
+fi
+PYTHON=$VENV/bin/python
+
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 install_apt_packages() {
