@@ -66,7 +66,8 @@ started_all=$(date +%s)
 run_sweep workloads/sweeps/default.json "$out/cpu" "$@" || status=$?
 [ $status != 9 ] || exit 1
 files=("$out/cpu/results.json") plot_args=()
-if "$BUILD_DIR/dslab" list 2>/dev/null | grep -Eq '^layer/deepseek/cuda +cuda +yes'; then
+variants=$("$BUILD_DIR/dslab" list 2>/dev/null || true)  # (not piped into grep -q: under pipefail its early exit fails)
+if grep -Eq '^layer/deepseek/cuda +cuda +yes' <<<"$variants"; then
   gpu_status=0
   run_sweep workloads/sweeps/gpu-default.json "$out/gpu" "$@" || gpu_status=$?
   if [ $gpu_status != 9 ]; then
