@@ -45,15 +45,16 @@ if [ $# -gt 0 ] && [[ "$1" != --* ]]; then  # one sweep, as given
   sweep=$1
   shift
   out=results/$(basename "$sweep" .json)
-  args=("$@")
-  for ((i = 0; i < ${#args[@]}; ++i)); do
-    case ${args[i]} in
-      --out) out=${args[i + 1]:-$out} ;;
-      --out=*) out=${args[i]#--out=} ;;
+  args=()  # the options without --out, which run_sweep gives
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --out) out=${2:-$out}; shift 2 || shift ;;
+      --out=*) out=${1#--out=}; shift ;;
+      *) args+=("$1"); shift ;;
     esac
   done
   status=0
-  run_sweep "$sweep" "$out" "$@" || status=$?
+  run_sweep "$sweep" "$out" "${args[@]}" || status=$?
   [ $status != 9 ] || exit 1
   finish "$out" "$out/results.json"
   exit $status
