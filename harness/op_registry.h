@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "harness/variant.h"
+
 namespace dslab {
 
 template <class Op>
@@ -31,5 +33,14 @@ class OpRegistry {
  private:
   std::map<std::string, Factory> ops_;
 };
+
+// Registers op `name` in its family's registry and, under the same name, the family variant that times it alone
+// (FamilyVariant(name) makes the op by that name): one line next to an op's definition makes both.
+template <class Op, class FamilyVariant>
+bool register_op_and_variant(const char* name, const char* summary, typename OpRegistry<Op>::Factory make) {
+  OpRegistry<Op>::instance().add(name, make);
+  const std::string n = name;
+  return register_variant({n, Device::cuda, summary, [n] { return std::unique_ptr<Variant>(new FamilyVariant(n)); }});
+}
 
 }  // namespace dslab

@@ -1,25 +1,20 @@
 #!/usr/bin/env bash
-# Everything one device-machine call does, from the project root after `source .device/env.sh` (the bundle:
-# scripts/device_bundle.sh, here):
-# machine facts, calibration, the test binary (GPU tests run there), and the sweeps whose numbers we
-# report. Logs and results go under $OUT (at most 8 files come back, 2 folders deep).
+# Steps on a GPU machine, from the project root after `source .device/env.sh` (the bundle: scripts/device_bundle.sh):
+# machine facts, calibration, the test binaries (GPU tests, compute-sanitizer), committed results by topic, a kernel
+# A/B and Nsight Compute. Logs and results go under OUT (default results/device).
 # Usage: scripts/device_run.sh [STEP...]
-#   steps: facts calibrate calibrate-twice tests gpu-tests sanitize[:POINT,...] default v2 mla-cpu moe-v2-lite moe-v3 offload[:SUITE,...]
-#          mla-decode:SUITE[,SUITE...]
-#          sweep:NAME:SUITE[,SUITE...] (workloads/sweeps/NAME.json into $OUT/NAME-SUITE/results.json)
+#   steps: facts calibrate calibrate-twice tests gpu-tests sanitize[:POINT,...]
+#          reproduce:TOPIC[,TOPIC...] (scripts/reproduce.sh; the reports/ it wrote into OUT/reports.tgz)
 #          ncu:KERNEL_REGEX:RUN,ARGS (Nsight Compute's main sections for the matching kernels of one `dslab run` point)
 #          ab:TAG:ROUNDS (BINS, interleaved, on AB_ARGS's points: scripts/kernel_variant.sh, scripts/ab_table.py)
-#          pack (all but run.log into $OUT/out.tar.xz, as at most 8 files come back; a later pack adds to it)
-#   (default: facts calibrate tests default v2 mla-cpu). mla-decode:a,b runs those suites of
-#   workloads/sweeps/mla-decode.json into $OUT/mla-decode-a/results.json; GPU_TIMEOUT caps each point (default 1 s);
-#   GPU_TESTS_FILTER narrows gpu-tests (a gtest filter, default Gpu*); CALIBRATE_REPEAT: runs per calibration (calibrate: 1,
-#   calibrate-twice: 3);
-#   RUN_ARGS adds dslab run options to sweep:* steps (e.g. RUN_ARGS="--repetitions 5").
+#          pack (all but run.log into OUT/out.tar.xz; a later pack adds to it)
+#   (default: facts gpu-tests). GPU_TESTS_FILTER narrows gpu-tests (a gtest filter, default Gpu*); CALIBRATE_REPEAT:
+#   runs per calibration (calibrate: 1, calibrate-twice: 3).
 set -uo pipefail
 OUT=${OUT:-results/device}
 mkdir -p "$OUT"
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(facts calibrate tests default v2 mla-cpu)
+[ ${#steps[@]} -gt 0 ] || steps=(facts gpu-tests)
 log="$OUT/run.log"
 machine="$OUT/machine.json"
 step() { printf '\n=== %s (%s)\n' "$1" "$(date +%T)" | tee -a "$log"; }
@@ -57,38 +52,6 @@ for s in "${steps[@]}"; do
       # shellcheck disable=SC2086  # the names, word-split on purpose
       timeout "${SANITIZE_LIMIT:-540}" scripts/sanitize.sh "$OUT/sanitize" ${points//,/ } 2>&1 | tee -a "$log" | tail -40 >"$OUT/sanitize.txt"
       echo "sanitize exit ${PIPESTATUS[0]}" | tee -a "$log" ;;
-    mla-decode:*)
-      suites=${s#mla-decode:}
-      step "mla-decode $suites"
-      args=()
-      for x in ${suites//,/ }; do args+=(--suite "$x"); done
-      timeout 570 dslab run workloads/sweeps/mla-decode.json "${args[@]}" --timeout "${GPU_TIMEOUT:-1}" --machine "$machine" \
-        --out "$OUT/mla-decode-${suites%%,*}" >>"$log" 2>&1
-      echo "exit $?" | tee -a "$log" ;;
-    sweep:*)
-      spec=${s#sweep:}; name=${spec%%:*}; suites=${spec#*:}
-      step "sweep $name $suites"
-      args=()
-      for x in ${suites//,/ }; do args+=(--suite "$x"); done
-      # shellcheck disable=SC2086  # RUN_ARGS: further dslab run options, word-split on purpose
-      timeout "${SWEEP_LIMIT:-570}" dslab run "workloads/sweeps/$name.json" "${args[@]}" --timeout "${GPU_TIMEOUT:-1}" --machine "$machine" \
-        ${RUN_ARGS:-} --out "$OUT/$name-${suites%%,*}" >>"$log" 2>&1
-      echo "exit $?" | tee -a "$log" ;;
-    offload|offload:*)
-      # Placements run (workloads/sweeps/offload.json, suites decode-v2-lite,prefill-v2-lite,v3-hybrid unless named),
-      # then the planner on the same machine's ceilings at each point run, those runs as measured_s (plans.tar).
-      suites=${s#offload}; suites=${suites#:}; suites=${suites:-decode-v2-lite,prefill-v2-lite,v3-hybrid}
-      step "offload $suites"
-      args=()
-      for x in ${suites//,/ }; do args+=(--suite "$x"); done
-      timeout "${SWEEP_LIMIT:-570}" dslab run workloads/sweeps/offload.json "${args[@]}" --timeout "${GPU_TIMEOUT:-1}" --machine "$machine" \
-        --out "$OUT/offload" >>"$log" 2>&1
-      echo "exit $?" | tee -a "$log"
-      results="$OUT/offload/results.json"
-      [ -f "$results" ] || results="$OUT/offload/results.partial.json"  # (a run cut short: the points it finished)
-      plans="$OUT/offload/plans"
-      scripts/plan_offload.sh "$results" "$machine" "$plans" 2>&1 | tee -a "$log"
-      tar -C "$OUT/offload" -cf "$OUT/offload/plans.tar" plans && rm -rf "$plans" ;;
     ab:*)
       # An interleaved A/B of dslab binaries (scripts/kernel_variant.sh builds experiment ones): ab:TAG:ROUNDS runs
       # each binary in BINS (default "dslab dslab-base") on the points AB_ARGS gives (dslab run options), round after
@@ -105,24 +68,13 @@ for s in "${steps[@]}"; do
           echo "$tag $b round $r: exit $?" | tee -a "$log"
         done
       done ;;
-    default)
-      step default
-      timeout 200 dslab run workloads/sweeps/default.json --machine "$machine" --out "$OUT/default" >>"$log" 2>&1
-      echo "exit $?" | tee -a "$log" ;;
-    v2)
-      step "v2 acceptance point"
-      timeout 120 dslab run --model deepseek-v2 --variant mla/cd/cpu --variant mla/cc/cpu --variant mla/a_cc/cpu \
-        --variant mla/a_cc_me/cpu --axis batch=1 --axis q_len=1 --axis kv_len=4096 --machine "$machine" --out "$OUT/v2" >>"$log" 2>&1
-      echo "exit $?" | tee -a "$log" ;;
-    mla-cpu)
-      step mla-cpu
-      timeout 300 dslab run workloads/sweeps/mla-cpu.json --timeout 3 --machine "$machine" --out "$OUT/mla-cpu" >>"$log" 2>&1
-      echo "exit $?" | tee -a "$log" ;;
-    moe-v2-lite|moe-v3)
-      step "$s"
-      suite=$([ "$s" = moe-v3 ] && echo moe-v3-64-experts || echo moe-v2-lite)
-      timeout 540 dslab run workloads/sweeps/moe-cpu.json --suite "$suite" --timeout "${MOE_TIMEOUT:-2}" --machine "$machine" --out "$OUT/$s" >>"$log" 2>&1
-      echo "exit $?" | tee -a "$log" ;;
+    reproduce:*)
+      # Topics of committed results (scripts/reproduce.sh, workloads/topics.json) on this machine: reproduce:a,b.
+      topics=${s#reproduce:}
+      step "reproduce $topics"
+      # shellcheck disable=SC2086  # the topics, word-split on purpose
+      timeout "${SWEEP_LIMIT:-570}" scripts/reproduce.sh ${topics//,/ } 2>&1 | tee -a "$log" | tail -20
+      tar -czf "$OUT/reports.tgz" reports 2>/dev/null ;;
     pack)
       # Everything under $OUT but run.log into out.tar.xz (a call brings back at most 8 files): put it last, or after
       # any step whose files must survive a later step running out of time; a later pack adds to the same archive.
@@ -150,7 +102,7 @@ for s in "${steps[@]}"; do
       echo "ncu exit $?" | tee -a "$log"
       grep -E '^  [A-Za-z_(].*\(|Duration|DRAM Throughput|Compute \(SM\)|Warp Cycles Per Issued|Achieved Active Warps' "$OUT/ncu-$name.txt" | tee -a "$log"
       rm -rf "$OUT/ncu-run" ;;
-    *) echo "unknown step '$s' (expected facts calibrate calibrate-twice tests gpu-tests sanitize[:POINTS] default v2 mla-cpu moe-v2-lite moe-v3 offload mla-decode:SUITE sweep:NAME:SUITE ab:TAG:ROUNDS ncu:KERNEL:ARGS pack)" >&2; exit 2 ;;
+    *) echo "unknown step '$s' (expected facts calibrate calibrate-twice tests gpu-tests sanitize[:POINTS] reproduce:TOPICS ab:TAG:ROUNDS ncu:KERNEL:ARGS pack)" >&2; exit 2 ;;
   esac
 done
 grep -E '^(mla|moe|layer|variant|results)' "$log" | tail -70

@@ -3,7 +3,7 @@
 # GPU budget), on the machine file of the run's machine, with the run's placements as measured_s and, when the run
 # has them, the CPU engine's and the GPU grouped GEMMs' curves; plus DeepSeek-V3 decode on a 24 GB budget. Then one
 # line per runnable placement (plan, placement, predicted ms, measured ms, predicted/measured, chosen, fastest
-# measured; `noisy` where the run's p10-p90 spans more than 25% of its median: a disturbed host, re-run it). Used by scripts/device_run.sh's offload step, and here to re-plan committed results with today's planner.
+# measured; `noisy` where the run's p10-p90 spans more than 25% of its median: a disturbed host, re-run it). Re-plans the offload topic's committed results (reports/<device>/offload/) with today's planner.
 # Usage: scripts/plan_offload.sh RESULTS_JSON MACHINE_JSON PLANS_DIR   (dslab on PATH)
 set -euo pipefail
 results=${1:?usage: scripts/plan_offload.sh RESULTS_JSON MACHINE_JSON PLANS_DIR}

@@ -1,4 +1,4 @@
-// The sparse-attention selectors on the MLA latent cache (CPU reference, issue 16): budgets, sinks and window,
+// The sparse-attention selectors on the MLA latent cache (CPU reference): budgets, sinks and window,
 // whole blocks, the oracle's optimality for its budget, the needle, and the fidelity metrics at the extremes.
 #include <gtest/gtest.h>
 

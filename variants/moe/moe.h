@@ -49,7 +49,7 @@ void check_routing_name(const std::string& routing);
 Cost cost(const ModelConfig& m, const Problem& p);
 // Expected distinct experts reached by tokens x topk choices spread uniformly over `experts`.
 double expected_active_experts(int64_t experts, int64_t topk, int64_t tokens);
-// Tokens up to which the GPU MoE's router reads the gate in a kernel of its own (moe_cuda.cu: with the routing and
+// Tokens up to which the GPU MoE's router reads the gate in a kernel of its own (cuda/op.cu: with the routing and
 // the permutation, one launch a layer); beyond, the logits are a cuBLAS GEMM. The planner counts its launches by it.
 constexpr int64_t kGateKernelTokens = 4;
 

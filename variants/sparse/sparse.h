@@ -1,4 +1,4 @@
-// Sparse-attention retrieval over the MLA latent cache (issue 16), the CPU reference: one request's decode query in
+// Sparse-attention retrieval over the MLA latent cache, the CPU reference: one request's decode query in
 // MLA's MQA form (the absorbed query q_lat = q_nope · W_UK and q_pe, per head) against its cached latents c_kv and
 // rope keys k_pe, the selectors that choose which keys to attend, and the fidelity of a selection against dense
 // attention. One selection per request serves every head (the heads share the latent); how each selector combines

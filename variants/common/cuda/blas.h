@@ -58,7 +58,7 @@ GemmShape gemm_shape(cublasOperation_t op_a, cublasOperation_t op_b, int64_t m, 
 GemmShape linear_gemm_shape(const __nv_bfloat16* x, int64_t rows, int64_t in, const __nv_bfloat16* w, int64_t out,
                             const void* y, cudaDataType y_type, float beta);
 // Row-major nn.Linear: y[rows][out] = x[rows][in] · w[out][in]^T (+ beta y), on the handle's stream
-// (variants/linear/cuda/gemv.cu). With the handle's projections set to own, decode sizes (rows up to kGemvRows)
+// (variants/common/cuda/gemv.cu). With the handle's projections set to own, decode sizes (rows up to kGemvRows)
 // go to a weight-streaming GEMV of ours (gemv_split warps per output feature, weights prefetched under PDL), more
 // rows to cuBLASLt tuned for the shape (gemm(const BlasHandle&, ...)); with cublas, to cuBLAS's default heuristic.
 // `linear/{own,cublas}/cuda` time both per weight shape in one sweep: on the H100 the GEMV's per-row FMAs and input

@@ -19,11 +19,7 @@
 
 namespace dslab::layer::cuda {
 
-using gpu::ScratchArena;
-using mla::cuda::MlaBuffers;
-using mla::cuda::MlaOp;
-using moe::cuda::MoeBuffers;
-using moe::cuda::MoeOp;
+// (the ops' names this unit uses unqualified: plan.h)
 
 namespace {
 
@@ -577,7 +573,7 @@ Verification DeepseekLayerCuda::verify() {
     routing_flips_ = check.tokens_differing;
   }
   if (check.max_gap > kTieGap) rel_err = std::max(rel_err, 1.0);  // not a tie: a routing bug
-  // bf16 weights and activations through a stack of layers (issue 14's bar for the layer: 2e-2); quantised caches add
+  // bf16 weights and activations through a stack of layers (the layer's bar: 2e-2); quantised caches add
   // theirs.
   const double threshold = P.kv_dtype == mla::KvDtype::bf16 ? 2e-2 : P.kv_dtype == mla::KvDtype::int8 ? 4e-2 : 8e-2;
   return {rel_err, threshold};

@@ -450,9 +450,7 @@ const void** MlaOp::pointer_array(const std::vector<const void*>& host) {
 // ---- the registry ----------------------------------------------------------------------------------------
 
 bool register_mla_op(const char* name, const char* summary, MlaOpFactory make) {
-  OpRegistry<MlaOp>::instance().add(name, make);
-  const std::string n = name;
-  return register_variant({n, Device::cuda, summary, [n] { return std::unique_ptr<Variant>(new GpuVariant(n)); }});
+  return register_op_and_variant<MlaOp, GpuVariant>(name, summary, make);
 }
 
 std::unique_ptr<MlaOp> make_mla_op(const std::string& name) { return OpRegistry<MlaOp>::instance().make(name); }

@@ -598,9 +598,7 @@ void MoeOp::routing(std::vector<int32_t>* ids, std::vector<float>* weights) cons
 // ---- the registry ----------------------------------------------------------------------------------------
 
 bool register_moe_op(const char* name, const char* summary, MoeOpFactory make) {
-  OpRegistry<MoeOp>::instance().add(name, make);
-  const std::string n = name;
-  return register_variant({n, Device::cuda, summary, [n] { return std::unique_ptr<Variant>(new GpuMoeVariant(n)); }});
+  return register_op_and_variant<MoeOp, GpuMoeVariant>(name, summary, make);
 }
 
 std::unique_ptr<MoeOp> make_moe_op(const std::string& name) { return OpRegistry<MoeOp>::instance().make(name); }

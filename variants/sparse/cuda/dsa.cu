@@ -1,4 +1,4 @@
-// sparse/dsa/cuda: DeepSeek-V3.2's sparse attention (DSA) over the paged latent cache (issue 16). The lightning indexer
+// sparse/dsa/cuda: DeepSeek-V3.2's sparse attention (DSA) over the paged latent cache. The lightning indexer
 // (indexer.h: 64 index heads x 128 dims, an e4m3 index key with one scale per cached key, kept beside the latent cache:
 // every key's made at prepare, the step's new keys' inside run(); e4m3 index queries with a scale per head, FP8
 // tensor-core products) scores every key, score_k = sum_j ReLU(q_j · key_k) / 64; the sinks (4 keys), the `local`

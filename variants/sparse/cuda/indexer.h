@@ -1,4 +1,4 @@
-// DeepSeek-V3.2's lightning indexer on the GPU (sparse/dsa/cuda, issue 16): the index-key cache beside the paged
+// DeepSeek-V3.2's lightning indexer on the GPU (sparse/dsa/cuda): the index-key cache beside the paged
 // latent cache, the step's index queries and every key's index score, as sparse::SelectorState and
 // sparse::dsa_token_scores make them on the CPU (the reference these are tested against, tests/test_sparse_cuda.cc).
 // The indexer is sparse::Indexer's: kIndexHeads heads of kIndexDim dims, a projection of MLA's own [latent ‖ rope]

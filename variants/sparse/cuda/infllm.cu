@@ -1,4 +1,4 @@
-// sparse/infllm/cuda: InfLLM's block retrieval over the paged latent cache (issue 16). A block is a cache page and its
+// sparse/infllm/cuda: InfLLM's block retrieval over the paged latent cache. A block is a cache page and its
 // representative key the plain mean of its [latent ‖ rope] keys (InfLLM proper keeps the keys that received the most
 // attention from the local window's queries, which needs the window's past queries that a decode step here does not
 // keep). Made for every page at prepare, the step's pages remade in run(); a page's score is its best head's (and new

@@ -1,4 +1,4 @@
-// sparse/oracle/cuda: the exact top keys by true attention mass on the GPU (issue 16): the fidelity bound for a budget,
+// sparse/oracle/cuda: the exact top keys by true attention mass on the GPU: the fidelity bound for a budget,
 // beside the selectors that approximate it. Every key's score for every head (the request's keys gathered from the
 // paged cache, one GEMM against the absorbed query), each head's softmax over them, each key's mass summed over the
 // heads; the sinks (4 keys), the `local` window and the most massive others up to the `budget` kept, as

@@ -1,4 +1,4 @@
-// Block-level sparse decode on the GPU, its selection half (issue 16): Quest's page bounds or InfLLM's
+// Block-level sparse decode on the GPU, its selection half: Quest's page bounds or InfLLM's
 // representative keys kept beside the paged latent cache, every page's score for the step's queries, and the
 // selection as sparse::select_pages makes it (whole pages: the sinks' and window's, then the best-scored; ascending)
 // written as a compact page table and a key count per request, which the fused decode kernel walks as it walks the

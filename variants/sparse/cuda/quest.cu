@@ -1,4 +1,4 @@
-// sparse/quest/cuda: Quest's block-sparse decode over the paged latent cache (issue 16). A block is a cache page: each
+// sparse/quest/cuda: Quest's block-sparse decode over the paged latent cache. A block is a cache page: each
 // page keeps the element-wise min and max of its [latent ‖ rope] keys (made for every page at prepare; in each step
 // only the pages this step's keys went to are remade, inside run()); a page's score is the best over heads and new
 // tokens of sum_d max(q_d min_d, q_d max_d) with the absorbed query, an upper bound of any of its keys' scores, one

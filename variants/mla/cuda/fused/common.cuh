@@ -1,9 +1,9 @@
-// The fused MLA decode's shared pieces (mla/fused/cuda, fused.cu): the kernels' parameters and phase clocks, the
+// The fused MLA decode's shared pieces (mla/fused/cuda, host.cu): the kernels' parameters and phase clocks, the
 // device helpers more than one of its kernels uses, and the launchers each kernel's unit defines - sm90_bf16_h16.cu
 // (warpgroups with fixed roles: every case the others do not take), sm90_bf16_h128.cu (two warpgroups trading a pair
 // of blocks: bf16 at 128 heads), sm90_fp8_h16.cu (fp8 at 16 rows: FP8 Q K^T from the landed block, P V from registers),
 // sm90_int8_h16.cu (int8 at 16 heads, int8 / fp8 with an MTP token: producers expand, consumers multiply). The
-// split-KV plan, the combine kernel and the op are fused.cu's.
+// split-KV plan, the combine kernel and the op are host.cu's.
 #pragma once
 #include <cuda_fp16.h>
 
