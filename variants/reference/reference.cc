@@ -215,7 +215,7 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
   if (keys && int64_t(keys->size()) != B)
     throw std::invalid_argument("mla_attention: a key selection per request expected");
   const double scale = m.softmax_scale();
-  const auto x = to_double(in.hidden_states);
+  const auto x = in.hidden_exact.empty() ? to_double(in.hidden_states) : in.hidden_exact;
   const std::vector<char> wanted = wanted_rows(in);
 
   // Projections of the new tokens: every one's key, the wanted ones' queries.
@@ -247,7 +247,9 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
   auto latent = [&](int64_t b, int64_t j) -> std::vector<double> {  // c_kv of key j of request b
     if (j < L) {
       std::vector<double> c(static_cast<size_t>(r));
-      for (int64_t i = 0; i < r; ++i) c[size_t(i)] = to_float(in.ckv_cache[size_t((b * L + j) * r + i)]);
+      for (int64_t i = 0; i < r; ++i)
+        c[size_t(i)] = in.ckv_exact.empty() ? to_float(in.ckv_cache[size_t((b * L + j) * r + i)])
+                                            : in.ckv_exact[size_t((b * L + j) * r + i)];
       return c;
     }
     return {ckv_new.begin() + (b * S + j - L) * r, ckv_new.begin() + (b * S + j - L + 1) * r};
@@ -255,7 +257,9 @@ std::vector<double> mla_attention(const ModelConfig& m, const MlaParams& p, cons
   auto rope_key = [&](int64_t b, int64_t j) -> std::vector<double> {
     if (j < L) {
       std::vector<double> k(static_cast<size_t>(rope));
-      for (int64_t i = 0; i < rope; ++i) k[size_t(i)] = to_float(in.kpe_cache[size_t((b * L + j) * rope + i)]);
+      for (int64_t i = 0; i < rope; ++i)
+        k[size_t(i)] = in.kpe_exact.empty() ? to_float(in.kpe_cache[size_t((b * L + j) * rope + i)])
+                                            : in.kpe_exact[size_t((b * L + j) * rope + i)];
       return k;
     }
     return {kpe_new.begin() + (b * S + j - L) * rope, kpe_new.begin() + (b * S + j - L + 1) * rope};
@@ -540,15 +544,20 @@ std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, con
   for (int64_t t = 0; t < T; ++t)
     rms_norm(&x[size_t(t * H)], p.input_layernorm.data(), H, m.rms_norm_eps, &normed[size_t(t * H)]);
   MlaInputs attn_in = in;  // the attention module sees the normalised stream (rounded to bf16, as a bf16 model would)
-  attn_in.hidden_states.resize(normed.size());
-  for (size_t i = 0; i < normed.size(); ++i) attn_in.hidden_states[i] = to_bf16(float(normed[i]));
+  if (in.bf16_stream) {
+    attn_in.hidden_states.resize(normed.size());
+    for (size_t i = 0; i < normed.size(); ++i) attn_in.hidden_states[i] = to_bf16(float(normed[i]));
+  } else {
+    attn_in.hidden_exact = normed;
+  }
   const auto a = mla_attention(m, p.attn, attn_in, form);
   std::vector<double> h(x.size());
   for (size_t i = 0; i < x.size(); ++i) h[i] = x[i] + a[i];
   // The MLP / MoE sees it rounded to bf16 too (the router's top-k is then decided on the values a bf16 model has).
   for (int64_t t = 0; t < T; ++t)
     rms_norm(&h[size_t(t * H)], p.post_attention_layernorm.data(), H, m.rms_norm_eps, &normed[size_t(t * H)]);
-  for (auto& v : normed) v = double(round_to_bf16(float(v)));
+  if (in.bf16_stream)
+    for (auto& v : normed) v = double(round_to_bf16(float(v)));
   // The MLP / MoE of the wanted rows (all, or MlaInputs::rows), each with its forced experts; the others' rows 0.
   const bool dense = layer_index < m.first_k_dense_replace;
   const std::vector<char> wanted = wanted_rows(in);

@@ -83,6 +83,10 @@ struct MlaInputs {
   // rows of the output are left 0: every new token's key is still made (later tokens attend to it), but queries,
   // attention, o_proj and the layer's MLP / MoE only for these - a long prefill chunk checked on a sample of rows.
   std::vector<int64_t> rows;
+  // Exact arithmetic, for the cross-check against an fp32 model (transformers): the attention's input and the cache
+  // in double, not rounded to bf16 as a bf16 engine holds them. Set, these stand in for hidden_states / the caches.
+  std::vector<double> hidden_exact, ckv_exact, kpe_exact;
+  bool bf16_stream = true;  // decoder_layer: the normalised stream rounded to bf16 before attention and MLP/MoE
 };
 MlaInputs make_mla_inputs(const ModelConfig& m, int64_t batch, int64_t q_len, int64_t kv_len, uint64_t seed);
 

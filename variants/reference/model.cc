@@ -1,0 +1,122 @@
+#include "variants/reference/model.h"
+
+#include <string>
+
+#include "harness/errors.h"
+
+namespace dslab::ref {
+
+namespace {
+
+bool is_moe_layer(const ModelConfig& m, int64_t layer) {
+  return m.n_routed_experts > 0 && layer >= m.first_k_dense_replace &&
+         layer % std::max<int64_t>(1, m.moe_layer_freq) == 0;
+}
+
+MlpParams load_mlp(const Checkpoint& c, const std::string& prefix, int64_t hidden, int64_t intermediate) {
+  MlpParams p;
+  p.intermediate = intermediate;
+  p.gate_proj = c.bf16_tensor(prefix + "gate_proj.weight", {intermediate, hidden});
+  p.up_proj = c.bf16_tensor(prefix + "up_proj.weight", {intermediate, hidden});
+  p.down_proj = c.bf16_tensor(prefix + "down_proj.weight", {hidden, intermediate});
+  return p;
+}
+
+}  // namespace
+
+ModelParams load_model_params(const Checkpoint& c) {
+  const ModelConfig& m = c.config();
+  const int64_t H = m.hidden_size, V = m.vocab_size, r = m.kv_lora_rank, rope = m.qk_rope_head_dim;
+  const int64_t heads = m.num_attention_heads, qhd = m.q_head_dim();
+  if (V <= 0) throw BadInput(c.dir() + "/config.json: field 'vocab_size': missing: expected the vocabulary's size");
+  ModelParams p;
+  p.embed_tokens = c.bf16_tensor("model.embed_tokens.weight", {V, H});
+  p.norm = c.bf16_tensor("model.norm.weight", {H});
+  p.lm_head = c.bf16_tensor("lm_head.weight", {V, H});
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
+    const std::string L = "model.layers." + std::to_string(l) + ".";
+    LayerParams lp;
+    lp.input_layernorm = c.bf16_tensor(L + "input_layernorm.weight", {H});
+    lp.post_attention_layernorm = c.bf16_tensor(L + "post_attention_layernorm.weight", {H});
+    MlaParams& a = lp.attn;
+    a.heads = heads;
+    const std::string A = L + "self_attn.";
+    if (m.q_lora_rank) {
+      a.q_a_proj = c.bf16_tensor(A + "q_a_proj.weight", {*m.q_lora_rank, H});
+      a.q_a_layernorm = c.bf16_tensor(A + "q_a_layernorm.weight", {*m.q_lora_rank});
+      a.q_b_proj = c.bf16_tensor(A + "q_b_proj.weight", {heads * qhd, *m.q_lora_rank});
+    } else {
+      a.q_proj = c.bf16_tensor(A + "q_proj.weight", {heads * qhd, H});
+    }
+    a.kv_a_proj_with_mqa = c.bf16_tensor(A + "kv_a_proj_with_mqa.weight", {r + rope, H});
+    a.kv_a_layernorm = c.bf16_tensor(A + "kv_a_layernorm.weight", {r});
+    a.kv_b_proj = c.bf16_tensor(A + "kv_b_proj.weight", {heads * (m.qk_nope_head_dim + m.v_head_dim), r});
+    a.o_proj = c.bf16_tensor(A + "o_proj.weight", {H, heads * m.v_head_dim});
+    const std::string M = L + "mlp.";
+    if (!is_moe_layer(m, l)) {
+      lp.dense = load_mlp(c, M, H, m.intermediate_size);
+    } else {
+      lp.moe.gate = c.bf16_tensor(M + "gate.weight", {m.n_routed_experts, H});
+      if (m.topk_method == "noaux_tc")
+        lp.moe.e_score_correction_bias = c.f32_tensor(M + "gate.e_score_correction_bias", {m.n_routed_experts});
+      for (int64_t e = 0; e < m.n_routed_experts; ++e)
+        lp.moe.experts.push_back(load_mlp(c, M + "experts." + std::to_string(e) + ".", H, m.moe_intermediate_size));
+      if (m.n_shared_experts > 0)
+        lp.moe.shared = load_mlp(c, M + "shared_experts.", H, m.moe_intermediate_size * m.n_shared_experts);
+    }
+    p.layers.push_back(std::move(lp));
+  }
+  return p;
+}
+
+Request::Request(const ModelConfig& m, const ModelParams& p, Arithmetic arithmetic)
+    : m_(m), p_(p), arithmetic_(arithmetic), ckv_(size_t(m.num_hidden_layers)), kpe_(size_t(m.num_hidden_layers)) {}
+
+std::vector<double> Request::forward(const std::vector<int32_t>& tokens) {
+  const int64_t H = m_.hidden_size, T = int64_t(tokens.size()), r = m_.kv_lora_rank, rope = m_.qk_rope_head_dim;
+  std::vector<double> x(static_cast<size_t>(T * H));
+  for (int64_t t = 0; t < T; ++t) {
+    if (tokens[size_t(t)] < 0 || tokens[size_t(t)] >= m_.vocab_size)
+      throw BadInput("token id " + std::to_string(tokens[size_t(t)]) + ": expected 0 .. " +
+                     std::to_string(m_.vocab_size - 1));
+    for (int64_t j = 0; j < H; ++j) x[size_t(t * H + j)] = to_float(p_.embed_tokens[size_t(tokens[size_t(t)] * H + j)]);
+  }
+  for (int64_t l = 0; l < m_.num_hidden_layers; ++l) {
+    const LayerParams& lp = p_.layers[size_t(l)];
+    MlaInputs in;
+    in.batch = 1, in.q_len = T, in.kv_len = length_;
+    const bool exact = arithmetic_ == Arithmetic::exact;
+    in.bf16_stream = !exact;
+    // The cache so far (the values a bf16 engine holds, or exact ones) and, after the layer, the new tokens' entries
+    // as the attention makes them, from the normalised stream (rounded to bf16 but where exact).
+    auto rounded = [&](const std::vector<double>& v) {
+      std::vector<bf16> out(v.size());
+      for (size_t i = 0; i < v.size(); ++i) out[i] = to_bf16(float(v[i]));
+      return out;
+    };
+    if (exact) {
+      in.ckv_exact = ckv_[size_t(l)], in.kpe_exact = kpe_[size_t(l)];
+    } else {
+      in.ckv_cache = rounded(ckv_[size_t(l)]), in.kpe_cache = rounded(kpe_[size_t(l)]);
+    }
+    std::vector<double> normed(static_cast<size_t>(H)), kv(static_cast<size_t>(r + rope)), c(static_cast<size_t>(r));
+    for (int64_t t = 0; t < T; ++t) {
+      rms_norm(&x[size_t(t * H)], lp.input_layernorm.data(), H, m_.rms_norm_eps, normed.data());
+      if (!exact)
+        for (auto& v : normed) v = double(round_to_bf16(float(v)));
+      matvec(lp.attn.kv_a_proj_with_mqa.data(), r + rope, H, normed.data(), kv.data());
+      rms_norm(kv.data(), lp.attn.kv_a_layernorm.data(), r, m_.rms_norm_eps, c.data());
+      apply_rope(m_, length_ + t, kv.data() + r);
+      ckv_[size_t(l)].insert(ckv_[size_t(l)].end(), c.begin(), c.end());
+      kpe_[size_t(l)].insert(kpe_[size_t(l)].end(), kv.begin() + r, kv.end());
+    }
+    x = decoder_layer(m_, l, lp, x, in, MlaForm::absorbed_split);
+  }
+  length_ += T;
+  std::vector<double> last(static_cast<size_t>(H)), logits(static_cast<size_t>(m_.vocab_size));
+  rms_norm(&x[size_t((T - 1) * H)], p_.norm.data(), H, m_.rms_norm_eps, last.data());
+  matvec(p_.lm_head.data(), m_.vocab_size, H, last.data(), logits.data());
+  return logits;
+}
+
+}  // namespace dslab::ref
