@@ -469,8 +469,8 @@ TEST(SplitKv, MeanSegmentBlocksCountsPartFilledBlocksWhole) {
 }
 
 TEST(SplitKv, FinerBlocksLeaveNoCtaIdle) {
-  // The 16-head fused kernel walks 32-key blocks and is cut in them (fused/host.cu, schedule): 64 requests of 4097 keys on
-  // 132 CTAs. In 64-key units (65 a request, 32 a CTA) two CTAs get nothing; in 32-key blocks (129 a request) every
+  // The 16-head fused kernel walks 32-key blocks and is cut in them (fused/host.cu, schedule): 64 requests of 4097 keys
+  // on 132 CTAs. In 64-key units (65 a request, 32 a CTA) two CTAs get nothing; in 32-key blocks (129 a request) every
   // CTA gets some and the busiest 63 blocks - 2016 keys against 2048.
   const std::vector<int64_t> lengths(64, 4096);
   auto busiest_keys_and_idle = [&](int64_t block) {
