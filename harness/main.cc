@@ -47,6 +47,9 @@ Each point is prepared (untimed), sampled until the stop rule holds, and verifie
 options:
   --model NAME|PATH     model config (workloads/models/NAME.json or a path to a HF config.json);
                         with a sweep file, replaces every suite's model
+  --weights DIR         a Hugging Face checkpoint folder (config.json, index, safetensors shards; DeepSeek-V3's
+                        fp8 weights dequantised): its config is the model, and the variants that read weights
+                        (the CPU MLA forms so far; docs/checkpoints.md) take them from it, the others are skipped
   --variant NAME        a variant to run (repeatable); with a sweep file, keeps only these
   --suite NAME          with a sweep file, run only this suite (repeatable)
   --axis NAME=VALUES    set or override an axis in every suite (repeatable);
@@ -174,13 +177,14 @@ int cmd_calibrate(int argc, char** argv) {
 int cmd_run(int argc, char** argv) {
   const Args a =
       parse_args(argc, argv, 2, {"--hot", "--no-verify", "--sequential"},
-                 {"--model", "--variant", "--suite", "--axis", "--out", "--dump", "--seed", "--machine",
+                 {"--model", "--weights", "--variant", "--suite", "--axis", "--out", "--dump", "--seed", "--machine",
                   "--min-samples", "--min-time", "--max-noise", "--timeout", "--max-spread", "--repetitions"});
   if (a.positional.size() > 1)
     throw BadInput("command line: expected at most one sweep file, got '" + a.positional[1] + "'");
   Sweep sweep;
-  if (a.positional.empty()) {
-    sweep = adhoc_sweep(a.one("--model"), a.all("--variant"));
+  if (a.positional.empty()) {  // (with --weights the checkpoint's config is the model: expand() puts it in place)
+    const std::string weights_config = a.one("--weights").empty() ? "" : a.one("--weights") + "/config.json";
+    sweep = adhoc_sweep(a.one("--model").empty() ? weights_config : a.one("--model"), a.all("--variant"));
   } else {
     sweep = load_sweep(a.positional[0]);
     override_model(sweep, a.one("--model"));
@@ -200,7 +204,10 @@ int cmd_run(int argc, char** argv) {
   const std::string out_dir = a.one("--out", "results/" + sweep.name);
   const std::string dump_dir = a.one("--dump");
 
-  const Plan plan = expand(sweep);  // every input error surfaces here, before anything runs or is written
+  const std::string weights = a.one("--weights");
+  if (!weights.empty() && !a.one("--model").empty())
+    throw BadInput("command line: --model and --weights: the checkpoint's config.json is the model (give one)");
+  const Plan plan = expand(sweep, weights);  // every input error surfaces here, before anything runs or is written
 
   std::string machine_note;
   const auto machine = load_machine(a.one("--machine", default_machine_path()), &machine_note);
@@ -231,6 +238,7 @@ int cmd_run(int argc, char** argv) {
     }
     context["sweep"] = sweep.name;
     context["sweep_source"] = sweep.source;
+    if (!weights.empty()) context["weights"] = weights;  // (the checkpoint; without it, weights from the seed)
     context["seed"] = seed;
     context["hot"] = hot;
     context["interleaved"] = !sequential;

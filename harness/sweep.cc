@@ -231,10 +231,22 @@ ModelFile load_model_file(const std::string& name_or_path) {
   return ModelFile{fs::path(path).stem().string(), path, read_json(path, "model config")};
 }
 
-Plan expand(const Sweep& sweep) {
+Plan expand(const Sweep& sweep, const std::string& weights) {
   Plan plan;
   std::map<std::string, const ModelFile*> models;
+  if (!weights.empty()) {  // one model, the checkpoint's
+    if (!fs::is_directory(weights))
+      throw BadInput("--weights '" + weights + "': not a folder (expected a Hugging Face checkpoint folder)");
+    const std::string config = (fs::path(weights) / "config.json").string();
+    if (!fs::exists(config)) throw BadInput(config + ": missing (expected the checkpoint's config.json)");
+    plan.models.push_back(std::make_unique<ModelFile>(load_model_file(config)));
+    plan.models.back()->name = fs::path(weights).lexically_normal().filename().string();
+    if (plan.models.back()->name.empty())
+      plan.models.back()->name = fs::path(weights).parent_path().filename().string();
+    plan.models.back()->weights = weights;
+  }
   for (const auto& suite : sweep.suites) {
+    if (!weights.empty()) models[suite.model] = plan.models.front().get();
     if (!models.count(suite.model)) {
       plan.models.push_back(std::make_unique<ModelFile>(load_model_file(suite.model)));
       models[suite.model] = plan.models.back().get();
@@ -283,10 +295,13 @@ Plan expand(const Sweep& sweep) {
         if (entry->device == Device::cuda && !gpu_info().present) {
           variant->supports(*model, p);  // still validates the point (BadInput), though it cannot run here
           s = Support::no(gpu_info().why_absent);
-        } else if (Support a = variant->available(); !a.ok)
+        } else if (Support a = variant->available(); !a.ok) {
           s = a;
-        else
+        } else {
           s = variant->supports(*model, p);  // throws BadInput on an invalid model config
+          if (s.ok && !model->weights.empty() && !variant->reads_weights())
+            s = Support::no("reads no checkpoint (--weights) yet: its weights are random");
+        }
         plan.points.push_back({entry, suite.name, model, p, s, suite.min_samples, suite.timeout_s, suite.max_spread,
                                suite.unverified_reason});
       }

@@ -76,6 +76,8 @@ struct Plan {
   std::vector<std::unique_ptr<ModelFile>> models;
   std::vector<PlannedPoint> points;
 };
-Plan expand(const Sweep& sweep);
+// weights: a Hugging Face checkpoint folder (dslab run --weights): its config.json is every suite's model, and the
+// variants that do not read weights are planned as skipped, saying so.
+Plan expand(const Sweep& sweep, const std::string& weights = "");
 
 }  // namespace dslab

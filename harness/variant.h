@@ -28,6 +28,9 @@ struct ModelFile {
   std::string name;  // file stem
   std::string path;
   nlohmann::json config;
+  // A Hugging Face checkpoint folder (dslab run --weights) whose config.json this is: variants that read weights
+  // (Variant::reads_weights) take theirs from it; empty: deterministic random weights from the seed.
+  std::string weights;
 };
 
 struct Support {
@@ -65,6 +68,8 @@ class Variant {
   virtual std::vector<std::pair<std::string, std::string>> axes() const = 0;
   // Whether this machine can run it at all ("needs AMX"); device presence is the harness's check.
   virtual Support available() const { return {}; }
+  // Whether it takes its weights from ModelFile::weights (a checkpoint) when given; the others are skipped there.
+  virtual bool reads_weights() const { return false; }
   // Whether it can run this point; may throw BadInput for an invalid model config.
   virtual Support supports(const ModelFile& model, const Point& point) const = 0;
   virtual Cost cost(const ModelFile& model, const Point& point) const = 0;

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "variants/common/rng.h"
+#include "variants/reference/model.h"
 
 #include "harness/errors.h"
 #include "harness/host.h"
@@ -318,20 +319,23 @@ const std::vector<double>& Problem::reference() const {
   return reference_;
 }
 
-std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uint64_t seed) {
+std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uint64_t seed,
+                                       const std::string& weights) {
   // Variants at one point run back to back: keep the last problem so they share weights and reference.
   static std::mutex mu;
   static std::shared_ptr<Problem> last;
   std::lock_guard<std::mutex> lock(mu);
-  if (last && last->model.source == m.source && last->seed == seed && last->shape.heads == s.heads &&
-      last->shape.batch == s.batch && last->shape.q_len == s.q_len && last->shape.kv_len == s.kv_len)
+  if (last && last->model.source == m.source && last->seed == seed && last->weights == weights &&
+      last->shape.heads == s.heads && last->shape.batch == s.batch && last->shape.q_len == s.q_len &&
+      last->shape.kv_len == s.kv_len)
     return last;
   last.reset();  // free the old one before generating the new one
   auto p = std::make_shared<Problem>();
   p->model = m;
   p->shape = s;
   p->seed = seed;
-  p->params = ref::make_mla_params(m, s.heads, seed);
+  p->weights = weights;
+  p->params = weights.empty() ? ref::make_mla_params(m, s.heads, seed) : ref::load_mla_params(Checkpoint(weights), 0);
   p->inputs = ref::make_mla_inputs(m, s.batch, s.q_len, s.kv_len, seed);
   last = p;
   return p;
@@ -342,6 +346,9 @@ std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uin
 Support CpuVariant::supports(const ModelFile& model, const Point& point) const {
   const ModelConfig m = parse_model_config(model.config, model.name, model.path);
   const Shape s = shape_of(m, point);
+  if (!model.weights.empty() && s.heads != m.num_attention_heads)
+    return Support::no("--weights: heads " + std::to_string(s.heads) + ": the checkpoint's weights are for all " +
+                       std::to_string(m.num_attention_heads) + " heads");
   const double need = cpu_memory_bytes(m, algo_, s);
   const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   if (need > 0.7 * have)
@@ -367,7 +374,7 @@ std::string CpuVariant::compute_ceiling() const {
 void CpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
   m_ = parse_model_config(model.config, model.name, model.path);
   s_ = shape_of(m_, point);
-  problem_ = problem(m_, s_, seed);
+  problem_ = problem(m_, s_, seed, model.weights);
   nh_ = s_.heads;
   nope_ = m_.qk_nope_head_dim;
   rope_ = m_.qk_rope_head_dim;

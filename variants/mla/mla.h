@@ -73,6 +73,7 @@ struct Problem {
   ModelConfig model;
   Shape shape;
   uint64_t seed = 0;
+  std::string weights;  // the checkpoint the params came from (layer 0's attention), or empty: made from the seed
   ref::MlaParams params;
   ref::MlaInputs inputs;
   // The fp64 reference output [tokens][hidden] (absorbed_split form: the identity test shows all forms agree).
@@ -81,7 +82,10 @@ struct Problem {
  private:
   mutable std::vector<double> reference_;
 };
-std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uint64_t seed);
+// weights: a Hugging Face checkpoint folder (dslab run --weights) whose first layer's attention weights the point
+// uses (inputs and cache stay made from the seed), or empty.
+std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uint64_t seed,
+                                       const std::string& weights = "");
 
 // Per-request cached lengths for the len_dist axis: uniform (all kv_len) or mixed (log-normal, a few long
 // requests and many short ones, the same total as uniform so the point's cost is unchanged); BadInput otherwise.
@@ -125,6 +129,7 @@ class CpuVariant : public Variant {
  public:
   explicit CpuVariant(Algo algo) : algo_(algo) {}
   std::vector<std::pair<std::string, std::string>> axes() const override { return mla::axes(); }
+  bool reads_weights() const override { return true; }
   Support supports(const ModelFile& model, const Point& point) const override;
   Cost cost(const ModelFile& model, const Point& point) const override;
   double host_memory_bytes(const ModelFile& model, const Point& point) const override;

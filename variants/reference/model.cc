@@ -24,10 +24,30 @@ MlpParams load_mlp(const Checkpoint& c, const std::string& prefix, int64_t hidde
 
 }  // namespace
 
+MlaParams load_mla_params(const Checkpoint& c, int64_t layer) {
+  const ModelConfig& m = c.config();
+  const int64_t H = m.hidden_size, r = m.kv_lora_rank, rope = m.qk_rope_head_dim;
+  const int64_t heads = m.num_attention_heads, qhd = m.q_head_dim();
+  const std::string A = "model.layers." + std::to_string(layer) + ".self_attn.";
+  MlaParams a;
+  a.heads = heads;
+  if (m.q_lora_rank) {
+    a.q_a_proj = c.bf16_tensor(A + "q_a_proj.weight", {*m.q_lora_rank, H});
+    a.q_a_layernorm = c.bf16_tensor(A + "q_a_layernorm.weight", {*m.q_lora_rank});
+    a.q_b_proj = c.bf16_tensor(A + "q_b_proj.weight", {heads * qhd, *m.q_lora_rank});
+  } else {
+    a.q_proj = c.bf16_tensor(A + "q_proj.weight", {heads * qhd, H});
+  }
+  a.kv_a_proj_with_mqa = c.bf16_tensor(A + "kv_a_proj_with_mqa.weight", {r + rope, H});
+  a.kv_a_layernorm = c.bf16_tensor(A + "kv_a_layernorm.weight", {r});
+  a.kv_b_proj = c.bf16_tensor(A + "kv_b_proj.weight", {heads * (m.qk_nope_head_dim + m.v_head_dim), r});
+  a.o_proj = c.bf16_tensor(A + "o_proj.weight", {H, heads * m.v_head_dim});
+  return a;
+}
+
 ModelParams load_model_params(const Checkpoint& c) {
   const ModelConfig& m = c.config();
-  const int64_t H = m.hidden_size, V = m.vocab_size, r = m.kv_lora_rank, rope = m.qk_rope_head_dim;
-  const int64_t heads = m.num_attention_heads, qhd = m.q_head_dim();
+  const int64_t H = m.hidden_size, V = m.vocab_size;
   if (V <= 0) throw BadInput(c.dir() + "/config.json: field 'vocab_size': missing: expected the vocabulary's size");
   ModelParams p;
   p.embed_tokens = c.bf16_tensor("model.embed_tokens.weight", {V, H});
@@ -38,20 +58,7 @@ ModelParams load_model_params(const Checkpoint& c) {
     LayerParams lp;
     lp.input_layernorm = c.bf16_tensor(L + "input_layernorm.weight", {H});
     lp.post_attention_layernorm = c.bf16_tensor(L + "post_attention_layernorm.weight", {H});
-    MlaParams& a = lp.attn;
-    a.heads = heads;
-    const std::string A = L + "self_attn.";
-    if (m.q_lora_rank) {
-      a.q_a_proj = c.bf16_tensor(A + "q_a_proj.weight", {*m.q_lora_rank, H});
-      a.q_a_layernorm = c.bf16_tensor(A + "q_a_layernorm.weight", {*m.q_lora_rank});
-      a.q_b_proj = c.bf16_tensor(A + "q_b_proj.weight", {heads * qhd, *m.q_lora_rank});
-    } else {
-      a.q_proj = c.bf16_tensor(A + "q_proj.weight", {heads * qhd, H});
-    }
-    a.kv_a_proj_with_mqa = c.bf16_tensor(A + "kv_a_proj_with_mqa.weight", {r + rope, H});
-    a.kv_a_layernorm = c.bf16_tensor(A + "kv_a_layernorm.weight", {r});
-    a.kv_b_proj = c.bf16_tensor(A + "kv_b_proj.weight", {heads * (m.qk_nope_head_dim + m.v_head_dim), r});
-    a.o_proj = c.bf16_tensor(A + "o_proj.weight", {H, heads * m.v_head_dim});
+    lp.attn = load_mla_params(c, l);
     const std::string M = L + "mlp.";
     if (!is_moe_layer(m, l)) {
       lp.dense = load_mlp(c, M, H, m.intermediate_size);

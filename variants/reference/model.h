@@ -22,6 +22,8 @@ struct ModelParams {
 // routed experts mlp.experts.E.*, shared mlp.shared_experts.*); fp8 weights dequantised by their block scales.
 // BadInput (file and tensor named) for anything missing or mis-shaped, before any layer is used.
 ModelParams load_model_params(const Checkpoint& checkpoint);
+// One layer's attention weights (all num_attention_heads heads).
+MlaParams load_mla_params(const Checkpoint& checkpoint, int64_t layer);
 
 class Request {
  public:
