@@ -49,7 +49,8 @@ options:
                         with a sweep file, replaces every suite's model
   --weights DIR         a Hugging Face checkpoint folder (config.json, index, safetensors shards; DeepSeek-V3's
                         fp8 weights dequantised): its config is the model, and the variants that read weights
-                        (the CPU MLA forms so far; docs/checkpoints.md) take them from it, the others are skipped
+                        (the CPU MLA forms and MoE engines so far; docs/checkpoints.md) take them from it, the
+                        others are skipped
   --variant NAME        a variant to run (repeatable); with a sweep file, keeps only these
   --suite NAME          with a sweep file, run only this suite (repeatable)
   --axis NAME=VALUES    set or override an axis in every suite (repeatable);

@@ -144,8 +144,9 @@ TEST(Checkpoint, BadCheckpointsSayWhichFileAndTensor) {
 namespace dslab {
 namespace {
 
-// dslab run --weights: the CPU MLA forms on a checkpoint's first layer, verified; a variant that does not read
-// weights skipped with its reason; a bad checkpoint one line, exit 2, no results.
+// dslab run --weights: the CPU MLA forms on a checkpoint's first layer and a CPU MoE engine on its first MoE layer
+// (router, bias and experts: fp8 dequantised), verified; a variant that does not read weights skipped with its reason;
+// a bad checkpoint one line, exit 2, no results.
 struct Cli {
   int status;
   std::string err;
@@ -161,13 +162,14 @@ Cli run_dslab(const std::string& args) {
   return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, ss.str()};
 }
 
-TEST(CheckpointCli, WeightsRunTheCpuFormsOnTheCheckpointsAttention) {
+TEST(CheckpointCli, WeightsRunTheCpuFormsAndExpertsOnTheCheckpoints) {
   const fs::path out = fs::temp_directory_path() / ("dslab_weights_out_" + std::to_string(::getpid()));
   fs::remove_all(out);
   const fs::path sweep = out.string() + ".json";
   std::ofstream(sweep) << R"({"name": "weights", "model": "tiny", "suites": [
       {"name": "mla", "variants": ["mla/a_cc_me/cpu", "mla/cd/cpu"], "axes": {"batch": [2], "kv_len": [40]}},
-      {"name": "moe", "variants": ["moe/onednn/cpu"], "axes": {"tokens": [4]}}]})";
+      {"name": "moe", "variants": ["moe/onednn/cpu"], "axes": {"tokens": [4], "routing": ["model"]}},
+      {"name": "sparse", "variants": ["sparse/oracle/cpu"], "axes": {"kv_len": [1024], "budget": [256]}}]})";
   const Cli r = run_dslab("run " + sweep.string() + " --weights " + kData +
                           "v3 --min-samples 2 --min-time 0 --timeout 0.2 --out " + out.string());
   fs::remove(sweep);
@@ -177,10 +179,10 @@ TEST(CheckpointCli, WeightsRunTheCpuFormsOnTheCheckpointsAttention) {
   int verified = 0;
   for (const auto& b : j.at("benchmarks")) {
     EXPECT_EQ(b.at("model"), "v3");
-    if (b.at("variant").get<std::string>().rfind("mla/", 0) == 0) verified += b.value("verify_pass", false);
+    verified += b.value("verify_pass", false);
   }
-  EXPECT_EQ(verified, 2);
-  EXPECT_NE(r.err.find("reads no checkpoint (--weights) yet"), std::string::npos) << r.err;  // moe/onednn/cpu
+  EXPECT_EQ(verified, 3);  // the two MLA forms on the first layer's attention, the MoE on the first MoE layer's experts
+  EXPECT_NE(r.err.find("reads no checkpoint (--weights) yet"), std::string::npos) << r.err;  // sparse/oracle/cpu
   fs::remove_all(out);
 }
 

@@ -15,6 +15,7 @@
 #include "harness/host.h"
 #include "harness/team_thread.h"
 #include "variants/common/rng.h"
+#include "variants/reference/model.h"
 #include "variants/moe/cpu/kernels.h"
 
 namespace dslab::moe {
@@ -92,36 +93,48 @@ ref::Routing synthetic_routing(const ModelConfig& m, const Shape& s, uint64_t se
 
 void check_routing_name(const std::string& routing) { check_routing(routing); }
 
-std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uint64_t seed) {
+std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uint64_t seed, const std::string& from) {
   static std::mutex mu;
   static std::shared_ptr<Problem> last;
   std::lock_guard<std::mutex> lock(mu);
-  if (last && last->model.source == m.source && last->seed == seed && last->shape.tokens == s.tokens &&
-      last->shape.experts == s.experts && last->shape.routing == s.routing)
+  if (last && last->model.source == m.source && last->seed == seed && last->weights == from &&
+      last->shape.tokens == s.tokens && last->shape.experts == s.experts && last->shape.routing == s.routing)
     return last;
   std::shared_ptr<const std::vector<ref::MlpParams>> weights;
-  if (last && last->model.source == m.source && last->seed == seed && last->shape.experts == s.experts)
+  if (last && last->model.source == m.source && last->seed == seed && last->weights == from &&
+      last->shape.experts == s.experts)
     weights = last->experts;
   last.reset();
+  std::unique_ptr<Checkpoint> checkpoint;
+  const int64_t layer = ref::first_moe_layer(m);
+  if (!from.empty()) checkpoint = std::make_unique<Checkpoint>(from);
   if (!weights) {
     auto w = std::make_shared<std::vector<ref::MlpParams>>();
     for (int64_t e = 0; e < s.experts; ++e)
-      w->push_back(ref::make_mlp_params(m, m.moe_intermediate_size, seed, "experts." + std::to_string(e)));
+      w->push_back(checkpoint ? ref::load_expert(*checkpoint, layer, e)
+                              : ref::make_mlp_params(m, m.moe_intermediate_size, seed, "experts." + std::to_string(e)));
     weights = w;
   }
   auto p = std::make_shared<Problem>();
   p->model = m;
   p->shape = s;
   p->seed = seed;
+  p->weights = from;
   p->experts = weights;
   p->x = ref::random_bf16(seed, "moe_hidden_states", size_t(s.tokens * m.hidden_size), std::sqrt(3.0f));
   if (s.routing == "model") {  // the model's own gate (same tensors as ref::make_moe_params) on these inputs
-    const auto gate = ref::random_bf16(seed, "gate", size_t(m.n_routed_experts * m.hidden_size),
-                                       std::sqrt(3.0f / float(m.hidden_size)));
+    std::vector<bf16> gate;
     std::vector<float> bias;
-    if (m.topk_method == "noaux_tc")
-      for (auto b : ref::random_bf16(seed, "e_score_correction_bias", size_t(m.n_routed_experts), 0.1f))
-        bias.push_back(to_float(b));
+    if (checkpoint) {
+      gate = ref::load_router(*checkpoint, layer);
+      bias = ref::load_router_bias(*checkpoint, layer);
+    } else {
+      gate = ref::random_bf16(seed, "gate", size_t(m.n_routed_experts * m.hidden_size),
+                              std::sqrt(3.0f / float(m.hidden_size)));
+      if (m.topk_method == "noaux_tc")
+        for (auto b : ref::random_bf16(seed, "e_score_correction_bias", size_t(m.n_routed_experts), 0.1f))
+          bias.push_back(to_float(b));
+    }
     std::vector<double> xt(static_cast<size_t>(m.hidden_size)),
         logits(static_cast<size_t>(s.tokens * m.n_routed_experts));
     for (int64_t t = 0; t < s.tokens; ++t) {
@@ -201,6 +214,8 @@ Support Base::supports(const ModelFile& model, const Point& point) const {
   if (s.experts > m.n_routed_experts || s.experts < s.topk)
     throw BadInput("axis 'experts': value " + std::to_string(s.experts) + ": expected between num_experts_per_tok (" +
                    std::to_string(s.topk) + ") and n_routed_experts (" + std::to_string(m.n_routed_experts) + ")");
+  if (!model.weights.empty() && ref::first_moe_layer(m) < 0)
+    return Support::no("--weights: the checkpoint's model has no MoE layer");
   if (s.routing == "model" && s.experts != m.n_routed_experts)
     return Support::no("routing=model routes over all " + std::to_string(m.n_routed_experts) +
                        " experts (use routing=uniform or zipf:S with fewer)");
@@ -223,7 +238,7 @@ double Base::host_memory_bytes(const ModelFile& model, const Point& point) const
 Cost Base::cost(const ModelFile& model, const Point& point) const {
   if (p_) return moe::cost(m_, *p_);  // prepared: this seed's routing decides which experts are active
   const ModelConfig m = parse_model_config(model.config, model.name, model.path);
-  return moe::cost(m, *problem(m, shape_of(m, point), 1));
+  return moe::cost(m, *problem(m, shape_of(m, point), 1, model.weights));
 }
 
 double gpu_moe_forward_scratch_bytes(const ModelConfig& m, int64_t tokens) {
@@ -255,7 +270,7 @@ std::string Engine::compute_ceiling() const {
 void Base::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
   m_ = parse_model_config(model.config, model.name, model.path);
   const Shape s = shape_of(m_, point);
-  p_ = problem(m_, s, seed);
+  p_ = problem(m_, s, seed, model.weights);
   threads_ = int(s.threads);
   std::vector<int> next_row(static_cast<size_t>(s.experts), 0);
   slot_.assign(size_t(s.tokens), std::vector<int>(size_t(s.topk)));

@@ -24,6 +24,7 @@ struct Problem {
   ModelConfig model;
   Shape shape;
   uint64_t seed = 0;
+  std::string weights;  // the checkpoint they came from, or empty
   // `experts` of them, HF names experts.{e}.{gate,up,down}_proj; shared across token counts (the
   // largest tensors here: 22.5 GB for all of DeepSeek-V3's).
   std::shared_ptr<const std::vector<ref::MlpParams>> experts;
@@ -39,7 +40,10 @@ struct Problem {
  private:
   mutable std::vector<double> reference_;
 };
-std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uint64_t seed);
+// weights: a Hugging Face checkpoint folder (dslab run --weights): the experts, router and bias of its first MoE layer
+// (the hidden states stay made from the seed); empty: all made from the seed.
+std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uint64_t seed,
+                                       const std::string& weights = "");
 // Synthetic routing (s.routing uniform or zipf:S): each token draws topk distinct experts with popularity p_e
 // (uniform, or Zipf by id), weights normalised and scaled by routed_scaling_factor.
 ref::Routing synthetic_routing(const ModelConfig& m, const Shape& s, uint64_t seed);
@@ -67,6 +71,7 @@ Packed pack(const bf16* w, int64_t n, int64_t k);  // w: nn.Linear weight [n][k]
 class Base : public Variant {
  public:
   std::vector<std::pair<std::string, std::string>> axes() const override { return moe::axes(); }
+  bool reads_weights() const override { return true; }
   Support supports(const ModelFile& model, const Point& point) const override;
   Cost cost(const ModelFile& model, const Point& point) const override;
   double host_memory_bytes(const ModelFile& model, const Point& point) const override;

@@ -45,6 +45,31 @@ MlaParams load_mla_params(const Checkpoint& c, int64_t layer) {
   return a;
 }
 
+int64_t first_moe_layer(const ModelConfig& m) {
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l)
+    if (is_moe_layer(m, l)) return l;
+  return -1;
+}
+
+std::vector<bf16> load_router(const Checkpoint& c, int64_t layer) {
+  const ModelConfig& m = c.config();
+  return c.bf16_tensor("model.layers." + std::to_string(layer) + ".mlp.gate.weight",
+                       {m.n_routed_experts, m.hidden_size});
+}
+
+std::vector<float> load_router_bias(const Checkpoint& c, int64_t layer) {
+  const ModelConfig& m = c.config();
+  if (m.topk_method != "noaux_tc") return {};
+  return c.f32_tensor("model.layers." + std::to_string(layer) + ".mlp.gate.e_score_correction_bias",
+                      {m.n_routed_experts});
+}
+
+MlpParams load_expert(const Checkpoint& c, int64_t layer, int64_t expert) {
+  const ModelConfig& m = c.config();
+  return load_mlp(c, "model.layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(expert) + ".",
+                  m.hidden_size, m.moe_intermediate_size);
+}
+
 ModelParams load_model_params(const Checkpoint& c) {
   const ModelConfig& m = c.config();
   const int64_t H = m.hidden_size, V = m.vocab_size;
@@ -63,11 +88,9 @@ ModelParams load_model_params(const Checkpoint& c) {
     if (!is_moe_layer(m, l)) {
       lp.dense = load_mlp(c, M, H, m.intermediate_size);
     } else {
-      lp.moe.gate = c.bf16_tensor(M + "gate.weight", {m.n_routed_experts, H});
-      if (m.topk_method == "noaux_tc")
-        lp.moe.e_score_correction_bias = c.f32_tensor(M + "gate.e_score_correction_bias", {m.n_routed_experts});
-      for (int64_t e = 0; e < m.n_routed_experts; ++e)
-        lp.moe.experts.push_back(load_mlp(c, M + "experts." + std::to_string(e) + ".", H, m.moe_intermediate_size));
+      lp.moe.gate = load_router(c, l);
+      lp.moe.e_score_correction_bias = load_router_bias(c, l);
+      for (int64_t e = 0; e < m.n_routed_experts; ++e) lp.moe.experts.push_back(load_expert(c, l, e));
       if (m.n_shared_experts > 0)
         lp.moe.shared = load_mlp(c, M + "shared_experts.", H, m.moe_intermediate_size * m.n_shared_experts);
     }

@@ -24,6 +24,11 @@ struct ModelParams {
 ModelParams load_model_params(const Checkpoint& checkpoint);
 // One layer's attention weights (all num_attention_heads heads).
 MlaParams load_mla_params(const Checkpoint& checkpoint, int64_t layer);
+// The first layer with routed experts (first_k_dense_replace, moe_layer_freq), its router and one routed expert.
+int64_t first_moe_layer(const ModelConfig& m);
+std::vector<bf16> load_router(const Checkpoint& checkpoint, int64_t layer);
+std::vector<float> load_router_bias(const Checkpoint& checkpoint, int64_t layer);  // empty unless noaux_tc
+MlpParams load_expert(const Checkpoint& checkpoint, int64_t layer, int64_t expert);
 
 class Request {
  public:
