@@ -224,7 +224,9 @@ struct Model {
   const Ceilings& c;
   const std::vector<OpCost>& ops;
   int64_t moe_layers() const {
-    return r.model.num_hidden_layers - std::min(r.model.num_hidden_layers, r.model.first_k_dense_replace);
+    int64_t n = 0;
+    for (int64_t l = 0; l < r.model.num_hidden_layers; ++l) n += r.model.is_moe_layer(l);
+    return n;
   }
   double expert_bytes() const { return 3.0 * double(r.model.hidden_size) * double(r.model.moe_intermediate_size) * 2; }
   double kv_bytes() const {  // every layer's cache for the batch, at the step's end

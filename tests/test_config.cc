@@ -99,3 +99,24 @@ TEST(ModelConfig, UnknownModelNameListsKnownOnes) {
 
 }  // namespace
 }  // namespace dslab
+
+namespace dslab {
+namespace {
+
+TEST(Config, MoeLayersFollowFirstKDenseReplaceAndMoeLayerFreq) {
+  // As Hugging Face's DeepSeek modelling: routed experts from first_k_dense_replace on, every moe_layer_freq-th layer.
+  ModelConfig m;
+  m.num_hidden_layers = 8, m.n_routed_experts = 16, m.first_k_dense_replace = 1, m.moe_layer_freq = 1;
+  std::vector<int> moe;
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) moe.push_back(m.is_moe_layer(l));
+  EXPECT_EQ(moe, (std::vector<int>{0, 1, 1, 1, 1, 1, 1, 1}));
+  m.first_k_dense_replace = 3, m.moe_layer_freq = 2;
+  moe.clear();
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) moe.push_back(m.is_moe_layer(l));
+  EXPECT_EQ(moe, (std::vector<int>{0, 0, 0, 0, 1, 0, 1, 0}));
+  m.n_routed_experts = 0;  // a dense model
+  EXPECT_FALSE(m.is_moe_layer(5));
+}
+
+}  // namespace
+}  // namespace dslab

@@ -31,6 +31,12 @@ struct ModelConfig {
   RopeScaling rope_scaling;
 
   int64_t q_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  // Whether layer `layer` has routed experts, as Hugging Face's DeepSeek modelling decides: from first_k_dense_replace
+  // on, every moe_layer_freq-th layer; the others a dense MLP.
+  bool is_moe_layer(int64_t layer) const {
+    return n_routed_experts > 0 && layer >= first_k_dense_replace &&
+           layer % (moe_layer_freq > 0 ? moe_layer_freq : 1) == 0;
+  }
   // 1/sqrt(q_head_dim), times YaRN's mscale(mscale_all_dim)^2 as DeepSeek applies it.
   double softmax_scale() const;
 };

@@ -130,7 +130,7 @@ std::vector<OpCost> layer_ops(const ModelConfig& m, int64_t layer, const StepSha
 
   ops.push_back(projection("o_proj", OpGroup::attention, layer, T, nh * vd, H, 4));
   ops.push_back(norm("post_attention_norm", layer, T, H, /*adds=*/true));
-  if (layer < m.first_k_dense_replace) {
+  if (!m.is_moe_layer(layer)) {
     ops.push_back(mlp("dense_mlp", OpGroup::dense_mlp, layer, T, H, double(m.intermediate_size)));
     return ops;
   }

@@ -8,11 +8,6 @@ namespace dslab::ref {
 
 namespace {
 
-bool is_moe_layer(const ModelConfig& m, int64_t layer) {
-  return m.n_routed_experts > 0 && layer >= m.first_k_dense_replace &&
-         layer % std::max<int64_t>(1, m.moe_layer_freq) == 0;
-}
-
 MlpParams load_mlp(const Checkpoint& c, const std::string& prefix, int64_t hidden, int64_t intermediate) {
   MlpParams p;
   p.intermediate = intermediate;
@@ -47,7 +42,7 @@ MlaParams load_mla_params(const Checkpoint& c, int64_t layer) {
 
 int64_t first_moe_layer(const ModelConfig& m) {
   for (int64_t l = 0; l < m.num_hidden_layers; ++l)
-    if (is_moe_layer(m, l)) return l;
+    if (m.is_moe_layer(l)) return l;
   return -1;
 }
 
@@ -85,7 +80,7 @@ ModelParams load_model_params(const Checkpoint& c) {
     lp.post_attention_layernorm = c.bf16_tensor(L + "post_attention_layernorm.weight", {H});
     lp.attn = load_mla_params(c, l);
     const std::string M = L + "mlp.";
-    if (!is_moe_layer(m, l)) {
+    if (!m.is_moe_layer(l)) {
       lp.dense = load_mlp(c, M, H, m.intermediate_size);
     } else {
       lp.moe.gate = load_router(c, l);

@@ -120,7 +120,7 @@ LayerParams make_layer_params(const ModelConfig& m, int64_t layer_index, uint64_
   p.input_layernorm = random_bf16(seed, "input_layernorm", size_t(m.hidden_size), 0.1f, 1.0f);
   p.post_attention_layernorm = random_bf16(seed, "post_attention_layernorm", size_t(m.hidden_size), 0.1f, 1.0f);
   p.attn = make_mla_params(m, m.num_attention_heads, seed);
-  if (layer_index < m.first_k_dense_replace)
+  if (!m.is_moe_layer(layer_index))
     p.dense = make_mlp_params(m, m.intermediate_size, seed, "mlp");
   else if (!lazy_experts)
     p.moe = make_moe_params(m, seed);
@@ -559,7 +559,7 @@ std::vector<double> decoder_layer(const ModelConfig& m, int64_t layer_index, con
   if (in.bf16_stream)
     for (auto& v : normed) v = double(round_to_bf16(float(v)));
   // The MLP / MoE of the wanted rows (all, or MlaInputs::rows), each with its forced experts; the others' rows 0.
-  const bool dense = layer_index < m.first_k_dense_replace;
+  const bool dense = !m.is_moe_layer(layer_index);
   const std::vector<char> wanted = wanted_rows(in);
   const int64_t K = m.num_experts_per_tok;
   std::vector<int64_t> tokens;

@@ -122,7 +122,7 @@ std::vector<double> moe(const ModelConfig& m, const MoeParams& p, const std::vec
 struct LayerParams {
   std::vector<bf16> input_layernorm, post_attention_layernorm;  // [hidden]
   MlaParams attn;
-  MlpParams dense;  // layer_index < first_k_dense_replace
+  MlpParams dense;  // a layer without routed experts (ModelConfig::is_moe_layer)
   MoeParams moe;    // otherwise
 };
 // lazy_experts: routed experts made on demand (MoeParams::make_expert) instead of all up front.

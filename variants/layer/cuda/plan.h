@@ -50,7 +50,7 @@ struct DeepseekLayerCuda::Plan {
   int64_t hot_experts = 0;
   double hot_set_bytes = 0;
   std::string why_not;
-  bool dense(int64_t layer) const { return layer < m.first_k_dense_replace; }
+  bool dense(int64_t layer) const { return !m.is_moe_layer(layer); }
   int64_t tokens() const { return bucket * q_len; }
   int64_t max_keys() const { return kv_len + steps * q_len; }
   mla::Shape attn_shape() const {
