@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -235,6 +236,12 @@ std::vector<bf16> Checkpoint::bf16_tensor(const std::string& name, const std::ve
   std::vector<bf16> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = to_bf16(v[i]);
   return out;
+}
+
+void Checkpoint::report_load(const std::string& what, std::chrono::steady_clock::duration took) const {
+  const double s = std::chrono::duration<double>(took).count();
+  std::fprintf(stderr, "weights: %s from %s: %.1f MB read in %.2f s (%.2f GB/s)%s\n", what.c_str(), dir_.c_str(),
+               bytes_read_ / 1e6, s, s > 0 ? bytes_read_ / s / 1e9 : 0.0, fp8_block_ ? ", fp8 dequantised" : "");
 }
 
 std::vector<float> Checkpoint::f32_tensor(const std::string& name, const std::vector<int64_t>& shape) const {

@@ -5,6 +5,7 @@
 // malformed file, a tensor missing or of the wrong shape or dtype, a shard shorter than its header says - is
 // BadInput naming the file and the tensor, thrown before the caller holds any of it.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -33,6 +34,8 @@ class Checkpoint {
   double bytes_read() const { return bytes_read_; }
   std::string dtype_of(const std::string& name) const;
   bool quantised_fp8() const { return fp8_block_ > 0; }
+  // One line on stderr: what was read, how many bytes, in how long, at what rate (the load rate of a run).
+  void report_load(const std::string& what, std::chrono::steady_clock::duration took) const;
 
  private:
   struct Shard;

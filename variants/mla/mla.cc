@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -335,7 +336,14 @@ std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uin
   p->shape = s;
   p->seed = seed;
   p->weights = weights;
-  p->params = weights.empty() ? ref::make_mla_params(m, s.heads, seed) : ref::load_mla_params(Checkpoint(weights), 0);
+  if (weights.empty()) {
+    p->params = ref::make_mla_params(m, s.heads, seed);
+  } else {
+    const Checkpoint checkpoint(weights);
+    const auto started = std::chrono::steady_clock::now();
+    p->params = ref::load_mla_params(checkpoint, 0);
+    checkpoint.report_load("layer 0 attention", std::chrono::steady_clock::now() - started);
+  }
   p->inputs = ref::make_mla_inputs(m, s.batch, s.q_len, s.kv_len, seed);
   last = p;
   return p;

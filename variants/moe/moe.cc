@@ -109,11 +109,15 @@ std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uin
   const int64_t layer = ref::first_moe_layer(m);
   if (!from.empty()) checkpoint = std::make_unique<Checkpoint>(from);
   if (!weights) {
+    const auto started = std::chrono::steady_clock::now();
     auto w = std::make_shared<std::vector<ref::MlpParams>>();
     for (int64_t e = 0; e < s.experts; ++e)
       w->push_back(checkpoint ? ref::load_expert(*checkpoint, layer, e)
                               : ref::make_mlp_params(m, m.moe_intermediate_size, seed, "experts." + std::to_string(e)));
     weights = w;
+    if (checkpoint)
+      checkpoint->report_load("layer " + std::to_string(layer) + "'s " + std::to_string(s.experts) + " routed experts",
+                              std::chrono::steady_clock::now() - started);
   }
   auto p = std::make_shared<Problem>();
   p->model = m;
