@@ -1,0 +1,95 @@
+#include "planner/parallel.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "harness/errors.h"
+
+namespace dslab::planner {
+
+namespace {
+
+constexpr double kBf16 = 2;
+
+void check(const ModelConfig& m, const Parallelism& p) {
+  if (p.gpus < 1) throw BadInput("gpus " + std::to_string(p.gpus) + ": expected at least 1");
+  if (!p.dp_attention && m.num_attention_heads % p.gpus)
+    throw BadInput("tensor-parallel attention over " + std::to_string(p.gpus) + " GPUs: num_attention_heads " +
+                   std::to_string(m.num_attention_heads) + " is not a multiple (use dp_attention)");
+  if (p.ep && m.n_routed_experts % p.gpus)
+    throw BadInput("expert parallel over " + std::to_string(p.gpus) + " GPUs: n_routed_experts " +
+                   std::to_string(m.n_routed_experts) + " is not a multiple");
+}
+
+// Shared experts (and dense MLPs) stay whole on each GPU under DP attention with EP (each GPU runs its own tokens');
+// otherwise they are split as tensor-parallel FFNs.
+bool ffn_replicated(const Parallelism& p) { return p.dp_attention && p.ep; }
+
+double weight_bytes_per_gpu(const ModelConfig& m, const Parallelism& p) {
+  const double H = double(m.hidden_size), heads = double(m.num_attention_heads), g = double(p.gpus);
+  const double qhd = double(m.q_head_dim()), r = double(m.kv_lora_rank), rope = double(m.qk_rope_head_dim);
+  const double head_split = p.dp_attention ? 1 : g;  // the per-head matrices' share a GPU holds
+  // Attention: the latent projections are shared by all heads (replicated); the per-head ones split under TP.
+  double attn = (r + rope) * H + r + 2 * H;  // kv_a_proj_with_mqa, kv_a_layernorm, the layer's two norms
+  if (m.q_lora_rank) {
+    const double ql = double(*m.q_lora_rank);
+    attn += ql * H + ql + heads * qhd * ql / head_split;
+  } else {
+    attn += heads * qhd * H / head_split;
+  }
+  attn += heads * (double(m.qk_nope_head_dim) + double(m.v_head_dim)) * r / head_split;  // kv_b_proj
+  attn += H * heads * double(m.v_head_dim) / head_split;                                 // o_proj
+  const double ffn_split = ffn_replicated(p) ? 1 : g;
+  const double expert = 3 * H * double(m.moe_intermediate_size);
+  const double routed = p.ep ? double(m.n_routed_experts) / g * expert : double(m.n_routed_experts) * expert / g;
+  const double moe = routed + double(m.n_routed_experts) * H + double(m.n_shared_experts) * expert / ffn_split;
+  const double dense = 3 * H * double(m.intermediate_size) / ffn_split;
+  double total = 2 * double(m.vocab_size) * H / g;  // embedding and LM head, split by vocabulary
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) total += attn + (m.is_moe_layer(l) ? moe : dense);
+  return total * kBf16;
+}
+
+}  // namespace
+
+ShardPlan shard_plan(const ModelConfig& m, const Parallelism& p, int64_t batch, int64_t q_len, int64_t kv_len) {
+  check(m, p);
+  ShardPlan s;
+  const int64_t g = p.gpus;
+  s.heads_per_gpu = p.dp_attention ? m.num_attention_heads : m.num_attention_heads / g;
+  s.requests_per_gpu = p.dp_attention ? (batch + g - 1) / g : batch;
+  s.experts_per_gpu = p.ep ? m.n_routed_experts / g : m.n_routed_experts;
+  s.expert_fraction = p.ep ? 1.0 : 1.0 / double(g);
+  s.weight_bytes_per_gpu = weight_bytes_per_gpu(m, p);
+  s.kv_bytes_per_token_layer = double(m.kv_lora_rank + m.qk_rope_head_dim) * kBf16;
+  s.kv_bytes_per_gpu =
+      double(s.requests_per_gpu) * double(kv_len) * double(m.num_hidden_layers) * s.kv_bytes_per_token_layer;
+  if (g == 1) return s;
+  const double tokens = double(batch * q_len), rows = tokens * double(m.hidden_size) * kBf16;
+  const double routed_rows = rows * double(m.num_experts_per_tok);
+  for (int moe = 0; moe < 2; ++moe) {
+    std::vector<Collective>& c = moe ? s.per_moe_layer : s.per_dense_layer;
+    if (!p.dp_attention) {
+      c.push_back({"all_reduce", "attention output (o_proj's partial sums)", rows});
+      c.push_back({"all_reduce", moe ? "MoE output (down_proj's partial sums)" : "MLP output", rows});
+    } else if (moe && p.ep) {
+      c.push_back({"all_to_all", "dispatch: each token to its top-k experts' GPUs", routed_rows});
+      c.push_back({"all_to_all", "combine: the experts' outputs back", routed_rows});
+    } else {
+      c.push_back({"all_gather", "every GPU's tokens before the FFN", rows});
+      c.push_back({"reduce_scatter", "the FFN's partial sums back to each token's GPU", rows});
+    }
+  }
+  return s;
+}
+
+int64_t kv_capacity_requests(const ModelConfig& m, const Parallelism& p, double gpu_bytes, int64_t kv_len) {
+  check(m, p);
+  const double free = gpu_bytes - weight_bytes_per_gpu(m, p);
+  const double per_request =
+      double(kv_len) * double(m.num_hidden_layers) * double(m.kv_lora_rank + m.qk_rope_head_dim) * kBf16;
+  if (free <= 0 || per_request <= 0) return 0;
+  const int64_t per_gpu = int64_t(std::floor(free / per_request));
+  return p.dp_attention ? per_gpu * p.gpus : per_gpu;
+}
+
+}  // namespace dslab::planner

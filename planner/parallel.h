@@ -1,0 +1,50 @@
+// DeepSeek over several GPUs: what each GPU holds and what the collectives move, for attention tensor-parallel (the
+// heads split `gpus` ways, every GPU holding every request's latent cache, since all heads share it) or data-parallel
+// (SGLang's DP attention: whole requests a GPU, the MLA weights replicated), and routed experts tensor-parallel (each
+// expert's intermediate split) or expert-parallel (whole experts a GPU). The plan of one decoder layer's decode step;
+// bytes are bf16, the cache bf16 [kv_lora_rank + qk_rope_head_dim] a token a layer.
+//
+// Collectives per layer (SGLang's placement): TP attention all-reduces o_proj's partial sums [tokens][hidden]; DP
+// attention all-gathers every GPU's tokens before the MoE and reduce-scatters them after; TP MoE (and the shared
+// experts and dense MLPs, split alike) all-reduces its down_proj's partial sums, unless DP attention's reduce-scatter
+// already does; EP MoE after DP attention dispatches each token's hidden state to the GPUs of its top-k experts and
+// combines the outputs back (two all-to-alls), after TP attention all-reduces like TP.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "variants/common/model_config.h"
+
+namespace dslab::planner {
+
+struct Parallelism {
+  int64_t gpus = 1;
+  bool dp_attention = false;  // attention data-parallel (else tensor-parallel over the heads)
+  bool ep = false;            // routed experts expert-parallel (else tensor-parallel)
+};
+
+struct Collective {
+  std::string kind;  // all_reduce | all_gather | reduce_scatter | all_to_all
+  std::string where;
+  double bytes = 0;  // the whole tensor's bytes (an all-to-all: what all GPUs send in total)
+};
+
+struct ShardPlan {
+  int64_t heads_per_gpu = 0;            // attention heads a GPU computes
+  int64_t requests_per_gpu = 0;         // requests whose attention a GPU runs (DP: ceil(batch / gpus))
+  int64_t experts_per_gpu = 0;          // routed experts a GPU holds (whole under EP; every one, a slice, under TP)
+  double expert_fraction = 1;           // of each held expert's weights (1 / gpus under TP)
+  double weight_bytes_per_gpu = 0;      // every layer's weights a GPU holds, embedding and LM head included
+  double kv_bytes_per_token_layer = 0;  // the latent cache of one token in one layer
+  double kv_bytes_per_gpu = 0;          // the batch's cache a GPU holds at kv_len
+  std::vector<Collective> per_moe_layer, per_dense_layer;  // one decode step's collectives
+};
+
+// BadInput unless gpus >= 1 divides num_attention_heads (TP attention) and n_routed_experts (EP).
+ShardPlan shard_plan(const ModelConfig& m, const Parallelism& p, int64_t batch, int64_t q_len, int64_t kv_len);
+// Requests of kv_len cached tokens (every layer) that fit in `gpu_bytes` of each GPU beside its weights, in the whole
+// machine: TP attention's copies of one request on every GPU count once, DP attention's GPUs add up.
+int64_t kv_capacity_requests(const ModelConfig& m, const Parallelism& p, double gpu_bytes, int64_t kv_len);
+
+}  // namespace dslab::planner
