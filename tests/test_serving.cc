@@ -2,6 +2,9 @@
 // metrics' definitions against timelines computed by hand.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "harness/errors.h"
@@ -153,6 +156,76 @@ TEST(ServingMetrics, ScheduledRunGivesConsistentMetrics) {
   EXPECT_DOUBLE_EQ(m.tpot_s.mean, 1.0);
   EXPECT_DOUBLE_EQ(m.itl_s.p99, 1.0);
   EXPECT_GT(m.ttft_s.p99, m.ttft_s.p50);
+}
+
+TEST(RequestSet, DistributionsAreDeterministicAndWithinTheirBounds) {
+  RequestSetSpec spec;
+  spec.requests = 2000;
+  spec.input = {"uniform", 1024, 4096};
+  spec.output = {"fixed", 256, 0};
+  const auto a = request_set(spec, 5), b = request_set(spec, 5), c = request_set(spec, 6);
+  ASSERT_EQ(a.size(), 2000u);
+  int64_t lo = 1 << 30, hi = 0;
+  double mean = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].input_len, b[i].input_len);  // same seed, same set
+    EXPECT_EQ(a[i].output_len, 256);
+    EXPECT_EQ(a[i].arrival_s, 0.0);  // all at once
+    lo = std::min(lo, a[i].input_len), hi = std::max(hi, a[i].input_len);
+    mean += double(a[i].input_len) / double(a.size());
+  }
+  EXPECT_GE(lo, 1024);
+  EXPECT_LE(hi, 4096);
+  EXPECT_LT(lo, 1100);  // the range is covered
+  EXPECT_GT(hi, 4000);
+  EXPECT_NEAR(mean, 2560, 60);
+  bool differs = false;
+  for (size_t i = 0; i < a.size(); ++i) differs |= a[i].input_len != c[i].input_len;
+  EXPECT_TRUE(differs);
+  // Lognormal: the median near exp(mu); Poisson arrivals: mean gap near 1 / rate.
+  spec.input = {"lognormal", std::log(500.0), 0.5};
+  spec.rate = 4;
+  const auto l = request_set(spec, 9);
+  std::vector<double> lengths, gaps;
+  for (size_t i = 0; i < l.size(); ++i) {
+    lengths.push_back(double(l[i].input_len));
+    if (i) gaps.push_back(l[i].arrival_s - l[i - 1].arrival_s);
+  }
+  EXPECT_NEAR(distribution(lengths).p50, 500, 25);
+  EXPECT_NEAR(distribution(gaps).mean, 0.25, 0.02);
+  spec.input = {"uniform", 10, 5};
+  EXPECT_THROW(request_set(spec, 1), BadInput);
+  spec.input = {"zipf", 1, 2};
+  EXPECT_THROW(request_set(spec, 1), BadInput);
+}
+
+TEST(RequestSet, TracesReadAndBadLinesNamed) {
+  const auto path = std::filesystem::temp_directory_path() / "dslab_trace_test.jsonl";
+  std::ofstream(path) << R"({"input_len": 100, "output_len": 20, "arrival_s": 0.5})"
+                      << "\n\n"
+                      << R"({"input_len": 7, "output_len": 1})"
+                      << "\n";
+  const auto t = load_trace(path.string());
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].input_len, 100);
+  EXPECT_EQ(t[0].arrival_s, 0.5);
+  EXPECT_EQ(t[1].arrival_s, 0.0);
+  auto error = [&](const std::string& text) {
+    std::ofstream(path) << text;
+    try {
+      load_trace(path.string());
+    } catch (const BadInput& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error(R"({"input_len": 0, "output_len": 3})").find(":1: field 'input_len'"), std::string::npos);
+  EXPECT_NE(error("{\"input_len\": 3, \"output_len\": 3}\n{\"input_len\": 3, \"outputlen\": 3}")
+                .find(":2: field 'outputlen': unknown"),
+            std::string::npos);
+  EXPECT_NE(error("not json").find("malformed JSON"), std::string::npos);
+  EXPECT_NE(error("").find("no requests"), std::string::npos);
+  std::filesystem::remove(path);
 }
 
 }  // namespace

@@ -1,11 +1,15 @@
 #include "variants/layer/serving.h"
 
 #include <algorithm>
+#include <cmath>
+#include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
 
 #include "harness/errors.h"
+#include "variants/common/rng.h"
 
 namespace dslab::layer {
 
@@ -104,6 +108,89 @@ void Scheduler::complete(double now) {
     s.pages.clear();
     ++finished_;
   }
+}
+
+namespace {
+
+double uniform_open(uint64_t stream, uint64_t i) {  // in (0, 1)
+  return (double(splitmix64(stream + i * 0x9e3779b97f4a7c15ull) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+int64_t draw_length(const LengthDist& d, uint64_t stream, uint64_t i, const std::string& field) {
+  if (d.kind == "fixed") {
+    if (d.a < 1) throw bad_field("request set", field, std::to_string(d.a), "a length of at least 1");
+    return int64_t(d.a);
+  }
+  if (d.kind == "uniform") {
+    if (d.a < 1 || d.b < d.a)
+      throw bad_field("request set", field, "uniform " + std::to_string(d.a) + ".." + std::to_string(d.b),
+                      "1 <= low <= high");
+    return int64_t(d.a) + int64_t(uniform_open(stream, i) * (std::floor(d.b) - std::floor(d.a) + 1));
+  }
+  if (d.kind == "lognormal") {
+    if (d.b < 0) throw bad_field("request set", field, "sigma " + std::to_string(d.b), "sigma >= 0");
+    // Box-Muller from two independent uniforms.
+    const double u1 = uniform_open(stream, 2 * i), u2 = uniform_open(stream, 2 * i + 1);
+    const double z = std::sqrt(-2 * std::log(u1)) * std::cos(2 * M_PI * u2);
+    return std::max<int64_t>(1, std::llround(std::exp(d.a + d.b * z)));
+  }
+  throw bad_field("request set", field, d.kind, "fixed | uniform | lognormal");
+}
+
+}  // namespace
+
+std::vector<RequestSpec> request_set(const RequestSetSpec& spec, uint64_t seed) {
+  if (spec.requests < 1) throw bad_field("request set", "requests", std::to_string(spec.requests), "at least 1");
+  if (spec.rate < 0) throw bad_field("request set", "rate", std::to_string(spec.rate), "requests a second, or 0");
+  const uint64_t in = stream_id(seed, "request_set.input"), out = stream_id(seed, "request_set.output"),
+                 gaps = stream_id(seed, "request_set.arrivals");
+  std::vector<RequestSpec> set;
+  double t = 0;
+  for (int64_t r = 0; r < spec.requests; ++r) {
+    RequestSpec q;
+    q.input_len = draw_length(spec.input, in, uint64_t(r), "input_len");
+    q.output_len = draw_length(spec.output, out, uint64_t(r), "output_len");
+    if (spec.rate > 0 && r > 0) t += -std::log(uniform_open(gaps, uint64_t(r))) / spec.rate;  // exponential gaps
+    q.arrival_s = t;
+    set.push_back(q);
+  }
+  return set;
+}
+
+std::vector<RequestSpec> load_trace(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw BadInput(path + ": cannot open (expected a JSONL trace: a request a line)");
+  std::vector<RequestSpec> set;
+  std::string line;
+  for (int n = 1; std::getline(f, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(n);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      throw BadInput(where + ": malformed JSON (expected {\"input_len\": N, \"output_len\": N, \"arrival_s\": T})");
+    }
+    if (!j.is_object()) throw BadInput(where + ": expected an object");
+    for (const auto& [k, v] : j.items())
+      if (k != "input_len" && k != "output_len" && k != "arrival_s")
+        throw BadInput(where + ": field '" + k + "': unknown (expected input_len, output_len, arrival_s)");
+    RequestSpec q;
+    for (const char* k : {"input_len", "output_len"}) {
+      if (!j.contains(k) || !j.at(k).is_number_integer() || j.at(k).get<int64_t>() < 1)
+        throw bad_field(where, k, j.contains(k) ? j.at(k).dump() : "missing", "a positive integer");
+    }
+    q.input_len = j.at("input_len").get<int64_t>();
+    q.output_len = j.at("output_len").get<int64_t>();
+    if (j.contains("arrival_s")) {
+      if (!j.at("arrival_s").is_number() || j.at("arrival_s").get<double>() < 0)
+        throw bad_field(where, "arrival_s", j.at("arrival_s").dump(), "seconds >= 0");
+      q.arrival_s = j.at("arrival_s").get<double>();
+    }
+    set.push_back(q);
+  }
+  if (set.empty()) throw BadInput(path + ": no requests (expected a JSONL trace: a request a line)");
+  return set;
 }
 
 Distribution distribution(std::vector<double> v) {

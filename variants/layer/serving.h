@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <string>
 #include <vector>
 
 namespace dslab::layer {
@@ -18,6 +19,24 @@ struct RequestSpec {
   int64_t input_len = 0, output_len = 0;
   double arrival_s = 0;
 };
+
+// A request set: lengths from a distribution (fixed: `a`; uniform: integers in [a, b]; lognormal: exp(N(mu = a,
+// sigma = b)) rounded, at least 1) for input and output alike, arriving all at once (rate 0) or as a Poisson process of
+// `rate` requests a second. The same seed gives the same set.
+struct LengthDist {
+  std::string kind = "fixed";  // fixed | uniform | lognormal
+  double a = 1, b = 0;
+};
+struct RequestSetSpec {
+  int64_t requests = 1;
+  LengthDist input, output;
+  double rate = 0;  // requests a second; 0: all at time 0
+};
+// BadInput naming the field for a distribution that makes no sense (a non-positive length, b < a, sigma < 0).
+std::vector<RequestSpec> request_set(const RequestSetSpec& spec, uint64_t seed);
+// A JSONL trace, a request a line: {"input_len": N, "output_len": N, "arrival_s": T} (arrival optional: 0). BadInput
+// naming the file, line and field for anything else.
+std::vector<RequestSpec> load_trace(const std::string& path);
 
 struct SchedulerConfig {
   int64_t max_running = 1;     // concurrency: requests in the batch at once
