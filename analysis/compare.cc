@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <map>
+#include <sstream>
 
 #include "harness/command.h"
 #include "harness/errors.h"
@@ -60,12 +61,9 @@ std::string family_of(const std::string& variant) { return variant.substr(0, var
 // normalizes every run.
 std::vector<std::string> normalizers(const CompareOptions& o) {
   std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= o.normalize.size() && !o.normalize.empty()) {
-    const size_t comma = std::min(o.normalize.find(',', start), o.normalize.size());
-    if (comma > start) out.push_back(o.normalize.substr(start, comma - start));
-    start = comma + 1;
-  }
+  std::stringstream list(o.normalize);
+  for (std::string name; std::getline(list, name, ',');)
+    if (!name.empty()) out.push_back(name);
   return out;
 }
 
@@ -89,12 +87,12 @@ std::map<std::string, Prepared> prepared(const ResultsFile& f, const CompareOpti
   for (const auto& e : f.entries) {
     Prepared p{&e, e.samples_us, e.repetition_medians_us};
     if (!all.empty()) {
-      const std::string norm = normalizer_for(e.variant, all);
-      if (e.variant == norm || std::find(all.begin(), all.end(), e.variant) != all.end()) {
+      if (std::find(all.begin(), all.end(), e.variant) != all.end()) {  // a reference: its own times
         p.normalizer = true;
         out[e.key()] = std::move(p);
         continue;
       }
+      const std::string norm = normalizer_for(e.variant, all);
       const auto it = norm.empty() ? reference.end() : reference.find(norm + "|" + e.model + "|" + e.axes.dump());
       if (it == reference.end()) {
         unmatched.push_back(e.name + " (no " + (norm.empty() ? "normalizer of its family" : norm) +

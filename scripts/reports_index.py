@@ -87,32 +87,24 @@ def index(folder):
     for name, topic in topics().items():
         cmd = '`scripts/reproduce.sh --device %s %s`' % (device, name)
         where = os.path.join(folder, name)
-        if topic.get('calibrate'):
-            path = os.path.join(where, 'machine.json')
-            if not os.path.exists(path):
-                lines.append('| %s | not reproduced on this device yet | | | | | %s |' % (name, cmd))
-                continue
-            with open(path) as f:
-                machine = json.load(f)
-            sha = machine.get('git_sha') or machine.get('cpu', {}).get('git_sha', '?')
-            for spec in topic['headline']:
-                h = calibration_headline(spec, machine)
-                if h:
-                    lines.append('| %s | %s | %s | %s | %s | [machine.json](%s/machine.json) | %s |'
-                                 % (name, spec['label'], h[0], h[1], sha, name, cmd))
-            continue
-        path = os.path.join(where, 'results.json')
+        calibrate = bool(topic.get('calibrate'))
+        set_file = 'machine.json' if calibrate else 'results.json'
+        path = os.path.join(where, set_file)
         if not os.path.exists(path):
             lines.append('| %s | not reproduced on this device yet | | | | | %s |' % (name, cmd))
             continue
         with open(path) as f:
-            results = json.load(f)
-        sha = results['context'].get('git_sha', '?')
+            data = json.load(f)
+        if calibrate:
+            sha, link = data.get('git_sha', '?'), '[machine.json](%s/machine.json)' % name
+        else:
+            sha, link = data['context'].get('git_sha', '?'), '[report](%s/report.md)' % name
         for spec in topic['headline']:
-            h = headline(spec, results)
+            h = calibration_headline(spec, data) if calibrate else headline(spec, data)
+            if calibrate and not h:
+                continue  # (a ceiling this machine has not measured, e.g. no GPU)
             value, point = h if h else ('(no such point in the set)', '')
-            lines.append('| %s | %s | %s | %s | %s | [report](%s/report.md) | %s |'
-                         % (name, spec['label'], value, point, sha, name, cmd))
+            lines.append('| %s | %s | %s | %s | %s | %s | %s |' % (name, spec['label'], value, point, sha, link, cmd))
     with open(os.path.join(folder, 'README.md.partial'), 'w') as f:
         f.write('\n'.join(lines) + '\n')
     os.replace(os.path.join(folder, 'README.md.partial'), os.path.join(folder, 'README.md'))

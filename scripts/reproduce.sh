@@ -54,11 +54,12 @@ mkdir -p "$scratch"
 machine=reports/$device/calibration/machine.json
 [ -f "$machine" ] || machine=${DSLAB_MACHINE:-$HOME/.cache/dslab/machine.json}
 
-publish() {  # publish TOPIC: the topic's scratch set into reports/<device>/<topic>/ (replaced whole)
+publish() {  # publish TOPIC FILE...: those files and the plots of the topic's scratch set into reports/<device>/<topic>/
   local topic=$1 dest=reports/$device/$1
+  shift
   [ $clean = 1 ] || return 0
   rm -rf "$dest.partial" && mkdir -p "$dest.partial"
-  cp "$scratch/$topic/"{results.json,report.md} "$dest.partial/" 2>/dev/null || cp "$scratch/$topic/machine.json" "$dest.partial/"
+  for f in "$@"; do cp "$scratch/$topic/$f" "$dest.partial/"; done
   if ls "$scratch/$topic/plots/"*.png >/dev/null 2>&1; then mkdir -p "$dest.partial/plots"; cp "$scratch/$topic/plots/"*.png "$dest.partial/plots/"; fi
   rm -rf "$dest" && mv "$dest.partial" "$dest"
   say "$topic: written to $dest"
@@ -75,7 +76,7 @@ for topic in "${topics[@]}"; do
     say "$topic: dslab calibrate --repeat ${CALIBRATE_REPEAT:-3}"
     "$dslab" calibrate --repeat "${CALIBRATE_REPEAT:-3}" --out "$out/machine.json" >"$out/calibrate.log" 2>&1 ||
       { say "$topic: calibrate failed (see $out/calibrate.log)"; status=1; continue; }
-    publish "$topic"
+    publish "$topic" machine.json
     [ $clean = 1 ] && machine=reports/$device/calibration/machine.json || machine=$out/machine.json
   else
     sweep=${words[0]} needs_gpu=${words[1]}
@@ -92,7 +93,7 @@ for topic in "${topics[@]}"; do
     "$dslab" report "$out/results.json" --out "$out" >/dev/null
     "$python" scripts/plot.py "$out/results.json" --out "$out/plots" >/dev/null 2>&1 || say "$topic: plots failed (matplotlib?)"
     if [ $rc != 0 ]; then say "$topic: dslab run exit $rc (a failed verification?): not published"; status=1; continue; fi
-    publish "$topic"
+    publish "$topic" results.json report.md
   fi
   say "$topic: $(( $(date +%s) - started )) s"
 done

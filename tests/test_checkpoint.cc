@@ -17,6 +17,7 @@
 
 #include "harness/errors.h"
 #include "variants/common/checkpoint.h"
+#include "tests/test_util.h"
 #include "variants/reference/model.h"
 
 namespace dslab {
@@ -147,21 +148,6 @@ namespace {
 // dslab run --weights: the CPU MLA forms on a checkpoint's first layer and a CPU MoE engine on its first MoE layer
 // (router, bias and experts: fp8 dequantised), verified; a variant that does not read weights skipped with its reason;
 // a bad checkpoint one line, exit 2, no results.
-struct Cli {
-  int status;
-  std::string err;
-};
-Cli run_dslab(const std::string& args) {
-  const char* env = std::getenv("DSLAB_BINARY");
-  const std::string bin = env ? env : DSLAB_BINARY;
-  const fs::path err = fs::temp_directory_path() / ("dslab_weights_err_" + std::to_string(::getpid()));
-  const int rc = std::system((bin + " " + args + " >/dev/null 2>" + err.string()).c_str());
-  std::ifstream f(err);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, ss.str()};
-}
-
 TEST(CheckpointCli, WeightsRunTheCpuFormsAndExpertsOnTheCheckpoints) {
   const fs::path out = fs::temp_directory_path() / ("dslab_weights_out_" + std::to_string(::getpid()));
   fs::remove_all(out);
@@ -170,8 +156,8 @@ TEST(CheckpointCli, WeightsRunTheCpuFormsAndExpertsOnTheCheckpoints) {
       {"name": "mla", "variants": ["mla/a_cc_me/cpu", "mla/cd/cpu"], "axes": {"batch": [2], "kv_len": [40]}},
       {"name": "moe", "variants": ["moe/onednn/cpu"], "axes": {"tokens": [4], "routing": ["model"]}},
       {"name": "sparse", "variants": ["sparse/oracle/cpu"], "axes": {"kv_len": [1024], "budget": [256]}}]})";
-  const Cli r = run_dslab("run " + sweep.string() + " --weights " + kData +
-                          "v3 --min-samples 2 --min-time 0 --timeout 0.2 --out " + out.string());
+  const test::CliRun r = test::run_cli(
+      "run " + sweep.string() + " --weights " + kData + "v3 --min-samples 2 --min-time 0 --timeout 0.2", out);
   fs::remove(sweep);
   ASSERT_EQ(r.status, 0) << r.err;
   const auto j = nlohmann::json::parse(std::ifstream(out / "results.json"));
@@ -188,23 +174,14 @@ TEST(CheckpointCli, WeightsRunTheCpuFormsAndExpertsOnTheCheckpoints) {
 
 TEST(CheckpointCli, BadCheckpointIsOneLineAndExitTwo) {
   const fs::path dir = fs::temp_directory_path() / ("dslab_weights_bad_" + std::to_string(::getpid()));
-  const fs::path out = dir.string() + "-out";
   fs::remove_all(dir);
-  fs::remove_all(out);
   fs::copy(kData + "v2", dir);
   fs::resize_file(dir / "model-00002-of-00002.safetensors", 5000);
-  const Cli r =
-      run_dslab("run --weights " + dir.string() + " --variant mla/a_cc_me/cpu --axis kv_len=8 --out " + out.string());
-  EXPECT_EQ(r.status, 2) << r.err;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  EXPECT_NE(r.err.find("model-00002-of-00002.safetensors"), std::string::npos) << r.err;
-  EXPECT_FALSE(fs::exists(out / "results.json"));
-  const Cli both =
-      run_dslab("run --weights " + dir.string() + " --model tiny --variant mla/a_cc_me/cpu --out " + out.string());
-  EXPECT_EQ(both.status, 2) << both.err;
-  EXPECT_NE(both.err.find("--model and --weights"), std::string::npos) << both.err;
+  test::expect_bad_input("run --weights " + dir.string() + " --variant mla/a_cc_me/cpu --axis kv_len=8",
+                         "model-00002-of-00002.safetensors");
+  test::expect_bad_input("run --weights " + dir.string() + " --model tiny --variant mla/a_cc_me/cpu",
+                         "--model and --weights");
   fs::remove_all(dir);
-  fs::remove_all(out);
 }
 
 }  // namespace

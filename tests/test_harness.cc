@@ -18,10 +18,16 @@
 #endif
 #include "harness/results.h"
 #include "harness/sweep.h"
+#include "tests/test_util.h"
 
 namespace dslab {
 namespace {
 namespace fs = std::filesystem;
+using test::CliRun;
+using test::dslab_binary;
+using test::expect_bad_input;
+using test::run_cli;
+using test::test_name;
 
 TEST(HostActivity, ProcStatLineAndOthersShare) {
   double busy = 0, steal = 0;
@@ -281,40 +287,6 @@ TEST(Results, RepetitionsCarryTheirIndexAndGoogleBenchmarksAggregates) {
 
 // ---- bad input through the command line: exit 2, one line on stderr, no results.json ----
 
-struct CliRun {
-  int status;
-  std::string err;
-};
-
-// ctest runs tests in parallel: every file a test touches is named after the test.
-std::string test_name() { return ::testing::UnitTest::GetInstance()->current_test_info()->name(); }
-
-// The dslab binary: $DSLAB_BINARY (on the device machine, the bundled one), else the one built beside the tests.
-std::string dslab_binary() {
-  const char* env = std::getenv("DSLAB_BINARY");
-  return env ? env : DSLAB_BINARY;
-}
-
-CliRun run_cli(const std::string& args, const fs::path& out) {
-  const fs::path err_file = fs::temp_directory_path() / ("dslab_cli_err_" + test_name() + ".txt");
-  const std::string cmd = dslab_binary() + " " + args + " --out " + out.string() + " >/dev/null 2>" + err_file.string();
-  const int rc = std::system(cmd.c_str());
-  std::ifstream f(err_file);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, ss.str()};
-}
-
-void expect_bad_input(const std::string& args, const std::string& expect_in_message) {
-  const fs::path out = fs::temp_directory_path() / ("dslab_cli_out_" + test_name());
-  fs::remove_all(out);
-  const CliRun r = run_cli(args, out);
-  EXPECT_EQ(r.status, 2) << args << "\n" << r.err;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line: " << r.err;
-  EXPECT_NE(r.err.find(expect_in_message), std::string::npos) << r.err;
-  EXPECT_FALSE(fs::exists(out / "results.json")) << args;
-}
-
 fs::path write_temp(const std::string& name, const std::string& text) {
   const fs::path p = fs::temp_directory_path() / name;
   std::ofstream(p) << text;
@@ -410,6 +382,7 @@ TEST(Cli, AnUnverifiedSuiteSaysSoEverywhere) {
 
 namespace dslab {
 namespace {
+using test::dslab_binary;
 
 // `dslab report` of these results, written as a run would write them: its report.md (empty if the report failed).
 std::string report_of(const std::vector<PointResult>& results) {

@@ -2,20 +2,15 @@
 // sizes, KV capacity - against counts made independently (the reference's own tensors) and by hand.
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <nlohmann/json.hpp>
-
 #include "harness/errors.h"
 #include "planner/parallel.h"
+#include "tests/test_util.h"
 #include "variants/reference/reference.h"
 
 namespace dslab::planner {
 namespace {
 
-ModelConfig model(const std::string& name) {
-  const std::string path = std::string(DSLAB_SOURCE_DIR) + "/workloads/models/" + name + ".json";
-  return parse_model_config(nlohmann::json::parse(std::ifstream(path)), name, path);
-}
+using test::model;
 
 TEST(Parallel, OneGpuHoldsEveryWeightTheReferenceMakes) {
   const ModelConfig m = model("tiny");

@@ -58,6 +58,25 @@ float e4m3_to_float(uint8_t v) {
   return exp == 0 ? sign * std::ldexp(float(man), -9) : sign * std::ldexp(1.0f + float(man) / 8.0f, exp - 7);
 }
 
+// One stored element to float, by dtype.
+using Decode = float (*)(const uint8_t*);
+float decode_f32(const uint8_t* q) {
+  float f;
+  std::memcpy(&f, q, 4);
+  return f;
+}
+float decode_bf16(const uint8_t* q) {
+  uint16_t h;
+  std::memcpy(&h, q, 2);
+  return to_float(bf16{h});
+}
+float decode_f16(const uint8_t* q) {
+  uint16_t h;
+  std::memcpy(&h, q, 2);
+  return f16_to_float(h);
+}
+float decode_e4m3(const uint8_t* q) { return e4m3_to_float(*q); }
+
 }  // namespace
 
 // One mapped shard: the header's length, its tensors' data after it.
@@ -198,30 +217,24 @@ std::vector<float> Checkpoint::values(const std::string& name, const std::vector
   const Tensor& t = find(name, shape);
   const size_t n = (t.end - t.begin) / element_bytes(t.dtype);
   const uint8_t* p = data(t);
+  // Each element's decoding, chosen once for the tensor (not per element).
+  const Decode decode = t.dtype == "F32"    ? decode_f32
+                        : t.dtype == "BF16" ? decode_bf16
+                        : t.dtype == "F16"  ? decode_f16
+                                            : decode_e4m3;
+  const size_t stride = element_bytes(t.dtype);
   std::vector<float> out(n);
 #pragma omp parallel for schedule(static) if (n > (1u << 20))
-  for (size_t i = 0; i < n; ++i) {
-    if (t.dtype == "F32") {
-      std::memcpy(&out[i], p + 4 * i, 4);
-    } else if (t.dtype == "BF16") {
-      uint16_t h;
-      std::memcpy(&h, p + 2 * i, 2);
-      out[i] = to_float(bf16{h});
-    } else if (t.dtype == "F16") {
-      uint16_t h;
-      std::memcpy(&h, p + 2 * i, 2);
-      out[i] = f16_to_float(h);
-    } else {
-      out[i] = e4m3_to_float(p[i]);
-    }
-  }
+  for (size_t i = 0; i < n; ++i) out[i] = decode(p + stride * i);
   bytes_read_ += double(t.end - t.begin);
   if (t.dtype == "F8_E4M3") {
     // w = e4m3 x weight_scale_inv of the weight's 128 x 128 block (DeepSeek-V3's fp8 layout).
-    const std::string scale_name = name.substr(0, name.size() - std::string("weight").size()) + "weight_scale_inv";
-    if (shape.size() != 2 || name.size() < 6 || name.compare(name.size() - 6, 6, "weight") != 0 || !fp8_block_)
+    const std::string suffix = "weight";
+    if (shape.size() != 2 || name.size() < suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0 || !fp8_block_)
       throw BadInput(t.shard->path + ": tensor '" + name +
                      "': F8_E4M3 where the config has no fp8 quantization_config: expected BF16, F16 or F32");
+    const std::string scale_name = name.substr(0, name.size() - suffix.size()) + "weight_scale_inv";
     const int64_t block = fp8_block_, rows = (shape[0] + block - 1) / block, cols = (shape[1] + block - 1) / block;
     const std::vector<float> scale = values(scale_name, {rows, cols});
     for (int64_t i = 0; i < shape[0]; ++i)

@@ -107,7 +107,8 @@ std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uin
   last.reset();
   std::unique_ptr<Checkpoint> checkpoint;
   const int64_t layer = ref::first_moe_layer(m);
-  if (!from.empty()) checkpoint = std::make_unique<Checkpoint>(from);
+  if (!from.empty() && (!weights || s.routing == "model"))  // (the experts kept from the last point need no reading)
+    checkpoint = std::make_unique<Checkpoint>(from);
   if (!weights) {
     const auto started = std::chrono::steady_clock::now();
     auto w = std::make_shared<std::vector<ref::MlpParams>>();
