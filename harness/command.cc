@@ -77,4 +77,14 @@ Args parse_args(int argc, char** argv, int first, const std::vector<std::string>
   return a;
 }
 
+std::string joined_command_line(int argc, char** argv) {
+  std::string s;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    const bool quote = a.find_first_of(" \t'\"$") != std::string::npos;
+    s += (i ? " " : "") + (quote ? "'" + a + "'" : a);
+  }
+  return s;
+}
+
 }  // namespace dslab

@@ -27,6 +27,9 @@ struct Args {
   std::string one(const std::string& k, const std::string& fallback = "") const;  // BadInput if repeated
   double number(const std::string& k, double fallback, double min) const;         // BadInput if not a number >= min
 };
+// The command line as one string, arguments with spaces or quotes quoted (results' context.command_line).
+std::string joined_command_line(int argc, char** argv);
+
 Args parse_args(int argc, char** argv, int first, const std::vector<std::string>& flags,
                 const std::vector<std::string>& valued);
 

@@ -105,16 +105,6 @@ Prints every registered variant: name (family/algorithm/backend), device, whethe
 machine (or why not), and what it is.
 )";
 
-std::string joined_command_line(int argc, char** argv) {
-  std::string s;
-  for (int i = 0; i < argc; ++i) {
-    std::string a = argv[i];
-    const bool quote = a.find_first_of(" \t'\"$") != std::string::npos;
-    s += (i ? " " : "") + (quote ? "'" + a + "'" : a);
-  }
-  return s;
-}
-
 std::string file_safe(std::string s) {
   for (auto& c : s)
     if (c == '/' || c == ':') c = '_';

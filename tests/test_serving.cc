@@ -1,4 +1,4 @@
-// Continuous batching's plan (variants/layer/serving.h): admission, chunked prefill, page accounting, and the serving
+// Continuous batching's plan (harness/serving.h): admission, chunked prefill, page accounting, and the serving
 // metrics' definitions against timelines computed by hand.
 #include <gtest/gtest.h>
 
@@ -8,9 +8,9 @@
 #include <set>
 
 #include "harness/errors.h"
-#include "variants/layer/serving.h"
+#include "harness/serving.h"
 
-namespace dslab::layer {
+namespace dslab::serving {
 namespace {
 
 // Runs the scheduler with every step taking `step_s`, idle time skipped to the next arrival; checks the page
@@ -229,4 +229,4 @@ TEST(RequestSet, TracesReadAndBadLinesNamed) {
 }
 
 }  // namespace
-}  // namespace dslab::layer
+}  // namespace dslab::serving

@@ -226,7 +226,7 @@ std::vector<float> Checkpoint::values(const std::string& name, const std::vector
   std::vector<float> out(n);
 #pragma omp parallel for schedule(static) if (n > (1u << 20))
   for (size_t i = 0; i < n; ++i) out[i] = decode(p + stride * i);
-  bytes_read_ += double(t.end - t.begin);
+  bytes_read_ += t.end - t.begin;
   if (t.dtype == "F8_E4M3") {
     // w = e4m3 x weight_scale_inv of the weight's 128 x 128 block (DeepSeek-V3's fp8 layout).
     const std::string suffix = "weight";
@@ -245,16 +245,28 @@ std::vector<float> Checkpoint::values(const std::string& name, const std::vector
 }
 
 std::vector<bf16> Checkpoint::bf16_tensor(const std::string& name, const std::vector<int64_t>& shape) const {
-  const std::vector<float> v = values(name, shape);
-  std::vector<bf16> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = to_bf16(v[i]);
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<bf16> out(size_t(std::max<int64_t>(n, 0)));
+  read_bf16(name, shape, out.data());
   return out;
+}
+
+void Checkpoint::read_bf16(const std::string& name, const std::vector<int64_t>& shape, bf16* out) const {
+  const Tensor& t = find(name, shape);
+  if (t.dtype == "BF16") {  // as stored: a copy out of the mapping (the page cache or the disk's read-ahead)
+    std::memcpy(out, data(t), t.end - t.begin);
+    bytes_read_ += t.end - t.begin;
+    return;
+  }
+  const std::vector<float> v = values(name, shape);
+  for (size_t i = 0; i < v.size(); ++i) out[i] = to_bf16(v[i]);
 }
 
 void Checkpoint::report_load(const std::string& what, std::chrono::steady_clock::duration took) const {
   const double s = std::chrono::duration<double>(took).count();
   std::fprintf(stderr, "weights: %s from %s: %.1f MB read in %.2f s (%.2f GB/s)%s\n", what.c_str(), dir_.c_str(),
-               bytes_read_ / 1e6, s, s > 0 ? bytes_read_ / s / 1e9 : 0.0, fp8_block_ ? ", fp8 dequantised" : "");
+               bytes_read() / 1e6, s, s > 0 ? bytes_read() / s / 1e9 : 0.0, fp8_block_ ? ", fp8 dequantised" : "");
 }
 
 std::vector<float> Checkpoint::f32_tensor(const std::string& name, const std::vector<int64_t>& shape) const {

@@ -5,6 +5,7 @@
 // malformed file, a tensor missing or of the wrong shape or dtype, a shard shorter than its header says - is
 // BadInput naming the file and the tensor, thrown before the caller holds any of it.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -29,9 +30,11 @@ class Checkpoint {
   bool has(const std::string& name) const { return tensors_.count(name) > 0; }
   // The tensor `name`, which must have exactly `shape`, as bf16 (fp8 dequantised by its block scales).
   std::vector<bf16> bf16_tensor(const std::string& name, const std::vector<int64_t>& shape) const;
+  // The same into `out` (the tensor's element count of them). Safe to call from several threads at once.
+  void read_bf16(const std::string& name, const std::vector<int64_t>& shape, bf16* out) const;
   std::vector<float> f32_tensor(const std::string& name, const std::vector<int64_t>& shape) const;
   // Bytes of tensor data read so far (for a load rate) and the stored dtype of a tensor ("BF16", "F8_E4M3", ...).
-  double bytes_read() const { return bytes_read_; }
+  double bytes_read() const { return double(bytes_read_.load()); }
   std::string dtype_of(const std::string& name) const;
   bool quantised_fp8() const { return fp8_block_ > 0; }
   // One line on stderr: what was read, how many bytes, in how long, at what rate (the load rate of a run).
@@ -54,7 +57,7 @@ class Checkpoint {
   int64_t fp8_block_ = 0;  // quantization_config.weight_block_size (128) where the weights are fp8
   std::vector<std::unique_ptr<Shard>> shards_;
   std::map<std::string, Tensor> tensors_;
-  mutable double bytes_read_ = 0;
+  mutable std::atomic<uint64_t> bytes_read_{0};
 };
 
 }  // namespace dslab

@@ -65,6 +65,30 @@ MlpParams load_expert(const Checkpoint& c, int64_t layer, int64_t expert) {
                   m.hidden_size, m.moe_intermediate_size);
 }
 
+LayerParams load_layer_params(const Checkpoint& c, int64_t l, bool lazy_experts) {
+  const ModelConfig& m = c.config();
+  const int64_t H = m.hidden_size;
+  const std::string L = "model.layers." + std::to_string(l) + ".";
+  LayerParams lp;
+  lp.input_layernorm = c.bf16_tensor(L + "input_layernorm.weight", {H});
+  lp.post_attention_layernorm = c.bf16_tensor(L + "post_attention_layernorm.weight", {H});
+  lp.attn = load_mla_params(c, l);
+  const std::string M = L + "mlp.";
+  if (!m.is_moe_layer(l)) {
+    lp.dense = load_mlp(c, M, H, m.intermediate_size);
+    return lp;
+  }
+  lp.moe.gate = load_router(c, l);
+  lp.moe.e_score_correction_bias = load_router_bias(c, l);
+  if (lazy_experts)
+    lp.moe.make_expert = [&c, l](int e) { return load_expert(c, l, e); };
+  else
+    for (int64_t e = 0; e < m.n_routed_experts; ++e) lp.moe.experts.push_back(load_expert(c, l, e));
+  if (m.n_shared_experts > 0)
+    lp.moe.shared = load_mlp(c, M + "shared_experts.", H, m.moe_intermediate_size * m.n_shared_experts);
+  return lp;
+}
+
 ModelParams load_model_params(const Checkpoint& c) {
   const ModelConfig& m = c.config();
   const int64_t H = m.hidden_size, V = m.vocab_size;
@@ -73,24 +97,7 @@ ModelParams load_model_params(const Checkpoint& c) {
   p.embed_tokens = c.bf16_tensor("model.embed_tokens.weight", {V, H});
   p.norm = c.bf16_tensor("model.norm.weight", {H});
   p.lm_head = c.bf16_tensor("lm_head.weight", {V, H});
-  for (int64_t l = 0; l < m.num_hidden_layers; ++l) {
-    const std::string L = "model.layers." + std::to_string(l) + ".";
-    LayerParams lp;
-    lp.input_layernorm = c.bf16_tensor(L + "input_layernorm.weight", {H});
-    lp.post_attention_layernorm = c.bf16_tensor(L + "post_attention_layernorm.weight", {H});
-    lp.attn = load_mla_params(c, l);
-    const std::string M = L + "mlp.";
-    if (!m.is_moe_layer(l)) {
-      lp.dense = load_mlp(c, M, H, m.intermediate_size);
-    } else {
-      lp.moe.gate = load_router(c, l);
-      lp.moe.e_score_correction_bias = load_router_bias(c, l);
-      for (int64_t e = 0; e < m.n_routed_experts; ++e) lp.moe.experts.push_back(load_expert(c, l, e));
-      if (m.n_shared_experts > 0)
-        lp.moe.shared = load_mlp(c, M + "shared_experts.", H, m.moe_intermediate_size * m.n_shared_experts);
-    }
-    p.layers.push_back(std::move(lp));
-  }
+  for (int64_t l = 0; l < m.num_hidden_layers; ++l) p.layers.push_back(load_layer_params(c, l));
   return p;
 }
 

@@ -22,6 +22,9 @@ struct ModelParams {
 // routed experts mlp.experts.E.*, shared mlp.shared_experts.*); fp8 weights dequantised by their block scales.
 // BadInput (file and tensor named) for anything missing or mis-shaped, before any layer is used.
 ModelParams load_model_params(const Checkpoint& checkpoint);
+// One decoder layer's; lazy_experts: the routed experts read when the reference reaches them (MoeParams::make_expert,
+// which then refers to `checkpoint`).
+LayerParams load_layer_params(const Checkpoint& checkpoint, int64_t layer, bool lazy_experts = false);
 // One layer's attention weights (all num_attention_heads heads).
 MlaParams load_mla_params(const Checkpoint& checkpoint, int64_t layer);
 // The first layer with routed experts (first_k_dense_replace, moe_layer_freq), its router and one routed expert.

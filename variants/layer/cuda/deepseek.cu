@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "variants/layer/cuda/norms.h"
 #include "variants/layer/cuda/plan.h"
 #include "variants/layer/ops.h"
+#include "variants/reference/model.h"
 
 namespace dslab::layer::cuda {
 
@@ -52,6 +54,63 @@ int64_t batch_bucket(int64_t batch) {
   int64_t b = 1;
   while (b < batch) b *= 2;
   return b;
+}
+
+// ---- weights ----------------------------------------------------------------------------------------------------
+
+void make_layer_weights(const ModelConfig& m, int64_t layer, uint64_t seed, LayerWeights* w) {
+  const int64_t H = m.hidden_size;
+  w->seed = layer_seed(seed, layer);
+  w->input_layernorm.resize(size_t(H));
+  w->post_attention_layernorm.resize(size_t(H));
+  fill_random_bf16(w->input_layernorm.get(), size_t(H), w->seed, "input_layernorm", 0.1f, 1.0f);
+  fill_random_bf16(w->post_attention_layernorm.get(), size_t(H), w->seed, "post_attention_layernorm", 0.1f, 1.0f);
+  mla::cuda::generate_mla_weights(m, m.num_attention_heads, w->seed, &w->attn);
+  if (!m.is_moe_layer(layer)) {
+    moe::cuda::generate_mlp_weights(m, m.intermediate_size, w->seed, "mlp", &w->dense);
+    return;
+  }
+  int64_t ordinal = 0;  // the layer's place among the MoE layers: its expert set's seed, as the layer step's
+  for (int64_t i = 0; i < layer; ++i) ordinal += m.is_moe_layer(i) ? 1 : 0;
+  w->moe_seed = moe_set_seed(seed, ordinal);
+  auto mw = std::make_shared<moe::cuda::MoeWeights>();
+  moe::cuda::generate_moe_weights(m, m.n_routed_experts, w->moe_seed, mw.get());
+  w->moe = mw;
+}
+
+void load_layer_weights(const Checkpoint& c, int64_t layer, LayerWeights* w) {
+  const ModelConfig& m = c.config();
+  const int64_t H = m.hidden_size;
+  const std::string L = "model.layers." + std::to_string(layer) + ".";
+  w->input_layernorm.upload(c.bf16_tensor(L + "input_layernorm.weight", {H}));
+  w->post_attention_layernorm.upload(c.bf16_tensor(L + "post_attention_layernorm.weight", {H}));
+  mla::cuda::upload_mla_weights(m, ref::load_mla_params(c, layer), &w->attn);
+  if (!m.is_moe_layer(layer)) {
+    moe::cuda::load_mlp_weights(c, L + "mlp.", m.intermediate_size, &w->dense);
+    return;
+  }
+  auto mw = std::make_shared<moe::cuda::MoeWeights>();
+  moe::cuda::load_moe_weights(c, layer, mw.get());
+  w->moe = mw;
+}
+
+void make_model_ends(const ModelConfig& m, uint64_t seed, DeviceArray<__nv_bfloat16>* embed,
+                     DeviceArray<__nv_bfloat16>* norm, DeviceArray<__nv_bfloat16>* lm_head) {
+  const int64_t H = m.hidden_size, V = m.vocab_size;
+  embed->resize(size_t(V * H));
+  fill_random_bf16(embed->get(), embed->size(), seed, "embed_tokens", kUnitScale);
+  norm->resize(size_t(H));
+  fill_random_bf16(norm->get(), size_t(H), seed, "norm", 0.1f, 1.0f);
+  lm_head->resize(size_t(V * H));
+  fill_random_bf16(lm_head->get(), lm_head->size(), seed, "lm_head", fan_in_scale(H));
+}
+
+void load_model_ends(const Checkpoint& c, DeviceArray<__nv_bfloat16>* embed, DeviceArray<__nv_bfloat16>* norm,
+                     DeviceArray<__nv_bfloat16>* lm_head) {
+  const int64_t H = c.config().hidden_size, V = c.config().vocab_size;
+  embed->upload(c.bf16_tensor("model.embed_tokens.weight", {V, H}));
+  norm->upload(c.bf16_tensor("model.norm.weight", {H}));
+  lm_head->upload(c.bf16_tensor("lm_head.weight", {V, H}));
 }
 
 // ---- the variant ---------------------------------------------------------------------------------------------
@@ -200,13 +259,24 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
   off_ids_ = off_ids;
   off_step_ = off_step;
 
-  // Weights, generated on the device with the reference's values; MoE sets reused cyclically if they must be.
+  // Weights: a checkpoint's (every MoE layer its own experts: the plan refuses a point that would reuse them), or
+  // generated on the device with the reference's values, MoE sets reused cyclically if they must be.
+  checkpoint_.reset();
+  if (!model.weights.empty()) checkpoint_ = std::make_unique<Checkpoint>(model.weights);
+  const auto load_began = std::chrono::steady_clock::now();
   weights_.resize(size_t(L));
   std::vector<std::shared_ptr<const moe::cuda::MoeWeights>> sets;
   int64_t moe_ordinal = 0;
   for (int64_t i = 0; i < L; ++i) {
     const int64_t layer = P.first + i;
     LayerWeights& w = weights_[size_t(i)];
+    if (checkpoint_) {
+      load_layer_weights(*checkpoint_, layer, &w);
+      w.seed = layer_seed(seed, layer);  // (the cache's streams)
+      std::fprintf(stderr, "\rweights: layer %lld of %lld read", static_cast<long long>(i + 1),
+                   static_cast<long long>(L));
+      continue;
+    }
     w.seed = layer_seed(seed, layer);
     w.input_layernorm.resize(size_t(H));
     w.post_attention_layernorm.resize(size_t(H));
@@ -239,18 +309,22 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
     }
   }
   if (P.whole) {
-    embed_.resize(size_t(m_.vocab_size * H));
-    fill_random_bf16(embed_.get(), embed_.size(), seed, "embed_tokens", kUnitScale);
-    final_norm_.resize(size_t(H));
-    fill_random_bf16(final_norm_.get(), size_t(H), seed, "norm", 0.1f, 1.0f);
-    lm_head_.resize(size_t(m_.vocab_size * H));
-    fill_random_bf16(lm_head_.get(), lm_head_.size(), seed, "lm_head", fan_in_scale(H));
+    if (checkpoint_)
+      load_model_ends(*checkpoint_, &embed_, &final_norm_, &lm_head_);
+    else
+      make_model_ends(m_, seed, &embed_, &final_norm_, &lm_head_);
     logits_.resize(size_t(T * m_.vocab_size));
   } else {
     inputs_.resize(size_t(P.steps * T * H));
     for (int64_t s = 0; s < P.steps; ++s)
       fill_random_bf16(inputs_.get() + s * T * H, size_t(T * H), seed, "layer_inputs.s" + std::to_string(s),
                        kUnitScale);
+  }
+  if (checkpoint_) {
+    std::fprintf(stderr, "\n");
+    checkpoint_->report_load(P.whole ? "the whole model" : std::to_string(L) + " layers",
+                             std::chrono::steady_clock::now() - load_began);
+    load_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_began).count();
   }
   resid_.resize(size_t(T * H));
   attn_out_.resize(size_t(T * H));
@@ -465,112 +539,166 @@ std::vector<std::vector<float>> DeepseekLayerCuda::recorded_steps() const {
 
 Verification DeepseekLayerCuda::verify() {
   const Plan& P = *plan_;
-  // The first step of a run, again: its output depends only on the cache before it (later steps are checked
-  // graph replay against eager in the tests).
-  const bool recording = record_;
-  record_ = false;
-  enqueue_step(0, 0);
-  record_ = recording;
-  const int64_t S = P.q_len, H = m_.hidden_size, width = output_width();
-  host_out_.resize(size_t(P.tokens() * width));
-  DSLAB_CUDA(cudaDeviceSynchronize());
-  DSLAB_CUDA(cudaMemcpy(host_out_.data(), P.whole ? logits_.get() : resid_.get(), host_out_.size() * 4,
-                        cudaMemcpyDeviceToHost));
-  // Requests verified: the first, and the last where the reference of the stack is cheap.
-  std::vector<int64_t> requests = {0};
-  if (P.batch > 1 && P.layers <= 4) requests.push_back(P.batch - 1);
-  // Each MoE layer's routing in this step: the reference follows it (near-ties between experts flip with the
-  // last bit of an input, and a flip in one layer changes everything after it), and checks each place it differs
-  // is a near-tie.
-  std::vector<std::vector<int32_t>> routing(moe_.size());
-  for (size_t j = 0; j < moe_.size(); ++j) {
-    std::vector<float> unused;
-    moe_[j]->routing(&routing[j], &unused);
-  }
-  ref::MoeParams::RoutingCheck check;
-  std::vector<float> got;
-  std::vector<double> want;
+  const int64_t S = P.q_len, H = m_.hidden_size, width = output_width(), B = P.batch, V = m_.vocab_size;
+  const int64_t r = m_.kv_lora_rank, rope = m_.qk_rope_head_dim, K = m_.num_experts_per_tok;
+  // Verified: every request of the batch (the bucket's padding aside) at the run's first two steps, the second
+  // attending the keys the first wrote. The steps are run again (each step's output depends only on the cache before
+  // it and the step's fixed inputs; later steps are checked graph replay against eager in the tests). The fp64
+  // reference runs the whole batch through each layer at once, its weights made or read once a layer.
+  verified_steps_ = std::min<int64_t>(P.steps, 2);
+  verified_requests_ = B;
   // A long chunk is checked on kVerifiedRows of its new tokens, evenly spread (the first and last among them): the
   // reference makes every token's key in every layer but the last layer's queries, attention and MLP / MoE only for
   // those (fp64 over all 8192 tokens of a prefill chunk took ~50 s a point on the device's CPU).
   std::vector<int64_t> sample;
   if (S > kVerifiedRows)
     for (int64_t i = 0; i < kVerifiedRows; ++i) sample.push_back(i * (S - 1) / (kVerifiedRows - 1));
-  for (int64_t b : requests) {
-    size_t moe_index = 0;
-    std::vector<double> x(size_t(S * H));
-    for (int64_t s = 0; s < S; ++s) {
-      const int64_t t = b * S + s;
-      const auto row = P.whole ? host_random_rows(seed_, "embed_tokens",
-                                                  int64_t(token_id(seed_, 0, t, m_.vocab_size)) * H, H, kUnitScale)
-                               : host_random_rows(seed_, "layer_inputs.s0", t * H, H, kUnitScale);
-      std::copy(row.begin(), row.end(), x.begin() + s * H);
+  std::vector<int64_t> rows;  // the rows verified of each request: all, or the sample
+  if (sample.empty())
+    for (int64_t s = 0; s < S; ++s) rows.push_back(s);
+  else
+    rows = sample;
+  std::vector<bf16> embed, norm, head;  // the model's ends (whole model)
+  if (P.whole) {
+    norm = checkpoint_ ? checkpoint_->bf16_tensor("model.norm.weight", {H})
+                       : ref::random_bf16(seed_, "norm", size_t(H), 0.1f, 1.0f);
+    head = checkpoint_ ? checkpoint_->bf16_tensor("lm_head.weight", {V, H})
+                       : ref::random_bf16(seed_, "lm_head", size_t(V * H), fan_in_scale(H));
+    if (checkpoint_) embed = checkpoint_->bf16_tensor("model.embed_tokens.weight", {V, H});
+  }
+  ref::MoeParams::RoutingCheck check;
+  std::vector<float> got;
+  std::vector<double> want;
+  // new_keys[i][b]: the latent rows [r + rope] the verified steps so far wrote, per layer and request.
+  std::vector<std::vector<std::vector<double>>> new_keys(static_cast<size_t>(P.layers),
+                                                         std::vector<std::vector<double>>(static_cast<size_t>(B)));
+  const bool recording = record_;
+  record_ = false;
+  for (int64_t step = 0; step < verified_steps_; ++step) {
+    enqueue_step(step, 0);
+    host_out_.resize(size_t(P.tokens() * width));
+    DSLAB_CUDA(cudaDeviceSynchronize());
+    DSLAB_CUDA(cudaMemcpy(host_out_.data(), P.whole ? logits_.get() : resid_.get(), host_out_.size() * 4,
+                          cudaMemcpyDeviceToHost));
+    // Each MoE layer's routing in this step: the reference follows it (near-ties between experts flip with the last
+    // bit of an input, and a flip in one layer changes everything after it), and checks each place it differs is a
+    // near-tie.
+    std::vector<std::vector<int32_t>> routing(moe_.size());
+    for (size_t j = 0; j < moe_.size(); ++j) {
+      std::vector<float> unused;
+      moe_[j]->routing(&routing[j], &unused);
     }
+    std::vector<double> x(size_t(B * S * H));
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < B * S; ++t) {
+      const int64_t id = token_id(seed_, step, t, V);
+      const std::string inputs = "layer_inputs.s" + std::to_string(step);
+      const auto row = !P.whole     ? host_random_rows(seed_, inputs, t * H, H, kUnitScale)
+                       : checkpoint_ ? std::vector<double>()
+                                     : host_random_rows(seed_, "embed_tokens", id * H, H, kUnitScale);
+      for (int64_t j = 0; j < H; ++j)
+        x[size_t(t * H + j)] = row.empty() ? double(to_float(embed[size_t(id * H + j)])) : row[size_t(j)];
+    }
+    size_t moe_index = 0;
     for (int64_t i = 0; i < P.layers; ++i) {
       const int64_t layer = P.first + i;
       const LayerWeights& w = weights_[size_t(i)];
       ref::LayerParams params;
-      params.input_layernorm = ref::random_bf16(w.seed, "input_layernorm", size_t(H), 0.1f, 1.0f);
-      params.post_attention_layernorm = ref::random_bf16(w.seed, "post_attention_layernorm", size_t(H), 0.1f, 1.0f);
-      params.attn = ref::make_mla_params(m_, m_.num_attention_heads, w.seed);
-      if (P.dense(layer))
-        params.dense = ref::make_mlp_params(m_, m_.intermediate_size, w.seed, "mlp");
-      else {
-        params.moe = ref::make_moe_params_lazy(m_, w.moe_seed);
-        const auto& r = routing[moe_index++];
-        const int64_t K = m_.num_experts_per_tok;
-        params.moe.forced_experts.assign(r.begin() + b * S * K, r.begin() + (b + 1) * S * K);
+      if (checkpoint_) {
+        params = ref::load_layer_params(*checkpoint_, layer, /*lazy_experts=*/true);
+      } else {
+        params.input_layernorm = ref::random_bf16(w.seed, "input_layernorm", size_t(H), 0.1f, 1.0f);
+        params.post_attention_layernorm = ref::random_bf16(w.seed, "post_attention_layernorm", size_t(H), 0.1f, 1.0f);
+        params.attn = ref::make_mla_params(m_, m_.num_attention_heads, w.seed);
+        if (P.dense(layer))
+          params.dense = ref::make_mlp_params(m_, m_.intermediate_size, w.seed, "mlp");
+        else
+          params.moe = ref::make_moe_params_lazy(m_, w.moe_seed);
+      }
+      if (!P.dense(layer)) {
+        const auto& chosen = routing[moe_index++];
+        params.moe.forced_experts.assign(chosen.begin(), chosen.begin() + B * S * K);
         params.moe.check = &check;
       }
       ref::MlaInputs in;
-      in.batch = 1;
+      in.batch = B;
       in.q_len = S;
-      in.kv_len = lengths0_[size_t(b)];
-      const auto latent =
-          mla::cuda::host_latent(m_, mla::cuda::ckv_stream(w.seed, b), mla::cuda::kpe_stream(w.seed, b), in.kv_len);
-      const int64_t r = m_.kv_lora_rank, rope = m_.qk_rope_head_dim;
-      in.ckv_cache.resize(size_t(in.kv_len * r));
-      in.kpe_cache.resize(size_t(in.kv_len * rope));
-      for (int64_t j = 0; j < in.kv_len; ++j) {
-        std::copy_n(&latent[size_t(j * (r + rope))], r, &in.ckv_cache[size_t(j * r)]);
-        std::copy_n(&latent[size_t(j * (r + rope) + r)], rope, &in.kpe_cache[size_t(j * rope)]);
+      in.kv_len = P.kv_len + step * S;
+      in.ckv_cache.resize(size_t(B * in.kv_len * r));
+      in.kpe_cache.resize(size_t(B * in.kv_len * rope));
+#pragma omp parallel for schedule(dynamic)
+      for (int64_t b = 0; b < B; ++b) {
+        const auto latent =
+            mla::cuda::host_latent(m_, mla::cuda::ckv_stream(w.seed, b), mla::cuda::kpe_stream(w.seed, b), P.kv_len);
+        const auto& added = new_keys[size_t(i)][size_t(b)];
+        for (int64_t j = 0; j < in.kv_len; ++j) {
+          bf16* ckv = &in.ckv_cache[size_t((b * in.kv_len + j) * r)];
+          bf16* kpe = &in.kpe_cache[size_t((b * in.kv_len + j) * rope)];
+          if (j < P.kv_len) {
+            std::copy_n(&latent[size_t(j * (r + rope))], r, ckv);
+            std::copy_n(&latent[size_t(j * (r + rope) + r)], rope, kpe);
+          } else {
+            const double* key = &added[size_t((j - P.kv_len) * (r + rope))];
+            for (int64_t c = 0; c < r; ++c) ckv[c] = to_bf16(float(key[c]));
+            for (int64_t c = 0; c < rope; ++c) kpe[c] = to_bf16(float(key[r + c]));
+          }
+        }
       }
+      if (step + 1 < verified_steps_)  // this step's keys, for the next step: as the attention makes them
+#pragma omp parallel for schedule(dynamic)
+        for (int64_t b = 0; b < B; ++b) {
+          std::vector<double> normed(static_cast<size_t>(H)), kv(static_cast<size_t>(r + rope)), c(static_cast<size_t>(r));
+          for (int64_t s = 0; s < S; ++s) {
+            ref::rms_norm(&x[size_t((b * S + s) * H)], params.input_layernorm.data(), H, m_.rms_norm_eps,
+                          normed.data());
+            for (auto& v : normed) v = double(round_to_bf16(float(v)));
+            ref::matvec(params.attn.kv_a_proj_with_mqa.data(), r + rope, H, normed.data(), kv.data());
+            ref::rms_norm(kv.data(), params.attn.kv_a_layernorm.data(), r, m_.rms_norm_eps, c.data());
+            ref::apply_rope(m_, in.kv_len + s, kv.data() + r);
+            auto& added = new_keys[size_t(i)][size_t(b)];
+            added.insert(added.end(), c.begin(), c.end());
+            added.insert(added.end(), kv.begin() + r, kv.end());
+          }
+        }
       if (i + 1 == P.layers) in.rows = sample;
       x = ref::decoder_layer(m_, layer, params, x, in, ref::MlaForm::absorbed_split);
     }
-    auto each_row = [&](auto&& f) {  // the rows verified: all, or the sample
-      if (sample.empty())
-        for (int64_t s = 0; s < S; ++s) f(s);
-      else
-        for (int64_t s : sample) f(s);
-    };
-    if (P.whole) {  // final norm (rounded to bf16, as the LM head's input is) and the LM head
-      const auto norm = ref::random_bf16(seed_, "norm", size_t(H), 0.1f, 1.0f);
-      const auto head = ref::random_bf16(seed_, "lm_head", size_t(m_.vocab_size * H), fan_in_scale(H));
-      std::vector<double> normed(static_cast<size_t>(H)), logits(static_cast<size_t>(m_.vocab_size));
-      each_row([&](int64_t s) {
-        ref::rms_norm(&x[size_t(s * H)], norm.data(), H, m_.rms_norm_eps, normed.data());
+    const size_t first = want.size();
+    const int64_t n = int64_t(rows.size());
+    want.resize(first + size_t(B * n * width));
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t k = 0; k < B * n; ++k) {
+      const int64_t t = (k / n) * S + rows[size_t(k % n)];
+      double* out = &want[first + size_t(k * width)];
+      if (P.whole) {  // final norm (rounded to bf16, as the LM head's input is) and the LM head
+        std::vector<double> normed(static_cast<size_t>(H));
+        ref::rms_norm(&x[size_t(t * H)], norm.data(), H, m_.rms_norm_eps, normed.data());
         for (auto& v : normed) v = double(round_to_bf16(float(v)));
-        ref::matvec(head.data(), m_.vocab_size, H, normed.data(), logits.data());
-        want.insert(want.end(), logits.begin(), logits.end());
-      });
-    } else {
-      each_row([&](int64_t s) { want.insert(want.end(), x.begin() + s * H, x.begin() + (s + 1) * H); });
+        for (int64_t o = 0; o < V; ++o) {
+          double sum = 0;
+          for (int64_t j = 0; j < H; ++j) sum += double(to_float(head[size_t(o * H + j)])) * normed[size_t(j)];
+          out[o] = sum;
+        }
+      } else {
+        std::copy_n(&x[size_t(t * H)], H, out);
+      }
     }
-    each_row([&](int64_t s) {
-      got.insert(got.end(), host_out_.begin() + (b * S + s) * width, host_out_.begin() + (b * S + s + 1) * width);
-    });
+    for (int64_t k = 0; k < B * n; ++k) {
+      const int64_t t = (k / n) * S + rows[size_t(k % n)];
+      got.insert(got.end(), host_out_.begin() + t * width, host_out_.begin() + (t + 1) * width);
+    }
   }
+  record_ = recording;
   // A differing choice must be a near-tie: its selection scores within 5% of each other (a wrong expert is not).
   const double kTieGap = 0.05;
   double rel_err = ref::relative_l2_error(got.data(), want.data(), want.size());
+  routing_flips_ = check.tokens_differing;
   if (check.tokens_differing > 0) {
     std::fprintf(stderr,
                  "  (layer verify: the GPU's routing differs from the fp64 router's at %d token-layer(s), selection "
                  "score gap up to %.2g; "
                  "the reference follows the GPU's choice)\n",
                  check.tokens_differing, check.max_gap);
-    routing_flips_ = check.tokens_differing;
   }
   if (check.max_gap > kTieGap) rel_err = std::max(rel_err, 1.0);  // not a tie: a routing bug
   // bf16 weights and activations through a stack of layers (the layer's bar: 2e-2); quantised caches add

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "harness/variant.h"
+#include "variants/common/checkpoint.h"
 #include "variants/mla/cuda/mla_cuda.h"
 #include "variants/moe/cuda/moe_cuda.h"
 
@@ -35,6 +36,15 @@ struct LayerWeights {
   uint64_t seed = 0, moe_seed = 0;                   // the reference's seeds of this layer's tensors
 };
 
+// A decoder layer's weights: the seed's (the reference's values, each MoE layer its own expert set) or a checkpoint's.
+void make_layer_weights(const ModelConfig& m, int64_t layer, uint64_t seed, LayerWeights* w);
+void load_layer_weights(const Checkpoint& c, int64_t layer, LayerWeights* w);
+// The embedding, final norm and LM head: the seed's or a checkpoint's.
+void make_model_ends(const ModelConfig& m, uint64_t seed, DeviceArray<__nv_bfloat16>* embed,
+                     DeviceArray<__nv_bfloat16>* norm, DeviceArray<__nv_bfloat16>* lm_head);
+void load_model_ends(const Checkpoint& c, DeviceArray<__nv_bfloat16>* embed, DeviceArray<__nv_bfloat16>* norm,
+                     DeviceArray<__nv_bfloat16>* lm_head);
+
 // Batch-size buckets of the graph executor: the smallest power of two at least `batch`.
 int64_t batch_bucket(int64_t batch);
 
@@ -48,9 +58,16 @@ class DeepseekLayerCuda : public Variant {
   double host_memory_bytes(const ModelFile& model, const Point& point) const override;
   double device_memory_bytes(const ModelFile& model, const Point& point) const override;
   std::string compute_ceiling() const override { return "gpu.tensor_bf16_flops"; }
+  bool reads_weights() const override { return true; }
   void prepare(const ModelFile& model, const Point& point, uint64_t seed) override;
   void run() override;  // `steps` consecutive steps
   Verification verify() override;
+  // What verify() covered (verified_requests, verified_steps) and the routing near-ties it followed.
+  std::map<std::string, double> verification_counters() const override {
+    return {{"verified_requests", double(verified_requests_)},
+            {"verified_steps", double(verified_steps_)},
+            {"routing_near_ties", double(routing_flips_)}};
+  }
   std::vector<DumpTensor> tensors() const override;
   std::map<std::string, double> counters() override;
 
@@ -91,8 +108,11 @@ class DeepseekLayerCuda : public Variant {
   int captures_ = 0;
   bool record_ = false;
   int routing_flips_ = 0;       // near-ties the last verify() found (reference followed the GPU)
+  int64_t verified_steps_ = 0, verified_requests_ = 0;
   DeviceArray<float> history_;  // [steps][rows][width] when recording
   std::vector<float> host_out_;
+  std::unique_ptr<Checkpoint> checkpoint_;  // --weights: the weights' source (the reference reads it too)
+  double load_s_ = 0;
 };
 
 // layer/deepseek/hybrid: the same layer with KTransformers' placement as its default (attention, router and shared

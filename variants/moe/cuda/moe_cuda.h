@@ -16,6 +16,7 @@
 #include "variants/common/cuda/blas.h"
 #include "variants/common/cuda/device_array.h"
 #include "variants/moe/moe.h"
+#include "variants/common/checkpoint.h"
 
 namespace dslab::moe::cuda {
 
@@ -74,6 +75,10 @@ void generate_expert_weights(const ModelConfig& m, uint64_t seed, int64_t e, __n
 // routed experts when !routed_on_device).
 void generate_moe_weights(const ModelConfig& m, int64_t experts, uint64_t seed, MoeWeights* w,
                           bool routed_on_device = true);
+// Decoder layer `layer`'s MoE weights from a checkpoint (router, its bias under noaux_tc, every routed expert, the
+// shared experts), and a dense MLP's (prefix: "model.layers.0.mlp."). BadInput naming file and tensor.
+void load_moe_weights(const Checkpoint& c, int64_t layer, MoeWeights* w);
+void load_mlp_weights(const Checkpoint& c, const std::string& prefix, int64_t intermediate, MlpWeights* w);
 // Device bytes of those weights.
 double moe_weight_bytes(const ModelConfig& m, int64_t experts);
 

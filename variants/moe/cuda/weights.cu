@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "harness/errors.h"
+#include "variants/common/checkpoint.h"
 #include "variants/common/cuda/nvtx.h"
 #include "harness/host.h"
 #include "harness/op_registry.h"
@@ -68,6 +69,52 @@ void generate_moe_weights(const ModelConfig& m, int64_t experts, uint64_t seed, 
                             w->w_down.get() + e * H * I);
   if (m.n_shared_experts > 0) generate_mlp_weights(m, I * m.n_shared_experts, seed, "shared_experts", &w->shared);
   DSLAB_CUDA(cudaDeviceSynchronize());
+}
+
+void load_mlp_weights(const Checkpoint& c, const std::string& prefix, int64_t intermediate, MlpWeights* w) {
+  const int64_t H = c.config().hidden_size, I = intermediate;
+  std::vector<bf16> gate_up(size_t(2 * I * H)), down(size_t(H * I));
+  c.read_bf16(prefix + "gate_proj.weight", {I, H}, gate_up.data());
+  c.read_bf16(prefix + "up_proj.weight", {I, H}, gate_up.data() + I * H);
+  c.read_bf16(prefix + "down_proj.weight", {H, I}, down.data());
+  w->intermediate = I;
+  w->gate_up.upload(gate_up);
+  w->down.upload(down);
+}
+
+void load_moe_weights(const Checkpoint& c, int64_t layer, MoeWeights* w) {
+  const ModelConfig& m = c.config();
+  const int64_t H = m.hidden_size, I = m.moe_intermediate_size, E = m.n_routed_experts;
+  const std::string M = "model.layers." + std::to_string(layer) + ".mlp.";
+  w->experts = E;
+  w->routed_on_device = true;
+  w->gate.upload(c.bf16_tensor(M + "gate.weight", {E, H}));
+  if (m.topk_method == "noaux_tc") w->bias.upload(c.f32_tensor(M + "gate.e_score_correction_bias", {E}));
+  // Every expert read straight into its place in the stacked layout, several at once (the shards are mapped: the
+  // reads are copies out of the page cache, or the disk's read-ahead), then one upload per tensor kind.
+  std::vector<bf16> host(size_t(3 * E * I * H));
+  bf16 *gate = host.data(), *up = gate + E * I * H, *down = up + E * I * H;
+  std::string error;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string X = M + "experts." + std::to_string(e) + ".";
+    try {
+      c.read_bf16(X + "gate_proj.weight", {I, H}, gate + e * I * H);
+      c.read_bf16(X + "up_proj.weight", {I, H}, up + e * I * H);
+      c.read_bf16(X + "down_proj.weight", {H, I}, down + e * H * I);
+    } catch (const std::exception& x) {
+#pragma omp critical
+      if (error.empty()) error = x.what();
+    }
+  }
+  if (!error.empty()) throw BadInput(error);
+  w->w_gate.resize(size_t(E * I * H));
+  w->w_up.resize(size_t(E * I * H));
+  w->w_down.resize(size_t(E * H * I));
+  DSLAB_CUDA(cudaMemcpy(w->w_gate.get(), gate, size_t(E * I * H) * 2, cudaMemcpyHostToDevice));
+  DSLAB_CUDA(cudaMemcpy(w->w_up.get(), up, size_t(E * I * H) * 2, cudaMemcpyHostToDevice));
+  DSLAB_CUDA(cudaMemcpy(w->w_down.get(), down, size_t(E * H * I) * 2, cudaMemcpyHostToDevice));
+  if (m.n_shared_experts > 0) load_mlp_weights(c, M + "shared_experts.", I * m.n_shared_experts, &w->shared);
 }
 
 double moe_weight_bytes(const ModelConfig& m, int64_t experts) {

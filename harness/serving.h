@@ -13,11 +13,12 @@
 #include <string>
 #include <vector>
 
-namespace dslab::layer {
+namespace dslab::serving {
 
 struct RequestSpec {
   int64_t input_len = 0, output_len = 0;
   double arrival_s = 0;
+  std::vector<int32_t> prompt;  // a trace's own prompt token ids (input_len of them), or empty: the caller makes them
 };
 
 // A request set: lengths from a distribution (fixed: `a`; uniform: integers in [a, b]; lognormal: exp(N(mu = a,
@@ -34,7 +35,8 @@ struct RequestSetSpec {
 };
 // BadInput naming the field for a distribution that makes no sense (a non-positive length, b < a, sigma < 0).
 std::vector<RequestSpec> request_set(const RequestSetSpec& spec, uint64_t seed);
-// A JSONL trace, a request a line: {"input_len": N, "output_len": N, "arrival_s": T} (arrival optional: 0). BadInput
+// A JSONL trace, a request a line: {"input_len": N, "output_len": N, "arrival_s": T} (arrival optional: 0), or with
+// "prompt": [token ids] in place of input_len (a fixed prompt, e.g. to compare logits with another engine). BadInput
 // naming the file, line and field for anything else.
 std::vector<RequestSpec> load_trace(const std::string& path);
 
@@ -112,4 +114,4 @@ struct ServingMetrics {
 // BadInput if a request has not finished or its timeline does not hold its output_len tokens.
 ServingMetrics serving_metrics(const std::vector<RequestSpec>& requests, const std::vector<RequestTimeline>& timelines);
 
-}  // namespace dslab::layer
+}  // namespace dslab::serving

@@ -1,4 +1,4 @@
-#include "variants/layer/serving.h"
+#include "harness/serving.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,9 +9,8 @@
 #include <string>
 
 #include "harness/errors.h"
-#include "variants/common/rng.h"
 
-namespace dslab::layer {
+namespace dslab::serving {
 
 Scheduler::Scheduler(const SchedulerConfig& config, std::vector<RequestSpec> requests)
     : config_(config), requests_(std::move(requests)), state_(requests_.size()), timelines_(requests_.size()) {
@@ -112,8 +111,15 @@ void Scheduler::complete(double now) {
 
 namespace {
 
+uint64_t mix(uint64_t x) {  // splitmix64's finaliser: counter-based draws, the same on every machine
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 double uniform_open(uint64_t stream, uint64_t i) {  // in (0, 1)
-  return (double(splitmix64(stream + i * 0x9e3779b97f4a7c15ull) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+  return (double(mix(stream + i * 0x9e3779b97f4a7c15ull) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
 int64_t draw_length(const LengthDist& d, uint64_t stream, uint64_t i, const std::string& field) {
@@ -142,8 +148,7 @@ int64_t draw_length(const LengthDist& d, uint64_t stream, uint64_t i, const std:
 std::vector<RequestSpec> request_set(const RequestSetSpec& spec, uint64_t seed) {
   if (spec.requests < 1) throw bad_field("request set", "requests", std::to_string(spec.requests), "at least 1");
   if (spec.rate < 0) throw bad_field("request set", "rate", std::to_string(spec.rate), "requests a second, or 0");
-  const uint64_t in = stream_id(seed, "request_set.input"), out = stream_id(seed, "request_set.output"),
-                 gaps = stream_id(seed, "request_set.arrivals");
+  const uint64_t in = mix(seed ^ 0x1e9b7ull), out = mix(seed ^ 0x0b7ull), gaps = mix(seed ^ 0xa441ull);
   std::vector<RequestSpec> set;
   double t = 0;
   for (int64_t r = 0; r < spec.requests; ++r) {
@@ -173,9 +178,20 @@ std::vector<RequestSpec> load_trace(const std::string& path) {
     }
     if (!j.is_object()) throw BadInput(where + ": expected an object");
     for (const auto& [k, v] : j.items())
-      if (k != "input_len" && k != "output_len" && k != "arrival_s")
-        throw BadInput(where + ": field '" + k + "': unknown (expected input_len, output_len, arrival_s)");
+      if (k != "input_len" && k != "output_len" && k != "arrival_s" && k != "prompt")
+        throw BadInput(where + ": field '" + k + "': unknown (expected input_len, output_len, arrival_s, prompt)");
     RequestSpec q;
+    if (j.contains("prompt")) {  // the prompt's token ids themselves (input_len, if given too, must agree)
+      const auto& p = j.at("prompt");
+      bool ok = p.is_array() && !p.empty();
+      for (const auto& id : p) ok = ok && id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (1ll << 31);
+      if (!ok) throw bad_field(where, "prompt", p.dump().substr(0, 40), "a non-empty list of token ids");
+      q.prompt = p.get<std::vector<int32_t>>();
+      if (!j.contains("input_len")) j["input_len"] = int64_t(q.prompt.size());
+      if (j.at("input_len") != int64_t(q.prompt.size()))
+        throw bad_field(where, "input_len", j.at("input_len").dump(), "the prompt's length, " +
+                                                                          std::to_string(q.prompt.size()));
+    }
     for (const char* k : {"input_len", "output_len"}) {
       if (!j.contains(k) || !j.at(k).is_number_integer() || j.at(k).get<int64_t>() < 1)
         throw bad_field(where, k, j.contains(k) ? j.at(k).dump() : "missing", "a positive integer");
@@ -240,4 +256,4 @@ ServingMetrics serving_metrics(const std::vector<RequestSpec>& requests,
   return m;
 }
 
-}  // namespace dslab::layer
+}  // namespace dslab::serving

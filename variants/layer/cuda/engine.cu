@@ -1,0 +1,618 @@
+// layer/deepseek/cuda as a generation engine (`dslab generate`): the whole model on the GPU running the steps a serving
+// scheduler plans, over one paged latent cache whose pages the scheduler hands out, as SGLang's and vLLM's model
+// runners do. The same ops the layer step times (attention by the `attn` axis for decode and `prefill_attn` for prompt
+// chunks, MoE by `moe`), the same norms, the same weights (a checkpoint's, or the seed's).
+//
+// A scheduler step runs as one decode batch (every decode piece, padded up to a power-of-two bucket and replayed from
+// that bucket's CUDA graph, or launched eagerly) and one forward per prompt chunk (padded up to a power-of-two chunk
+// bucket, eager), as SGLang runs prefill and decode batches apart. Each shape is a "program": its own ops prepared for
+// it (they share the weights, the caches, the metadata buffer and one scratch arena), and for decode its graph. The
+// step's metadata (lengths, page table, RoPE tables, the fused kernel's schedule, token ids) is built on the host and
+// copied in before the launch; a device argmax returns only the greedy tokens.
+//
+// Padding: a padded decode slot has length 0 and a page-table row of the engine's own spare page; a chunk's padding
+// tokens sit after its real ones (causal attention keeps them out of the real tokens' outputs) and write their keys
+// where the request's page table row points there: its own pages beyond its prompt (rewritten by its later tokens
+// before any read) or, past its pages, the spare page.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/cuda_check.h"
+#include "harness/engine.h"
+#include "harness/errors.h"
+#include "harness/host.h"
+#include "variants/common/checkpoint.h"
+#include "variants/common/cuda/device_random.h"
+#include "variants/common/cuda/nvtx.h"
+#include "variants/common/cuda/pdl.cuh"
+#include "variants/common/rng.h"
+#include "variants/layer/cuda/deepseek.h"
+#include "variants/layer/cuda/norms.h"
+#include "variants/layer/ops.h"
+#include "variants/reference/model.h"
+
+namespace dslab::layer::cuda {
+namespace {
+
+using gpu::ScratchArena;
+using mla::cuda::MlaBuffers;
+using mla::cuda::MlaOp;
+using mla::cuda::PagedLatentCache;
+using moe::cuda::MoeBuffers;
+using moe::cuda::MoeOp;
+
+constexpr int kArgmaxThreads = 256;
+constexpr int64_t kMinChunkBucket = 16;
+
+int64_t align4(int64_t n) { return (n + 3) / 4 * 4; }
+int64_t pow2_at_least(int64_t n) {
+  int64_t b = 1;
+  while (b < n) b *= 2;
+  return b;
+}
+
+// out[i] = the first index of the largest value of logits row rows[i] (a NaN row gives INT32_MAX: an error upstream).
+__global__ void argmax_rows_kernel(const float* logits, int64_t vocab, const int32_t* rows, int32_t* out) {
+  const float* row = logits + int64_t(rows[blockIdx.x]) * vocab;
+  float best = -INFINITY;
+  int32_t arg = INT32_MAX;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x)
+    if (row[i] > best) best = row[i], arg = int32_t(i);  // (strided ascending: the first maximum of this thread)
+  __shared__ float values[kArgmaxThreads];
+  __shared__ int32_t args[kArgmaxThreads];
+  values[threadIdx.x] = best, args[threadIdx.x] = arg;
+  __syncthreads();
+  for (int s = kArgmaxThreads / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      const float v = values[threadIdx.x + s];
+      const int32_t a = args[threadIdx.x + s];
+      if (v > values[threadIdx.x] || (v == values[threadIdx.x] && a < args[threadIdx.x]))
+        values[threadIdx.x] = v, args[threadIdx.x] = a;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = args[0];
+}
+
+// The engine's axes, parsed.
+struct EngineAxes {
+  std::string attn, prefill_attn, moe;
+  bool graph = true, pdl = true;
+  mla::KvDtype kv_dtype = mla::KvDtype::bf16;
+  gpu::Projections proj{};
+  explicit EngineAxes(const Point& p) {
+    attn = p.text("attn");
+    prefill_attn = p.text("prefill_attn");
+    moe = p.text("moe");
+    const std::string& e = p.text("executor");
+    if (e != "graph" && e != "eager") throw BadInput("axis 'executor': value '" + e + "': expected graph or eager");
+    graph = e == "graph";
+    pdl = p.text("pdl") == "on";
+    kv_dtype = mla::parse_kv_dtype(p.text("kv_dtype"));
+    proj = gpu::parse_projections(p.text("proj"));
+    const auto ops = mla::cuda::mla_op_names();
+    for (const char* axis : {"attn", "prefill_attn"})
+      if (std::find(ops.begin(), ops.end(), p.text(axis)) == ops.end()) {
+        std::string list;
+        for (const auto& o : ops) list += (list.empty() ? "" : " | ") + o;
+        throw BadInput(std::string("axis '") + axis + "': value '" + p.text(axis) + "': expected one of " + list);
+      }
+    const auto moes = moe::cuda::moe_op_names();
+    if (std::find(moes.begin(), moes.end(), moe) == moes.end()) {
+      std::string list;
+      for (const auto& o : moes) list += (list.empty() ? "" : " | ") + o;
+      throw BadInput("axis 'moe': value '" + moe + "': expected one of " + list);
+    }
+  }
+};
+
+// The shapes an engine runs: decode buckets 1, 2, 4 .. bucket(max_running) of one token each, and prompt chunk buckets
+// 16, 32 .. bucket(chunk_tokens) of one request each.
+struct Shapes {
+  std::vector<int64_t> decode_batches, chunk_lengths;
+  int64_t max_batch = 1, max_tokens = 1;
+  explicit Shapes(const EngineLimits& l) {
+    for (int64_t b = 1; b < 2 * l.max_running; b *= 2) decode_batches.push_back(b);
+    for (int64_t q = kMinChunkBucket; q < 2 * l.chunk_tokens; q *= 2) chunk_lengths.push_back(q);
+    max_batch = decode_batches.back();
+    max_tokens = std::max(max_batch, chunk_lengths.back());
+  }
+};
+
+class DeepseekEngineCuda final : public Engine {
+ public:
+  ~DeepseekEngineCuda() override { release(); }
+
+  std::vector<std::pair<std::string, std::string>> axes() const override {
+    return {{"attn", "mla/fused/cuda"}, {"prefill_attn", "mla/cc/cuda"},
+            {"moe", "moe/grouped_wgmma/cuda"}, {"executor", "graph"},
+            {"kv_dtype", "bf16"}, {"proj", "own"},
+            {"pdl", "on"}};
+  }
+  bool reads_weights() const override { return true; }
+
+  Support supports(const ModelFile& model, const Point& p, const EngineLimits& l) const override {
+    const ModelConfig m = parse_model_config(model.config, model.name, model.path);
+    const EngineAxes a(p);
+    const Shapes shapes(l);
+    if (m.vocab_size <= 0) return Support::no("needs vocab_size in " + m.source);
+    if (m.hidden_size > 8192) return Support::no("norm kernels: hidden_size up to 8192");
+    const auto decode_op = mla::cuda::make_mla_op(a.attn), prefill_op = mla::cuda::make_mla_op(a.prefill_attn);
+    if (decode_op->sparse() || prefill_op->sparse())
+      return Support::no("attn: the engine runs dense attention (a sparse op's selection is a layer-step axis)");
+    for (int64_t b : shapes.decode_batches)
+      if (const std::string why = decode_op->unsupported(m, shape(m, a, b, 1, l)); !why.empty())
+        return Support::no("attn " + a.attn + " at batch " + std::to_string(b) + ": " + why);
+    for (int64_t q : shapes.chunk_lengths)
+      if (const std::string why = prefill_op->unsupported(m, shape(m, a, 1, q, l)); !why.empty())
+        return Support::no("prefill_attn " + a.prefill_attn + " at a " + std::to_string(q) + "-token chunk: " + why);
+    const auto moe_op = moe::cuda::make_moe_op(a.moe);
+    if (moe_op->experts_on_host())
+      return Support::no("moe: " + a.moe + " runs the experts on the host; the engine keeps them on the GPU");
+    if (const std::string why = moe_op->unavailable(); !why.empty()) return Support::no(why);
+    if (a.graph && !moe_op->graph_safe())
+      return Support::no("executor graph: " + a.moe + " reads the routing on the host; use executor eager");
+    const GpuInfo& g = gpu_info();
+    if (!g.present) return Support::no(g.why_absent);
+    const double need = fixed_bytes(m, a, l) + double(l.pages + 1) * page_bytes(m, a, l);
+    if (need > 0.9 * double(g.memory_bytes))
+      return Support::no("needs ~" + std::to_string(int64_t(need / 1e9)) + " GB of GPU memory, " + g.name + " has " +
+                         std::to_string(int64_t(double(g.memory_bytes) / 1e9)) + " GB");
+    return {};
+  }
+
+  int64_t max_pages(const ModelFile& model, const Point& p, const EngineLimits& l) const override {
+    const ModelConfig m = parse_model_config(model.config, model.name, model.path);
+    const EngineAxes a(p);
+    const GpuInfo& g = gpu_info();
+    const double room = 0.9 * double(g.memory_bytes) - fixed_bytes(m, a, l);
+    return std::max<int64_t>(0, int64_t(room / page_bytes(m, a, l)) - 1);
+  }
+
+  void prepare(const ModelFile& model, const Point& p, const EngineLimits& l, uint64_t seed) override {
+    gpu::NvtxRange range("engine.prepare");
+    release();
+    m_ = parse_model_config(model.config, model.name, model.path);
+    limits_ = l;
+    const EngineAxes a(p);
+    axes_ = std::make_unique<EngineAxes>(a);
+    const Shapes shapes(l);
+    const int64_t H = m_.hidden_size, V = m_.vocab_size, L = m_.num_hidden_layers;
+    if (!blas_) blas_ = std::make_unique<BlasHandle>(), side_blas_ = std::make_unique<BlasHandle>();
+    blas_->set_projections(a.proj);
+    side_blas_->set_projections(a.proj);
+    DSLAB_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    DSLAB_CUDA(cudaEventCreate(&begin_));
+    DSLAB_CUDA(cudaEventCreate(&end_));
+
+    // Weights: the checkpoint's, or the seed's (the layer step's streams, so a layer-step point and an engine run of
+    // one seed hold the same model).
+    const auto t0 = std::chrono::steady_clock::now();
+    std::unique_ptr<Checkpoint> checkpoint;
+    if (!model.weights.empty()) checkpoint = std::make_unique<Checkpoint>(model.weights);
+    weights_.resize(size_t(L));
+    for (int64_t layer = 0; layer < L; ++layer) {
+      LayerWeights& w = weights_[size_t(layer)];
+      if (checkpoint) {
+        load_layer_weights(*checkpoint, layer, &w);
+        std::fprintf(stderr, "\rweights: layer %lld of %lld read (%.1f GB)", static_cast<long long>(layer + 1),
+                     static_cast<long long>(L), checkpoint->bytes_read() / 1e9);
+      } else {
+        make_layer_weights(m_, layer, seed, &w);
+      }
+    }
+    if (checkpoint) {
+      std::fprintf(stderr, "\n");
+      load_model_ends(*checkpoint, &embed_, &final_norm_, &lm_head_);
+      checkpoint->report_load("the whole model", std::chrono::steady_clock::now() - t0);
+      load_bytes_ = checkpoint->bytes_read();
+      load_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } else {
+      make_model_ends(m_, seed, &embed_, &final_norm_, &lm_head_);
+    }
+
+    // Metadata: lengths [max_batch], page table [max_batch][pages_per_row], RoPE cos and sin [max_tokens][rope/2],
+    // the fused kernel's schedule, token ids [max_tokens], the step; each part 16-byte aligned.
+    const int64_t half = m_.qk_rope_head_dim / 2, B = shapes.max_batch, T = shapes.max_tokens;
+    pages_per_row_ = (l.max_context + pow2_at_least(l.chunk_tokens) + l.page_size - 1) / l.page_size;
+    int64_t sched_ints = 0;
+    {
+      const auto probe = mla::cuda::make_mla_op(a.attn);
+      for (int64_t b : shapes.decode_batches)
+        sched_ints = std::max<int64_t>(sched_ints, int64_t(probe->schedule_ints_for(m_, shape(m_, a, b, 1, l))));
+    }
+    off_pt_ = align4(B), off_cos_ = off_pt_ + align4(B * pages_per_row_), off_sin_ = off_cos_ + align4(T * half);
+    off_sched_ = off_sin_ + align4(T * half), off_ids_ = off_sched_ + align4(sched_ints);
+    off_step_ = off_ids_ + align4(T), meta_ints_ = off_step_ + 4;
+    meta_.resize(size_t(meta_ints_));
+    meta_.zero();
+    DSLAB_CUDA(cudaMallocHost(&meta_host_, size_t(meta_ints_) * 4));
+    std::fill(meta_host_, meta_host_ + meta_ints_, 0);
+    rows_.resize(size_t(T));
+    tokens_.resize(size_t(T));
+    DSLAB_CUDA(cudaMallocHost(&tokens_host_, size_t(T) * 4));
+
+    // Caches: each layer a pool of the scheduler's pages plus one spare (the last), read through the one page table.
+    spare_page_ = int32_t(l.pages);
+    caches_.resize(size_t(L));
+    for (auto& c : caches_) {
+      c.dtype = a.kv_dtype;
+      c.page_size = l.page_size;
+      c.width = m_.kv_lora_rank + m_.qk_rope_head_dim;
+      c.groups = (c.width + mla::kQuantGroup - 1) / mla::kQuantGroup;
+      c.pages_per_request = pages_per_row_;
+      c.values.resize(size_t((l.pages + 1) * l.page_size * c.width) * c.element_bytes());
+      c.values.fill_bytes(0xFF);  // (NaN: a slot read before it is written fails loudly)
+      if (c.dtype != mla::KvDtype::bf16) {
+        c.scales.resize(size_t((l.pages + 1) * l.page_size * c.groups));
+        c.scales.fill_bytes(0xFF);
+      }
+      c.shared_page_table = meta_.get() + off_pt_;
+    }
+
+    // Step buffers, sized for the largest program.
+    resid_.resize(size_t(T * H));
+    attn_out_.resize(size_t(T * H));
+    ffn_out_.resize(size_t(T * H));
+    xb_.resize(size_t(T * H));
+    logits_.resize(size_t(T * V));
+
+    // Programs: one arena for every op's forward scratch (they run one after another), sized for the largest.
+    double arena = 0;
+    for (int64_t b : shapes.decode_batches) arena = std::max(arena, arena_bytes(m_, a, b, 1, l));
+    for (int64_t q : shapes.chunk_lengths) arena = std::max(arena, arena_bytes(m_, a, 1, q, l));
+    arena_.reserve(size_t(arena));
+    for (int64_t b : shapes.decode_batches) programs_.push_back(make_program(a, b, 1, true));
+    for (int64_t q : shapes.chunk_lengths) programs_.push_back(make_program(a, 1, q, false));
+    DSLAB_CUDA(cudaDeviceSynchronize());
+    // Each program once, eagerly, on the spare page (first-call initialisation outside any capture), then the
+    // decode programs' graphs.
+    for (auto& prog : programs_) {
+      write_metadata(prog, {});
+      launch(prog);
+    }
+    DSLAB_CUDA(cudaStreamSynchronize(stream_));
+    if (a.graph)
+      for (auto& prog : programs_)
+        if (prog.decode) capture(prog);
+    busy_s_ = 0;
+  }
+
+  std::vector<int32_t> step(const std::vector<EnginePiece>& pieces, std::vector<std::vector<float>>* logits) override {
+    std::vector<int32_t> next(pieces.size(), -1);
+    std::vector<std::vector<float>> piece_logits(pieces.size());
+    std::vector<size_t> decodes;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const EnginePiece& piece = pieces[i];
+      if (piece.tokens.empty() || (piece.decode && piece.tokens.size() != 1) ||
+          piece.position + int64_t(piece.tokens.size()) > limits_.max_context || !piece.pages)
+        throw std::logic_error("engine: a piece the scheduler cannot have planned");
+      if (piece.decode) decodes.push_back(i);
+    }
+    std::vector<int32_t> got;
+    std::vector<std::vector<float>> got_logits;
+    // The decodes, in batches of at most max_running.
+    for (size_t first = 0; first < decodes.size(); first += size_t(limits_.max_running)) {
+      const size_t n = std::min(decodes.size() - first, size_t(limits_.max_running));
+      std::vector<const EnginePiece*> batch;
+      for (size_t k = 0; k < n; ++k) batch.push_back(&pieces[decodes[first + k]]);
+      run_program(program(true, pow2_at_least(int64_t(n))), batch, &got, logits ? &got_logits : nullptr);
+      for (size_t k = 0; k < n; ++k) {
+        next[decodes[first + k]] = got[k];
+        if (logits) piece_logits[decodes[first + k]] = std::move(got_logits[k]);
+      }
+    }
+    // Each prompt piece, in chunks of at most chunk_tokens.
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const EnginePiece& piece = pieces[i];
+      if (piece.decode) continue;
+      for (size_t at = 0; at < piece.tokens.size(); at += size_t(limits_.chunk_tokens)) {
+        const size_t n = std::min(piece.tokens.size() - at, size_t(limits_.chunk_tokens));
+        EnginePiece chunk;
+        chunk.request = piece.request;
+        chunk.position = piece.position + int64_t(at);
+        chunk.tokens.assign(piece.tokens.begin() + int64_t(at), piece.tokens.begin() + int64_t(at + n));
+        chunk.pages = piece.pages;
+        chunk.wants_token = piece.wants_token && at + n == piece.tokens.size();
+        run_program(program(false, std::max(kMinChunkBucket, pow2_at_least(int64_t(n)))), {&chunk}, &got,
+                    logits ? &got_logits : nullptr);
+        if (chunk.wants_token) {
+          next[i] = got[0];
+          if (logits) piece_logits[i] = std::move(got_logits[0]);
+        }
+      }
+    }
+    if (logits)
+      for (size_t i = 0; i < pieces.size(); ++i)
+        if (pieces[i].wants_token) logits->push_back(std::move(piece_logits[i]));
+    return next;
+  }
+
+  double busy_s() const override { return busy_s_; }
+
+  std::map<std::string, double> counters() const override {
+    std::map<std::string, double> c;
+    c["programs"] = double(programs_.size());
+    c["graphs"] = double(std::count_if(programs_.begin(), programs_.end(), [](const Program& p) { return p.graph; }));
+    c["cache_pages"] = double(limits_.pages);
+    if (load_s_ > 0) {
+      c["weights_load_s"] = load_s_;
+      c["weights_load_GBps"] = load_bytes_ / load_s_ / 1e9;
+    }
+    return c;
+  }
+
+ private:
+  struct Program {
+    int64_t batch = 0, q_len = 0;
+    bool decode = false;
+    std::vector<std::unique_ptr<MlaOp>> attn;
+    std::vector<std::unique_ptr<MoeOp>> moe;
+    std::vector<moe::cuda::MlpRunner> dense;
+    cudaGraphExec_t graph = nullptr;
+    int64_t tokens() const { return batch * q_len; }
+  };
+
+  static mla::Shape shape(const ModelConfig& m, const EngineAxes& a, int64_t batch, int64_t q_len,
+                          const EngineLimits& l) {
+    mla::Shape s;
+    s.heads = m.num_attention_heads;
+    s.batch = batch;
+    s.q_len = q_len;
+    s.kv_len = l.max_context;
+    s.kv_dtype = a.kv_dtype;
+    return s;
+  }
+  static int64_t max_keys(const EngineLimits& l) { return l.max_context + pow2_at_least(l.chunk_tokens); }
+
+  static layer::StepScratch scratch(const ModelConfig& m, const EngineAxes& a, int64_t batch, int64_t q_len,
+                                    const EngineLimits& l) {
+    const auto op = mla::cuda::make_mla_op(q_len == 1 ? a.attn : a.prefill_attn);
+    layer::StepScratch s;
+    s.attn = shape(m, a, batch, q_len, l);
+    s.algo = op->algo();
+    s.fused = op->fused();
+    s.max_keys = max_keys(l);
+    s.layers = m.num_hidden_layers;
+    for (int64_t i = 0; i < m.num_hidden_layers; ++i) s.moe_layers += m.is_moe_layer(i) ? 1 : 0;
+    s.whole = true;
+    return s;
+  }
+  static double arena_bytes(const ModelConfig& m, const EngineAxes& a, int64_t batch, int64_t q_len,
+                            const EngineLimits& l) {
+    return layer::gpu_step_arena_bytes(m, scratch(m, a, batch, q_len, l));
+  }
+
+  // Weights, step buffers, metadata and every program's own scratch: the device memory besides the cache pages.
+  static double fixed_bytes(const ModelConfig& m, const EngineAxes& a, const EngineLimits& l) {
+    const Shapes shapes(l);
+    const double H = double(m.hidden_size), V = double(m.vocab_size);
+    double bytes = 2 * V * H * 2;
+    int64_t moe_layers = 0;
+    for (int64_t i = 0; i < m.num_hidden_layers; ++i) {
+      bytes += mla::weight_bytes(m, m.num_attention_heads) + 4 * H;
+      if (m.is_moe_layer(i))
+        bytes += moe::cuda::moe_weight_bytes(m, m.n_routed_experts), ++moe_layers;
+      else
+        bytes += 3 * H * double(m.intermediate_size) * 2;
+    }
+    double arena = 0;
+    auto program_bytes = [&](int64_t batch, int64_t q_len) {
+      const layer::StepScratch s = scratch(m, a, batch, q_len, l);
+      arena = std::max(arena, layer::gpu_step_arena_bytes(m, s));
+      return layer::gpu_step_scratch_bytes(m, s) - layer::gpu_step_arena_bytes(m, s);
+    };
+    for (int64_t b : shapes.decode_batches) bytes += program_bytes(b, 1);
+    for (int64_t q : shapes.chunk_lengths) bytes += program_bytes(1, q);
+    return bytes + arena;
+  }
+  static double page_bytes(const ModelConfig& m, const EngineAxes& a, const EngineLimits& l) {
+    return double(m.num_hidden_layers) * double(l.page_size) * double(m.kv_lora_rank + m.qk_rope_head_dim) *
+           (a.kv_dtype == mla::KvDtype::bf16 ? 2.0 : 1.0 + 4.0 / double(mla::kQuantGroup));
+  }
+
+  Program make_program(const EngineAxes& a, int64_t batch, int64_t q_len, bool decode) {
+    Program prog;
+    prog.batch = batch, prog.q_len = q_len, prog.decode = decode;
+    const mla::Shape s = shape(m_, a, batch, q_len, limits_);
+    for (int64_t layer = 0; layer < m_.num_hidden_layers; ++layer) {
+      LayerWeights& w = weights_[size_t(layer)];
+      MlaBuffers b;
+      b.x = xb_.get();
+      b.out = attn_out_.get();
+      b.cache = &caches_[size_t(layer)];
+      b.lengths = meta_.get();
+      b.rope_cos = reinterpret_cast<const float*>(meta_.get() + off_cos_);
+      b.rope_sin = reinterpret_cast<const float*>(meta_.get() + off_sin_);
+      prog.attn.push_back(mla::cuda::make_mla_op(decode ? a.attn : a.prefill_attn));
+      b.schedule = prog.attn.back()->schedule_ints_for(m_, s) ? meta_.get() + off_sched_ : nullptr;
+      arena_.rewind();
+      prog.attn.back()->prepare(m_, s, max_keys(limits_), w.attn, b, *blas_, /*lengths_vary=*/true, &arena_);
+      arena_.rewind();
+      if (w.moe) {
+        MoeBuffers mb;
+        mb.x = xb_.get();
+        mb.out = ffn_out_.get();
+        prog.moe.push_back(moe::cuda::make_moe_op(a.moe));
+        prog.moe.back()->prepare(m_, prog.tokens(), *w.moe, mb, *blas_, side_blas_.get(), &arena_);
+      } else {
+        prog.dense.emplace_back();
+        prog.dense.back().prepare(m_, w.dense, prog.tokens(), &arena_);
+      }
+    }
+    return prog;
+  }
+
+  Program& program(bool decode, int64_t size) {
+    for (auto& p : programs_)
+      if (p.decode == decode && (decode ? p.batch : p.q_len) == size) return p;
+    throw std::logic_error("engine: no program of that shape");
+  }
+
+  // The metadata of `pieces` (each of prog.q_len tokens or fewer, at most prog.batch of them) into meta_host_.
+  void write_metadata(const Program& prog, const std::vector<const EnginePiece*>& pieces) {
+    const int64_t B = prog.batch, S = prog.q_len, half = m_.qk_rope_head_dim / 2;
+    std::fill(meta_host_, meta_host_ + meta_ints_, 0);
+    std::vector<int64_t> lengths(size_t(B), 0);
+    for (int64_t b = 0; b < B; ++b) {
+      int32_t* row = meta_host_ + off_pt_ + b * pages_per_row_;
+      std::fill(row, row + pages_per_row_, spare_page_);
+      if (b < int64_t(pieces.size())) {
+        const EnginePiece& piece = *pieces[size_t(b)];
+        lengths[size_t(b)] = piece.position;
+        const std::vector<int32_t>& pages = *piece.pages;
+        std::copy_n(pages.begin(), std::min<int64_t>(int64_t(pages.size()), pages_per_row_), row);
+        for (size_t t = 0; t < piece.tokens.size(); ++t) meta_host_[off_ids_ + b * S + int64_t(t)] = piece.tokens[t];
+      }
+      meta_host_[b] = int32_t(lengths[size_t(b)]);
+    }
+    std::vector<float> cs, sn;
+    mla::cuda::rope_tables(m_, lengths, S, &cs, &sn);
+    std::memcpy(meta_host_ + off_cos_, cs.data(), size_t(B * S * half) * 4);
+    std::memcpy(meta_host_ + off_sin_, sn.data(), size_t(B * S * half) * 4);
+    if (prog.attn[0]->schedule_ints_for(m_, shape(m_, *axes_, B, S, limits_))) {
+      const auto sched = prog.attn[0]->schedule(lengths);
+      std::copy(sched.blob.begin(), sched.blob.end(), meta_host_ + off_sched_);
+    }
+  }
+
+  void forward(Program& prog, cudaStream_t stream) {
+    const int64_t T = prog.tokens();
+    const int H = int(m_.hidden_size);
+    const float eps = float(m_.rms_norm_eps);
+    gpu::NvtxRange range(prog.decode ? "engine.decode" : "engine.prefill");
+    const ProgrammaticLaunchScope pdl(axes_->pdl);
+    input_norm(embed_.get(), meta_.get() + off_ids_, meta_.get() + off_step_, T, H, weights_[0].input_layernorm.get(),
+               eps, resid_.get(), xb_.get(), stream);
+    size_t moe_i = 0, dense_i = 0;
+    for (size_t i = 0; i < weights_.size(); ++i) {
+      prog.attn[i]->forward(stream);
+      add_norm(T, resid_.get(), attn_out_.get(), H, weights_[i].post_attention_layernorm.get(), eps, xb_.get(),
+               stream);
+      if (weights_[i].moe) {
+        prog.moe[moe_i++]->forward(stream);
+      } else {
+        blas_->set_stream(stream);
+        prog.dense[dense_i++].forward(*blas_, xb_.get(), ffn_out_.get(), 0.0f, stream);
+      }
+      const __nv_bfloat16* next = i + 1 < weights_.size() ? weights_[i + 1].input_layernorm.get() : final_norm_.get();
+      add_norm(T, resid_.get(), ffn_out_.get(), H, next, eps, xb_.get(), stream);
+    }
+    blas_->set_stream(stream);
+    gpu::linear(*blas_, xb_.get(), T, H, lm_head_.get(), m_.vocab_size, logits_.get(), CUDA_R_32F);
+  }
+
+  void launch(Program& prog) {
+    DSLAB_CUDA(cudaMemcpyAsync(meta_.get(), meta_host_, size_t(meta_ints_) * 4, cudaMemcpyHostToDevice, stream_));
+    if (prog.graph)
+      DSLAB_CUDA(cudaGraphLaunch(prog.graph, stream_));
+    else
+      forward(prog, stream_);
+  }
+
+  void capture(Program& prog) {
+    cudaGraph_t graph{};
+    DSLAB_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      forward(prog, stream_);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    DSLAB_CUDA(cudaStreamEndCapture(stream_, &graph));
+    DSLAB_CUDA(cudaGraphInstantiate(&prog.graph, graph, 0));
+    DSLAB_CUDA(cudaGraphDestroy(graph));
+  }
+
+  // Runs `batch` on `prog`: tokens[k] is the k-th piece's greedy next token (-1 unless it wants one), logits[k] its
+  // logits (when asked).
+  void run_program(Program& prog, const std::vector<const EnginePiece*>& batch, std::vector<int32_t>* tokens,
+                   std::vector<std::vector<float>>* logits) {
+    write_metadata(prog, batch);
+    tokens->assign(batch.size(), -1);
+    if (logits) logits->assign(batch.size(), {});
+    std::vector<int32_t> rows;  // the logits row of each wanted token: its piece's last token
+    std::vector<size_t> wanted;
+    for (size_t k = 0; k < batch.size(); ++k)
+      if (batch[k]->wants_token) {
+        rows.push_back(int32_t(int64_t(k) * prog.q_len + int64_t(batch[k]->tokens.size()) - 1));
+        wanted.push_back(k);
+      }
+    DSLAB_CUDA(cudaEventRecord(begin_, stream_));
+    launch(prog);
+    if (!rows.empty()) {
+      DSLAB_CUDA(cudaMemcpyAsync(rows_.get(), rows.data(), rows.size() * 4, cudaMemcpyHostToDevice, stream_));
+      argmax_rows_kernel<<<unsigned(rows.size()), kArgmaxThreads, 0, stream_>>>(logits_.get(), m_.vocab_size,
+                                                                                 rows_.get(), tokens_.get());
+      DSLAB_CUDA(cudaGetLastError());
+      DSLAB_CUDA(cudaMemcpyAsync(tokens_host_, tokens_.get(), rows.size() * 4, cudaMemcpyDeviceToHost, stream_));
+    }
+    DSLAB_CUDA(cudaEventRecord(end_, stream_));
+    DSLAB_CUDA(cudaStreamSynchronize(stream_));
+    float ms = 0;
+    DSLAB_CUDA(cudaEventElapsedTime(&ms, begin_, end_));
+    busy_s_ += double(ms) / 1e3;
+    for (size_t j = 0; j < wanted.size(); ++j) {
+      const int32_t token = tokens_host_[j];
+      if (token < 0 || token >= m_.vocab_size)
+        throw std::runtime_error("engine: request " + std::to_string(batch[wanted[j]]->request) +
+                                 ": its logits are not finite (no greedy token)");
+      (*tokens)[wanted[j]] = token;
+      if (logits) {
+        std::vector<float> row(size_t(m_.vocab_size));
+        DSLAB_CUDA(cudaMemcpy(row.data(), logits_.get() + int64_t(rows[j]) * m_.vocab_size, row.size() * 4,
+                              cudaMemcpyDeviceToHost));
+        (*logits)[wanted[j]] = std::move(row);
+      }
+    }
+  }
+
+  void release() {
+    for (auto& p : programs_)
+      if (p.graph) cudaGraphExecDestroy(p.graph);
+    programs_.clear();
+    caches_.clear();
+    weights_.clear();
+    if (meta_host_) cudaFreeHost(meta_host_);
+    if (tokens_host_) cudaFreeHost(tokens_host_);
+    meta_host_ = tokens_host_ = nullptr;
+    if (begin_) cudaEventDestroy(begin_);
+    if (end_) cudaEventDestroy(end_);
+    if (stream_) cudaStreamDestroy(stream_);
+    begin_ = end_ = nullptr;
+    stream_ = nullptr;
+    arena_.reserve(0);
+  }
+
+  ModelConfig m_;
+  EngineLimits limits_;
+  std::unique_ptr<EngineAxes> axes_;
+  std::unique_ptr<BlasHandle> blas_, side_blas_;
+  std::vector<LayerWeights> weights_;
+  DeviceArray<__nv_bfloat16> embed_, final_norm_, lm_head_, xb_;
+  std::vector<PagedLatentCache> caches_;
+  ScratchArena arena_;
+  DeviceArray<float> resid_, attn_out_, ffn_out_, logits_;
+  DeviceArray<int32_t> meta_, rows_, tokens_;
+  int32_t *meta_host_ = nullptr, *tokens_host_ = nullptr;
+  int64_t off_pt_ = 0, off_cos_ = 0, off_sin_ = 0, off_sched_ = 0, off_ids_ = 0, off_step_ = 0, meta_ints_ = 0;
+  int64_t pages_per_row_ = 0;
+  int32_t spare_page_ = 0;
+  std::vector<Program> programs_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t begin_ = nullptr, end_ = nullptr;
+  double busy_s_ = 0, load_s_ = 0, load_bytes_ = 0;
+};
+
+DSLAB_REGISTER_ENGINE(DeepseekEngineCuda, "layer/deepseek/cuda");
+
+}  // namespace
+}  // namespace dslab::layer::cuda
