@@ -50,8 +50,9 @@ options:
   --input DIST          prompt lengths: fixed:N | uniform:A,B | lognormal:MU,SIGMA (default fixed:1024)
   --output DIST         output lengths, the same forms (default fixed:256)
   --rate R              arrivals a second, a Poisson process (default 0: all at time 0)
-  --trace FILE          a JSONL request set instead ({"input_len", "output_len", "arrival_s"} or {"prompt": [ids],
-                        "output_len"} a line)
+  --trace FILE          a JSONL request set instead ({"input_len", "output_len", "arrival_s"} a line; or "prompt":
+                        [ids] for input_len, and "continuation": [ids] fed after the prompt in place of the
+                        engine's own tokens, to compare logits with another engine)
   --concurrency LIST    requests in the batch at once, a run each (default 16; e.g. 1,16,64)
   --chunk N             a step's token budget: decode tokens plus prompt chunk tokens (default 512)
   --page-size N         tokens per cache page (default 64)
@@ -173,7 +174,8 @@ RunOutcome run_requests(Engine& engine, const std::vector<RequestSpec>& requests
       p.pages = &scheduler.pages_of(w.request);
       p.decode = w.decode;
       if (w.decode) {
-        p.tokens = {out.tokens[size_t(w.request)].back()};
+        const auto& mine = out.tokens[size_t(w.request)];
+        p.tokens = {q.continuation.empty() ? mine.back() : q.continuation[mine.size() - 1]};
         p.wants_token = true;
         ++decodes;
       } else {
@@ -272,9 +274,11 @@ int cmd_generate(int argc, char** argv) {
   std::vector<std::vector<int32_t>> prompts;
   for (size_t r = 0; r < requests.size(); ++r) {
     prompts.push_back(prompt_of(requests[r], int64_t(r), seed, vocab));
-    for (int32_t id : prompts.back())
+    std::vector<int32_t> ids = prompts.back();
+    ids.insert(ids.end(), requests[r].continuation.begin(), requests[r].continuation.end());
+    for (int32_t id : ids)
       if (id >= vocab)
-        throw BadInput(a.one("--trace") + ": request " + std::to_string(r) + ": field 'prompt': token id " +
+        throw BadInput(a.one("--trace") + ": request " + std::to_string(r) + ": field 'prompt' or 'continuation': token id " +
                        std::to_string(id) + ": expected below vocab_size " + std::to_string(vocab));
   }
   std::vector<int64_t> concurrencies;
@@ -386,6 +390,7 @@ int cmd_generate(int argc, char** argv) {
       e["real_time"] = m.duration_s * 1e3;
       e["cpu_time"] = m.duration_s * 1e3;
       e["time_unit"] = "ms";
+      e["variant"] = engine_name;  // (the engine: a results reader's variant)
       e["engine"] = engine_name;
       e["model"] = model.name;
       nlohmann::json axes;

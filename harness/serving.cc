@@ -178,8 +178,9 @@ std::vector<RequestSpec> load_trace(const std::string& path) {
     }
     if (!j.is_object()) throw BadInput(where + ": expected an object");
     for (const auto& [k, v] : j.items())
-      if (k != "input_len" && k != "output_len" && k != "arrival_s" && k != "prompt")
-        throw BadInput(where + ": field '" + k + "': unknown (expected input_len, output_len, arrival_s, prompt)");
+      if (k != "input_len" && k != "output_len" && k != "arrival_s" && k != "prompt" && k != "continuation")
+        throw BadInput(where + ": field '" + k +
+                       "': unknown (expected input_len, output_len, arrival_s, prompt, continuation)");
     RequestSpec q;
     if (j.contains("prompt")) {  // the prompt's token ids themselves (input_len, if given too, must agree)
       const auto& p = j.at("prompt");
@@ -198,6 +199,15 @@ std::vector<RequestSpec> load_trace(const std::string& path) {
     }
     q.input_len = j.at("input_len").get<int64_t>();
     q.output_len = j.at("output_len").get<int64_t>();
+    if (j.contains("continuation")) {
+      const auto& c = j.at("continuation");
+      bool ok = c.is_array() && int64_t(c.size()) == q.output_len - 1;
+      for (const auto& id : c) ok = ok && id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (1ll << 31);
+      if (!ok)
+        throw bad_field(where, "continuation", c.dump().substr(0, 40),
+                        "output_len - 1 = " + std::to_string(q.output_len - 1) + " token ids");
+      q.continuation = c.get<std::vector<int32_t>>();
+    }
     if (j.contains("arrival_s")) {
       if (!j.at("arrival_s").is_number() || j.at("arrival_s").get<double>() < 0)
         throw bad_field(where, "arrival_s", j.at("arrival_s").dump(), "seconds >= 0");

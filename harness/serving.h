@@ -19,6 +19,9 @@ struct RequestSpec {
   int64_t input_len = 0, output_len = 0;
   double arrival_s = 0;
   std::vector<int32_t> prompt;  // a trace's own prompt token ids (input_len of them), or empty: the caller makes them
+  // Tokens fed after the prompt instead of the engine's own greedy picks (teacher forcing: another engine's tokens,
+  // so that a comparison of logits never diverges), output_len - 1 of them; empty: the engine's picks.
+  std::vector<int32_t> continuation;
 };
 
 // A request set: lengths from a distribution (fixed: `a`; uniform: integers in [a, b]; lognormal: exp(N(mu = a,
@@ -36,7 +39,8 @@ struct RequestSetSpec {
 // BadInput naming the field for a distribution that makes no sense (a non-positive length, b < a, sigma < 0).
 std::vector<RequestSpec> request_set(const RequestSetSpec& spec, uint64_t seed);
 // A JSONL trace, a request a line: {"input_len": N, "output_len": N, "arrival_s": T} (arrival optional: 0), or with
-// "prompt": [token ids] in place of input_len (a fixed prompt, e.g. to compare logits with another engine). BadInput
+// "prompt": [token ids] in place of input_len (a fixed prompt, e.g. to compare logits with another engine) and
+// "continuation": [token ids] (RequestSpec::continuation). BadInput
 // naming the file, line and field for anything else.
 std::vector<RequestSpec> load_trace(const std::string& path);
 

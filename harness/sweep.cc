@@ -228,7 +228,7 @@ ModelFile load_model_file(const std::string& name_or_path) {
                      (names.empty() ? "none found" : names) + ", or a path to a config.json)");
     }
   }
-  return ModelFile{fs::path(path).stem().string(), path, read_json(path, "model config")};
+  return ModelFile{fs::path(path).stem().string(), path, read_json(path, "model config"), ""};
 }
 
 Plan expand(const Sweep& sweep, const std::string& weights) {

@@ -11,7 +11,13 @@ then come from the dequantised bf16 weights, which is what a loader that dequant
 OUT/ gets: config.json (the Hub's classic form: rope_scaling, rope_theta), model.safetensors.index.json and two
 shards (*.safetensors), and golden.json: the prompts (token ids, mixed lengths), for each request the logits of its
 last prompt position and of every one of --steps greedy decode steps ([steps + 1][vocab]), and the greedy tokens. transformers runs in float32 on the CPU with the checkpoint's bf16 weights.
-Usage: scripts/make_checkpoint.py --kind v2|v3 --out DIR [--seed N] [--steps N] [--layers N]
+With --config FILE (a Hugging Face config.json, e.g. workloads/models/deepseek-v2-lite.json) the model is that one at
+full size (random weights, the same init), its shards of up to 5 GB, and golden.json holds prompts and tokens only:
+the logits go to golden.safetensors (logits.r<N>, float32 [steps + 1][vocab]); --device cuda builds and runs it on
+the GPU (float32 weights there: 4 bytes a parameter), --prompt-lengths sets the batch. scripts/compare_logits.py then
+runs dslab on the checkpoint and compares.
+Usage: scripts/make_checkpoint.py (--kind v2|v3 | --config FILE) --out DIR [--seed N] [--steps N] [--layers N]
+       [--device cpu|cuda] [--prompt-lengths 7,3,12,5]
 Needs torch, transformers and safetensors (not in scripts/requirements.txt: the goldens are committed)."""
 import argparse
 import json
@@ -69,14 +75,26 @@ def quantise_fp8(torch, w, block=128):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--kind', choices=['v2', 'v3'], required=True)
+    p.add_argument('--kind', choices=['v2', 'v3'])
+    p.add_argument('--config', help='a Hugging Face config.json: that model at full size (random weights)')
+    p.add_argument('--device', default='cpu', help='where transformers builds and runs the model (cpu, cuda)')
+    p.add_argument('--prompt-lengths', default='7,3,12,5', help='the prompt batch (default 7,3,12,5)')
     p.add_argument('--out', required=True)
     p.add_argument('--seed', type=int, default=1234)
     p.add_argument('--steps', type=int, default=8, help='greedy decode steps after the prompt (default 8)')
-    p.add_argument('--layers', type=int, default=3, help='decoder layers (default 3: one dense, two MoE)')
+    p.add_argument('--layers', type=int, default=None, help='decoder layers (default 3: one dense, two MoE; --config: '
+                   'the config\'s)')
     a = p.parse_args()
-    if a.steps < 1 or a.layers < 2:
+    if (a.kind is None) == (a.config is None):
+        fail('give one of --kind and --config')
+    if a.steps < 1 or (a.layers is not None and a.layers < 2):
         fail('--steps must be >= 1 and --layers >= 2 (a dense layer and a MoE layer)')
+    try:
+        lengths = [int(n) for n in a.prompt_lengths.split(',')]
+        if not lengths or min(lengths) < 1:
+            raise ValueError
+    except ValueError:
+        fail('--prompt-lengths %r: expected positive integers, e.g. 7,3,12,5' % a.prompt_lengths)
     try:
         import torch
         import transformers
@@ -85,17 +103,29 @@ def main():
         fail('needs torch, transformers and safetensors (%s)' % e)
 
     torch.manual_seed(a.seed)
-    cfg = config_dict(a.kind, a.layers)
-    hf_cfg = json.loads(json.dumps(cfg))  # (a deep copy: transformers rewrites rope_scaling in place)
-    hf_cfg.pop('architectures')
-    hf_cfg.pop('model_type')
-    hf_cfg.pop('scoring_func')  # (transformers' V3 is always sigmoid, its V2 always softmax)
-    if a.kind == 'v2':
-        config = transformers.DeepseekV2Config(**hf_cfg)
-        model = transformers.DeepseekV2ForCausalLM(config)
+    if a.config:
+        try:
+            with open(a.config) as f:
+                cfg = json.load(f)
+        except (OSError, ValueError) as e:
+            fail('%s: %s' % (a.config, e))
+        kind = {'deepseek_v2': 'v2', 'deepseek_v3': 'v3'}.get(cfg.get('model_type'))
+        if kind is None:
+            fail('%s: field model_type %r: expected deepseek_v2 or deepseek_v3' % (a.config, cfg.get('model_type')))
+        if a.layers is not None:
+            cfg['num_hidden_layers'] = a.layers
+        cfg.pop('quantization_config', None)  # (written bf16; --kind v3 makes the fp8 form)
     else:
-        config = transformers.DeepseekV3Config(**hf_cfg)
-        model = transformers.DeepseekV3ForCausalLM(config)
+        kind = a.kind
+        cfg = config_dict(a.kind, a.layers or 3)
+    hf_cfg = json.loads(json.dumps(cfg))  # (a deep copy: transformers rewrites rope_scaling in place)
+    for k in ('architectures', 'model_type', 'scoring_func', 'auto_map', 'torch_dtype'):
+        hf_cfg.pop(k, None)  # (transformers' V3 is always sigmoid, its V2 always softmax)
+    with torch.device(a.device):
+        if kind == 'v2':
+            model = transformers.DeepseekV2ForCausalLM(transformers.DeepseekV2Config(**hf_cfg))
+        else:
+            model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**hf_cfg))
     model.eval()
     # Weights larger than the default init (std 0.02 leaves a tiny model's logits nearly flat and its routing a
     # coin toss between near-equal scores): every matrix N(0, 1/in_features), norms around 1, biases of V3's router
@@ -136,7 +166,7 @@ def main():
     for name in list(hub):
         t = hub[name]
         hub[name] = t.float() if name.endswith('e_score_correction_bias') else t.to(torch.bfloat16)
-    if a.kind == 'v3':
+    if a.kind == 'v3':  # (--kind only)
         # fp8 every projection and expert (as DeepSeek-V3 ships them: not the embedding, LM head, norms or router),
         # and put the dequantised values back into the model: transformers' logits come from what a loader gets.
         state = model.state_dict()
@@ -167,12 +197,23 @@ def main():
 
     os.makedirs(a.out, exist_ok=True)
     names = sorted(hub)
-    half = len(names) // 2
-    shards = {'model-00001-of-00002.safetensors': names[:half], 'model-00002-of-00002.safetensors': names[half:]}
+    if a.config:  # shards of up to 5 GB, as the Hub's
+        groups, size = [[]], 0
+        for k in names:
+            n = hub[k].numel() * hub[k].element_size()
+            if groups[-1] and size + n > 5e9:
+                groups.append([])
+                size = 0
+            groups[-1].append(k)
+            size += n
+    else:
+        half = len(names) // 2
+        groups = [names[:half], names[half:]]
+    shards = {'model-%05d-of-%05d.safetensors' % (i + 1, len(groups)): g for i, g in enumerate(groups)}
     weight_map = {}
     total = 0
     for shard, keys in shards.items():
-        save_file({k: hub[k] for k in keys}, os.path.join(a.out, shard), metadata={'format': 'pt'})
+        save_file({k: hub[k].cpu() for k in keys}, os.path.join(a.out, shard), metadata={'format': 'pt'})
         for k in keys:
             weight_map[k] = shard
             total += hub[k].numel() * hub[k].element_size()
@@ -184,12 +225,11 @@ def main():
 
     # The prompts: mixed lengths, fixed seed; each request run alone (no padding), prefill then greedy steps.
     g = torch.Generator().manual_seed(a.seed + 1)
-    lengths = [7, 3, 12, 5]
     prompts = [torch.randint(2, cfg['vocab_size'], (n,), generator=g).tolist() for n in lengths]
     golden, tokens = {}, []
     with torch.no_grad():
         for r, prompt in enumerate(prompts):
-            ids = torch.tensor([prompt])
+            ids = torch.tensor([prompt], device=a.device)
             out = model(input_ids=ids, use_cache=True)
             cache = out.past_key_values
             logits = [out.logits[0, -1].float()]
@@ -197,11 +237,22 @@ def main():
             for _ in range(a.steps):
                 nxt = int(torch.argmax(logits[-1]))
                 generated.append(nxt)
-                out = model(input_ids=torch.tensor([[nxt]]), past_key_values=cache, use_cache=True)
+                out = model(input_ids=torch.tensor([[nxt]], device=a.device), past_key_values=cache, use_cache=True)
                 cache = out.past_key_values
                 logits.append(out.logits[0, -1].float())
-            golden['logits.r%d' % r] = torch.stack(logits).contiguous()
+            golden['logits.r%d' % r] = torch.stack(logits).cpu().contiguous()
             tokens.append(generated)
+    if a.config:  # a full-size vocabulary: the logits as tensors
+        save_file(golden, os.path.join(a.out, 'golden.safetensors'), metadata={'format': 'pt'})
+        with open(os.path.join(a.out, 'golden.json'), 'w') as f:
+            json.dump({'prompts': prompts, 'tokens': tokens, 'steps': a.steps, 'seed': a.seed,
+                       'transformers': transformers.__version__, 'torch': torch.__version__, 'device': a.device,
+                       'about': 'golden.safetensors logits.r<N>: request N\'s logits (float32) at row s - row 0 the '
+                                'last prompt position, row s the s-th greedy step; tokens[r][s] the greedy choice '
+                                'after row s'}, f)
+        print('wrote %s: %d tensors, %.1f GB, %d requests x %d steps' % (a.out, len(hub), total / 1e9, len(prompts),
+                                                                       a.steps))
+        return
     with open(os.path.join(a.out, 'golden.json'), 'w') as f:
         json.dump({'prompts': prompts, 'tokens': tokens, 'steps': a.steps, 'seed': a.seed,
                    'transformers': transformers.__version__, 'torch': torch.__version__,

@@ -339,6 +339,38 @@ def plot_plan(path, out, stem):
     save(fig, out, f"{stem}-placements")
 
 
+def plot_generation(data, out, stem):
+    """dslab generate's runs: TTFT, ITL and end-to-end latency CDFs, and the batch over time, a line per run."""
+    runs = [b for b in data["benchmarks"] if "generation" in b]
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
+    for b in runs:
+        g, label = b["generation"], "concurrency %d" % b.get("concurrency", 0)
+        if len(runs) > len(set(b.get("concurrency") for b in runs)):  # several runs of one concurrency: axes too
+            label += " " + "/".join("%s" % v for k, v in sorted(b.get("axes", {}).items()) if k == "executor")
+        for ax, key, scale in ((axes[0], "ttft_s", 1e3), (axes[1], "itl_s", 1e3), (axes[2], "e2e_s", 1.0)):
+            v = sorted(x * scale for x in g["series"][key])
+            if v:
+                ax.plot(v, [(i + 1) / len(v) for i in range(len(v))], label=label)
+        axes[3].plot(g["series"]["step_t_s"], g["series"]["step_decodes"], label=label, linewidth=0.8)
+    for ax, title, xlabel in ((axes[0], "time to first token", "ms"), (axes[1], "inter-token latency", "ms"),
+                              (axes[2], "end-to-end latency", "s")):
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("fraction of requests" if ax is not axes[1] else "fraction of gaps")
+        ax.grid(alpha=0.3)
+    axes[1].set_xscale("log")
+    axes[3].set_title("batch occupancy: decodes per step")
+    axes[3].set_xlabel("s since the first arrival")
+    axes[3].grid(alpha=0.3)
+    for ax in axes:
+        ax.legend(fontsize=8)
+    ctx = data.get("context", {})
+    fig.suptitle("dslab generate: %s on %s%s" % (ctx.get("engine", "?"), ctx.get("model", "?"),
+                                                 ", " + ctx["gpu_name"] if ctx.get("gpu_name") else ""))
+    fig.tight_layout()
+    save(fig, out, stem)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("results", nargs="*", help="results.json files from `dslab run`")
@@ -350,6 +382,11 @@ def main():
     if not args.results and not args.plan:
         fail("command line: nothing to plot: give results.json files and/or --plan PLAN.json")
     datasets = [load(r) for r in args.results]  # all checked before anything is written
+    if datasets and all(any("generation" in b for b in d["benchmarks"]) for d in datasets):
+        os.makedirs(args.out, exist_ok=True)
+        for i, data in enumerate(datasets):
+            plot_generation(data, args.out, "generate" + ("-%d" % i if len(datasets) > 1 else ""))
+        return
     if args.offload:
         load_offload(args.offload)
     for path in args.plan:

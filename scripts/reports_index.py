@@ -3,7 +3,8 @@
 
   --names            the topic names, space-separated
   --list             each topic and what it runs
-  --spec TOPIC       what scripts/reproduce.sh runs: "calibrate" or "SWEEP NEEDS_GPU SUITE..."
+  --spec TOPIC       what scripts/reproduce.sh runs: "calibrate", "SWEEP NEEDS_GPU SUITE..." or
+                     "generate NEEDS_GPU ARGUMENT..."
   --index DIR        rewrite DIR/README.md (DIR = reports/<device>) from the topic sets present in DIR
 Standard library only (it also runs on bare GPU machines)."""
 import json
@@ -21,12 +22,19 @@ def topics():
 
 
 def matches(entry, where):
-    axes = entry.get('axes', {})
+    axes = dict(entry.get('axes', {}))
+    if 'concurrency' in entry:  # (dslab generate's runs)
+        axes['concurrency'] = entry['concurrency']
     return all(str(axes.get(k)) == str(v) for k, v in where.items())
 
 
 def value_of(entry, spec):
-    if 'counter' in spec:
+    if 'generation' in spec:
+        v = entry.get('generation', {})
+        for part in spec['generation'].split('.'):
+            v = v.get(part) if isinstance(v, dict) else None
+        v = v * spec.get('scale', 1) if isinstance(v, (int, float)) else None
+    elif 'counter' in spec:
         v = entry.get('counters', {}).get(spec['counter'])
     else:
         v = entry.get(spec.get('field', 'real_time'))
@@ -115,14 +123,20 @@ def main(argv):
         print(' '.join(topics()))
     elif len(argv) == 2 and argv[1] == '--list':
         for name, t in topics().items():
-            print('%-13s %s' % (name, 'dslab calibrate' if t.get('calibrate') else
-                                 '%s, suites %s%s' % (t['sweep'], ', '.join(t['suites']), ' (GPU)' if t.get('gpu') else '')))
+            what = ('dslab calibrate' if t.get('calibrate') else 'dslab generate ' + ' '.join(t['generate'])
+                    if 'generate' in t else '%s, suites %s' % (t['sweep'], ', '.join(t['suites'])))
+            print('%-15s %s%s' % (name, what, ' (GPU)' if t.get('gpu') else ''))
     elif len(argv) == 3 and argv[1] == '--spec':
         t = topics().get(argv[2])
         if t is None:
             print('reports_index: topic %r: expected one of %s' % (argv[2], ' '.join(topics())), file=sys.stderr)
             return 2
-        print('calibrate' if t.get('calibrate') else ' '.join([t['sweep'], '1' if t.get('gpu') else '0'] + t['suites']))
+        if t.get('calibrate'):
+            print('calibrate')
+        elif 'generate' in t:
+            print(' '.join(['generate', '1' if t.get('gpu') else '0'] + t['generate']))
+        else:
+            print(' '.join([t['sweep'], '1' if t.get('gpu') else '0'] + t['suites']))
     elif len(argv) == 3 and argv[1] == '--index':
         if not os.path.isdir(argv[2]):
             print('reports_index: %s: not a folder' % argv[2], file=sys.stderr)

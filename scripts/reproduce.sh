@@ -78,6 +78,15 @@ for topic in "${topics[@]}"; do
       { say "$topic: calibrate failed (see $out/calibrate.log)"; status=1; continue; }
     publish "$topic" machine.json
     [ $clean = 1 ] && machine=reports/$device/calibration/machine.json || machine=$out/machine.json
+  elif [ "${words[0]}" = generate ]; then
+    if [ "${words[1]}" = 1 ] && [ $has_gpu = 0 ]; then say "$topic: needs a GPU, none here: skipped"; continue; fi
+    say "$topic: dslab generate ${words[*]:2}"
+    rc=0
+    "$dslab" generate "${words[@]:2}" --out "$out" || rc=$?
+    if [ ! -f "$out/results.json" ]; then say "$topic: no results (dslab generate exit $rc)"; status=1; continue; fi
+    "$python" scripts/plot.py "$out/results.json" --out "$out/plots" >/dev/null 2>&1 || say "$topic: plots failed (matplotlib?)"
+    if [ $rc != 0 ]; then say "$topic: dslab generate exit $rc (tokens differ from one-at-a-time?): not published"; status=1; continue; fi
+    publish "$topic" results.json report.md
   else
     sweep=${words[0]} needs_gpu=${words[1]}
     if [ "$needs_gpu" = 1 ] && [ $has_gpu = 0 ]; then say "$topic: needs a GPU, none here: skipped"; continue; fi

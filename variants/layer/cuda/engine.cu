@@ -114,16 +114,18 @@ struct EngineAxes {
 };
 
 // The shapes an engine runs: decode buckets 1, 2, 4 .. bucket(max_running) of one token each, and prompt chunk buckets
-// 16, 32 .. bucket(chunk_tokens) of one request each.
+// 16, 32 .. bucket(chunk_tokens) of one request each (a chunk of n tokens runs in chunk_bucket(n)).
 struct Shapes {
   std::vector<int64_t> decode_batches, chunk_lengths;
-  int64_t max_batch = 1, max_tokens = 1;
+  int64_t max_batch = 1, max_tokens = 1, max_chunk = 1;
   explicit Shapes(const EngineLimits& l) {
     for (int64_t b = 1; b < 2 * l.max_running; b *= 2) decode_batches.push_back(b);
-    for (int64_t q = kMinChunkBucket; q < 2 * l.chunk_tokens; q *= 2) chunk_lengths.push_back(q);
+    max_chunk = pow2_at_least(l.chunk_tokens);
+    for (int64_t q = std::min(kMinChunkBucket, max_chunk); q <= max_chunk; q *= 2) chunk_lengths.push_back(q);
     max_batch = decode_batches.back();
-    max_tokens = std::max(max_batch, chunk_lengths.back());
+    max_tokens = std::max(max_batch, max_chunk);
   }
+  int64_t chunk_bucket(int64_t n) const { return std::min(max_chunk, std::max(kMinChunkBucket, pow2_at_least(n))); }
 };
 
 class DeepseekEngineCuda final : public Engine {
@@ -321,7 +323,7 @@ class DeepseekEngineCuda final : public Engine {
         chunk.tokens.assign(piece.tokens.begin() + int64_t(at), piece.tokens.begin() + int64_t(at + n));
         chunk.pages = piece.pages;
         chunk.wants_token = piece.wants_token && at + n == piece.tokens.size();
-        run_program(program(false, std::max(kMinChunkBucket, pow2_at_least(int64_t(n)))), {&chunk}, &got,
+        run_program(program(false, Shapes(limits_).chunk_bucket(int64_t(n))), {&chunk}, &got,
                     logits ? &got_logits : nullptr);
         if (chunk.wants_token) {
           next[i] = got[0];
