@@ -35,6 +35,13 @@ struct EnginePiece {
   bool wants_token = false;  // the piece ends the prompt or is a decode: its last token's greedy successor is wanted
 };
 
+// A piece's greedy next token, with what a check of it needs: the gap between its logit and the runner-up's, and the
+// logits row's RMS (the scale numeric noise is measured against).
+struct TokenChoice {
+  int32_t token = -1;
+  float top2_gap = 0, logits_rms = 0;
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -48,10 +55,10 @@ class Engine {
   // Weights (ModelFile::weights, or random from the seed), cache, step programs (graphs captured here).
   virtual void prepare(const ModelFile& model, const Point& axes, const EngineLimits& limits, uint64_t seed) = 0;
   // Runs one scheduler step: every decode piece in one batch, each prompt chunk on its own; returns for each piece
-  // that wants one its greedy next token (-1 for the others). logits, when given, receives each such piece's
+  // that wants one its greedy next token (token -1 for the others). logits, when given, receives each such piece's
   // logits [vocab] (else left alone). Synchronous: the tokens are needed to plan the next step.
-  virtual std::vector<int32_t> step(const std::vector<EnginePiece>& pieces,
-                                    std::vector<std::vector<float>>* logits = nullptr) = 0;
+  virtual std::vector<TokenChoice> step(const std::vector<EnginePiece>& pieces,
+                                        std::vector<std::vector<float>>* logits = nullptr) = 0;
   // Device-busy seconds of the steps so far (events around each launch), and facts of the prepared engine.
   virtual double busy_s() const = 0;
   virtual std::map<std::string, double> counters() const { return {}; }
@@ -61,7 +68,7 @@ using EngineRegistry = OpRegistry<Engine>;
 
 }  // namespace dslab
 
-#define DSLAB_REGISTER_ENGINE(Class, name)                                                     \
-  static const bool dslab_engine_##Class = (::dslab::EngineRegistry::instance().add(          \
-                                                name, [] { return std::unique_ptr<::dslab::Engine>(new Class()); }), \
-                                            true)
+#define DSLAB_REGISTER_ENGINE(Class, name)                                                                          \
+  static const bool dslab_engine_##Class =                                                                          \
+      (::dslab::EngineRegistry::instance().add(name, [] { return std::unique_ptr<::dslab::Engine>(new Class()); }), \
+       true)

@@ -31,6 +31,11 @@ namespace {
 
 using serving::RequestSpec;
 
+// A near-tie (see the verification in cmd_generate): a greedy token ahead of its runner-up by at most this fraction of
+// the logits row's RMS. Logits of one request differ between batch shapes by ~1e-2 of their RMS (bf16 GEMMs of other
+// shapes accumulate in another order); three times that.
+constexpr float kTieFraction = 0.03f;
+
 const char* kGenerateHelp = R"(usage: dslab generate [options]
 
 Runs a request set through a generation engine (the whole model: prefill in chunks, then greedy decode steps) under
@@ -83,8 +88,7 @@ serving::LengthDist parse_dist(const std::string& flag, const std::string& text)
       used = 0;
     }
     if (used != s.size() || s.empty() || !std::isfinite(v))
-      throw BadInput("command line: " + flag + " '" + text +
-                     "': expected fixed:N, uniform:A,B or lognormal:MU,SIGMA");
+      throw BadInput("command line: " + flag + " '" + text + "': expected fixed:N, uniform:A,B or lognormal:MU,SIGMA");
     return v;
   };
   const size_t comma = rest.find(',');
@@ -130,7 +134,8 @@ std::vector<int32_t> prompt_of(const RequestSpec& q, int64_t r, uint64_t seed, i
 struct RunOutcome {
   serving::ServingMetrics metrics;
   std::vector<serving::RequestTimeline> timelines;
-  std::vector<std::vector<int32_t>> tokens;  // per request, its generated tokens
+  std::vector<std::vector<int32_t>> tokens;             // per request, its generated tokens
+  std::vector<std::vector<TokenChoice>> choices;        // and each one's runner-up gap and logits scale
   std::vector<std::vector<std::vector<float>>> logits;  // per request, per generated token (when asked)
   double busy_s = 0, prefill_latency_s = 0, decode_step_p50_s = 0, mean_decodes = 0;
   std::vector<double> step_t, step_decodes, step_prefill_tokens;  // the occupancy over time, a sample per step
@@ -147,6 +152,7 @@ RunOutcome run_requests(Engine& engine, const std::vector<RequestSpec>& requests
   serving::Scheduler scheduler(sc, requests);
   RunOutcome out;
   out.tokens.resize(requests.size());
+  out.choices.resize(requests.size());
   if (keep_logits) out.logits.resize(requests.size());
   const double busy0 = engine.busy_s();
   std::vector<double> decode_steps;
@@ -187,11 +193,12 @@ RunOutcome run_requests(Engine& engine, const std::vector<RequestSpec>& requests
     }
     std::vector<std::vector<float>> logits;
     const double began = now();
-    const std::vector<int32_t> next = engine.step(pieces, keep_logits ? &logits : nullptr);
+    const std::vector<TokenChoice> next = engine.step(pieces, keep_logits ? &logits : nullptr);
     size_t k = 0;
     for (size_t i = 0; i < pieces.size(); ++i)
       if (pieces[i].wants_token) {
-        out.tokens[size_t(pieces[i].request)].push_back(next[i]);
+        out.tokens[size_t(pieces[i].request)].push_back(next[i].token);
+        out.choices[size_t(pieces[i].request)].push_back(next[i]);
         if (keep_logits) out.logits[size_t(pieces[i].request)].push_back(std::move(logits[k++]));
         ++done_tokens;
       }
@@ -223,10 +230,10 @@ nlohmann::json distribution_json(const serving::Distribution& d) {
 }
 
 int cmd_generate(int argc, char** argv) {
-  const Args a = parse_args(argc, argv, 2, {"--no-verify", "--list-axes"},
-                            {"--model", "--weights", "--engine", "--requests", "--input", "--output", "--rate",
-                             "--trace", "--concurrency", "--chunk", "--page-size", "--axis", "--logits", "--seed",
-                             "--out"});
+  const Args a =
+      parse_args(argc, argv, 2, {"--no-verify", "--list-axes"},
+                 {"--model", "--weights", "--engine", "--requests", "--input", "--output", "--rate", "--trace",
+                  "--concurrency", "--chunk", "--page-size", "--axis", "--logits", "--seed", "--out"});
   if (!a.positional.empty()) throw BadInput("command line: unexpected argument '" + a.positional[0] + "'");
   const std::string engine_name = a.one("--engine", "layer/deepseek/cuda");
   std::unique_ptr<Engine> engine = EngineRegistry::instance().make(engine_name);
@@ -278,15 +285,17 @@ int cmd_generate(int argc, char** argv) {
     ids.insert(ids.end(), requests[r].continuation.begin(), requests[r].continuation.end());
     for (int32_t id : ids)
       if (id >= vocab)
-        throw BadInput(a.one("--trace") + ": request " + std::to_string(r) + ": field 'prompt' or 'continuation': token id " +
-                       std::to_string(id) + ": expected below vocab_size " + std::to_string(vocab));
+        throw BadInput(a.one("--trace") + ": request " + std::to_string(r) +
+                       ": field 'prompt' or 'continuation': token id " + std::to_string(id) +
+                       ": expected below vocab_size " + std::to_string(vocab));
   }
   std::vector<int64_t> concurrencies;
   for (const auto& c : split_commas(a.one("--concurrency", "16"))) {
     char* end = nullptr;
     const long long v = std::strtoll(c.c_str(), &end, 10);
     if (c.empty() || *end || v < 1)
-      throw BadInput("command line: --concurrency '" + a.one("--concurrency") + "': expected positive integers, e.g. 1,16,64");
+      throw BadInput("command line: --concurrency '" + a.one("--concurrency") +
+                     "': expected positive integers, e.g. 1,16,64");
     concurrencies.push_back(v);
   }
   EngineLimits limits;
@@ -362,7 +371,7 @@ int cmd_generate(int argc, char** argv) {
     const Point& p = points[pi];
     std::fprintf(stderr, "preparing %s on %s (%s)\n", engine_name.c_str(), model.name.c_str(), p.label().c_str());
     engine->prepare(model, p, point_limits[pi], seed);
-    std::vector<std::vector<int32_t>> alone;
+    RunOutcome alone;
     // The one-at-a-time tokens first: a run of concurrency 1 if asked for, else a check run (0) that reports nothing.
     std::vector<int64_t> order = concurrencies;
     std::stable_partition(order.begin(), order.end(), [](int64_t c) { return c == 1; });
@@ -376,7 +385,7 @@ int cmd_generate(int argc, char** argv) {
       const std::string label = "concurrency " + std::to_string(running) + (check_only ? " (one at a time)" : "");
       const bool keep_logits = !logits_path.empty() && !check_only && dumps.empty() && pi == 0;
       const RunOutcome o = run_requests(*engine, set, prompts, running, point_limits[pi], keep_logits, label);
-      if (running == 1 && alone.empty()) alone = o.tokens;
+      if (running == 1 && alone.tokens.empty()) alone = o;
       if (check_only) continue;
       const auto& m = o.metrics;
       nlohmann::json e;
@@ -429,24 +438,43 @@ int cmd_generate(int argc, char** argv) {
       e["counters"] = engine->counters();
       std::string verdict = "not checked";
       if (verify) {
-        int64_t same = 0;
+        // Identical, or diverged at a near-tie: where the tokens first differ, the one-at-a-time run's greedy token
+        // led its runner-up by less than kTieFraction of its logits' RMS (a few times the logits' numeric noise
+        // between batch shapes), so which way it went is the arithmetic's rounding, not a result; after that the two
+        // continue from different tokens. Any other difference fails.
+        int64_t same = 0, ties = 0;
         nlohmann::json differing = nlohmann::json::array();
         for (size_t r = 0; r < requests.size(); ++r) {
-          if (o.tokens[r] == alone[r]) {
+          if (o.tokens[r] == alone.tokens[r]) {
             ++same;
             continue;
           }
           size_t at = 0;
-          while (at < o.tokens[r].size() && o.tokens[r][at] == alone[r][at]) ++at;
-          differing.push_back({{"request", r}, {"first_different_token", at}});
+          while (at < o.tokens[r].size() && o.tokens[r][at] == alone.tokens[r][at]) ++at;
+          const TokenChoice& a = alone.choices[r][at];
+          const TokenChoice& b = o.choices[r][at];
+          const bool tie = a.top2_gap <= kTieFraction * a.logits_rms && b.top2_gap <= kTieFraction * b.logits_rms;
+          ties += tie ? 1 : 0;
+          differing.push_back({{"request", r},
+                               {"first_different_token", at},
+                               {"alone_top2_gap", a.top2_gap},
+                               {"batched_top2_gap", b.top2_gap},
+                               {"logits_rms", a.logits_rms},
+                               {"near_tie", tie}});
         }
-        e["verification"] = {{"check", "generated tokens equal the request's tokens run alone (concurrency 1)"},
+        const bool pass = same + ties == int64_t(requests.size());
+        e["verification"] = {{"check",
+                              "generated tokens equal the request's tokens run alone (concurrency 1), or "
+                              "first differ at a near-tie (both runs' top-2 logit gap <= " +
+                                  std::to_string(kTieFraction) + " x the logits' RMS)"},
                              {"requests", requests.size()},
                              {"identical", same},
+                             {"diverged_at_near_tie", ties},
                              {"differing", differing},
-                             {"pass", same == int64_t(requests.size())}};
-        verdict = std::to_string(same) + " / " + std::to_string(requests.size());
-        if (same != int64_t(requests.size())) ++failures;
+                             {"pass", pass}};
+        verdict = std::to_string(same) + " / " + std::to_string(requests.size()) +
+                  (ties ? " (+" + std::to_string(ties) + " from a near-tie)" : "");
+        if (!pass) ++failures;
       }
       benchmarks.push_back(e);
       char row[512];
@@ -476,16 +504,16 @@ int cmd_generate(int argc, char** argv) {
   write_json_atomically(out_dir + "/results.json", {{"context", context}, {"benchmarks", benchmarks}});
   std::ofstream report(out_dir + "/report.md.tmp");
   report << "# dslab generate: " << engine_name << " on " << model.name
-         << (weights.empty() ? " (random weights, seed " + std::to_string(seed) + ")" : " (" + weights + ")")
-         << "\n\n"
+         << (weights.empty() ? " (random weights, seed " + std::to_string(seed) + ")" : " (" + weights + ")") << "\n\n"
          << "Request set: " << set_json.dump() << "; chunk " << limits.chunk_tokens << " tokens, pages of "
          << limits.page_size << ".";
   if (gpu_info().present) report << " GPU: " << gpu_info().name << ".";
-  report << "\n\nTTFT = first token - arrival; TPOT = (finish - first token) / (output tokens - 1); ITL = gaps between a "
-            "request's tokens; throughputs over first arrival to last finish (SGLang's and vLLM's definitions). "
-            "bench_one_batch's prefill latency and median decode step are in results.json (prefill_latency_s, "
-            "decode_step_p50_s).\n\n"
-         << table;
+  report
+      << "\n\nTTFT = first token - arrival; TPOT = (finish - first token) / (output tokens - 1); ITL = gaps between a "
+         "request's tokens; throughputs over first arrival to last finish (SGLang's and vLLM's definitions). "
+         "bench_one_batch's prefill latency and median decode step are in results.json (prefill_latency_s, "
+         "decode_step_p50_s).\n\n"
+      << table;
   report.close();
   std::filesystem::rename(out_dir + "/report.md.tmp", out_dir + "/report.md");
   if (!logits_path.empty()) {

@@ -185,13 +185,14 @@ std::vector<RequestSpec> load_trace(const std::string& path) {
     if (j.contains("prompt")) {  // the prompt's token ids themselves (input_len, if given too, must agree)
       const auto& p = j.at("prompt");
       bool ok = p.is_array() && !p.empty();
-      for (const auto& id : p) ok = ok && id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (1ll << 31);
+      for (const auto& id : p)
+        ok = ok && id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (1ll << 31);
       if (!ok) throw bad_field(where, "prompt", p.dump().substr(0, 40), "a non-empty list of token ids");
       q.prompt = p.get<std::vector<int32_t>>();
       if (!j.contains("input_len")) j["input_len"] = int64_t(q.prompt.size());
       if (j.at("input_len") != int64_t(q.prompt.size()))
-        throw bad_field(where, "input_len", j.at("input_len").dump(), "the prompt's length, " +
-                                                                          std::to_string(q.prompt.size()));
+        throw bad_field(where, "input_len", j.at("input_len").dump(),
+                        "the prompt's length, " + std::to_string(q.prompt.size()));
     }
     for (const char* k : {"input_len", "output_len"}) {
       if (!j.contains(k) || !j.at(k).is_number_integer() || j.at(k).get<int64_t>() < 1)
@@ -202,7 +203,8 @@ std::vector<RequestSpec> load_trace(const std::string& path) {
     if (j.contains("continuation")) {
       const auto& c = j.at("continuation");
       bool ok = c.is_array() && int64_t(c.size()) == q.output_len - 1;
-      for (const auto& id : c) ok = ok && id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (1ll << 31);
+      for (const auto& id : c)
+        ok = ok && id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < (1ll << 31);
       if (!ok)
         throw bad_field(where, "continuation", c.dump().substr(0, 40),
                         "output_len - 1 = " + std::to_string(q.output_len - 1) + " token ids");

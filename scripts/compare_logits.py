@@ -4,8 +4,12 @@ and greedy tokens with transformers' (golden.json, golden.safetensors in the che
 
 dslab is fed transformers' tokens after each prompt (the trace's "continuation": teacher forcing), so every row is
 compared even where a near-tie would have sent the two engines different ways; its own greedy choice at every row is
-compared with transformers'. Rows: the last prompt position, then each decode step. Tolerance: relative L2 of a
-row's logits <= --tolerance (default 2e-2: bf16 weights, activations and cache against transformers' float32).
+compared with transformers'. Rows: the last prompt position, then each decode step.
+
+The bar: bf16 arithmetic lands away from float32 by itself (routing near-ties flip experts, greedy near-ties flip
+tokens), so the yardstick is transformers' own bf16 run of the same checkpoint (logits_bf16.r<N>, fed the same
+tokens): dslab's median and worst row error against float32 within max(--tolerance, 1.5 x transformers-bf16's), and
+its greedy tokens off float32's at no more rows than transformers-bf16's + 1.
 
 Usage: scripts/compare_logits.py --checkpoint DIR [--dslab build/dslab] [--out DIR] [--tolerance 0.02]
        [--axis NAME=VALUE ...] (dslab generate's engine axes)
@@ -57,24 +61,43 @@ def main():
     if subprocess.call(cmd) != 0:
         fail('dslab generate failed')
     got = load_file(got_path)
-    rows, worst, token_misses = [], 0.0, 0
+    rows, ours, theirs, our_flips, their_flips = [], [], [], 0, 0
+
+    def rel(x, y):
+        return float(np.linalg.norm(x - y) / np.linalg.norm(y))
+
     for r, toks in enumerate(tokens):
         g, w = got['logits.r%d' % r].astype(np.float64), want['logits.r%d' % r].astype(np.float64)
+        h = want['logits_bf16.r%d' % r].astype(np.float64) if 'logits_bf16.r%d' % r in want else None
         mine = got['tokens.r%d' % r]
         for s in range(min(len(g), len(w))):
-            err = float(np.linalg.norm(g[s] - w[s]) / np.linalg.norm(w[s]))
-            worst = max(worst, err)
-            theirs = int(np.argmax(w[s]))
-            if s < len(toks) and theirs != toks[s]:
+            best = int(np.argmax(w[s]))
+            if s < len(toks) and best != toks[s]:
                 fail('golden tokens and golden logits disagree at request %d row %d' % (r, s))
             top2 = np.sort(w[s])[-2:]
-            rows.append({'request': r, 'row': s, 'rel_l2': err, 'dslab_token': int(mine[s]), 'transformers_token': theirs,
-                         'transformers_top2_gap': float(top2[1] - top2[0])})
-            token_misses += int(mine[s]) != theirs
-    ok = worst <= a.tolerance and token_misses == 0
+            row = {'request': r, 'row': s, 'rel_l2': rel(g[s], w[s]), 'dslab_token': int(mine[s]),
+                   'transformers_token': best, 'top2_gap_over_rms': float((top2[1] - top2[0]) / np.sqrt(np.mean(w[s] ** 2)))}
+            ours.append(row['rel_l2'])
+            our_flips += int(mine[s]) != best
+            if h is not None:
+                row['transformers_bf16_rel_l2'] = rel(h[s], w[s])
+                row['transformers_bf16_token'] = int(np.argmax(h[s]))
+                theirs.append(row['transformers_bf16_rel_l2'])
+                their_flips += row['transformers_bf16_token'] != best
+            rows.append(row)
+    med, worst = float(np.median(ours)), max(ours)
+    if theirs:
+        t_med, t_worst = float(np.median(theirs)), max(theirs)
+        ok = (med <= max(a.tolerance, 1.5 * t_med) and worst <= max(a.tolerance, 1.5 * t_worst)
+              and our_flips <= their_flips + 1)
+    else:
+        t_med = t_worst = None
+        ok = worst <= a.tolerance and our_flips == 0
     summary = {'checkpoint': a.checkpoint, 'requests': len(prompts), 'prompt_lengths': [len(x) for x in prompts],
-               'rows': len(rows), 'worst_rel_l2': worst, 'tolerance': a.tolerance,
-               'greedy_tokens_differing': token_misses, 'pass': ok, 'transformers': golden.get('transformers'),
+               'rows': len(rows), 'median_rel_l2': med, 'worst_rel_l2': worst, 'greedy_tokens_off_float32': our_flips,
+               'transformers_bf16': {'median_rel_l2': t_med, 'worst_rel_l2': t_worst,
+                                     'greedy_tokens_off_float32': their_flips} if theirs else None,
+               'tolerance': a.tolerance, 'pass': ok, 'transformers': golden.get('transformers'),
                'transformers_device': golden.get('device'), 'detail': rows}
     with open(os.path.join(a.out, 'comparison.json'), 'w') as f:
         json.dump(summary, f, indent=1)
@@ -82,16 +105,22 @@ def main():
         f.write('# dslab against transformers %s (%s) on %s\n\n' % (golden.get('transformers'), golden.get('device'),
                                                                   a.checkpoint))
         f.write('%d requests (prompts of %s tokens), %d rows (the last prompt position and each decode step, '
-                'transformers\' tokens fed to both): worst relative L2 of a row\'s logits %.2e (tolerance %.0e); '
-                'greedy tokens differing: %d.\n\n' % (len(prompts), ', '.join(str(len(x)) for x in prompts), len(rows),
-                                                      worst, a.tolerance, token_misses))
-        f.write('| request | row | relative L2 | dslab token | transformers token | transformers top-2 gap |\n'
-                '|---|---|---|---|---|---|\n')
+                'transformers\' float32 tokens fed to both). Against transformers in float32, relative L2 of a '
+                'row\'s logits, median / worst: dslab %.2e / %.2e' % (len(prompts), ', '.join(str(len(x)) for x in prompts),
+                                                                  len(rows), med, worst))
+        if theirs:
+            f.write(', transformers in bf16 %.2e / %.2e' % (t_med, t_worst))
+        f.write('; greedy tokens off float32\'s: dslab %d%s. %s\n\n' % (
+            our_flips, ', transformers-bf16 %d' % their_flips if theirs else '', 'PASS' if ok else 'FAIL'))
+        f.write('| request | row | dslab rel. L2 | transformers-bf16 rel. L2 | dslab token | bf16 token | float32 token '
+                '| top-2 gap / RMS |\n|---|---|---|---|---|---|---|---|\n')
         for x in rows:
-            f.write('| %d | %d | %.2e | %d | %d | %.3g |\n' % (x['request'], x['row'], x['rel_l2'], x['dslab_token'],
-                                                            x['transformers_token'], x['transformers_top2_gap']))
-    print('%d rows: worst relative L2 %.2e (tolerance %.0e), greedy tokens differing %d: %s' %
-          (len(rows), worst, a.tolerance, token_misses, 'PASS' if ok else 'FAIL'))
+            f.write('| %d | %d | %.2e | %s | %d | %s | %d | %.3g |\n' % (
+                x['request'], x['row'], x['rel_l2'], '%.2e' % x['transformers_bf16_rel_l2'] if theirs else '',
+                x['dslab_token'], x.get('transformers_bf16_token', ''), x['transformers_token'], x['top2_gap_over_rms']))
+    print('%d rows: dslab median / worst relative L2 %.2e / %.2e, tokens off %d; transformers-bf16 %s: %s' %
+          (len(rows), med, worst, our_flips, '%.2e / %.2e, tokens off %d' % (t_med, t_worst, their_flips)
+           if theirs else 'not in the golden', 'PASS' if ok else 'FAIL'))
     return 0 if ok else 1
 
 

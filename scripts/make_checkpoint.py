@@ -242,6 +242,17 @@ def main():
                 logits.append(out.logits[0, -1].float())
             golden['logits.r%d' % r] = torch.stack(logits).cpu().contiguous()
             tokens.append(generated)
+        # transformers in bf16 on the same weights, fed the float32 run's tokens: how far a bf16 engine lands from
+        # float32 by its arithmetic alone, the yardstick dslab's bf16 logits are held to.
+        model.to(torch.bfloat16)
+        for r, prompt in enumerate(prompts):
+            out = model(input_ids=torch.tensor([prompt], device=a.device), use_cache=True)
+            cache, rows = out.past_key_values, [out.logits[0, -1].float()]
+            for nxt in tokens[r]:
+                out = model(input_ids=torch.tensor([[nxt]], device=a.device), past_key_values=cache, use_cache=True)
+                cache = out.past_key_values
+                rows.append(out.logits[0, -1].float())
+            golden['logits_bf16.r%d' % r] = torch.stack(rows).cpu().contiguous()
     if a.config:  # a full-size vocabulary: the logits as tensors
         save_file(golden, os.path.join(a.out, 'golden.safetensors'), metadata={'format': 'pt'})
         with open(os.path.join(a.out, 'golden.json'), 'w') as f:
@@ -249,7 +260,7 @@ def main():
                        'transformers': transformers.__version__, 'torch': torch.__version__, 'device': a.device,
                        'about': 'golden.safetensors logits.r<N>: request N\'s logits (float32) at row s - row 0 the '
                                 'last prompt position, row s the s-th greedy step; tokens[r][s] the greedy choice '
-                                'after row s'}, f)
+                                'after row s; logits_bf16.r<N>: the same model in bf16, fed those tokens'}, f)
         print('wrote %s: %d tensors, %.1f GB, %d requests x %d steps' % (a.out, len(hub), total / 1e9, len(prompts),
                                                                        a.steps))
         return
@@ -257,9 +268,12 @@ def main():
         json.dump({'prompts': prompts, 'tokens': tokens, 'steps': a.steps, 'seed': a.seed,
                    'transformers': transformers.__version__, 'torch': torch.__version__,
                    'about': 'logits[r][s]: request r\'s logits (float32, 7 digits) at row s - row 0 the last prompt '
-                            'position, row s the s-th greedy step; tokens[r][s] the greedy choice after row s',
+                            'position, row s the s-th greedy step; tokens[r][s] the greedy choice after row s; '
+                            'logits_bf16: the same model in bf16 (5 digits), fed those tokens',
                    'logits': [[[float('%.7g' % v) for v in row.tolist()] for row in golden['logits.r%d' % r]]
-                              for r in range(len(prompts))]}, f)
+                              for r in range(len(prompts))],
+                   'logits_bf16': [[[float('%.5g' % v) for v in row.tolist()] for row in golden['logits_bf16.r%d' % r]]
+                                   for r in range(len(prompts))]}, f)
     print('wrote %s: %d tensors, %.1f MB, %d requests x %d steps' % (a.out, len(hub), total / 1e6, len(prompts), a.steps))
 
 

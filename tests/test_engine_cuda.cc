@@ -4,6 +4,7 @@
 // `dslab generate`'s bad input is checked on every machine.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -35,8 +36,18 @@ double rel_l2(const std::vector<float>& a, const std::vector<double>& b) {
   return std::sqrt(num / den);
 }
 
-// bf16 weights, activations and cache against transformers' float32 on the same weights (the bar).
-constexpr double kLogitsTolerance = 2e-2;
+// bf16 arithmetic against float32: transformers' own bf16 run of each golden checkpoint (golden.json's logits_bf16,
+// fed the float32 run's tokens) lands up to 3e-2 (V2) and 0.56 (V3: one routing flip) from its float32 run, and picks
+// another greedy token at 1-2 of the 36 rows. The engine is held to that yardstick: its median and worst row within
+// max(2e-2, 1.5 x transformers-bf16's), its greedy tokens off float32's at no more rows than transformers-bf16's + 1.
+constexpr double kLogitsTolerance = 2e-2, kYardstickFactor = 1.5;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int32_t argmax(const std::vector<double>& v) { return int32_t(std::max_element(v.begin(), v.end()) - v.begin()); }
 
 void engine_matches_transformers(const std::string& kind, const std::string& executor) {
   auto engine = EngineRegistry::instance().make("layer/deepseek/cuda");
@@ -47,6 +58,7 @@ void engine_matches_transformers(const std::string& kind, const std::string& exe
   const auto prompts = golden.at("prompts").get<std::vector<std::vector<int32_t>>>();
   const auto tokens = golden.at("tokens").get<std::vector<std::vector<int32_t>>>();
   const auto logits = golden.at("logits").get<std::vector<std::vector<std::vector<double>>>>();
+  const auto logits_bf16 = golden.at("logits_bf16").get<std::vector<std::vector<std::vector<double>>>>();
   ModelFile model = load_model_file(kData + kind + "/config.json");
   model.weights = kData + kind;
   EngineLimits limits;
@@ -67,7 +79,8 @@ void engine_matches_transformers(const std::string& kind, const std::string& exe
   // Each request's pages, in reverse order of the pool (a page table is not contiguous).
   std::vector<std::vector<int32_t>> pages(prompts.size());
   for (size_t r = 0; r < prompts.size(); ++r)
-    for (int64_t i = 0; i < per_request; ++i) pages[r].push_back(int32_t(limits.pages - 1 - int64_t(r) * per_request - i));
+    for (int64_t i = 0; i < per_request; ++i)
+      pages[r].push_back(int32_t(limits.pages - 1 - int64_t(r) * per_request - i));
   // The prompts, all in one step; then the decodes, transformers' tokens fed (one disagreement does not cascade).
   std::vector<EnginePiece> pieces(prompts.size());
   for (size_t r = 0; r < prompts.size(); ++r) {
@@ -76,18 +89,21 @@ void engine_matches_transformers(const std::string& kind, const std::string& exe
     pieces[r].pages = &pages[r];
     pieces[r].wants_token = true;
   }
-  double worst = 0;
+  std::vector<double> ours, theirs;  // row errors against float32: the engine's, transformers-bf16's
+  int our_flips = 0, their_flips = 0;
   const size_t steps = tokens[0].size();
   for (size_t step = 0; step <= steps; ++step) {
     std::vector<std::vector<float>> out;
-    const std::vector<int32_t> next = engine->step(pieces, &out);
+    const std::vector<TokenChoice> next = engine->step(pieces, &out);
     ASSERT_EQ(out.size(), prompts.size());
     for (size_t r = 0; r < prompts.size(); ++r) {
       if (step >= logits[r].size()) continue;
-      const double err = rel_l2(out[r], logits[r][step]);
-      worst = std::max(worst, err);
-      EXPECT_LE(err, kLogitsTolerance) << kind << " " << executor << " request " << r << " step " << step;
-      if (step < tokens[r].size()) EXPECT_EQ(next[r], tokens[r][step]) << kind << " request " << r << " step " << step;
+      ours.push_back(rel_l2(out[r], logits[r][step]));
+      const std::vector<float> bf16(logits_bf16[r][step].begin(), logits_bf16[r][step].end());
+      theirs.push_back(rel_l2(bf16, logits[r][step]));
+      const int32_t want = argmax(logits[r][step]);
+      our_flips += next[r].token != want;
+      their_flips += argmax(logits_bf16[r][step]) != want;
     }
     if (step == steps) break;
     for (size_t r = 0; r < prompts.size(); ++r) {
@@ -96,8 +112,16 @@ void engine_matches_transformers(const std::string& kind, const std::string& exe
       pieces[r].decode = true;
     }
   }
-  std::printf("%s %s: %zu requests, prefill + %zu decode steps, worst logits relative L2 %.2e (tolerance %.0e)\n",
-              kind.c_str(), executor.c_str(), prompts.size(), steps, worst, kLogitsTolerance);
+  const double worst = *std::max_element(ours.begin(), ours.end()),
+               their_worst = *std::max_element(theirs.begin(), theirs.end());
+  std::printf(
+      "%s %s: %zu rows; against float32, median / worst row: engine %.2e / %.2e, transformers-bf16 %.2e / "
+      "%.2e; greedy tokens off float32's: engine %d, transformers-bf16 %d\n",
+      kind.c_str(), executor.c_str(), ours.size(), median(ours), worst, median(theirs), their_worst, our_flips,
+      their_flips);
+  EXPECT_LE(median(ours), std::max(kLogitsTolerance, kYardstickFactor * median(theirs)));
+  EXPECT_LE(worst, std::max(kLogitsTolerance, kYardstickFactor * their_worst));
+  EXPECT_LE(our_flips, their_flips + 1);
 }
 
 TEST(GpuEngine, DeepseekV2MatchesTransformersGraphed) { engine_matches_transformers("v2", "graph"); }

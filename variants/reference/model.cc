@@ -6,8 +6,6 @@
 
 namespace dslab::ref {
 
-namespace {
-
 MlpParams load_mlp(const Checkpoint& c, const std::string& prefix, int64_t hidden, int64_t intermediate) {
   MlpParams p;
   p.intermediate = intermediate;
@@ -16,8 +14,6 @@ MlpParams load_mlp(const Checkpoint& c, const std::string& prefix, int64_t hidde
   p.down_proj = c.bf16_tensor(prefix + "down_proj.weight", {hidden, intermediate});
   return p;
 }
-
-}  // namespace
 
 MlaParams load_mla_params(const Checkpoint& c, int64_t layer) {
   const ModelConfig& m = c.config();

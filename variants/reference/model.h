@@ -25,6 +25,8 @@ ModelParams load_model_params(const Checkpoint& checkpoint);
 // One decoder layer's; lazy_experts: the routed experts read when the reference reaches them (MoeParams::make_expert,
 // which then refers to `checkpoint`).
 LayerParams load_layer_params(const Checkpoint& checkpoint, int64_t layer, bool lazy_experts = false);
+// A SwiGLU MLP's three projections under `prefix` ("model.layers.1.mlp.shared_experts."), [intermediate][hidden].
+MlpParams load_mlp(const Checkpoint& checkpoint, const std::string& prefix, int64_t hidden, int64_t intermediate);
 // One layer's attention weights (all num_attention_heads heads).
 MlaParams load_mla_params(const Checkpoint& checkpoint, int64_t layer);
 // The first layer with routed experts (first_k_dense_replace, moe_layer_freq), its router and one routed expert.

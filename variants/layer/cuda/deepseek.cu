@@ -593,7 +593,7 @@ Verification DeepseekLayerCuda::verify() {
     for (int64_t t = 0; t < B * S; ++t) {
       const int64_t id = token_id(seed_, step, t, V);
       const std::string inputs = "layer_inputs.s" + std::to_string(step);
-      const auto row = !P.whole     ? host_random_rows(seed_, inputs, t * H, H, kUnitScale)
+      const auto row = !P.whole      ? host_random_rows(seed_, inputs, t * H, H, kUnitScale)
                        : checkpoint_ ? std::vector<double>()
                                      : host_random_rows(seed_, "embed_tokens", id * H, H, kUnitScale);
       for (int64_t j = 0; j < H; ++j)
@@ -647,7 +647,8 @@ Verification DeepseekLayerCuda::verify() {
       if (step + 1 < verified_steps_)  // this step's keys, for the next step: as the attention makes them
 #pragma omp parallel for schedule(dynamic)
         for (int64_t b = 0; b < B; ++b) {
-          std::vector<double> normed(static_cast<size_t>(H)), kv(static_cast<size_t>(r + rope)), c(static_cast<size_t>(r));
+          std::vector<double> normed(static_cast<size_t>(H)), kv(static_cast<size_t>(r + rope)),
+              c(static_cast<size_t>(r));
           for (int64_t s = 0; s < S; ++s) {
             ref::rms_norm(&x[size_t((b * S + s) * H)], params.input_layernorm.data(), H, m_.rms_norm_eps,
                           normed.data());

@@ -107,7 +107,7 @@ class DeepseekLayerCuda : public Variant {
   cudaGraphExec_t graph_ = nullptr;
   int captures_ = 0;
   bool record_ = false;
-  int routing_flips_ = 0;       // near-ties the last verify() found (reference followed the GPU)
+  int routing_flips_ = 0;  // near-ties the last verify() found (reference followed the GPU)
   int64_t verified_steps_ = 0, verified_requests_ = 0;
   DeviceArray<float> history_;  // [steps][rows][width] when recording
   std::vector<float> host_out_;

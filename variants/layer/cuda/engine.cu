@@ -58,27 +58,42 @@ int64_t pow2_at_least(int64_t n) {
   return b;
 }
 
-// out[i] = the first index of the largest value of logits row rows[i] (a NaN row gives INT32_MAX: an error upstream).
-__global__ void argmax_rows_kernel(const float* logits, int64_t vocab, const int32_t* rows, int32_t* out) {
+// Row rows[i] of the logits: its first largest value's index into out[i], and the runner-up's gap and the row's RMS
+// into gap[i], rms[i] (a NaN row gives INT32_MAX: an error upstream).
+__global__ void argmax_rows_kernel(const float* logits, int64_t vocab, const int32_t* rows, int32_t* out, float* gap,
+                                   float* rms) {
   const float* row = logits + int64_t(rows[blockIdx.x]) * vocab;
-  float best = -INFINITY;
+  float best = -INFINITY, second = -INFINITY, squares = 0;
   int32_t arg = INT32_MAX;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x)
-    if (row[i] > best) best = row[i], arg = int32_t(i);  // (strided ascending: the first maximum of this thread)
-  __shared__ float values[kArgmaxThreads];
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {  // (strided ascending: this thread's first maximum)
+    const float v = row[i];
+    squares += v * v;
+    if (v > best) {
+      second = best, best = v, arg = int32_t(i);
+    } else if (v > second) {
+      second = v;
+    }
+  }
+  __shared__ float firsts[kArgmaxThreads], seconds[kArgmaxThreads], sums[kArgmaxThreads];
   __shared__ int32_t args[kArgmaxThreads];
-  values[threadIdx.x] = best, args[threadIdx.x] = arg;
+  firsts[threadIdx.x] = best, seconds[threadIdx.x] = second, sums[threadIdx.x] = squares, args[threadIdx.x] = arg;
   __syncthreads();
   for (int s = kArgmaxThreads / 2; s > 0; s >>= 1) {
     if (threadIdx.x < s) {
-      const float v = values[threadIdx.x + s];
-      const int32_t a = args[threadIdx.x + s];
-      if (v > values[threadIdx.x] || (v == values[threadIdx.x] && a < args[threadIdx.x]))
-        values[threadIdx.x] = v, args[threadIdx.x] = a;
+      const int o = threadIdx.x + s;
+      const float f = firsts[threadIdx.x], g = firsts[o];
+      const bool other = g > f || (g == f && args[o] < args[threadIdx.x]);
+      seconds[threadIdx.x] = fmaxf(fmaxf(seconds[threadIdx.x], seconds[o]), other ? f : g);
+      if (other) firsts[threadIdx.x] = g, args[threadIdx.x] = args[o];
+      sums[threadIdx.x] += sums[o];
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) out[blockIdx.x] = args[0];
+  if (threadIdx.x == 0) {
+    out[blockIdx.x] = args[0];
+    gap[blockIdx.x] = firsts[0] - seconds[0];
+    rms[blockIdx.x] = sqrtf(sums[0] / float(vocab));
+  }
 }
 
 // The engine's axes, parsed.
@@ -133,9 +148,12 @@ class DeepseekEngineCuda final : public Engine {
   ~DeepseekEngineCuda() override { release(); }
 
   std::vector<std::pair<std::string, std::string>> axes() const override {
-    return {{"attn", "mla/fused/cuda"}, {"prefill_attn", "mla/cc/cuda"},
-            {"moe", "moe/grouped_wgmma/cuda"}, {"executor", "graph"},
-            {"kv_dtype", "bf16"}, {"proj", "own"},
+    return {{"attn", "mla/fused/cuda"},
+            {"prefill_attn", "mla/cc/cuda"},
+            {"moe", "moe/grouped_wgmma/cuda"},
+            {"executor", "graph"},
+            {"kv_dtype", "bf16"},
+            {"proj", "own"},
             {"pdl", "on"}};
   }
   bool reads_weights() const override { return true; }
@@ -238,8 +256,8 @@ class DeepseekEngineCuda final : public Engine {
     DSLAB_CUDA(cudaMallocHost(&meta_host_, size_t(meta_ints_) * 4));
     std::fill(meta_host_, meta_host_ + meta_ints_, 0);
     rows_.resize(size_t(T));
-    tokens_.resize(size_t(T));
-    DSLAB_CUDA(cudaMallocHost(&tokens_host_, size_t(T) * 4));
+    tokens_.resize(size_t(3 * T));
+    DSLAB_CUDA(cudaMallocHost(&tokens_host_, size_t(3 * T) * 4));
 
     // Caches: each layer a pool of the scheduler's pages plus one spare (the last), read through the one page table.
     spare_page_ = int32_t(l.pages);
@@ -287,8 +305,9 @@ class DeepseekEngineCuda final : public Engine {
     busy_s_ = 0;
   }
 
-  std::vector<int32_t> step(const std::vector<EnginePiece>& pieces, std::vector<std::vector<float>>* logits) override {
-    std::vector<int32_t> next(pieces.size(), -1);
+  std::vector<TokenChoice> step(const std::vector<EnginePiece>& pieces,
+                                std::vector<std::vector<float>>* logits) override {
+    std::vector<TokenChoice> next(pieces.size());
     std::vector<std::vector<float>> piece_logits(pieces.size());
     std::vector<size_t> decodes;
     for (size_t i = 0; i < pieces.size(); ++i) {
@@ -298,7 +317,7 @@ class DeepseekEngineCuda final : public Engine {
         throw std::logic_error("engine: a piece the scheduler cannot have planned");
       if (piece.decode) decodes.push_back(i);
     }
-    std::vector<int32_t> got;
+    std::vector<TokenChoice> got;
     std::vector<std::vector<float>> got_logits;
     // The decodes, in batches of at most max_running.
     for (size_t first = 0; first < decodes.size(); first += size_t(limits_.max_running)) {
@@ -496,8 +515,7 @@ class DeepseekEngineCuda final : public Engine {
     size_t moe_i = 0, dense_i = 0;
     for (size_t i = 0; i < weights_.size(); ++i) {
       prog.attn[i]->forward(stream);
-      add_norm(T, resid_.get(), attn_out_.get(), H, weights_[i].post_attention_layernorm.get(), eps, xb_.get(),
-               stream);
+      add_norm(T, resid_.get(), attn_out_.get(), H, weights_[i].post_attention_layernorm.get(), eps, xb_.get(), stream);
       if (weights_[i].moe) {
         prog.moe[moe_i++]->forward(stream);
       } else {
@@ -536,10 +554,10 @@ class DeepseekEngineCuda final : public Engine {
 
   // Runs `batch` on `prog`: tokens[k] is the k-th piece's greedy next token (-1 unless it wants one), logits[k] its
   // logits (when asked).
-  void run_program(Program& prog, const std::vector<const EnginePiece*>& batch, std::vector<int32_t>* tokens,
+  void run_program(Program& prog, const std::vector<const EnginePiece*>& batch, std::vector<TokenChoice>* tokens,
                    std::vector<std::vector<float>>* logits) {
     write_metadata(prog, batch);
-    tokens->assign(batch.size(), -1);
+    tokens->assign(batch.size(), TokenChoice{});
     if (logits) logits->assign(batch.size(), {});
     std::vector<int32_t> rows;  // the logits row of each wanted token: its piece's last token
     std::vector<size_t> wanted;
@@ -552,22 +570,28 @@ class DeepseekEngineCuda final : public Engine {
     launch(prog);
     if (!rows.empty()) {
       DSLAB_CUDA(cudaMemcpyAsync(rows_.get(), rows.data(), rows.size() * 4, cudaMemcpyHostToDevice, stream_));
-      argmax_rows_kernel<<<unsigned(rows.size()), kArgmaxThreads, 0, stream_>>>(logits_.get(), m_.vocab_size,
-                                                                                 rows_.get(), tokens_.get());
+      const int64_t T = int64_t(rows_.size());  // (tokens_: ids [T], gaps [T], RMSs [T], the floats bit-cast)
+      float* gaps = reinterpret_cast<float*>(tokens_.get() + T);
+      argmax_rows_kernel<<<unsigned(rows.size()), kArgmaxThreads, 0, stream_>>>(
+          logits_.get(), m_.vocab_size, rows_.get(), tokens_.get(), gaps, gaps + T);
       DSLAB_CUDA(cudaGetLastError());
-      DSLAB_CUDA(cudaMemcpyAsync(tokens_host_, tokens_.get(), rows.size() * 4, cudaMemcpyDeviceToHost, stream_));
+      DSLAB_CUDA(cudaMemcpyAsync(tokens_host_, tokens_.get(), size_t(3 * T) * 4, cudaMemcpyDeviceToHost, stream_));
     }
     DSLAB_CUDA(cudaEventRecord(end_, stream_));
     DSLAB_CUDA(cudaStreamSynchronize(stream_));
     float ms = 0;
     DSLAB_CUDA(cudaEventElapsedTime(&ms, begin_, end_));
     busy_s_ += double(ms) / 1e3;
+    const int64_t T = int64_t(rows_.size());
     for (size_t j = 0; j < wanted.size(); ++j) {
       const int32_t token = tokens_host_[j];
       if (token < 0 || token >= m_.vocab_size)
         throw std::runtime_error("engine: request " + std::to_string(batch[wanted[j]]->request) +
                                  ": its logits are not finite (no greedy token)");
-      (*tokens)[wanted[j]] = token;
+      TokenChoice& c = (*tokens)[wanted[j]];
+      c.token = token;
+      std::memcpy(&c.top2_gap, tokens_host_ + T + int64_t(j), 4);
+      std::memcpy(&c.logits_rms, tokens_host_ + 2 * T + int64_t(j), 4);
       if (logits) {
         std::vector<float> row(size_t(m_.vocab_size));
         DSLAB_CUDA(cudaMemcpy(row.data(), logits_.get() + int64_t(rows[j]) * m_.vocab_size, row.size() * 4,

@@ -215,10 +215,11 @@ struct DeepseekLayerCuda::Plan {
     }
     if (!g.present) moe_sets = others;  // (cost only)
     if (why_not.empty() && !model.weights.empty() && (experts_on_host || streamed || moe_sets < moe_layers))
-      why_not = "--weights: the layer step reads a checkpoint with every MoE layer's experts on the GPU (" +
-                (experts_on_host || streamed ? "moe " + moe + ", gpu_experts " + p.text("gpu_experts")
-                                             : std::to_string(moe_layers) + " layers' experts do not fit: fewer layers") +
-                ")";
+      why_not =
+          "--weights: the layer step reads a checkpoint with every MoE layer's experts on the GPU (" +
+          (experts_on_host || streamed ? "moe " + moe + ", gpu_experts " + p.text("gpu_experts")
+                                       : std::to_string(moe_layers) + " layers' experts do not fit: fewer layers") +
+          ")";
   }
   double device_bytes() const {
     return fixed_bytes + double(resident_moe_layers) * full_set_bytes + double(moe_sets) * moe_set_bytes +

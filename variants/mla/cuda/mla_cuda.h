@@ -244,6 +244,7 @@ struct GpuProblem {
   uint64_t seed = 0;
   int64_t page_size = 0;
   std::string len_dist;
+  std::string weights_dir;       // the checkpoint the weights came from (dslab run --weights), or "": the seed's
   std::vector<int64_t> lengths;  // cached tokens per request before this step
   int64_t max_keys = 0;          // max over requests of lengths + q_len
   ref::MlaParams params;         // host copies: the reference and --dump read them
@@ -267,8 +268,9 @@ struct GpuProblem {
  private:
   mutable std::vector<std::vector<double>> reference_;
 };
+// weights: a checkpoint folder, whose first layer's attention weights replace the seed's.
 std::shared_ptr<GpuProblem> gpu_problem(const ModelConfig& m, const Shape& s, int64_t page_size,
-                                        const std::string& len_dist, uint64_t seed);
+                                        const std::string& len_dist, uint64_t seed, const std::string& weights = "");
 // The cached values of request b as the CPU generates them (the GPU fill must match bit for bit).
 std::vector<bf16> host_latent(const GpuProblem& p,
                               int64_t request);  // [lengths[b]][width], bf16 before any quantisation
@@ -315,6 +317,7 @@ class GpuVariant : public Variant {
   double host_memory_bytes(const ModelFile& model, const Point& point) const override;
   double device_memory_bytes(const ModelFile& model, const Point& point) const override;
   std::string compute_ceiling() const override { return "gpu.tensor_bf16_flops"; }
+  bool reads_weights() const override { return true; }
   void prepare(const ModelFile& model, const Point& point, uint64_t seed) override;
   void run() override;
   Verification verify() override;

@@ -2,9 +2,12 @@
 // filled on the device with the CPU's counter-based values, RoPE tables, and the fp64 reference per request.
 #include "variants/mla/cuda/mla_cuda.h"
 
+#include "variants/reference/model.h"
+
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -199,13 +202,14 @@ void rope_tables(const ModelConfig& m, const std::vector<int64_t>& lengths, int6
 }
 
 std::shared_ptr<GpuProblem> gpu_problem(const ModelConfig& m, const Shape& s, int64_t page_size,
-                                        const std::string& len_dist, uint64_t seed) {
+                                        const std::string& len_dist, uint64_t seed, const std::string& weights) {
   static std::mutex mu;
   static std::shared_ptr<GpuProblem> last;
   std::lock_guard<std::mutex> lock(mu);
   if (last && last->model.source == m.source && last->seed == seed && last->shape.heads == s.heads &&
       last->shape.batch == s.batch && last->shape.q_len == s.q_len && last->shape.kv_len == s.kv_len &&
-      last->shape.kv_dtype == s.kv_dtype && last->page_size == page_size && last->len_dist == len_dist)
+      last->shape.kv_dtype == s.kv_dtype && last->page_size == page_size && last->len_dist == len_dist &&
+      last->weights_dir == weights)
     return last;
   last.reset();  // free the old point's device memory first
   gpu::NvtxRange range("mla.problem");
@@ -218,7 +222,15 @@ std::shared_ptr<GpuProblem> gpu_problem(const ModelConfig& m, const Shape& s, in
   p->lengths = request_lengths(len_dist, s.batch, s.kv_len, seed);
   const int64_t B = s.batch, S = s.q_len, T = s.tokens();
   p->max_keys = *std::max_element(p->lengths.begin(), p->lengths.end()) + S;
-  p->params = ref::make_mla_params(m, s.heads, seed);
+  p->weights_dir = weights;
+  if (weights.empty()) {
+    p->params = ref::make_mla_params(m, s.heads, seed);
+  } else {  // the checkpoint's first layer's attention (all heads: the variants refuse other head counts with it)
+    const Checkpoint checkpoint(weights);
+    const auto started = std::chrono::steady_clock::now();
+    p->params = ref::load_mla_params(checkpoint, 0);
+    checkpoint.report_load("layer 0 attention", std::chrono::steady_clock::now() - started);
+  }
   p->hidden = ref::random_bf16(seed, "hidden_states", size_t(T * m.hidden_size), kUnitScale);
   upload_mla_weights(m, p->params, &p->weights);
   p->x.upload(p->hidden);

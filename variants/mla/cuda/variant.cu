@@ -54,6 +54,9 @@ Support GpuVariant::supports(const ModelFile& model, const Point& point) const {
   const ModelConfig m = parse_model_config(model.config, model.name, model.path);
   const Shape s = shape_of(m, point);
   request_lengths(point.text("len_dist"), 1, 1, 0);  // validates the name
+  if (!model.weights.empty() && s.heads != m.num_attention_heads)
+    return Support::no("--weights: heads " + std::to_string(s.heads) + ": the checkpoint's weights are for all " +
+                       std::to_string(m.num_attention_heads) + " heads");
   const std::string why = op_->unsupported(m, s);
   if (!why.empty()) return Support::no(why);
   return gpu_fits(device_memory_bytes(model, point));
@@ -89,7 +92,7 @@ double GpuVariant::device_memory_bytes(const ModelFile& model, const Point& poin
 void GpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
   m_ = parse_model_config(model.config, model.name, model.path);
   s_ = shape_of(m_, point);
-  p_ = gpu_problem(m_, s_, point.integer("page_size"), point.text("len_dist"), seed);
+  p_ = gpu_problem(m_, s_, point.integer("page_size"), point.text("len_dist"), seed, model.weights);
   if (graph_exec_) {  // a graph captured for an earlier point replays that point's buffers
     DSLAB_CUDA(cudaGraphExecDestroy(graph_exec_));
     graph_exec_ = nullptr;

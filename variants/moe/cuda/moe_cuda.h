@@ -203,6 +203,7 @@ std::vector<std::string> moe_op_names();
 // verified against the fp64 reference (ref::route, ref::mlp) on the experts the tokens reach.
 class GpuMoeVariant : public Variant {
  public:
+  bool reads_weights() const override { return true; }
   explicit GpuMoeVariant(const std::string& op_name);
   std::vector<std::pair<std::string, std::string>> axes() const override;
   Support supports(const ModelFile& model, const Point& point) const override;
@@ -230,6 +231,7 @@ class GpuMoeVariant : public Variant {
   double active_experts_ = 0;  // reached by the prepared point's routing
   std::string prepared_;       // which point (label@model) that was
   std::shared_ptr<const MoeWeights> weights_;
+  std::unique_ptr<Checkpoint> checkpoint_;  // --weights: the weights' source (the reference reads it too)
   std::unique_ptr<BlasHandle> blas_, side_blas_;
   std::vector<bf16> x_host_;
   DeviceArray<__nv_bfloat16> x_;

@@ -2,9 +2,12 @@
 // fp64 reference, and the counters a GPU MoE result carries.
 #include "variants/moe/cuda/moe_cuda.h"
 
+#include "variants/reference/model.h"
+
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <mutex>
 
@@ -27,17 +30,24 @@ namespace {
 // Weights shared by the variants of a point (and kept from one point to the next while model, seed and
 // expert count stay): V3's 256 experts are 22.5 GB.
 std::shared_ptr<const MoeWeights> shared_weights(const ModelConfig& m, int64_t experts, uint64_t seed,
-                                                 bool routed_on_device) {
+                                                 bool routed_on_device, const std::string& checkpoint) {
   static std::mutex mu;
   static std::shared_ptr<const MoeWeights> last;
   static std::string key;
   std::lock_guard<std::mutex> lock(mu);
-  const std::string k =
-      m.source + "/" + std::to_string(experts) + "/" + std::to_string(seed) + (routed_on_device ? "" : "/host");
+  const std::string k = m.source + "/" + std::to_string(experts) + "/" + std::to_string(seed) +
+                        (routed_on_device ? "" : "/host") + (checkpoint.empty() ? "" : "/" + checkpoint);
   if (last && key == k) return last;
   last.reset();
   auto w = std::make_shared<MoeWeights>();
-  generate_moe_weights(m, experts, seed, w.get(), routed_on_device);
+  if (checkpoint.empty()) {
+    generate_moe_weights(m, experts, seed, w.get(), routed_on_device);
+  } else {  // the checkpoint's first MoE layer (every expert: the variants refuse fewer with a checkpoint)
+    const Checkpoint c(checkpoint);
+    const auto started = std::chrono::steady_clock::now();
+    load_moe_weights(c, ref::first_moe_layer(m), w.get());
+    c.report_load("the first MoE layer", std::chrono::steady_clock::now() - started);
+  }
   last = w;
   key = k;
   return w;
@@ -78,6 +88,12 @@ Support GpuMoeVariant::supports(const ModelFile& model, const Point& point) cons
   if (const std::string why = op_->unavailable(); !why.empty()) return Support::no(why);
   if (point.has("cpu_threads") && !op_->experts_on_host())
     return Support::no("cpu_threads: this op runs no experts on the CPU");
+  if (!model.weights.empty() && (op_->experts_on_host() || s.experts != m.n_routed_experts))
+    return Support::no(op_->experts_on_host()
+                           ? "--weights: " +
+                                 std::string("this op packs its experts from the seed (not a checkpoint) yet")
+                           : "--weights: experts " + std::to_string(s.experts) + ": the checkpoint's layer has " +
+                                 std::to_string(m.n_routed_experts));
   return gpu_fits(device_memory_bytes(model, point));
 }
 
@@ -120,7 +136,9 @@ void GpuMoeVariant::prepare(const ModelFile& model, const Point& point, uint64_t
   m_ = parse_model_config(model.config, model.name, model.path);
   s_ = shape_of(m_, point);
   seed_ = seed;
-  weights_ = shared_weights(m_, s_.experts, seed, !op_->experts_on_host());
+  weights_ = shared_weights(m_, s_.experts, seed, !op_->experts_on_host(), model.weights);
+  checkpoint_.reset();
+  if (!model.weights.empty()) checkpoint_ = std::make_unique<Checkpoint>(model.weights);
   if (!blas_) blas_ = std::make_unique<BlasHandle>();
   if (!side_blas_) side_blas_ = std::make_unique<BlasHandle>();
   blas_->set_projections(gpu::parse_projections(point.text("proj")));
@@ -164,9 +182,13 @@ Verification GpuMoeVariant::verify() {
   // The reference routing: fp64 router for routing model (so the GPU router is checked too), else the given one.
   ref::Routing routing;
   if (s_.routing == "model") {
-    const auto gate = ref::random_bf16(seed_, "gate", size_t(m_.n_routed_experts * H), fan_in_scale(H));
+    const int64_t layer = checkpoint_ ? ref::first_moe_layer(m_) : 0;
+    const auto gate = checkpoint_ ? ref::load_router(*checkpoint_, layer)
+                                  : ref::random_bf16(seed_, "gate", size_t(m_.n_routed_experts * H), fan_in_scale(H));
     std::vector<float> bias;
-    if (m_.topk_method == "noaux_tc")
+    if (checkpoint_)
+      bias = ref::load_router_bias(*checkpoint_, layer);
+    else if (m_.topk_method == "noaux_tc")
       for (auto v : ref::random_bf16(seed_, "e_score_correction_bias", size_t(m_.n_routed_experts), 0.1f))
         bias.push_back(to_float(v));
     std::vector<double> logits(static_cast<size_t>(n * m_.n_routed_experts)), xt(static_cast<size_t>(H));
@@ -186,10 +208,20 @@ Verification GpuMoeVariant::verify() {
       }
   }
   std::map<int, ref::MlpParams> experts;
+  const int64_t moe_layer = checkpoint_ ? ref::first_moe_layer(m_) : 0;
   for (int e : routing.expert)
-    if (!experts.count(e)) experts[e] = ref::make_mlp_params(m_, I, seed_, "experts." + std::to_string(e));
+    if (!experts.count(e))
+      experts[e] = checkpoint_ ? ref::load_expert(*checkpoint_, moe_layer, e)
+                               : ref::make_mlp_params(m_, I, seed_, "experts." + std::to_string(e));
   ref::MlpParams shared;
-  if (m_.n_shared_experts > 0) shared = ref::make_mlp_params(m_, I * m_.n_shared_experts, seed_, "shared_experts");
+  if (m_.n_shared_experts > 0) {
+    if (checkpoint_) {
+      shared = ref::load_mlp(*checkpoint_, "model.layers." + std::to_string(moe_layer) + ".mlp.shared_experts.", H,
+                             I * m_.n_shared_experts);
+    } else {
+      shared = ref::make_mlp_params(m_, I * m_.n_shared_experts, seed_, "shared_experts");
+    }
+  }
   std::vector<double> ref_out(size_t(n * H), 0.0);
   std::vector<float> got(size_t(n * H));
 #pragma omp parallel for schedule(dynamic)
