@@ -9,7 +9,8 @@ compared with transformers'. Rows: the last prompt position, then each decode st
 The bar: bf16 arithmetic lands away from float32 by itself (routing near-ties flip experts, greedy near-ties flip
 tokens), so the yardstick is transformers' own bf16 run of the same checkpoint (logits_bf16.r<N>, fed the same
 tokens): dslab's median and worst row error against float32 within max(--tolerance, 1.5 x transformers-bf16's), and
-its greedy tokens off float32's at no more rows than transformers-bf16's + 1.
+each greedy token of dslab's that is off float32's at a pair the row's own error can swap: float32's top-2 gap at most
+3 x the row's relative error x the row's RMS (an error that size moves a logit by about that much).
 
 Usage: scripts/compare_logits.py --checkpoint DIR [--dslab build/dslab] [--out DIR] [--tolerance 0.02]
        [--axis NAME=VALUE ...] (dslab generate's engine axes)
@@ -61,7 +62,7 @@ def main():
     if subprocess.call(cmd) != 0:
         fail('dslab generate failed')
     got = load_file(got_path)
-    rows, ours, theirs, our_flips, their_flips = [], [], [], 0, 0
+    rows, ours, theirs, our_flips, their_flips, unexplained = [], [], [], 0, 0, 0
 
     def rel(x, y):
         return float(np.linalg.norm(x - y) / np.linalg.norm(y))
@@ -78,7 +79,10 @@ def main():
             row = {'request': r, 'row': s, 'rel_l2': rel(g[s], w[s]), 'dslab_token': int(mine[s]),
                    'transformers_token': best, 'top2_gap_over_rms': float((top2[1] - top2[0]) / np.sqrt(np.mean(w[s] ** 2)))}
             ours.append(row['rel_l2'])
-            our_flips += int(mine[s]) != best
+            if int(mine[s]) != best:
+                our_flips += 1
+                row['explained_by_row_error'] = row['top2_gap_over_rms'] <= 3 * row['rel_l2']
+                unexplained += not row['explained_by_row_error']
             if h is not None:
                 row['transformers_bf16_rel_l2'] = rel(h[s], w[s])
                 row['transformers_bf16_token'] = int(np.argmax(h[s]))
@@ -88,13 +92,13 @@ def main():
     med, worst = float(np.median(ours)), max(ours)
     if theirs:
         t_med, t_worst = float(np.median(theirs)), max(theirs)
-        ok = (med <= max(a.tolerance, 1.5 * t_med) and worst <= max(a.tolerance, 1.5 * t_worst)
-              and our_flips <= their_flips + 1)
+        ok = med <= max(a.tolerance, 1.5 * t_med) and worst <= max(a.tolerance, 1.5 * t_worst) and not unexplained
     else:
         t_med = t_worst = None
         ok = worst <= a.tolerance and our_flips == 0
     summary = {'checkpoint': a.checkpoint, 'requests': len(prompts), 'prompt_lengths': [len(x) for x in prompts],
                'rows': len(rows), 'median_rel_l2': med, 'worst_rel_l2': worst, 'greedy_tokens_off_float32': our_flips,
+               'greedy_tokens_off_unexplained': unexplained,
                'transformers_bf16': {'median_rel_l2': t_med, 'worst_rel_l2': t_worst,
                                      'greedy_tokens_off_float32': their_flips} if theirs else None,
                'tolerance': a.tolerance, 'pass': ok, 'transformers': golden.get('transformers'),
@@ -110,16 +114,16 @@ def main():
                                                                   len(rows), med, worst))
         if theirs:
             f.write(', transformers in bf16 %.2e / %.2e' % (t_med, t_worst))
-        f.write('; greedy tokens off float32\'s: dslab %d%s. %s\n\n' % (
-            our_flips, ', transformers-bf16 %d' % their_flips if theirs else '', 'PASS' if ok else 'FAIL'))
+        f.write('; greedy tokens off float32\'s: dslab %d (%d not at a pair its row\'s error can swap)%s. %s\n\n' % (
+            our_flips, unexplained, ', transformers-bf16 %d' % their_flips if theirs else '', 'PASS' if ok else 'FAIL'))
         f.write('| request | row | dslab rel. L2 | transformers-bf16 rel. L2 | dslab token | bf16 token | float32 token '
                 '| top-2 gap / RMS |\n|---|---|---|---|---|---|---|---|\n')
         for x in rows:
             f.write('| %d | %d | %.2e | %s | %d | %s | %d | %.3g |\n' % (
                 x['request'], x['row'], x['rel_l2'], '%.2e' % x['transformers_bf16_rel_l2'] if theirs else '',
                 x['dslab_token'], x.get('transformers_bf16_token', ''), x['transformers_token'], x['top2_gap_over_rms']))
-    print('%d rows: dslab median / worst relative L2 %.2e / %.2e, tokens off %d; transformers-bf16 %s: %s' %
-          (len(rows), med, worst, our_flips, '%.2e / %.2e, tokens off %d' % (t_med, t_worst, their_flips)
+    print('%d rows: dslab median / worst relative L2 %.2e / %.2e, tokens off %d (%d unexplained); transformers-bf16 '
+          '%s: %s' % (len(rows), med, worst, our_flips, unexplained, '%.2e / %.2e, tokens off %d' % (t_med, t_worst, their_flips)
            if theirs else 'not in the golden', 'PASS' if ok else 'FAIL'))
     return 0 if ok else 1
 

@@ -39,7 +39,8 @@ double rel_l2(const std::vector<float>& a, const std::vector<double>& b) {
 // bf16 arithmetic against float32: transformers' own bf16 run of each golden checkpoint (golden.json's logits_bf16,
 // fed the float32 run's tokens) lands up to 3e-2 (V2) and 0.56 (V3: one routing flip) from its float32 run, and picks
 // another greedy token at 1-2 of the 36 rows. The engine is held to that yardstick: its median and worst row within
-// max(2e-2, 1.5 x transformers-bf16's), its greedy tokens off float32's at no more rows than transformers-bf16's + 1.
+// max(2e-2, 1.5 x transformers-bf16's); and each greedy token of its off float32's at a pair its row's own error can
+// swap (float32's top-2 gap at most 3 x the row's relative error x its RMS), as scripts/compare_logits.py holds it.
 constexpr double kLogitsTolerance = 2e-2, kYardstickFactor = 1.5;
 
 double median(std::vector<double> v) {
@@ -90,7 +91,7 @@ void engine_matches_transformers(const std::string& kind, const std::string& exe
     pieces[r].wants_token = true;
   }
   std::vector<double> ours, theirs;  // row errors against float32: the engine's, transformers-bf16's
-  int our_flips = 0, their_flips = 0;
+  int our_flips = 0, their_flips = 0, unexplained = 0;
   const size_t steps = tokens[0].size();
   for (size_t step = 0; step <= steps; ++step) {
     std::vector<std::vector<float>> out;
@@ -102,7 +103,16 @@ void engine_matches_transformers(const std::string& kind, const std::string& exe
       const std::vector<float> bf16(logits_bf16[r][step].begin(), logits_bf16[r][step].end());
       theirs.push_back(rel_l2(bf16, logits[r][step]));
       const int32_t want = argmax(logits[r][step]);
-      our_flips += next[r].token != want;
+      if (next[r].token != want) {
+        ++our_flips;
+        std::vector<double> sorted = logits[r][step];
+        std::sort(sorted.begin(), sorted.end());
+        double squares = 0;
+        for (double v : sorted) squares += v * v;
+        const double rms = std::sqrt(squares / double(sorted.size()));
+        const double gap = sorted[sorted.size() - 1] - sorted[sorted.size() - 2];
+        unexplained += gap > 3 * ours.back() * rms;
+      }
       their_flips += argmax(logits_bf16[r][step]) != want;
     }
     if (step == steps) break;
@@ -116,12 +126,12 @@ void engine_matches_transformers(const std::string& kind, const std::string& exe
                their_worst = *std::max_element(theirs.begin(), theirs.end());
   std::printf(
       "%s %s: %zu rows; against float32, median / worst row: engine %.2e / %.2e, transformers-bf16 %.2e / "
-      "%.2e; greedy tokens off float32's: engine %d, transformers-bf16 %d\n",
+      "%.2e; greedy tokens off float32's: engine %d (%d unexplained), transformers-bf16 %d\n",
       kind.c_str(), executor.c_str(), ours.size(), median(ours), worst, median(theirs), their_worst, our_flips,
-      their_flips);
+      unexplained, their_flips);
   EXPECT_LE(median(ours), std::max(kLogitsTolerance, kYardstickFactor * median(theirs)));
   EXPECT_LE(worst, std::max(kLogitsTolerance, kYardstickFactor * their_worst));
-  EXPECT_LE(our_flips, their_flips + 1);
+  EXPECT_EQ(unexplained, 0) << "greedy tokens off float32's where the row's error cannot swap them";
 }
 
 TEST(GpuEngine, DeepseekV2MatchesTransformersGraphed) { engine_matches_transformers("v2", "graph"); }

@@ -690,8 +690,13 @@ Verification DeepseekLayerCuda::verify() {
     }
   }
   record_ = recording;
-  // A differing choice must be a near-tie: its selection scores within 5% of each other (a wrong expert is not).
-  const double kTieGap = 0.05;
+  // The bars grow with the stack's depth: each layer adds its own bf16 roundings, independent of the others', so the
+  // error grows as the square root of the layers (a checkpoint's 27-layer V2-Lite step lands 2.7e-2 from the reference
+  // at batch 1, where transformers' own bf16 run of it lands 3.9e-2 (median) from its float32 run).
+  const double depth = std::sqrt(std::max(1.0, double(P.layers) / 4.0));
+  // A differing choice must be a near-tie: its selection scores within 5% of each other (a wrong expert is not),
+  // deeper stacks carrying a larger error into the router.
+  const double tie_gap = 0.05 * depth;
   double rel_err = ref::relative_l2_error(got.data(), want.data(), want.size());
   routing_flips_ = check.tokens_differing;
   if (check.tokens_differing > 0) {
@@ -701,10 +706,11 @@ Verification DeepseekLayerCuda::verify() {
                  "the reference follows the GPU's choice)\n",
                  check.tokens_differing, check.max_gap);
   }
-  if (check.max_gap > kTieGap) rel_err = std::max(rel_err, 1.0);  // not a tie: a routing bug
-  // bf16 weights and activations through a stack of layers (the layer's bar: 2e-2); quantised caches add
-  // theirs.
-  const double threshold = P.kv_dtype == mla::KvDtype::bf16 ? 2e-2 : P.kv_dtype == mla::KvDtype::int8 ? 4e-2 : 8e-2;
+  if (check.max_gap > tie_gap) rel_err = std::max(rel_err, 1.0);  // not a tie: a routing bug
+  // bf16 weights and activations through a stack of up to 4 layers: 2e-2; quantised caches add theirs.
+  const double threshold = depth * (P.kv_dtype == mla::KvDtype::bf16   ? 2e-2
+                                    : P.kv_dtype == mla::KvDtype::int8 ? 4e-2
+                                                                       : 8e-2);
   return {rel_err, threshold};
 }
 

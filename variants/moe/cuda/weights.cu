@@ -90,30 +90,46 @@ void load_moe_weights(const Checkpoint& c, int64_t layer, MoeWeights* w) {
   w->routed_on_device = true;
   w->gate.upload(c.bf16_tensor(M + "gate.weight", {E, H}));
   if (m.topk_method == "noaux_tc") w->bias.upload(c.f32_tensor(M + "gate.e_score_correction_bias", {E}));
-  // Every expert read straight into its place in the stacked layout, several at once (the shards are mapped: the
-  // reads are copies out of the page cache, or the disk's read-ahead), then one upload per tensor kind.
-  std::vector<bf16> host(size_t(3 * E * I * H));
-  bf16 *gate = host.data(), *up = gate + E * I * H, *down = up + E * I * H;
-  std::string error;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t e = 0; e < E; ++e) {
-    const std::string X = M + "experts." + std::to_string(e) + ".";
-    try {
-      c.read_bf16(X + "gate_proj.weight", {I, H}, gate + e * I * H);
-      c.read_bf16(X + "up_proj.weight", {I, H}, up + e * I * H);
-      c.read_bf16(X + "down_proj.weight", {H, I}, down + e * H * I);
-    } catch (const std::exception& x) {
-#pragma omp critical
-      if (error.empty()) error = x.what();
-    }
+  // The experts in groups: each group's read several at a time out of the mapped shards (copies out of the page
+  // cache, or the disk's read-ahead) into a pinned staging buffer, then copied to its place in the stacked layout.
+  // The buffer (up to kStagingBytes) is pinned once and kept: page-locking a layer's gigabyte per load costs more
+  // than the copy, and pageable copies run at a fraction of the link.
+  constexpr size_t kStagingBytes = size_t(512) << 20;
+  static std::mutex staging_mutex;
+  static bf16* staging = nullptr;
+  static size_t staging_bytes = 0;
+  std::lock_guard<std::mutex> lock(staging_mutex);
+  const size_t expert_bytes = size_t(3 * I * H) * 2;
+  const int64_t group = std::max<int64_t>(1, std::min<int64_t>(E, int64_t(kStagingBytes / expert_bytes)));
+  if (staging_bytes < size_t(group) * expert_bytes) {
+    if (staging) DSLAB_CUDA(cudaFreeHost(staging));
+    staging_bytes = size_t(group) * expert_bytes;
+    DSLAB_CUDA(cudaMallocHost(&staging, staging_bytes));
   }
-  if (!error.empty()) throw BadInput(error);
   w->w_gate.resize(size_t(E * I * H));
   w->w_up.resize(size_t(E * I * H));
   w->w_down.resize(size_t(E * H * I));
-  DSLAB_CUDA(cudaMemcpy(w->w_gate.get(), gate, size_t(E * I * H) * 2, cudaMemcpyHostToDevice));
-  DSLAB_CUDA(cudaMemcpy(w->w_up.get(), up, size_t(E * I * H) * 2, cudaMemcpyHostToDevice));
-  DSLAB_CUDA(cudaMemcpy(w->w_down.get(), down, size_t(E * H * I) * 2, cudaMemcpyHostToDevice));
+  std::string error;
+  for (int64_t first = 0; first < E; first += group) {
+    const int64_t n = std::min(group, E - first);
+    bf16 *gate = staging, *up = gate + n * I * H, *down = up + n * I * H;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t k = 0; k < n; ++k) {
+      const std::string X = M + "experts." + std::to_string(first + k) + ".";
+      try {
+        c.read_bf16(X + "gate_proj.weight", {I, H}, gate + k * I * H);
+        c.read_bf16(X + "up_proj.weight", {I, H}, up + k * I * H);
+        c.read_bf16(X + "down_proj.weight", {H, I}, down + k * H * I);
+      } catch (const std::exception& x) {
+#pragma omp critical
+        if (error.empty()) error = x.what();
+      }
+    }
+    if (!error.empty()) throw BadInput(error);
+    DSLAB_CUDA(cudaMemcpy(w->w_gate.get() + first * I * H, gate, size_t(n * I * H) * 2, cudaMemcpyHostToDevice));
+    DSLAB_CUDA(cudaMemcpy(w->w_up.get() + first * I * H, up, size_t(n * I * H) * 2, cudaMemcpyHostToDevice));
+    DSLAB_CUDA(cudaMemcpy(w->w_down.get() + first * H * I, down, size_t(n * H * I) * 2, cudaMemcpyHostToDevice));
+  }
   if (m.n_shared_experts > 0) load_mlp_weights(c, M + "shared_experts.", I * m.n_shared_experts, &w->shared);
 }
 
