@@ -138,6 +138,42 @@ TEST(GpuEngine, DeepseekV2MatchesTransformersGraphed) { engine_matches_transform
 TEST(GpuEngine, DeepseekV2MatchesTransformersEager) { engine_matches_transformers("v2", "eager"); }
 TEST(GpuEngine, DeepseekV3Fp8MatchesTransformersGraphed) { engine_matches_transformers("v3", "graph"); }
 
+// The layer step (and its hybrid placement, the routed experts read from the checkpoint into host memory by the CPU
+// op) on a checkpoint's weights, verified against the fp64 reference on the same weights: every request, two steps.
+TEST(GpuEngine, LayerStepReadsACheckpointIncludingTheCpuExperts) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  ModelFile model = load_model_file(kData + "v2/config.json");
+  model.weights = kData + "v2";
+  for (const auto& [name, moe] : {std::pair<std::string, std::string>{"layer/deepseek/cuda", "moe/grouped/cuda"},
+                                  {"layer/deepseek/hybrid", "moe/host/cuda"}}) {
+    const VariantEntry* entry = find_variant(name);
+    if (!entry) GTEST_SKIP() << name << " is not built";
+    if (moe == "moe/host/cuda" && !cpu_info().avx512_bf16) continue;  // (the CPU experts need AVX512_BF16)
+    SCOPED_TRACE(name);
+    auto v = entry->make();
+    const std::map<std::string, std::string> over = {
+        {"layers", "all"}, {"attn", "mla/a_cc_me/cuda"}, {"moe", moe},  {"executor", "eager"}, {"batch", "3"},
+        {"kv_len", "40"},  {"page_size", "16"},          {"steps", "2"}};
+    Point p;
+    for (const auto& [axis, value] : v->axes()) {
+      const std::string text = over.count(axis) ? over.at(axis) : value;
+      if (text.empty()) continue;
+      const bool integer = text.find_first_not_of("0123456789") == std::string::npos;
+      p.set(axis, {text, integer ? std::stoll(text) : 0, integer});
+    }
+    const Support s = v->supports(model, p);
+    ASSERT_TRUE(s.ok) << s.reason;
+    v->prepare(model, p, test::fresh_seed());
+    v->run();
+    const Verification r = v->verify();
+    EXPECT_TRUE(r.pass()) << r.rel_err << " > " << r.threshold;
+    EXPECT_GT(r.rel_err, 0.0);  // (bf16 against fp64: never exactly equal)
+    const auto c = v->verification_counters();
+    EXPECT_EQ(c.at("verified_requests"), 3);
+    EXPECT_EQ(c.at("verified_steps"), 2);
+  }
+}
+
 // Through the command line, as a user runs it: a mixed request set at concurrency 4 (slots reused, pages freed and
 // reused, prompts in chunks beside decodes), graph and eager, every request's tokens checked against its tokens run
 // alone by the command itself (exit 0 only if all are identical).

@@ -78,7 +78,7 @@ void make_layer_weights(const ModelConfig& m, int64_t layer, uint64_t seed, Laye
   w->moe = mw;
 }
 
-void load_layer_weights(const Checkpoint& c, int64_t layer, LayerWeights* w) {
+void load_layer_weights(const Checkpoint& c, int64_t layer, LayerWeights* w, bool experts_on_device) {
   const ModelConfig& m = c.config();
   const int64_t H = m.hidden_size;
   const std::string L = "model.layers." + std::to_string(layer) + ".";
@@ -90,7 +90,7 @@ void load_layer_weights(const Checkpoint& c, int64_t layer, LayerWeights* w) {
     return;
   }
   auto mw = std::make_shared<moe::cuda::MoeWeights>();
-  moe::cuda::load_moe_weights(c, layer, mw.get());
+  moe::cuda::load_moe_weights(c, layer, mw.get(), experts_on_device);
   w->moe = mw;
 }
 
@@ -271,7 +271,9 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
     const int64_t layer = P.first + i;
     LayerWeights& w = weights_[size_t(i)];
     if (checkpoint_) {
-      load_layer_weights(*checkpoint_, layer, &w);
+      // (a host op's layers beyond the resident ones leave their experts to the op, which reads them into host memory)
+      const bool on_device = !P.experts_on_host || P.dense(layer) || moe_ordinal++ < P.resident_moe_layers;
+      load_layer_weights(*checkpoint_, layer, &w, on_device);
       w.seed = layer_seed(seed, layer);  // (the cache's streams)
       std::fprintf(stderr, "\rweights: layer %lld of %lld read", static_cast<long long>(i + 1),
                    static_cast<long long>(L));

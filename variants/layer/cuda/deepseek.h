@@ -38,7 +38,9 @@ struct LayerWeights {
 
 // A decoder layer's weights: the seed's (the reference's values, each MoE layer its own expert set) or a checkpoint's.
 void make_layer_weights(const ModelConfig& m, int64_t layer, uint64_t seed, LayerWeights* w);
-void load_layer_weights(const Checkpoint& c, int64_t layer, LayerWeights* w);
+// experts_on_device false: a MoE layer's routed experts stay in the checkpoint for an op that reads them into host
+// memory (moe/host/cuda).
+void load_layer_weights(const Checkpoint& c, int64_t layer, LayerWeights* w, bool experts_on_device = true);
 // The embedding, final norm and LM head: the seed's or a checkpoint's.
 void make_model_ends(const ModelConfig& m, uint64_t seed, DeviceArray<__nv_bfloat16>* embed,
                      DeviceArray<__nv_bfloat16>* norm, DeviceArray<__nv_bfloat16>* lm_head);

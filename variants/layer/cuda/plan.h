@@ -214,12 +214,12 @@ struct DeepseekLayerCuda::Plan {
                                     : g.name + " has " + std::to_string(int64_t(double(g.memory_bytes) / 1e9)) + " GB");
     }
     if (!g.present) moe_sets = others;  // (cost only)
-    if (why_not.empty() && !model.weights.empty() && (experts_on_host || streamed || moe_sets < moe_layers))
-      why_not =
-          "--weights: the layer step reads a checkpoint with every MoE layer's experts on the GPU (" +
-          (experts_on_host || streamed ? "moe " + moe + ", gpu_experts " + p.text("gpu_experts")
-                                       : std::to_string(moe_layers) + " layers' experts do not fit: fewer layers") +
-          ")";
+    if (why_not.empty() && !model.weights.empty() && (streamed || hot_experts > 0))
+      why_not = "--weights: gpu_experts " + p.text("gpu_experts") + ": not with a checkpoint yet (streamed and hot " +
+                "experts are made from the seed)";
+    if (why_not.empty() && !model.weights.empty() && moe_sets < moe_layers - resident_moe_layers)
+      why_not = "--weights: every MoE layer needs its own experts (" + std::to_string(moe_layers) +
+                " layers' do not fit: fewer layers, or the CPU experts of moe/host/cuda)";
   }
   double device_bytes() const {
     return fixed_bytes + double(resident_moe_layers) * full_set_bytes + double(moe_sets) * moe_set_bytes +

@@ -21,6 +21,9 @@
 #include "harness/host.h"
 #include "harness/op_registry.h"
 #include "variants/moe/cuda/moe_cuda.h"
+#include "variants/reference/model.h"
+
+#include "variants/reference/model.h"
 
 namespace dslab::moe::cuda {
 namespace {
@@ -111,7 +114,20 @@ class HostMoe final : public MoeOp {
     choose_hot_experts();
     std::vector<ref::MlpParams> experts(static_cast<size_t>(experts_));
     DeviceArray<__nv_bfloat16> scratch(size_t(3 * H * I));
-    for (int64_t e = 0; e < experts_; ++e) {
+    if (w_->checkpoint) {  // a checkpoint's, read straight into host memory, several at a time
+      std::string error;
+#pragma omp parallel for schedule(dynamic, 1)
+      for (int64_t e = 0; e < experts_; ++e) {
+        try {
+          experts[size_t(e)] = ref::load_expert(*w_->checkpoint, w_->checkpoint_layer, e);
+        } catch (const std::exception& x) {
+#pragma omp critical
+          if (error.empty()) error = x.what();
+        }
+      }
+      if (!error.empty()) throw BadInput(error);
+    }
+    for (int64_t e = 0; e < experts_ && !w_->checkpoint; ++e) {
       if (hot_slab_[size_t(e)] >= 0) continue;  // the GPU's (made in its slab by choose_hot_experts)
       generate_expert_weights(m_, w_->seed, e, scratch.get(), scratch.get() + I * H, scratch.get() + 2 * I * H);
       ref::MlpParams& p = experts[size_t(e)];
@@ -224,6 +240,10 @@ class HostMoe final : public MoeOp {
     hot_slab_.assign(size_t(experts_), -1);
     hot_ids_.resize(0);
     if (hot_experts_ <= 0) return;
+    if (w_->checkpoint)
+      throw BadInput(
+          "moe/host/cuda: hot experts with --weights: the hot set is profiled on the seed's router (not a "
+          "checkpoint's) so far");
     if (hot_experts_ >= experts_ || hot_experts_ > kHotThreads)
       throw BadInput("moe/host/cuda: hot experts: " + std::to_string(hot_experts_) + ": expected 1.." +
                      std::to_string(std::min<int64_t>(experts_ - 1, kHotThreads)));

@@ -64,6 +64,10 @@ struct MoeWeights {
   // experts are read from a staging buffer the layer copies this layer's experts into before each step's use
   // (the same stacking). The ops read the experts through these.
   const __nv_bfloat16 *staged_gate = nullptr, *staged_up = nullptr, *staged_down = nullptr;
+  // Routed experts left on the host (!routed_on_device) by a checkpoint's load: where an op that runs them there reads
+  // them (the checkpoint outlives the op); null: the seed's.
+  const Checkpoint* checkpoint = nullptr;
+  int64_t checkpoint_layer = -1;
   const __nv_bfloat16* gate_experts() const { return staged_gate ? staged_gate : w_gate.get(); }
   const __nv_bfloat16* up_experts() const { return staged_up ? staged_up : w_up.get(); }
   const __nv_bfloat16* down_experts() const { return staged_down ? staged_down : w_down.get(); }
@@ -75,9 +79,10 @@ void generate_expert_weights(const ModelConfig& m, uint64_t seed, int64_t e, __n
 // routed experts when !routed_on_device).
 void generate_moe_weights(const ModelConfig& m, int64_t experts, uint64_t seed, MoeWeights* w,
                           bool routed_on_device = true);
-// Decoder layer `layer`'s MoE weights from a checkpoint (router, its bias under noaux_tc, every routed expert, the
-// shared experts), and a dense MLP's (prefix: "model.layers.0.mlp."). BadInput naming file and tensor.
-void load_moe_weights(const Checkpoint& c, int64_t layer, MoeWeights* w);
+// Decoder layer `layer`'s MoE weights from a checkpoint (router, its bias under noaux_tc, every routed expert - or,
+// !routed_on_device, a reference to them for an op that reads them into host memory itself -, the shared experts), and
+// a dense MLP's (prefix: "model.layers.0.mlp."). BadInput naming file and tensor.
+void load_moe_weights(const Checkpoint& c, int64_t layer, MoeWeights* w, bool routed_on_device = true);
 void load_mlp_weights(const Checkpoint& c, const std::string& prefix, int64_t intermediate, MlpWeights* w);
 // Device bytes of those weights.
 double moe_weight_bytes(const ModelConfig& m, int64_t experts);

@@ -43,10 +43,11 @@ std::shared_ptr<const MoeWeights> shared_weights(const ModelConfig& m, int64_t e
   if (checkpoint.empty()) {
     generate_moe_weights(m, experts, seed, w.get(), routed_on_device);
   } else {  // the checkpoint's first MoE layer (every expert: the variants refuse fewer with a checkpoint)
-    const Checkpoint c(checkpoint);
+    static std::unique_ptr<Checkpoint> open;  // (kept: an op that runs the experts on the host reads them from it)
+    open = std::make_unique<Checkpoint>(checkpoint);
     const auto started = std::chrono::steady_clock::now();
-    load_moe_weights(c, ref::first_moe_layer(m), w.get());
-    c.report_load("the first MoE layer", std::chrono::steady_clock::now() - started);
+    load_moe_weights(*open, ref::first_moe_layer(m), w.get(), routed_on_device);
+    open->report_load("the first MoE layer", std::chrono::steady_clock::now() - started);
   }
   last = w;
   key = k;
@@ -88,12 +89,9 @@ Support GpuMoeVariant::supports(const ModelFile& model, const Point& point) cons
   if (const std::string why = op_->unavailable(); !why.empty()) return Support::no(why);
   if (point.has("cpu_threads") && !op_->experts_on_host())
     return Support::no("cpu_threads: this op runs no experts on the CPU");
-  if (!model.weights.empty() && (op_->experts_on_host() || s.experts != m.n_routed_experts))
-    return Support::no(op_->experts_on_host()
-                           ? "--weights: " +
-                                 std::string("this op packs its experts from the seed (not a checkpoint) yet")
-                           : "--weights: experts " + std::to_string(s.experts) + ": the checkpoint's layer has " +
-                                 std::to_string(m.n_routed_experts));
+  if (!model.weights.empty() && s.experts != m.n_routed_experts)
+    return Support::no("--weights: experts " + std::to_string(s.experts) + ": the checkpoint's layer has " +
+                       std::to_string(m.n_routed_experts));
   return gpu_fits(device_memory_bytes(model, point));
 }
 

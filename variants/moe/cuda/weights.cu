@@ -82,14 +82,20 @@ void load_mlp_weights(const Checkpoint& c, const std::string& prefix, int64_t in
   w->down.upload(down);
 }
 
-void load_moe_weights(const Checkpoint& c, int64_t layer, MoeWeights* w) {
+void load_moe_weights(const Checkpoint& c, int64_t layer, MoeWeights* w, bool routed_on_device) {
   const ModelConfig& m = c.config();
   const int64_t H = m.hidden_size, I = m.moe_intermediate_size, E = m.n_routed_experts;
   const std::string M = "model.layers." + std::to_string(layer) + ".mlp.";
   w->experts = E;
-  w->routed_on_device = true;
+  w->routed_on_device = routed_on_device;
   w->gate.upload(c.bf16_tensor(M + "gate.weight", {E, H}));
   if (m.topk_method == "noaux_tc") w->bias.upload(c.f32_tensor(M + "gate.e_score_correction_bias", {E}));
+  if (m.n_shared_experts > 0) load_mlp_weights(c, M + "shared_experts.", I * m.n_shared_experts, &w->shared);
+  if (!routed_on_device) {
+    w->checkpoint = &c;
+    w->checkpoint_layer = layer;
+    return;
+  }
   // The experts in groups: each group's read several at a time out of the mapped shards (copies out of the page
   // cache, or the disk's read-ahead) into a pinned staging buffer, then copied to its place in the stacked layout.
   // The buffer (up to kStagingBytes) is pinned once and kept: page-locking a layer's gigabyte per load costs more
@@ -130,7 +136,6 @@ void load_moe_weights(const Checkpoint& c, int64_t layer, MoeWeights* w) {
     DSLAB_CUDA(cudaMemcpy(w->w_up.get() + first * I * H, up, size_t(n * I * H) * 2, cudaMemcpyHostToDevice));
     DSLAB_CUDA(cudaMemcpy(w->w_down.get() + first * H * I, down, size_t(n * H * I) * 2, cudaMemcpyHostToDevice));
   }
-  if (m.n_shared_experts > 0) load_mlp_weights(c, M + "shared_experts.", I * m.n_shared_experts, &w->shared);
 }
 
 double moe_weight_bytes(const ModelConfig& m, int64_t experts) {
