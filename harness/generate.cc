@@ -33,10 +33,14 @@ using serving::RequestSpec;
 
 // A near-tie (see the verification in cmd_generate): where two runs pick different tokens, the one-at-a-time run's pick
 // ahead of its runner-up and the batched run's ahead of its own, together, by at most this fraction of the logits
-// row's RMS. bf16 logits of one request differ between batch shapes by ~1.5e-2 of their RMS per logit (GEMMs, split-KV
-// attention and expert groups of other shapes accumulate in another order), a pair's difference by ~2e-2: five times
-// that. A wrong token, page or cache entry moves a row's logits by about its RMS.
-constexpr float kTieFraction = 0.1f;
+// row's RMS. bf16 logits of one request differ between batch shapes (GEMMs, split-KV attention and expert groups of
+// other shapes accumulate in another order); measured on the H200 over V2-Lite's 27 layers (random weights, 16K-21K
+// positions a run), the partings' leads summed to 0.03 of the RMS at the median and 0.24 at most. A wrong token, page
+// or cache entry makes a row another row altogether: nearly every position then parts, which the second bar catches.
+constexpr float kTieFraction = 0.25f;
+// And the share of positions where the two runs pick the same token, at least (measured 95.4-95.6% on random weights,
+// whose logits are flat; a trained model's are peaked).
+constexpr double kMinIdentical = 0.9;
 
 const char* kGenerateHelp = R"(usage: dslab generate [options]
 
@@ -476,7 +480,7 @@ int cmd_generate(int argc, char** argv) {
           }
           requests_same += all ? 1 : 0;
         }
-        const bool pass = same + ties == positions;
+        const bool pass = same + ties == positions && double(same) >= kMinIdentical * double(positions);
         e["verification"] = {
             {"check",
              "at every position, fed the one-at-a-time run's tokens, the batched run's greedy token equals "
