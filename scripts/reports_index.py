@@ -69,7 +69,7 @@ def headline(spec, results):
         text = '%.2f' % lo if abs(hi - lo) < 0.005 else '%.2f-%.2f' % (lo, hi)
         return text, '%d points' % len(ratios)
     for e in entries:
-        if e['variant'] == spec['variant'] and matches(e, spec.get('where', {})):
+        if spec.get('variant', e.get('variant')) == e.get('variant') and matches(e, spec.get('where', {})):
             v = value_of(e, spec)
             if v is not None:
                 return fmt % v, ', '.join('%s %s' % (k, v2) for k, v2 in spec.get('where', {}).items())
