@@ -1,5 +1,7 @@
 #include "harness/results.h"
 
+#include "harness/tuning.h"
+
 #include <unistd.h>
 
 #include <chrono>
@@ -73,6 +75,7 @@ nlohmann::json run_context(const std::string& command_line) {
   c["llc_bytes"] = cpu.llc_bytes;
   c["cpu_governor"] = cpu.governor;
   if (gpu.present) {
+    c["tuning"] = TuningCache::instance().report();  // the measured launch choices this run used, and where from
     c["gpu_name"] = gpu.name;
     c["gpu_uuid"] = gpu.uuid;
     c["gpu_memory_clock_mhz"] = gpu.memory_clock_mhz;

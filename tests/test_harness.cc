@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "harness/errors.h"
@@ -18,6 +19,7 @@
 #endif
 #include "harness/results.h"
 #include "harness/sweep.h"
+#include "harness/tuning.h"
 #include "tests/test_util.h"
 
 namespace dslab {
@@ -651,6 +653,87 @@ TEST(GpuClocks, ReadsTheRunsGpu) {
   EXPECT_LT(s["temperature_c"].get<double>(), 130);
   EXPECT_GT(s["power_w"].get<double>(), 1);
   EXPECT_TRUE(s["clock_event_reasons"].is_array());
+}
+
+}  // namespace
+}  // namespace dslab
+
+namespace dslab {
+namespace {
+
+// The tuning cache (harness/tuning.h): a measured choice is kept in the file and found by the next process; off
+// measures and keeps nothing; redo ignores the file and overwrites it; a malformed file is one BadInput line.
+TEST(TuningCache, KeepsMeasuredChoicesAcrossRunsAndHonoursTheMode) {
+  const std::string path = (std::filesystem::temp_directory_path() / ("dslab_tuning_" + test::test_name() + ".json"));
+  std::filesystem::remove(path);
+  {
+    TuningCache first(path, "test GPU", TuningCache::Mode::on);
+    EXPECT_FALSE(first.lookup("gemm", "m1 n2").has_value());
+    first.record("gemm", "m1 n2", {{"split", 4}});
+    const auto r = first.report();
+    ASSERT_EQ(r.at("used").size(), 1u);
+    EXPECT_EQ(r.at("used")[0].at("source"), "measured");
+  }
+  {
+    TuningCache second(path, "test GPU", TuningCache::Mode::on);  // a second run: found, reported as from the cache
+    const auto v = second.lookup("gemm", "m1 n2");
+    ASSERT_TRUE(v.has_value());
+    EXPECT_EQ(v->at("split"), 4);
+    EXPECT_EQ(second.report().at("used")[0].at("source"), "cache");
+    EXPECT_EQ(second.report().at("mode"), "on");
+  }
+  {
+    TuningCache off(path, "test GPU", TuningCache::Mode::off);  // nothing read, nothing kept
+    EXPECT_FALSE(off.lookup("gemm", "m1 n2").has_value());
+    off.record("gemm", "m9", {{"split", 1}});
+    EXPECT_TRUE(off.report().at("used").empty());
+  }
+  {
+    TuningCache redo(path, "test GPU", TuningCache::Mode::redo);  // measured again, the file rewritten
+    EXPECT_FALSE(redo.lookup("gemm", "m1 n2").has_value());
+    redo.record("gemm", "m1 n2", {{"split", 2}});
+  }
+  TuningCache after(path, "test GPU", TuningCache::Mode::on);
+  EXPECT_EQ(after.lookup("gemm", "m1 n2")->at("split"), 2);
+  EXPECT_FALSE(after.lookup("gemm", "m9").has_value());
+  std::ofstream(path) << "{\"entries\": [1, 2]}";
+  EXPECT_THROW(TuningCache(path, "test GPU", TuningCache::Mode::on), BadInput);
+  EXPECT_THROW(TuningCache::parse_mode("sometimes"), BadInput);
+  EXPECT_EQ(TuningCache::parse_mode(nullptr), TuningCache::Mode::on);
+  std::filesystem::remove(path);
+}
+
+// On a GPU, through the command line: a run with an empty tuning cache measures its GEMMs' choices, keeps them and
+// reports them (context.tuning); a second run finds them in the cache; DSLAB_TUNE=redo measures them again.
+TEST(GpuTuning, ASecondRunReusesTheFirstRunsMeasurements) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  const std::filesystem::path cache = std::filesystem::temp_directory_path() / ("dslab_tuning_" + test::test_name());
+  const std::filesystem::path out = std::filesystem::temp_directory_path() / ("dslab_tuning_out_" + test::test_name());
+  std::filesystem::remove(cache);
+  setenv("DSLAB_TUNING_CACHE", cache.c_str(), 1);
+  auto sources = [&](const char* mode) {
+    std::filesystem::remove_all(out);
+    if (mode)
+      setenv("DSLAB_TUNE", mode, 1);
+    else
+      unsetenv("DSLAB_TUNE");
+    const test::CliRun r = test::run_cli(
+        "run --model deepseek-v2-lite --variant linear/own/cuda --axis tokens=32 --axis weight=o_proj --min-samples 3",
+        out);
+    EXPECT_EQ(r.status, 0) << r.err;
+    const auto j = nlohmann::json::parse(std::ifstream(out / "results.json"));
+    std::set<std::string> s;
+    for (const auto& u : j.at("context").at("tuning").at("used")) s.insert(u.at("source").get<std::string>());
+    return s;
+  };
+  EXPECT_EQ(sources(nullptr), std::set<std::string>{"measured"});
+  EXPECT_TRUE(std::filesystem::exists(cache));
+  EXPECT_EQ(sources(nullptr), std::set<std::string>{"cache"});
+  EXPECT_EQ(sources("redo"), std::set<std::string>{"measured"});
+  unsetenv("DSLAB_TUNE");
+  unsetenv("DSLAB_TUNING_CACHE");
+  std::filesystem::remove(cache);
+  std::filesystem::remove_all(out);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // GemmTuner (tuned_gemm.h): cuBLASLt's candidates for a shape, timed cold, the fastest kept.
 #include "variants/common/cuda/tuned_gemm.h"
 
+#include "harness/tuning.h"
+
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -101,8 +103,8 @@ std::string tuning_mode() {
   const char* v = std::getenv("DSLAB_GEMM_TUNING");
   return v ? v : "";
 }
-bool tuning_enabled() {
-  static const bool enabled = tuning_mode() != "off";
+bool tuning_enabled() {  // (DSLAB_TUNE=off, harness/tuning.h, turns every measured choice off, this one too)
+  static const bool enabled = tuning_mode() != "off" && TuningCache::instance().mode() != TuningCache::Mode::off;
   return enabled;
 }
 bool tuning_verbose() {
@@ -434,6 +436,64 @@ std::map<std::pair<int, GemmShape>, GemmTuner::Tuned>& process_choices() {
 }
 }  // namespace
 
+std::string GemmTuner::shape_key(const GemmShape& s) {
+  char key[256];
+  std::snprintf(key, sizeof key,
+                "%c%c m%lld n%lld k%lld lda%lld sa%lld ldb%lld sb%lld ldc%lld sc%lld b%lld c%d%s a%d%s",
+                s.op_a == CUBLAS_OP_T ? 'T' : 'N', s.op_b == CUBLAS_OP_T ? 'T' : 'N', (long long)s.m, (long long)s.n,
+                (long long)s.k, (long long)s.lda, (long long)s.stride_a, (long long)s.ldb, (long long)s.stride_b,
+                (long long)s.ldc, (long long)s.stride_c, (long long)s.batch, int(s.c_type), s.accumulate ? "+" : "",
+                s.alignment, s.caller_sums ? " unsummed" : "");
+  return key;
+}
+
+nlohmann::json GemmTuner::to_json(const Tuned& t) {
+  nlohmann::json algo = nlohmann::json::array();
+  const auto* words = reinterpret_cast<const uint64_t*>(&t.algo);
+  for (size_t i = 0; i < sizeof(t.algo) / 8; ++i) algo.push_back(words[i]);
+  return {
+      {"own_kernel", t.choice.own_kernel},     {"k_slices", t.choice.k_slices},     {"algo", algo},
+      {"workspace_bytes", t.workspace_bytes},  {"algo_id", t.choice.algo_id},       {"tile", t.choice.tile},
+      {"split_k", t.choice.split_k},           {"candidates", t.choice.candidates}, {"tuned_us", t.choice.tuned_us},
+      {"heuristic_us", t.choice.heuristic_us}, {"own_us", t.choice.own_us},         {"cublaslt", cublasLtGetVersion()}};
+}
+
+std::optional<GemmTuner::Tuned> GemmTuner::from_json(const nlohmann::json& v, const GemmShape& s, const Plan& p) const {
+  try {
+    Tuned t;
+    t.choice.own_kernel = v.at("own_kernel").get<bool>();
+    t.choice.k_slices = v.at("k_slices").get<int>();
+    t.choice.algo_id = v.at("algo_id").get<int>();
+    t.choice.tile = v.at("tile").get<int>();
+    t.choice.split_k = v.at("split_k").get<int>();
+    t.choice.candidates = v.at("candidates").get<int>();
+    t.choice.tuned_us = v.at("tuned_us").get<double>();
+    t.choice.heuristic_us = v.at("heuristic_us").get<double>();
+    t.choice.own_us = v.at("own_us").get<double>();
+    if (v.at("cublaslt").get<size_t>() != cublasLtGetVersion()) return std::nullopt;  // (another cuBLASLt: re-measure)
+    if (t.choice.own_kernel) {
+      if (!stream_gemm_fits(s) || !stream_gemm_splits_ok(s, t.choice.k_slices)) return std::nullopt;
+      return t;
+    }
+    const auto& words = v.at("algo");
+    if (!words.is_array() || words.size() != sizeof(t.algo) / 8) return std::nullopt;
+    auto* out = reinterpret_cast<uint64_t*>(&t.algo);
+    for (size_t i = 0; i < words.size(); ++i) out[i] = words[i].get<uint64_t>();
+    t.workspace_bytes = v.at("workspace_bytes").get<size_t>();
+    if (t.workspace_bytes > workspace_bytes_ || (t.choice.k_slices > 1 && !sliceable(s, t.choice.k_slices)))
+      return std::nullopt;
+    // cuBLASLt's own check of the algorithm against these descriptors (the layouts of its K slices, if any).
+    const Layouts sliced_layouts = t.choice.k_slices > 1 ? Layouts(s, t.choice.k_slices) : Layouts();
+    const Layouts& l = t.choice.k_slices > 1 ? sliced_layouts : p.layouts;
+    cublasLtMatmulHeuristicResult_t result{};
+    if (cublasLtMatmulAlgoCheck(lt_, p.desc, l.a, l.b, l.c, l.c, &t.algo, &result) != CUBLAS_STATUS_SUCCESS)
+      return std::nullopt;
+    return t;
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;  // (an entry of another shape of the file: measured again, and overwritten)
+  }
+}
+
 void GemmTuner::gemm(cudaStream_t stream, const GemmShape& s, const void* a, const void* b, void* c, float beta) {
   if (s.caller_sums)
     throw std::logic_error("GemmTuner::gemm: a shape whose caller sums its slices goes through gemm_unsummed");
@@ -469,8 +529,18 @@ const GemmTuner::Plan& GemmTuner::run(cudaStream_t stream, const GemmShape& s, c
         DSLAB_CUDA(cudaGetDevice(&device));
         std::lock_guard<std::mutex> lock(choices_mutex());
         auto it = process_choices().find({device, s});
-        if (it == process_choices().end())
-          it = process_choices().emplace(std::make_pair(device, s), tune(s, p, a, b, 0)).first;
+        if (it == process_choices().end()) {
+          // The tuning cache's choice for this GPU, where it still holds (the same cuBLASLt accepts the algorithm for
+          // these descriptors); else measured now, and kept in the cache.
+          const std::string key = shape_key(s);
+          std::optional<Tuned> cached;
+          if (const auto v = TuningCache::instance().lookup("gemm", key)) cached = from_json(*v, s, p);
+          if (!cached) {
+            cached = tune(s, p, a, b, 0);
+            TuningCache::instance().record("gemm", key, to_json(*cached));
+          }
+          it = process_choices().emplace(std::make_pair(device, s), *cached).first;
+        }
         adopt(s, p, it->second);
       }
     }

@@ -17,9 +17,13 @@
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <optional>
+#include <string>
 #include <memory>
 #include <tuple>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace dslab::gpu {
 
@@ -128,6 +132,11 @@ class GemmTuner {
   // base with its K split in `split` by cuBLASLt (its own reduction), if the algorithm and the workspace allow it.
   bool split_variant(const Plan& p, const cublasLtMatmulAlgo_t& base, int split, Candidate* out) const;
   Tuned tune(const GemmShape& s, const Plan& p, const void* a, const void* b, int only_slices);
+  // The tuning cache's (harness/tuning.h) form of a choice: its key, its value, and a value read back (nullopt where
+  // it no longer holds: another cuBLASLt, an algorithm it refuses for these descriptors, a kernel that no longer fits).
+  static std::string shape_key(const GemmShape& s);
+  static nlohmann::json to_json(const Tuned& t);
+  std::optional<Tuned> from_json(const nlohmann::json& v, const GemmShape& s, const Plan& p) const;
   void adopt(const GemmShape& s, Plan& p, const Tuned& t);
   // (s.caller_sums: a sliced way's partials are left unsummed)
   void launch(const Plan& p, const Layouts& l, const cublasLtMatmulAlgo_t& algo, size_t workspace_bytes,
