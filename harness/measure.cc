@@ -100,7 +100,8 @@ std::vector<SampleSet> measure_interleaved(const std::vector<Subject>& subjects,
     Variant& v = *subjects[i].variant;
     if (subjects[i].device == Device::cuda) {
       if (!cold[i].empty()) run_on_team_thread([&] { evict(cold[i]); });
-      return gpu::time_seconds([&] { v.run(); }, flush[i]);
+      const double seconds = gpu::time_seconds([&] { v.run(); }, flush[i]);
+      return v.own_time_s().value_or(seconds);
     }
     double seconds = 0;
     run_on_team_thread([&] {  // (one OpenMP team for the flush and the variant's regions: harness/team_thread.h)
@@ -110,7 +111,7 @@ std::vector<SampleSet> measure_interleaved(const std::vector<Subject>& subjects,
       v.run();
       seconds = now_s() - start;
     });
-    return seconds;
+    return v.own_time_s().value_or(seconds);
   };
   // Warm-up: first-touch, lazy initialisation, frequency ramp. At least one call and 50 ms each.
   for (size_t i = 0; i < n; ++i) {

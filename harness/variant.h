@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -92,6 +93,9 @@ class Variant {
   // the DRAM probe). Valid after prepare().
   virtual std::vector<std::pair<const void*, size_t>> cold_buffers() const { return {}; }
   virtual void run() = 0;
+  // A variant that times itself (a peer in a process of its own, whose work dslab's timers cannot see): the seconds
+  // its last run() took by its own clock, which the harness takes instead of its own; nullopt for every other.
+  virtual std::optional<double> own_time_s() const { return std::nullopt; }
   virtual Verification verify() = 0;
   virtual std::vector<DumpTensor> tensors() const { return {}; }
   // Named facts of the prepared point that explain its time (tokens per expert, kernel choices); they

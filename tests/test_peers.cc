@@ -1,0 +1,117 @@
+// The peer runner (variants/peers): a peer in its own process, through the command line as a user runs it - its
+// results in dslab's schema beside dslab's variants, its output verified against the reference (a wrong output fails),
+// a missing library a skip with the reason, a peer that dies an error naming it. Runs on every machine: the NumPy peer
+// needs only the set-up's .venv; the others are made to fail on purpose by stand-in scripts (DSLAB_ROOT).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/test_util.h"
+
+namespace dslab {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path out_dir() { return fs::temp_directory_path() / ("dslab_peers_" + test::test_name()); }
+
+nlohmann::json run_ok(const std::string& args) {
+  fs::remove_all(out_dir());
+  const test::CliRun r = test::run_cli(args, out_dir());
+  EXPECT_EQ(r.status, 0) << r.err;
+  return nlohmann::json::parse(std::ifstream(out_dir() / "results.json"));
+}
+
+// A stand-in tree whose scripts/peers/mla.py is `body` (DSLAB_ROOT points the runner at it).
+struct StandIn {
+  fs::path root = fs::temp_directory_path() / ("dslab_peer_root_" + test::test_name());
+  explicit StandIn(const std::string& body) {
+    fs::create_directories(root / "scripts" / "peers");
+    std::ofstream(root / "scripts" / "peers" / "mla.py") << body;
+    setenv("DSLAB_ROOT", root.c_str(), 1);
+  }
+  ~StandIn() {
+    unsetenv("DSLAB_ROOT");
+    fs::remove_all(root);
+  }
+};
+
+TEST(Peers, NumpyPeerRunsBesideTheVariantsAndIsVerified) {
+  const auto j = run_ok(
+      "run --model deepseek-v2-lite --variant peer/numpy_a_cc_me/cpu --variant mla/a_cc_me/cpu --axis batch=2 "
+      "--axis kv_len=256 --min-samples 3 --max-noise 1");
+  int peers = 0;
+  for (const auto& e : j.at("benchmarks")) {
+    if (e.at("variant") != "peer/numpy_a_cc_me/cpu") continue;
+    ++peers;
+    EXPECT_GT(e.at("real_time").get<double>(), 0);
+    EXPECT_EQ(e.at("axes").at("kv_len"), 256);
+    EXPECT_LT(e.at("verify_rel_err").get<double>(), 1e-4);  // (float32 against fp64)
+    EXPECT_TRUE(e.at("verify_pass").get<bool>());
+  }
+  EXPECT_EQ(peers, 1);
+  // `dslab report` places it beside dslab's variant.
+  const test::CliRun report = test::run_cli("report " + (out_dir() / "results.json").string(), out_dir() / "report");
+  ASSERT_EQ(report.status, 0) << report.err;
+  std::ifstream md(out_dir() / "report" / "report.md");
+  const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("peer/numpy_a_cc_me/cpu"), std::string::npos);
+  EXPECT_NE(text.find("mla/a_cc_me/cpu"), std::string::npos);
+}
+
+TEST(Peers, AWrongOutputFailsVerification) {
+  // A peer that answers every request and outputs zeros: the run goes through, its verification fails (exit 1).
+  StandIn peer(R"(import json, sys
+import numpy as np
+for line in sys.stdin:
+    m = json.loads(line)
+    if m['op'] == 'quit': break
+    if m['op'] == 'output':
+        np.zeros(2 * 1 * 2048, np.float32).tofile(m['path'])
+    sys.stdout.write(json.dumps({'ok': True, 'seconds': 1e-3}) + '\n'); sys.stdout.flush()
+)");
+  fs::remove_all(out_dir());
+  const test::CliRun r = test::run_cli(
+      "run --model deepseek-v2-lite --variant peer/numpy_a_cc_me/cpu --axis batch=2 --axis kv_len=256 "
+      "--min-samples 3",
+      out_dir());
+  EXPECT_EQ(r.status, 1) << r.err;
+  const auto j = nlohmann::json::parse(std::ifstream(out_dir() / "results.json"));
+  EXPECT_FALSE(j.at("benchmarks")[0].at("verify_pass").get<bool>());
+}
+
+TEST(Peers, AMissingLibraryIsASkipWithTheReason) {
+  // PyTorch made unimportable for the peer: its variants are skipped, saying what is missing.
+  const fs::path shadow = fs::temp_directory_path() / ("dslab_no_torch_" + test::test_name());
+  fs::create_directories(shadow);
+  std::ofstream(shadow / "torch.py") << "raise ImportError('torch is hidden by the test')\n";
+  setenv("PYTHONPATH", shadow.c_str(), 1);
+  fs::remove_all(out_dir());
+  const test::CliRun r = test::run_cli(
+      "run --model deepseek-v2-lite --variant peer/pytorch_a_cc_me/cpu --axis batch=1 --axis kv_len=256", out_dir());
+  unsetenv("PYTHONPATH");
+  fs::remove_all(shadow);
+  EXPECT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(std::ifstream(out_dir() / "results.json"));
+  const auto& e = j.at("skipped").at(0);
+  EXPECT_EQ(e.at("variant"), "peer/pytorch_a_cc_me/cpu");
+  EXPECT_NE(e.at("reason").get<std::string>().find("needs torch"), std::string::npos) << e.dump();
+}
+
+TEST(Peers, APeerThatDiesIsAnErrorNamingIt) {
+  StandIn peer("import sys\nsys.stdin.readline()\nprint('{\"ok\": true}', flush=True)\nsys.exit(3)\n");
+  fs::remove_all(out_dir());
+  const test::CliRun r = test::run_cli(
+      "run --model deepseek-v2-lite --variant peer/numpy_a_cc_me/cpu --axis batch=1 --axis kv_len=256", out_dir());
+  const auto j = nlohmann::json::parse(std::ifstream(out_dir() / "results.json"));
+  const auto& e = j.at("skipped").at(0);
+  EXPECT_NE(e.at("reason").get<std::string>().find("peer"), std::string::npos) << e.dump();
+}
+
+}  // namespace
+}  // namespace dslab
