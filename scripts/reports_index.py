@@ -33,12 +33,11 @@ def value_of(entry, spec):
         v = entry.get('generation', {})
         for part in spec['generation'].split('.'):
             v = v.get(part) if isinstance(v, dict) else None
-        v = v * spec.get('scale', 1) if isinstance(v, (int, float)) else None
     elif 'counter' in spec:
         v = entry.get('counters', {}).get(spec['counter'])
     else:
         v = entry.get(spec.get('field', 'real_time'))
-    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+    return float(v) * spec.get('scale', 1) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
 def headline(spec, results):

@@ -198,6 +198,26 @@ TEST(GpuEngine, GenerateBatchedTokensEqualOneAtATime) {
   EXPECT_TRUE(fs::exists(out / "report.md"));
 }
 
+// KTransformers' placement in the engine: the routed experts on the CPU (one packed copy a layer for every step shape),
+// the rest on the GPU; batched against one at a time as above.
+TEST(GpuEngine, GenerateWithTheExpertsOnTheCpu) {
+  if (!EngineRegistry::instance().make("layer/deepseek/cuda")) GTEST_SKIP() << "not built";
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  if (!cpu_info().avx512_bf16) GTEST_SKIP() << "moe/host/cuda needs AVX512_BF16";
+  const fs::path out = fs::temp_directory_path() / ("dslab_generate_" + test::test_name());
+  fs::remove_all(out);
+  const test::CliRun r = test::run_cli(
+      "generate --model tiny --requests 6 --input uniform:3,40 --output uniform:1,10 --concurrency 3 --chunk 24 "
+      "--page-size 16 --axis attn=mla/a_cc_me/cuda --axis prefill_attn=mla/cc/cuda --axis moe=moe/host/cuda",
+      out);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto results = nlohmann::json::parse(std::ifstream(out / "results.json"));
+  for (const auto& e : results.at("benchmarks")) {
+    EXPECT_TRUE(e.at("verification").at("pass").get<bool>()) << e.at("verification").dump();
+    EXPECT_GT(e.at("counters").at("device_bytes").get<double>(), 0);
+  }
+}
+
 TEST(Generate, BadInputIsOneLineAndExitTwo) {
   if (!EngineRegistry::instance().make("layer/deepseek/cuda")) GTEST_SKIP() << "not built";
   test::expect_bad_input("generate --model tiny --input uniform:5", "--input 'uniform:5'");

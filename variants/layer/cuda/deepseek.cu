@@ -58,7 +58,7 @@ int64_t batch_bucket(int64_t batch) {
 
 // ---- weights ----------------------------------------------------------------------------------------------------
 
-void make_layer_weights(const ModelConfig& m, int64_t layer, uint64_t seed, LayerWeights* w) {
+void make_layer_weights(const ModelConfig& m, int64_t layer, uint64_t seed, LayerWeights* w, bool experts_on_device) {
   const int64_t H = m.hidden_size;
   w->seed = layer_seed(seed, layer);
   w->input_layernorm.resize(size_t(H));
@@ -74,7 +74,7 @@ void make_layer_weights(const ModelConfig& m, int64_t layer, uint64_t seed, Laye
   for (int64_t i = 0; i < layer; ++i) ordinal += m.is_moe_layer(i) ? 1 : 0;
   w->moe_seed = moe_set_seed(seed, ordinal);
   auto mw = std::make_shared<moe::cuda::MoeWeights>();
-  moe::cuda::generate_moe_weights(m, m.n_routed_experts, w->moe_seed, mw.get());
+  moe::cuda::generate_moe_weights(m, m.n_routed_experts, w->moe_seed, mw.get(), experts_on_device);
   w->moe = mw;
 }
 

@@ -37,7 +37,8 @@ struct LayerWeights {
 };
 
 // A decoder layer's weights: the seed's (the reference's values, each MoE layer its own expert set) or a checkpoint's.
-void make_layer_weights(const ModelConfig& m, int64_t layer, uint64_t seed, LayerWeights* w);
+void make_layer_weights(const ModelConfig& m, int64_t layer, uint64_t seed, LayerWeights* w,
+                        bool experts_on_device = true);
 // experts_on_device false: a MoE layer's routed experts stay in the checkpoint for an op that reads them into host
 // memory (moe/host/cuda).
 void load_layer_weights(const Checkpoint& c, int64_t layer, LayerWeights* w, bool experts_on_device = true);

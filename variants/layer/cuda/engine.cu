@@ -100,6 +100,7 @@ __global__ void argmax_rows_kernel(const float* logits, int64_t vocab, const int
 struct EngineAxes {
   std::string attn, prefill_attn, moe;
   bool graph = true, pdl = true;
+  bool experts_on_host = false;  // the moe op runs the routed experts on the CPU (KTransformers' placement)
   mla::KvDtype kv_dtype = mla::KvDtype::bf16;
   gpu::Projections proj{};
   explicit EngineAxes(const Point& p) {
@@ -119,6 +120,7 @@ struct EngineAxes {
         for (const auto& o : ops) list += (list.empty() ? "" : " | ") + o;
         throw BadInput(std::string("axis '") + axis + "': value '" + p.text(axis) + "': expected one of " + list);
       }
+    if (const auto op = moe::cuda::make_moe_op(moe)) experts_on_host = op->experts_on_host();
     const auto moes = moe::cuda::moe_op_names();
     if (std::find(moes.begin(), moes.end(), moe) == moes.end()) {
       std::string list;
@@ -174,8 +176,6 @@ class DeepseekEngineCuda final : public Engine {
       if (const std::string why = prefill_op->unsupported(m, shape(m, a, 1, q, l)); !why.empty())
         return Support::no("prefill_attn " + a.prefill_attn + " at a " + std::to_string(q) + "-token chunk: " + why);
     const auto moe_op = moe::cuda::make_moe_op(a.moe);
-    if (moe_op->experts_on_host())
-      return Support::no("moe: " + a.moe + " runs the experts on the host; the engine keeps them on the GPU");
     if (const std::string why = moe_op->unavailable(); !why.empty()) return Support::no(why);
     if (a.graph && !moe_op->graph_safe())
       return Support::no("executor graph: " + a.moe + " reads the routing on the host; use executor eager");
@@ -221,11 +221,11 @@ class DeepseekEngineCuda final : public Engine {
     for (int64_t layer = 0; layer < L; ++layer) {
       LayerWeights& w = weights_[size_t(layer)];
       if (checkpoint) {
-        load_layer_weights(*checkpoint, layer, &w);
+        load_layer_weights(*checkpoint, layer, &w, !a.experts_on_host);
         std::fprintf(stderr, "\rweights: layer %lld of %lld read (%.1f GB)", static_cast<long long>(layer + 1),
                      static_cast<long long>(L), checkpoint->bytes_read() / 1e9);
       } else {
-        make_layer_weights(m_, layer, seed, &w);
+        make_layer_weights(m_, layer, seed, &w, !a.experts_on_host);
       }
     }
     if (checkpoint) {
@@ -303,6 +303,7 @@ class DeepseekEngineCuda final : public Engine {
       for (auto& prog : programs_)
         if (prog.decode) capture(prog);
     busy_s_ = 0;
+    device_bytes_ = fixed_bytes(m_, a, l) + double(l.pages + 1) * page_bytes(m_, a, l);
   }
 
   std::vector<TokenChoice> step(const std::vector<EnginePiece>& pieces,
@@ -363,6 +364,7 @@ class DeepseekEngineCuda final : public Engine {
     c["programs"] = double(programs_.size());
     c["graphs"] = double(std::count_if(programs_.begin(), programs_.end(), [](const Program& p) { return p.graph; }));
     c["cache_pages"] = double(limits_.pages);
+    c["device_bytes"] = device_bytes_;  // weights, cache pages, buffers and scratch the engine holds on the GPU
     if (load_s_ > 0) {
       c["weights_load_s"] = load_s_;
       c["weights_load_GBps"] = load_bytes_ / load_s_ / 1e9;
@@ -419,8 +421,8 @@ class DeepseekEngineCuda final : public Engine {
     int64_t moe_layers = 0;
     for (int64_t i = 0; i < m.num_hidden_layers; ++i) {
       bytes += mla::weight_bytes(m, m.num_attention_heads) + 4 * H;
-      if (m.is_moe_layer(i))
-        bytes += moe::cuda::moe_weight_bytes(m, m.n_routed_experts), ++moe_layers;
+      if (m.is_moe_layer(i))  // (a CPU op's routed experts stay in host memory: the router and shared experts here)
+        bytes += moe::cuda::moe_weight_bytes(m, a.experts_on_host ? 0 : m.n_routed_experts), ++moe_layers;
       else
         bytes += 3 * H * double(m.intermediate_size) * 2;
     }
@@ -635,7 +637,7 @@ class DeepseekEngineCuda final : public Engine {
   std::vector<Program> programs_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t begin_ = nullptr, end_ = nullptr;
-  double busy_s_ = 0, load_s_ = 0, load_bytes_ = 0;
+  double busy_s_ = 0, load_s_ = 0, load_bytes_ = 0, device_bytes_ = 0;
 };
 
 DSLAB_REGISTER_ENGINE(DeepseekEngineCuda, "layer/deepseek/cuda");

@@ -16,6 +16,10 @@
 #include <chrono>
 #include <cmath>
 #include <thread>
+#include <memory>
+#include <tuple>
+#include <mutex>
+#include <map>
 
 #include "harness/errors.h"
 #include "harness/host.h"
@@ -102,7 +106,6 @@ class HostMoe final : public MoeOp {
   void prepare_experts() override {
     if (w_->routed_on_device)
       throw std::logic_error("moe/host/cuda: its routed experts belong in host memory (MoeWeights::routed_on_device)");
-    const int64_t H = hidden_, I = inter_;
     const int threads =
         cpu_threads_ > 0
             ? cpu_threads_
@@ -110,8 +113,27 @@ class HostMoe final : public MoeOp {
     // AMX where the CPU has it and the process may use it (the kernel per expert by the measured crossover).
     const auto kernel = cpu_info().amx_bf16 && request_amx_permission().empty() ? HostExperts::Kernel::choose
                                                                                 : HostExperts::Kernel::avx512;
-    if (!engine_ || engine_->threads() != threads) engine_ = std::make_unique<HostExperts>(kernel, threads);
     choose_hot_experts();
+    // Ops on the same weights (a generation engine's programs: one op a layer for each step shape) share one packed
+    // copy of them and its threads; the first packs it.
+    static std::mutex shared_mutex;
+    static std::map<std::tuple<const MoeWeights*, int, int64_t>, std::weak_ptr<HostExperts>> shared;
+    std::lock_guard<std::mutex> lock(shared_mutex);
+    const auto key = std::make_tuple(w_, threads, hot_experts_);
+    if (auto found = shared[key].lock()) {
+      engine_ = found;
+    } else {
+      engine_ = std::make_shared<HostExperts>(kernel, threads);
+      pack_experts();
+      shared[key] = engine_;
+    }
+    prepare_buffers();
+  }
+
+  // The routed experts (not the hot ones: the GPU's) into host memory - a checkpoint's, or made as the reference makes
+  // them - packed for the CPU kernels.
+  void pack_experts() {
+    const int64_t H = hidden_, I = inter_;
     std::vector<ref::MlpParams> experts(static_cast<size_t>(experts_));
     DeviceArray<__nv_bfloat16> scratch(size_t(3 * H * I));
     if (w_->checkpoint) {  // a checkpoint's, read straight into host memory, several at a time
@@ -139,6 +161,10 @@ class HostMoe final : public MoeOp {
       DSLAB_CUDA(cudaMemcpy(p.down_proj.data(), scratch.get() + 2 * I * H, size_t(H * I) * 2, cudaMemcpyDeviceToHost));
     }
     engine_->set_weights(m_, experts);
+  }
+
+  void prepare_buffers() {
+    const int64_t H = hidden_, I = inter_;
     x_.resize(size_t(tokens_ * H));
     ids_.resize(size_t(rows_));
     weights_.resize(size_t(rows_));
@@ -293,7 +319,7 @@ class HostMoe final : public MoeOp {
     }
   }
 
-  std::unique_ptr<HostExperts> engine_;
+  std::shared_ptr<HostExperts> engine_;  // (shared by the ops on the same weights)
   // Hot experts: expert -> slab (-1: the CPU's), on the host and the device; the slabs' ids; their weights.
   static constexpr int64_t kProfileTokens = 4096;
   std::vector<int32_t> hot_slab_;
