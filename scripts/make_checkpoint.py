@@ -10,7 +10,8 @@ then come from the dequantised bf16 weights, which is what a loader that dequant
 
 OUT/ gets: config.json (the Hub's classic form: rope_scaling, rope_theta), model.safetensors.index.json and two
 shards (*.safetensors), and golden.json: the prompts (token ids, mixed lengths), for each request the logits of its
-last prompt position and of every one of --steps greedy decode steps ([steps + 1][vocab]), and the greedy tokens. transformers runs in float32 on the CPU with the checkpoint's bf16 weights.
+last prompt position and of every one of --steps greedy decode steps ([steps + 1][vocab]), and the greedy tokens.
+transformers runs in float32 on the CPU with the checkpoint's bf16 weights.
 With --config FILE (a Hugging Face config.json, e.g. workloads/models/deepseek-v2-lite.json) the model is that one at
 full size (random weights, the same init), its shards of up to 5 GB, and golden.json holds prompts and tokens only:
 the logits go to golden.safetensors (logits.r<N>, float32 [steps + 1][vocab]); --device cuda builds and runs it on
@@ -274,7 +275,8 @@ def main():
                               for r in range(len(prompts))],
                    'logits_bf16': [[[float('%.5g' % v) for v in row.tolist()] for row in golden['logits_bf16.r%d' % r]]
                                    for r in range(len(prompts))]}, f)
-    print('wrote %s: %d tensors, %.1f MB, %d requests x %d steps' % (a.out, len(hub), total / 1e6, len(prompts), a.steps))
+    print('wrote %s: %d tensors, %.1f MB, %d requests x %d steps' %
+          (a.out, len(hub), total / 1e6, len(prompts), a.steps))
 
 
 if __name__ == '__main__':

@@ -2,10 +2,10 @@
 """dslab's MLA peers, driven by dslab over stdin / stdout, one JSON object a line (variants/peers/peer_process.h).
 
 --backend torch: the four forms as the seed's PyTorch benchmark structures them, one module call a step in bf16 (fp32
-softmax), on the CPU or a CUDA device: CacheDecompressed (cd: the cached keys' K/V decompressed once, at prepare, the new
-tokens' each step), CacheCompressed (cc: the latent cache decompressed every step), Absorbed (a_cc: W_UK folded into the
-query, one score over the concatenated [latent | rope key]) and Absorbed + MoveElision (a_cc_me: the rope and latent
-scores summed apart, no concatenation). --backend numpy: a_cc_me in float32 einsums (no PyTorch needed).
+softmax), on the CPU or a CUDA device: CacheDecompressed (cd: the cached keys' K/V decompressed once, at prepare,
+the new tokens' each step), CacheCompressed (cc: the latent cache decompressed every step), Absorbed (a_cc: W_UK
+folded into the query, one score over the concatenated [latent | rope key]) and Absorbed + MoveElision (a_cc_me: the
+rope and latent scores summed apart, no concatenation). --backend numpy: a_cc_me in float32 einsums (no PyTorch needed).
 
 Every step reads the same inputs: the weights, hidden states and cache dslab wrote (a safetensors file), the new tokens'
 keys written into their slots of a preallocated cache (as a serving engine writes them), causal among the new tokens,
@@ -61,7 +61,7 @@ class NumpyAccMe:
             raise ValueError('the numpy peer is a_cc_me on the CPU only')
         self.p, t = p, p.t
         H, nope, vd, r = p.heads, p.nope, p.vd, p.rank
-        kv_b = t['kv_b_proj'].reshape(H, nope + vd, r)
+        kv_b = t['kv_b_proj.weight'].reshape(H, nope + vd, r)
         self.w_uk, self.w_uv = kv_b[:, :nope, :], kv_b[:, nope:, :]
         self.ckv = np.concatenate([t['ckv_cache'], np.zeros((p.batch, p.q_len, r), np.float32)], axis=1)
         self.kpe = np.concatenate([t['kpe_cache'], np.zeros((p.batch, p.q_len, p.rope), np.float32)], axis=1)
@@ -77,14 +77,14 @@ class NumpyAccMe:
         p, t = self.p, self.p.t
         B, S, H, L = p.batch, p.q_len, p.heads, p.kv_len
         x = t['hidden_states']
-        if 'q_a_proj' in t:
-            q = self.rms(x @ t['q_a_proj'].T, t['q_a_layernorm'], p.eps) @ t['q_b_proj'].T
+        if 'q_a_proj.weight' in t:
+            q = self.rms(x @ t['q_a_proj.weight'].T, t['q_a_layernorm.weight'], p.eps) @ t['q_b_proj.weight'].T
         else:
-            q = x @ t['q_proj'].T
+            q = x @ t['q_proj.weight'].T
         q = q.reshape(B, S, H, p.nope + p.rope)
         q_nope, q_pe = q[..., :p.nope], np.einsum('sij,bshj->bshi', t['rope'], q[..., p.nope:])
-        kv = x @ t['kv_a_proj_with_mqa'].T
-        self.ckv[:, L:] = self.rms(kv[..., :p.rank], t['kv_a_layernorm'], p.eps)
+        kv = x @ t['kv_a_proj_with_mqa.weight'].T
+        self.ckv[:, L:] = self.rms(kv[..., :p.rank], t['kv_a_layernorm.weight'], p.eps)
         self.kpe[:, L:] = np.einsum('sij,bsj->bsi', t['rope'], kv[..., p.rank:])
         q_abs = np.einsum('bshd,hdr->bshr', q_nope, self.w_uk)
         scores = (np.einsum('bshr,bkr->bshk', q_abs, self.ckv) + np.einsum('bshd,bkd->bshk', q_pe, self.kpe)) * p.scale
@@ -93,7 +93,7 @@ class NumpyAccMe:
         probs = scores / scores.sum(axis=-1, keepdims=True)
         o_lat = np.einsum('bshk,bkr->bshr', probs, self.ckv)
         attn = np.einsum('bshr,hvr->bshv', o_lat, self.w_uv).reshape(B, S, H * p.vd)
-        self.out = attn @ t['o_proj'].T
+        self.out = attn @ t['o_proj.weight'].T
 
     def run(self, flush):
         start = time.perf_counter()
@@ -121,7 +121,7 @@ class TorchMla:
         self.w = {k: bf(v) for k, v in t.items() if k not in ('rope', 'softmax_scale', 'ckv_cache', 'kpe_cache')}
         self.rope_m = torch.from_numpy(t['rope']).to(self.dev, torch.float32)
         H, nope, vd, r, L, S, B = p.heads, p.nope, p.vd, p.rank, p.kv_len, p.q_len, p.batch
-        kv_b = self.w['kv_b_proj'].view(H, nope + vd, r)
+        kv_b = self.w['kv_b_proj.weight'].view(H, nope + vd, r)
         self.w_uk, self.w_uv = kv_b[:, :nope, :], kv_b[:, nope:, :]
         # The cache, preallocated with room for the new tokens (written in place each step).
         self.ckv = torch.zeros(B, L + S, r, dtype=torch.bfloat16, device=self.dev)
@@ -147,13 +147,15 @@ class TorchMla:
         torch, p, w = self.torch, self.p, self.w
         B, S, H, L, nope, r = p.batch, p.q_len, p.heads, p.kv_len, p.nope, p.rank
         x = w['hidden_states']
-        q = self.rms(x @ w['q_a_proj'].T, w['q_a_layernorm']) @ w['q_b_proj'].T if 'q_a_proj' in w \
-            else x @ w['q_proj'].T
+        if 'q_a_proj.weight' in w:
+            q = self.rms(x @ w['q_a_proj.weight'].T, w['q_a_layernorm.weight']) @ w['q_b_proj.weight'].T
+        else:
+            q = x @ w['q_proj.weight'].T
         q = q.view(B, S, H, nope + p.rope)
         q_nope = q[..., :nope]
         q_pe = torch.einsum('sij,bshj->bshi', self.rope_m, q[..., nope:].float()).to(torch.bfloat16)
-        kv = x @ w['kv_a_proj_with_mqa'].T
-        self.ckv[:, L:] = self.rms(kv[..., :r], w['kv_a_layernorm'])
+        kv = x @ w['kv_a_proj_with_mqa.weight'].T
+        self.ckv[:, L:] = self.rms(kv[..., :r], w['kv_a_layernorm.weight'])
         self.kpe[:, L:] = torch.einsum('sij,bsj->bsi', self.rope_m, kv[..., r:].float()).to(torch.bfloat16)
         if self.form in ('cd', 'cc'):
             if self.form == 'cd':  # the new tokens' K/V into the decompressed cache
@@ -180,7 +182,7 @@ class TorchMla:
         else:
             o_lat = torch.einsum('bhsk,bkr->bshr', probs, self.ckv)
             attn = torch.einsum('bshr,hvr->bshv', o_lat, self.w_uv)
-        self.out = attn.reshape(B, S, H * p.vd) @ w['o_proj'].T
+        self.out = attn.reshape(B, S, H * p.vd) @ w['o_proj.weight'].T
 
     def run(self, flush):
         torch = self.torch

@@ -562,25 +562,33 @@ Verification CpuVariant::verify() {
   return {ref::relative_l2_error(out_.data(), ref.data(), ref.size()), 1e-2};
 }
 
-std::vector<DumpTensor> CpuVariant::tensors() const {
+std::vector<DumpTensor> input_tensors(const Problem& problem) {
   std::vector<DumpTensor> t;
   auto bf = [&](const std::string& name, const std::vector<bf16>& v, std::vector<int64_t> shape) {
     if (!v.empty()) t.push_back({name, "BF16", std::move(shape), v.data(), v.size() * 2});
   };
-  const auto& p = problem_->params;
-  const auto& in = problem_->inputs;
-  const int64_t ql = m_.q_lora_rank.value_or(0);
-  bf("q_a_proj.weight", p.q_a_proj, {ql, hid_});
+  const ModelConfig& m = problem.model;
+  const Shape& s = problem.shape;
+  const auto& p = problem.params;
+  const auto& in = problem.inputs;
+  const int64_t ql = m.q_lora_rank.value_or(0), hid = m.hidden_size, H = s.heads, qhd = m.q_head_dim();
+  const int64_t r = m.kv_lora_rank, rope = m.qk_rope_head_dim, nope = m.qk_nope_head_dim, vd = m.v_head_dim;
+  bf("q_a_proj.weight", p.q_a_proj, {ql, hid});
   bf("q_a_layernorm.weight", p.q_a_layernorm, {ql});
-  bf("q_b_proj.weight", p.q_b_proj, {nh_ * qhd_, ql});
-  bf("q_proj.weight", p.q_proj, {nh_ * qhd_, hid_});
-  bf("kv_a_proj_with_mqa.weight", p.kv_a_proj_with_mqa, {r_ + rope_, hid_});
-  bf("kv_a_layernorm.weight", p.kv_a_layernorm, {r_});
-  bf("kv_b_proj.weight", p.kv_b_proj, {nh_ * (nope_ + vd_), r_});
-  bf("o_proj.weight", p.o_proj, {hid_, nh_ * vd_});
-  bf("hidden_states", in.hidden_states, {s_.batch, s_.q_len, hid_});
-  bf("ckv_cache", in.ckv_cache, {s_.batch, s_.kv_len, r_});
-  bf("kpe_cache", in.kpe_cache, {s_.batch, s_.kv_len, rope_});
+  bf("q_b_proj.weight", p.q_b_proj, {H * qhd, ql});
+  bf("q_proj.weight", p.q_proj, {H * qhd, hid});
+  bf("kv_a_proj_with_mqa.weight", p.kv_a_proj_with_mqa, {r + rope, hid});
+  bf("kv_a_layernorm.weight", p.kv_a_layernorm, {r});
+  bf("kv_b_proj.weight", p.kv_b_proj, {H * (nope + vd), r});
+  bf("o_proj.weight", p.o_proj, {hid, H * vd});
+  bf("hidden_states", in.hidden_states, {s.batch, s.q_len, hid});
+  bf("ckv_cache", in.ckv_cache, {s.batch, s.kv_len, r});
+  bf("kpe_cache", in.kpe_cache, {s.batch, s.kv_len, rope});
+  return t;
+}
+
+std::vector<DumpTensor> CpuVariant::tensors() const {
+  std::vector<DumpTensor> t = input_tensors(*problem_);
   t.push_back({"output", "F32", {s_.batch, s_.q_len, hid_}, out_.data(), out_.size() * 4});
   const auto& ref = problem_->reference();
   t.push_back({"reference_output", "F64", {s_.batch, s_.q_len, hid_}, ref.data(), ref.size() * 8});

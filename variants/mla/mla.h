@@ -82,6 +82,9 @@ struct Problem {
  private:
   mutable std::vector<double> reference_;
 };
+// A problem's weights (Hugging Face names, "q_proj.weight"), hidden states and caches as tensors (--dump, the peers'
+// inputs); they point into the problem.
+std::vector<DumpTensor> input_tensors(const Problem& problem);
 // weights: a Hugging Face checkpoint folder (dslab run --weights) whose first layer's attention weights the point
 // uses (inputs and cache stay made from the seed), or empty.
 std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uint64_t seed,

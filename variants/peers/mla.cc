@@ -136,11 +136,7 @@ class PeerMla final : public Variant {
   // The point's weights, hidden states and cache, the RoPE of each new token's position as a matrix
   // ([q_len][rope][rope]: the reference's YaRN rotation, whatever its layout, applied as M x) and the softmax scale.
   void write_inputs() {
-    const ref::MlaParams& p = problem_->params;
-    const ref::MlaInputs& in = problem_->inputs;
-    const int64_t H = s_.heads, hid = m_.hidden_size, r = m_.kv_lora_rank, rope = m_.qk_rope_head_dim;
-    const int64_t qhd = m_.q_head_dim(), ql = m_.q_lora_rank.value_or(0), nope = m_.qk_nope_head_dim,
-                  vd = m_.v_head_dim;
+    const int64_t H = s_.heads, rope = m_.qk_rope_head_dim, nope = m_.qk_nope_head_dim, vd = m_.v_head_dim;
     rope_.assign(size_t(s_.q_len * rope * rope), 0.0f);
     for (int64_t s = 0; s < s_.q_len; ++s)
       for (int64_t i = 0; i < rope; ++i) {
@@ -150,21 +146,7 @@ class PeerMla final : public Variant {
         for (int64_t o = 0; o < rope; ++o) rope_[size_t((s * rope + o) * rope + i)] = float(e[size_t(o)]);
       }
     scale_ = float(m_.softmax_scale());
-    std::vector<DumpTensor> t;
-    auto bf = [&](const std::string& name, const std::vector<bf16>& v, std::vector<int64_t> shape) {
-      if (!v.empty()) t.push_back({name, "BF16", std::move(shape), v.data(), v.size() * 2});
-    };
-    bf("q_a_proj", p.q_a_proj, {ql, hid});
-    bf("q_a_layernorm", p.q_a_layernorm, {ql});
-    bf("q_b_proj", p.q_b_proj, {H * qhd, ql});
-    bf("q_proj", p.q_proj, {H * qhd, hid});
-    bf("kv_a_proj_with_mqa", p.kv_a_proj_with_mqa, {r + rope, hid});
-    bf("kv_a_layernorm", p.kv_a_layernorm, {r});
-    bf("kv_b_proj", p.kv_b_proj, {H * (nope + vd), r});
-    bf("o_proj", p.o_proj, {hid, H * vd});
-    bf("hidden_states", in.hidden_states, {s_.batch, s_.q_len, hid});
-    bf("ckv_cache", in.ckv_cache, {s_.batch, s_.kv_len, r});
-    bf("kpe_cache", in.kpe_cache, {s_.batch, s_.kv_len, rope});
+    std::vector<DumpTensor> t = mla::input_tensors(*problem_);
     t.push_back({"rope", "F32", {s_.q_len, rope, rope}, rope_.data(), rope_.size() * 4});
     t.push_back({"softmax_scale", "F32", {1}, &scale_, 4});
     if (inputs_.empty())
