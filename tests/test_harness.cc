@@ -699,6 +699,9 @@ TEST(TuningCache, KeepsMeasuredChoicesAcrossRunsAndHonoursTheMode) {
   std::ofstream(path) << "{\"entries\": [1, 2]}";
   EXPECT_THROW(TuningCache(path, "test GPU", TuningCache::Mode::on), BadInput);
   EXPECT_THROW(TuningCache::parse_mode("sometimes"), BadInput);
+  setenv("DSLAB_TUNE", "sometimes", 1);  // through the command line: one line, exit 2, before anything runs
+  test::expect_bad_input("list", "DSLAB_TUNE 'sometimes'");
+  unsetenv("DSLAB_TUNE");
   EXPECT_EQ(TuningCache::parse_mode(nullptr), TuningCache::Mode::on);
   std::filesystem::remove(path);
 }
