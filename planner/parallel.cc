@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "harness/errors.h"
+#include "variants/layer/ops.h"
 
 namespace dslab::planner {
 
@@ -90,6 +91,86 @@ int64_t kv_capacity_requests(const ModelConfig& m, const Parallelism& p, double 
   if (free <= 0 || per_request <= 0) return 0;
   const int64_t per_gpu = int64_t(std::floor(free / per_request));
   return p.dp_attention ? per_gpu * p.gpus : per_gpu;
+}
+
+double collective_seconds(const Collective& c, int64_t gpus, const Link& link) {
+  if (gpus <= 1) return 0;
+  const double n = double(gpus), share = (n - 1) / n;
+  const double factor = c.kind == "all_reduce" ? 2 * share : share;
+  return link.latency_s + c.bytes * factor / link.bus_bytes_per_s;
+}
+
+std::string ParallelEstimate::label() const {
+  return std::string(p.dp_attention ? "DP" : "TP") + " attention + " + (p.ep ? "EP" : "TP") + " experts on " +
+         std::to_string(p.gpus) + " GPU" + (p.gpus > 1 ? "s" : "");
+}
+
+ParallelEstimate estimate_parallel_step(const ModelConfig& m, const Parallelism& p, int64_t batch, int64_t kv_len,
+                                        const GpuCeilings& gpu, const Link& link) {
+  const ShardPlan plan = shard_plan(m, p, batch, 1, kv_len);
+  layer::StepShape shape;
+  shape.batch = batch;
+  shape.q_len = 1;
+  shape.kv_len = kv_len;
+  const double g = double(p.gpus);
+  // A GPU's share of the requests under DP attention (the busiest GPU's: ceil(batch / gpus)).
+  const double dp_share = double(plan.requests_per_gpu) / double(batch);
+  ParallelEstimate e;
+  e.p = p;
+  for (layer::OpCost op : layer::step_ops(m, shape)) {
+    switch (op.group) {
+      case layer::OpGroup::attention:
+        if (p.dp_attention) {  // this GPU's requests, every head, the weights whole
+          op.flops *= dp_share, op.kv_bytes *= dp_share, op.act_bytes *= dp_share;
+        } else if (op.name != "kv_a_proj") {  // the heads split; the latent projection and the cache are every GPU's
+          op.flops /= g, op.weight_bytes /= g;
+        }
+        break;
+      case layer::OpGroup::routed_experts:
+        // TP: every token, a slice of each reached expert; EP: this GPU's experts and the tokens routed to them.
+        op.flops /= g, op.weight_bytes /= g;
+        if (p.ep) op.act_bytes /= g;
+        break;
+      case layer::OpGroup::shared_experts:
+      case layer::OpGroup::dense_mlp:
+        if (ffn_replicated(p))  // each GPU its own tokens through the whole FFN
+          op.flops *= dp_share, op.act_bytes *= dp_share;
+        else  // split as a tensor-parallel FFN over every token
+          op.flops /= g, op.weight_bytes /= g;
+        break;
+      case layer::OpGroup::lm_head:  // vocabulary-parallel
+        op.flops /= g, op.weight_bytes /= g;
+        break;
+      default:  // norms, router, embedding: this GPU's tokens
+        if (p.dp_attention) op.flops *= dp_share, op.act_bytes *= dp_share;
+        break;
+    }
+    e.compute_s +=
+        std::max(op.flops / gpu.tensor_flops, op.bytes() / gpu.hbm_bytes_per_s) + double(op.gpu_kernels) * gpu.kernel_s;
+  }
+  for (int64_t layer = 0; layer < m.num_hidden_layers; ++layer)
+    for (const Collective& c : m.is_moe_layer(layer) ? plan.per_moe_layer : plan.per_dense_layer)
+      e.comm_s += collective_seconds(c, p.gpus, link);
+  e.step_s = e.compute_s + e.comm_s;
+  e.tokens_per_s = e.step_s > 0 ? double(batch) / e.step_s : 0;
+  e.weight_bytes_per_gpu = plan.weight_bytes_per_gpu;
+  e.kv_bytes_per_gpu = plan.kv_bytes_per_gpu;
+  return e;
+}
+
+std::vector<ParallelEstimate> rank_placements(const ModelConfig& m, int64_t gpus, int64_t batch, int64_t kv_len,
+                                              const GpuCeilings& gpu, const Link& link) {
+  std::vector<ParallelEstimate> out;
+  for (bool dp : {false, true})
+    for (bool ep : {false, true}) {
+      const Parallelism p{gpus, dp, ep};
+      if ((!dp && m.num_attention_heads % gpus) || (ep && m.n_routed_experts % gpus)) continue;
+      if (gpus == 1 && (dp || ep)) continue;  // (one GPU: one placement)
+      out.push_back(estimate_parallel_step(m, p, batch, kv_len, gpu, link));
+    }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const ParallelEstimate& a, const ParallelEstimate& b) { return a.step_s < b.step_s; });
+  return out;
 }
 
 }  // namespace dslab::planner

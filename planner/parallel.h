@@ -47,4 +47,37 @@ ShardPlan shard_plan(const ModelConfig& m, const Parallelism& p, int64_t batch, 
 // machine: TP attention's copies of one request on every GPU count once, DP attention's GPUs add up.
 int64_t kv_capacity_requests(const ModelConfig& m, const Parallelism& p, double gpu_bytes, int64_t kv_len);
 
+// What a GPU and its links can do, for a step's time estimate. The collectives by NCCL's bus-bandwidth model: time =
+// latency + bytes x factor / bus bandwidth, the factor 2(n-1)/n for an all-reduce and (n-1)/n for an all-gather, a
+// reduce-scatter or an all-to-all. Defaults until collectives are calibrated on a machine of several GPUs (none was
+// lent yet): NVLink 4 in an HGX H100 / H200 board, 450 GB/s a direction a GPU by the datasheet, of which NCCL's large
+// all-reduces reach ~360 GB/s of bus bandwidth; 10 us of latency a collective.
+struct GpuCeilings {
+  double hbm_bytes_per_s = 4.48e12;  // the H200's measured HBM read (reports/nvidia-h200/calibration)
+  double tensor_flops = 868e12;      // its measured bf16 tensor GEMM rate
+  double kernel_s = 4e-6;            // a small kernel's fixed cost in a graph-replayed step
+};
+struct Link {
+  double bus_bytes_per_s = 360e9;
+  double latency_s = 10e-6;
+};
+double collective_seconds(const Collective& c, int64_t gpus, const Link& link);
+
+// One decode step (a token a request) of the whole model over `p`, estimated from the ops' work (layer::step_ops):
+// each op's share a GPU runs under the placement, priced at max(flops / peak, bytes / HBM) plus its kernels' fixed
+// cost; then the layers' collectives, not overlapped (the layer's compute waits for them).
+struct ParallelEstimate {
+  Parallelism p;
+  double compute_s = 0, comm_s = 0, step_s = 0;
+  double tokens_per_s = 0;  // the batch's tokens over the step
+  double weight_bytes_per_gpu = 0, kv_bytes_per_gpu = 0;
+  std::string label() const;  // "DP attention + EP experts on 8 GPUs"
+};
+ParallelEstimate estimate_parallel_step(const ModelConfig& m, const Parallelism& p, int64_t batch, int64_t kv_len,
+                                        const GpuCeilings& gpu = {}, const Link& link = {});
+// Every placement on `gpus` GPUs that the model's heads and experts allow (TP or DP attention x TP or EP experts),
+// fastest first.
+std::vector<ParallelEstimate> rank_placements(const ModelConfig& m, int64_t gpus, int64_t batch, int64_t kv_len,
+                                              const GpuCeilings& gpu = {}, const Link& link = {});
+
 }  // namespace dslab::planner

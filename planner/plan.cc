@@ -1,5 +1,7 @@
 #include "planner/plan.h"
 
+#include "planner/parallel.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -724,13 +726,17 @@ options:
                      per expert (default: the roofline alone); repeatable
   --gpu-experts FILE results.json of the GPU MoE (moe/grouped/cuda) at this model over tokens: the same for the
                      routed experts the GPU runs; repeatable
+  --gpus N           also the placements over N GPUs (decode): attention tensor- or data-parallel, routed experts
+                     tensor- or expert-parallel, each step's time predicted from the ops' work on this machine's GPU
+                     ceilings plus its collectives (NCCL's bus-bandwidth model; NVLink 4's datasheet rate until
+                     collectives are calibrated), fastest first
   --out DIR          where plan.json and plan.md go (default: print only)
 )";
 
 int cmd_plan(int argc, char** argv) {
   const Args a = parse_args(argc, argv, 2, {},
                             {"--model", "--phase", "--batch", "--q-len", "--kv-len", "--gpu-budget", "--cpu-threads",
-                             "--machine", "--measured", "--cpu-experts", "--gpu-experts", "--out"});
+                             "--machine", "--measured", "--cpu-experts", "--gpu-experts", "--gpus", "--out"});
   if (!a.positional.empty())
     throw BadInput("command line: plan: unexpected argument '" + a.positional.front() + "' (see dslab plan --help)");
   if (!a.has("--model"))
@@ -772,7 +778,34 @@ int cmd_plan(int argc, char** argv) {
   r.hot_expert_counts = measured_hot_expert_counts(r, measured);
   Plan plan = make_plan(r, ceilings);
   attach_measurements(plan, measured);
-  const std::string md = plan.to_markdown();
+  std::string md = plan.to_markdown();
+  if (a.has("--gpus")) {
+    const int64_t gpus = int64_t(a.number("--gpus", 1, 1));
+    if (!decode) throw BadInput("command line: --gpus: the placements over several GPUs are for --phase decode");
+    using planner::GpuCeilings, planner::Link, planner::ParallelEstimate, planner::rank_placements;
+    GpuCeilings gpu;
+    if (ceilings.gpu_flops > 0) gpu.tensor_flops = ceilings.gpu_flops;
+    if (ceilings.gpu_bytes_per_s > 0) gpu.hbm_bytes_per_s = ceilings.gpu_bytes_per_s;
+    if (ceilings.gpu_kernel_s > 0) gpu.kernel_s = ceilings.gpu_kernel_s;
+    const Link link;
+    char line[256];
+    md += "\n## Over " + std::to_string(gpus) + " GPUs\n\nEach GPU's share of the ops at " +
+          (ceilings.gpu_name.empty() ? std::string("the default ceilings") : ceilings.gpu_name + "'s ceilings") +
+          ", plus the collectives at " + std::to_string(int(link.bus_bytes_per_s / 1e9)) +
+          " GB/s of bus bandwidth (NVLink 4's datasheet rate; not calibrated), fastest first.\n\n"
+          "| placement | step ms | compute ms | collectives ms | tokens/s | weights GB / GPU | KV GB / GPU | fits |\n"
+          "|---|---|---|---|---|---|---|---|\n";
+    for (const ParallelEstimate& e : rank_placements(r.model, gpus, r.shape.batch, r.shape.kv_len, gpu, link)) {
+      const double need = e.weight_bytes_per_gpu + e.kv_bytes_per_gpu, have = ceilings.gpu_memory_bytes;
+      const std::string fits = have <= 0      ? "?"
+                               : need <= have ? "yes"
+                                              : "no (" + std::to_string(int64_t((need - have) / 1e9)) + " GB over)";
+      std::snprintf(line, sizeof line, "| %s | %.3f | %.3f | %.3f | %.0f | %.1f | %.1f | %s |\n", e.label().c_str(),
+                    e.step_s * 1e3, e.compute_s * 1e3, e.comm_s * 1e3, e.tokens_per_s, e.weight_bytes_per_gpu / 1e9,
+                    e.kv_bytes_per_gpu / 1e9, fits.c_str());
+      md += line;
+    }
+  }
   std::fputs(md.c_str(), stdout);
   if (a.has("--out")) {
     const std::filesystem::path dir = a.one("--out");

@@ -4,6 +4,7 @@
 
 #include "harness/errors.h"
 #include "planner/parallel.h"
+#include "variants/layer/ops.h"
 #include "tests/test_util.h"
 #include "variants/reference/reference.h"
 
@@ -76,6 +77,47 @@ TEST(Parallel, SplitsThatDoNotDivideAreBadInput) {
   EXPECT_THROW(shard_plan(m, {3, true, true}, 8, 1, 1024), BadInput);    // 256 experts over 3
   EXPECT_NO_THROW(shard_plan(m, {3, true, false}, 8, 1, 1024));          // DP attention, TP experts
   EXPECT_THROW(shard_plan(m, {0, false, false}, 8, 1, 1024), BadInput);
+}
+
+}  // namespace
+}  // namespace dslab::planner
+
+namespace dslab::planner {
+namespace {
+
+// The collectives' cost model by hand: NCCL's bus bandwidth, 2(n-1)/n for an all-reduce, (n-1)/n for the others.
+TEST(ParallelEstimate, CollectivesFollowTheBusBandwidthModel) {
+  const Link link{100e9, 5e-6};
+  EXPECT_DOUBLE_EQ(collective_seconds({"all_reduce", "", 1e9}, 8, link), 5e-6 + 1e9 * 2 * 7 / 8 / 100e9);
+  EXPECT_DOUBLE_EQ(collective_seconds({"all_gather", "", 1e9}, 4, link), 5e-6 + 1e9 * 3 / 4 / 100e9);
+  EXPECT_DOUBLE_EQ(collective_seconds({"all_to_all", "", 1e9}, 2, link), 5e-6 + 1e9 / 2 / 100e9);
+  EXPECT_EQ(collective_seconds({"all_reduce", "", 1e9}, 1, link), 0);
+}
+
+// One GPU: the ops' own prices, no collectives; the placements rank as SGLang reports: a large batch over long
+// caches is faster with DP attention (each GPU reads only its requests' cache), one request with TP attention (DP
+// cannot split it, and replicates the weights).
+TEST(ParallelEstimate, OneGpuIsTheOpsAloneAndDpAttentionWinsLargeBatches) {
+  const ModelConfig m = test::model("deepseek-v3");
+  const GpuCeilings gpu;
+  const ParallelEstimate one = estimate_parallel_step(m, {1, false, false}, 4, 4096, gpu);
+  layer::StepShape s;
+  s.batch = 4, s.q_len = 1, s.kv_len = 4096;
+  double want = 0;
+  for (const auto& op : layer::step_ops(m, s))
+    want += std::max(op.flops / gpu.tensor_flops, op.bytes() / gpu.hbm_bytes_per_s) + op.gpu_kernels * gpu.kernel_s;
+  EXPECT_NEAR(one.compute_s, want, 1e-12 * want);
+  EXPECT_EQ(one.comm_s, 0);
+  EXPECT_EQ(rank_placements(m, 1, 4, 4096).size(), 1u);
+
+  const auto large = rank_placements(m, 8, 256, 32768);
+  ASSERT_EQ(large.size(), 4u);
+  EXPECT_TRUE(large.front().p.dp_attention) << large.front().label();
+  const auto single = rank_placements(m, 8, 1, 4096);
+  EXPECT_FALSE(single.front().p.dp_attention) << single.front().label();
+  for (const auto& e : large) EXPECT_GT(e.comm_s, 0);
+  // Heads that do not divide: no TP attention among the placements.
+  EXPECT_EQ(rank_placements(m, 3, 8, 4096).size(), 1u);  // (V3's 256 experts and 128 heads: only DP + TP over 3)
 }
 
 }  // namespace
