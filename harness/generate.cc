@@ -123,21 +123,6 @@ std::vector<std::string> split_commas(const std::string& s) {
   return out;
 }
 
-// The prompt of request r: the trace's own ids, or ids drawn from the seed (uniform over the vocabulary).
-std::vector<int32_t> prompt_of(const RequestSpec& q, int64_t r, uint64_t seed, int64_t vocab) {
-  if (!q.prompt.empty()) return q.prompt;
-  std::vector<int32_t> ids(size_t(q.input_len));
-  uint64_t x = seed * 0x9e3779b97f4a7c15ull + uint64_t(r) * 0xbf58476d1ce4e5b9ull + 0x5eed;
-  for (auto& id : ids) {
-    x += 0x9e3779b97f4a7c15ull;
-    uint64_t z = x;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    id = int32_t((z ^ (z >> 31)) % uint64_t(vocab));
-  }
-  return ids;
-}
-
 struct RunOutcome {
   serving::ServingMetrics metrics;
   std::vector<serving::RequestTimeline> timelines;
@@ -291,7 +276,7 @@ int cmd_generate(int argc, char** argv) {
   }
   std::vector<std::vector<int32_t>> prompts;
   for (size_t r = 0; r < requests.size(); ++r) {
-    prompts.push_back(prompt_of(requests[r], int64_t(r), seed, vocab));
+    prompts.push_back(serving::prompt_tokens(requests[r], int64_t(r), seed, vocab));
     std::vector<int32_t> ids = prompts.back();
     ids.insert(ids.end(), requests[r].continuation.begin(), requests[r].continuation.end());
     for (int32_t id : ids)

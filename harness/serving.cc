@@ -162,6 +162,14 @@ std::vector<RequestSpec> request_set(const RequestSetSpec& spec, uint64_t seed) 
   return set;
 }
 
+std::vector<int32_t> prompt_tokens(const RequestSpec& q, int64_t request, uint64_t seed, int64_t vocab) {
+  if (!q.prompt.empty()) return q.prompt;
+  std::vector<int32_t> ids(size_t(q.input_len));
+  const uint64_t stream = seed * 0x9e3779b97f4a7c15ull + uint64_t(request) * 0xbf58476d1ce4e5b9ull + 0x5eed;
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(mix(stream + i * 0x9e3779b97f4a7c15ull) % uint64_t(vocab));
+  return ids;
+}
+
 std::vector<RequestSpec> load_trace(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw BadInput(path + ": cannot open (expected a JSONL trace: a request a line)");

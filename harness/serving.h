@@ -44,6 +44,9 @@ std::vector<RequestSpec> request_set(const RequestSetSpec& spec, uint64_t seed);
 // naming the file, line and field for anything else.
 std::vector<RequestSpec> load_trace(const std::string& path);
 
+// Request `request`'s prompt: the trace's own ids, or input_len ids drawn uniformly over the vocabulary from the seed.
+std::vector<int32_t> prompt_tokens(const RequestSpec& q, int64_t request, uint64_t seed, int64_t vocab);
+
 struct SchedulerConfig {
   int64_t max_running = 1;     // concurrency: requests in the batch at once
   int64_t chunk_tokens = 512;  // the step's token budget: decode tokens plus prompt chunk tokens

@@ -115,10 +115,7 @@ class PeerMla final : public Variant {
   std::optional<double> own_time_s() const override { return last_s_; }
 
   Verification verify() override {
-    if (outputs_.empty())
-      outputs_ = (std::filesystem::temp_directory_path() / ("dslab_peer_out_" + std::to_string(getpid()) + "_" +
-                                                            std::to_string(reinterpret_cast<uintptr_t>(this)) + ".f32"))
-                     .string();
+    if (outputs_.empty()) outputs_ = temp_file("out", ".f32");
     process_->request({{"op", "output"}, {"path", outputs_}});
     const auto& want = problem_->reference();
     std::vector<float> got(want.size());
@@ -131,6 +128,12 @@ class PeerMla final : public Variant {
   }
 
  private:
+  // A file of this variant's own in the temporary folder (removed with it).
+  std::string temp_file(const std::string& kind, const std::string& extension) const {
+    return (std::filesystem::temp_directory_path() / ("dslab_peer_" + kind + "_" + std::to_string(getpid()) + "_" +
+                                                      std::to_string(reinterpret_cast<uintptr_t>(this)) + extension))
+        .string();
+  }
   std::vector<std::string> command() const { return {python(), peer_script("mla.py"), "--backend", backend_}; }
 
   // The point's weights, hidden states and cache, the RoPE of each new token's position as a matrix
@@ -149,11 +152,7 @@ class PeerMla final : public Variant {
     std::vector<DumpTensor> t = mla::input_tensors(*problem_);
     t.push_back({"rope", "F32", {s_.q_len, rope, rope}, rope_.data(), rope_.size() * 4});
     t.push_back({"softmax_scale", "F32", {1}, &scale_, 4});
-    if (inputs_.empty())
-      inputs_ = (std::filesystem::temp_directory_path() /
-                 ("dslab_peer_in_" + std::to_string(getpid()) + "_" +
-                  std::to_string(reinterpret_cast<uintptr_t>(this)) + ".safetensors"))
-                    .string();
+    if (inputs_.empty()) inputs_ = temp_file("in", ".safetensors");
     write_safetensors(inputs_, t,
                       {{"heads", std::to_string(H)},
                        {"rms_norm_eps", std::to_string(m_.rms_norm_eps)},

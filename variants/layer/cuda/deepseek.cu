@@ -50,6 +50,13 @@ int64_t align4(int64_t n) { return (n + 3) / 4 * 4; }
 
 }  // namespace
 
+void check_op_axis(const std::string& axis, const std::string& value, const std::vector<std::string>& names) {
+  if (std::find(names.begin(), names.end(), value) != names.end()) return;
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : " | ") + n;
+  throw BadInput("axis '" + axis + "': value '" + value + "': expected one of " + list);
+}
+
 int64_t batch_bucket(int64_t batch) {
   int64_t b = 1;
   while (b < batch) b *= 2;
@@ -272,8 +279,8 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
     LayerWeights& w = weights_[size_t(i)];
     if (checkpoint_) {
       // (a host op's layers beyond the resident ones leave their experts to the op, which reads them into host memory)
-      const bool on_device = !P.experts_on_host || P.dense(layer) || moe_ordinal++ < P.resident_moe_layers;
-      load_layer_weights(*checkpoint_, layer, &w, on_device);
+      const int64_t q = P.dense(layer) ? 0 : moe_ordinal++;
+      load_layer_weights(*checkpoint_, layer, &w, !P.experts_on_host || q < P.resident_moe_layers);
       w.seed = layer_seed(seed, layer);  // (the cache's streams)
       std::fprintf(stderr, "\rweights: layer %lld of %lld read", static_cast<long long>(i + 1),
                    static_cast<long long>(L));

@@ -48,6 +48,9 @@ void make_model_ends(const ModelConfig& m, uint64_t seed, DeviceArray<__nv_bfloa
 void load_model_ends(const Checkpoint& c, DeviceArray<__nv_bfloat16>* embed, DeviceArray<__nv_bfloat16>* norm,
                      DeviceArray<__nv_bfloat16>* lm_head);
 
+// BadInput naming the axis unless `value` is one of `names` (a registry's op names), listing them.
+void check_op_axis(const std::string& axis, const std::string& value, const std::vector<std::string>& names);
+
 // Batch-size buckets of the graph executor: the smallest power of two at least `batch`.
 int64_t batch_bucket(int64_t batch);
 

@@ -52,11 +52,6 @@ constexpr int kArgmaxThreads = 256;
 constexpr int64_t kMinChunkBucket = 16;
 
 int64_t align4(int64_t n) { return (n + 3) / 4 * 4; }
-int64_t pow2_at_least(int64_t n) {
-  int64_t b = 1;
-  while (b < n) b *= 2;
-  return b;
-}
 
 // Row rows[i] of the logits: its first largest value's index into out[i], and the runner-up's gap and the row's RMS
 // into gap[i], rms[i] (a NaN row gives INT32_MAX: an error upstream).
@@ -113,20 +108,10 @@ struct EngineAxes {
     pdl = p.text("pdl") == "on";
     kv_dtype = mla::parse_kv_dtype(p.text("kv_dtype"));
     proj = gpu::parse_projections(p.text("proj"));
-    const auto ops = mla::cuda::mla_op_names();
-    for (const char* axis : {"attn", "prefill_attn"})
-      if (std::find(ops.begin(), ops.end(), p.text(axis)) == ops.end()) {
-        std::string list;
-        for (const auto& o : ops) list += (list.empty() ? "" : " | ") + o;
-        throw BadInput(std::string("axis '") + axis + "': value '" + p.text(axis) + "': expected one of " + list);
-      }
-    if (const auto op = moe::cuda::make_moe_op(moe)) experts_on_host = op->experts_on_host();
-    const auto moes = moe::cuda::moe_op_names();
-    if (std::find(moes.begin(), moes.end(), moe) == moes.end()) {
-      std::string list;
-      for (const auto& o : moes) list += (list.empty() ? "" : " | ") + o;
-      throw BadInput("axis 'moe': value '" + moe + "': expected one of " + list);
-    }
+    check_op_axis("attn", attn, mla::cuda::mla_op_names());
+    check_op_axis("prefill_attn", prefill_attn, mla::cuda::mla_op_names());
+    check_op_axis("moe", moe, moe::cuda::moe_op_names());
+    experts_on_host = moe::cuda::make_moe_op(moe)->experts_on_host();
   }
 };
 
@@ -137,12 +122,12 @@ struct Shapes {
   int64_t max_batch = 1, max_tokens = 1, max_chunk = 1;
   explicit Shapes(const EngineLimits& l) {
     for (int64_t b = 1; b < 2 * l.max_running; b *= 2) decode_batches.push_back(b);
-    max_chunk = pow2_at_least(l.chunk_tokens);
+    max_chunk = batch_bucket(l.chunk_tokens);
     for (int64_t q = std::min(kMinChunkBucket, max_chunk); q <= max_chunk; q *= 2) chunk_lengths.push_back(q);
     max_batch = decode_batches.back();
     max_tokens = std::max(max_batch, max_chunk);
   }
-  int64_t chunk_bucket(int64_t n) const { return std::min(max_chunk, std::max(kMinChunkBucket, pow2_at_least(n))); }
+  int64_t chunk_bucket(int64_t n) const { return std::min(max_chunk, std::max(kMinChunkBucket, batch_bucket(n))); }
 };
 
 class DeepseekEngineCuda final : public Engine {
@@ -203,7 +188,8 @@ class DeepseekEngineCuda final : public Engine {
     limits_ = l;
     const EngineAxes a(p);
     axes_ = std::make_unique<EngineAxes>(a);
-    const Shapes shapes(l);
+    shapes_ = std::make_unique<Shapes>(l);
+    const Shapes& shapes = *shapes_;
     const int64_t H = m_.hidden_size, V = m_.vocab_size, L = m_.num_hidden_layers;
     if (!blas_) blas_ = std::make_unique<BlasHandle>(), side_blas_ = std::make_unique<BlasHandle>();
     blas_->set_projections(a.proj);
@@ -241,7 +227,7 @@ class DeepseekEngineCuda final : public Engine {
     // Metadata: lengths [max_batch], page table [max_batch][pages_per_row], RoPE cos and sin [max_tokens][rope/2],
     // the fused kernel's schedule, token ids [max_tokens], the step; each part 16-byte aligned.
     const int64_t half = m_.qk_rope_head_dim / 2, B = shapes.max_batch, T = shapes.max_tokens;
-    pages_per_row_ = (l.max_context + pow2_at_least(l.chunk_tokens) + l.page_size - 1) / l.page_size;
+    pages_per_row_ = (max_keys(l) + l.page_size - 1) / l.page_size;
     int64_t sched_ints = 0;
     {
       const auto probe = mla::cuda::make_mla_op(a.attn);
@@ -325,7 +311,7 @@ class DeepseekEngineCuda final : public Engine {
       const size_t n = std::min(decodes.size() - first, size_t(limits_.max_running));
       std::vector<const EnginePiece*> batch;
       for (size_t k = 0; k < n; ++k) batch.push_back(&pieces[decodes[first + k]]);
-      run_program(program(true, pow2_at_least(int64_t(n))), batch, &got, logits ? &got_logits : nullptr);
+      run_program(program(true, batch_bucket(int64_t(n))), batch, &got, logits ? &got_logits : nullptr);
       for (size_t k = 0; k < n; ++k) {
         next[decodes[first + k]] = got[k];
         if (logits) piece_logits[decodes[first + k]] = std::move(got_logits[k]);
@@ -343,8 +329,7 @@ class DeepseekEngineCuda final : public Engine {
         chunk.tokens.assign(piece.tokens.begin() + int64_t(at), piece.tokens.begin() + int64_t(at + n));
         chunk.pages = piece.pages;
         chunk.wants_token = piece.wants_token && at + n == piece.tokens.size();
-        run_program(program(false, Shapes(limits_).chunk_bucket(int64_t(n))), {&chunk}, &got,
-                    logits ? &got_logits : nullptr);
+        run_program(program(false, shapes_->chunk_bucket(int64_t(n))), {&chunk}, &got, logits ? &got_logits : nullptr);
         if (chunk.wants_token) {
           next[i] = got[0];
           if (logits) piece_logits[i] = std::move(got_logits[0]);
@@ -393,7 +378,7 @@ class DeepseekEngineCuda final : public Engine {
     s.kv_dtype = a.kv_dtype;
     return s;
   }
-  static int64_t max_keys(const EngineLimits& l) { return l.max_context + pow2_at_least(l.chunk_tokens); }
+  static int64_t max_keys(const EngineLimits& l) { return l.max_context + batch_bucket(l.chunk_tokens); }
 
   static layer::StepScratch scratch(const ModelConfig& m, const EngineAxes& a, int64_t batch, int64_t q_len,
                                     const EngineLimits& l) {
@@ -623,6 +608,7 @@ class DeepseekEngineCuda final : public Engine {
   ModelConfig m_;
   EngineLimits limits_;
   std::unique_ptr<EngineAxes> axes_;
+  std::unique_ptr<Shapes> shapes_;
   std::unique_ptr<BlasHandle> blas_, side_blas_;
   std::vector<LayerWeights> weights_;
   DeviceArray<__nv_bfloat16> embed_, final_norm_, lm_head_, xb_;

@@ -96,18 +96,8 @@ struct DeepseekLayerCuda::Plan {
       layers = m.num_hidden_layers;
       first = 0;
     }
-    const auto ops = mla::cuda::mla_op_names();
-    if (std::find(ops.begin(), ops.end(), attn) == ops.end()) {
-      std::string list;
-      for (const auto& o : ops) list += (list.empty() ? "" : " | ") + o;
-      throw BadInput("axis 'attn': value '" + attn + "': expected one of " + list);
-    }
-    const auto moes = moe::cuda::moe_op_names();
-    if (std::find(moes.begin(), moes.end(), moe) == moes.end()) {
-      std::string list;
-      for (const auto& o : moes) list += (list.empty() ? "" : " | ") + o;
-      throw BadInput("axis 'moe': value '" + moe + "': expected one of " + list);
-    }
+    check_op_axis("attn", attn, mla::cuda::mla_op_names());
+    check_op_axis("moe", moe, moe::cuda::moe_op_names());
     for (int64_t i = first; i < first + layers; ++i) moe_layers += dense(i) ? 0 : 1;
     const auto attn_op = mla::cuda::make_mla_op(attn);
     // (a sparse op attends the keys it selects; the layers' fp64 reference attends them all)
