@@ -1,4 +1,5 @@
 // dslab: the command line. `dslab --help` and `dslab COMMAND --help` say what each command does.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -115,14 +116,16 @@ std::string file_safe(std::string s) {
 int cmd_list(int argc, char** argv) {
   if (argc > 2)
     throw BadInput(std::string("command line: unexpected argument '") + argv[2] + "' (see dslab list --help)");
-  std::printf("%-22s %-6s %-11s %s\n", "variant", "device", "here", "what");
+  int width = 7;  // the longest name's
+  for (const auto& e : registered_variants()) width = std::max(width, int(e.name.size()));
+  std::printf("%-*s %-6s %-11s %s\n", width, "variant", "device", "here", "what");
   for (const auto& e : registered_variants()) {
     std::string here = "yes";
     if (Support s = e.make()->available(); !s.ok)  // (first: a build without a peer library says so on any machine)
       here = "no: " + s.reason;
     else if (e.device == Device::cuda && !gpu_info().present)
       here = "no: " + gpu_info().why_absent;
-    std::printf("%-22s %-6s %-11s %s\n", e.name.c_str(), device_name(e.device), here.c_str(), e.summary.c_str());
+    std::printf("%-*s %-6s %-11s %s\n", width, e.name.c_str(), device_name(e.device), here.c_str(), e.summary.c_str());
   }
   return 0;
 }

@@ -75,6 +75,34 @@ fetch_flashinfer() {
   rm -rf "$tmp"
 }
 
+# KTransformers' MoE kernels, the CPU MoE peers' library (scripts/peers/moe_kt.py): the pinned kt-kernel wheel from PyPI
+# (checked against its SHA-256), of which only the extension modules the peers load (AMX, AVX-512 BF16 and AVX2
+# builds) and their bundled libraries are unpacked, once per machine. The wheel is for CPython 3.11 on x86-64; a
+# failed fetch leaves the peers skipping with the reason (DSLAB_KT_KERNEL=off: not fetched).
+KT_KERNEL_PIN=0.7.2
+KT_KERNEL_SHA256=23dc85058bd88eecc1452274b986c82625e182f9323fb8b647b8d42517c69801
+KT_KERNEL_DIR=${DSLAB_KT_KERNEL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dslab/kt-kernel-$KT_KERNEL_PIN}
+fetch_kt_kernel() {
+  [ "${DSLAB_KT_KERNEL:-on}" != off ] || return 0
+  [ ! -f "$KT_KERNEL_DIR/kt_kernel/_kt_kernel_ext_avx2.cpython-311-x86_64-linux-gnu.so" ] || return 0
+  [ "$(uname -m)" = x86_64 ] || return 0
+  log "fetching kt-kernel==$KT_KERNEL_PIN (KTransformers' MoE kernels, the CPU MoE peers)"
+  local tmp wheel
+  tmp=$(mktemp -d)
+  if "$VENV/bin/python" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+       --platform manylinux_2_35_x86_64 --python-version 3.11 "kt-kernel==$KT_KERNEL_PIN" -d "$tmp" >/dev/null 2>&1 &&
+     wheel=$(ls "$tmp"/kt_kernel-*.whl 2>/dev/null) &&
+     echo "$KT_KERNEL_SHA256  $wheel" | sha256sum -c --status; then
+    rm -rf "$KT_KERNEL_DIR.partial" && mkdir -p "$KT_KERNEL_DIR.partial"
+    unzip -q "$wheel" 'kt_kernel/_kt_kernel_ext_amx.*' 'kt_kernel/_kt_kernel_ext_avx512_bf16.*' \
+      'kt_kernel/_kt_kernel_ext_avx2.*' 'kt_kernel.libs/*' -d "$KT_KERNEL_DIR.partial"
+    rm -rf "$KT_KERNEL_DIR" && mv "$KT_KERNEL_DIR.partial" "$KT_KERNEL_DIR"
+  else
+    log "could not fetch kt-kernel==$KT_KERNEL_PIN (or its checksum differs): the ktransformers peers skip"
+  fi
+  rm -rf "$tmp"
+}
+
 build() {
   local jobs flashinfer_arg=()
   jobs=$(nproc)
@@ -94,4 +122,5 @@ if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export 
 install_apt_packages
 install_python_requirements
 fetch_flashinfer
+fetch_kt_kernel
 build

@@ -113,5 +113,37 @@ TEST(Peers, APeerThatDiesIsAnErrorNamingIt) {
   EXPECT_NE(e.at("reason").get<std::string>().find("peer"), std::string::npos) << e.dump();
 }
 
+bool cpu_has_flag(const std::string& flag) {
+  std::ifstream f("/proc/cpuinfo");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("flags", 0) == 0) return (line + " ").find(" " + flag + " ") != std::string::npos;
+  return false;
+}
+
+TEST(Peers, KTransformersMoeRunsBesideTheEnginesAndIsVerified) {
+  // kt-kernel's BF16 class for CPUs without AMX runs on any x86-64 with AVX2 (the set-up fetches the library); its
+  // AMX classes run where the CPU has AMX and otherwise skip saying so.
+  const auto j = run_ok(
+      "run --model tiny --variant peer/ktransformers_avx2_bf16/cpu --variant peer/ktransformers_amx_bf16/cpu "
+      "--axis tokens=1,8 --min-samples 3 --min-time 0.01 --max-noise 1");
+  int runs = 0;
+  for (const auto& e : j.at("benchmarks")) {
+    ++runs;
+    EXPECT_GT(e.at("real_time").get<double>(), 0);
+    EXPECT_TRUE(e.at("verify_pass").get<bool>()) << e.dump();
+    EXPECT_LT(e.at("verify_rel_err").get<double>(), 1e-2);
+    EXPECT_GE(e.at("counters").at("threads").get<double>(), 1);
+  }
+  for (const auto& e : j.at("skipped")) {
+    const std::string why = e.at("reason");
+    if (why.find("kt-kernel") != std::string::npos && why.find("not there") != std::string::npos)
+      GTEST_SKIP() << "kt-kernel is not fetched on this machine: " << why;
+    EXPECT_EQ(e.at("variant"), "peer/ktransformers_amx_bf16/cpu") << e.dump();
+    EXPECT_FALSE(cpu_has_flag("amx_bf16")) << why;
+    EXPECT_NE(why.find("needs AMX"), std::string::npos) << why;
+  }
+  EXPECT_EQ(runs, cpu_has_flag("amx_bf16") ? 4 : 2);
+}
+
 }  // namespace
 }  // namespace dslab
