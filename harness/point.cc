@@ -68,6 +68,9 @@ const std::vector<AxisInfo>& known_axes() {
        "shared_down_proj | dense_gate_up | dense_down_proj | gate | lm_head"},
       {"kv_splits", AxisKind::text,
        "the fused MLA kernel's split-KV CTAs per row tile: auto (about 4 key blocks each, 32 to one per SM) | N"},
+      {"block_keys", AxisKind::text,
+       "the fused MLA kernel's keys a block: auto (the tuned choice, else 32 at up to 32 rows of a bf16 cache, else "
+       "64) | 32 | 64 (bf16 at up to 32 rows: the two-warpgroup kernel of 128 heads)"},
   };
   return axes;
 }

@@ -8,9 +8,17 @@ build=${1:-build}
 cd "$root"
 rm -rf .device
 ../shared/device/bundle.sh "$build" "$build/tests/dslab_tests" >/dev/null
+# KTransformers' AMX build and its libraries (the CPU MoE peers; the device has no package registry).
+kt=${DSLAB_KT_KERNEL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dslab/kt-kernel-0.7.2}
+if [ -f "$kt/kt_kernel/_kt_kernel_ext_amx.cpython-311-x86_64-linux-gnu.so" ]; then
+  mkdir -p .device/kt-kernel/kt_kernel
+  cp "$kt"/kt_kernel/_kt_kernel_ext_amx.* .device/kt-kernel/kt_kernel/ && cp -r "$kt/kt_kernel.libs" .device/kt-kernel/
+  find .device/kt-kernel -type f -exec xz -T0 -9 {} +
+fi
 xz -T0 -9 .device/bin/*
 find .device/lib -type f -size +1M ! -name '*.xz' -exec xz -T0 -9 {} +
-{ echo 'for f in .device/bin/*.xz .device/lib/*.xz; do [ -e "$f" ] && [ ! -e "${f%.xz}" ] && xz -d -k "$f"; done'
+{ echo 'for f in .device/bin/*.xz .device/lib/*.xz .device/kt-kernel/*/*.xz; do [ -e "$f" ] && [ ! -e "${f%.xz}" ] && xz -d -k "$f"; done'
+  echo '[ -d .device/kt-kernel ] && export DSLAB_KT_KERNEL_DIR="$PWD/.device/kt-kernel"'
   cat .device/env.sh
   echo 'export DSLAB_PREBUILT="$PWD/.device/bin"'; } >.device/env.sh.new
 mv .device/env.sh.new .device/env.sh

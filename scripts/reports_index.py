@@ -25,7 +25,8 @@ def matches(entry, where):
     axes = dict(entry.get('axes', {}))
     if 'concurrency' in entry:  # (dslab generate's runs)
         axes['concurrency'] = entry['concurrency']
-    return all(str(axes.get(k)) == str(v) for k, v in where.items())
+    # (a list: any of its values)
+    return all(str(axes.get(k)) in [str(x) for x in (v if isinstance(v, list) else [v])] for k, v in where.items())
 
 
 def value_of(entry, spec):

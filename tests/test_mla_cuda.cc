@@ -22,12 +22,14 @@ struct GpuCase {
   const char* kv_dtype;
   const char* executor = "eager";
   const char* kv_splits = "auto";
+  const char* block_keys = "auto";
 };
 
 std::string describe(const GpuCase& c) {
   return std::string(c.model) + " heads " + std::to_string(c.heads) + " batch " + std::to_string(c.batch) + " q_len " +
          std::to_string(c.q_len) + " kv_len " + std::to_string(c.kv_len) + " page_size " + std::to_string(c.page_size) +
-         " " + c.len_dist + " " + c.kv_dtype + " " + c.executor + " kv_splits " + c.kv_splits;
+         " " + c.len_dist + " " + c.kv_dtype + " " + c.executor + " kv_splits " + c.kv_splits + " block_keys " +
+         c.block_keys;
 }
 
 Point point_of(const GpuCase& c) {
@@ -41,6 +43,7 @@ Point point_of(const GpuCase& c) {
   p.set("kv_dtype", {c.kv_dtype, 0, false});
   p.set("executor", {c.executor, 0, false});
   p.set("kv_splits", {c.kv_splits, 0, false});
+  p.set("block_keys", {c.block_keys, 0, false});
   p.set("proj", {"own", 0, false});  // (the variants' default: the GEMV at 1-2 rows, tuned cuBLASLt from 3)
   return p;
 }
@@ -101,6 +104,17 @@ TEST_P(GpuMla, MatchesReferenceOverPagesLengthsAndCacheTypes) {
   cases.push_back(
       {"deepseek-v3", 96, 3, 1, 333, 64, "mixed", "bf16"});  // 96 rows: the two-warpgroup kernel's part-filled tile
   cases.push_back({"deepseek-v2-lite", 16, 1, 1, 0, 16, "uniform", "bf16"});  // empty cache: the new token only
+  if (GetParam() == "mla/fused/cuda") {
+    // 16 heads in 64-key blocks (block_keys 64): the two-warpgroup kernel with 16 real rows of its 64-row tile, one
+    // request (its Q box reaching past the last row) and several, with MTP, and from cp.async copies (small pages)
+    for (GpuCase c : {GpuCase{"deepseek-v3", 16, 1, 1, 300, 64, "uniform", "bf16"},
+                      GpuCase{"deepseek-v3", 16, 5, 1, 333, 64, "mixed", "bf16"},
+                      GpuCase{"deepseek-v3", 16, 3, 2, 333, 64, "mixed", "bf16"},
+                      GpuCase{"deepseek-v2-lite", 16, 3, 1, 150, 16, "mixed", "bf16"}}) {
+      c.block_keys = "64";
+      cases.push_back(c);
+    }
+  }
   if (!fused) {
     cases.push_back({"deepseek-v2-lite", 16, 2, 5, 70, 16, "uniform", "bf16"});  // extend: causal among 5 new tokens
     cases.push_back({"tiny", 4, 3, 3, 37, 16, "mixed", "bf16"});                 // narrow latent, odd sizes
@@ -158,6 +172,11 @@ TEST_P(GpuMla, LongSplitCacheMatchesReference) {
     cases.push_back({"deepseek-v3", 128, 8, 1, 2000, 64, "mixed", "bf16", "graph"});
     cases.push_back({"deepseek-v3", 128, 24, 1, 600, 64, "mixed", "bf16", "eager"});
     cases.push_back({"deepseek-v3", 16, 40, 1, 600, 64, "mixed", "fp8_e4m3", "graph"});
+    // 16 heads in 64-key blocks (the two-warpgroup kernel): split requests merged, one CTA's run crossing requests,
+    // and 16 tokens merged with the output absorbed
+    cases.push_back({"deepseek-v3", 16, 2, 1, 5000, 64, "mixed", "bf16", "graph", "auto", "64"});
+    cases.push_back({"deepseek-v3", 16, 5, 1, 3000, 64, "mixed", "bf16", "eager", "3", "64"});
+    cases.push_back({"deepseek-v3", 16, 16, 1, 3000, 64, "mixed", "bf16", "graph", "auto", "64"});
   }
   for (const GpuCase& c : cases) {
     SCOPED_TRACE(describe(c));

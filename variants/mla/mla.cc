@@ -27,6 +27,7 @@ Shape shape_of(const ModelConfig& m, const Point& p) {
   s.kv_len = p.integer("kv_len");
   if (p.has("kv_dtype")) s.kv_dtype = parse_kv_dtype(p.text("kv_dtype"));
   if (p.has("kv_splits")) s.kv_splits = parse_kv_splits(p.text("kv_splits"));
+  if (p.has("block_keys")) s.block_keys = parse_block_keys(p.text("block_keys"));
   if (p.has("budget")) s.budget = p.integer("budget");
   if (p.has("local")) s.local = p.integer("local");
   return s;
@@ -39,6 +40,13 @@ int64_t parse_kv_splits(const std::string& text) {
   if (text.empty() || *end || v < 1 || v > 4096)
     throw BadInput("axis kv_splits: '" + text + "' is not a split count (expected auto or an integer 1..4096)");
   return v;
+}
+
+int64_t parse_block_keys(const std::string& text) {
+  if (text == "auto") return 0;
+  if (text != "32" && text != "64")
+    throw BadInput("axis block_keys: '" + text + "' is not a block size (expected auto, 32 or 64)");
+  return std::stoll(text);
 }
 
 KvDtype parse_kv_dtype(const std::string& text) {

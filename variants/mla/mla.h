@@ -19,14 +19,16 @@ enum class Algo { cd, cc, a_cc, a_cc_me };
 // of kQuantGroup with one fp32 scale per group, as PPL's KeyValueCache quant groups do.
 enum class KvDtype { bf16, int8, fp8_e4m3 };
 constexpr int64_t kQuantGroup = 64;
-KvDtype parse_kv_dtype(const std::string& text);   // BadInput for anything else
-int64_t parse_kv_splits(const std::string& text);  // "auto" -> 0, else 1..4096; BadInput for anything else
+KvDtype parse_kv_dtype(const std::string& text);    // BadInput for anything else
+int64_t parse_kv_splits(const std::string& text);   // "auto" -> 0, else 1..4096; BadInput for anything else
+int64_t parse_block_keys(const std::string& text);  // "auto" -> 0, "32", "64"; BadInput for anything else
 const char* kv_dtype_name(KvDtype d);
 
 struct Shape {
   int64_t heads = 0, batch = 0, q_len = 0, kv_len = 0;
   KvDtype kv_dtype = KvDtype::bf16;  // the latent cache's (cd caches bf16 K/V)
   int64_t kv_splits = 0;             // the fused kernel's CTAs per row tile (split-KV parts); 0: auto (auto_kv_splits)
+  int64_t block_keys = 0;            // the fused kernel's keys a block (32 | 64); 0: auto (block_keys_for)
   int64_t budget = 0,
           local = 0;  // sparse attention: keys attended per request and the local window within them; 0: dense
   int64_t tokens() const { return batch * q_len; }

@@ -29,7 +29,7 @@ using moe::cuda::MoeOp;
 
 struct DeepseekLayerCuda::Plan {
   ModelConfig m;
-  int64_t batch = 0, bucket = 0, q_len = 0, kv_len = 0, steps = 0, page_size = 0, kv_splits = 0;
+  int64_t batch = 0, bucket = 0, q_len = 0, kv_len = 0, steps = 0, page_size = 0, kv_splits = 0, block_keys = 0;
   mla::KvDtype kv_dtype = mla::KvDtype::bf16;
   std::string attn, moe, len_dist;
   bool graph = false, whole = false, pdl = true;
@@ -61,6 +61,7 @@ struct DeepseekLayerCuda::Plan {
     s.kv_len = kv_len;
     s.kv_dtype = kv_dtype;
     s.kv_splits = kv_splits;
+    s.block_keys = block_keys;
     return s;
   }
 
@@ -73,6 +74,7 @@ struct DeepseekLayerCuda::Plan {
     page_size = p.integer("page_size");
     kv_dtype = mla::parse_kv_dtype(p.text("kv_dtype"));
     kv_splits = mla::parse_kv_splits(p.text("kv_splits"));
+    block_keys = p.has("block_keys") ? mla::parse_block_keys(p.text("block_keys")) : 0;
     attn = p.text("attn");
     moe = p.text("moe");
     graph = p.text("executor") == "graph";
@@ -108,6 +110,8 @@ struct DeepseekLayerCuda::Plan {
             : attn_op->unsupported(m, attn_shape());
     if (why_not.empty() && kv_splits > 0 && !attn_op->fused())
       why_not = "kv_splits: only the fused attention splits the keys (" + attn + " does not)";
+    if (why_not.empty() && block_keys > 0 && !attn_op->fused())
+      why_not = "block_keys: only the fused attention has key blocks to size (" + attn + " does not)";
     const auto moe_op = moe::cuda::make_moe_op(moe);
     experts_on_host = moe_op->experts_on_host();
     cpu_threads = p.has("cpu_threads") ? int(p.integer("cpu_threads")) : 0;

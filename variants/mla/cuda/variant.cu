@@ -40,7 +40,10 @@ std::vector<std::pair<std::string, std::string>> GpuVariant::axes() const {
       {"page_size", "64"},  {"len_dist", "uniform"},
       {"kv_dtype", "bf16"}, {"executor", op_->fused() ? "graph" : "eager"},
       {"proj", "own"}};
-  if (op_->fused()) a.push_back({"kv_splits", "auto"});  // the split-KV CTAs per row tile (auto: auto_kv_splits)
+  if (op_->fused()) {
+    a.push_back({"kv_splits", "auto"});   // the split-KV CTAs per row tile (auto: auto_kv_splits)
+    a.push_back({"block_keys", "auto"});  // keys a block (auto: the kernel's choice for the rows and cache type)
+  }
   if (op_->sparse()) a.insert(a.end(), {{"budget", "2048"}, {"local", "64"}});
   return a;
 }

@@ -377,7 +377,8 @@ struct DecodeKey {
   int arch;      // compute capability, major * 10 + minor
   int64_t rows;  // q rows a request has: heads x q_len
   KvDtype kv;
-  bool tma;  // whole blocks of the kernel's keys in a page: the cache is copied by the tensor memory accelerator
+  bool tma;        // whole blocks of the kernel's keys in a page: the cache is copied by the tensor memory accelerator
+  int block_keys;  // keys a block (block_keys_for)
 };
 DecodeKernel pick_decode_kernel(const DecodeKey& key);
 const char* decode_kernel_name(DecodeKernel kernel);

@@ -231,7 +231,13 @@ __global__ void __launch_bounds__(kAbsorbThreads, 1) merge_absorb_kernel(const _
 
 // Keys a block (see roles): 32 where a 64-row tile holds at most 32 real rows (16 heads, or 16 with an MTP token)
 // of a bf16 cache, else 64. (A quantised block expanded in 32-key stages ran 4-7% slower, H100.)
-int block_keys_for(int64_t rows, KvDtype kv) { return rows <= 32 && kv == KvDtype::bf16 ? 32 : 64; }
+// `requested` (the block_keys axis; 0: auto) overrides it: 64 at up to 32 bf16 rows takes the two-warpgroup kernel.
+int block_keys_for(int64_t rows, KvDtype kv, int64_t requested) {
+  if (requested == 32 && kv != KvDtype::bf16)
+    throw BadInput("mla/fused/cuda: block_keys 32: a quantised cache's blocks are 64 keys");
+  if (requested > 0) return int(requested);
+  return rows <= 32 && kv == KvDtype::bf16 ? 32 : 64;
+}
 
 // The decode kernels, most specialised first (pick_decode_kernel takes the first that applies). Each kernel's unit
 // states its own conditions (use_*); all are Hopper (sm_90a) kernels, the build's one architecture.
@@ -243,7 +249,7 @@ struct DecodeKernelEntry {
 constexpr DecodeKernelEntry kDecodeKernels[] = {
     // bf16, more than 32 rows (128 heads): FlashMLA's two warpgroups trading a pair of blocks
     {DecodeKernel::sm90_bf16_h128, "sm90_bf16_h128",
-     [](const DecodeKey& k) { return k.arch == 90 && use_seesaw(k.tma, block_keys_for(k.rows, k.kv), k.kv); }},
+     [](const DecodeKey& k) { return k.arch == 90 && use_seesaw(k.tma, k.block_keys, k.kv); }},
     // fp8, 16 rows: Q K^T on FP8 tensor cores from the landed block, P V from registers
     {DecodeKernel::sm90_fp8_h16, "sm90_fp8_h16",
      [](const DecodeKey& k) { return k.arch == 90 && use_fp8(k.tma, k.rows, k.kv); }},
@@ -325,7 +331,7 @@ class FusedCuda final : public MlaOp {
     o_lat_.scratch(arena_, size_t(T * nh_ * r_));
     o_partial_.scratch(arena_, size_t(max_segments_) * size_t(row_tiles_ * kTileRows) * kLatent);
     lse_partial_.scratch(arena_, size_t(max_segments_) * size_t(row_tiles_ * kTileRows));
-    block_keys_ = block_keys_for(M, s_.kv_dtype);
+    block_keys_ = block_keys_for(M, s_.kv_dtype, s_.block_keys);
     // The merge absorbs the output too (requests split or not) where each of its CTAs gets a warp's worth of
     // tokens and at most two MMA tiles of them: head x token-group CTAs, as many groups as fill the GPU once. Below
     // 8 tokens a head's few rows leave most warps idle while a warp walks a long request's many segments (the
@@ -491,7 +497,7 @@ class FusedCuda final : public MlaOp {
 
  private:
   DecodeKey decode_key(bool tma) const {
-    return {gpu_info().cc_major * 10 + gpu_info().cc_minor, s_.q_len * nh_, s_.kv_dtype, tma};
+    return {gpu_info().cc_major * 10 + gpu_info().cc_minor, s_.q_len * nh_, s_.kv_dtype, tma, block_keys_};
   }
   // Split-KV, balanced (see mla::split_kv): one CTA per SM and row tile, or the kv_splits axis's count.
   static int parts_for(const Shape& s) {
