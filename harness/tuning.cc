@@ -56,7 +56,10 @@ TuningCache::TuningCache(std::string path, std::string device, Mode mode)
 
 std::optional<nlohmann::json> TuningCache::lookup(const std::string& family, const std::string& key) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (mode_ != Mode::on) return std::nullopt;
+  if (mode_ == Mode::off) return std::nullopt;
+  const auto u = used_.find({family, key});
+  if (u != used_.end() && u->second.second == "measured") return u->second.first;  // (measured by this run: any mode)
+  if (mode_ == Mode::redo) return std::nullopt;
   const auto f = entries_.find(family);
   if (f == entries_.end() || !f->is_object()) return std::nullopt;
   const auto v = f->find(key);
@@ -71,6 +74,11 @@ void TuningCache::record(const std::string& family, const std::string& key, cons
   entries_[family][key] = value;
   used_[{family, key}] = {value, "measured"};
   save();
+}
+
+void TuningCache::use_default(const std::string& family, const std::string& key, const nlohmann::json& value) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  used_.emplace(std::make_pair(family, key), std::make_pair(value, std::string("default")));
 }
 
 void TuningCache::save() const {

@@ -23,12 +23,15 @@ class TuningCache {
 
   Mode mode() const { return mode_; }
   const std::string& path() const { return path_; }
-  // The cached value of (family, key), unless the mode is off or redo; the lookup is remembered as used.
+  // The cached value of (family, key), unless the mode is off or redo (a value this process measured is returned in
+  // any mode but off); the lookup is remembered as used.
   std::optional<nlohmann::json> lookup(const std::string& family, const std::string& key);
   // A value just measured (not in off mode: then nothing is kept); written to the file at once.
   void record(const std::string& family, const std::string& key, const nlohmann::json& value);
+  // A built-in choice used where the cache had none (reported as such, unless this process measured or looked it up).
+  void use_default(const std::string& family, const std::string& key, const nlohmann::json& value);
   // What this process used: {"mode", "cache", "device", "used": [{"family", "key", "value", "source":
-  // "cache" | "measured"}]}.
+  // "cache" | "measured" | "default"}]}.
   nlohmann::json report() const;
 
   static Mode parse_mode(const char* text);  // BadInput naming DSLAB_TUNE for anything else

@@ -10,7 +10,7 @@ rm -rf .device
 ../shared/device/bundle.sh "$build" "$build/tests/dslab_tests" >/dev/null
 # KTransformers' AMX build and its libraries (the CPU MoE peers; the device has no package registry).
 kt=${DSLAB_KT_KERNEL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dslab/kt-kernel-0.7.2}
-if [ -f "$kt/kt_kernel/_kt_kernel_ext_amx.cpython-311-x86_64-linux-gnu.so" ]; then
+if ls "$kt"/kt_kernel/_kt_kernel_ext_amx.* >/dev/null 2>&1; then
   mkdir -p .device/kt-kernel/kt_kernel
   cp "$kt"/kt_kernel/_kt_kernel_ext_amx.* .device/kt-kernel/kt_kernel/ && cp -r "$kt/kt_kernel.libs" .device/kt-kernel/
   find .device/kt-kernel -type f -exec xz -T0 -9 {} +

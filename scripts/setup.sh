@@ -75,32 +75,36 @@ fetch_flashinfer() {
   rm -rf "$tmp"
 }
 
-# KTransformers' MoE kernels, the CPU MoE peers' library (scripts/peers/moe_kt.py): the pinned kt-kernel wheel from PyPI
-# (checked against its SHA-256), of which only the extension modules the peers load (AMX, AVX-512 BF16 and AVX2
-# builds) and their bundled libraries are unpacked, once per machine. The wheel is for CPython 3.11 on x86-64; a
-# failed fetch leaves the peers skipping with the reason (DSLAB_KT_KERNEL=off: not fetched).
+# KTransformers' MoE kernels, the CPU MoE peers' library (scripts/peers/moe_kt.py): the pinned kt-kernel wheels from
+# PyPI for CPython 3.11 and 3.12 (each checked against its SHA-256), of which only the extension modules the peers load
+# (AMX, AVX-512 BF16 and AVX2 builds) and their bundled libraries are unpacked, once per machine: the peer loads the
+# one of the interpreter it runs under (the device's Python need not be this machine's). A failed fetch leaves the
+# peers skipping with the reason (DSLAB_KT_KERNEL=off: not fetched).
 KT_KERNEL_PIN=0.7.2
-KT_KERNEL_SHA256=23dc85058bd88eecc1452274b986c82625e182f9323fb8b647b8d42517c69801
+KT_KERNEL_WHEELS="3.11:23dc85058bd88eecc1452274b986c82625e182f9323fb8b647b8d42517c69801
+3.12:6345965091e3e562e21871ace08bd1d1228672ea433ad74ceafd4ae8a633eb80"
 KT_KERNEL_DIR=${DSLAB_KT_KERNEL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dslab/kt-kernel-$KT_KERNEL_PIN}
 fetch_kt_kernel() {
-  [ "${DSLAB_KT_KERNEL:-on}" != off ] || return 0
-  [ ! -f "$KT_KERNEL_DIR/kt_kernel/_kt_kernel_ext_avx2.cpython-311-x86_64-linux-gnu.so" ] || return 0
-  [ "$(uname -m)" = x86_64 ] || return 0
-  log "fetching kt-kernel==$KT_KERNEL_PIN (KTransformers' MoE kernels, the CPU MoE peers)"
-  local tmp wheel
-  tmp=$(mktemp -d)
-  if "$VENV/bin/python" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
-       --platform manylinux_2_35_x86_64 --python-version 3.11 "kt-kernel==$KT_KERNEL_PIN" -d "$tmp" >/dev/null 2>&1 &&
-     wheel=$(ls "$tmp"/kt_kernel-*.whl 2>/dev/null) &&
-     echo "$KT_KERNEL_SHA256  $wheel" | sha256sum -c --status; then
-    rm -rf "$KT_KERNEL_DIR.partial" && mkdir -p "$KT_KERNEL_DIR.partial"
-    unzip -q "$wheel" 'kt_kernel/_kt_kernel_ext_amx.*' 'kt_kernel/_kt_kernel_ext_avx512_bf16.*' \
-      'kt_kernel/_kt_kernel_ext_avx2.*' 'kt_kernel.libs/*' -d "$KT_KERNEL_DIR.partial"
-    rm -rf "$KT_KERNEL_DIR" && mv "$KT_KERNEL_DIR.partial" "$KT_KERNEL_DIR"
-  else
-    log "could not fetch kt-kernel==$KT_KERNEL_PIN (or its checksum differs): the ktransformers peers skip"
-  fi
-  rm -rf "$tmp"
+  [ "${DSLAB_KT_KERNEL:-on}" != off ] && [ "$(uname -m)" = x86_64 ] || return 0
+  local version sha tag tmp wheel
+  for entry in $KT_KERNEL_WHEELS; do
+    version=${entry%%:*} sha=${entry#*:} tag=${version/./}
+    [ ! -f "$KT_KERNEL_DIR/kt_kernel/_kt_kernel_ext_avx2.cpython-$tag-x86_64-linux-gnu.so" ] || continue
+    log "fetching kt-kernel==$KT_KERNEL_PIN for CPython $version (KTransformers' MoE kernels, the CPU MoE peers)"
+    tmp=$(mktemp -d)
+    if "$VENV/bin/python" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+         --platform manylinux_2_35_x86_64 --python-version "$version" "kt-kernel==$KT_KERNEL_PIN" -d "$tmp" \
+         >/dev/null 2>&1 &&
+       wheel=$(ls "$tmp"/kt_kernel-*.whl 2>/dev/null) && echo "$sha  $wheel" | sha256sum -c --status; then
+      rm -rf "$tmp/unpacked" && mkdir -p "$tmp/unpacked" "$KT_KERNEL_DIR"
+      unzip -q "$wheel" 'kt_kernel/_kt_kernel_ext_amx.*' 'kt_kernel/_kt_kernel_ext_avx512_bf16.*' \
+        'kt_kernel/_kt_kernel_ext_avx2.*' 'kt_kernel.libs/*' -d "$tmp/unpacked"
+      cp -r "$tmp/unpacked/." "$KT_KERNEL_DIR/"
+    else
+      log "could not fetch kt-kernel==$KT_KERNEL_PIN for CPython $version (or its checksum differs): its peers skip"
+    fi
+    rm -rf "$tmp"
+  done
 }
 
 build() {

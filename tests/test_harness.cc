@@ -739,5 +739,44 @@ TEST(GpuTuning, ASecondRunReusesTheFirstRunsMeasurements) {
   std::filesystem::remove_all(out);
 }
 
+// The fused decode's key block at 16 heads (32 or 64 keys: which is faster depends on the GPU): measured on first use
+// and kept, found in the cache the second time, the built-in table's choice with DSLAB_TUNE=off; every run verified.
+TEST(GpuTuning, TheFusedDecodeMeasuresItsKeyBlockOnFirstUse) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  const std::filesystem::path cache = std::filesystem::temp_directory_path() / ("dslab_tuning_" + test::test_name());
+  const std::filesystem::path out = std::filesystem::temp_directory_path() / ("dslab_tuning_out_" + test::test_name());
+  std::filesystem::remove(cache);
+  setenv("DSLAB_TUNING_CACHE", cache.c_str(), 1);
+  auto block_keys = [&](const char* mode) {
+    std::filesystem::remove_all(out);
+    if (mode)
+      setenv("DSLAB_TUNE", mode, 1);
+    else
+      unsetenv("DSLAB_TUNE");
+    const test::CliRun r = test::run_cli(
+        "run --model deepseek-v3 --variant mla/fused/cuda --axis heads=16 --axis batch=8 --axis kv_len=3000 "
+        "--axis proj=cublas --min-samples 3",
+        out);
+    EXPECT_EQ(r.status, 0) << r.err;
+    const auto j = nlohmann::json::parse(std::ifstream(out / "results.json"));
+    EXPECT_TRUE(j.at("benchmarks").at(0).at("verify_pass").get<bool>());
+    std::pair<std::string, int> choice;
+    for (const auto& u : j.at("context").at("tuning").at("used"))
+      if (u.at("family") == "mla_fused_block_keys") choice = {u.at("source"), u.at("value").get<int>()};
+    EXPECT_TRUE(choice.second == 32 || choice.second == 64) << choice.second;
+    return choice;
+  };
+  const auto first = block_keys(nullptr);
+  EXPECT_EQ(first.first, "measured");
+  const auto second = block_keys(nullptr);
+  EXPECT_EQ(second.first, "cache");
+  EXPECT_EQ(second.second, first.second);
+  EXPECT_EQ(block_keys("off").first, "default");
+  unsetenv("DSLAB_TUNE");
+  unsetenv("DSLAB_TUNING_CACHE");
+  std::filesystem::remove(cache);
+  std::filesystem::remove_all(out);
+}
+
 }  // namespace
 }  // namespace dslab

@@ -24,7 +24,6 @@ import time
 import numpy as np
 
 KT_VERSION = '0.7.2'
-CPYTHON = (3, 11)  # the wheel's only build
 
 
 def read_safetensors(path):
@@ -74,13 +73,11 @@ def extension_for(method):
 
 
 def load_extension(build):
-    if sys.version_info[:2] != CPYTHON:
-        raise RuntimeError('kt-kernel %s is built for CPython %d.%d only; this is %d.%d (set DSLAB_PYTHON)' %
-                           (KT_VERSION, *CPYTHON, *sys.version_info[:2]))
-    name = '_kt_kernel_ext_%s.cpython-%d%d-x86_64-linux-gnu.so' % (build, *CPYTHON)
+    name = '_kt_kernel_ext_%s.cpython-%d%d-x86_64-linux-gnu.so' % (build, *sys.version_info[:2])
     path = os.path.join(library_dir(), 'kt_kernel', name)
     if not os.path.exists(path):
-        raise RuntimeError('kt-kernel %s is not there (%s; scripts/setup.sh fetches it)' % (KT_VERSION, path))
+        raise RuntimeError('kt-kernel %s for CPython %d.%d is not there (%s; scripts/setup.sh fetches it for 3.11 '
+                           'and 3.12)' % (KT_VERSION, *sys.version_info[:2], path))
     spec = importlib.util.spec_from_file_location('kt_kernel_ext', path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

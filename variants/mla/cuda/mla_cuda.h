@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -132,6 +133,14 @@ class MlaOp {
   // On for the steps that time the attention kernel alone (kernel_s, against FlashInfer's kernel): a fused op then
   // ends its attention at o_lat, as FlashInfer's kernel does, instead of absorbing the output in its merge kernel.
   virtual void attention_core_only(bool) {}
+  // A launch choice this prepared op made by the tuning cache (harness/tuning.h) or its default table, where it could
+  // take others: the cache's family and key, the candidates, and whether it came from the cache ({} where none).
+  struct TunedChoice {
+    std::string family, key;
+    std::vector<int64_t> candidates;
+    bool from_cache = false;
+  };
+  virtual std::optional<TunedChoice> tuned_choice() const { return std::nullopt; }
   // Device bytes beyond the caller's buffers (weights, cache), for supports(): the form's (mla::gpu_scratch_bytes),
   // or an op's own where it allocates otherwise.
   virtual double scratch_bytes(const ModelConfig& m, const Shape& s, int64_t max_keys) const;
@@ -328,6 +337,7 @@ class GpuVariant : public Variant {
 
  private:
   void capture_graph();
+  static double time_steps(const std::function<void()>& step);
   std::unique_ptr<MlaOp> op_;
   ModelConfig m_;
   Shape s_;

@@ -20,6 +20,7 @@
 
 #include "harness/errors.h"
 #include "harness/host.h"
+#include "harness/tuning.h"
 #include "variants/common/cuda/cp_async.cuh"
 #include "variants/common/cuda/mma.cuh"
 #include "variants/common/cuda/tensor_map.h"
@@ -239,6 +240,26 @@ int block_keys_for(int64_t rows, KvDtype kv, int64_t requested) {
   return rows <= 32 && kv == KvDtype::bf16 ? 32 : 64;
 }
 
+// Where both block sizes apply (a bf16 cache of whole 64-key blocks a page, at most 32 rows: 16 heads), which is
+// faster depends on the GPU: 32-key blocks in the fixed-roles kernel were tuned on the H100 (3.35 TB/s), where they
+// match FlashInfer; on the H200 (4.8 TB/s) the two-warpgroup kernel's 64-key blocks stream faster (16 heads, batch
+// 64-128, 32K keys: 13-16% shorter kernel; 4K: -2% at batch 64, +12% at batch 128). So auto takes the tuning cache's
+// measured choice (family mla_fused_block_keys, by rows and the keys a CTA walks, pow2-bucketed; the mla/fused/cuda
+// variant measures it on first use), else this table: 64 on an H200 where a CTA walks more than 2048 keys (where
+// it was measured faster), 32 elsewhere.
+constexpr const char* kBlockKeysFamily = "mla_fused_block_keys";
+bool block_keys_tunable(int64_t rows, KvDtype kv, int64_t page_size) {
+  return rows <= 32 && kv == KvDtype::bf16 && page_size % 64 == 0;
+}
+std::string block_keys_key(int64_t rows, int64_t keys_per_cta) {
+  int64_t bucket = 1;
+  while (bucket < keys_per_cta) bucket *= 2;
+  return "rows " + std::to_string(rows) + ", keys a CTA <= " + std::to_string(bucket);
+}
+int default_block_keys(int64_t keys_per_cta) {
+  return gpu_info().name.find("H200") != std::string::npos && keys_per_cta > 2048 ? 64 : 32;
+}
+
 // The decode kernels, most specialised first (pick_decode_kernel takes the first that applies). Each kernel's unit
 // states its own conditions (use_*); all are Hopper (sm_90a) kernels, the build's one architecture.
 struct DecodeKernelEntry {
@@ -306,6 +327,7 @@ class FusedCuda final : public MlaOp {
   // done (each phase above is the median over CTAs).
   std::map<std::string, double> phase_counters() override;
   void attention_core_only(bool on) override { core_only_ = on; }
+  std::optional<TunedChoice> tuned_choice() const override { return tuned_; }
 
  protected:
   bool supports_kv_dtype(KvDtype d) const override {
@@ -332,6 +354,19 @@ class FusedCuda final : public MlaOp {
     o_partial_.scratch(arena_, size_t(max_segments_) * size_t(row_tiles_ * kTileRows) * kLatent);
     lse_partial_.scratch(arena_, size_t(max_segments_) * size_t(row_tiles_ * kTileRows));
     block_keys_ = block_keys_for(M, s_.kv_dtype, s_.block_keys);
+    tuned_.reset();
+    if (s_.block_keys == 0 && !selector_ && block_keys_tunable(M, s_.kv_dtype, b_.cache->page_size)) {
+      const int64_t keys_per_cta = s_.batch * s_.keys() / parts_;
+      TunedChoice t{kBlockKeysFamily, block_keys_key(M, keys_per_cta), {32, 64}, false};
+      if (const auto v = TuningCache::instance().lookup(t.family, t.key)) {
+        block_keys_ = v->get<int>();
+        t.from_cache = true;
+      } else {
+        block_keys_ = default_block_keys(keys_per_cta);
+        TuningCache::instance().use_default(t.family, t.key, block_keys_);
+      }
+      tuned_ = t;
+    }
     // The merge absorbs the output too (requests split or not) where each of its CTAs gets a warp's worth of
     // tokens and at most two MMA tiles of them: head x token-group CTAs, as many groups as fill the GPU once. Below
     // 8 tokens a head's few rows leave most warps idle while a warp walks a long request's many segments (the
@@ -512,6 +547,7 @@ class FusedCuda final : public MlaOp {
   int absorb_tokens_per_cta_ = 0;  // > 0: merge_absorb_kernel's tokens a CTA, where it replaces the merge and absorb
   bool core_only_ = false;         // attention_core_only: the plain merge, o_lat for absorb_output
   bool tma_ = false;
+  std::optional<TunedChoice> tuned_;
   mutable bool merges_ = false;  // a schedule made so far splits a request across CTAs, left to combine
   // The last schedule's segments average at most kStreamEvictFirstBlocks blocks: the two-warpgroup kernel's copies
   // then leave L2 first (launch_seesaw's evict_first). A CUDA graph keeps the value it was captured with (a hint only).
