@@ -124,7 +124,7 @@ class PeerMla final : public Variant {
     if (f.gcount() != std::streamsize(got.size() * 4))
       throw std::runtime_error("peer " + backend_ + ": its output has " + std::to_string(f.gcount() / 4) +
                                " values, expected " + std::to_string(want.size()));
-    return {ref::relative_l2_error(got.data(), want.data(), want.size()), 1e-2};
+    return {ref::relative_l2_error(got.data(), want.data(), want.size()), bar()};
   }
 
  private:
@@ -135,6 +135,10 @@ class PeerMla final : public Variant {
         .string();
   }
   std::vector<std::string> command() const { return {python(), peer_script("mla.py"), "--backend", backend_}; }
+  // The seed's PyTorch forms round every intermediate (the absorbed query, the scores' inputs, the attention output
+  // before o_proj) to bf16 as they are written, where dslab's kernels keep fp32 between ops: on the H200 at DeepSeek-V3
+  // dims they land 1.0-1.2e-2 from the fp64 reference (4K keys), so they are held to 2e-2. NumPy's float32: 1e-2.
+  double bar() const { return backend_ == "torch" ? 2e-2 : 1e-2; }
 
   // The point's weights, hidden states and cache, the RoPE of each new token's position as a matrix
   // ([q_len][rope][rope]: the reference's YaRN rotation, whatever its layout, applied as M x) and the softmax scale.
