@@ -145,5 +145,41 @@ TEST(Peers, KTransformersMoeRunsBesideTheEnginesAndIsVerified) {
   EXPECT_EQ(runs, cpu_has_flag("amx_bf16") ? 4 : 2);
 }
 
+// Hugging Face transformers' decode step on a checkpoint (the small V2 golden one): its logits against the fp64
+// reference model's on the same prompts and step tokens. Without --weights it says it needs them; without torch and
+// transformers (CI's .venv has neither) it skips saying so.
+TEST(Peers, TransformersStepOnACheckpointIsVerified) {
+  const std::string weights = std::string(DSLAB_SOURCE_DIR) + "/tests/data/checkpoints/v2";
+  fs::remove_all(out_dir());
+  const test::CliRun r = test::run_cli("run --weights " + weights +
+                                           " --variant peer/transformers/cpu --axis batch=2 --axis kv_len=12 "
+                                           "--min-samples 3 --min-time 0.01 --max-noise 1",
+                                       out_dir());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(std::ifstream(out_dir() / "results.json"));
+  if (!j.at("skipped").empty()) {
+    const std::string why = j.at("skipped")[0].at("reason");
+    ASSERT_NE(why.find("needs torch and transformers"), std::string::npos) << why;
+    GTEST_SKIP() << why;
+  }
+  const auto& e = j.at("benchmarks").at(0);
+  EXPECT_GT(e.at("real_time").get<double>(), 0);
+  EXPECT_TRUE(e.at("verify_pass").get<bool>()) << e.dump();
+  EXPECT_GT(e.at("verify_rel_err").get<double>(), 0);
+  EXPECT_EQ(e.at("counters").at("checked_against_reference").get<double>(), 1);
+}
+
+TEST(Peers, TransformersStepNeedsACheckpoint) {
+  fs::remove_all(out_dir());
+  const test::CliRun r =
+      test::run_cli("run --model deepseek-v2-lite --variant peer/transformers/cpu --axis kv_len=64", out_dir());
+  EXPECT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(std::ifstream(out_dir() / "results.json"));
+  const std::string why = j.at("skipped").at(0).at("reason");
+  EXPECT_TRUE(why.find("needs --weights") != std::string::npos ||
+              why.find("needs torch and transformers") != std::string::npos)
+      << why;
+}
+
 }  // namespace
 }  // namespace dslab
