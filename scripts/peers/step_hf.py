@@ -10,6 +10,7 @@ run: one decode step of the batch (the step ids at position kv_len), timed by CU
 the CPU; the cache is cropped back to the prompts after it (untimed), so every run decodes the same step.
 output: that step's logits [batch][vocab] as raw float32. compile: the model's forward through torch.compile (the
 step then runs compiled; the first runs compile it)."""
+import inspect
 import json
 import sys
 import time
@@ -68,9 +69,11 @@ class HfStep:
         self.prompt = torch.from_numpy(t['prompt'].astype(np.int64)).to(self.device)
         self.step_ids = torch.from_numpy(t['step'].astype(np.int64)).reshape(-1, 1).to(self.device)
         self.kv_len = int(self.prompt.shape[1])
+        # (the cache argument's name: `cache` in newer transformers, `past_key_values` before)
+        self.cache_arg = 'cache' if 'cache' in inspect.signature(self.model.forward).parameters else 'past_key_values'
         with torch.inference_mode():
             self.cache = DynamicCache(config=self.model.config)
-            self.model(input_ids=self.prompt, past_key_values=self.cache, use_cache=True)
+            self.model(input_ids=self.prompt, use_cache=True, **{self.cache_arg: self.cache})
         self.positions = torch.full_like(self.step_ids, self.kv_len)
         self.logits = None
 
@@ -81,18 +84,19 @@ class HfStep:
                 start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 torch.cuda.synchronize()
                 start.record()
-                out = self.forward(input_ids=self.step_ids, position_ids=self.positions, past_key_values=self.cache,
-                                   use_cache=True)
+                out = self.forward(input_ids=self.step_ids, position_ids=self.positions, use_cache=True,
+                                   **{self.cache_arg: self.cache})
                 stop.record()
                 torch.cuda.synchronize()
                 seconds = start.elapsed_time(stop) * 1e-3
             else:
                 begin = time.perf_counter()
-                out = self.forward(input_ids=self.step_ids, position_ids=self.positions, past_key_values=self.cache,
-                                   use_cache=True)
+                out = self.forward(input_ids=self.step_ids, position_ids=self.positions, use_cache=True,
+                                   **{self.cache_arg: self.cache})
                 seconds = time.perf_counter() - begin
             self.logits = out.logits[:, -1, :]
-            self.cache.crop(self.kv_len)  # (the next run decodes the same step over the same prompts)
+            # (back to the prompts, so the next run decodes the same step: a negative crop removes that many tokens)
+            self.cache.crop(self.kv_len - self.cache.get_seq_length())
         return seconds
 
     def output(self):

@@ -110,6 +110,7 @@ class PeerTransformersStep final : public Variant {
                       {{"prompt", "I32", {batch_, kv_len_}, flat.data(), flat.size() * 4},
                        {"step", "I32", {batch_}, steps_.data(), steps_.size() * 4}},
                       {});
+    against_ = reference_affordable(m_, batch_, kv_len_) ? "reference" : "gpu_engine";
     if (!process_) process_ = std::make_unique<PeerProcess>(command());
     process_->request({{"op", "prepare"},
                        {"weights", model.weights},
@@ -136,8 +137,7 @@ class PeerTransformersStep final : public Variant {
     // step's bar): against the reference (bf16 stream) that bar; against the GPU engine, twice it.
     const double per_side = 2e-2 * std::sqrt(std::max(1.0, double(m_.num_hidden_layers) / 4.0));
     std::vector<double> want;
-    if (reference_affordable(m_, batch_, kv_len_)) {
-      against_ = "reference";
+    if (against_ == "reference") {
       const ref::ModelParams params = ref::load_model_params(Checkpoint(model_.weights));
       for (int64_t r = 0; r < batch_; ++r) {
         ref::Request request(m_, params);
@@ -147,7 +147,6 @@ class PeerTransformersStep final : public Variant {
       }
       return {ref::relative_l2_error(got.data(), want.data(), want.size()), per_side};
     }
-    against_ = "gpu_engine";
     const std::vector<float> engine = engine_logits();
     want.assign(engine.begin(), engine.end());
     return {ref::relative_l2_error(got.data(), want.data(), want.size()), 2 * per_side};
