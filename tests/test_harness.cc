@@ -708,18 +708,36 @@ TEST(TuningCache, KeepsMeasuredChoicesAcrossRunsAndHonoursTheMode) {
 
 // On a GPU, through the command line: a run with an empty tuning cache measures its GEMMs' choices, keeps them and
 // reports them (context.tuning); a second run finds them in the cache; DSLAB_TUNE=redo measures them again.
-TEST(GpuTuning, ASecondRunReusesTheFirstRunsMeasurements) {
-  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
-  const std::filesystem::path cache = std::filesystem::temp_directory_path() / ("dslab_tuning_" + test::test_name());
-  const std::filesystem::path out = std::filesystem::temp_directory_path() / ("dslab_tuning_out_" + test::test_name());
-  std::filesystem::remove(cache);
-  setenv("DSLAB_TUNING_CACHE", cache.c_str(), 1);
-  auto sources = [&](const char* mode) {
+// A tuning cache of the test's own (DSLAB_TUNING_CACHE) and an output folder, removed after it; mode(m) sets
+// DSLAB_TUNE (nullptr: unset) for the next command-line run.
+struct TuningRun {
+  std::filesystem::path cache = std::filesystem::temp_directory_path() / ("dslab_tuning_" + test::test_name());
+  std::filesystem::path out = std::filesystem::temp_directory_path() / ("dslab_tuning_out_" + test::test_name());
+  TuningRun() {
+    std::filesystem::remove(cache);
+    setenv("DSLAB_TUNING_CACHE", cache.c_str(), 1);
+  }
+  ~TuningRun() {
+    unsetenv("DSLAB_TUNE");
+    unsetenv("DSLAB_TUNING_CACHE");
+    std::filesystem::remove(cache);
     std::filesystem::remove_all(out);
-    if (mode)
-      setenv("DSLAB_TUNE", mode, 1);
+  }
+  void mode(const char* m) {
+    std::filesystem::remove_all(out);
+    if (m)
+      setenv("DSLAB_TUNE", m, 1);
     else
       unsetenv("DSLAB_TUNE");
+  }
+};
+
+TEST(GpuTuning, ASecondRunReusesTheFirstRunsMeasurements) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  TuningRun t;
+  const std::filesystem::path& out = t.out;
+  auto sources = [&](const char* mode) {
+    t.mode(mode);
     const test::CliRun r = test::run_cli(
         "run --model deepseek-v2-lite --variant linear/own/cuda --axis tokens=32 --axis weight=o_proj --min-samples 3",
         out);
@@ -730,29 +748,19 @@ TEST(GpuTuning, ASecondRunReusesTheFirstRunsMeasurements) {
     return s;
   };
   EXPECT_EQ(sources(nullptr), std::set<std::string>{"measured"});
-  EXPECT_TRUE(std::filesystem::exists(cache));
+  EXPECT_TRUE(std::filesystem::exists(t.cache));
   EXPECT_EQ(sources(nullptr), std::set<std::string>{"cache"});
   EXPECT_EQ(sources("redo"), std::set<std::string>{"measured"});
-  unsetenv("DSLAB_TUNE");
-  unsetenv("DSLAB_TUNING_CACHE");
-  std::filesystem::remove(cache);
-  std::filesystem::remove_all(out);
 }
 
 // The fused decode's key block at 16 heads (32 or 64 keys: which is faster depends on the GPU): measured on first use
 // and kept, found in the cache the second time, the built-in table's choice with DSLAB_TUNE=off; every run verified.
 TEST(GpuTuning, TheFusedDecodeMeasuresItsKeyBlockOnFirstUse) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
-  const std::filesystem::path cache = std::filesystem::temp_directory_path() / ("dslab_tuning_" + test::test_name());
-  const std::filesystem::path out = std::filesystem::temp_directory_path() / ("dslab_tuning_out_" + test::test_name());
-  std::filesystem::remove(cache);
-  setenv("DSLAB_TUNING_CACHE", cache.c_str(), 1);
+  TuningRun t;
+  const std::filesystem::path& out = t.out;
   auto block_keys = [&](const char* mode) {
-    std::filesystem::remove_all(out);
-    if (mode)
-      setenv("DSLAB_TUNE", mode, 1);
-    else
-      unsetenv("DSLAB_TUNE");
+    t.mode(mode);
     const test::CliRun r = test::run_cli(
         "run --model deepseek-v3 --variant mla/fused/cuda --axis heads=16 --axis batch=8 --axis kv_len=3000 "
         "--axis proj=cublas --min-samples 3",
@@ -772,10 +780,6 @@ TEST(GpuTuning, TheFusedDecodeMeasuresItsKeyBlockOnFirstUse) {
   EXPECT_EQ(second.first, "cache");
   EXPECT_EQ(second.second, first.second);
   EXPECT_EQ(block_keys("off").first, "default");
-  unsetenv("DSLAB_TUNE");
-  unsetenv("DSLAB_TUNING_CACHE");
-  std::filesystem::remove(cache);
-  std::filesystem::remove_all(out);
 }
 
 }  // namespace

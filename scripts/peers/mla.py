@@ -12,39 +12,20 @@ keys written into their slots of a preallocated cache (as a serving engine write
 RoPE as the matrices dslab gives for each new token's position. A step is timed by the peer itself (CUDA events, or the
 clock on the CPU), after an L2 / cache flush when asked."""
 import argparse
-import json
-import sys
 import time
 
 import numpy as np
 
-
-def read_safetensors(path):
-    """{name: numpy array (float32 for BF16)}, metadata - without the safetensors package."""
-    with open(path, 'rb') as f:
-        n = int.from_bytes(f.read(8), 'little')
-        header = json.loads(f.read(n))
-        data = f.read()
-    meta = header.pop('__metadata__', {})
-    out = {}
-    for name, t in header.items():
-        lo, hi = t['data_offsets']
-        raw = data[lo:hi]
-        if t['dtype'] == 'BF16':
-            a = (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-        elif t['dtype'] == 'F32':
-            a = np.frombuffer(raw, dtype=np.float32)
-        else:
-            raise ValueError('%s: dtype %s not expected' % (name, t['dtype']))
-        out[name] = a.reshape(t['shape']).copy()
-    return out, meta
+import protocol
 
 
 class Problem:
     """The inputs, as float32 numpy arrays, and the dims."""
 
     def __init__(self, path):
-        t, meta = read_safetensors(path)
+        t, meta = protocol.read_safetensors(path)
+        t = {k: (protocol.bf16_to_float32(v) if v.dtype == np.uint16 else np.array(v, dtype=np.float32))
+             for k, v in t.items()}
         self.t = t
         self.heads = int(meta['heads'])
         self.eps = float(meta['rms_norm_eps'])
@@ -220,34 +201,18 @@ def main():
     ap.add_argument('--backend', choices=['torch', 'numpy'], required=True)
     a = ap.parse_args()
     peer = None
-    for line in sys.stdin:
-        msg = json.loads(line)
-        op = msg.get('op')
-        try:
-            if op == 'quit':
-                break
-            if op == 'probe':
-                reply = probe(a.backend, msg.get('device', 'cpu'))
-            elif op == 'prepare':
-                p = Problem(msg['inputs'])
-                if a.backend == 'numpy':
-                    peer = NumpyAccMe(p, msg['form'], msg['device'], msg.get('threads', 1))
-                else:
-                    import torch
-                    peer = TorchMla(p, msg['form'], msg['device'], msg.get('threads', 1), torch)
-                reply = {'ok': True}
-            elif op == 'run':
-                reply = {'seconds': peer.run(bool(msg.get('flush', True)))}
-            elif op == 'output':
-                out = peer.output()
-                out.astype(np.float32).tofile(msg['path'])
-                reply = {'ok': True, 'shape': list(out.shape)}
-            else:
-                reply = {'error': 'unknown op %r' % op}
-        except Exception as e:  # (one line back to dslab: it reports it as the point's error)
-            reply = {'error': '%s: %s' % (type(e).__name__, e)}
-        sys.stdout.write(json.dumps(reply) + '\n')
-        sys.stdout.flush()
+
+    def prepare(msg):
+        nonlocal peer
+        p = Problem(msg['inputs'])
+        if a.backend == 'numpy':
+            peer = NumpyAccMe(p, msg['form'], msg['device'], msg.get('threads', 1))
+        else:
+            import torch
+            peer = TorchMla(p, msg['form'], msg['device'], msg.get('threads', 1), torch)
+
+    protocol.serve(probe=lambda msg: probe(a.backend, msg.get('device', 'cpu')), prepare=prepare,
+                   run=lambda msg: peer.run(bool(msg.get('flush', True))), output=lambda: peer.output())
 
 
 if __name__ == '__main__':

@@ -16,29 +16,15 @@ a pool as large as the machine leaves it waiting for the scheduler's next time s
 ~8 ms whatever their size)."""
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import time
 
 import numpy as np
 
+import protocol
+
 KT_VERSION = '0.7.2'
-
-
-def read_safetensors(path):
-    """{name: numpy array in the file's own dtype (BF16 as uint16)}, metadata; memory-mapped."""
-    with open(path, 'rb') as f:
-        n = int.from_bytes(f.read(8), 'little')
-        header = json.loads(f.read(n))
-    meta = header.pop('__metadata__', {})
-    data = np.memmap(path, dtype=np.uint8, mode='r', offset=8 + n)
-    types = {'BF16': np.uint16, 'F32': np.float32, 'F64': np.float64, 'I32': np.int32, 'I64': np.int64}
-    out = {}
-    for name, t in header.items():
-        lo, hi = t['data_offsets']
-        out[name] = data[lo:hi].view(types[t['dtype']]).reshape(t['shape'])
-    return out, meta
 
 
 def cpu_flags():
@@ -98,7 +84,7 @@ class KtMoe:
         key = (experts_path, os.path.getmtime(experts_path), threads)
         if self.moe is not None and key == self.key and max_tokens <= self.max_tokens:
             return
-        t, meta = read_safetensors(experts_path)
+        t, meta = protocol.read_safetensors(experts_path)
         E, K = int(meta['experts']), int(meta['topk'])
         # kt-kernel reads stacked [experts][out][in] bf16 projections (nn.Linear's layout, one expert after another).
         self.gate = np.ascontiguousarray(np.stack([t['experts.%d.gate_proj.weight' % e] for e in range(E)]))
@@ -120,14 +106,14 @@ class KtMoe:
         self.key, self.max_tokens, self.threads = key, max(max_tokens, 1), threads
 
     def prepare(self, inputs_path):
-        t, _ = read_safetensors(inputs_path)
-        self.x = np.ascontiguousarray(t['hidden_states'], dtype=np.uint16)
+        t, _ = protocol.read_safetensors(inputs_path)
+        self.x = np.array(t['hidden_states'], dtype=np.uint16)  # (copies: dslab rewrites the file)
         T, K = t['topk_idx'].shape
         if K != self.topk or self.x.shape[1] != self.hidden:
             raise ValueError('inputs of %d x %d / top-%d do not match the experts loaded (hidden %d, top-%d)' %
                              (T, self.x.shape[1], K, self.hidden, self.topk))
-        self.ids = np.ascontiguousarray(t['topk_idx'], dtype=np.int64)
-        self.weights = np.ascontiguousarray(t['topk_weight'], dtype=np.float32)
+        self.ids = np.array(t['topk_idx'], dtype=np.int64)
+        self.weights = np.array(t['topk_weight'], dtype=np.float32)
         self.out = np.zeros_like(self.x)
         self.tokens = np.array([T], dtype=np.int64)
 
@@ -138,49 +124,35 @@ class KtMoe:
         return time.perf_counter() - start
 
     def output(self):
-        return (self.out.astype(np.uint32) << 16).view(np.float32)
+        return protocol.bf16_to_float32(self.out)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--method', choices=['amx_bf16', 'amx_int8', 'avx2_bf16'], required=True)
     a = ap.parse_args()
-    # kt-kernel prints to the C library's stdout: the replies get a descriptor of their own, fd 1 goes to stderr.
-    replies = os.fdopen(os.dup(1), 'w')
-    os.dup2(2, 1)
+    replies = protocol.private_replies()  # (kt-kernel prints to the C library's stdout)
     peer = None
-    for line in sys.stdin:
-        msg = json.loads(line)
-        op = msg.get('op')
+
+    def probe(msg):
         try:
-            if op == 'quit':
-                break
-            if op == 'probe':
-                try:
-                    extension_for(a.method)
-                    KtMoe(a.method)
-                    reply = {'ok': True}
-                except (RuntimeError, ImportError, OSError) as e:
-                    reply = {'skip': str(e)}
-            elif op == 'prepare':
-                peer = peer or KtMoe(a.method)
-                cores = os.cpu_count() or 1
-                threads = max(1, min(int(msg.get('threads', cores)), cores - 1))
-                peer.load(msg['experts'], int(msg['max_tokens']), threads)
-                peer.prepare(msg['inputs'])
-                reply = {'ok': True, 'threads': threads}
-            elif op == 'run':
-                reply = {'seconds': peer.run()}
-            elif op == 'output':
-                out = peer.output()
-                out.astype(np.float32).tofile(msg['path'])
-                reply = {'ok': True, 'shape': list(out.shape)}
-            else:
-                reply = {'error': 'unknown op %r' % op}
-        except Exception as e:  # (one line back to dslab: it reports it as the point's error)
-            reply = {'error': '%s: %s' % (type(e).__name__, e)}
-        replies.write(json.dumps(reply) + '\n')
-        replies.flush()
+            extension_for(a.method)
+            KtMoe(a.method)
+            return {'ok': True}
+        except (RuntimeError, ImportError, OSError) as e:
+            return {'skip': str(e)}
+
+    def prepare(msg):
+        nonlocal peer
+        peer = peer or KtMoe(a.method)
+        cores = os.cpu_count() or 1
+        threads = max(1, min(int(msg.get('threads', cores)), cores - 1))
+        peer.load(msg['experts'], int(msg['max_tokens']), threads)
+        peer.prepare(msg['inputs'])
+        return {'ok': True, 'threads': threads}
+
+    protocol.serve(probe=probe, prepare=prepare, run=lambda msg: peer.run(), output=lambda: peer.output(),
+                   replies=replies)
 
 
 if __name__ == '__main__':

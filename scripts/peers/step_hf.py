@@ -11,27 +11,11 @@ the CPU; the cache is cropped back to the prompts after it (untimed), so every r
 output: that step's logits [batch][vocab] as raw float32. compile: the model's forward through torch.compile (the
 step then runs compiled; the first runs compile it)."""
 import inspect
-import json
-import sys
 import time
 
 import numpy as np
 
-
-def read_safetensors(path):
-    """{name: numpy array} for the I32 tensors dslab writes, metadata."""
-    with open(path, 'rb') as f:
-        n = int.from_bytes(f.read(8), 'little')
-        header = json.loads(f.read(n))
-        data = f.read()
-    meta = header.pop('__metadata__', {})
-    out = {}
-    for name, t in header.items():
-        if t['dtype'] != 'I32':
-            raise ValueError('%s: dtype %s not expected' % (name, t['dtype']))
-        lo, hi = t['data_offsets']
-        out[name] = np.frombuffer(data[lo:hi], dtype=np.int32).reshape(t['shape']).copy()
-    return out, meta
+import protocol
 
 
 def probe(device):
@@ -65,7 +49,7 @@ class HfStep:
             self.model = model.to(self.device).eval()
             self.forward = torch.compile(self.model) if key[2] else self.model
             self.weights = key
-        t, _ = read_safetensors(msg['inputs'])
+        t, _ = protocol.read_safetensors(msg['inputs'])
         self.prompt = torch.from_numpy(t['prompt'].astype(np.int64)).to(self.device)
         self.step_ids = torch.from_numpy(t['step'].astype(np.int64)).reshape(-1, 1).to(self.device)
         self.kv_len = int(self.prompt.shape[1])
@@ -105,29 +89,8 @@ class HfStep:
 
 def main():
     peer = HfStep()
-    for line in sys.stdin:
-        msg = json.loads(line)
-        op = msg.get('op')
-        try:
-            if op == 'quit':
-                break
-            if op == 'probe':
-                reply = probe(msg.get('device', 'cpu'))
-            elif op == 'prepare':
-                peer.prepare(msg)
-                reply = {'ok': True}
-            elif op == 'run':
-                reply = {'seconds': peer.run()}
-            elif op == 'output':
-                out = peer.output()
-                out.astype(np.float32).tofile(msg['path'])
-                reply = {'ok': True, 'shape': list(out.shape)}
-            else:
-                reply = {'error': 'unknown op %r' % op}
-        except Exception as e:  # (one line back to dslab: it reports it as the point's error)
-            reply = {'error': '%s: %s' % (type(e).__name__, e)}
-        sys.stdout.write(json.dumps(reply) + '\n')
-        sys.stdout.flush()
+    protocol.serve(probe=lambda msg: probe(msg.get('device', 'cpu')), prepare=peer.prepare,
+                   run=lambda msg: peer.run(), output=peer.output)
 
 
 if __name__ == '__main__':

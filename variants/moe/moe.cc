@@ -313,16 +313,22 @@ Verification Base::verify() {
   return {ref::relative_l2_error(got.data(), ref.data(), ref.size()), 1e-2};
 }
 
-std::vector<DumpTensor> Base::tensors() const {
+std::vector<DumpTensor> expert_tensors(const Problem& p) {
   std::vector<DumpTensor> t;
-  const int64_t H = m_.hidden_size, I = m_.moe_intermediate_size, T = p_->shape.tokens, K = p_->shape.topk;
-  for (size_t e = 0; e < p_->experts->size(); ++e) {
-    const auto& x = (*p_->experts)[e];
+  const int64_t H = p.model.hidden_size, I = p.model.moe_intermediate_size;
+  for (size_t e = 0; e < p.experts->size(); ++e) {
+    const auto& x = (*p.experts)[e];
     const std::string n = "experts." + std::to_string(e);
     t.push_back({n + ".gate_proj.weight", "BF16", {I, H}, x.gate_proj.data(), x.gate_proj.size() * 2});
     t.push_back({n + ".up_proj.weight", "BF16", {I, H}, x.up_proj.data(), x.up_proj.size() * 2});
     t.push_back({n + ".down_proj.weight", "BF16", {H, I}, x.down_proj.data(), x.down_proj.size() * 2});
   }
+  return t;
+}
+
+std::vector<DumpTensor> Base::tensors() const {
+  std::vector<DumpTensor> t = expert_tensors(*p_);
+  const int64_t H = m_.hidden_size, T = p_->shape.tokens, K = p_->shape.topk;
   t.push_back({"hidden_states", "BF16", {T, H}, p_->x.data(), p_->x.size() * 2});
   t.push_back({"topk_weight", "F64", {T, K}, p_->routing.weight.data(), p_->routing.weight.size() * 8});
   t.push_back({"topk_idx", "I32", {T, K}, p_->routing.expert.data(), p_->routing.expert.size() * 4});

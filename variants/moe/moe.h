@@ -44,6 +44,9 @@ struct Problem {
 // (the hidden states stay made from the seed); empty: all made from the seed.
 std::shared_ptr<const Problem> problem(const ModelConfig& m, const Shape& s, uint64_t seed,
                                        const std::string& weights = "");
+// The problem's experts as tensors of Hugging Face names (experts.{e}.{gate,up,down}_proj.weight, bf16), for --dump
+// and a peer's inputs.
+std::vector<DumpTensor> expert_tensors(const Problem& p);
 // Synthetic routing (s.routing uniform or zipf:S): each token draws topk distinct experts with popularity p_e
 // (uniform, or Zipf by id), weights normalised and scaled by routed_scaling_factor.
 ref::Routing synthetic_routing(const ModelConfig& m, const Shape& s, uint64_t seed);

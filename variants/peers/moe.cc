@@ -98,17 +98,8 @@ class PeerKtMoe final : public moe::Base {
   }
   // The experts (written once for the points that share them): Hugging Face names, the expert count and top-k.
   void write_experts() {
-    const int64_t H = m_.hidden_size, I = m_.moe_intermediate_size;
-    std::vector<DumpTensor> t;
-    for (size_t e = 0; e < p_->experts->size(); ++e) {
-      const auto& x = (*p_->experts)[e];
-      const std::string n = "experts." + std::to_string(e);
-      t.push_back({n + ".gate_proj.weight", "BF16", {I, H}, x.gate_proj.data(), x.gate_proj.size() * 2});
-      t.push_back({n + ".up_proj.weight", "BF16", {I, H}, x.up_proj.data(), x.up_proj.size() * 2});
-      t.push_back({n + ".down_proj.weight", "BF16", {H, I}, x.down_proj.data(), x.down_proj.size() * 2});
-    }
     if (experts_file_.empty()) experts_file_ = temp_file("experts", ".safetensors");
-    write_safetensors(experts_file_, t,
+    write_safetensors(experts_file_, moe::expert_tensors(*p_),
                       {{"experts", std::to_string(p_->experts->size())}, {"topk", std::to_string(p_->shape.topk)}});
     experts_written_ = p_->experts.get();
   }
