@@ -141,11 +141,16 @@ class MlaOp {
     bool from_cache = false;
   };
   virtual std::optional<TunedChoice> tuned_choice() const { return std::nullopt; }
+  // Whether auto launch choices follow the tuning cache and its default table (on: the MLA variants, which measure
+  // them); off (the layer and the engine, until each choice is validated inside them): the choices this code made
+  // before it had a tuner.
+  void use_tuned_launches(bool on) { tuned_launches_ = on; }
   // Device bytes beyond the caller's buffers (weights, cache), for supports(): the form's (mla::gpu_scratch_bytes),
   // or an op's own where it allocates otherwise.
   virtual double scratch_bytes(const ModelConfig& m, const Shape& s, int64_t max_keys) const;
 
  protected:
+  bool tuned_launches_ = false;
   virtual void prepare_form() {}
   // An op's own limits on the shapes, beyond the ones unsupported() checks for every op of its kind.
   virtual std::string form_unsupported(const ModelConfig&, const Shape&) const { return ""; }

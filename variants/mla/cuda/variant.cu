@@ -112,6 +112,7 @@ void GpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t se
   b.lengths = p_->lengths_dev.get();
   b.rope_cos = p_->rope_cos.get();
   b.rope_sin = p_->rope_sin.get();
+  op_->use_tuned_launches(true);
   auto prepare_op = [&](const Shape& s) {
     op_->prepare(m_, s, p_->max_keys, p_->weights, b, *blas_, /*lengths_vary=*/false);
     schedule_ = op_->schedule(p_->lengths);

@@ -246,7 +246,9 @@ int block_keys_for(int64_t rows, KvDtype kv, int64_t requested) {
 // 64-128, 32K keys: 13-16% shorter kernel; 4K: -2% at batch 64, +12% at batch 128). So auto takes the tuning cache's
 // measured choice (family mla_fused_block_keys, by rows and the keys a CTA walks, pow2-bucketed; the mla/fused/cuda
 // variant measures it on first use), else this table: 64 on an H200 where a CTA walks more than 2048 keys (where
-// it was measured faster), 32 elsewhere.
+// it was measured faster), 32 elsewhere. Only where the op's owner asks for tuned launches (MlaOp::use_tuned_launches:
+// the MLA variants); the layer and the engine keep 32 until the 16-head two-warpgroup path is validated inside them
+// (padded decode buckets, lengths that change between graph replays).
 constexpr const char* kBlockKeysFamily = "mla_fused_block_keys";
 bool block_keys_tunable(int64_t rows, KvDtype kv, int64_t page_size) {
   return rows <= 32 && kv == KvDtype::bf16 && page_size % 64 == 0;
@@ -355,7 +357,8 @@ class FusedCuda final : public MlaOp {
     lse_partial_.scratch(arena_, size_t(max_segments_) * size_t(row_tiles_ * kTileRows));
     block_keys_ = block_keys_for(M, s_.kv_dtype, s_.block_keys);
     tuned_.reset();
-    if (s_.block_keys == 0 && !selector_ && block_keys_tunable(M, s_.kv_dtype, b_.cache->page_size)) {
+    if (tuned_launches_ && s_.block_keys == 0 && !selector_ &&
+        block_keys_tunable(M, s_.kv_dtype, b_.cache->page_size)) {
       const int64_t keys_per_cta = s_.batch * s_.keys() / parts_;
       TunedChoice t{kBlockKeysFamily, block_keys_key(M, keys_per_cta), {32, 64}, false};
       if (const auto v = TuningCache::instance().lookup(t.family, t.key)) {
