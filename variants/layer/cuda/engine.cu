@@ -97,6 +97,7 @@ struct EngineAxes {
   bool graph = true, pdl = true;
   bool experts_on_host = false;  // the moe op runs the routed experts on the CPU (KTransformers' placement)
   mla::KvDtype kv_dtype = mla::KvDtype::bf16;
+  int64_t block_keys = 0;  // the fused decode's key block (0: auto, the pre-tuner choice: see mla/cuda/fused/host.cu)
   gpu::Projections proj{};
   explicit EngineAxes(const Point& p) {
     attn = p.text("attn");
@@ -107,6 +108,7 @@ struct EngineAxes {
     graph = e == "graph";
     pdl = p.text("pdl") == "on";
     kv_dtype = mla::parse_kv_dtype(p.text("kv_dtype"));
+    if (p.has("block_keys")) block_keys = mla::parse_block_keys(p.text("block_keys"));
     proj = gpu::parse_projections(p.text("proj"));
     check_op_axis("attn", attn, mla::cuda::mla_op_names());
     check_op_axis("prefill_attn", prefill_attn, mla::cuda::mla_op_names());
@@ -141,7 +143,8 @@ class DeepseekEngineCuda final : public Engine {
             {"executor", "graph"},
             {"kv_dtype", "bf16"},
             {"proj", "own"},
-            {"pdl", "on"}};
+            {"pdl", "on"},
+            {"block_keys", "auto"}};
   }
   bool reads_weights() const override { return true; }
 
@@ -376,6 +379,7 @@ class DeepseekEngineCuda final : public Engine {
     s.q_len = q_len;
     s.kv_len = l.max_context;
     s.kv_dtype = a.kv_dtype;
+    s.block_keys = a.block_keys;
     return s;
   }
   static int64_t max_keys(const EngineLimits& l) { return l.max_context + batch_bucket(l.chunk_tokens); }
