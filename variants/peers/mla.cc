@@ -3,14 +3,11 @@
 // fp64 reference like every variant: the four forms as the seed's PyTorch benchmark computes them
 // (peer/pytorch_<form>/{cpu,cuda}: one module call a step, bf16) and NumPy's a_cc_me (peer/numpy_a_cc_me/cpu: float32
 // einsums; no PyTorch needed, so the peer runner is exercised on every machine).
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 
 #include "harness/errors.h"
@@ -52,20 +49,7 @@ class PeerMla final : public Variant {
 
   // Whether the peer's library is there (asked of the peer itself, once a process).
   Support available() const override {
-    static std::mutex mu;
-    static std::map<std::string, std::string> why;  // by backend and device
-    std::lock_guard<std::mutex> lock(mu);
-    const std::string key = backend_ + "/" + device_name(device_);
-    if (!why.count(key)) {
-      try {
-        PeerProcess probe(command());
-        const auto reply = probe.request({{"op", "probe"}, {"device", device_name(device_)}});
-        why[key] = reply.value("skip", "");
-      } catch (const std::exception& e) {
-        why[key] = e.what();
-      }
-    }
-    return why[key].empty() ? Support{} : Support::no(why[key]);
+    return probe_support(command(), {{"op", "probe"}, {"device", device_name(device_)}});
   }
 
   Support supports(const ModelFile& model, const Point& point) const override {
@@ -115,25 +99,14 @@ class PeerMla final : public Variant {
   std::optional<double> own_time_s() const override { return last_s_; }
 
   Verification verify() override {
-    if (outputs_.empty()) outputs_ = temp_file("out", ".f32");
-    process_->request({{"op", "output"}, {"path", outputs_}});
+    if (outputs_.empty()) outputs_ = peer_temp_file(this, "out", ".f32");
     const auto& want = problem_->reference();
     std::vector<float> got(want.size());
-    std::ifstream f(outputs_, std::ios::binary);
-    f.read(reinterpret_cast<char*>(got.data()), std::streamsize(got.size() * 4));
-    if (f.gcount() != std::streamsize(got.size() * 4))
-      throw std::runtime_error("peer " + backend_ + ": its output has " + std::to_string(f.gcount() / 4) +
-                               " values, expected " + std::to_string(want.size()));
+    process_->output(outputs_, got.data(), got.size());
     return {ref::relative_l2_error(got.data(), want.data(), want.size()), bar()};
   }
 
  private:
-  // A file of this variant's own in the temporary folder (removed with it).
-  std::string temp_file(const std::string& kind, const std::string& extension) const {
-    return (std::filesystem::temp_directory_path() / ("dslab_peer_" + kind + "_" + std::to_string(getpid()) + "_" +
-                                                      std::to_string(reinterpret_cast<uintptr_t>(this)) + extension))
-        .string();
-  }
   std::vector<std::string> command() const { return {python(), peer_script("mla.py"), "--backend", backend_}; }
   // The seed's PyTorch forms round every intermediate (the absorbed query, the scores' inputs, the attention output
   // before o_proj) to bf16 as they are written, where dslab's kernels keep fp32 between ops: on the H200 at DeepSeek-V3
@@ -156,7 +129,7 @@ class PeerMla final : public Variant {
     std::vector<DumpTensor> t = mla::input_tensors(*problem_);
     t.push_back({"rope", "F32", {s_.q_len, rope, rope}, rope_.data(), rope_.size() * 4});
     t.push_back({"softmax_scale", "F32", {1}, &scale_, 4});
-    if (inputs_.empty()) inputs_ = temp_file("in", ".safetensors");
+    if (inputs_.empty()) inputs_ = peer_temp_file(this, "in", ".safetensors");
     write_safetensors(inputs_, t,
                       {{"heads", std::to_string(H)},
                        {"rms_norm_eps", std::to_string(m_.rms_norm_eps)},

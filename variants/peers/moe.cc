@@ -4,13 +4,10 @@
 // peer/ktransformers_amx_bf16/cpu (AMXBF16_MOE), peer/ktransformers_amx_int8/cpu (AMXInt8_MOE: its own int8
 // quantisation of the bf16 weights) and peer/ktransformers_avx2_bf16/cpu (AVX2BF16_MOE, its BF16 class on a CPU
 // without AMX).
-#include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 
 #include "harness/errors.h"
@@ -32,20 +29,7 @@ class PeerKtMoe final : public moe::Base {
       if (!f.empty()) std::filesystem::remove(f);
   }
 
-  Support available() const override {
-    static std::mutex mu;
-    static std::map<std::string, std::string> why;  // by method
-    std::lock_guard<std::mutex> lock(mu);
-    if (!why.count(method_)) {
-      try {
-        PeerProcess probe(command());
-        why[method_] = probe.request({{"op", "probe"}}).value("skip", "");
-      } catch (const std::exception& e) {
-        why[method_] = e.what();
-      }
-    }
-    return why[method_].empty() ? Support{} : Support::no(why[method_]);
-  }
+  Support available() const override { return probe_support(command(), {{"op", "probe"}}); }
   double host_memory_bytes(const ModelFile& model, const Point& point) const override {
     // The problem, the experts file in the page cache, the peer's stacked copy and its own packed one.
     return 4.0 * Base::host_memory_bytes(model, point);
@@ -72,13 +56,8 @@ class PeerKtMoe final : public moe::Base {
   std::optional<double> own_time_s() const override { return last_s_; }
 
   Verification verify() override {
-    if (outputs_.empty()) outputs_ = temp_file("out", ".f32");
-    process_->request({{"op", "output"}, {"path", outputs_}});
-    std::ifstream f(outputs_, std::ios::binary);
-    f.read(reinterpret_cast<char*>(out_.data()), std::streamsize(out_.size() * 4));
-    if (f.gcount() != std::streamsize(out_.size() * 4))
-      throw std::runtime_error("peer ktransformers_" + method_ + ": its output has " + std::to_string(f.gcount() / 4) +
-                               " values, expected " + std::to_string(out_.size()));
+    if (outputs_.empty()) outputs_ = peer_temp_file(this, "out", ".f32");
+    process_->output(outputs_, out_.data(), out_.size());
     Verification v = Base::verify();
     v.threshold = bar_;
     return v;
@@ -91,21 +70,16 @@ class PeerKtMoe final : public moe::Base {
 
  private:
   std::vector<std::string> command() const { return {python(), peer_script("moe_kt.py"), "--method", method_}; }
-  std::string temp_file(const std::string& kind, const std::string& extension) const {
-    return (std::filesystem::temp_directory_path() / ("dslab_peer_kt_" + kind + "_" + std::to_string(getpid()) + "_" +
-                                                      std::to_string(reinterpret_cast<uintptr_t>(this)) + extension))
-        .string();
-  }
   // The experts (written once for the points that share them): Hugging Face names, the expert count and top-k.
   void write_experts() {
-    if (experts_file_.empty()) experts_file_ = temp_file("experts", ".safetensors");
+    if (experts_file_.empty()) experts_file_ = peer_temp_file(this, "experts", ".safetensors");
     write_safetensors(experts_file_, moe::expert_tensors(*p_),
                       {{"experts", std::to_string(p_->experts->size())}, {"topk", std::to_string(p_->shape.topk)}});
     experts_written_ = p_->experts.get();
   }
   void write_inputs() {
     const int64_t H = m_.hidden_size, T = p_->shape.tokens, K = p_->shape.topk;
-    if (inputs_.empty()) inputs_ = temp_file("in", ".safetensors");
+    if (inputs_.empty()) inputs_ = peer_temp_file(this, "in", ".safetensors");
     write_safetensors(inputs_,
                       {{"hidden_states", "BF16", {T, H}, p_->x.data(), p_->x.size() * 2},
                        {"topk_weight", "F64", {T, K}, p_->routing.weight.data(), p_->routing.weight.size() * 8},

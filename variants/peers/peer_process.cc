@@ -6,6 +6,9 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 
 namespace dslab::peers {
@@ -25,6 +28,29 @@ std::string peer_script(const std::string& name) {
     if (std::filesystem::exists(path)) return path;
   }
   return "scripts/peers/" + name;
+}
+
+Support probe_support(const std::vector<std::string>& command, const nlohmann::json& probe) {
+  static std::mutex mu;
+  static std::map<std::string, std::string> why;  // by command and request
+  std::lock_guard<std::mutex> lock(mu);
+  std::string key = probe.dump();
+  for (const auto& a : command) key += " " + a;
+  if (!why.count(key)) {
+    try {
+      PeerProcess process(command);
+      why[key] = process.request(probe).value("skip", "");
+    } catch (const std::exception& e) {
+      why[key] = e.what();
+    }
+  }
+  return why[key].empty() ? Support{} : Support::no(why[key]);
+}
+
+std::string peer_temp_file(const void* owner, const std::string& kind, const std::string& extension) {
+  return (std::filesystem::temp_directory_path() / ("dslab_peer_" + kind + "_" + std::to_string(getpid()) + "_" +
+                                                    std::to_string(reinterpret_cast<uintptr_t>(owner)) + extension))
+      .string();
 }
 
 PeerProcess::PeerProcess(const std::vector<std::string>& argv) : name_(argv.size() > 1 ? argv[1] : "") {
@@ -78,6 +104,15 @@ nlohmann::json PeerProcess::request(const nlohmann::json& message) {
   }
   if (j.contains("error")) throw std::runtime_error("peer " + name_ + ": " + j.at("error").get<std::string>());
   return j;
+}
+
+void PeerProcess::output(const std::string& path, float* out, size_t n) {
+  request({{"op", "output"}, {"path", path}});
+  std::ifstream f(path, std::ios::binary);
+  f.read(reinterpret_cast<char*>(out), std::streamsize(n * 4));
+  if (f.gcount() != std::streamsize(n * 4))
+    throw std::runtime_error("peer " + name_ + ": its output has " + std::to_string(f.gcount() / 4) +
+                             " values, expected " + std::to_string(n));
 }
 
 }  // namespace dslab::peers

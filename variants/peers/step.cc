@@ -4,14 +4,11 @@
 // peer/transformers_compiled/cuda (its forward through torch.compile). Its logits are checked against dslab's
 // own: the fp64 reference model (ref::Request) where it is affordable, else dslab's GPU engine (the generation
 // engine, bf16) on the same checkpoint, prompts and step tokens.
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 
 #include "harness/engine.h"
@@ -49,19 +46,7 @@ class PeerTransformersStep final : public Variant {
   bool reads_weights() const override { return true; }
 
   Support available() const override {
-    static std::mutex mu;
-    static std::map<std::string, std::string> why;  // by device
-    std::lock_guard<std::mutex> lock(mu);
-    const std::string key = device_name(device_);
-    if (!why.count(key)) {
-      try {
-        PeerProcess probe(command());
-        why[key] = probe.request({{"op", "probe"}, {"device", key}}).value("skip", "");
-      } catch (const std::exception& e) {
-        why[key] = e.what();
-      }
-    }
-    return why[key].empty() ? Support{} : Support::no(why[key]);
+    return probe_support(command(), {{"op", "probe"}, {"device", device_name(device_)}});
   }
 
   Support supports(const ModelFile& model, const Point& point) const override {
@@ -105,7 +90,7 @@ class PeerTransformersStep final : public Variant {
       flat.insert(flat.end(), ids.begin(), ids.end());
       prompts_[size_t(r)] = std::move(ids);
     }
-    if (inputs_.empty()) inputs_ = temp_file("in", ".safetensors");
+    if (inputs_.empty()) inputs_ = peer_temp_file(this, "in", ".safetensors");
     write_safetensors(inputs_,
                       {{"prompt", "I32", {batch_, kv_len_}, flat.data(), flat.size() * 4},
                        {"step", "I32", {batch_}, steps_.data(), steps_.size() * 4}},
@@ -124,15 +109,10 @@ class PeerTransformersStep final : public Variant {
   std::optional<double> own_time_s() const override { return last_s_; }
 
   Verification verify() override {
-    if (outputs_.empty()) outputs_ = temp_file("out", ".f32");
-    process_->request({{"op", "output"}, {"path", outputs_}});
+    if (outputs_.empty()) outputs_ = peer_temp_file(this, "out", ".f32");
     const size_t V = size_t(m_.vocab_size);
     std::vector<float> got(size_t(batch_) * V);
-    std::ifstream f(outputs_, std::ios::binary);
-    f.read(reinterpret_cast<char*>(got.data()), std::streamsize(got.size() * 4));
-    if (f.gcount() != std::streamsize(got.size() * 4))
-      throw std::runtime_error("peer transformers: its logits have " + std::to_string(f.gcount() / 4) +
-                               " values, expected " + std::to_string(got.size()));
+    process_->output(outputs_, got.data(), got.size());
     // Two bf16 runs of the whole model each land up to sqrt(layers / 4) x 2e-2 from exact arithmetic (the layer
     // step's bar): against the reference (bf16 stream) that bar; against the GPU engine, twice it.
     const double per_side = 2e-2 * std::sqrt(std::max(1.0, double(m_.num_hidden_layers) / 4.0));
@@ -210,11 +190,6 @@ class PeerTransformersStep final : public Variant {
     return flat;
   }
   std::vector<std::string> command() const { return {python(), peer_script("step_hf.py")}; }
-  std::string temp_file(const std::string& kind, const std::string& extension) const {
-    return (std::filesystem::temp_directory_path() / ("dslab_peer_hf_" + kind + "_" + std::to_string(getpid()) + "_" +
-                                                      std::to_string(reinterpret_cast<uintptr_t>(this)) + extension))
-        .string();
-  }
 
   Device device_;
   bool compiled_;

@@ -342,7 +342,6 @@ class GpuVariant : public Variant {
 
  private:
   void capture_graph();
-  static double time_steps(const std::function<void()>& step);
   std::unique_ptr<MlaOp> op_;
   ModelConfig m_;
   Shape s_;

@@ -93,6 +93,22 @@ double GpuVariant::device_memory_bytes(const ModelFile& model, const Point& poin
   return device_bytes(*op_, m, shape_of(m, point), point.integer("page_size"), point.text("len_dist"));
 }
 
+namespace {
+
+// Seconds a step takes: the median of 5 rounds of 10 back-to-back steps (gpu::time_seconds), after 3 to warm up.
+double time_steps(const std::function<void()>& step) {
+  for (int i = 0; i < 3; ++i) step();
+  const auto ten_steps = [&] {
+    for (int i = 0; i < 10; ++i) step();
+  };
+  std::vector<double> rounds;
+  for (int r = 0; r < 5; ++r) rounds.push_back(gpu::time_seconds(ten_steps, /*flush_l2=*/false) / 10);
+  std::sort(rounds.begin(), rounds.end());
+  return rounds[rounds.size() / 2];
+}
+
+}  // namespace
+
 void GpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t seed) {
   m_ = parse_model_config(model.config, model.name, model.path);
   s_ = shape_of(m_, point);
@@ -138,28 +154,6 @@ void GpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t se
     prepare_op(s_);
   }
   if (point.text("executor") == "graph") capture_graph();
-}
-
-// Seconds a step takes (the median of 5 rounds of 10 back-to-back steps, after 3 to warm up), by CUDA events.
-double GpuVariant::time_steps(const std::function<void()>& step) {
-  for (int i = 0; i < 3; ++i) step();
-  cudaEvent_t start{}, stop{};
-  DSLAB_CUDA(cudaEventCreate(&start));
-  DSLAB_CUDA(cudaEventCreate(&stop));
-  std::vector<double> rounds;
-  for (int r = 0; r < 5; ++r) {
-    DSLAB_CUDA(cudaEventRecord(start, 0));
-    for (int i = 0; i < 10; ++i) step();
-    DSLAB_CUDA(cudaEventRecord(stop, 0));
-    DSLAB_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    DSLAB_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    rounds.push_back(double(ms) * 1e-3 / 10);
-  }
-  DSLAB_CUDA(cudaEventDestroy(start));
-  DSLAB_CUDA(cudaEventDestroy(stop));
-  std::sort(rounds.begin(), rounds.end());
-  return rounds[rounds.size() / 2];
 }
 
 void GpuVariant::capture_graph() {
