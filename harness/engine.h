@@ -23,6 +23,7 @@ struct EngineLimits {
   int64_t max_context = 0;     // the longest request (input + output tokens)
   int64_t page_size = 64;
   int64_t pages = 0;  // cache pages the scheduler hands out (each layer's pool has these, plus the engine's own)
+  double device_budget_bytes = 0;  // the GPU memory the engine may hold: weights, buffers and pages (0: the engine's)
 };
 
 // One request's share of a step: a prompt chunk or one decode token, at positions [position, position + tokens).

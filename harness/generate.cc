@@ -68,6 +68,8 @@ options:
   --concurrency LIST    requests in the batch at once, a run each (default 16; e.g. 1,16,64)
   --chunk N             a step's token budget: decode tokens plus prompt chunk tokens (default 512)
   --page-size N         tokens per cache page (default 64)
+  --gpu-budget GB       the GPU memory the engine may hold, weights, buffers and cache together (e.g. 24; default
+                        0.9 of the GPU's); fewer cache pages than every request's worst case make admission wait
   --axis NAME=VALUES    an engine axis, values comma-separated (a run each): attn, prefill_attn, moe, executor
                         (graph | eager), kv_dtype, proj, pdl; `dslab generate --list-axes` lists them with defaults
   --logits FILE         write the first run's logits of every generated token (safetensors: logits.r<N>
@@ -229,7 +231,7 @@ int cmd_generate(int argc, char** argv) {
   const Args a =
       parse_args(argc, argv, 2, {"--no-verify", "--list-axes"},
                  {"--model", "--weights", "--engine", "--requests", "--input", "--output", "--rate", "--trace",
-                  "--concurrency", "--chunk", "--page-size", "--axis", "--logits", "--seed", "--out"});
+                  "--concurrency", "--chunk", "--page-size", "--gpu-budget", "--axis", "--logits", "--seed", "--out"});
   if (!a.positional.empty()) throw BadInput("command line: unexpected argument '" + a.positional[0] + "'");
   const std::string engine_name = a.one("--engine", "layer/deepseek/cuda");
   std::unique_ptr<Engine> engine = EngineRegistry::instance().make(engine_name);
@@ -297,6 +299,7 @@ int cmd_generate(int argc, char** argv) {
   EngineLimits limits;
   limits.chunk_tokens = int64_t(a.number("--chunk", 512, 1));
   limits.page_size = int64_t(a.number("--page-size", 64, 1));
+  limits.device_budget_bytes = a.has("--gpu-budget") ? a.number("--gpu-budget", 0, 1e-6) * 1e9 : 0;
   limits.max_running = *std::max_element(concurrencies.begin(), concurrencies.end());
   for (const auto& q : requests) limits.max_context = std::max(limits.max_context, q.input_len + q.output_len);
   // The engine's axes: defaults, then --axis overrides (lists: a run each, the cross product).
@@ -354,6 +357,7 @@ int cmd_generate(int argc, char** argv) {
   context["request_set"] = set_json;
   context["chunk_tokens"] = limits.chunk_tokens;
   context["page_size"] = limits.page_size;
+  if (limits.device_budget_bytes > 0) context["gpu_budget_bytes"] = limits.device_budget_bytes;
   context["verify"] = verify;
   nlohmann::json benchmarks = nlohmann::json::array();
   std::string table =

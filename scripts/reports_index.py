@@ -5,6 +5,7 @@
   --list             each topic and what it runs
   --spec TOPIC       what scripts/reproduce.sh runs: "calibrate", "SWEEP NEEDS_GPU SUITE..." or
                      "generate NEEDS_GPU ARGUMENT..."
+  --checkpoint TOPIC the model config whose random full-size checkpoint the topic runs (--weights), or nothing
   --index DIR        rewrite DIR/README.md (DIR = reports/<device>) from the topic sets present in DIR
 Standard library only (it also runs on bare GPU machines)."""
 import json
@@ -125,7 +126,8 @@ def main(argv):
         for name, t in topics().items():
             what = ('dslab calibrate' if t.get('calibrate') else 'dslab generate ' + ' '.join(t['generate'])
                     if 'generate' in t else '%s, suites %s' % (t['sweep'], ', '.join(t['suites'])))
-            print('%-15s %s%s' % (name, what, ' (GPU)' if t.get('gpu') else ''))
+            ckpt = ', on a random checkpoint of ' + t['checkpoint'] if 'checkpoint' in t else ''
+            print('%-18s %s%s%s' % (name, what, ckpt, ' (GPU)' if t.get('gpu') else ''))
     elif len(argv) == 3 and argv[1] == '--spec':
         t = topics().get(argv[2])
         if t is None:
@@ -137,6 +139,12 @@ def main(argv):
             print(' '.join(['generate', '1' if t.get('gpu') else '0'] + t['generate']))
         else:
             print(' '.join([t['sweep'], '1' if t.get('gpu') else '0'] + t['suites']))
+    elif len(argv) == 3 and argv[1] == '--checkpoint':
+        t = topics().get(argv[2])
+        if t is None:
+            print('reports_index: topic %r: expected one of %s' % (argv[2], ' '.join(topics())), file=sys.stderr)
+            return 2
+        print(t.get('checkpoint', ''))
     elif len(argv) == 3 and argv[1] == '--index':
         if not os.path.isdir(argv[2]):
             print('reports_index: %s: not a folder' % argv[2], file=sys.stderr)

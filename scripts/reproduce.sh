@@ -7,7 +7,8 @@
 #   --device NAME   the reports/ folder (default: the GPU's name, e.g. nvidia-h200; without a GPU the CPU's, e.g. amd-epyc)
 #   --list          the topics and what each runs
 # Environment: DSLAB (the dslab binary; default build/dslab, else dslab on PATH), CALIBRATE_REPEAT (default 3),
-#   RUN_ARGS (more dslab run options, e.g. "--timeout 1").
+#   RUN_ARGS (more dslab run options, e.g. "--timeout 1"), DSLAB_CHECKPOINTS (where a topic's random checkpoint is
+#   written once; default ~/.cache/dslab/checkpoints), DSLAB_PYTHON (the Python with torch that writes it).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -92,6 +93,19 @@ for topic in "${topics[@]}"; do
     if [ "$needs_gpu" = 1 ] && [ $has_gpu = 0 ]; then say "$topic: needs a GPU, none here: skipped"; continue; fi
     suite_args=()
     for s in "${words[@]:2}"; do suite_args+=(--suite "$s"); done
+    config=$("$python" scripts/reports_index.py --checkpoint "$topic")
+    if [ -n "$config" ]; then  # a topic on real weights (peers that run a checkpoint): a random one of full size
+      ckpt=${DSLAB_CHECKPOINTS:-$HOME/.cache/dslab/checkpoints}/$(basename "$config" .json)-random
+      if [ ! -f "$ckpt/config.json" ]; then
+        say "$topic: writing a random checkpoint of $config to $ckpt (once)"
+        rm -rf "$ckpt.partial" && mkdir -p "$ckpt.partial"
+        "${DSLAB_PYTHON:-$python}" scripts/make_checkpoint.py --config "$config" --out "$ckpt.partial" --steps 1 \
+          --device "$([ $has_gpu = 1 ] && echo cuda || echo cpu)" >"$out/checkpoint.log" 2>&1 ||
+          { say "$topic: make_checkpoint.py failed (see $out/checkpoint.log)"; status=1; continue; }
+        rm -rf "$ckpt" && mv "$ckpt.partial" "$ckpt"
+      fi
+      suite_args+=(--weights "$ckpt")
+    fi
     machine_args=()
     [ -f "$machine" ] && machine_args=(--machine "$machine")
     say "$topic: dslab run $sweep ${suite_args[*]}"

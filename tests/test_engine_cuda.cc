@@ -199,7 +199,8 @@ TEST(GpuEngine, GenerateBatchedTokensEqualOneAtATime) {
 }
 
 // KTransformers' placement in the engine: the routed experts on the CPU (one packed copy a layer for every step shape),
-// the rest on the GPU; batched against one at a time as above.
+// the rest on the GPU, within a GPU budget; batched against one at a time as above. A budget under the weights is
+// refused before anything runs.
 TEST(GpuEngine, GenerateWithTheExpertsOnTheCpu) {
   if (!EngineRegistry::instance().make("layer/deepseek/cuda")) GTEST_SKIP() << "not built";
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
@@ -208,14 +209,24 @@ TEST(GpuEngine, GenerateWithTheExpertsOnTheCpu) {
   fs::remove_all(out);
   const test::CliRun r = test::run_cli(
       "generate --model tiny --requests 6 --input uniform:3,40 --output uniform:1,10 --concurrency 3 --chunk 24 "
-      "--page-size 16 --axis attn=mla/a_cc_me/cuda --axis prefill_attn=mla/cc/cuda --axis moe=moe/host/cuda",
+      "--page-size 16 --axis attn=mla/a_cc_me/cuda --axis prefill_attn=mla/cc/cuda --axis moe=moe/host/cuda "
+      "--gpu-budget 2",
       out);
   ASSERT_EQ(r.status, 0) << r.err;
   const auto results = nlohmann::json::parse(std::ifstream(out / "results.json"));
+  EXPECT_EQ(results.at("context").at("gpu_budget_bytes").get<double>(), 2e9);
   for (const auto& e : results.at("benchmarks")) {
     EXPECT_TRUE(e.at("verification").at("pass").get<bool>()) << e.at("verification").dump();
     EXPECT_GT(e.at("counters").at("device_bytes").get<double>(), 0);
+    EXPECT_LE(e.at("counters").at("device_bytes").get<double>(), 2e9);
   }
+  fs::remove_all(out);
+  const test::CliRun small = test::run_cli(
+      "generate --model tiny --requests 2 --input fixed:8 --output fixed:2 --axis moe=moe/host/cuda "
+      "--gpu-budget 0.00001", out);
+  EXPECT_EQ(small.status, 1);
+  EXPECT_NE(small.err.find("over the GPU budget of 0.0 GB"), std::string::npos) << small.err;
+  EXPECT_FALSE(fs::exists(out / "results.json"));
 }
 
 TEST(Generate, BadInputIsOneLineAndExitTwo) {

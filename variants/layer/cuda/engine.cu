@@ -169,19 +169,35 @@ class DeepseekEngineCuda final : public Engine {
       return Support::no("executor graph: " + a.moe + " reads the routing on the host; use executor eager");
     const GpuInfo& g = gpu_info();
     if (!g.present) return Support::no(g.why_absent);
-    const double need = fixed_bytes(m, a, l) + double(l.pages + 1) * page_bytes(m, a, l);
-    if (need > 0.9 * double(g.memory_bytes))
-      return Support::no("needs ~" + std::to_string(int64_t(need / 1e9)) + " GB of GPU memory, " + g.name + " has " +
-                         std::to_string(int64_t(double(g.memory_bytes) / 1e9)) + " GB");
+    if (l.device_budget_bytes > double(g.memory_bytes))
+      return Support::no("a GPU budget of " + gigabytes(l.device_budget_bytes) + " is more than the " + g.name +
+                         "'s " + gigabytes(double(g.memory_bytes)));
+    const double fixed = fixed_bytes(m, a, l), need = fixed + double(l.pages + 1) * page_bytes(m, a, l);
+    if (fixed > budget_bytes(l))
+      return Support::no("weights and buffers need " + gigabytes(fixed) + ", over the GPU budget of " +
+                         gigabytes(budget_bytes(l)) + (a.experts_on_host ? "" : " (routed experts on the CPU: moe=moe/host/cuda)"));
+    if (need > budget_bytes(l))
+      return Support::no("needs " + gigabytes(need) + " of GPU memory, over the budget of " + gigabytes(budget_bytes(l)) +
+                         " (" + g.name + ": " + gigabytes(double(g.memory_bytes)) + ")");
     return {};
   }
 
   int64_t max_pages(const ModelFile& model, const Point& p, const EngineLimits& l) const override {
     const ModelConfig m = parse_model_config(model.config, model.name, model.path);
     const EngineAxes a(p);
-    const GpuInfo& g = gpu_info();
-    const double room = 0.9 * double(g.memory_bytes) - fixed_bytes(m, a, l);
+    const double room = budget_bytes(l) - fixed_bytes(m, a, l);
     return std::max<int64_t>(0, int64_t(room / page_bytes(m, a, l)) - 1);
+  }
+
+  // What the engine may hold: the run's budget, else 0.9 of the GPU's memory (the rest: the runtime's and cuBLAS's).
+  static double budget_bytes(const EngineLimits& l) {
+    const double own = 0.9 * double(gpu_info().memory_bytes);
+    return l.device_budget_bytes > 0 ? std::min(l.device_budget_bytes, own) : own;
+  }
+  static std::string gigabytes(double bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f GB", bytes / 1e9);
+    return text;
   }
 
   void prepare(const ModelFile& model, const Point& p, const EngineLimits& l, uint64_t seed) override {
