@@ -222,8 +222,9 @@ TEST(GpuEngine, GenerateWithTheExpertsOnTheCpu) {
   }
   fs::remove_all(out);
   const test::CliRun small = test::run_cli(
-      "generate --model tiny --requests 2 --input fixed:8 --output fixed:2 --axis moe=moe/host/cuda "
-      "--gpu-budget 0.00001", out);
+      "generate --model tiny --requests 2 --input fixed:8 --output fixed:2 --axis attn=mla/a_cc_me/cuda "
+      "--axis moe=moe/host/cuda --gpu-budget 0.00001",
+      out);
   EXPECT_EQ(small.status, 1);
   EXPECT_NE(small.err.find("over the GPU budget of 0.0 GB"), std::string::npos) << small.err;
   EXPECT_FALSE(fs::exists(out / "results.json"));

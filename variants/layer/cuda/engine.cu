@@ -298,12 +298,14 @@ class DeepseekEngineCuda final : public Engine {
     for (int64_t q : shapes.chunk_lengths) programs_.push_back(make_program(a, 1, q, false));
     DSLAB_CUDA(cudaDeviceSynchronize());
     // Each program once, eagerly, on the spare page (first-call initialisation outside any capture), then the
-    // decode programs' graphs.
+    // decode programs' graphs. Each waits for the last: the next program's metadata is written into the same pinned
+    // buffer that the last one's queued copy reads (a slow program, such as one with CPU experts, would otherwise be
+    // fed the next program's schedule).
     for (auto& prog : programs_) {
       write_metadata(prog, {});
       launch(prog);
+      DSLAB_CUDA(cudaStreamSynchronize(stream_));
     }
-    DSLAB_CUDA(cudaStreamSynchronize(stream_));
     if (a.graph)
       for (auto& prog : programs_)
         if (prog.decode) capture(prog);
