@@ -206,7 +206,6 @@ int cmd_run(int argc, char** argv) {
 
   std::string machine_note;
   const auto machine = load_machine(a.one("--machine", default_machine_path()), &machine_note);
-  if (!machine) std::fprintf(stderr, "note: %s\n", machine_note.c_str());
   if (!dump_dir.empty()) std::filesystem::create_directories(dump_dir);
 
   std::vector<PointResult> results;
@@ -398,6 +397,8 @@ int cmd_run(int argc, char** argv) {
   std::printf("%s\n", results_table(results).c_str());
   std::printf("%s", above_roofline_warnings(results).c_str());
   std::printf("results: %s\n", path.c_str());
+  // (A missing machine file's note comes with the results, so that a bad input's one line comes alone.)
+  if (!machine) std::fprintf(stderr, "note: %s\n", machine_note.c_str());
   if (failures || errors) std::printf("%d point(s) failed verification, %d errored\n", failures, errors);
   return failures || errors ? 1 : 0;
 }

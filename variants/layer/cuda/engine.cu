@@ -170,15 +170,16 @@ class DeepseekEngineCuda final : public Engine {
     const GpuInfo& g = gpu_info();
     if (!g.present) return Support::no(g.why_absent);
     if (l.device_budget_bytes > double(g.memory_bytes))
-      return Support::no("a GPU budget of " + gigabytes(l.device_budget_bytes) + " is more than the " + g.name +
-                         "'s " + gigabytes(double(g.memory_bytes)));
+      return Support::no("a GPU budget of " + gigabytes(l.device_budget_bytes) + " is more than the " + g.name + "'s " +
+                         gigabytes(double(g.memory_bytes)));
     const double fixed = fixed_bytes(m, a, l), need = fixed + double(l.pages + 1) * page_bytes(m, a, l);
     if (fixed > budget_bytes(l))
       return Support::no("weights and buffers need " + gigabytes(fixed) + ", over the GPU budget of " +
-                         gigabytes(budget_bytes(l)) + (a.experts_on_host ? "" : " (routed experts on the CPU: moe=moe/host/cuda)"));
+                         gigabytes(budget_bytes(l)) +
+                         (a.experts_on_host ? "" : " (routed experts on the CPU: moe=moe/host/cuda)"));
     if (need > budget_bytes(l))
-      return Support::no("needs " + gigabytes(need) + " of GPU memory, over the budget of " + gigabytes(budget_bytes(l)) +
-                         " (" + g.name + ": " + gigabytes(double(g.memory_bytes)) + ")");
+      return Support::no("needs " + gigabytes(need) + " of GPU memory, over the budget of " +
+                         gigabytes(budget_bytes(l)) + " (" + g.name + ": " + gigabytes(double(g.memory_bytes)) + ")");
     return {};
   }
 
