@@ -302,6 +302,31 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
               "the step's GPU busy time; the share is of their sum):\n\n"
               "| variant | point | ops, us (share) |\n|---|---|---|\n"
            << op_rows << "\n";
+      // Each op against its own floor (op_floors: the cost model's ops, their bytes or FLOPs at the machine's ceilings
+      // plus their kernels at a small kernel's measured time), slowest against its floor first.
+      std::string floor_rows;
+      each_run([&](const std::string& v, const std::string& p, const Entry& e) {
+        if (!e.raw.contains("op_floors") || !e.raw["op_floors"].is_object()) return;
+        std::vector<std::pair<double, std::string>> rows;  // (time over floor, cell)
+        double time = 0, floor = 0;
+        for (const auto& [op, f] : e.raw["op_floors"].items()) {
+          const double t = f.value("time_us", 0.0), fl = f.value("floor_us", 0.0);
+          time += t, floor += fl;
+          rows.push_back({t - fl, op + " " + num("%.4g", t) + " / " + num("%.3g", fl) + " (" +
+                                      num("%.2f", t > 0 ? fl / t : 0.0) + ")"});
+        }
+        std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+        floor_rows += "| " + v + " | " + p + " | " + num("%.4g", time) + " / " + num("%.4g", floor) + " (" +
+                      num("%.2f", time > 0 ? floor / time : 0.0) + ") | ";
+        for (size_t i = 0; i < rows.size(); ++i) floor_rows += (i ? ", " : "") + rows[i].second;
+        floor_rows += " |\n";
+      });
+      if (!floor_rows.empty())
+        md << "Each op against its own floor (`op_floors`: the op rows' bracketed us / floor us (fraction); a floor is "
+              "the cost model's bytes, or FLOPs, of the op's work at the machine's measured ceilings, plus its "
+              "kernels at a small kernel's measured time; ordered by time above the floor, largest first):\n\n"
+              "| variant | point | all rows, us / floor (fraction) | ops |\n|---|---|---|---|\n"
+           << floor_rows << "\n";
     }
     // Where the fused decode kernel's CTAs spend their time (decode_phase_us.*, mla/fused/cuda and the sparse decodes
     // built on it): a row for each run that has them.

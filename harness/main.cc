@@ -291,6 +291,7 @@ int cmd_run(int argc, char** argv) {
               r.bandwidth_ceiling = machine_ceiling(*machine, !bandwidth.empty()        ? bandwidth
                                                               : r.device == Device::cpu ? "cpu.dram_read_bytes_per_s"
                                                                                         : "gpu.hbm_bytes_per_s");
+              if (r.device != Device::cpu) r.kernel_fixed_s = machine_ceiling(*machine, "gpu.small_kernel_s");
             }
           } catch (const BadInput&) {
             throw;

@@ -214,6 +214,30 @@ nlohmann::json results_to_json(const nlohmann::json& context, const std::vector<
       b["kernel_roofline_fraction"] = std::max(r.counters.at("kernel_flops") / *r.compute_ceiling,
                                                r.counters.at("kernel_bytes") / *r.bandwidth_ceiling) /
                                       r.counters.at("kernel_s");
+    // A variant that reports op rows (op_time_us.X with op_floor_bytes.X, op_floor_flops.X, op_floor_kernels.X: an
+    // op's measured time and its own work) gets each op against its floor: its bytes or FLOPs at the ceilings, plus
+    // its kernels at a small kernel's measured fixed time (GPU).
+    if (r.compute_ceiling && r.bandwidth_ceiling) {
+      nlohmann::json floors = nlohmann::json::object();
+      for (const auto& [key, time_us] : r.counters) {
+        if (key.rfind("op_time_us.", 0) != 0) continue;
+        const std::string op = key.substr(11);
+        auto get = [&](const char* what) {
+          const auto it = r.counters.find(std::string(what) + op);
+          return it == r.counters.end() ? 0.0 : it->second;
+        };
+        const double bytes = get("op_floor_bytes."), flops = get("op_floor_flops."), kernels = get("op_floor_kernels.");
+        const double floor_us = (std::max(flops / *r.compute_ceiling, bytes / *r.bandwidth_ceiling) +
+                                 kernels * r.kernel_fixed_s.value_or(0)) *
+                                kUsPerS;
+        floors[op] = {{"time_us", time_us},
+                      {"floor_us", floor_us},
+                      {"fraction", time_us > 0 ? floor_us / time_us : 0.0},
+                      {"bytes", bytes},
+                      {"kernels", kernels}};
+      }
+      if (!floors.empty()) b["op_floors"] = floors;
+    }
     if (r.verification) {
       b["verify_rel_err"] = r.verification->rel_err;
       b["verify_threshold"] = r.verification->threshold;

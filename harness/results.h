@@ -25,8 +25,9 @@ struct PointResult {
   std::optional<Verification> verification;  // absent with --no-verify or an unverified suite
   std::string unverified_reason;             // the suite's reason for not verifying (Suite::unverified_reason)
   std::optional<double> compute_ceiling, bandwidth_ceiling;  // from the machine file
-  std::map<std::string, double> counters;                    // Variant::counters()
-  int repetition = 0, repetitions = 1;                       // dslab run --repetitions: which whole-run pass this is
+  std::optional<double> kernel_fixed_s;  // the machine file's small kernel (gpu.small_kernel_s): an op floor's launches
+  std::map<std::string, double> counters;  // Variant::counters()
+  int repetition = 0, repetitions = 1;     // dslab run --repetitions: which whole-run pass this is
 
   bool ran() const { return skip_reason.empty() && error.empty(); }
   // variant/model/axes: two models' entries differ by name, as tools that match by name (compare.py) need.

@@ -438,6 +438,22 @@ TEST(Cli, ReportListsAStepsOpsLargestFirst) {
   EXPECT_NE(md.find("| gate_up 1000 (50%), decode 500 (25%), norm 500 (25%) |"), std::string::npos) << md;
 }
 
+// Each op against its own floor, from the op rows a step reports and the machine's ceilings: one row per point, the
+// ops by their time above the floor; no machine file, no floors.
+TEST(Cli, ReportShowsEachOpAgainstItsFloor) {
+  PointResult r = layer_step("acceptance", 3.3e-3);
+  r.device = Device::cuda;
+  r.compute_ceiling = 1e15, r.bandwidth_ceiling = 1e12, r.kernel_fixed_s = 2e-6;
+  r.counters = {{"tokens_per_s", 303},           {"kernel_time_s", 3.2e-3},
+                {"op_time_us.experts", 92},      {"op_floor_bytes.experts", 40e6},
+                {"op_floor_kernels.experts", 3}, {"op_time_us.router", 8},
+                {"op_floor_kernels.router", 1}};
+  const std::string md = report_of({r});
+  EXPECT_NE(md.find("| 100 / 48 (0.48) | experts 92 / 46 (0.50), router 8 / 2 (0.25) |"), std::string::npos) << md;
+  r.compute_ceiling.reset();
+  EXPECT_EQ(report_of({r}).find("Each op against its own floor"), std::string::npos);
+}
+
 // The fused decode kernel's phase counters as one row per run, in the kernel's order; none, no table.
 TEST(Cli, ReportShowsWhereADecodeCtasTimeGoes) {
   PointResult r = layer_step("kv-splits", 75e-6);
@@ -611,6 +627,28 @@ TEST(Results, AKernelsOwnRooflineFractionFromItsCounters) {
   const auto j = results_to_json(run_context("dslab run x"), {r});
   EXPECT_DOUBLE_EQ(j["benchmarks"][0]["kernel_roofline_fraction"].get<double>(), 0.5);
   EXPECT_DOUBLE_EQ(j["benchmarks"][0]["roofline_fraction"].get<double>(), 0.5);  // the step: 1 ms floor of 2 ms
+}
+
+TEST(Results, EachOpAgainstItsOwnFloorFromItsCounters) {
+  PointResult r;
+  r.variant = "layer/deepseek/cuda";
+  r.model = "m";
+  r.device = Device::cuda;
+  r.samples.seconds = {2e-3, 2e-3, 2e-3};
+  r.cost.flops = 1e9, r.cost.bytes = 1e9;
+  r.compute_ceiling = 1e15, r.bandwidth_ceiling = 1e12;
+  r.kernel_fixed_s = 2e-6;
+  // experts: 40 MB at 1 TB/s = 40 us, plus 3 kernels of 2 us = 46 us of 92 us; router: one kernel, 2 us of 8 us.
+  r.counters = {{"op_time_us.experts", 92},      {"op_floor_bytes.experts", 40e6}, {"op_floor_flops.experts", 1e6},
+                {"op_floor_kernels.experts", 3}, {"op_time_us.router", 8},         {"op_floor_kernels.router", 1}};
+  const auto j = results_to_json(run_context("dslab run x"), {r});
+  const auto& floors = j["benchmarks"][0]["op_floors"];
+  ASSERT_EQ(floors.size(), 2u) << floors.dump();
+  EXPECT_NEAR(floors["experts"]["floor_us"].get<double>(), 46, 1e-9);
+  EXPECT_NEAR(floors["experts"]["fraction"].get<double>(), 0.5, 1e-12);
+  EXPECT_NEAR(floors["router"]["fraction"].get<double>(), 0.25, 1e-12);
+  r.compute_ceiling.reset();  // without a machine file: no floors
+  EXPECT_FALSE(results_to_json(run_context("dslab run x"), {r})["benchmarks"][0].contains("op_floors"));
 }
 
 TEST(Results, AResultAboveItsRooflineIsCalledOut) {

@@ -17,6 +17,30 @@ std::map<std::string, layer::OpCost> by_name(const std::vector<layer::OpCost>& o
   return out;
 }
 
+// The per-op floor rows of a whole V2-Lite step: brackets summed into rows, each row's work the sum of its ops over
+// the layers, the routed experts as the step's routing reached them; a row without brackets is left out.
+TEST(LayerOps, OpFloorRowsGatherBracketsAndTheirOpsWork) {
+  const ModelConfig m = test::model("deepseek-v2-lite");  // 27 layers: one dense, 26 MoE
+  layer::StepShape s;
+  s.batch = 1, s.q_len = 1, s.kv_len = 4096;
+  const std::map<std::string, double> op_us = {{"op_us.qkv_a", 300},   {"op_us.decode", 400},  {"op_us.absorb_q", 200},
+                                               {"op_us.gate_up", 700}, {"op_us.experts", 500}, {"op_us.metadata", 8}};
+  std::vector<double> active(26, 6.0);
+  active[0] = 12;  // (as if the first MoE layer's routing had reached twice the experts)
+  const auto c = layer::op_floor_counters(m, s, 0, m.num_hidden_layers, true, active, op_us);
+  EXPECT_DOUBLE_EQ(c.at("op_time_us.qkv_a"), 300);
+  EXPECT_DOUBLE_EQ(c.at("op_time_us.attention_core"), 600);
+  EXPECT_DOUBLE_EQ(c.at("op_time_us.experts"), 1200);
+  EXPECT_EQ(c.count("op_time_us.o_proj"), 0u);    // no bracket of it ran
+  EXPECT_EQ(c.count("op_time_us.metadata"), 0u);  // no op of the model's
+  const auto one = by_name(layer::layer_ops(m, 1, s));
+  EXPECT_DOUBLE_EQ(c.at("op_floor_bytes.qkv_a"), 27 * (one.at("q_proj").bytes() + one.at("kv_a_proj").bytes()));
+  EXPECT_DOUBLE_EQ(c.at("op_floor_kernels.qkv_a"), 27);  // (kv_a_proj stacked under q_proj: one launch)
+  const double routed = one.at("routed_experts").bytes(), set = 3.0 * 2048 * 1408 * 2 * 6;
+  EXPECT_DOUBLE_EQ(c.at("op_floor_bytes.experts"), 26 * (one.at("shared_experts").bytes() + routed) + set);
+  EXPECT_DOUBLE_EQ(c.at("op_floor_flops.attention_core"), 27 * one.at("attention_core").flops);
+}
+
 TEST(LayerOps, V2LiteDecodeOpsByHand) {
   // hidden 2048, 16 heads x (128 nope + 64 rope), v 128, kv_lora 512, no q_lora; 64 experts x 1408, top-6, 2 shared.
   const ModelConfig m = test::model("deepseek-v2-lite");

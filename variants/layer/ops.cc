@@ -250,4 +250,58 @@ int64_t resident_moe_layers(double budget_bytes, double fixed_bytes, int64_t moe
   return std::clamp<int64_t>(int64_t(std::floor(room / extra)), 0, moe_layers);
 }
 
+std::map<std::string, double> op_floor_counters(const ModelConfig& m, const StepShape& s, int64_t first, int64_t layers,
+                                                bool whole, const std::vector<double>& active_experts,
+                                                const std::map<std::string, double>& op_us) {
+  // row: the cost model's ops, the step's brackets (op_us.<bracket>)
+  struct Row {
+    const char* name;
+    std::vector<std::string> ops, brackets;
+  };
+  const std::vector<Row> rows = {
+      {"qkv_a", {"q_proj", "q_a_proj", "kv_a_proj"}, {"qkv_a"}},
+      {"q_b", {"q_b_proj"}, {"q_b"}},
+      {"attention_core",
+       {"attention_core"},
+       {"norm_cache_write", "rope_q", "absorb_q", "decode", "combine", "absorb_o", "attend"}},
+      {"o_proj", {"o_proj"}, {"o_proj"}},
+      {"norms", {"input_norm", "post_attention_norm", "final_norm", "embedding"}, {"norm", "embed_norm"}},
+      {"router", {"gate"}, {"route", "gate"}},
+      {"experts",
+       {"shared_experts", "routed_experts"},
+       {"gate_up", "experts", "shared_experts", "shared_experts_join", "moe_combine"}},
+      {"dense_mlp", {"dense_mlp"}, {"dense_mlp"}},
+      {"lm_head", {"lm_head"}, {"lm_head"}},
+  };
+  std::vector<OpCost> ops;
+  const std::vector<OpCost> ends = whole ? step_ops(m, s) : std::vector<OpCost>{};
+  if (whole) ops.push_back(ends.front());  // the embedding
+  size_t moe_ordinal = 0;
+  for (int64_t layer = first; layer < first + layers; ++layer)
+    for (OpCost c : layer_ops(m, layer, s)) {
+      if (c.name == "routed_experts" && moe_ordinal < active_experts.size() && c.active_experts > 0)
+        c.weight_bytes *= active_experts[moe_ordinal] / c.active_experts;  // as this step's routing reached them
+      moe_ordinal += c.name == "routed_experts";
+      ops.push_back(c);
+    }
+  if (whole) ops.insert(ops.end(), ends.end() - 2, ends.end());  // the final norm, the LM head
+  std::map<std::string, double> c;
+  for (const Row& row : rows) {
+    double time_us = 0, bytes = 0, flops = 0, kernels = 0;
+    bool ran = false;
+    for (const auto& b : row.brackets)
+      if (const auto it = op_us.find("op_us." + b); it != op_us.end()) time_us += it->second, ran = true;
+    for (const OpCost& op : ops)
+      if (std::find(row.ops.begin(), row.ops.end(), op.name) != row.ops.end())
+        bytes += op.bytes(), flops += op.flops, kernels += op.gpu_kernels;
+    if (!ran) continue;
+    const std::string r = row.name;
+    c["op_time_us." + r] = time_us;
+    c["op_floor_bytes." + r] = bytes;
+    c["op_floor_flops." + r] = flops;
+    c["op_floor_kernels." + r] = kernels;
+  }
+  return c;
+}
+
 }  // namespace dslab::layer

@@ -5,6 +5,7 @@
 // where the GPU layer keeps an fp32 residual stream). Unit-tested against hand-derived values (tests/test_ops.cc).
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,18 @@ struct OpCost {
 std::vector<OpCost> layer_ops(const ModelConfig& m, int64_t layer, const StepShape& s);
 // The whole step: embedding, every layer, final norm, LM head (for the last token of each request in prefill).
 std::vector<OpCost> step_ops(const ModelConfig& m, const StepShape& s);
+
+// Each op of a GPU step against its own floor: the step's event-bracketed op times (op_us.<bracket>, summed over
+// its layers) gathered into the cost model's ops, with those ops' work, as the counters op_time_us.<row>,
+// op_floor_bytes.<row>, op_floor_flops.<row> and op_floor_kernels.<row> (the results add each row's floor at the
+// machine's ceilings). Rows: qkv_a (q_proj or q_a_proj, kv_a_proj), q_b (q_b_proj), attention_core (its cache
+// write, RoPE, absorbs, decode and split merge), o_proj, norms (the layers', the final one and the embedding),
+// router (gate), experts (shared and routed, their combine), dense_mlp, lm_head. Layers [first, first + layers),
+// plus the model's ends when `whole`; routed experts as `active_experts` (per MoE layer, in order; the uniform
+// expectation where it is short). A row none of whose brackets ran is left out.
+std::map<std::string, double> op_floor_counters(const ModelConfig& m, const StepShape& s, int64_t first, int64_t layers,
+                                                bool whole, const std::vector<double>& active_experts,
+                                                const std::map<std::string, double>& op_us);
 
 // GPU memory layer/deepseek/cuda allocates for a step besides weights and KV caches: one scratch arena that every
 // op's forward scratch comes from in turn (the largest op's: attention, MoE or dense MLP), every layer's owned

@@ -762,7 +762,15 @@ std::map<std::string, double> DeepseekLayerCuda::counters() {
           forward(0, &marks);
         },
         5, occupy);
-    c.insert(ops.begin(), ops.end());  // op_us.*: event-bracketed, so each includes a mark's ~1-2 us
+    c.insert(ops.begin(), ops.end());         // op_us.*: event-bracketed, so each includes a mark's ~1-2 us
+    if (!P.experts_on_host && !P.streamed) {  // each op against its own floor (GPU placements: HBM is their ceiling)
+      const auto attn = mla::cuda::make_mla_op(P.attn);
+      layer::StepShape shape;
+      shape.batch = P.batch, shape.q_len = P.q_len, shape.kv_len = P.kv_len;
+      shape.attn = attn->algo(), shape.kv_dtype = P.kv_dtype, shape.fused_decode = attn->fused();
+      const auto rows = layer::op_floor_counters(P.m, shape, P.first, P.layers, P.whole, active_experts_, ops);
+      c.insert(rows.begin(), rows.end());
+    }
   }
   c["steps"] = double(P.steps);
   c["layers"] = double(P.layers);
