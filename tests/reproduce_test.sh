@@ -15,6 +15,11 @@ one_line_exit_2 scripts/reproduce.sh nosuch-topic
 one_line_exit_2 scripts/reproduce.sh
 one_line_exit_2 scripts/reproduce.sh --device 'Bad Name' mla-cpu
 one_line_exit_2 scripts/reproduce.sh --bogus mla-cpu
+one_line_exit_2 python3 scripts/reports_index.py --checkpoint nosuch-topic
+# A topic on real weights names a model config that exists; the others name none.
+config=$(python3 scripts/reports_index.py --checkpoint layer-decode-peers)
+[ -f "$config" ] || fail "layer-decode-peers: checkpoint config '$config' is not a file"
+[ -z "$(python3 scripts/reports_index.py --checkpoint mla-cpu)" ] || fail "mla-cpu: names a checkpoint"
 
 # A stand-in dslab (version SHA given by FAKE_SHA): its run writes a one-entry results file, its report a report.md.
 tmp=$(mktemp -d)
