@@ -615,14 +615,20 @@ TEST(Calibrate, RepeatedRunsCombineToTheBestSeenWithTheirSpread) {
   EXPECT_FALSE(combine_calibrations({run(100, 3.0, 4e-6)}).contains("spread"));  // one run: nothing to compare
 }
 
-TEST(Results, AKernelsOwnRooflineFractionFromItsCounters) {
+// A GPU result of 2 ms against a 1 ms floor (1 GB at 1 TB/s; 1 GFLOP at 1 PFLOP/s).
+PointResult gpu_result(const std::string& variant) {
   PointResult r;
-  r.variant = "mla/fused/cuda";
+  r.variant = variant;
   r.model = "m";
   r.device = Device::cuda;
   r.samples.seconds = {2e-3, 2e-3, 2e-3};
   r.cost.flops = 1e9, r.cost.bytes = 1e9;
   r.compute_ceiling = 1e15, r.bandwidth_ceiling = 1e12;
+  return r;
+}
+
+TEST(Results, AKernelsOwnRooflineFractionFromItsCounters) {
+  PointResult r = gpu_result("mla/fused/cuda");
   r.counters = {{"kernel_s", 1e-3}, {"kernel_flops", 1e9}, {"kernel_bytes", 0.5e9}};  // floor 0.5 ms of 1 ms
   const auto j = results_to_json(run_context("dslab run x"), {r});
   EXPECT_DOUBLE_EQ(j["benchmarks"][0]["kernel_roofline_fraction"].get<double>(), 0.5);
@@ -630,13 +636,7 @@ TEST(Results, AKernelsOwnRooflineFractionFromItsCounters) {
 }
 
 TEST(Results, EachOpAgainstItsOwnFloorFromItsCounters) {
-  PointResult r;
-  r.variant = "layer/deepseek/cuda";
-  r.model = "m";
-  r.device = Device::cuda;
-  r.samples.seconds = {2e-3, 2e-3, 2e-3};
-  r.cost.flops = 1e9, r.cost.bytes = 1e9;
-  r.compute_ceiling = 1e15, r.bandwidth_ceiling = 1e12;
+  PointResult r = gpu_result("layer/deepseek/cuda");
   r.kernel_fixed_s = 2e-6;
   // experts: 40 MB at 1 TB/s = 40 us, plus 3 kernels of 2 us = 46 us of 92 us; router: one kernel, 2 us of 8 us.
   r.counters = {{"op_time_us.experts", 92},      {"op_floor_bytes.experts", 40e6}, {"op_floor_flops.experts", 1e6},
