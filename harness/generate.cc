@@ -71,7 +71,9 @@ options:
   --gpu-budget GB       the GPU memory the engine may hold, weights, buffers and cache together (e.g. 24; default
                         0.9 of the GPU's); fewer cache pages than every request's worst case make admission wait
   --axis NAME=VALUES    an engine axis, values comma-separated (a run each): attn, prefill_attn, moe, executor
-                        (graph | eager), kv_dtype, proj, pdl; `dslab generate --list-axes` lists them with defaults
+                        (graph | eager), kv_dtype, proj, pdl, block_keys, gpu_experts (with moe=moe/host/cuda:
+                        none | layers:N | fit, the leading MoE layers whose experts stay on the GPU);
+                        `dslab generate --list-axes` lists them with defaults
   --logits FILE         write the first run's logits of every generated token (safetensors: logits.r<N>
                         [output_len][vocab] f32, tokens.r<N>) for a comparison with another engine
   --no-verify           skip the one-at-a-time run that checks the batched tokens

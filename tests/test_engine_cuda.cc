@@ -230,6 +230,30 @@ TEST(GpuEngine, GenerateWithTheExpertsOnTheCpu) {
   EXPECT_FALSE(fs::exists(out / "results.json"));
 }
 
+// The experts of a CPU op's leading MoE layers kept on the GPU (gpu_experts): of the V2 checkpoint's two MoE layers,
+// the first (layers:1), or as many as a 2 GB budget holds (fit: both); batched against one at a time as above.
+TEST(GpuEngine, GenerateWithSomeLayersExpertsOnTheGpu) {
+  if (!EngineRegistry::instance().make("layer/deepseek/cuda")) GTEST_SKIP() << "not built";
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  if (!cpu_info().avx512_bf16) GTEST_SKIP() << "moe/host/cuda needs AVX512_BF16";
+  const fs::path out = fs::temp_directory_path() / ("dslab_generate_" + test::test_name());
+  fs::remove_all(out);
+  const test::CliRun r = test::run_cli(
+      "generate --weights " + kData +
+          "v2 --requests 5 --input uniform:3,30 --output uniform:1,8 --concurrency 3 "
+          "--chunk 24 --page-size 16 --gpu-budget 2 --axis attn=mla/a_cc_me/cuda --axis moe=moe/host/cuda "
+          "--axis gpu_experts=layers:1,fit",
+      out);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto results = nlohmann::json::parse(std::ifstream(out / "results.json"));
+  std::map<std::string, double> on_gpu;
+  for (const auto& e : results.at("benchmarks")) {
+    EXPECT_TRUE(e.at("verification").at("pass").get<bool>()) << e.at("verification").dump();
+    on_gpu[e.at("axes").at("gpu_experts").get<std::string>()] = e.at("counters").at("gpu_moe_layers").get<double>();
+  }
+  EXPECT_EQ(on_gpu, (std::map<std::string, double>{{"fit", 2}, {"layers:1", 1}}));
+}
+
 TEST(Generate, BadInputIsOneLineAndExitTwo) {
   if (!EngineRegistry::instance().make("layer/deepseek/cuda")) GTEST_SKIP() << "not built";
   test::expect_bad_input("generate --model tiny --input uniform:5", "--input 'uniform:5'");
@@ -238,6 +262,9 @@ TEST(Generate, BadInputIsOneLineAndExitTwo) {
   test::expect_bad_input("generate --model tiny --axis colour=red", "--axis 'colour=red'");
   test::expect_bad_input("generate --model tiny --axis executor=fast", "axis 'executor'");
   test::expect_bad_input("generate --model tiny --engine layer/none", "--engine 'layer/none'");
+  test::expect_bad_input("generate --model tiny --axis moe=moe/host/cuda --axis gpu_experts=hot:2",
+                         "the engine places whole layers");
+  test::expect_bad_input("generate --model tiny --axis gpu_experts=fit", "keeps every layer's experts on the GPU");
   test::expect_bad_input("generate --model tiny --trace /nonexistent/trace.jsonl", "/nonexistent/trace.jsonl");
   test::expect_bad_input("generate --model tiny --trace x.jsonl --requests 3", "--trace and --requests");
   test::expect_bad_input("generate", "--model");

@@ -99,6 +99,9 @@ struct EngineAxes {
   mla::KvDtype kv_dtype = mla::KvDtype::bf16;
   int64_t block_keys = 0;  // the fused decode's key block (0: auto, the pre-tuner choice: see mla/cuda/fused/host.cu)
   gpu::Projections proj{};
+  // With a CPU op's experts: the leading MoE layers whose experts stay on the GPU (run by kGpuExpertsOp), as the
+  // layer step's gpu_experts places them: none, layers:N, or fit (as many as the GPU budget holds beside the rest).
+  layer::GpuExperts gpu_experts;
   explicit EngineAxes(const Point& p) {
     attn = p.text("attn");
     prefill_attn = p.text("prefill_attn");
@@ -114,8 +117,20 @@ struct EngineAxes {
     check_op_axis("prefill_attn", prefill_attn, mla::cuda::mla_op_names());
     check_op_axis("moe", moe, moe::cuda::moe_op_names());
     experts_on_host = moe::cuda::make_moe_op(moe)->experts_on_host();
+    gpu_experts = layer::parse_gpu_experts(p.has("gpu_experts") ? p.text("gpu_experts") : "none");
+    using Kind = layer::GpuExperts::Kind;
+    if (gpu_experts.kind == Kind::streamed || gpu_experts.kind == Kind::hot)
+      throw BadInput("axis 'gpu_experts': value '" + p.text("gpu_experts") +
+                     "': the engine places whole layers: expected none, layers:N or fit");
+    if (gpu_experts.kind != Kind::none && !experts_on_host)
+      throw BadInput("axis 'gpu_experts': value '" + p.text("gpu_experts") + "': " + moe +
+                     " keeps every layer's experts on the GPU already (the axis splits a CPU op's layers: "
+                     "moe=moe/host/cuda)");
   }
 };
+
+// The op that runs the MoE layers whose experts a CPU op leaves on the GPU (gpu_experts), as the layer step's does.
+constexpr const char* kGpuExpertsOp = "moe/grouped_wgmma/cuda";
 
 // The shapes an engine runs: decode buckets 1, 2, 4 .. bucket(max_running) of one token each, and prompt chunk buckets
 // 16, 32 .. bucket(chunk_tokens) of one request each (a chunk of n tokens runs in chunk_bucket(n)).
@@ -144,7 +159,8 @@ class DeepseekEngineCuda final : public Engine {
             {"kv_dtype", "bf16"},
             {"proj", "own"},
             {"pdl", "on"},
-            {"block_keys", "auto"}};
+            {"block_keys", "auto"},
+            {"gpu_experts", "none"}};
   }
   bool reads_weights() const override { return true; }
 
@@ -167,6 +183,13 @@ class DeepseekEngineCuda final : public Engine {
     if (const std::string why = moe_op->unavailable(); !why.empty()) return Support::no(why);
     if (a.graph && !moe_op->graph_safe())
       return Support::no("executor graph: " + a.moe + " reads the routing on the host; use executor eager");
+    const int64_t moe_layers = count_moe_layers(m);
+    if (a.gpu_experts.kind == layer::GpuExperts::Kind::layers && a.gpu_experts.layers > moe_layers)
+      return Support::no("gpu_experts: layers:" + std::to_string(a.gpu_experts.layers) + ": " + m.source + " has " +
+                         std::to_string(moe_layers) + " MoE layers");
+    if (a.gpu_experts.kind != layer::GpuExperts::Kind::none)
+      if (const std::string why = moe::cuda::make_moe_op(kGpuExpertsOp)->unavailable(); !why.empty())
+        return Support::no("gpu_experts: " + why);
     const GpuInfo& g = gpu_info();
     if (!g.present) return Support::no(g.why_absent);
     if (l.device_budget_bytes > double(g.memory_bytes))
@@ -224,14 +247,17 @@ class DeepseekEngineCuda final : public Engine {
     std::unique_ptr<Checkpoint> checkpoint;
     if (!model.weights.empty()) checkpoint = std::make_unique<Checkpoint>(model.weights);
     weights_.resize(size_t(L));
-    for (int64_t layer = 0; layer < L; ++layer) {
+    gpu_expert_layers_ = gpu_expert_layers(m_, a, l);
+    for (int64_t layer = 0, moe_ordinal = 0; layer < L; ++layer) {
       LayerWeights& w = weights_[size_t(layer)];
+      const bool on_gpu = experts_on_gpu(a, moe_ordinal, gpu_expert_layers_);
+      moe_ordinal += m_.is_moe_layer(layer) ? 1 : 0;
       if (checkpoint) {
-        load_layer_weights(*checkpoint, layer, &w, !a.experts_on_host);
+        load_layer_weights(*checkpoint, layer, &w, on_gpu);
         std::fprintf(stderr, "\rweights: layer %lld of %lld read (%.1f GB)", static_cast<long long>(layer + 1),
                      static_cast<long long>(L), checkpoint->bytes_read() / 1e9);
       } else {
-        make_layer_weights(m_, layer, seed, &w, !a.experts_on_host);
+        make_layer_weights(m_, layer, seed, &w, on_gpu);
       }
     }
     if (checkpoint) {
@@ -372,6 +398,7 @@ class DeepseekEngineCuda final : public Engine {
     c["graphs"] = double(std::count_if(programs_.begin(), programs_.end(), [](const Program& p) { return p.graph; }));
     c["cache_pages"] = double(limits_.pages);
     c["device_bytes"] = device_bytes_;  // weights, cache pages, buffers and scratch the engine holds on the GPU
+    if (axes_ && axes_->experts_on_host) c["gpu_moe_layers"] = double(gpu_expert_layers_);  // (the rest: the CPU's)
     if (load_s_ > 0) {
       c["weights_load_s"] = load_s_;
       c["weights_load_GBps"] = load_bytes_ / load_s_ / 1e9;
@@ -427,10 +454,12 @@ class DeepseekEngineCuda final : public Engine {
     const double H = double(m.hidden_size), V = double(m.vocab_size);
     double bytes = 2 * V * H * 2;
     int64_t moe_layers = 0;
+    const int64_t on_gpu = gpu_expert_layers(m, a, l);
     for (int64_t i = 0; i < m.num_hidden_layers; ++i) {
       bytes += mla::weight_bytes(m, m.num_attention_heads) + 4 * H;
       if (m.is_moe_layer(i))  // (a CPU op's routed experts stay in host memory: the router and shared experts here)
-        bytes += moe::cuda::moe_weight_bytes(m, a.experts_on_host ? 0 : m.n_routed_experts), ++moe_layers;
+        bytes += moe::cuda::moe_weight_bytes(m, experts_on_gpu(a, moe_layers, on_gpu) ? m.n_routed_experts : 0),
+            ++moe_layers;
       else
         bytes += 3 * H * double(m.intermediate_size) * 2;
     }
@@ -443,6 +472,31 @@ class DeepseekEngineCuda final : public Engine {
     for (int64_t b : shapes.decode_batches) bytes += program_bytes(b, 1);
     for (int64_t q : shapes.chunk_lengths) bytes += program_bytes(1, q);
     return bytes + arena;
+  }
+  static int64_t count_moe_layers(const ModelConfig& m) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < m.num_hidden_layers; ++i) n += m.is_moe_layer(i) ? 1 : 0;
+    return n;
+  }
+  // Whether the MoE layer of this ordinal keeps its routed experts on the GPU.
+  static bool experts_on_gpu(const EngineAxes& a, int64_t moe_ordinal, int64_t gpu_layers) {
+    return !a.experts_on_host || moe_ordinal < gpu_layers;
+  }
+  // The leading MoE layers a CPU op leaves on the GPU (gpu_experts): layers:N, or for fit as many as the budget holds
+  // beside everything else (the pages included).
+  static int64_t gpu_expert_layers(const ModelConfig& m, const EngineAxes& a, const EngineLimits& l) {
+    using Kind = layer::GpuExperts::Kind;
+    if (!a.experts_on_host || a.gpu_experts.kind == Kind::none) return 0;
+    const int64_t moe_layers = count_moe_layers(m);
+    if (a.gpu_experts.kind == Kind::layers) return std::min(a.gpu_experts.layers, moe_layers);
+    EngineAxes none = a;
+    none.gpu_experts = {};
+    const double rest = fixed_bytes(m, none, l) + double(l.pages + 1) * page_bytes(m, a, l);
+    const double host_set = moe::cuda::moe_weight_bytes(m, 0),
+                 full_set = moe::cuda::moe_weight_bytes(m, m.n_routed_experts);
+    // (rest holds every MoE layer's host set already: resident_moe_layers counts them once more, so add them back)
+    return layer::resident_moe_layers(budget_bytes(l), rest - double(moe_layers) * host_set, moe_layers, host_set,
+                                      full_set);
   }
   static double page_bytes(const ModelConfig& m, const EngineAxes& a, const EngineLimits& l) {
     return double(m.num_hidden_layers) * double(l.page_size) * double(m.kv_lora_rank + m.qk_rope_head_dim) *
@@ -471,7 +525,8 @@ class DeepseekEngineCuda final : public Engine {
         MoeBuffers mb;
         mb.x = xb_.get();
         mb.out = ffn_out_.get();
-        prog.moe.push_back(moe::cuda::make_moe_op(a.moe));
+        const bool on_gpu = a.experts_on_host && int64_t(prog.moe.size()) < gpu_expert_layers_;
+        prog.moe.push_back(moe::cuda::make_moe_op(on_gpu ? kGpuExpertsOp : a.moe));
         prog.moe.back()->prepare(m_, prog.tokens(), *w.moe, mb, *blas_, side_blas_.get(), &arena_);
       } else {
         prog.dense.emplace_back();
@@ -647,6 +702,7 @@ class DeepseekEngineCuda final : public Engine {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t begin_ = nullptr, end_ = nullptr;
   double busy_s_ = 0, load_s_ = 0, load_bytes_ = 0, device_bytes_ = 0;
+  int64_t gpu_expert_layers_ = 0;  // with a CPU op: the leading MoE layers whose experts the GPU runs
 };
 
 DSLAB_REGISTER_ENGINE(DeepseekEngineCuda, "layer/deepseek/cuda");
