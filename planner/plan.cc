@@ -24,8 +24,10 @@ using layer::OpGroup;
 namespace {
 
 double field(const nlohmann::json& machine, const std::string& source, const char* section, const char* key) {
-  if (!machine.contains(section) || !machine[section].is_object() || !machine[section].contains(key) ||
-      !machine[section][key].is_number() || machine[section][key].get<double>() <= 0)
+  if (!machine.contains(section) || !machine[section].is_object())  // (calibrated where there is no such device)
+    throw BadInput(source + ": " + section + ": absent (calibrated on a machine without one): plan with --machine " +
+                   "of a calibration that has it, e.g. a device's committed reports/<device>/calibration/machine.json");
+  if (!machine[section].contains(key) || !machine[section][key].is_number() || machine[section][key].get<double>() <= 0)
     throw BadInput(source + ": " + section + "." + key +
                    ": missing or not a positive number (run `dslab calibrate` on the machine to plan for; "
                    "this field is newer than the file)");
