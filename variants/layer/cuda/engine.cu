@@ -338,6 +338,13 @@ class DeepseekEngineCuda final : public Engine {
         if (prog.decode) capture(prog);
     busy_s_ = 0;
     device_bytes_ = fixed_bytes(m_, a, l) + double(l.pages + 1) * page_bytes(m_, a, l);
+    // Where the run's memory went, before its long part: the GPU's share against its budget, the experts' placement.
+    std::fprintf(stderr, "engine: %s held on the GPU of a %s budget (%lld cache pages)",
+                 gigabytes(device_bytes_).c_str(), gigabytes(budget_bytes(l)).c_str(), static_cast<long long>(l.pages));
+    if (a.experts_on_host)
+      std::fprintf(stderr, "; routed experts of %lld of %lld MoE layers on the GPU, the rest on the CPU",
+                   static_cast<long long>(gpu_expert_layers_), static_cast<long long>(count_moe_layers(m_)));
+    std::fprintf(stderr, "\n");
   }
 
   std::vector<TokenChoice> step(const std::vector<EnginePiece>& pieces,
