@@ -764,10 +764,10 @@ std::map<std::string, double> DeepseekLayerCuda::counters() {
         5, occupy);
     c.insert(ops.begin(), ops.end());         // op_us.*: event-bracketed, so each includes a mark's ~1-2 us
     if (!P.experts_on_host && !P.streamed) {  // each op against its own floor (GPU placements: HBM is their ceiling)
-      const auto attn = mla::cuda::make_mla_op(P.attn);
+      const mla::cuda::MlaOp& attn = *attn_.front();  // (every layer's op is of the attn axis)
       layer::StepShape shape;
       shape.batch = P.batch, shape.q_len = P.q_len, shape.kv_len = P.kv_len;
-      shape.attn = attn->algo(), shape.kv_dtype = P.kv_dtype, shape.fused_decode = attn->fused();
+      shape.attn = attn.algo(), shape.kv_dtype = P.kv_dtype, shape.fused_decode = attn.fused();
       const auto rows = layer::op_floor_counters(P.m, shape, P.first, P.layers, P.whole, active_experts_, ops);
       c.insert(rows.begin(), rows.end());
     }

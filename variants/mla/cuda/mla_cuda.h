@@ -142,7 +142,7 @@ class MlaOp {
   };
   virtual std::optional<TunedChoice> tuned_choice() const { return std::nullopt; }
   // Whether auto launch choices follow the tuning cache and its default table (on: the MLA variants, which measure
-  // them); off (the layer and the engine, until each choice is validated inside them): the choices this code made
+  // them); off (the layer and the engine, until each choice is measured inside them): the choices this code made
   // before it had a tuner.
   void use_tuned_launches(bool on) { tuned_launches_ = on; }
   // Device bytes beyond the caller's buffers (weights, cache), for supports(): the form's (mla::gpu_scratch_bytes),
