@@ -192,6 +192,23 @@ TEST(Measure, ADisturbedWindowIsSampledAgainAndTheSteadierOneKept) {
   }
 }
 
+// Every sweep file the project ships (and reproduce.sh runs on the device) expands: its variants exist and read
+// every axis its suites set, so a mistyped suite fails here rather than as a device run's bad input.
+TEST(Sweep, EveryShippedSweepExpands) {
+  const fs::path dir = fs::path(DSLAB_SOURCE_DIR) / "workloads" / "sweeps";
+  int sweeps = 0;
+  for (const auto& f : fs::directory_iterator(dir)) {
+    if (f.path().extension() != ".json") continue;
+    ++sweeps;
+    SCOPED_TRACE(f.path().string());
+    EXPECT_NO_THROW({
+      const Plan plan = expand(load_sweep(f.path().string()));
+      EXPECT_FALSE(plan.points.empty());
+    });
+  }
+  EXPECT_GE(sweeps, 10);
+}
+
 TEST(Sweep, AxisAVariantDoesNotReadIsBadInput) {
   Sweep s = two_suite_sweep();
   apply_axis_override(s, "tokens=8");

@@ -41,7 +41,8 @@ class PeerTransformersStep final : public Variant {
   }
 
   std::vector<std::pair<std::string, std::string>> axes() const override {
-    return {{"batch", "1"}, {"q_len", "1"}, {"kv_len", "4096"}};
+    // (layers: as layer/deepseek/cuda's axis, so that its whole-model points and the peer's share a suite)
+    return {{"batch", "1"}, {"q_len", "1"}, {"kv_len", "4096"}, {"layers", "all"}};
   }
   bool reads_weights() const override { return true; }
 
@@ -53,6 +54,8 @@ class PeerTransformersStep final : public Variant {
     if (model.weights.empty())
       return Support::no("needs --weights: transformers runs a checkpoint (random weights live only in dslab)");
     if (point.integer("q_len") != 1) return Support::no("q_len " + point.text("q_len") + ": a decode step is q_len 1");
+    if (point.text("layers") != "all")
+      return Support::no("layers " + point.text("layers") + ": transformers runs the whole model (layers all)");
     const ModelConfig m = parse_model_config(model.config, model.name, model.path);
     if (!reference_affordable(m, point) && !gpu_info().present)
       return Support::no("its check needs the fp64 reference (too long at this point) or dslab's GPU engine (no GPU)");
