@@ -54,9 +54,10 @@ def headline(spec, results):
                 and matches(e, spec.get('where_over', {}))]
         keys = spec.get('match')
 
-        def key(e):
+        def key(e):  # within one suite (its variants sampled together), unless the headline says across_suites
             axes = e.get('axes', {})
-            return json.dumps({k: axes.get(k) for k in (keys or axes.keys())}, sort_keys=True)
+            suite = None if spec.get('across_suites') else e.get('suite')
+            return json.dumps([suite, {k: axes.get(k) for k in (keys or axes.keys())}], sort_keys=True)
         by_key = {key(e): e for e in over}
         ratios = []
         for e in base:
