@@ -51,6 +51,11 @@ const std::vector<AxisInfo>& known_axes() {
        AxisKind::text,
        "programmatic dependent launch between the step's own kernels (Hopper): on | off",
        {"on", "off"}},
+      {"fused_norms",
+       AxisKind::text,
+       "the residual add and next RMSNorm after each MoE layer inside the MoE's combine kernel (one kernel less a "
+       "layer): on | off",
+       {"on", "off"}},
       {"budget", AxisKind::positive_int, "sparse attention: keys attended per request (sinks and window included)"},
       {"block", AxisKind::positive_int, "sparse attention: keys per block for block selectors (Quest, InfLLM)"},
       {"local", AxisKind::positive_int,

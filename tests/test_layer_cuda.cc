@@ -35,6 +35,7 @@ struct LayerCase {
   int64_t q_len = 1;  // past layer/deepseek/cuda's kVerifiedRows (64): the last layer verified on a sample of the rows
   int64_t page_size = 16;
   const char* block_keys = "auto";
+  const char* fused_norms = "off";
 };
 
 std::string describe(const LayerCase& c) {
@@ -44,7 +45,7 @@ std::string describe(const LayerCase& c) {
          c.gpu_experts + " gpu_budget " + c.gpu_budget +
          (c.cpu_threads ? " cpu_threads " + std::to_string(c.cpu_threads) : "") +
          (c.q_len != 1 ? " q_len " + std::to_string(c.q_len) : "") + " page_size " + std::to_string(c.page_size) +
-         " block_keys " + c.block_keys;
+         " block_keys " + c.block_keys + " fused_norms " + c.fused_norms;
 }
 
 Point layer_point(const LayerCase& c) {
@@ -65,6 +66,7 @@ Point layer_point(const LayerCase& c) {
   text("kv_splits", c.kv_splits);
   text("block_keys", c.block_keys);
   text("pdl", c.pdl);
+  text("fused_norms", c.fused_norms);
   text("gpu_experts", c.gpu_experts);
   text("gpu_budget", c.gpu_budget);
   if (c.cpu_threads) integer("cpu_threads", c.cpu_threads);
@@ -359,6 +361,33 @@ TEST(GpuLayer, SixteenHeadsIn64KeyBlocksMatchTheStack) {
       const std::vector<float> g5(g[s].begin(), g[s].begin() + long(5 * width));
       EXPECT_LE(max_rel_diff(g5, e[s]), 5e-3) << "step " << s;  // (cuBLAS may pick other kernels for 8 rows)
     }
+  }
+}
+
+// The residual add and next norm inside the MoE's combine (fused_norms on): the whole tiny model (the final norm in
+// the last combine), two V2-Lite layers (the last one's combine adds the residual only), the MoE ops' combine paths
+// (grouped: bf16 rows; loop: fp32 rows; host: the CPU's per-token sums); each against the fp64 stack, and step by step
+// equal to the unfused step's outputs within a last-bit flip of a bf16 norm carried through the layers.
+TEST(GpuLayer, NormsFusedIntoTheMoeCombineMatchTheStackAndTheUnfusedStep) {
+  REQUIRE_LAYER();
+  const uint64_t seed = test::fresh_seed();
+  std::vector<LayerCase> cases{
+      LayerCase{"tiny", "all", 3, 40, 3, "mla/fused/cuda", "moe/grouped_wgmma/cuda", "graph"},
+      LayerCase{"deepseek-v2-lite", "2", 4, 300, 3, "mla/fused/cuda", "moe/grouped_wgmma/cuda", "graph"},
+      LayerCase{"deepseek-v2-lite", "2", 2, 100, 2, "mla/a_cc_me/cuda", "moe/loop/cuda", "eager"}};
+  if (cpu_info().avx512_bf16)  // (moe/host/cuda's CPU experts)
+    cases.push_back(LayerCase{"tiny", "all", 2, 30, 2, "mla/fused/cuda", "moe/host/cuda", "eager"});
+  for (const LayerCase& unfused : cases) {
+    LayerCase fused = unfused;
+    fused.fused_norms = "on";
+    SCOPED_TRACE(describe(fused));
+    const ModelFile model = load_model_file(fused.model);
+    run_verified(*entry, model, fused, seed);
+    const auto f = recorded_run(*entry, fused, seed, nullptr);
+    const auto u = recorded_run(*entry, unfused, seed, nullptr);
+    ASSERT_EQ(f.size(), u.size());
+    ASSERT_FALSE(f.empty());
+    for (size_t s = 0; s < f.size(); ++s) EXPECT_LE(max_rel_diff(f[s], u[s]), 5e-3) << "step " << s;
   }
 }
 

@@ -41,6 +41,25 @@ TEST(LayerOps, OpFloorRowsGatherBracketsAndTheirOpsWork) {
   EXPECT_DOUBLE_EQ(c.at("op_floor_flops.attention_core"), 27 * one.at("attention_core").flops);
 }
 
+// With the norms after the MoE layers in their combine kernels (fused_norms): those 26 norms (25 next-layer input
+// norms and the final norm) move into the experts row without kernels of their own; the rest stay.
+TEST(LayerOps, NormsInTheMoeCombineCountUnderTheExperts) {
+  const ModelConfig m = test::model("deepseek-v2-lite");  // layer 0 dense, 1..26 MoE
+  layer::StepShape s;
+  s.batch = 1, s.q_len = 1, s.kv_len = 4096;
+  const std::map<std::string, double> op_us = {{"op_us.norm", 100}, {"op_us.embed_norm", 5}, {"op_us.experts", 500}};
+  const std::vector<double> active(26, 6.0);
+  const auto apart = layer::op_floor_counters(m, s, 0, m.num_hidden_layers, true, active, op_us);
+  s.norms_in_moe_combine = true;
+  const auto fused = layer::op_floor_counters(m, s, 0, m.num_hidden_layers, true, active, op_us);
+  EXPECT_DOUBLE_EQ(apart.at("op_floor_kernels.norms"), 55);  // 27 x 2 + the final norm
+  EXPECT_DOUBLE_EQ(fused.at("op_floor_kernels.norms"), 55 - 26);
+  EXPECT_DOUBLE_EQ(fused.at("op_floor_kernels.experts"), apart.at("op_floor_kernels.experts"));
+  const double moved = apart.at("op_floor_bytes.norms") - fused.at("op_floor_bytes.norms");
+  EXPECT_GT(moved, 0);
+  EXPECT_DOUBLE_EQ(fused.at("op_floor_bytes.experts"), apart.at("op_floor_bytes.experts") + moved);
+}
+
 TEST(LayerOps, V2LiteDecodeOpsByHand) {
   // hidden 2048, 16 heads x (128 nope + 64 rope), v 128, kv_lora 512, no q_lora; 64 experts x 1408, top-6, 2 shared.
   const ModelConfig m = test::model("deepseek-v2-lite");

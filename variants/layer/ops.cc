@@ -268,7 +268,7 @@ std::map<std::string, double> op_floor_counters(const ModelConfig& m, const Step
       {"norms", {"input_norm", "post_attention_norm", "final_norm", "embedding"}, {"norm", "embed_norm"}},
       {"router", {"gate"}, {"route", "gate"}},
       {"experts",
-       {"shared_experts", "routed_experts"},
+       {"shared_experts", "routed_experts", "norm_in_moe_combine"},
        {"gate_up", "experts", "shared_experts", "shared_experts_join", "moe_combine"}},
       {"dense_mlp", {"dense_mlp"}, {"dense_mlp"}},
       {"lm_head", {"lm_head"}, {"lm_head"}},
@@ -277,14 +277,22 @@ std::map<std::string, double> op_floor_counters(const ModelConfig& m, const Step
   const std::vector<OpCost> ends = whole ? step_ops(m, s) : std::vector<OpCost>{};
   if (whole) ops.push_back(ends.front());  // the embedding
   size_t moe_ordinal = 0;
+  // A norm right after a MoE layer's experts: in its combine kernel (s.norms_in_moe_combine), so timed there.
+  const auto after_experts = [&](OpCost c) {
+    if (s.norms_in_moe_combine && !ops.empty() && ops.back().name == "routed_experts" &&
+        (c.name == "input_norm" || c.name == "final_norm"))
+      c.name = "norm_in_moe_combine", c.gpu_kernels = 0;
+    ops.push_back(c);
+  };
   for (int64_t layer = first; layer < first + layers; ++layer)
     for (OpCost c : layer_ops(m, layer, s)) {
       if (c.name == "routed_experts" && moe_ordinal < active_experts.size() && c.active_experts > 0)
         c.weight_bytes *= active_experts[moe_ordinal] / c.active_experts;  // as this step's routing reached them
       moe_ordinal += c.name == "routed_experts";
-      ops.push_back(c);
+      after_experts(c);
     }
-  if (whole) ops.insert(ops.end(), ends.end() - 2, ends.end());  // the final norm, the LM head
+  if (whole)
+    for (auto it = ends.end() - 2; it != ends.end(); ++it) after_experts(*it);  // the final norm, the LM head
   std::map<std::string, double> c;
   for (const Row& row : rows) {
     double time_us = 0, bytes = 0, flops = 0, kernels = 0;

@@ -25,6 +25,9 @@ struct StepShape {
   // Decode steps (q_len up to 2) run the fused kernel (mla/fused/cuda: the a_cc_me form, scores on chip), as the
   // layer sweeps do; longer chunks, or every step when false, the unfused form (scores through memory).
   bool fused_decode = true;
+  // The residual add and norm after each MoE layer run inside its combine kernel (layer/deepseek/cuda's fused_norms):
+  // op_floor_counters counts those norms in the experts row, without a kernel of their own.
+  bool norms_in_moe_combine = false;
   int64_t tokens() const { return batch * q_len; }
   bool scores_on_chip() const { return fused_decode && q_len <= 2; }
 };

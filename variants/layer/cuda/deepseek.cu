@@ -144,6 +144,7 @@ std::vector<std::pair<std::string, std::string>> DeepseekLayerCuda::axes() const
           {"kv_splits", "auto"},
           {"block_keys", "auto"},
           {"pdl", "on"},
+          {"fused_norms", "off"},
           {"cpu_threads", ""},
           {"gpu_experts", "none"},
           {"gpu_budget", "all"}};
@@ -408,6 +409,12 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
       MoeBuffers mb;
       mb.x = xb_.get();
       mb.out = ffn_out_.get();
+      if (P.fused_norms) {  // the residual add and the next layer's input norm (or the final norm) in the combine
+        mb.resid = resid_.get();
+        mb.norm_weight = next_norm_weight(i);
+        mb.norm_eps = float(m_.rms_norm_eps);
+        mb.norm_out = xb_.get();
+      }
       // (the first resident_moe_layers MoE layers' experts are on the GPU: the grouped op runs them)
       moe_.push_back(
           moe::cuda::make_moe_op(moe_.size() < size_t(P.resident_moe_layers) ? "moe/grouped_wgmma/cuda" : P.moe));
@@ -468,6 +475,10 @@ void DeepseekLayerCuda::capture() {
   ++captures_;
 }
 
+const __nv_bfloat16* DeepseekLayerCuda::next_norm_weight(size_t i) const {
+  return i + 1 < weights_.size() ? weights_[i + 1].input_layernorm.get() : plan_->whole ? final_norm_.get() : nullptr;
+}
+
 void DeepseekLayerCuda::forward(cudaStream_t stream, gpu::OpMarks* marks) {
   const Plan& P = *plan_;
   const int64_t T = P.tokens();
@@ -502,10 +513,8 @@ void DeepseekLayerCuda::forward(cudaStream_t stream, gpu::OpMarks* marks) {
       dense_[dense_i++].forward(*blas_, xb_.get(), ffn_out_.get(), 0.0f, stream);
       mark("dense_mlp");
     }
-    const __nv_bfloat16* next = i + 1 < weights_.size() ? weights_[i + 1].input_layernorm.get()
-                                : P.whole               ? final_norm_.get()
-                                                        : nullptr;
-    add_norm(T, resid_.get(), ffn_out_.get(), H, next, eps, xb_.get(), stream);
+    if (weights_[i].moe && P.fused_norms) continue;  // (done in the MoE's combine)
+    add_norm(T, resid_.get(), ffn_out_.get(), H, next_norm_weight(i), eps, xb_.get(), stream);
     mark("norm");
   }
   if (P.whole) {
@@ -768,6 +777,7 @@ std::map<std::string, double> DeepseekLayerCuda::counters() {
       layer::StepShape shape;
       shape.batch = P.batch, shape.q_len = P.q_len, shape.kv_len = P.kv_len;
       shape.attn = attn.algo(), shape.kv_dtype = P.kv_dtype, shape.fused_decode = attn.fused();
+      shape.norms_in_moe_combine = P.fused_norms;
       const auto rows = layer::op_floor_counters(P.m, shape, P.first, P.layers, P.whole, active_experts_, ops);
       c.insert(rows.begin(), rows.end());
     }

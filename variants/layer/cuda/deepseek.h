@@ -89,6 +89,8 @@ class DeepseekLayerCuda : public Variant {
   struct Plan;            // layers, buckets, memory: what supports(), cost() and prepare() all need
   struct ExpertStreamer;  // gpu_experts=streamed: the routed experts' host copies, staging buffers, copy stream
   void forward(cudaStream_t stream, gpu::OpMarks* marks);
+  // The norm after layer i's FFN: the next layer's input norm, the final norm (whole model), or none.
+  const __nv_bfloat16* next_norm_weight(size_t i) const;
   void capture();
   std::unique_ptr<Plan> plan_;
   ModelConfig m_;

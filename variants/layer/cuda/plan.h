@@ -33,6 +33,7 @@ struct DeepseekLayerCuda::Plan {
   mla::KvDtype kv_dtype = mla::KvDtype::bf16;
   std::string attn, moe, len_dist;
   bool graph = false, whole = false, pdl = true;
+  bool fused_norms = false;       // the residual add and next norm after a MoE layer in its combine (MoeBuffers::resid)
   int64_t first = 0, layers = 0;  // decoder layers [first, first + layers)
   int64_t moe_layers = 0, moe_sets = 0;
   double fixed_bytes = 0, moe_set_bytes = 0, full_set_bytes = 0, host_expert_bytes = 0;
@@ -79,6 +80,7 @@ struct DeepseekLayerCuda::Plan {
     moe = p.text("moe");
     graph = p.text("executor") == "graph";
     pdl = p.text("pdl") == "on";
+    fused_norms = p.has("fused_norms") && p.text("fused_norms") == "on";
     bucket = graph ? batch_bucket(batch) : batch;
     const std::string& l = p.text("layers");
     whole = l == "all";

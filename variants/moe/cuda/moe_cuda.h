@@ -94,6 +94,13 @@ struct MoeBuffers {
   // (uniform, zipf) of the family variants. Null: the router decides from the gate.
   const int32_t* topk_ids = nullptr;
   const float* topk_weights = nullptr;
+  // The residual stream's next step, fused into the combine (a layer's fused_norms axis; one kernel less a layer):
+  // resid += the MoE's output, then, with norm_weight, norm_out = bf16(RMSNorm(resid) * norm_weight). out still
+  // holds the shared experts' output (the combine reads it) but not the sum. Null resid: out is written as above.
+  float* resid = nullptr;                      // [tokens][hidden]
+  const __nv_bfloat16* norm_weight = nullptr;  // [hidden]
+  float norm_eps = 0;
+  __nv_bfloat16* norm_out = nullptr;  // [tokens][hidden]
 };
 
 // Rows of the permuted tokens (one per (token, k)) are grouped by expert; GEMMs take them in tiles of
