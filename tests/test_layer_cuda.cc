@@ -372,11 +372,11 @@ TEST(GpuLayer, NormsFusedIntoTheMoeCombineMatchTheStackAndTheUnfusedStep) {
   REQUIRE_LAYER();
   const uint64_t seed = test::fresh_seed();
   std::vector<LayerCase> cases{
-      LayerCase{"tiny", "all", 3, 40, 3, "mla/fused/cuda", "moe/grouped_wgmma/cuda", "graph"},
+      LayerCase{"tiny", "all", 3, 40, 3, "mla/a_cc_me/cuda", "moe/grouped_wgmma/cuda", "graph"},
       LayerCase{"deepseek-v2-lite", "2", 4, 300, 3, "mla/fused/cuda", "moe/grouped_wgmma/cuda", "graph"},
       LayerCase{"deepseek-v2-lite", "2", 2, 100, 2, "mla/a_cc_me/cuda", "moe/loop/cuda", "eager"}};
   if (cpu_info().avx512_bf16)  // (moe/host/cuda's CPU experts)
-    cases.push_back(LayerCase{"tiny", "all", 2, 30, 2, "mla/fused/cuda", "moe/host/cuda", "eager"});
+    cases.push_back(LayerCase{"tiny", "all", 2, 30, 2, "mla/a_cc_me/cuda", "moe/host/cuda", "eager"});
   for (const LayerCase& unfused : cases) {
     LayerCase fused = unfused;
     fused.fused_norms = "on";

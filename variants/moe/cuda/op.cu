@@ -335,13 +335,13 @@ __global__ void combine_kernel(const Row* __restrict__ y, const int32_t* __restr
   *reinterpret_cast<float4*>(out + int64_t(t) * hidden + j) = acc;
 }
 
-// The combine with the residual stream's next step fused in (MoeBuffers::resid): one block per token over all its
-// columns (kCombineColumns a pass), each thread's sums held in registers while the block reduces their squares:
+// The combine with the residual stream's next step fused in (MoeBuffers::resid): one block per token, a thread per
+// four columns (two passes past 4096), each thread's sums held in registers while the block reduces their squares:
 // resid[t] += sum over k of weight[t][k] * y[slot[t][k]] (+ out[t], the shared experts') (+ add[t]); then, with a
-// weight, xb[t] = bf16(RMSNorm(resid[t]) * weight). Loads first, as combine_kernel.
-constexpr int kFusedCombinePasses = 8;  // hidden up to 8 * kCombineColumns = 8192
+// weight, xb[t] = bf16(RMSNorm(resid[t]) * weight). Every pass's loads are issued before its first store.
+constexpr int kFusedCombineThreads = 1024, kFusedCombinePasses = 2;  // hidden up to 2 * 4 * 1024 = 8192
 template <class Row>
-__global__ void __launch_bounds__(kCombineColumns / 4)
+__global__ void __launch_bounds__(kFusedCombineThreads)
     combine_add_norm_kernel(const Row* __restrict__ y, const int32_t* __restrict__ slot,
                             const float* __restrict__ weights, int topk, int hidden, bool accumulate,
                             const float* __restrict__ add, const float* __restrict__ out, float* __restrict__ resid,
@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(kCombineColumns / 4)
                             __nv_bfloat16* __restrict__ norm_out) {
   pdl_wait();  // (launched with launch_pdl: see variants/common/cuda/pdl.cuh)
   pdl_launch_dependents();
-  const int t = blockIdx.x;
+  const int t = blockIdx.x, stride = int(blockDim.x) * 4;
   int rows[kCombineMaxTopk];
   float w[kCombineMaxTopk];
 #pragma unroll
@@ -361,42 +361,40 @@ __global__ void __launch_bounds__(kCombineColumns / 4)
   float ss = 0;
 #pragma unroll
   for (int pass = 0; pass < kFusedCombinePasses; ++pass) {
-    const int j = pass * kCombineColumns + int(threadIdx.x) * 4;
+    const int j = pass * stride + int(threadIdx.x) * 4;
     v[pass] = make_float4(0, 0, 0, 0);
     if (j >= hidden) continue;
     const int64_t at = int64_t(t) * hidden + j;
     float4 acc = *reinterpret_cast<const float4*>(resid + at);
-    if (accumulate) {
-      const float4 o = *reinterpret_cast<const float4*>(out + at);
-      acc.x += o.x, acc.y += o.y, acc.z += o.z, acc.w += o.w;
-    }
-    if (add) {
-      const float4 a = *reinterpret_cast<const float4*>(add + at);
-      acc.x += a.x, acc.y += a.y, acc.z += a.z, acc.w += a.w;
-    }
+    const float4 o = accumulate ? *reinterpret_cast<const float4*>(out + at) : make_float4(0, 0, 0, 0);
+    const float4 a = add ? *reinterpret_cast<const float4*>(add + at) : make_float4(0, 0, 0, 0);
     float4 r[kCombineMaxTopk];
 #pragma unroll
     for (int k = 0; k < kCombineMaxTopk; ++k)
       r[k] = rows[k] >= 0 ? load4(y + int64_t(rows[k]) * hidden + j) : make_float4(0, 0, 0, 0);
+    acc.x += o.x + a.x, acc.y += o.y + a.y, acc.z += o.z + a.z, acc.w += o.w + a.w;
 #pragma unroll
     for (int k = 0; k < kCombineMaxTopk; ++k)
       acc.x += w[k] * r[k].x, acc.y += w[k] * r[k].y, acc.z += w[k] * r[k].z, acc.w += w[k] * r[k].w;
-    *reinterpret_cast<float4*>(resid + at) = acc;
     v[pass] = acc;
     ss += acc.x * acc.x + acc.y * acc.y + acc.z * acc.z + acc.w * acc.w;
   }
+#pragma unroll
+  for (int pass = 0; pass < kFusedCombinePasses; ++pass) {
+    const int j = pass * stride + int(threadIdx.x) * 4;
+    if (j < hidden) *reinterpret_cast<float4*>(resid + int64_t(t) * hidden + j) = v[pass];
+  }
   if (!norm_weight) return;
-  __shared__ float partial[kCombineColumns / 4 / 32];
+  __shared__ float partial[kFusedCombineThreads / 32];
   for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = ss;
   __syncthreads();
   float total = 0;
-#pragma unroll
-  for (int i = 0; i < kCombineColumns / 4 / 32; ++i) total += partial[i];
+  for (int i = 0; i < int(blockDim.x) / 32; ++i) total += partial[i];
   const float inv = rsqrtf(total / float(hidden) + eps);
 #pragma unroll
   for (int pass = 0; pass < kFusedCombinePasses; ++pass) {
-    const int j = pass * kCombineColumns + int(threadIdx.x) * 4;
+    const int j = pass * stride + int(threadIdx.x) * 4;
     if (j >= hidden) continue;
     const float4 nw = load4(norm_weight + j);
     const __nv_bfloat162 lo = __floats2bfloat162_rn(v[pass].x * inv * nw.x, v[pass].y * inv * nw.y),
@@ -406,6 +404,11 @@ __global__ void __launch_bounds__(kCombineColumns / 4)
     packed.y = *reinterpret_cast<const uint32_t*>(&hi);
     *reinterpret_cast<uint2*>(norm_out + int64_t(t) * hidden + j) = packed;
   }
+}
+// Its block: a thread per four columns, whole warps, at most kFusedCombineThreads (then two passes).
+inline unsigned fused_combine_threads(int64_t hidden) {
+  const int64_t quads = (hidden + 3) / 4, passes = (quads + kFusedCombineThreads - 1) / kFusedCombineThreads;
+  return unsigned(((quads + passes - 1) / passes + 31) / 32 * 32);
 }
 
 __global__ void silu_mul_kernel(const float* gate_up, int64_t rows, int64_t inter, __nv_bfloat16* h) {
@@ -614,12 +617,13 @@ void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
   const float* weights = b_.topk_weights ? b_.topk_weights : topk_weights_.get();
   const int topk = combined_by_experts_ ? 0 : int(topk_);
   if (b_.resid) {  // the residual add and the next norm in the combine (MoeBuffers::resid)
+    const dim3 fused_block(fused_combine_threads(hidden_));
     if (bf16_rows())
-      launch_pdl(combine_add_norm_kernel<__nv_bfloat16>, dim3(unsigned(tokens_)), block, 0, stream_,
+      launch_pdl(combine_add_norm_kernel<__nv_bfloat16>, dim3(unsigned(tokens_)), fused_block, 0, stream_,
                  static_cast<const __nv_bfloat16*>(y16_.get()), slot, weights, topk, int(hidden_), shared, experts_sum_,
                  static_cast<const float*>(b_.out), b_.resid, b_.norm_weight, b_.norm_eps, b_.norm_out);
     else
-      launch_pdl(combine_add_norm_kernel<float>, dim3(unsigned(tokens_)), block, 0, stream_,
+      launch_pdl(combine_add_norm_kernel<float>, dim3(unsigned(tokens_)), fused_block, 0, stream_,
                  static_cast<const float*>(y_.get()), slot, weights, topk, int(hidden_), shared, experts_sum_,
                  static_cast<const float*>(b_.out), b_.resid, b_.norm_weight, b_.norm_eps, b_.norm_out);
     DSLAB_CHECK_LAUNCH();
