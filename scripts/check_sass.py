@@ -144,12 +144,14 @@ def rule_mmas_pipelined(code, labels):
     return 2 * own_wait < len(mmas), f'{own_wait} of {len(mmas)} HGMMAs each close their own group (want under half: not serialised)'
 
 
-# (unit's object name, kernel name pattern, rules)
+# (unit's object name, or its path's tail where two units share a name; kernel name pattern; rules)
 RULES = [
     ('sm90_bf16_h128.cu.o', r'seesaw13decode_kernel', [rule_uniform_qk_descriptors, rule_no_local_memory, rule_mmas_pipelined]),
     ('sm90_fp8_h16.cu.o', r'fp813decode_kernel', [rule_no_local_memory, rule_mmas_pipelined]),
     ('sm90_bf16_h16.cu.o', r'decode_kernel', [rule_mmas_pipelined]),
     ('sm90_int8_h16.cu.o', r'decode_kernel', [rule_mmas_pipelined]),
+    # the MoE combine with the residual add and next norm fused in: a token's sums stay in registers across the norm
+    ('moe/cuda/op.cu.o', r'combine_add_norm_kernel', [rule_no_local_memory]),
 ]
 
 
@@ -164,7 +166,7 @@ def main():
         return 77
     checked, failed = 0, 0
     for unit, kernel_pattern, rules in RULES:
-        objects = [o for o in args.objects if os.path.basename(o) == unit]
+        objects = [o for o in args.objects if o.replace(os.sep, '/').endswith('/' + unit) or o == unit]
         for obj in objects:
             images = cubins_in(obj)
             if not images:

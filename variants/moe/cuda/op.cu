@@ -336,10 +336,11 @@ __global__ void combine_kernel(const Row* __restrict__ y, const int32_t* __restr
 }
 
 // The combine with the residual stream's next step fused in (MoeBuffers::resid): one block per token, a thread per
-// four columns (two passes past 4096), each thread's sums held in registers while the block reduces their squares:
-// resid[t] += sum over k of weight[t][k] * y[slot[t][k]] (+ out[t], the shared experts') (+ add[t]); then, with a
-// weight, xb[t] = bf16(RMSNorm(resid[t]) * weight). Every pass's loads are issued before its first store.
-constexpr int kFusedCombineThreads = 1024, kFusedCombinePasses = 2;  // hidden up to 2 * 4 * 1024 = 8192
+// four columns (up to four passes of 512 threads: 1024 threads capped ptxas at 64 registers and it spilled), each
+// thread's sums held in registers while the block reduces their squares: resid[t] += sum over k of weight[t][k] *
+// y[slot[t][k]] (+ out[t], the shared experts') (+ add[t]); then, with a weight, xb[t] = bf16(RMSNorm(resid[t]) *
+// weight). Every pass's loads are issued before the first store.
+constexpr int kFusedCombineThreads = 512, kFusedCombinePasses = 4;  // hidden up to 4 * 4 * 512 = 8192
 template <class Row>
 __global__ void __launch_bounds__(kFusedCombineThreads)
     combine_add_norm_kernel(const Row* __restrict__ y, const int32_t* __restrict__ slot,
@@ -405,7 +406,7 @@ __global__ void __launch_bounds__(kFusedCombineThreads)
     *reinterpret_cast<uint2*>(norm_out + int64_t(t) * hidden + j) = packed;
   }
 }
-// Its block: a thread per four columns, whole warps, at most kFusedCombineThreads (then two passes).
+// Its block: a thread per four columns, whole warps, at most kFusedCombineThreads (then a pass more per 2048 columns).
 inline unsigned fused_combine_threads(int64_t hidden) {
   const int64_t quads = (hidden + 3) / 4, passes = (quads + kFusedCombineThreads - 1) / kFusedCombineThreads;
   return unsigned(((quads + passes - 1) / passes + 31) / 32 * 32);
