@@ -391,6 +391,27 @@ TEST(GpuLayer, NormsFusedIntoTheMoeCombineMatchTheStackAndTheUnfusedStep) {
   }
 }
 
+// A one-step check's fp64 reference is computed once for points that differ only in how the GPU runs the step (eager
+// then graph, PDL on then off) and reused, the check still passing; another seed or shape computes its own.
+TEST(GpuLayer, OneStepReferenceIsReusedOnlyAcrossHowTheStepRuns) {
+  REQUIRE_LAYER();
+  const uint64_t seed = test::fresh_seed();
+  const ModelFile model = load_model_file("deepseek-v2-lite");
+  LayerCase eager{"deepseek-v2-lite", "2", 3, 150, 1, "mla/fused/cuda", "moe/grouped_wgmma/cuda", "eager"};
+  LayerCase graph = eager;
+  graph.executor = "graph";
+  graph.pdl = "off";
+  LayerCase longer = graph;
+  longer.kv_len = 160;
+  const auto reused = [](const std::unique_ptr<Variant>& v) {
+    return v ? v->verification_counters().at("reference_reused") : -1.0;
+  };
+  EXPECT_EQ(reused(run_verified(*entry, model, eager, seed)), 0.0) << "the first point computes its reference";
+  EXPECT_EQ(reused(run_verified(*entry, model, graph, seed)), 1.0) << "same inputs, other executor: reused";
+  EXPECT_EQ(reused(run_verified(*entry, model, longer, seed)), 0.0) << "another cache length: its own reference";
+  EXPECT_EQ(reused(run_verified(*entry, model, longer, seed + 1)), 0.0) << "another seed: its own reference";
+}
+
 TEST(GpuLayer, StepQueuesWithoutAllocationOrHostSynchronisation) {
   REQUIRE_LAYER();
   const uint64_t seed = test::fresh_seed();

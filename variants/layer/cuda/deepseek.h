@@ -72,7 +72,8 @@ class DeepseekLayerCuda : public Variant {
   std::map<std::string, double> verification_counters() const override {
     return {{"verified_requests", double(verified_requests_)},
             {"verified_steps", double(verified_steps_)},
-            {"routing_near_ties", double(routing_flips_)}};
+            {"routing_near_ties", double(routing_flips_)},
+            {"reference_reused", reference_reused_ ? 1.0 : 0.0}};
   }
   std::vector<DumpTensor> tensors() const override;
   std::map<std::string, double> counters() override;
@@ -116,6 +117,15 @@ class DeepseekLayerCuda : public Variant {
   int captures_ = 0;
   bool record_ = false;
   int routing_flips_ = 0;  // near-ties the last verify() found (reference followed the GPU)
+  // The last one-step reference verify() computed, and what identifies its inputs (see verify()).
+  struct ReferenceCache {
+    std::string key;
+    std::vector<double> want;
+    ref::MoeParams::RoutingCheck check;
+  };
+  static ReferenceCache& last_reference();
+  std::string reference_key(const std::vector<std::vector<int32_t>>& routing, const std::vector<int64_t>& rows) const;
+  bool reference_reused_ = false;  // whether the last verify() took last_reference()'s
   int64_t verified_steps_ = 0, verified_requests_ = 0;
   DeviceArray<float> history_;  // [steps][rows][width] when recording
   std::vector<float> host_out_;
