@@ -305,6 +305,15 @@ __device__ inline float4 load4(const __nv_bfloat16* p) {
                b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
   return make_float4(a.x, a.y, b.x, b.y);
 }
+// Token t's chosen rows (slot < 0: none) and their weights, up to kCombineMaxTopk, the rest -1 and 0.
+__device__ __forceinline__ void load_choices(const int32_t* __restrict__ slot, const float* __restrict__ weights, int t,
+                                             int topk, int (&rows)[kCombineMaxTopk], float (&w)[kCombineMaxTopk]) {
+#pragma unroll
+  for (int k = 0; k < kCombineMaxTopk; ++k) {
+    rows[k] = k < topk ? slot[t * topk + k] : -1;
+    w[k] = rows[k] >= 0 ? weights[t * topk + k] : 0.0f;
+  }
+}
 template <class Row>  // (the rows' type: fp32, or bf16 where the op writes them so)
 __global__ void combine_kernel(const Row* __restrict__ y, const int32_t* __restrict__ slot,
                                const float* __restrict__ weights, int topk, int hidden, bool accumulate,
@@ -316,11 +325,7 @@ __global__ void combine_kernel(const Row* __restrict__ y, const int32_t* __restr
   int rows[kCombineMaxTopk];
   float w[kCombineMaxTopk];
   float4 v[kCombineMaxTopk];
-#pragma unroll
-  for (int k = 0; k < kCombineMaxTopk; ++k) {
-    rows[k] = k < topk ? slot[t * topk + k] : -1;
-    w[k] = rows[k] >= 0 ? weights[t * topk + k] : 0.0f;
-  }
+  load_choices(slot, weights, t, topk, rows, w);
   float4 acc = accumulate ? *reinterpret_cast<const float4*>(out + int64_t(t) * hidden + j) : make_float4(0, 0, 0, 0);
   if (add) {
     const float4 a = *reinterpret_cast<const float4*>(add + int64_t(t) * hidden + j);
@@ -353,11 +358,7 @@ __global__ void __launch_bounds__(kFusedCombineThreads)
   const int t = blockIdx.x, stride = int(blockDim.x) * 4;
   int rows[kCombineMaxTopk];
   float w[kCombineMaxTopk];
-#pragma unroll
-  for (int k = 0; k < kCombineMaxTopk; ++k) {
-    rows[k] = k < topk ? slot[t * topk + k] : -1;
-    w[k] = rows[k] >= 0 ? weights[t * topk + k] : 0.0f;
-  }
+  load_choices(slot, weights, t, topk, rows, w);
   float4 v[kFusedCombinePasses];
   float ss = 0;
 #pragma unroll
