@@ -63,11 +63,12 @@ def load(path):
 
 def one_entry_per_run(benchmarks):
     """Drops Google Benchmark aggregates; the repetitions of one run (dslab run --repetitions) become one entry
-    whose real_time is the median of the passes' medians (the other fields: the first pass's)."""
+    whose real_time is the median of the passes' medians (the other fields: the first pass's). A run is a suite's
+    point: one point in two suites (a variant measured beside others in each) is two runs."""
     runs = OrderedDict()
     for b in benchmarks:
         if b.get("run_type", "iteration") == "iteration":
-            runs.setdefault(b["name"], []).append(b)
+            runs.setdefault((b.get("suite", ""), b["name"]), []).append(b)
     merged = []
     for passes in runs.values():
         b = dict(passes[0])
