@@ -37,10 +37,6 @@ dnnl::memory::desc md(const View& v) {
 }
 // The fp32 fallback's operand: a bf16 view as a dense fp32 one (an fp32 view stays as it is, strides and all).
 View widened(const View& v) { return v.type == dt::bf16 ? dense(v.rows, v.cols, dt::f32, v.batch) : v; }
-void widen(const bf16* in, int64_t n, std::vector<float>* out) {
-  out->resize(size_t(n));
-  for (int64_t i = 0; i < n; ++i) (*out)[size_t(i)] = to_float(in[i]);
-}
 // Gathers (into dense fp32) or scatters (from it, rounded to bf16) a bf16 view's elements.
 void gather(const View& v, const bf16* in, std::vector<float>* out) {
   out->resize(size_t(v.batch * v.rows * v.cols));
@@ -70,7 +66,7 @@ Linear::Linear(int64_t M, int64_t K, int64_t N, const void* weight, dt out_type)
   prim_ = dnnl::matmul(pd);
   // W [N][K] row-major is W^T [K][N] with format "ba".
   std::vector<float> w32;
-  if (widened_) widen(static_cast<const bf16*>(weight), K * N, &w32);
+  if (widened_) gather(dense(N, K, dt::bf16), static_cast<const bf16*>(weight), &w32);
   dnnl::memory plain({{K, N}, in, dnnl::memory::format_tag::ba}, cpu_engine(),
                      widened_ ? static_cast<void*>(w32.data()) : const_cast<void*>(weight));
   packed_ = dnnl::memory(pd.weights_desc(), cpu_engine());
@@ -80,7 +76,7 @@ Linear::Linear(int64_t M, int64_t K, int64_t N, const void* weight, dt out_type)
 
 void Linear::run(const void* x, void* y) const {
   if (widened_) {
-    widen(static_cast<const bf16*>(x), m_ * k_, &x32_);
+    gather(dense(m_, k_, dt::bf16), static_cast<const bf16*>(x), &x32_);
     x = x32_.data();
     if (out_type_ == dt::bf16) y32_.resize(size_t(m_ * n_));
   }
@@ -88,8 +84,7 @@ void Linear::run(const void* x, void* y) const {
   dnnl::memory xm(x_md_, cpu_engine(), const_cast<void*>(x)), ym(y_md_, cpu_engine(), out);
   prim_.execute(cpu_stream(), {{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, packed_}, {DNNL_ARG_DST, ym}});
   cpu_stream().wait();
-  if (out != y)
-    for (int64_t i = 0; i < m_ * n_; ++i) static_cast<bf16*>(y)[i] = to_bf16(y32_[size_t(i)]);
+  if (out != y) scatter(dense(m_, n_, dt::bf16), y32_, static_cast<bf16*>(y));
 }
 
 Matmul::Matmul(const View& a, const View& b, const View& c, bool accumulate) {

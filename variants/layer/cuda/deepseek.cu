@@ -580,10 +580,122 @@ std::string DeepseekLayerCuda::reference_key(const std::vector<std::vector<int32
   return key;
 }
 
-Verification DeepseekLayerCuda::verify() {
+void DeepseekLayerCuda::append_reference(int64_t step, const std::vector<std::vector<int32_t>>& routing,
+                                         const std::vector<int64_t>& rows, const std::vector<int64_t>& sample,
+                                         ModelEndsHost* ends, NewKeys* new_keys, ref::MoeParams::RoutingCheck* check,
+                                         std::vector<double>* out) const {
   const Plan& P = *plan_;
   const int64_t S = P.q_len, H = m_.hidden_size, width = output_width(), B = P.batch, V = m_.vocab_size;
   const int64_t r = m_.kv_lora_rank, rope = m_.qk_rope_head_dim, K = m_.num_experts_per_tok;
+  const int64_t n = int64_t(rows.size());
+  if (P.whole && ends->norm.empty()) {
+    ends->norm = checkpoint_ ? checkpoint_->bf16_tensor("model.norm.weight", {H})
+                             : ref::random_bf16(seed_, "norm", size_t(H), 0.1f, 1.0f);
+    ends->head = checkpoint_ ? checkpoint_->bf16_tensor("lm_head.weight", {V, H})
+                             : ref::random_bf16(seed_, "lm_head", size_t(V * H), fan_in_scale(H));
+    if (checkpoint_) ends->embed = checkpoint_->bf16_tensor("model.embed_tokens.weight", {V, H});
+  }
+  const std::vector<bf16>&embed = ends->embed, &norm = ends->norm, &head = ends->head;
+  std::vector<double>& want = *out;
+  std::vector<double> x(size_t(B * S * H));
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < B * S; ++t) {
+    const int64_t id = token_id(seed_, step, t, V);
+    const std::string inputs = "layer_inputs.s" + std::to_string(step);
+    const auto row = !P.whole      ? host_random_rows(seed_, inputs, t * H, H, kUnitScale)
+                     : checkpoint_ ? std::vector<double>()
+                                   : host_random_rows(seed_, "embed_tokens", id * H, H, kUnitScale);
+    for (int64_t j = 0; j < H; ++j)
+      x[size_t(t * H + j)] = row.empty() ? double(to_float(embed[size_t(id * H + j)])) : row[size_t(j)];
+  }
+  size_t moe_index = 0;
+  for (int64_t i = 0; i < P.layers; ++i) {
+    const int64_t layer = P.first + i;
+    const LayerWeights& w = weights_[size_t(i)];
+    ref::LayerParams params;
+    if (checkpoint_) {
+      params = ref::load_layer_params(*checkpoint_, layer, /*lazy_experts=*/true);
+    } else {
+      params.input_layernorm = ref::random_bf16(w.seed, "input_layernorm", size_t(H), 0.1f, 1.0f);
+      params.post_attention_layernorm = ref::random_bf16(w.seed, "post_attention_layernorm", size_t(H), 0.1f, 1.0f);
+      params.attn = ref::make_mla_params(m_, m_.num_attention_heads, w.seed);
+      if (P.dense(layer))
+        params.dense = ref::make_mlp_params(m_, m_.intermediate_size, w.seed, "mlp");
+      else
+        params.moe = ref::make_moe_params_lazy(m_, w.moe_seed);
+    }
+    if (!P.dense(layer)) {
+      const auto& chosen = routing[moe_index++];
+      params.moe.forced_experts.assign(chosen.begin(), chosen.begin() + B * S * K);
+      params.moe.check = check;
+    }
+    ref::MlaInputs in;
+    in.batch = B;
+    in.q_len = S;
+    in.kv_len = P.kv_len + step * S;
+    in.ckv_cache.resize(size_t(B * in.kv_len * r));
+    in.kpe_cache.resize(size_t(B * in.kv_len * rope));
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t b = 0; b < B; ++b) {
+      const auto latent =
+          mla::cuda::host_latent(m_, mla::cuda::ckv_stream(w.seed, b), mla::cuda::kpe_stream(w.seed, b), P.kv_len);
+      const auto& added = (*new_keys)[size_t(i)][size_t(b)];
+      for (int64_t j = 0; j < in.kv_len; ++j) {
+        bf16* ckv = &in.ckv_cache[size_t((b * in.kv_len + j) * r)];
+        bf16* kpe = &in.kpe_cache[size_t((b * in.kv_len + j) * rope)];
+        if (j < P.kv_len) {
+          std::copy_n(&latent[size_t(j * (r + rope))], r, ckv);
+          std::copy_n(&latent[size_t(j * (r + rope) + r)], rope, kpe);
+        } else {
+          const double* key = &added[size_t((j - P.kv_len) * (r + rope))];
+          for (int64_t c = 0; c < r; ++c) ckv[c] = to_bf16(float(key[c]));
+          for (int64_t c = 0; c < rope; ++c) kpe[c] = to_bf16(float(key[r + c]));
+        }
+      }
+    }
+    if (step + 1 < verified_steps_)  // this step's keys, for the next step: as the attention makes them
+#pragma omp parallel for schedule(dynamic)
+      for (int64_t b = 0; b < B; ++b) {
+        std::vector<double> normed(static_cast<size_t>(H)), kv(static_cast<size_t>(r + rope)),
+            c(static_cast<size_t>(r));
+        for (int64_t s = 0; s < S; ++s) {
+          ref::rms_norm(&x[size_t((b * S + s) * H)], params.input_layernorm.data(), H, m_.rms_norm_eps, normed.data());
+          for (auto& v : normed) v = double(round_to_bf16(float(v)));
+          ref::matvec(params.attn.kv_a_proj_with_mqa.data(), r + rope, H, normed.data(), kv.data());
+          ref::rms_norm(kv.data(), params.attn.kv_a_layernorm.data(), r, m_.rms_norm_eps, c.data());
+          ref::apply_rope(m_, in.kv_len + s, kv.data() + r);
+          auto& added = (*new_keys)[size_t(i)][size_t(b)];
+          added.insert(added.end(), c.begin(), c.end());
+          added.insert(added.end(), kv.begin() + r, kv.end());
+        }
+      }
+    if (i + 1 == P.layers) in.rows = sample;
+    x = ref::decoder_layer(m_, layer, params, x, in, ref::MlaForm::absorbed_split);
+  }
+  const size_t first = want.size();
+  want.resize(first + size_t(B * n * width));
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t k = 0; k < B * n; ++k) {
+    const int64_t t = (k / n) * S + rows[size_t(k % n)];
+    double* out = &want[first + size_t(k * width)];
+    if (P.whole) {  // final norm (rounded to bf16, as the LM head's input is) and the LM head
+      std::vector<double> normed(static_cast<size_t>(H));
+      ref::rms_norm(&x[size_t(t * H)], norm.data(), H, m_.rms_norm_eps, normed.data());
+      for (auto& v : normed) v = double(round_to_bf16(float(v)));
+      for (int64_t o = 0; o < V; ++o) {
+        double sum = 0;
+        for (int64_t j = 0; j < H; ++j) sum += double(to_float(head[size_t(o * H + j)])) * normed[size_t(j)];
+        out[o] = sum;
+      }
+    } else {
+      std::copy_n(&x[size_t(t * H)], H, out);
+    }
+  }
+}
+
+Verification DeepseekLayerCuda::verify() {
+  const Plan& P = *plan_;
+  const int64_t S = P.q_len, width = output_width(), B = P.batch;
   // Verified: every request of the batch (the bucket's padding aside) at the run's first two steps, the second
   // attending the keys the first wrote. The steps are run again (each step's output depends only on the cache before
   // it and the step's fixed inputs; later steps are checked graph replay against eager in the tests). The fp64
@@ -601,22 +713,12 @@ Verification DeepseekLayerCuda::verify() {
     for (int64_t s = 0; s < S; ++s) rows.push_back(s);
   else
     rows = sample;
-  std::vector<bf16> embed, norm, head;  // the model's ends (whole model), read or made once the reference runs
-  const auto model_ends = [&] {
-    if (!P.whole || !norm.empty()) return;
-    norm = checkpoint_ ? checkpoint_->bf16_tensor("model.norm.weight", {H})
-                       : ref::random_bf16(seed_, "norm", size_t(H), 0.1f, 1.0f);
-    head = checkpoint_ ? checkpoint_->bf16_tensor("lm_head.weight", {V, H})
-                       : ref::random_bf16(seed_, "lm_head", size_t(V * H), fan_in_scale(H));
-    if (checkpoint_) embed = checkpoint_->bf16_tensor("model.embed_tokens.weight", {V, H});
-  };
+  ModelEndsHost ends;  // (read or made once the reference first runs)
   ref::MoeParams::RoutingCheck check;
   reference_reused_ = false;
   std::vector<float> got;
   std::vector<double> want;
-  // new_keys[i][b]: the latent rows [r + rope] the verified steps so far wrote, per layer and request.
-  std::vector<std::vector<std::vector<double>>> new_keys(static_cast<size_t>(P.layers),
-                                                         std::vector<std::vector<double>>(static_cast<size_t>(B)));
+  NewKeys new_keys(static_cast<size_t>(P.layers), std::vector<std::vector<double>>(static_cast<size_t>(B)));
   const bool recording = record_;
   record_ = false;
   for (int64_t step = 0; step < verified_steps_; ++step) {
@@ -649,102 +751,7 @@ Verification DeepseekLayerCuda::verify() {
       }
     }
     if (!reference_reused_) {
-      model_ends();
-      std::vector<double> x(size_t(B * S * H));
-#pragma omp parallel for schedule(static)
-      for (int64_t t = 0; t < B * S; ++t) {
-        const int64_t id = token_id(seed_, step, t, V);
-        const std::string inputs = "layer_inputs.s" + std::to_string(step);
-        const auto row = !P.whole      ? host_random_rows(seed_, inputs, t * H, H, kUnitScale)
-                         : checkpoint_ ? std::vector<double>()
-                                       : host_random_rows(seed_, "embed_tokens", id * H, H, kUnitScale);
-        for (int64_t j = 0; j < H; ++j)
-          x[size_t(t * H + j)] = row.empty() ? double(to_float(embed[size_t(id * H + j)])) : row[size_t(j)];
-      }
-      size_t moe_index = 0;
-      for (int64_t i = 0; i < P.layers; ++i) {
-        const int64_t layer = P.first + i;
-        const LayerWeights& w = weights_[size_t(i)];
-        ref::LayerParams params;
-        if (checkpoint_) {
-          params = ref::load_layer_params(*checkpoint_, layer, /*lazy_experts=*/true);
-        } else {
-          params.input_layernorm = ref::random_bf16(w.seed, "input_layernorm", size_t(H), 0.1f, 1.0f);
-          params.post_attention_layernorm = ref::random_bf16(w.seed, "post_attention_layernorm", size_t(H), 0.1f, 1.0f);
-          params.attn = ref::make_mla_params(m_, m_.num_attention_heads, w.seed);
-          if (P.dense(layer))
-            params.dense = ref::make_mlp_params(m_, m_.intermediate_size, w.seed, "mlp");
-          else
-            params.moe = ref::make_moe_params_lazy(m_, w.moe_seed);
-        }
-        if (!P.dense(layer)) {
-          const auto& chosen = routing[moe_index++];
-          params.moe.forced_experts.assign(chosen.begin(), chosen.begin() + B * S * K);
-          params.moe.check = &check;
-        }
-        ref::MlaInputs in;
-        in.batch = B;
-        in.q_len = S;
-        in.kv_len = P.kv_len + step * S;
-        in.ckv_cache.resize(size_t(B * in.kv_len * r));
-        in.kpe_cache.resize(size_t(B * in.kv_len * rope));
-#pragma omp parallel for schedule(dynamic)
-        for (int64_t b = 0; b < B; ++b) {
-          const auto latent =
-              mla::cuda::host_latent(m_, mla::cuda::ckv_stream(w.seed, b), mla::cuda::kpe_stream(w.seed, b), P.kv_len);
-          const auto& added = new_keys[size_t(i)][size_t(b)];
-          for (int64_t j = 0; j < in.kv_len; ++j) {
-            bf16* ckv = &in.ckv_cache[size_t((b * in.kv_len + j) * r)];
-            bf16* kpe = &in.kpe_cache[size_t((b * in.kv_len + j) * rope)];
-            if (j < P.kv_len) {
-              std::copy_n(&latent[size_t(j * (r + rope))], r, ckv);
-              std::copy_n(&latent[size_t(j * (r + rope) + r)], rope, kpe);
-            } else {
-              const double* key = &added[size_t((j - P.kv_len) * (r + rope))];
-              for (int64_t c = 0; c < r; ++c) ckv[c] = to_bf16(float(key[c]));
-              for (int64_t c = 0; c < rope; ++c) kpe[c] = to_bf16(float(key[r + c]));
-            }
-          }
-        }
-        if (step + 1 < verified_steps_)  // this step's keys, for the next step: as the attention makes them
-#pragma omp parallel for schedule(dynamic)
-          for (int64_t b = 0; b < B; ++b) {
-            std::vector<double> normed(static_cast<size_t>(H)), kv(static_cast<size_t>(r + rope)),
-                c(static_cast<size_t>(r));
-            for (int64_t s = 0; s < S; ++s) {
-              ref::rms_norm(&x[size_t((b * S + s) * H)], params.input_layernorm.data(), H, m_.rms_norm_eps,
-                            normed.data());
-              for (auto& v : normed) v = double(round_to_bf16(float(v)));
-              ref::matvec(params.attn.kv_a_proj_with_mqa.data(), r + rope, H, normed.data(), kv.data());
-              ref::rms_norm(kv.data(), params.attn.kv_a_layernorm.data(), r, m_.rms_norm_eps, c.data());
-              ref::apply_rope(m_, in.kv_len + s, kv.data() + r);
-              auto& added = new_keys[size_t(i)][size_t(b)];
-              added.insert(added.end(), c.begin(), c.end());
-              added.insert(added.end(), kv.begin() + r, kv.end());
-            }
-          }
-        if (i + 1 == P.layers) in.rows = sample;
-        x = ref::decoder_layer(m_, layer, params, x, in, ref::MlaForm::absorbed_split);
-      }
-      const size_t first = want.size();
-      want.resize(first + size_t(B * n * width));
-#pragma omp parallel for schedule(dynamic)
-      for (int64_t k = 0; k < B * n; ++k) {
-        const int64_t t = (k / n) * S + rows[size_t(k % n)];
-        double* out = &want[first + size_t(k * width)];
-        if (P.whole) {  // final norm (rounded to bf16, as the LM head's input is) and the LM head
-          std::vector<double> normed(static_cast<size_t>(H));
-          ref::rms_norm(&x[size_t(t * H)], norm.data(), H, m_.rms_norm_eps, normed.data());
-          for (auto& v : normed) v = double(round_to_bf16(float(v)));
-          for (int64_t o = 0; o < V; ++o) {
-            double sum = 0;
-            for (int64_t j = 0; j < H; ++j) sum += double(to_float(head[size_t(o * H + j)])) * normed[size_t(j)];
-            out[o] = sum;
-          }
-        } else {
-          std::copy_n(&x[size_t(t * H)], H, out);
-        }
-      }
+      append_reference(step, routing, rows, sample, &ends, &new_keys, &check, &want);
       if (!key.empty()) last_reference() = ReferenceCache{key, want, check};
     }
     for (int64_t k = 0; k < B * n; ++k) {

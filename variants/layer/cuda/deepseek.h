@@ -124,6 +124,17 @@ class DeepseekLayerCuda : public Variant {
     ref::MoeParams::RoutingCheck check;
   };
   static ReferenceCache& last_reference();
+  // The reference's host copies of the model's ends (whole model), and the latent rows [r + rope] the verified steps
+  // so far wrote, per layer and request.
+  struct ModelEndsHost {
+    std::vector<bf16> embed, norm, head;
+  };
+  using NewKeys = std::vector<std::vector<std::vector<double>>>;
+  // The fp64 reference of verified step `step`, following the GPU's routing: the `rows` of every request appended to
+  // *out (logits, or the residual stream after the last layer), the step's keys to *new_keys where a step follows.
+  void append_reference(int64_t step, const std::vector<std::vector<int32_t>>& routing,
+                        const std::vector<int64_t>& rows, const std::vector<int64_t>& sample, ModelEndsHost* ends,
+                        NewKeys* new_keys, ref::MoeParams::RoutingCheck* check, std::vector<double>* out) const;
   std::string reference_key(const std::vector<std::vector<int32_t>>& routing, const std::vector<int64_t>& rows) const;
   bool reference_reused_ = false;  // whether the last verify() took last_reference()'s
   int64_t verified_steps_ = 0, verified_requests_ = 0;

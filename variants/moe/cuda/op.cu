@@ -314,6 +314,19 @@ __device__ __forceinline__ void load_choices(const int32_t* __restrict__ slot, c
     w[k] = rows[k] >= 0 ? weights[t * topk + k] : 0.0f;
   }
 }
+// acc += sum over k of w[k] * y[rows[k]][j .. j + 4), every chosen row loaded before the first add (walked k by k,
+// each load waited out its own latency).
+template <class Row>
+__device__ __forceinline__ void add_chosen_rows(const Row* __restrict__ y, const int (&rows)[kCombineMaxTopk],
+                                                const float (&w)[kCombineMaxTopk], int hidden, int j, float4& acc) {
+  float4 v[kCombineMaxTopk];
+#pragma unroll
+  for (int k = 0; k < kCombineMaxTopk; ++k)
+    v[k] = rows[k] >= 0 ? load4(y + int64_t(rows[k]) * hidden + j) : make_float4(0, 0, 0, 0);
+#pragma unroll
+  for (int k = 0; k < kCombineMaxTopk; ++k)
+    acc.x += w[k] * v[k].x, acc.y += w[k] * v[k].y, acc.z += w[k] * v[k].z, acc.w += w[k] * v[k].w;
+}
 template <class Row>  // (the rows' type: fp32, or bf16 where the op writes them so)
 __global__ void combine_kernel(const Row* __restrict__ y, const int32_t* __restrict__ slot,
                                const float* __restrict__ weights, int topk, int hidden, bool accumulate,
@@ -324,19 +337,13 @@ __global__ void combine_kernel(const Row* __restrict__ y, const int32_t* __restr
   if (j >= hidden) return;
   int rows[kCombineMaxTopk];
   float w[kCombineMaxTopk];
-  float4 v[kCombineMaxTopk];
   load_choices(slot, weights, t, topk, rows, w);
   float4 acc = accumulate ? *reinterpret_cast<const float4*>(out + int64_t(t) * hidden + j) : make_float4(0, 0, 0, 0);
   if (add) {
     const float4 a = *reinterpret_cast<const float4*>(add + int64_t(t) * hidden + j);
     acc.x += a.x, acc.y += a.y, acc.z += a.z, acc.w += a.w;
   }
-#pragma unroll
-  for (int k = 0; k < kCombineMaxTopk; ++k)
-    v[k] = rows[k] >= 0 ? load4(y + int64_t(rows[k]) * hidden + j) : make_float4(0, 0, 0, 0);
-#pragma unroll
-  for (int k = 0; k < kCombineMaxTopk; ++k)
-    acc.x += w[k] * v[k].x, acc.y += w[k] * v[k].y, acc.z += w[k] * v[k].z, acc.w += w[k] * v[k].w;
+  add_chosen_rows(y, rows, w, hidden, j, acc);
   *reinterpret_cast<float4*>(out + int64_t(t) * hidden + j) = acc;
 }
 
@@ -345,7 +352,8 @@ __global__ void combine_kernel(const Row* __restrict__ y, const int32_t* __restr
 // thread's sums held in registers while the block reduces their squares: resid[t] += sum over k of weight[t][k] *
 // y[slot[t][k]] (+ out[t], the shared experts') (+ add[t]); then, with a weight, xb[t] = bf16(RMSNorm(resid[t]) *
 // weight). Every pass's loads are issued before the first store.
-constexpr int kFusedCombineThreads = 512, kFusedCombinePasses = 4;  // hidden up to 4 * 4 * 512 = 8192
+constexpr int kFusedCombineThreads = 512, kFusedCombinePasses = 4;
+constexpr int kFusedCombineMaxHidden = kFusedCombinePasses * 4 * kFusedCombineThreads;  // 8192
 template <class Row>
 __global__ void __launch_bounds__(kFusedCombineThreads)
     combine_add_norm_kernel(const Row* __restrict__ y, const int32_t* __restrict__ slot,
@@ -370,14 +378,8 @@ __global__ void __launch_bounds__(kFusedCombineThreads)
     float4 acc = *reinterpret_cast<const float4*>(resid + at);
     const float4 o = accumulate ? *reinterpret_cast<const float4*>(out + at) : make_float4(0, 0, 0, 0);
     const float4 a = add ? *reinterpret_cast<const float4*>(add + at) : make_float4(0, 0, 0, 0);
-    float4 r[kCombineMaxTopk];
-#pragma unroll
-    for (int k = 0; k < kCombineMaxTopk; ++k)
-      r[k] = rows[k] >= 0 ? load4(y + int64_t(rows[k]) * hidden + j) : make_float4(0, 0, 0, 0);
     acc.x += o.x + a.x, acc.y += o.y + a.y, acc.z += o.z + a.z, acc.w += o.w + a.w;
-#pragma unroll
-    for (int k = 0; k < kCombineMaxTopk; ++k)
-      acc.x += w[k] * r[k].x, acc.y += w[k] * r[k].y, acc.z += w[k] * r[k].z, acc.w += w[k] * r[k].w;
+    add_chosen_rows(y, rows, w, hidden, j, acc);
     v[pass] = acc;
     ss += acc.x * acc.x + acc.y * acc.y + acc.z * acc.z + acc.w * acc.w;
   }
@@ -471,11 +473,10 @@ void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, c
     throw BadInput(m.source + ": num_experts_per_tok: " + std::to_string(topk_) + ": the GPU MoE combines up to " +
                    std::to_string(kCombineMaxTopk) + " experts per token");
   hidden_ = m.hidden_size;
-  if (b.resid && hidden_ > kFusedCombinePasses * kCombineColumns)
+  if (b.resid && hidden_ > kFusedCombineMaxHidden)
     throw BadInput(m.source + ": hidden_size " + std::to_string(hidden_) +
-                   ": the combine with the next norm fused in "
-                   "takes up to " +
-                   std::to_string(kFusedCombinePasses * kCombineColumns) + " (fused_norms off)");
+                   ": the combine with the next norm fused in takes up to " + std::to_string(kFusedCombineMaxHidden) +
+                   " (fused_norms off)");
   inter_ = m.moe_intermediate_size;
   rows_ = tokens_ * topk_;
   w_ = &w;
@@ -623,11 +624,11 @@ void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
     if (bf16_rows())
       launch_pdl(combine_add_norm_kernel<__nv_bfloat16>, dim3(unsigned(tokens_)), fused_block, 0, stream_,
                  static_cast<const __nv_bfloat16*>(y16_.get()), slot, weights, topk, int(hidden_), shared, experts_sum_,
-                 static_cast<const float*>(b_.out), b_.resid, b_.norm_weight, b_.norm_eps, b_.norm_out);
+                 b_.out, b_.resid, b_.norm_weight, b_.norm_eps, b_.norm_out);
     else
       launch_pdl(combine_add_norm_kernel<float>, dim3(unsigned(tokens_)), fused_block, 0, stream_,
-                 static_cast<const float*>(y_.get()), slot, weights, topk, int(hidden_), shared, experts_sum_,
-                 static_cast<const float*>(b_.out), b_.resid, b_.norm_weight, b_.norm_eps, b_.norm_out);
+                 static_cast<const float*>(y_.get()), slot, weights, topk, int(hidden_), shared, experts_sum_, b_.out,
+                 b_.resid, b_.norm_weight, b_.norm_eps, b_.norm_out);
     DSLAB_CHECK_LAUNCH();
     mark("moe_combine");
     marks_ = nullptr;
