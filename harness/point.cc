@@ -73,6 +73,11 @@ const std::vector<AxisInfo>& known_axes() {
        "shared_down_proj | dense_gate_up | dense_down_proj | gate | lm_head"},
       {"kv_splits", AxisKind::text,
        "the fused MLA kernel's split-KV CTAs per row tile: auto (about 4 key blocks each, 32 to one per SM) | N"},
+      {"l2_evict",
+       AxisKind::text,
+       "the fused MLA kernel's L2 hint for its cache blocks: auto (evict_first in the 64-key kernel where segments are "
+       "short) | first (evict_first in every bf16 kernel) | normal (no hint)",
+       {"auto", "first", "normal"}},
       {"block_keys", AxisKind::text,
        "the fused MLA kernel's keys a block: auto (the tuned choice, else 32 at up to 32 rows of a bf16 cache, else "
        "64) | 32 | 64 (bf16 at up to 32 rows: the two-warpgroup kernel of 128 heads)"},

@@ -23,13 +23,14 @@ struct GpuCase {
   const char* executor = "eager";
   const char* kv_splits = "auto";
   const char* block_keys = "auto";
+  const char* l2_evict = "auto";
 };
 
 std::string describe(const GpuCase& c) {
   return std::string(c.model) + " heads " + std::to_string(c.heads) + " batch " + std::to_string(c.batch) + " q_len " +
          std::to_string(c.q_len) + " kv_len " + std::to_string(c.kv_len) + " page_size " + std::to_string(c.page_size) +
          " " + c.len_dist + " " + c.kv_dtype + " " + c.executor + " kv_splits " + c.kv_splits + " block_keys " +
-         c.block_keys;
+         c.block_keys + " l2_evict " + c.l2_evict;
 }
 
 Point point_of(const GpuCase& c) {
@@ -44,6 +45,7 @@ Point point_of(const GpuCase& c) {
   p.set("executor", {c.executor, 0, false});
   p.set("kv_splits", {c.kv_splits, 0, false});
   p.set("block_keys", {c.block_keys, 0, false});
+  p.set("l2_evict", {c.l2_evict, 0, false});
   p.set("proj", {"own", 0, false});  // (the variants' default: the GEMV at 1-2 rows, tuned cuBLASLt from 3)
   return p;
 }
@@ -114,6 +116,17 @@ TEST_P(GpuMla, MatchesReferenceOverPagesLengthsAndCacheTypes) {
       c.block_keys = "64";
       cases.push_back(c);
     }
+    // Every block copy evict_first in L2 (l2_evict first): the fixed-roles kernel's tensor copies (32-key blocks) and
+    // the two-warpgroup kernel's (64), and no hint at all (normal)
+    for (const char* keys : {"32", "64"}) {
+      GpuCase c{"deepseek-v3", 16, 5, 1, 333, 64, "mixed", "bf16"};
+      c.block_keys = keys;
+      c.l2_evict = "first";
+      cases.push_back(c);
+    }
+    GpuCase plain{"deepseek-v3", 128, 2, 1, 300, 64, "mixed", "bf16"};
+    plain.l2_evict = "normal";
+    cases.push_back(plain);
   }
   if (!fused) {
     cases.push_back({"deepseek-v2-lite", 16, 2, 5, 70, 16, "uniform", "bf16"});  // extend: causal among 5 new tokens
@@ -513,6 +526,13 @@ TEST(KvSplits, AutoOrAPositiveCount) {
   EXPECT_EQ(mla::parse_kv_splits("16"), 16);
   for (const char* bad : {"0", "-3", "8x", "", "many", "5000"})
     EXPECT_THROW(mla::parse_kv_splits(bad), BadInput) << bad;
+}
+
+TEST(L2Evict, AutoFirstOrNormal) {
+  EXPECT_EQ(mla::parse_l2_evict("auto"), mla::L2Evict::automatic);
+  EXPECT_EQ(mla::parse_l2_evict("first"), mla::L2Evict::first);
+  EXPECT_EQ(mla::parse_l2_evict("normal"), mla::L2Evict::normal);
+  for (const char* bad : {"", "last", "First"}) EXPECT_THROW(mla::parse_l2_evict(bad), BadInput) << bad;
 }
 
 TEST(KvDtype, ParsesTheThreeCacheTypes) {

@@ -28,6 +28,7 @@ Shape shape_of(const ModelConfig& m, const Point& p) {
   if (p.has("kv_dtype")) s.kv_dtype = parse_kv_dtype(p.text("kv_dtype"));
   if (p.has("kv_splits")) s.kv_splits = parse_kv_splits(p.text("kv_splits"));
   if (p.has("block_keys")) s.block_keys = parse_block_keys(p.text("block_keys"));
+  if (p.has("l2_evict")) s.l2_evict = parse_l2_evict(p.text("l2_evict"));
   if (p.has("budget")) s.budget = p.integer("budget");
   if (p.has("local")) s.local = p.integer("local");
   return s;
@@ -47,6 +48,13 @@ int64_t parse_block_keys(const std::string& text) {
   if (text != "32" && text != "64")
     throw BadInput("axis block_keys: '" + text + "' is not a block size (expected auto, 32 or 64)");
   return std::stoll(text);
+}
+
+L2Evict parse_l2_evict(const std::string& text) {
+  if (text == "auto") return L2Evict::automatic;
+  if (text == "first") return L2Evict::first;
+  if (text == "normal") return L2Evict::normal;
+  throw BadInput("axis l2_evict: '" + text + "' is not an L2 hint (expected auto, first or normal)");
 }
 
 KvDtype parse_kv_dtype(const std::string& text) {

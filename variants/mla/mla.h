@@ -22,6 +22,10 @@ constexpr int64_t kQuantGroup = 64;
 KvDtype parse_kv_dtype(const std::string& text);    // BadInput for anything else
 int64_t parse_kv_splits(const std::string& text);   // "auto" -> 0, else 1..4096; BadInput for anything else
 int64_t parse_block_keys(const std::string& text);  // "auto" -> 0, "32", "64"; BadInput for anything else
+// The fused kernel's L2 hint for its cache blocks: auto (the two-warpgroup kernel evict_first on short segments, the
+// fixed-roles kernel none), first (evict_first in both), normal (no hint).
+enum class L2Evict { automatic, first, normal };
+L2Evict parse_l2_evict(const std::string& text);  // "auto", "first", "normal"; BadInput for anything else
 const char* kv_dtype_name(KvDtype d);
 
 struct Shape {
@@ -29,6 +33,7 @@ struct Shape {
   KvDtype kv_dtype = KvDtype::bf16;  // the latent cache's (cd caches bf16 K/V)
   int64_t kv_splits = 0;             // the fused kernel's CTAs per row tile (split-KV parts); 0: auto (auto_kv_splits)
   int64_t block_keys = 0;            // the fused kernel's keys a block (32 | 64); 0: auto (block_keys_for)
+  L2Evict l2_evict = L2Evict::automatic;
   int64_t budget = 0,
           local = 0;  // sparse attention: keys attended per request and the local window within them; 0: dense
   int64_t tokens() const { return batch * q_len; }

@@ -67,6 +67,7 @@ struct Params {
   // The page table and lengths were written before the step (by the host), not by the kernel just before this one:
   // the first blocks' lookups and copies may start before griddepcontrol.wait (see decode_kernel).
   bool early_loads;
+  bool evict_first = false;  // the fixed-roles kernel's bf16 tensor copies of blocks: L2 evict_first (l2_evict axis)
 };
 
 // Where a CTA's time goes (FusedCuda::phase_counters): the SM's clock64 at each phase, by one thread of the role that

@@ -492,10 +492,12 @@ class FusedCuda final : public MlaOp {
                   row_tiles_ * kTileRows,
                   o_lat_.get(),
                   record_phases_ ? phases_.get() : nullptr,
-                  /*early_loads=*/!selector_};
+                  /*early_loads=*/!selector_,
+                  /*evict_first=*/s_.l2_evict == L2Evict::first};
     switch (pick_decode_kernel(decode_key(params.tma))) {
       case DecodeKernel::sm90_bf16_h128:
-        launch_seesaw(params, parts_, row_tiles_, stream_evict_first_, stream_);
+        launch_seesaw(params, parts_, row_tiles_,
+                      s_.l2_evict == L2Evict::automatic ? stream_evict_first_ : s_.l2_evict == L2Evict::first, stream_);
         break;
       case DecodeKernel::sm90_fp8_h16:
         launch_fp8(params, parts_, stream_);

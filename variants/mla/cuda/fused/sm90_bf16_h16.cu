@@ -502,7 +502,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
         mbarrier_expect_bytes(bar, uint32_t(boxes * kKeys * 128));
         for (int b = 0; b < boxes; ++b) {  // (keys past the segment's end are read but masked)
           const int block = warpgroup == 0 ? (b < 4 ? b : kRopeBlock) : 4 + b;
-          tma_load(dst + block * kKeys * 64, &p.kv_map, block * 64, int(slot[0]), bar);
+          if (p.evict_first)
+            tma_load(dst + block * kKeys * 64, &p.kv_map, block * 64, int(slot[0]), bar, l2_evict_first());
+          else
+            tma_load(dst + block * kKeys * 64, &p.kv_map, block * 64, int(slot[0]), bar);
         }
       }
     } else {
