@@ -22,7 +22,10 @@ namespace {
 
 class PeerKtMoe final : public moe::Base {
  public:
-  PeerKtMoe(std::string method, double bar) : method_(std::move(method)), bar_(bar) {}
+  // kt_step: the multiple kt-kernel's class needs of the hidden and intermediate sizes (its AMX tiles' K step: 32
+  // bf16 or 64 int8 values; the classes fault or refuse otherwise, as the tiny model's 24-wide experts showed); 1:
+  // any.
+  PeerKtMoe(std::string method, double bar, int64_t kt_step) : method_(std::move(method)), bar_(bar), step_(kt_step) {}
   ~PeerKtMoe() override {
     process_.reset();
     for (const auto& f : {experts_file_, inputs_, outputs_})
@@ -30,6 +33,15 @@ class PeerKtMoe final : public moe::Base {
   }
 
   Support available() const override { return probe_support(command(), {{"op", "probe"}}); }
+  Support supports(const ModelFile& model, const Point& point) const override {
+    if (Support base = Base::supports(model, point); !base.ok) return base;
+    const ModelConfig m = parse_model_config(model.config, model.name, model.path);
+    if (m.hidden_size % step_ != 0 || m.moe_intermediate_size % step_ != 0)
+      return Support::no("kt-kernel's " + method_ + " class takes hidden and expert sizes in multiples of " +
+                         std::to_string(step_) + " (this model: " + std::to_string(m.hidden_size) + " and " +
+                         std::to_string(m.moe_intermediate_size) + ")");
+    return {};
+  }
   double host_memory_bytes(const ModelFile& model, const Point& point) const override {
     // The problem, the experts file in the page cache, the peer's stacked copy and its own packed one.
     return 4.0 * Base::host_memory_bytes(model, point);
@@ -89,6 +101,7 @@ class PeerKtMoe final : public moe::Base {
 
   std::string method_;
   double bar_;
+  int64_t step_;
   std::unique_ptr<PeerProcess> process_;
   const void* experts_written_ = nullptr;
   std::string experts_file_, inputs_, outputs_;
@@ -99,15 +112,15 @@ class PeerKtMoe final : public moe::Base {
 
 // int8: kt-kernel's per-row symmetric quantisation of weights and activations lands ~1-2% from the exact result
 // (dslab's own moe/amx_int8/cpu is held to the same 5e-2).
-#define DSLAB_REGISTER_KT_PEER(id, name, method, bar, summary)      \
-  static const bool dslab_peer_kt_##id = ::dslab::register_variant( \
-      {name, Device::cpu, summary, [] { return std::unique_ptr<Variant>(new PeerKtMoe(method, bar)); }})
+#define DSLAB_REGISTER_KT_PEER(id, name, method, bar, step, summary) \
+  static const bool dslab_peer_kt_##id = ::dslab::register_variant(  \
+      {name, Device::cpu, summary, [] { return std::unique_ptr<Variant>(new PeerKtMoe(method, bar, step)); }})
 
-DSLAB_REGISTER_KT_PEER(amx_bf16, "peer/ktransformers_amx_bf16/cpu", "amx_bf16", 1e-2,
+DSLAB_REGISTER_KT_PEER(amx_bf16, "peer/ktransformers_amx_bf16/cpu", "amx_bf16", 1e-2, 32,
                        "peer: KTransformers' AMX BF16 MoE kernel (kt-kernel, pinned PyPI release), in its own process");
-DSLAB_REGISTER_KT_PEER(amx_int8, "peer/ktransformers_amx_int8/cpu", "amx_int8", 5e-2,
+DSLAB_REGISTER_KT_PEER(amx_int8, "peer/ktransformers_amx_int8/cpu", "amx_int8", 5e-2, 64,
                        "peer: KTransformers' AMX INT8 MoE kernel (kt-kernel; weights quantised on load), own process");
-DSLAB_REGISTER_KT_PEER(avx2_bf16, "peer/ktransformers_avx2_bf16/cpu", "avx2_bf16", 1e-2,
+DSLAB_REGISTER_KT_PEER(avx2_bf16, "peer/ktransformers_avx2_bf16/cpu", "avx2_bf16", 1e-2, 1,
                        "peer: KTransformers' BF16 MoE kernel for CPUs without AMX (kt-kernel), in its own process");
 
 }  // namespace
