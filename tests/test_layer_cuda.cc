@@ -392,7 +392,8 @@ TEST(GpuLayer, NormsFusedIntoTheMoeCombineMatchTheStackAndTheUnfusedStep) {
 }
 
 // A one-step check's fp64 reference is computed once for points that differ only in how the GPU runs the step (eager
-// then graph, PDL on then off) and reused, the check still passing; another seed or shape computes its own.
+// then graph, PDL on then off; batch 3, which the graph pads to a bucket of 4) and reused, the check still passing;
+// another seed or shape computes its own.
 TEST(GpuLayer, OneStepReferenceIsReusedOnlyAcrossHowTheStepRuns) {
   REQUIRE_LAYER();
   const uint64_t seed = test::fresh_seed();

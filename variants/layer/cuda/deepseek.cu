@@ -572,13 +572,13 @@ std::string DeepseekLayerCuda::reference_key(const std::vector<std::vector<int32
   for (int64_t r : rows) key += " " + std::to_string(r);
   key += "|seeds";
   for (const LayerWeights& w : weights_) key += " " + std::to_string(w.seed) + ":" + std::to_string(w.moe_seed);
-  // Each token's chosen experts as a set: the order a routing kernel lists them in may differ between runs of one
-  // step (measured: a graph step without PDL listed them otherwise than the eager step with it), and neither the
-  // fp64 reference nor the check of differing choices depends on it.
+  // The requests' tokens' chosen experts (a graph's bucket pads the batch with requests the reference leaves out, as
+  // append_reference does), each token's as a set: neither the fp64 reference nor its check of differing choices
+  // depends on the order a routing kernel lists them in.
   key += "|routing";
-  const size_t K = size_t(std::max<int64_t>(1, m_.num_experts_per_tok));
+  const size_t K = size_t(std::max<int64_t>(1, m_.num_experts_per_tok)), real = size_t(P.batch * P.q_len) * K;
   for (const auto& layer : routing) {
-    std::vector<int32_t> chosen = layer;
+    std::vector<int32_t> chosen(layer.begin(), layer.begin() + int64_t(std::min(real, layer.size())));
     for (size_t t = 0; t + K <= chosen.size(); t += K)
       std::sort(chosen.begin() + int64_t(t), chosen.begin() + int64_t(t + K));
     key += " " + std::to_string(chosen.size()) + ":";
