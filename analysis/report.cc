@@ -4,7 +4,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "harness/command.h"
@@ -46,6 +49,43 @@ std::string axes_label(const nlohmann::json& axes) {
   for (const auto& [k, v] : axes.items())
     s += (s.empty() ? "" : " ") + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
   return s;
+}
+
+// How a suite's runs line up as points of its tables: by all their axes; or, where the suite's variants declare
+// different axes (a peer that takes only the shape, beside a variant with launch options), by the axes they all have,
+// if that still leaves each variant one run a point - so a peer's time meets the variant's it is compared with.
+std::function<std::string(const Entry&)> comparison_points(const std::vector<Entry>& entries,
+                                                           const std::string& suite) {
+  std::map<std::string, std::set<std::string>> names_of;  // variant -> the axes its runs have
+  for (const auto& e : entries)
+    if (e.suite == suite)
+      for (const auto& [k, v] : e.axes.items()) names_of[e.variant].insert(k);
+  std::set<std::string> shared;
+  bool first = true, differ = false;
+  for (const auto& [variant, names] : names_of) {
+    if (!first && names != shared) differ = true;
+    if (first) {
+      shared = names;
+    } else {
+      std::set<std::string> both;
+      std::set_intersection(shared.begin(), shared.end(), names.begin(), names.end(),
+                            std::inserter(both, both.begin()));
+      shared = both;
+    }
+    first = false;
+  }
+  auto shared_label = [shared](const Entry& e) {
+    nlohmann::json kept = nlohmann::json::object();
+    for (const auto& [k, v] : e.axes.items())
+      if (shared.count(k)) kept[k] = v;
+    return axes_label(kept);
+  };
+  std::map<std::pair<std::string, std::string>, int> runs;
+  bool meet = differ && !shared.empty();
+  for (const auto& e : entries)
+    if (e.suite == suite) meet = meet && ++runs[{e.variant, shared_label(e)}] == 1;
+  if (meet) return shared_label;
+  return [](const Entry& e) { return axes_label(e.axes); };
 }
 
 double counter(const Entry& e, const char* k) {
@@ -168,10 +208,11 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
     std::vector<std::string> variants, points;
     std::map<std::pair<std::string, std::string>, const Entry*> at;
     std::string model;
+    const std::function<std::string(const Entry&)> point_of = comparison_points(f.entries, suite);
     for (const auto& e : f.entries) {
       if (e.suite != suite) continue;
       model = e.model;
-      const std::string p = axes_label(e.axes);
+      const std::string p = point_of(e);
       if (std::find(variants.begin(), variants.end(), e.variant) == variants.end()) variants.push_back(e.variant);
       if (std::find(points.begin(), points.end(), p) == points.end()) points.push_back(p);
       at[{e.variant, p}] = &e;
@@ -223,7 +264,7 @@ void write_file(const ResultsFile& f, const std::string& baseline_opt, std::ostr
     auto each_run = [&](auto&& f) {
       for (const auto& p : points)
         for (const auto& v : variants)
-          if (const auto it = at.find({v, p}); it != at.end()) f(v, p, *it->second);
+          if (const auto it = at.find({v, p}); it != at.end()) f(v, axes_label(it->second->axes), *it->second);
     };
     each_run([&](const std::string& v, const std::string& p, const Entry& e) {
       const auto& r = e.raw;

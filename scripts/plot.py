@@ -181,12 +181,28 @@ def plot_latency(entries, title, out, stem):
     save(fig, out, stem)
 
 
+def shared_axes(entries):
+    """The axes every variant's runs have, where the variants declare different axes (a peer that takes only the
+    shape, beside a variant with launch options) and those axes still leave each variant one run a point: the points
+    where they meet (as dslab report lines them up). None otherwise."""
+    names = {}
+    for b in entries:
+        names.setdefault(b["variant"], set()).update(b["axes"])
+    shared = set.intersection(*names.values()) if names else set()
+    if not shared or all(n == shared for n in names.values()):
+        return None
+    keys = [(b["variant"], json.dumps({k: b["axes"][k] for k in shared}, sort_keys=True)) for b in entries]
+    return shared if len(keys) == len(set(keys)) else None
+
+
 def plot_speedup(entries, title, baseline, out, stem):
     variants = list(OrderedDict.fromkeys(b["variant"] for b in entries))
     base = baseline if baseline in variants else variants[0]
     fixed = variant_axes(entries)
+    shared = shared_axes(entries)
     def point_of(b):
-        return json.dumps({k: v for k, v in b["axes"].items() if k not in fixed}, sort_keys=True)
+        return json.dumps({k: v for k, v in b["axes"].items() if k not in fixed and (shared is None or k in shared)},
+                          sort_keys=True)
     points = list(OrderedDict.fromkeys(point_of(b) for b in entries))
     time = {(b["variant"], point_of(b)): seconds(b) for b in entries}
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(points) * len(variants) / 2), 4))

@@ -446,6 +446,25 @@ TEST(Cli, ReportShowsWholeStepsWhereTheirTimeGoes) {
   EXPECT_EQ(md.find("Per-op GPU time"), std::string::npos) << "no op_us counters, no per-op table";
 }
 
+// A peer that takes only the shape (batch) beside a variant with launch options (executor) meets it at the axes they
+// share, with its speedup, while the per-run table keeps each run's own axes; once the variant has two runs at one
+// shared point (eager and graph), the points stay apart.
+TEST(Cli, ReportLinesUpPeersThatTakeFewerAxes) {
+  PointResult ours = layer_step("peers", 2.6e-3);
+  ours.point.set("executor", {"graph", 0, false});
+  PointResult peer = layer_step("peers", 42.4e-3);
+  peer.variant = "peer/transformers/cuda";
+  std::string md = report_of({ours, peer});
+  EXPECT_NE(md.find("| batch=1 | 2.6 ms (2.6 ms..2.6 ms) | 42.4 ms (42.4 ms..42.4 ms) |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| batch=1 | 1.00x | 0.06x |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| layer/deepseek/cuda | batch=1 executor=graph |"), std::string::npos) << md;
+  PointResult eager = ours;
+  eager.point.set("executor", {"eager", 0, false});
+  md = report_of({ours, eager, peer});
+  EXPECT_EQ(md.find("| batch=1 | 1.00x"), std::string::npos) << md;
+  EXPECT_NE(md.find("| batch=1 executor=graph | 1.00x | — |"), std::string::npos) << md;
+}
+
 // A step's per-op times (op_us.*) as one row per point, largest first with its share of their sum.
 TEST(Cli, ReportListsAStepsOpsLargestFirst) {
   PointResult r = layer_step("acceptance", 3.3e-3);
