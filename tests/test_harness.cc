@@ -856,5 +856,39 @@ TEST(GpuTuning, TheFusedDecodeMeasuresItsKeyBlockOnFirstUse) {
   EXPECT_EQ(block_keys("off").first, "default");
 }
 
+// The own GEMV's split (warps a feature) at one and two rows: measured on first use and kept, found in the cache the
+// second time, gemv_split's rule with DSLAB_TUNE=off; every run verified.
+TEST(GpuTuning, TheOwnGemvMeasuresItsSplitOnFirstUse) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  TuningRun t;
+  const std::filesystem::path& out = t.out;
+  auto splits = [&](const char* mode) {
+    t.mode(mode);
+    const test::CliRun r = test::run_cli(
+        "run --model deepseek-v2-lite --variant linear/own/cuda --axis tokens=1,2 --axis weight=o_proj --min-samples 3",
+        out);
+    EXPECT_EQ(r.status, 0) << r.err;
+    const auto j = nlohmann::json::parse(std::ifstream(out / "results.json"));
+    for (const auto& b : j.at("benchmarks")) EXPECT_TRUE(b.at("verify_pass").get<bool>()) << b.dump();
+    std::map<std::string, std::pair<std::string, int>> by_key;
+    for (const auto& u : j.at("context").at("tuning").at("used"))
+      if (u.at("family") == "gemv_split") {
+        const int split = u.at("value").at("split").get<int>();
+        EXPECT_TRUE(split == 1 || split == 2 || split == 4 || split == 8) << split;
+        by_key[u.at("key")] = {u.at("source"), split};
+      }
+    EXPECT_EQ(by_key.size(), 2u) << "one shape a row count";
+    return by_key;
+  };
+  const auto first = splits(nullptr);
+  for (const auto& [key, choice] : first) EXPECT_EQ(choice.first, "measured") << key;
+  const auto second = splits(nullptr);
+  for (const auto& [key, choice] : second) {
+    EXPECT_EQ(choice.first, "cache") << key;
+    EXPECT_EQ(choice.second, first.at(key).second) << key;
+  }
+  for (const auto& [key, choice] : splits("off")) EXPECT_EQ(choice.first, "default") << key;
+}
+
 }  // namespace
 }  // namespace dslab

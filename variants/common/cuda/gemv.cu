@@ -4,8 +4,15 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
 
 #include "harness/cuda_check.h"
+#include "harness/gpu.h"
+#include "harness/tuning.h"
+#include "variants/common/cuda/device_array.h"
 #include "variants/common/cuda/pdl.cuh"
 #include "variants/common/cuda/blas.h"
 
@@ -204,13 +211,78 @@ int64_t resident_warps() {
 
 // (out2 > 0: the last out2 of the `out` features into y2, see gemv_kernel)
 template <int M>
-void launch_gemv(const __nv_bfloat16* x, int64_t in, const __nv_bfloat16* w, int64_t out, void* y, bool bf16,
-                 float beta, cudaStream_t stream, int64_t out2 = 0, float* y2 = nullptr) {
-  const int split = gemv_split(out, in, resident_warps<M>());
+void launch_gemv_split(const __nv_bfloat16* x, int64_t in, const __nv_bfloat16* w, int64_t out, void* y, bool bf16,
+                       float beta, cudaStream_t stream, int64_t out2, float* y2, int split) {
   const int64_t features_per_cta = kGemvWarps / split;
   const unsigned blocks = unsigned((out + features_per_cta - 1) / features_per_cta);
   const GemvArgs a{x, in, in, 0, w, out, 0, split, y, bf16, beta, out - out2, 0, out - out2, y2};
   launch_pdl(gemv_kernel<M>, dim3(blocks), dim3(kGemvThreads), 0, stream, a);
+}
+
+// The split launch_gemv<M> takes for a shape: the tuning cache's measured choice for this GPU (family "gemv_split",
+// key "rows M out N in K"), else measured now (outside a capture: every power-of-two split that leaves each lane a
+// 16-byte chunk of the row, on the caller's weights and input into a scratch output, each from a flushed L2, the
+// best of three runs after a warm-up) and kept; inside a capture or with DSLAB_TUNE=off, gemv_split's rule. The
+// rule fits the occupancy it reads from the GPU; the measurement also sees the GPU's memory latency and bandwidth.
+template <int M>
+int tuned_gemv_split(const __nv_bfloat16* x, int64_t in, const __nv_bfloat16* w, int64_t out, bool bf16, int64_t out2,
+                     cudaStream_t stream) {
+  const int rule = gemv_split(out, in, resident_warps<M>());
+  std::vector<int> candidates;
+  for (int split = 1; split <= kGemvWarps && in / 8 / split >= 32; split *= 2) candidates.push_back(split);
+  if (candidates.size() < 2) return rule;
+  int device = 0;
+  DSLAB_CUDA(cudaGetDevice(&device));
+  const std::string key = "rows " + std::to_string(M) + " out " + std::to_string(out) + " in " + std::to_string(in) +
+                          (out2 > 0 ? " out2 " + std::to_string(out2) : "") + (bf16 ? " bf16" : " fp32");
+  static std::mutex mutex;
+  static std::map<std::pair<int, std::string>, int> chosen;  // this process's choices, by device and shape
+  std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = chosen.find({device, key}); it != chosen.end()) return it->second;
+  TuningCache& cache = TuningCache::instance();
+  if (const auto v = cache.lookup("gemv_split", key); v && v->is_object() && v->contains("split")) {
+    const int split = v->at("split").get<int>();
+    if (std::find(candidates.begin(), candidates.end(), split) != candidates.end())
+      return chosen[{device, key}] = split;
+  }
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  DSLAB_CUDA(cudaStreamIsCapturing(stream, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone || cache.mode() == TuningCache::Mode::off) {
+    cache.use_default("gemv_split", key, nlohmann::json{{"split", rule}});
+    return rule;  // (not remembered: a later call outside the capture measures)
+  }
+  DSLAB_CUDA(cudaDeviceSynchronize());
+  DeviceArray<float> scratch(size_t(M * out)), scratch2(size_t(std::max<int64_t>(1, M * out2)));
+  int best = rule;
+  double best_us = 0, rule_us = 0;
+  for (const int split : candidates) {
+    const double us = 1e6 * [&] {
+      double fastest = 0;
+      for (int run = 0; run <= 3; ++run) {  // run 0 warms up
+        const double s = time_seconds(
+            [&] {
+              launch_gemv_split<M>(x, in, w, out, scratch.get(), bf16, 0.0f, 0, out2,
+                                   out2 > 0 ? scratch2.get() : nullptr, split);
+              DSLAB_CHECK_LAUNCH();
+            },
+            /*flush_l2=*/true);
+        if (run > 0) fastest = run == 1 ? s : std::min(fastest, s);
+      }
+      return fastest;
+    }();
+    if (split == rule) rule_us = us;
+    if (best_us == 0 || us < best_us) best = split, best_us = us;
+  }
+  cache.record("gemv_split", key,
+               nlohmann::json{{"split", best}, {"us", best_us}, {"rule", rule}, {"rule_us", rule_us}});
+  return chosen[{device, key}] = best;
+}
+
+template <int M>
+void launch_gemv(const __nv_bfloat16* x, int64_t in, const __nv_bfloat16* w, int64_t out, void* y, bool bf16,
+                 float beta, cudaStream_t stream, int64_t out2 = 0, float* y2 = nullptr) {
+  launch_gemv_split<M>(x, in, w, out, y, bf16, beta, stream, out2, y2,
+                       tuned_gemv_split<M>(x, in, w, out, bf16, out2, stream));
 }
 
 // The batched forms (see batched_gemv in mla_cuda.h): gemv_kernel over `batch` (its split from all batch * N
