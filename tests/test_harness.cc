@@ -804,21 +804,27 @@ struct TuningRun {
     else
       unsetenv("DSLAB_TUNE");
   }
+  // `dslab ARGS` in tuning mode `m` (null: unset): the launch choices it used (context.tuning.used); the run must
+  // succeed with every point verified.
+  nlohmann::json used(const char* m, const std::string& args) {
+    mode(m);
+    const test::CliRun r = test::run_cli(args, out);
+    EXPECT_EQ(r.status, 0) << r.err;
+    const auto j = nlohmann::json::parse(std::ifstream(out / "results.json"));
+    for (const auto& b : j.at("benchmarks")) EXPECT_TRUE(b.at("verify_pass").get<bool>()) << b.dump();
+    return j.at("context").at("tuning").at("used");
+  }
 };
 
 TEST(GpuTuning, ASecondRunReusesTheFirstRunsMeasurements) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
   TuningRun t;
-  const std::filesystem::path& out = t.out;
   auto sources = [&](const char* mode) {
-    t.mode(mode);
-    const test::CliRun r = test::run_cli(
-        "run --model deepseek-v2-lite --variant linear/own/cuda --axis tokens=32 --axis weight=o_proj --min-samples 3",
-        out);
-    EXPECT_EQ(r.status, 0) << r.err;
-    const auto j = nlohmann::json::parse(std::ifstream(out / "results.json"));
     std::set<std::string> s;
-    for (const auto& u : j.at("context").at("tuning").at("used")) s.insert(u.at("source").get<std::string>());
+    for (const auto& u : t.used(mode,
+                                "run --model deepseek-v2-lite --variant linear/own/cuda --axis tokens=32 "
+                                "--axis weight=o_proj --min-samples 3"))
+      s.insert(u.at("source").get<std::string>());
     return s;
   };
   EXPECT_EQ(sources(nullptr), std::set<std::string>{"measured"});
@@ -832,18 +838,11 @@ TEST(GpuTuning, ASecondRunReusesTheFirstRunsMeasurements) {
 TEST(GpuTuning, TheFusedDecodeMeasuresItsKeyBlockOnFirstUse) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
   TuningRun t;
-  const std::filesystem::path& out = t.out;
   auto block_keys = [&](const char* mode) {
-    t.mode(mode);
-    const test::CliRun r = test::run_cli(
-        "run --model deepseek-v3 --variant mla/fused/cuda --axis heads=16 --axis batch=8 --axis kv_len=3000 "
-        "--axis proj=cublas --min-samples 3",
-        out);
-    EXPECT_EQ(r.status, 0) << r.err;
-    const auto j = nlohmann::json::parse(std::ifstream(out / "results.json"));
-    EXPECT_TRUE(j.at("benchmarks").at(0).at("verify_pass").get<bool>());
     std::pair<std::string, int> choice;
-    for (const auto& u : j.at("context").at("tuning").at("used"))
+    for (const auto& u : t.used(mode,
+                                "run --model deepseek-v3 --variant mla/fused/cuda --axis heads=16 --axis batch=8 "
+                                "--axis kv_len=3000 --axis proj=cublas --min-samples 3"))
       if (u.at("family") == "mla_fused_block_keys") choice = {u.at("source"), u.at("value").get<int>()};
     EXPECT_TRUE(choice.second == 32 || choice.second == 64) << choice.second;
     return choice;
@@ -861,17 +860,11 @@ TEST(GpuTuning, TheFusedDecodeMeasuresItsKeyBlockOnFirstUse) {
 TEST(GpuTuning, TheOwnGemvMeasuresItsSplitOnFirstUse) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
   TuningRun t;
-  const std::filesystem::path& out = t.out;
   auto splits = [&](const char* mode) {
-    t.mode(mode);
-    const test::CliRun r = test::run_cli(
-        "run --model deepseek-v2-lite --variant linear/own/cuda --axis tokens=1,2 --axis weight=o_proj --min-samples 3",
-        out);
-    EXPECT_EQ(r.status, 0) << r.err;
-    const auto j = nlohmann::json::parse(std::ifstream(out / "results.json"));
-    for (const auto& b : j.at("benchmarks")) EXPECT_TRUE(b.at("verify_pass").get<bool>()) << b.dump();
     std::map<std::string, std::pair<std::string, int>> by_key;
-    for (const auto& u : j.at("context").at("tuning").at("used"))
+    for (const auto& u : t.used(mode,
+                                "run --model deepseek-v2-lite --variant linear/own/cuda --axis tokens=1,2 "
+                                "--axis weight=o_proj --min-samples 3"))
       if (u.at("family") == "gemv_split") {
         const int split = u.at("value").at("split").get<int>();
         EXPECT_TRUE(split == 1 || split == 2 || split == 4 || split == 8) << split;
