@@ -22,10 +22,11 @@ const char* kReportHelp = R"(usage: dslab report RESULTS.json [RESULTS.json ...]
 
 Writes DIR/report.md: for each results file, its context (device, commit, command line, ceilings), then
 per suite: median time per variant per point, speedup against the baseline variant (default: the
-suite's first variant), achieved TFLOP/s and GB/s with arithmetic intensity and roofline fraction,
-verification error and verdict, stop reason; whole layer steps' tokens/s, GPU/CPU time and per-op time; sparse attention beside
-the dense fused kernel at the same point (its attention alone, the selection's share, the speed-ups); and the points
-that were skipped, with why.
+suite's first variant; a peer that takes fewer axes meets the variants at the axes they share),
+achieved TFLOP/s and GB/s with arithmetic intensity and roofline fraction, verification error and
+verdict, stop reason; whole layer steps' tokens/s, GPU/CPU time, per-op time and each op against its
+floor; sparse attention beside the dense fused kernel at the same point (its attention alone, the
+selection's share, the speed-ups); and the points that were skipped, with why.
 Plots: scripts/plot.py RESULTS.json --out DIR.
 )";
 
