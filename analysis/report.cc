@@ -61,20 +61,14 @@ std::function<std::string(const Entry&)> comparison_points(const std::vector<Ent
   for (const auto& e : entries)
     if (e.suite == suite)
       for (const auto& [k, v] : e.axes.items()) names_of[e.variant].insert(k);
-  std::set<std::string> shared;
-  bool first = true, differ = false;
+  std::set<std::string> shared = names_of.empty() ? std::set<std::string>{} : names_of.begin()->second;
   for (const auto& [variant, names] : names_of) {
-    if (!first && names != shared) differ = true;
-    if (first) {
-      shared = names;
-    } else {
-      std::set<std::string> both;
-      std::set_intersection(shared.begin(), shared.end(), names.begin(), names.end(),
-                            std::inserter(both, both.begin()));
-      shared = both;
-    }
-    first = false;
+    std::set<std::string> both;
+    std::set_intersection(shared.begin(), shared.end(), names.begin(), names.end(), std::inserter(both, both.begin()));
+    shared = std::move(both);
   }
+  const bool differ =
+      std::any_of(names_of.begin(), names_of.end(), [&](const auto& variant) { return variant.second != shared; });
   auto shared_label = [shared](const Entry& e) {
     nlohmann::json kept = nlohmann::json::object();
     for (const auto& [k, v] : e.axes.items())

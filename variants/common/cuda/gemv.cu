@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "harness/cuda_check.h"
@@ -224,32 +225,34 @@ void launch_gemv_split(const __nv_bfloat16* x, int64_t in, const __nv_bfloat16* 
 // 16-byte chunk of the row, on the caller's weights and input into a scratch output, each from a flushed L2, the
 // best of three runs after a warm-up) and kept; inside a capture or with DSLAB_TUNE=off, gemv_split's rule. The
 // rule fits the occupancy it reads from the GPU; the measurement also sees the GPU's memory latency and bandwidth.
+// A launch after the first of its shape costs a map lookup (this runs inside timed steps).
 template <int M>
 int tuned_gemv_split(const __nv_bfloat16* x, int64_t in, const __nv_bfloat16* w, int64_t out, bool bf16, int64_t out2,
                      cudaStream_t stream) {
+  int device = 0;
+  DSLAB_CUDA(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int64_t, int64_t, int64_t, bool>, int> chosen;  // by device and shape, this process
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto shape = std::make_tuple(device, out, in, out2, bf16);
+  if (const auto it = chosen.find(shape); it != chosen.end()) return it->second;
   const int rule = gemv_split(out, in, resident_warps<M>());
   std::vector<int> candidates;
   for (int split = 1; split <= kGemvWarps && in / 8 / split >= 32; split *= 2) candidates.push_back(split);
-  if (candidates.size() < 2) return rule;
-  int device = 0;
-  DSLAB_CUDA(cudaGetDevice(&device));
+  if (candidates.size() < 2) return chosen[shape] = rule;
   const std::string key = "rows " + std::to_string(M) + " out " + std::to_string(out) + " in " + std::to_string(in) +
                           (out2 > 0 ? " out2 " + std::to_string(out2) : "") + (bf16 ? " bf16" : " fp32");
-  static std::mutex mutex;
-  static std::map<std::pair<int, std::string>, int> chosen;  // this process's choices, by device and shape
-  std::lock_guard<std::mutex> lock(mutex);
-  if (const auto it = chosen.find({device, key}); it != chosen.end()) return it->second;
   TuningCache& cache = TuningCache::instance();
   if (const auto v = cache.lookup("gemv_split", key); v && v->is_object() && v->contains("split")) {
     const int split = v->at("split").get<int>();
-    if (std::find(candidates.begin(), candidates.end(), split) != candidates.end())
-      return chosen[{device, key}] = split;
+    if (std::find(candidates.begin(), candidates.end(), split) != candidates.end()) return chosen[shape] = split;
   }
+  const bool off = cache.mode() == TuningCache::Mode::off;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   DSLAB_CUDA(cudaStreamIsCapturing(stream, &capturing));
-  if (capturing != cudaStreamCaptureStatusNone || cache.mode() == TuningCache::Mode::off) {
+  if (capturing != cudaStreamCaptureStatusNone || off) {
     cache.use_default("gemv_split", key, nlohmann::json{{"split", rule}});
-    return rule;  // (not remembered: a later call outside the capture measures)
+    return off ? chosen[shape] = rule : rule;  // (inside a capture not remembered: a later call outside it measures)
   }
   DSLAB_CUDA(cudaDeviceSynchronize());
   DeviceArray<float> scratch(size_t(M * out)), scratch2(size_t(std::max<int64_t>(1, M * out2)));
@@ -275,7 +278,7 @@ int tuned_gemv_split(const __nv_bfloat16* x, int64_t in, const __nv_bfloat16* w,
   }
   cache.record("gemv_split", key,
                nlohmann::json{{"split", best}, {"us", best_us}, {"rule", rule}, {"rule_us", rule_us}});
-  return chosen[{device, key}] = best;
+  return chosen[shape] = best;
 }
 
 template <int M>
