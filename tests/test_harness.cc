@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -855,32 +856,73 @@ TEST(GpuTuning, TheFusedDecodeMeasuresItsKeyBlockOnFirstUse) {
   EXPECT_EQ(block_keys("off").first, "default");
 }
 
-// The own GEMV's split (warps a feature) at one and two rows: measured on first use and kept, found in the cache the
-// second time, gemv_split's rule with DSLAB_TUNE=off; every run verified.
-TEST(GpuTuning, TheOwnGemvMeasuresItsSplitOnFirstUse) {
-  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+// The choices of tuning family `family` a run of `args` used in mode `m`, by key: where each came from and its value.
+using Choices = std::map<std::string, std::pair<std::string, nlohmann::json>>;
+Choices choices_of(TuningRun& t, const char* m, const std::string& args, const std::string& family) {
+  Choices by_key;
+  for (const auto& u : t.used(m, args))
+    if (u.at("family") == family) by_key[u.at("key")] = {u.at("source"), u.at("value")};
+  return by_key;
+}
+
+// A family measured on first use (every key of `keys` expected choices), found in the cache with the same values the
+// second time, the built-in choice with DSLAB_TUNE=off; `valid` checks each value.
+void expect_tuned_on_first_use(const std::string& args, const std::string& family, size_t keys,
+                               const std::function<void(const nlohmann::json&)>& valid) {
   TuningRun t;
-  auto splits = [&](const char* mode) {
-    std::map<std::string, std::pair<std::string, int>> by_key;
-    for (const auto& u : t.used(mode,
-                                "run --model deepseek-v2-lite --variant linear/own/cuda --axis tokens=1,2 "
-                                "--axis weight=o_proj --min-samples 3"))
-      if (u.at("family") == "gemv_split") {
-        const int split = u.at("value").at("split").get<int>();
-        EXPECT_TRUE(split == 1 || split == 2 || split == 4 || split == 8) << split;
-        by_key[u.at("key")] = {u.at("source"), split};
-      }
-    EXPECT_EQ(by_key.size(), 2u) << "one shape a row count";
-    return by_key;
-  };
-  const auto first = splits(nullptr);
-  for (const auto& [key, choice] : first) EXPECT_EQ(choice.first, "measured") << key;
-  const auto second = splits(nullptr);
+  const Choices first = choices_of(t, nullptr, args, family);
+  EXPECT_EQ(first.size(), keys) << family;
+  for (const auto& [key, choice] : first) {
+    EXPECT_EQ(choice.first, "measured") << key;
+    valid(choice.second);
+  }
+  const Choices second = choices_of(t, nullptr, args, family);
+  EXPECT_EQ(second.size(), keys) << family;
   for (const auto& [key, choice] : second) {
     EXPECT_EQ(choice.first, "cache") << key;
+    ASSERT_TRUE(first.count(key)) << key;
     EXPECT_EQ(choice.second, first.at(key).second) << key;
   }
-  for (const auto& [key, choice] : splits("off")) EXPECT_EQ(choice.first, "default") << key;
+  const Choices off = choices_of(t, "off", args, family);
+  EXPECT_EQ(off.size(), keys) << family;
+  for (const auto& [key, choice] : off) {
+    EXPECT_EQ(choice.first, "default") << key;
+    valid(choice.second);
+  }
+}
+
+// The own GEMV's split (warps a feature) at one and two rows: one shape a row count.
+TEST(GpuTuning, TheOwnGemvMeasuresItsSplitOnFirstUse) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  expect_tuned_on_first_use(
+      "run --model deepseek-v2-lite --variant linear/own/cuda --axis tokens=1,2 --axis weight=o_proj --min-samples 3",
+      "gemv_split", 2, [](const nlohmann::json& v) {
+        const int split = v.at("split").get<int>();
+        EXPECT_TRUE(split == 1 || split == 2 || split == 4 || split == 8) << split;
+      });
+}
+
+// The grouped MoE's row tile at decode (1 token) and at 64 tokens (6 rows an expert, where the rule changes size).
+TEST(GpuTuning, TheGroupedMoeMeasuresItsRowTileOnFirstUse) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  expect_tuned_on_first_use(
+      "run --model deepseek-v2-lite --variant moe/grouped/cuda --axis tokens=1,64 --min-samples 3", "moe_tile_rows", 2,
+      [](const nlohmann::json& v) {
+        const int rows = v.at("tile_rows").get<int>();
+        EXPECT_TRUE(rows == 16 || rows == 64 || rows == 128) << rows;
+      });
+}
+
+// The sparse top-k's CTAs a request (one block or a cluster of 4-8) at 32K keys, the lightning indexer's scores.
+TEST(GpuTuning, TheSparseTopkMeasuresItsClusterOnFirstUse) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  expect_tuned_on_first_use(
+      "run --model deepseek-v2-lite --variant sparse/dsa/cuda --axis kv_len=32768 --axis batch=2 --axis budget=2048 "
+      "--axis local=256 --min-samples 3",
+      "topk_ctas", 1, [](const nlohmann::json& v) {
+        const int ctas = v.at("ctas").get<int>();
+        EXPECT_TRUE(ctas == 1 || (ctas >= 4 && ctas <= 8)) << ctas;
+      });
 }
 
 }  // namespace

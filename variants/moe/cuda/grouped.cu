@@ -401,6 +401,7 @@ class MoeGrouped final : public MoeOp {
 
  protected:
   void prepare_experts() override { h_.scratch(arena_, size_t(rows_ * inter_)); }
+  const char* tile_kernels() const override { return kWgmma ? "mma.sync/wgmma" : "mma.sync"; }
   bool bf16_rows() const override { return true; }
   void experts() override {
     GroupedExperts e{tiles_.get(), num_tiles_.get(),   offsets_.get(),   perm_token_.get(),  max_tiles_, tile_rows_,

@@ -143,6 +143,9 @@ class MoeOp {
 
  protected:
   virtual void prepare_experts() {}
+  // The name of the expert kernels in the tile tuner's cache key, for an op whose row tile is measured on the GPU
+  // (choose_tile_rows); null: tile_rows_for's rule, unmeasured (experts on the CPU, the loop over cuBLAS).
+  virtual const char* tile_kernels() const { return nullptr; }
   // The routed experts over the permuted rows (perm_token_, grouped by expert at offsets_, in tiles_): writes
   // y_ [rows][hidden] fp32, or y16_ in bf16 where bf16_rows(), each row its expert's output (the routing weight is
   // applied by the combine).
@@ -160,6 +163,10 @@ class MoeOp {
   // offline profile a serving engine takes on real traffic to pick its hot experts; random weights route about
   // uniformly, so here it mostly fixes which experts, not how many of the choices they get.)
   std::vector<int64_t> profiled_counts(int64_t tokens, uint64_t seed);
+  // tile_rows_ (with max_tiles_ and the tile list): the tuning cache's measured choice for this GPU and shape, else
+  // measured now (every tile size on a uniform synthetic routing of the op's own tokens), else the rule.
+  void choose_tile_rows();
+  void set_tile_rows(int rows);
   void mark(const char* op) const {
     if (marks_) marks_->mark(op, stream_);
   }

@@ -6,14 +6,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <mutex>
 
 #include "harness/errors.h"
 #include "variants/common/cuda/nvtx.h"
+#include "harness/gpu.h"
 #include "harness/host.h"
+#include "harness/tuning.h"
 #include "harness/op_registry.h"
 #include "variants/common/cuda/device_random.h"
 #include "variants/common/cuda/pdl.cuh"
+#include "variants/common/rng.h"
 #include "variants/moe/cuda/moe_kernels.cuh"
 
 namespace dslab::moe::cuda {
@@ -437,8 +441,9 @@ void silu_mul(const float* gate_up, int64_t rows, int64_t inter, __nv_bfloat16* 
 
 // ---- the op ------------------------------------------------------------------------------------------------
 
-// A tile should hold all of an expert's rows while they are few, so its weights stream once: 16-row tiles up to
-// a mean of 4 rows (the busiest expert then still fits), 64 up to 40, else 128 (compute-bound: fewer B reloads).
+// The rule (where nothing is measured: DSLAB_TUNE=off, ops without tile_kernels(); see choose_tile_rows). A tile
+// should hold all of an expert's rows while they are few, so its weights stream once: 16-row tiles up to a mean of 4
+// rows (the busiest expert then still fits), 64 up to 40, else 128 (compute-bound: fewer B reloads).
 int tile_rows_for(double rows_per_expert) { return rows_per_expert <= 4 ? 16 : rows_per_expert <= 40 ? 64 : 128; }
 
 double MoeOp::scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts) {
@@ -493,9 +498,6 @@ void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, c
   offsets_.resize(size_t(experts_ + 1));
   perm_token_.scratch(arena_, size_t(rows_));
   slot_.resize(size_t(rows_));
-  tile_rows_ = tile_rows_for(double(rows_) / double(experts_));
-  max_tiles_ = int(rows_ / tile_rows_ + std::min(experts_, rows_));
-  tiles_.resize(size_t(max_tiles_));
   num_tiles_.resize(1);
   if (bf16_rows())
     y16_.scratch(arena_, size_t(rows_ * hidden_));
@@ -507,8 +509,94 @@ void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, c
   combined_by_experts_ = false;
   combine_slot_ = nullptr;
   experts_sum_ = nullptr;
+  set_tile_rows(tile_rows_for(double(rows_) / double(experts_)));  // (what prepare_experts may size its tiles by)
   prepare_experts();
+  choose_tile_rows();
   DSLAB_CUDA(cudaDeviceSynchronize());
+}
+
+void MoeOp::set_tile_rows(int rows) {
+  tile_rows_ = rows;
+  max_tiles_ = int(rows_ / tile_rows_ + std::min(experts_, rows_));
+  tiles_.resize(size_t(max_tiles_));
+}
+
+// Family "moe_tile_rows", key "tokens T experts E topk K hidden H inter I <kernels>". The measurement routes the op's
+// tokens (random inputs, not the run's, which may not be written yet) to `topk` distinct experts each, uniformly (the
+// balance a trained router's auxiliary loss aims for), and times the routing's scan and both grouped GEMMs at each
+// tile size from a flushed L2, best of three runs after a warm-up. Outside prepare() nothing is measured, so a
+// graph capture never sees it.
+void MoeOp::choose_tile_rows() {
+  const int rule = tile_rows_for(double(rows_) / double(experts_));
+  const char* kernels = tile_kernels();
+  if (!kernels) return;
+  int device = 0;
+  DSLAB_CUDA(cudaGetDevice(&device));
+  const std::string key = "tokens " + std::to_string(tokens_) + " experts " + std::to_string(experts_) + " topk " +
+                          std::to_string(topk_) + " hidden " + std::to_string(hidden_) + " inter " +
+                          std::to_string(inter_) + " " + kernels;
+  static std::mutex mutex;
+  static std::map<std::pair<int, std::string>, int> chosen;  // this process's choices, by device and key
+  std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = chosen.find({device, key}); it != chosen.end()) return set_tile_rows(it->second);
+  static constexpr int kCandidates[] = {16, 64, 128};
+  TuningCache& cache = TuningCache::instance();
+  if (const auto v = cache.lookup("moe_tile_rows", key); v && v->is_object() && v->contains("tile_rows")) {
+    const int rows = v->at("tile_rows").get<int>();
+    if (std::find(std::begin(kCandidates), std::end(kCandidates), rows) != std::end(kCandidates)) {
+      set_tile_rows(rows);
+      chosen[{device, key}] = rows;
+      return;
+    }
+  }
+  if (cache.mode() == TuningCache::Mode::off || topk_ > experts_) {
+    cache.use_default("moe_tile_rows", key, nlohmann::json{{"tile_rows", rule}});
+    chosen[{device, key}] = rule;
+    return;
+  }
+  // Uniform routing: each token's experts are the first `topk` of a seeded shuffle of all of them.
+  std::vector<int32_t> ids(static_cast<size_t>(rows_)), order(static_cast<size_t>(experts_));
+  for (int64_t t = 0; t < tokens_; ++t) {
+    for (int64_t e = 0; e < experts_; ++e) order[size_t(e)] = int32_t(e);
+    for (int64_t k = 0; k < topk_; ++k) {
+      const int64_t pick = k + int64_t(splitmix64(uint64_t(t * experts_ + k)) % uint64_t(experts_ - k));
+      std::swap(order[size_t(k)], order[size_t(pick)]);
+      ids[size_t(t * topk_ + k)] = order[size_t(k)];
+    }
+  }
+  DeviceArray<int32_t> given_ids(ids.size());
+  given_ids.upload(ids);
+  DeviceArray<__nv_bfloat16> x(size_t(tokens_ * hidden_));
+  fill_random_bf16(x.get(), x.size(), 1, "moe.tile_tuning_inputs", std::sqrt(3.0f));  // uniform, unit variance
+  const MoeBuffers run = b_;
+  b_.x = x.get();
+  b_.topk_ids = given_ids.get();
+  stream_ = 0;
+  marks_ = nullptr;
+  int best = rule;
+  double best_us = 0, rule_us = 0;
+  for (const int rows : kCandidates) {
+    set_tile_rows(rows);
+    double fastest = 0;
+    for (int repetition = 0; repetition <= 3; ++repetition) {  // repetition 0 warms up
+      const double s = gpu::time_seconds(
+          [&] {
+            route();
+            experts();
+          },
+          /*flush_l2=*/true);
+      if (repetition > 0) fastest = repetition == 1 ? s : std::min(fastest, s);
+    }
+    const double us = 1e6 * fastest;
+    if (rows == rule) rule_us = us;
+    if (best_us == 0 || us < best_us) best = rows, best_us = us;
+  }
+  b_ = run;
+  DSLAB_CUDA(cudaDeviceSynchronize());
+  set_tile_rows(best);
+  chosen[{device, key}] = best;
+  cache.record("moe_tile_rows", key,
+               nlohmann::json{{"tile_rows", best}, {"us", best_us}, {"rule", rule}, {"rule_us", rule_us}});
 }
 
 void MoeOp::route() {

@@ -177,7 +177,8 @@ void TokenSelector::prepare(const ModelConfig& m, const mla::Shape& s, const mla
   keys_.resize(size_t(s.batch));
   for (auto* a : {&slots_, &logical_}) a->resize(size_t(s.batch * max_tokens_));
   for (auto* a : {&kept_, &lengths_}) a->resize(size_t(s.batch));
-  topk_ = topk_launch(scores_per_request(), s.batch);  // (the shapes are fixed from here: every step launches the same)
+  // (the shapes are fixed from here: every step launches the same)
+  topk_ = tuned_topk_launch(scores_per_request(), s.batch, cache.page_size, budget_, max_tokens_, s.q_len);
   prepare_scores(m);
 }
 

@@ -86,6 +86,11 @@ struct TopkLaunch {
   int rounds = 1;
 };
 TopkLaunch topk_launch(int64_t scores_per_request, int64_t batch);
+// The launch measured on this GPU for these shapes (tuning family "topk_ctas": one block or each cluster size, timed
+// on random scores; kept in the tuning cache), or topk_launch's estimate with DSLAB_TUNE=off; one block below 16K
+// keys. What a selector's prepare() uses.
+TopkLaunch tuned_topk_launch(int64_t scores_per_request, int64_t batch, int64_t page_size, const Budget& budget,
+                             int64_t max_tokens, int64_t q_len);
 // The same choice given `max_active(ctas, streaming)`, the clusters of each size a GPU holds at once (host logic:
 // tested in CI with a GPU's measured answers).
 TopkLaunch topk_launch_given(int64_t scores_per_request, int64_t batch,

@@ -6,12 +6,18 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "harness/cuda_check.h"
 #include "harness/errors.h"
+#include "harness/gpu.h"
+#include "harness/tuning.h"
+#include "variants/common/cuda/device_array.h"
+#include "variants/common/rng.h"
 #include "variants/mla/cuda/mla_cuda.h"
 #include "variants/sparse/cuda/paged_select.h"
 
@@ -558,6 +564,94 @@ TopkLaunch topk_cluster_launch(int64_t scores_per_request, int64_t batch, int ct
 
 TopkLaunch topk_launch(int64_t scores_per_request, int64_t batch) {
   return topk_launch_given(scores_per_request, batch, max_active_clusters);
+}
+
+}  // namespace dslab::sparse::cuda
+
+namespace dslab::sparse::cuda {
+namespace {
+
+__global__ void fill_scores_kernel(float* scores, int64_t n, uint64_t stream) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    scores[i] = uniform_pm1(stream, uint64_t(i));
+}
+
+}  // namespace
+
+// Family "topk_ctas", key "keys S batch B budget N max_tokens T page P q_len Q". Measured on random scores (uniform:
+// the radix walk's passes do not depend on the values' spread much) over an identity page table: one block, then each
+// cluster size this GPU holds, from a flushed L2, the best of three runs after a warm-up.
+TopkLaunch tuned_topk_launch(int64_t scores_per_request, int64_t batch, int64_t page_size, const Budget& budget,
+                             int64_t max_tokens, int64_t q_len) {
+  const TopkLaunch rule = topk_launch(scores_per_request, batch);
+  if (scores_per_request < kClusterMinKeys || batch <= 0) return rule;  // one block: nothing to choose
+  int device = 0;
+  DSLAB_CUDA(cudaGetDevice(&device));
+  const std::string key = "keys " + std::to_string(scores_per_request) + " batch " + std::to_string(batch) +
+                          " budget " + std::to_string(budget.tokens) + " max_tokens " + std::to_string(max_tokens) +
+                          " page " + std::to_string(page_size) + " q_len " + std::to_string(q_len);
+  std::vector<int> candidates = {1};
+  for (int ctas = kClusterMinCtas; ctas <= kClusterMaxCtas; ++ctas) try {
+      max_active_clusters(ctas, cluster_streams(scores_per_request, ctas));
+      candidates.push_back(ctas);
+    } catch (const std::runtime_error&) {  // (a size this GPU holds no cluster of)
+    }
+  auto launch_of = [&](int ctas) {
+    return ctas == 1 ? TopkLaunch{} : topk_cluster_launch(scores_per_request, batch, ctas);
+  };
+  static std::mutex mutex;
+  static std::map<std::pair<int, std::string>, int> chosen;  // this process's choices, by device and key
+  std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = chosen.find({device, key}); it != chosen.end()) return launch_of(it->second);
+  TuningCache& cache = TuningCache::instance();
+  if (const auto v = cache.lookup("topk_ctas", key); v && v->is_object() && v->contains("ctas")) {
+    const int ctas = v->at("ctas").get<int>();
+    if (std::find(candidates.begin(), candidates.end(), ctas) != candidates.end()) {
+      chosen[{device, key}] = ctas;
+      return launch_of(ctas);
+    }
+  }
+  if (cache.mode() == TuningCache::Mode::off) {
+    cache.use_default("topk_ctas", key, nlohmann::json{{"ctas", rule.ctas_per_request}});
+    chosen[{device, key}] = rule.ctas_per_request;
+    return rule;
+  }
+  const int64_t pages = (scores_per_request + page_size - 1) / page_size;
+  gpu::DeviceArray<float> scores(size_t(batch * scores_per_request));
+  fill_scores_kernel<<<unsigned(std::min<int64_t>((batch * scores_per_request + 255) / 256, 4096)), 256>>>(
+      scores.get(), batch * scores_per_request, splitmix64(0x70b4));
+  DSLAB_CHECK_LAUNCH();
+  std::vector<int32_t> table(size_t(batch * pages));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
+  const size_t requests = static_cast<size_t>(batch), chosen_slots = static_cast<size_t>(batch * max_tokens);
+  gpu::DeviceArray<int32_t> page_table(table.size()), keys(requests), slots(chosen_slots), logical(chosen_slots),
+      length(requests), before(requests);
+  page_table.upload(table);
+  keys.upload(std::vector<int32_t>(requests, int32_t(scores_per_request)));
+  int best = rule.ctas_per_request;
+  double best_us = 0, rule_us = 0;
+  for (const int ctas : candidates) {
+    const TopkLaunch launch = launch_of(ctas);
+    double fastest = 0;
+    for (int repetition = 0; repetition <= 3; ++repetition) {  // repetition 0 warms up
+      const double s = gpu::time_seconds(
+          [&] {
+            compact_tokens_as(launch, scores.get(), scores_per_request, page_table.get(), pages, keys.get(), page_size,
+                              budget, batch, max_tokens, q_len, slots.get(), logical.get(), length.get(), before.get(),
+                              0);
+          },
+          /*flush_l2=*/true);
+      if (repetition > 0) fastest = repetition == 1 ? s : std::min(fastest, s);
+    }
+    const double us = 1e6 * fastest;
+    if (ctas == rule.ctas_per_request) rule_us = us;
+    if (best_us == 0 || us < best_us) best = ctas, best_us = us;
+  }
+  DSLAB_CUDA(cudaDeviceSynchronize());
+  chosen[{device, key}] = best;
+  cache.record("topk_ctas", key,
+               nlohmann::json{{"ctas", best}, {"us", best_us}, {"rule", rule.ctas_per_request}, {"rule_us", rule_us}});
+  return launch_of(best);
 }
 
 }  // namespace dslab::sparse::cuda
