@@ -33,6 +33,7 @@ const GpuInfo& gpu_info() {
     cudaDeviceProp p{};
     DSLAB_CUDA(cudaGetDeviceProperties(&p, 0));
     g.present = true;
+    g.devices = count;
     g.name = p.name;
     char uuid[64];
     const auto* u = reinterpret_cast<const unsigned char*>(p.uuid.bytes);

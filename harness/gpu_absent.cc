@@ -1,6 +1,7 @@
 // Stand-in when dslab is built without CUDA: no GPU, and saying so is the only behaviour.
 #include <stdexcept>
 
+#include "harness/collectives.h"
 #include "harness/gpu.h"
 #include "harness/host.h"
 
@@ -33,5 +34,11 @@ std::map<std::string, double> time_ops(const std::function<void(OpMarks&)>&, int
   throw std::logic_error("GPU op timing in a build without CUDA");
 }
 }  // namespace gpu
+
+namespace collectives {
+nlohmann::json measure(int, const std::vector<double>&) {
+  throw std::runtime_error("collectives: dslab was built without CUDA");
+}
+}  // namespace collectives
 
 }  // namespace dslab

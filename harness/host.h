@@ -49,6 +49,7 @@ struct GpuInfo {
   int sms = 0, clock_mhz = 0, memory_clock_mhz = 0, cc_major = 0, cc_minor = 0;
   size_t memory_bytes = 0, l2_bytes = 0;
   int runtime_version = 0, driver_version = 0;
+  int devices = 0;  // CUDA devices visible to the process (the fields above are device 0's)
 };
 const GpuInfo& gpu_info();
 

@@ -14,6 +14,7 @@
 
 #include "harness/build_info.h"
 #include "harness/calibrate_cpu.h"
+#include "harness/collectives.h"
 #include "harness/gpu.h"
 #include "harness/host.h"
 
@@ -260,6 +261,7 @@ nlohmann::json calibrate_machine(int threads) {
   m["gpu"] = gpu::calibrate();
   if (gpu_info().present)
     m["gpu"]["name"] = gpu_info().name, m["gpu"]["memory_bytes"] = double(gpu_info().memory_bytes);
+  m["collectives"] = collectives::calibrate();
   return m;
 }
 

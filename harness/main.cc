@@ -92,6 +92,10 @@ measured, to FILE (default: $DSLAB_MACHINE or ~/.cache/dslab/machine.json):
        weight bytes/s, kernel launch overhead, CUDA graph launch and per-node cost, a small kernel's cost in a
        graph, pinned host<->device bytes/s, a small copy's cost, a host function's round trip (when a GPU is
        present)
+  collectives: with two or more GPUs, NCCL's all-reduce, all-gather, reduce-scatter and all-to-all over all
+       of them, 8 KiB to 128 MiB, each checked; the latency and bus bandwidth that `dslab plan --gpus`
+       prices a step's collectives at (NCCL is opened at run time: $DSLAB_NCCL_LIBRARY, libnccl.so.2, or
+       python3's nvidia-nccl wheel)
 options:
   --threads N   CPU threads (default: all, as OpenMP sees them)
   --repeat N    calibrate N times: each ceiling is the best seen (a rate's largest, a cost's smallest), and

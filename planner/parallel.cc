@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "harness/collectives.h"
 #include "harness/errors.h"
 #include "variants/layer/ops.h"
 
@@ -95,9 +96,29 @@ int64_t kv_capacity_requests(const ModelConfig& m, const Parallelism& p, double 
 
 double collective_seconds(const Collective& c, int64_t gpus, const Link& link) {
   if (gpus <= 1) return 0;
-  const double n = double(gpus), share = (n - 1) / n;
-  const double factor = c.kind == "all_reduce" ? 2 * share : share;
-  return link.latency_s + c.bytes * factor / link.bus_bytes_per_s;
+  const auto m = link.measured.find(c.kind);
+  const double latency = m != link.measured.end() ? m->second.latency_s : link.latency_s,
+               bus = m != link.measured.end() ? m->second.bus_bytes_per_s : link.bus_bytes_per_s;
+  return latency + c.bytes * collectives::bus_factor(c.kind, gpus) / bus;
+}
+
+Link link_from_calibration(const nlohmann::json& collectives, const std::string& gpu_name, const std::string& source) {
+  Link link;
+  if (!collectives.is_object() || !collectives.contains("fit")) return link;
+  const nlohmann::json& fit = collectives["fit"];
+  for (const std::string& kind : collectives::kinds()) {
+    if (!fit.contains(kind)) continue;
+    const nlohmann::json& f = fit[kind];
+    for (const char* field : {"latency_s", "bus_bytes_per_s"})
+      if (!f.contains(field) || !f[field].is_number() || (std::string(field) == "bus_bytes_per_s" && f[field] <= 0))
+        throw BadInput(source + ": collectives.fit." + kind + "." + field + ": " +
+                       (f.contains(field) ? f[field].dump() : "missing") + " (expected a positive number)");
+    link.measured[kind] = {f["bus_bytes_per_s"].get<double>(), f["latency_s"].get<double>()};
+  }
+  link.measured_gpus = collectives.value("gpus", int64_t(0));
+  link.measured_on = std::to_string(link.measured_gpus) + " x " + (gpu_name.empty() ? "GPU" : gpu_name) + ", NCCL " +
+                     collectives.value("nccl", std::string("?"));
+  return link;
 }
 
 std::string ParallelEstimate::label() const {

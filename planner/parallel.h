@@ -11,8 +11,11 @@
 // combines the outputs back (two all-to-alls), after TP attention all-reduces like TP.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "variants/common/model_config.h"
 
@@ -47,10 +50,11 @@ ShardPlan shard_plan(const ModelConfig& m, const Parallelism& p, int64_t batch, 
 // machine: TP attention's copies of one request on every GPU count once, DP attention's GPUs add up.
 int64_t kv_capacity_requests(const ModelConfig& m, const Parallelism& p, double gpu_bytes, int64_t kv_len);
 
-// What a GPU and its links can do, for a step's time estimate. The collectives by NCCL's bus-bandwidth model: time =
-// latency + bytes x factor / bus bandwidth, the factor 2(n-1)/n for an all-reduce and (n-1)/n for an all-gather, a
-// reduce-scatter or an all-to-all. Defaults until collectives are calibrated on a machine of several GPUs (none was
-// lent yet): NVLink 4 in an HGX H100 / H200 board, 450 GB/s a direction a GPU by the datasheet, of which NCCL's large
+// What a GPU and its links can do, for a step's time estimate. The collectives by NCCL's bus-bandwidth model
+// (collectives::bus_factor): time = latency + bytes x factor / bus bandwidth, the factor 2(n-1)/n for an all-reduce,
+// (n-1)/n for an all-gather or a reduce-scatter, (n-1)/n^2 for an all-to-all of `bytes` in all. Each kind's latency
+// and bandwidth as `dslab calibrate` measured them on a machine of several GPUs (link_from_calibration), else the
+// defaults: NVLink 4 in an HGX H100 / H200 board, 450 GB/s a direction a GPU by the datasheet, of which NCCL's large
 // all-reduces reach ~360 GB/s of bus bandwidth; 10 us of latency a collective.
 struct GpuCeilings {
   double hbm_bytes_per_s = 4.48e12;  // the H200's measured HBM read (reports/nvidia-h200/calibration)
@@ -60,7 +64,16 @@ struct GpuCeilings {
 struct Link {
   double bus_bytes_per_s = 360e9;
   double latency_s = 10e-6;
+  struct Measured {
+    double bus_bytes_per_s = 0, latency_s = 0;
+  };
+  std::map<std::string, Measured> measured;  // by collective kind; a kind not here takes the defaults above
+  int64_t measured_gpus = 0;                 // the GPUs the calibration ran over (0: none)
+  std::string measured_on;                   // "8 x NVIDIA H200, NCCL 2.27.3"
 };
+// The machine file's "collectives" section (collectives.h's JSON); the defaults where it has no fit (absent, one GPU).
+// BadInput naming `source` for a fit without its fields.
+Link link_from_calibration(const nlohmann::json& collectives, const std::string& gpu_name, const std::string& source);
 double collective_seconds(const Collective& c, int64_t gpus, const Link& link);
 
 // One decode step (a token a request) of the whole model over `p`, estimated from the ops' work (layer::step_ops):

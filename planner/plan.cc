@@ -11,6 +11,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "harness/collectives.h"
 #include "harness/command.h"
 #include "harness/errors.h"
 #include "harness/machine.h"
@@ -789,12 +790,31 @@ int cmd_plan(int argc, char** argv) {
     if (ceilings.gpu_flops > 0) gpu.tensor_flops = ceilings.gpu_flops;
     if (ceilings.gpu_bytes_per_s > 0) gpu.hbm_bytes_per_s = ceilings.gpu_bytes_per_s;
     if (ceilings.gpu_kernel_s > 0) gpu.kernel_s = ceilings.gpu_kernel_s;
-    const Link link;
+    const Link link =
+        planner::link_from_calibration(machine.value("collectives", nlohmann::json()), ceilings.gpu_name, machine_path);
+    std::string links;
+    if (link.measured.empty()) {
+      links = std::to_string(int(link.bus_bytes_per_s / 1e9)) + " GB/s of bus bandwidth and " +
+              std::to_string(int(link.latency_s * 1e6)) +
+              " us each (NVLink 4's datasheet rate: the machine file has no collectives measured on several GPUs)";
+    } else {
+      links = "their latency and bus bandwidth as calibrated on " + link.measured_on + " (";
+      for (const auto& [kind, m] : link.measured) {
+        char one[96];
+        std::snprintf(one, sizeof one, "%s%s %.0f GB/s + %.1f us", kind == link.measured.begin()->first ? "" : ", ",
+                      kind.c_str(), m.bus_bytes_per_s / 1e9, m.latency_s * 1e6);
+        links += one;
+      }
+      links += ")";
+      if (link.measured.size() < collectives::kinds().size()) links += ", the kinds it lacks at the defaults";
+      if (link.measured_gpus != gpus)
+        links += "; measured over " + std::to_string(link.measured_gpus) + " GPUs, not " + std::to_string(gpus);
+    }
     char line[256];
     md += "\n## Over " + std::to_string(gpus) + " GPUs\n\nEach GPU's share of the ops at " +
           (ceilings.gpu_name.empty() ? std::string("the default ceilings") : ceilings.gpu_name + "'s ceilings") +
-          ", plus the collectives at " + std::to_string(int(link.bus_bytes_per_s / 1e9)) +
-          " GB/s of bus bandwidth (NVLink 4's datasheet rate; not calibrated), fastest first.\n\n"
+          ", plus the collectives at " + links +
+          ", fastest first.\n\n"
           "| placement | step ms | compute ms | collectives ms | tokens/s | weights GB / GPU | KV GB / GPU | fits |\n"
           "|---|---|---|---|---|---|---|---|\n";
     for (const ParallelEstimate& e : rank_placements(r.model, gpus, r.shape.batch, r.shape.kv_len, gpu, link)) {

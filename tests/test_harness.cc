@@ -21,6 +21,8 @@
 #include "harness/results.h"
 #include "harness/sweep.h"
 #include "harness/tuning.h"
+#include "harness/collectives.h"
+#include "harness/nccl.h"
 #include "tests/test_util.h"
 
 namespace dslab {
@@ -923,6 +925,68 @@ TEST(GpuTuning, TheSparseTopkMeasuresItsClusterOnFirstUse) {
         const int ctas = v.at("ctas").get<int>();
         EXPECT_TRUE(ctas == 1 || (ctas >= 4 && ctas <= 8)) << ctas;
       });
+}
+
+// The collective fit reads the two ends of NCCL's curve: points made from a known latency and bus bandwidth give them
+// back; one GPU or one size cannot be fitted.
+TEST(Collectives, FitTakesTheLatencyAndBusBandwidthFromTheEnds) {
+  const double latency = 12e-6, bus = 250e9;
+  for (const std::string& kind : collectives::kinds()) {
+    std::vector<collectives::Point> points;
+    for (double bytes : collectives::default_sizes())
+      points.push_back({kind, bytes, latency + bytes * collectives::bus_factor(kind, 4) / bus});
+    const collectives::Fit f = collectives::fit(points, 4);
+    EXPECT_NEAR(f.latency_s, latency + 8192 * collectives::bus_factor(kind, 4) / bus, 1e-12) << kind;
+    EXPECT_NEAR(f.bus_bytes_per_s, bus, 1e-3 * bus) << kind;
+  }
+  EXPECT_DOUBLE_EQ(collectives::bus_factor("all_reduce", 8), 2.0 * 7 / 8);
+  EXPECT_DOUBLE_EQ(collectives::bus_factor("all_to_all", 4), 3.0 / 16);
+  EXPECT_THROW(collectives::fit({{"all_reduce", 1e6, 1e-5}, {"all_reduce", 1e7, 1e-4}}, 1), std::invalid_argument);
+  EXPECT_THROW(collectives::fit({{"all_reduce", 1e6, 1e-5}}, 2), std::invalid_argument);
+}
+
+// `dslab plan --gpus` prices the collectives at the machine file's calibration, says so, and names a bad field.
+TEST(Collectives, PlanOverSeveralGpusUsesTheCalibratedLinks) {
+  nlohmann::json machine = nlohmann::json::parse(std::ifstream("reports/nvidia-h200/calibration/machine.json"));
+  machine["collectives"] = {{"gpus", 8},
+                            {"nccl", "2.27.3"},
+                            {"fit",
+                             {{"all_reduce", {{"latency_s", 2e-5}, {"bus_bytes_per_s", 3e11}}},
+                              {"all_gather", {{"latency_s", 1.5e-5}, {"bus_bytes_per_s", 3.2e11}}},
+                              {"reduce_scatter", {{"latency_s", 1.5e-5}, {"bus_bytes_per_s", 3.1e11}}},
+                              {"all_to_all", {{"latency_s", 3e-5}, {"bus_bytes_per_s", 1.5e11}}}}}};
+  const auto dir = std::filesystem::temp_directory_path() / ("dslab_" + test::test_name());
+  std::filesystem::create_directories(dir);
+  const auto file = dir / "machine.json";
+  std::ofstream(file) << machine.dump();
+  const test::CliRun ok = test::run_cli(
+      "plan --model deepseek-v3 --batch 64 --kv-len 4096 --gpus 8 --machine " + file.string(), dir / "out");
+  EXPECT_EQ(ok.status, 0) << ok.err;
+  std::stringstream md;
+  md << std::ifstream(dir / "out" / "plan.md").rdbuf();
+  EXPECT_NE(md.str().find("calibrated on 8 x NVIDIA H200, NCCL 2.27.3 (all_gather 320 GB/s + 15.0 us"),
+            std::string::npos)
+      << md.str();
+  machine["collectives"]["fit"]["all_to_all"].erase("latency_s");
+  std::ofstream(file) << machine.dump();
+  const test::CliRun bad = test::run_cli("plan --model deepseek-v3 --gpus 8 --machine " + file.string(), dir / "bad");
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find(file.string() + ": collectives.fit.all_to_all.latency_s: missing"), std::string::npos)
+      << bad.err;
+  std::filesystem::remove_all(dir);
+}
+
+// NCCL opened at run time drives every collective on this machine's first GPU (a communicator of one: each result is
+// still checked against the host's), where a GPU and NCCL are present.
+TEST(GpuCollectives, OneGpuRunsAndChecksEveryCollective) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  std::string why;
+  if (!nccl::api(&why)) GTEST_SKIP() << why;
+  const nlohmann::json c = collectives::measure(1, {8192, 1 << 20});
+  EXPECT_EQ(c.at("gpus"), 1);
+  EXPECT_FALSE(c.contains("fit"));  // (one GPU: nothing crosses a link)
+  ASSERT_EQ(c.at("points").size(), 8u);
+  for (const auto& p : c.at("points")) EXPECT_GT(p.at("seconds").get<double>(), 0) << p.dump();
 }
 
 }  // namespace

@@ -85,13 +85,38 @@ TEST(Parallel, SplitsThatDoNotDivideAreBadInput) {
 namespace dslab::planner {
 namespace {
 
-// The collectives' cost model by hand: NCCL's bus bandwidth, 2(n-1)/n for an all-reduce, (n-1)/n for the others.
+// The collectives' cost model by hand: NCCL's bus bandwidth, 2(n-1)/n for an all-reduce, (n-1)/n for an all-gather
+// or a reduce-scatter; an all-to-all of 1 GB in all on 2 GPUs sends 0.5 GB from each, half of it to the other GPU.
 TEST(ParallelEstimate, CollectivesFollowTheBusBandwidthModel) {
   const Link link{100e9, 5e-6};
   EXPECT_DOUBLE_EQ(collective_seconds({"all_reduce", "", 1e9}, 8, link), 5e-6 + 1e9 * 2 * 7 / 8 / 100e9);
   EXPECT_DOUBLE_EQ(collective_seconds({"all_gather", "", 1e9}, 4, link), 5e-6 + 1e9 * 3 / 4 / 100e9);
-  EXPECT_DOUBLE_EQ(collective_seconds({"all_to_all", "", 1e9}, 2, link), 5e-6 + 1e9 / 2 / 100e9);
+  EXPECT_DOUBLE_EQ(collective_seconds({"all_to_all", "", 1e9}, 2, link), 5e-6 + 1e9 / 4 / 100e9);
   EXPECT_EQ(collective_seconds({"all_reduce", "", 1e9}, 1, link), 0);
+}
+
+// A calibration's fit prices its kinds; a kind it lacks keeps the defaults; one GPU's (no fit) is the defaults; a
+// fit with a bad field is bad input naming the file and the field.
+TEST(ParallelEstimate, CalibratedCollectivesPriceEachKind) {
+  const nlohmann::json calibration = {
+      {"gpus", 8}, {"nccl", "2.27.3"}, {"fit", {{"all_reduce", {{"latency_s", 20e-6}, {"bus_bytes_per_s", 200e9}}}}}};
+  const Link link = link_from_calibration(calibration, "NVIDIA H200", "machine.json");
+  EXPECT_EQ(link.measured_gpus, 8);
+  EXPECT_EQ(link.measured_on, "8 x NVIDIA H200, NCCL 2.27.3");
+  EXPECT_DOUBLE_EQ(collective_seconds({"all_reduce", "", 1e9}, 8, link), 20e-6 + 1e9 * 2 * 7 / 8 / 200e9);
+  EXPECT_DOUBLE_EQ(collective_seconds({"all_gather", "", 1e9}, 8, link), 10e-6 + 1e9 * 7 / 8 / 360e9);
+  EXPECT_TRUE(link_from_calibration({{"gpus", 1}, {"points", nlohmann::json::array()}}, "", "m").measured.empty());
+  EXPECT_TRUE(link_from_calibration({{"absent", "1 GPU visible"}}, "", "m").measured.empty());
+  nlohmann::json bad = calibration;
+  bad["fit"]["all_reduce"]["bus_bytes_per_s"] = -1;
+  try {
+    link_from_calibration(bad, "", "machine.json");
+    ADD_FAILURE() << "a negative bus bandwidth was taken";
+  } catch (const BadInput& e) {
+    EXPECT_NE(std::string(e.what()).find("machine.json: collectives.fit.all_reduce.bus_bytes_per_s: -1"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // One GPU: the ops' own prices, no collectives; the placements rank as SGLang reports: a large batch over long
