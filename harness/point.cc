@@ -30,6 +30,11 @@ const std::vector<AxisInfo>& known_axes() {
       {"gpu_budget", AxisKind::text,
        "GPU memory the step may use: all (the device's) | <N>GB (e.g. 24GB, a consumer card)"},
       {"routing", AxisKind::text, "expert routing: model | uniform | zipf:S"},
+      {"router",
+       AxisKind::text,
+       "the GPU MoE router's kernels (routing model): auto (measured per GPU and shape) | one_kernel (gate, top-k and "
+       "permutation in one launch: up to 32 tokens) | separate (a gate kernel or GEMM, then routing and permutation)",
+       {"auto", "one_kernel", "separate"}},
       {"topk", AxisKind::positive_int, "experts per token"},
       {"executor",
        AxisKind::text,

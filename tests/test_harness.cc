@@ -915,6 +915,14 @@ TEST(GpuTuning, TheGroupedMoeMeasuresItsRowTileOnFirstUse) {
       });
 }
 
+// The MoE router in one kernel or two, at 1 and 8 tokens (the rule takes one kernel up to 4).
+TEST(GpuTuning, TheMoeRouterMeasuresItsKernelsOnFirstUse) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  expect_tuned_on_first_use("run --model deepseek-v2-lite --variant moe/grouped/cuda --axis tokens=1,8 --min-samples 3",
+                            "moe_router", 2,
+                            [](const nlohmann::json& v) { EXPECT_TRUE(v.at("one_kernel").is_boolean()); });
+}
+
 // The sparse top-k's CTAs a request (one block or a cluster of 4-8) at 32K keys, the lightning indexer's scores.
 TEST(GpuTuning, TheSparseTopkMeasuresItsClusterOnFirstUse) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;

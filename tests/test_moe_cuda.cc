@@ -4,6 +4,8 @@
 // Without a GPU they skip. Also here (no GPU needed): tile sizes and the expected-active-experts count.
 #include <gtest/gtest.h>
 
+#include "harness/errors.h"
+
 #include <cmath>
 
 #include "harness/host.h"
@@ -16,11 +18,12 @@
 namespace dslab {
 namespace {
 
-Point moe_point(int64_t tokens, const std::string& routing, int64_t experts = 0) {
+Point moe_point(int64_t tokens, const std::string& routing, int64_t experts = 0, const std::string& router = "auto") {
   Point p;
   p.set("tokens", {std::to_string(tokens), tokens, true});
   if (experts) p.set("experts", {std::to_string(experts), experts, true});
   p.set("routing", {routing, 0, false});
+  p.set("router", {router, 0, false});
   p.set("proj", {"own", 0, false});
   return p;
 }
@@ -36,6 +39,7 @@ TEST_P(GpuMoe, MatchesReferenceOverRoutersTokensAndRoutings) {
     int64_t tokens;
     const char* routing;
     int64_t experts;
+    const char* router = "auto";  // the router's kernels (auto: as measured on this GPU)
   };
   const std::vector<Case> cases = {
       {"tiny", 1, "model", 0},
@@ -51,12 +55,19 @@ TEST_P(GpuMoe, MatchesReferenceOverRoutersTokensAndRoutings) {
       {"deepseek-v3", 16, "model", 0},
       {"deepseek-v2-lite", 32, "model", 0},  // the most tokens routed in one block
       {"deepseek-v3", 17, "model", 0},       // and one past it (router, then scan)
+      // Each router form wherever it runs, whatever the tuner chose above.
+      {"deepseek-v2-lite", 8, "model", 0, "one_kernel"},
+      {"deepseek-v2-lite", 32, "model", 0, "one_kernel"},
+      {"deepseek-v3", 8, "model", 0, "one_kernel"},  // noaux_tc, 8 groups
+      {"deepseek-v2-lite", 1, "model", 0, "separate"},
+      {"deepseek-v2", 3, "model", 0, "separate"},
   };
   const uint64_t seed = test::fresh_seed();
   for (const Case& c : cases) {
-    SCOPED_TRACE(std::string(c.model) + " tokens " + std::to_string(c.tokens) + " routing " + c.routing);
+    SCOPED_TRACE(std::string(c.model) + " tokens " + std::to_string(c.tokens) + " routing " + c.routing + " router " +
+                 c.router);
     const ModelFile model = load_model_file(c.model);
-    const Point p = moe_point(c.tokens, c.routing, c.experts);
+    const Point p = moe_point(c.tokens, c.routing, c.experts, c.router);
     auto v = entry->make();
     const Support s = v->supports(model, p);
     if (!s.ok && GetParam() == "moe/host/cuda" && !cpu_info().avx512_bf16) GTEST_SKIP() << s.reason;
@@ -67,9 +78,13 @@ TEST_P(GpuMoe, MatchesReferenceOverRoutersTokensAndRoutings) {
     const Verification r = v->verify();
     EXPECT_LE(r.rel_err, 1e-2);
     EXPECT_GT(r.rel_err, 0.0) << "bf16 arithmetic cannot match fp64 exactly: is the output really computed?";
-    std::printf("%-16s %-18s tokens %5lld %-9s rel_err %.3e\n", GetParam().c_str(), c.model,
-                static_cast<long long>(c.tokens), c.routing, r.rel_err);
+    std::printf("%-16s %-18s tokens %5lld %-9s router %-10s rel_err %.3e\n", GetParam().c_str(), c.model,
+                static_cast<long long>(c.tokens), c.routing, c.router, r.rel_err);
   }
+  // One kernel routes at most 32 tokens (a warp each): more is bad input, not a silent fallback.
+  auto v = entry->make();
+  EXPECT_THROW(v->prepare(load_model_file("deepseek-v2-lite"), moe_point(64, "model", 0, "one_kernel"), seed),
+               BadInput);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuMoe,

@@ -115,6 +115,11 @@ class MoeOp {
   // Why this op cannot run on this machine ("" if it can).
   virtual std::string unavailable() const { return ""; }
   int tile_rows() const { return tile_rows_; }
+  // Whether the router reads the gate, routes and permutes in one kernel (choose_router).
+  bool one_kernel_router() const { return one_kernel_router_; }
+  // The router's kernels (the MoE family's router axis), set before prepare(): measured (auto), or one of the two.
+  enum class RouterKernels { automatic, one_kernel, separate };
+  void set_router_kernels(RouterKernels k) { router_kernels_ = k; }
   // Threads of an op whose routed experts run on the CPU (0: every core but one, which drives the GPU); set before
   // prepare(). Other ops ignore it (the variants reject a value for them).
   void set_cpu_threads(int threads) { cpu_threads_ = threads; }
@@ -167,6 +172,11 @@ class MoeOp {
   // measured now (every tile size on a uniform synthetic routing of the op's own tokens), else the rule.
   void choose_tile_rows();
   void set_tile_rows(int rows);
+  // one_kernel_router_: whether route() reads the gate in gate_route_scan_kernel (gate, routing and permutation in one
+  // launch) rather than a gate kernel or GEMM then the routing kernel: the tuning cache's measured choice for this GPU
+  // and shape, else measured now (both on random tokens), else the rule (up to moe::kGateKernelTokens tokens).
+  void choose_router();
+  bool one_kernel_router_fits() const;
   void mark(const char* op) const {
     if (marks_) marks_->mark(op, stream_);
   }
@@ -192,6 +202,8 @@ class MoeOp {
   DeviceArray<int2> tiles_;                 // (expert, first row) of each row tile
   DeviceArray<int32_t> num_tiles_;
   int tile_rows_ = 16, max_tiles_ = 0;
+  bool one_kernel_router_ = false;
+  RouterKernels router_kernels_ = RouterKernels::automatic;
   int cpu_threads_ = 0;
   int64_t hot_experts_ = 0;
   DeviceArray<float> y_;            // [rows][hidden] (unless bf16_rows())

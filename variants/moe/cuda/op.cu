@@ -512,6 +512,7 @@ void MoeOp::prepare(const ModelConfig& m, int64_t tokens, const MoeWeights& w, c
   set_tile_rows(tile_rows_for(double(rows_) / double(experts_)));  // (what prepare_experts may size its tiles by)
   prepare_experts();
   choose_tile_rows();
+  choose_router();
   DSLAB_CUDA(cudaDeviceSynchronize());
 }
 
@@ -599,6 +600,76 @@ void MoeOp::choose_tile_rows() {
                nlohmann::json{{"tile_rows", best}, {"us", best_us}, {"rule", rule}, {"rule_us", rule_us}});
 }
 
+bool MoeOp::one_kernel_router_fits() const {
+  const size_t per_warp = 2 * size_t(m_.n_routed_experts) * 4;
+  const size_t gate_route_smem = size_t(tokens_) * (per_warp + size_t(m_.n_routed_experts) * 4);
+  return tokens_ <= kFusedRouteTokens && gate_route_smem <= kMaxRouterSmem;
+}
+
+// Family "moe_router", key "tokens T experts E topk K groups G hidden H": whether the one-kernel router is faster
+// than the gate kernel (up to kGateKernelTokens tokens) or GEMM followed by the routing kernel. Measured in prepare()
+// on random tokens (the run's may not be written yet) through the op's own gate, each path from a flushed L2, best of
+// three runs after a warm-up. Only where the one kernel can run (a warp a token, its scratch in shared memory).
+void MoeOp::choose_router() {
+  const bool rule = tokens_ <= kGateKernelTokens;
+  one_kernel_router_ = rule && one_kernel_router_fits();
+  if (router_kernels_ == RouterKernels::one_kernel && !b_.topk_ids && !one_kernel_router_fits())
+    throw BadInput("axis router: one_kernel routes up to " + std::to_string(kFusedRouteTokens) +
+                   " tokens with their scratch in 32 KB of shared memory, not " + std::to_string(tokens_) + " of " +
+                   std::to_string(m_.n_routed_experts) + " experts");
+  if (router_kernels_ != RouterKernels::automatic) {
+    one_kernel_router_ = router_kernels_ == RouterKernels::one_kernel;
+    return;
+  }
+  if (b_.topk_ids || !one_kernel_router_fits()) return;  // (given routing, or no choice to make)
+  int device = 0;
+  DSLAB_CUDA(cudaGetDevice(&device));
+  const std::string key = "tokens " + std::to_string(tokens_) + " experts " + std::to_string(m_.n_routed_experts) +
+                          " topk " + std::to_string(topk_) + " groups " + std::to_string(m_.n_group) + " hidden " +
+                          std::to_string(hidden_);
+  static std::mutex mutex;
+  static std::map<std::pair<int, std::string>, bool> chosen;  // this process's choices, by device and key
+  std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = chosen.find({device, key}); it != chosen.end()) {
+    one_kernel_router_ = it->second;
+    return;
+  }
+  TuningCache& cache = TuningCache::instance();
+  if (const auto v = cache.lookup("moe_router", key); v && v->is_object() && v->contains("one_kernel")) {
+    one_kernel_router_ = chosen[{device, key}] = v->at("one_kernel").get<bool>();
+    return;
+  }
+  if (cache.mode() == TuningCache::Mode::off) {
+    cache.use_default("moe_router", key, nlohmann::json{{"one_kernel", rule}});
+    chosen[{device, key}] = rule;
+    return;
+  }
+  DeviceArray<__nv_bfloat16> x(size_t(tokens_ * hidden_));
+  fill_random_bf16(x.get(), x.size(), 1, "moe.router_tuning_inputs", std::sqrt(3.0f));  // uniform, unit variance
+  const __nv_bfloat16* run_x = b_.x;
+  b_.x = x.get();
+  stream_ = 0;
+  marks_ = nullptr;
+  blas_->set_stream(0);
+  double us[2] = {0, 0};  // [separate, one kernel]
+  for (const bool one : {false, true}) {
+    one_kernel_router_ = one;
+    double fastest = 0;
+    for (int repetition = 0; repetition <= 3; ++repetition) {  // repetition 0 warms up
+      const double s = gpu::time_seconds([&] { route(); }, /*flush_l2=*/true);
+      if (repetition > 0) fastest = repetition == 1 ? s : std::min(fastest, s);
+    }
+    us[one] = 1e6 * fastest;
+  }
+  b_.x = run_x;
+  DSLAB_CUDA(cudaDeviceSynchronize());
+  one_kernel_router_ = chosen[{device, key}] = us[1] <= us[0];
+  cache.record(
+      "moe_router", key,
+      nlohmann::json{
+          {"one_kernel", one_kernel_router_}, {"us", us[one_kernel_router_]}, {"rule", rule}, {"rule_us", us[rule]}});
+}
+
 void MoeOp::route() {
   gpu::NvtxRange range("moe.route");
   const int32_t* ids = b_.topk_ids ? b_.topk_ids : topk_ids_.get();  // given, or the router's
@@ -612,7 +683,7 @@ void MoeOp::route() {
   } else {
     const size_t per_warp = 2 * size_t(m_.n_routed_experts) * 4;
     const size_t gate_route_smem = size_t(tokens_) * (per_warp + size_t(m_.n_routed_experts) * 4);
-    if (tokens_ <= kGateKernelTokens && tokens_ <= kFusedRouteTokens && gate_route_smem <= kMaxRouterSmem) {
+    if (one_kernel_router_) {
       RouterParams p{nullptr,
                      w_->bias.get(),
                      int(tokens_),

@@ -63,7 +63,8 @@ GpuMoeVariant::GpuMoeVariant(const std::string& op_name) : op_(make_moe_op(op_na
 }
 
 std::vector<std::pair<std::string, std::string>> GpuMoeVariant::axes() const {
-  return {{"tokens", "1"}, {"experts", ""}, {"routing", "model"}, {"proj", "own"}, {"cpu_threads", ""}};
+  return {{"tokens", "1"},    {"experts", ""}, {"routing", "model"},
+          {"router", "auto"}, {"proj", "own"}, {"cpu_threads", ""}};
 }
 
 std::string GpuMoeVariant::compute_ceiling() const {
@@ -89,6 +90,8 @@ Support GpuMoeVariant::supports(const ModelFile& model, const Point& point) cons
   if (const std::string why = op_->unavailable(); !why.empty()) return Support::no(why);
   if (point.has("cpu_threads") && !op_->experts_on_host())
     return Support::no("cpu_threads: this op runs no experts on the CPU");
+  if (point.has("router") && point.text("router") != "auto" && s.routing != "model")
+    return Support::no("router " + point.text("router") + ": routing " + s.routing + " is given, no router runs");
   if (!model.weights.empty() && s.experts != m.n_routed_experts)
     return Support::no("--weights: experts " + std::to_string(s.experts) + ": the checkpoint's layer has " +
                        std::to_string(m.n_routed_experts));
@@ -156,6 +159,10 @@ void GpuMoeVariant::prepare(const ModelFile& model, const Point& point, uint64_t
     b.topk_weights = given_weights_.get();
   }
   op_->set_cpu_threads(point.has("cpu_threads") ? int(point.integer("cpu_threads")) : 0);
+  const std::string router = point.has("router") ? point.text("router") : "auto";
+  op_->set_router_kernels(router == "one_kernel" ? MoeOp::RouterKernels::one_kernel
+                          : router == "separate" ? MoeOp::RouterKernels::separate
+                                                 : MoeOp::RouterKernels::automatic);
   op_->prepare(m_, s_.tokens, *weights_, b, *blas_, side_blas_.get());
   op_->forward(0);  // the routing of this point, for cost()
   std::vector<int32_t> ids;
@@ -262,6 +269,7 @@ std::map<std::string, double> GpuMoeVariant::counters() {
   c["max_tokens_per_expert"] = double(*std::max_element(rows.begin(), rows.end()));
   c["graph_safe"] = op_->graph_safe() ? 1.0 : 0.0;
   c["tile_rows"] = double(op_->tile_rows());
+  c["one_kernel_router"] = op_->one_kernel_router() ? 1.0 : 0.0;
   return c;
 }
 
