@@ -731,8 +731,9 @@ options:
                      routed experts the GPU runs; repeatable
   --gpus N           also the placements over N GPUs (decode): attention tensor- or data-parallel, routed experts
                      tensor- or expert-parallel, each step's time predicted from the ops' work on this machine's GPU
-                     ceilings plus its collectives (NCCL's bus-bandwidth model; NVLink 4's datasheet rate until
-                     collectives are calibrated), fastest first
+                     ceilings plus its collectives (NCCL's bus-bandwidth model at the machine file's calibrated
+                     collectives, else NVLink 4's datasheet rate), fastest first; plan.json's gpus.placements has
+                     each with its collectives a MoE layer (kind, bytes, seconds)
   --out DIR          where plan.json and plan.md go (default: print only)
 )";
 
@@ -782,6 +783,7 @@ int cmd_plan(int argc, char** argv) {
   Plan plan = make_plan(r, ceilings);
   attach_measurements(plan, measured);
   std::string md = plan.to_markdown();
+  nlohmann::json plan_json = plan.to_json();
   if (a.has("--gpus")) {
     const int64_t gpus = int64_t(a.number("--gpus", 1, 1));
     if (!decode) throw BadInput("command line: --gpus: the placements over several GPUs are for --phase decode");
@@ -817,8 +819,27 @@ int cmd_plan(int argc, char** argv) {
           ", fastest first.\n\n"
           "| placement | step ms | compute ms | collectives ms | tokens/s | weights GB / GPU | KV GB / GPU | fits |\n"
           "|---|---|---|---|---|---|---|---|\n";
+    nlohmann::json placements = nlohmann::json::array();
     for (const ParallelEstimate& e : rank_placements(r.model, gpus, r.shape.batch, r.shape.kv_len, gpu, link)) {
       const double need = e.weight_bytes_per_gpu + e.kv_bytes_per_gpu, have = ceilings.gpu_memory_bytes;
+      nlohmann::json collectives_json = nlohmann::json::array();
+      for (const planner::Collective& c :
+           planner::shard_plan(r.model, e.p, r.shape.batch, 1, r.shape.kv_len).per_moe_layer)
+        collectives_json.push_back({{"kind", c.kind},
+                                    {"where", c.where},
+                                    {"bytes", c.bytes},
+                                    {"seconds", planner::collective_seconds(c, gpus, link)}});
+      placements.push_back({{"placement", e.label()},
+                            {"dp_attention", e.p.dp_attention},
+                            {"ep", e.p.ep},
+                            {"step_s", e.step_s},
+                            {"compute_s", e.compute_s},
+                            {"collectives_s", e.comm_s},
+                            {"tokens_per_s", e.tokens_per_s},
+                            {"weight_bytes_per_gpu", e.weight_bytes_per_gpu},
+                            {"kv_bytes_per_gpu", e.kv_bytes_per_gpu},
+                            {"fits", have <= 0 ? nlohmann::json() : nlohmann::json(need <= have)},
+                            {"collectives_per_moe_layer", collectives_json}});
       const std::string fits = have <= 0      ? "?"
                                : need <= have ? "yes"
                                               : "no (" + std::to_string(int64_t((need - have) / 1e9)) + " GB over)";
@@ -827,12 +848,16 @@ int cmd_plan(int argc, char** argv) {
                     e.kv_bytes_per_gpu / 1e9, fits.c_str());
       md += line;
     }
+    plan_json["gpus"] = {
+        {"count", gpus},
+        {"links", link.measured.empty() ? "NVLink 4 datasheet rate" : "calibrated on " + link.measured_on},
+        {"placements", placements}};
   }
   std::fputs(md.c_str(), stdout);
   if (a.has("--out")) {
     const std::filesystem::path dir = a.one("--out");
     std::filesystem::create_directories(dir);
-    std::ofstream(dir / "plan.json") << plan.to_json().dump(2) << "\n";
+    std::ofstream(dir / "plan.json") << plan_json.dump(2) << "\n";
     std::ofstream(dir / "plan.md") << md;
     std::printf("\nplan: %s\n", (dir / "plan.md").c_str());
   }

@@ -975,6 +975,11 @@ TEST(Collectives, PlanOverSeveralGpusUsesTheCalibratedLinks) {
   EXPECT_NE(md.str().find("calibrated on 8 x NVIDIA H200, NCCL 2.27.3 (all_gather 320 GB/s + 15.0 us"),
             std::string::npos)
       << md.str();
+  const auto plan = nlohmann::json::parse(std::ifstream(dir / "out" / "plan.json"));
+  EXPECT_EQ(plan.at("gpus").at("links"), "calibrated on 8 x NVIDIA H200, NCCL 2.27.3");
+  EXPECT_EQ(plan.at("gpus").at("placements").size(), 4u);  // TP or DP attention x TP or EP experts
+  for (const auto& p : plan.at("gpus").at("placements"))
+    for (const auto& c : p.at("collectives_per_moe_layer")) EXPECT_GT(c.at("seconds").get<double>(), 0) << p.dump();
   machine["collectives"]["fit"]["all_to_all"].erase("latency_s");
   std::ofstream(file) << machine.dump();
   const test::CliRun bad = test::run_cli("plan --model deepseek-v3 --gpus 8 --machine " + file.string(), dir / "bad");
