@@ -377,6 +377,16 @@ double time_seconds(const std::function<void()>& fn, bool flush) {
   return events.seconds(fn);
 }
 
+double fastest_seconds(const std::function<void()>& fn, int runs) {
+  time_seconds(fn, /*flush_l2=*/true);  // warm-up
+  double fastest = 0;
+  for (int run = 0; run < runs; ++run) {
+    const double s = time_seconds(fn, /*flush_l2=*/true);
+    fastest = run == 0 ? s : std::min(fastest, s);
+  }
+  return fastest;
+}
+
 nlohmann::json calibrate() {
   if (!gpu_info().present) return nullptr;
   nlohmann::json out;

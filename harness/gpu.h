@@ -69,6 +69,8 @@ std::map<std::string, double> time_ops(const std::function<void(OpMarks&)>& step
 // Times one call of fn with CUDA events on the default stream; with flush_l2 it first evicts L2 (flush_l2() below)
 // so the call starts from HBM.
 double time_seconds(const std::function<void()>& fn, bool flush_l2);
+// A tuner's time of one candidate: fn once to warm up, then the fastest of `runs` calls, each from a flushed L2.
+double fastest_seconds(const std::function<void()>& fn, int runs = 3);
 
 // Reads a buffer twice L2's size on the default stream: whatever runs next starts from HBM, with L2 holding clean
 // lines of other data (no write-back to pay, as after a memset: gpu.cu says what that cost).

@@ -20,6 +20,9 @@ namespace gpu {
 double time_seconds(const std::function<void()>&, bool) {
   throw std::logic_error("GPU timing in a build without CUDA");
 }
+double fastest_seconds(const std::function<void()>&, int) {
+  throw std::logic_error("GPU timing in a build without CUDA");
+}
 void flush_l2() { throw std::logic_error("GPU L2 flush in a build without CUDA"); }
 void occupy_stream(double) { throw std::logic_error("GPU stream in a build without CUDA"); }
 nlohmann::json calibrate() { return nullptr; }

@@ -259,20 +259,11 @@ int tuned_gemv_split(const __nv_bfloat16* x, int64_t in, const __nv_bfloat16* w,
   int best = rule;
   double best_us = 0, rule_us = 0;
   for (const int split : candidates) {
-    const double us = 1e6 * [&] {
-      double fastest = 0;
-      for (int run = 0; run <= 3; ++run) {  // run 0 warms up
-        const double s = time_seconds(
-            [&] {
-              launch_gemv_split<M>(x, in, w, out, scratch.get(), bf16, 0.0f, 0, out2,
-                                   out2 > 0 ? scratch2.get() : nullptr, split);
-              DSLAB_CHECK_LAUNCH();
-            },
-            /*flush_l2=*/true);
-        if (run > 0) fastest = run == 1 ? s : std::min(fastest, s);
-      }
-      return fastest;
-    }();
+    const double us = 1e6 * fastest_seconds([&] {
+                        launch_gemv_split<M>(x, in, w, out, scratch.get(), bf16, 0.0f, 0, out2,
+                                             out2 > 0 ? scratch2.get() : nullptr, split);
+                        DSLAB_CHECK_LAUNCH();
+                      });
     if (split == rule) rule_us = us;
     if (best_us == 0 || us < best_us) best = split, best_us = us;
   }

@@ -177,6 +177,8 @@ class MoeOp {
   // and shape, else measured now (both on random tokens), else the rule (up to moe::kGateKernelTokens tokens).
   void choose_router();
   bool one_kernel_router_fits() const;
+  size_t router_smem_per_token() const;  // route_token's scratch: a warp's 2 E floats
+  size_t gate_route_smem() const;        // gate_route_scan_kernel's: the logits and that scratch, every token
   void mark(const char* op) const {
     if (marks_) marks_->mark(op, stream_);
   }

@@ -578,17 +578,10 @@ void MoeOp::choose_tile_rows() {
   double best_us = 0, rule_us = 0;
   for (const int rows : kCandidates) {
     set_tile_rows(rows);
-    double fastest = 0;
-    for (int repetition = 0; repetition <= 3; ++repetition) {  // repetition 0 warms up
-      const double s = gpu::time_seconds(
-          [&] {
-            route();
-            experts();
-          },
-          /*flush_l2=*/true);
-      if (repetition > 0) fastest = repetition == 1 ? s : std::min(fastest, s);
-    }
-    const double us = 1e6 * fastest;
+    const double us = 1e6 * gpu::fastest_seconds([&] {
+                        route();
+                        experts();
+                      });
     if (rows == rule) rule_us = us;
     if (best_us == 0 || us < best_us) best = rows, best_us = us;
   }
@@ -600,10 +593,14 @@ void MoeOp::choose_tile_rows() {
                nlohmann::json{{"tile_rows", best}, {"us", best_us}, {"rule", rule}, {"rule_us", rule_us}});
 }
 
+size_t MoeOp::router_smem_per_token() const { return 2 * size_t(m_.n_routed_experts) * 4; }
+
+size_t MoeOp::gate_route_smem() const {
+  return size_t(tokens_) * (router_smem_per_token() + size_t(m_.n_routed_experts) * 4);
+}
+
 bool MoeOp::one_kernel_router_fits() const {
-  const size_t per_warp = 2 * size_t(m_.n_routed_experts) * 4;
-  const size_t gate_route_smem = size_t(tokens_) * (per_warp + size_t(m_.n_routed_experts) * 4);
-  return tokens_ <= kFusedRouteTokens && gate_route_smem <= kMaxRouterSmem;
+  return tokens_ <= kFusedRouteTokens && gate_route_smem() <= kMaxRouterSmem;
 }
 
 // Family "moe_router", key "tokens T experts E topk K groups G hidden H": whether the one-kernel router is faster
@@ -654,12 +651,7 @@ void MoeOp::choose_router() {
   double us[2] = {0, 0};  // [separate, one kernel]
   for (const bool one : {false, true}) {
     one_kernel_router_ = one;
-    double fastest = 0;
-    for (int repetition = 0; repetition <= 3; ++repetition) {  // repetition 0 warms up
-      const double s = gpu::time_seconds([&] { route(); }, /*flush_l2=*/true);
-      if (repetition > 0) fastest = repetition == 1 ? s : std::min(fastest, s);
-    }
-    us[one] = 1e6 * fastest;
+    us[one] = 1e6 * gpu::fastest_seconds([&] { route(); });
   }
   b_.x = run_x;
   DSLAB_CUDA(cudaDeviceSynchronize());
@@ -681,8 +673,7 @@ void MoeOp::route() {
                counts_.get());
     DSLAB_CHECK_LAUNCH();
   } else {
-    const size_t per_warp = 2 * size_t(m_.n_routed_experts) * 4;
-    const size_t gate_route_smem = size_t(tokens_) * (per_warp + size_t(m_.n_routed_experts) * 4);
+    const size_t per_warp = router_smem_per_token();
     if (one_kernel_router_) {
       RouterParams p{nullptr,
                      w_->bias.get(),
@@ -701,7 +692,7 @@ void MoeOp::route() {
                      counts_.get()};
       launch_pdl(gate_route_scan_kernel,
                  dim3(unsigned(tokens_), unsigned((m_.n_routed_experts + kGateRouteExperts - 1) / kGateRouteExperts)),
-                 dim3(kScanThreads), gate_route_smem, stream_, b_.x, w_->gate.get(), int(hidden_), logits_.get(),
+                 dim3(kScanThreads), gate_route_smem(), stream_, b_.x, w_->gate.get(), int(hidden_), logits_.get(),
                  gate_blocks_done_.get(), p, a);
       DSLAB_CHECK_LAUNCH();
       mark("route");

@@ -566,9 +566,6 @@ TopkLaunch topk_launch(int64_t scores_per_request, int64_t batch) {
   return topk_launch_given(scores_per_request, batch, max_active_clusters);
 }
 
-}  // namespace dslab::sparse::cuda
-
-namespace dslab::sparse::cuda {
 namespace {
 
 __global__ void fill_scores_kernel(float* scores, int64_t n, uint64_t stream) {
@@ -632,18 +629,11 @@ TopkLaunch tuned_topk_launch(int64_t scores_per_request, int64_t batch, int64_t 
   double best_us = 0, rule_us = 0;
   for (const int ctas : candidates) {
     const TopkLaunch launch = launch_of(ctas);
-    double fastest = 0;
-    for (int repetition = 0; repetition <= 3; ++repetition) {  // repetition 0 warms up
-      const double s = gpu::time_seconds(
-          [&] {
-            compact_tokens_as(launch, scores.get(), scores_per_request, page_table.get(), pages, keys.get(), page_size,
-                              budget, batch, max_tokens, q_len, slots.get(), logical.get(), length.get(), before.get(),
-                              0);
-          },
-          /*flush_l2=*/true);
-      if (repetition > 0) fastest = repetition == 1 ? s : std::min(fastest, s);
-    }
-    const double us = 1e6 * fastest;
+    const double us = 1e6 * gpu::fastest_seconds([&] {
+                        compact_tokens_as(launch, scores.get(), scores_per_request, page_table.get(), pages, keys.get(),
+                                          page_size, budget, batch, max_tokens, q_len, slots.get(), logical.get(),
+                                          length.get(), before.get(), 0);
+                      });
     if (ctas == rule.ctas_per_request) rule_us = us;
     if (best_us == 0 || us < best_us) best = ctas, best_us = us;
   }
