@@ -78,6 +78,12 @@ const std::vector<AxisInfo>& known_axes() {
        "shared_down_proj | dense_gate_up | dense_down_proj | gate | lm_head"},
       {"kv_splits", AxisKind::text,
        "the fused MLA kernel's split-KV CTAs per row tile: auto (about 4 key blocks each, 32 to one per SM) | N"},
+      {"split_plan",
+       AxisKind::text,
+       "how the fused MLA kernel cuts the keys among its CTAs: auto (per_request where every request can have CTAs of "
+       "its own, else packed) | packed (one run of key blocks cut equally; a CTA may end one request and begin the "
+       "next) | per_request (each request's blocks on CTAs of its own)",
+       {"auto", "packed", "per_request"}},
       {"l2_evict",
        AxisKind::text,
        "the fused MLA kernel's L2 hint for its cache blocks: auto (evict_first in the 64-key kernel where segments are "

@@ -24,13 +24,14 @@ struct GpuCase {
   const char* kv_splits = "auto";
   const char* block_keys = "auto";
   const char* l2_evict = "auto";
+  const char* split_plan = "auto";
 };
 
 std::string describe(const GpuCase& c) {
   return std::string(c.model) + " heads " + std::to_string(c.heads) + " batch " + std::to_string(c.batch) + " q_len " +
          std::to_string(c.q_len) + " kv_len " + std::to_string(c.kv_len) + " page_size " + std::to_string(c.page_size) +
          " " + c.len_dist + " " + c.kv_dtype + " " + c.executor + " kv_splits " + c.kv_splits + " block_keys " +
-         c.block_keys + " l2_evict " + c.l2_evict;
+         c.block_keys + " l2_evict " + c.l2_evict + " split_plan " + c.split_plan;
 }
 
 Point point_of(const GpuCase& c) {
@@ -46,6 +47,7 @@ Point point_of(const GpuCase& c) {
   p.set("kv_splits", {c.kv_splits, 0, false});
   p.set("block_keys", {c.block_keys, 0, false});
   p.set("l2_evict", {c.l2_evict, 0, false});
+  p.set("split_plan", {c.split_plan, 0, false});
   p.set("proj", {"own", 0, false});  // (the variants' default: the GEMV at 1-2 rows, tuned cuBLASLt from 3)
   return p;
 }
@@ -150,7 +152,8 @@ TEST_P(GpuMla, MatchesReferenceOverPagesLengthsAndCacheTypes) {
 
 TEST_P(GpuMla, LongSplitCacheMatchesReference) {
   // Long enough that the fused kernel splits every request across several CTAs and combines them; with 128
-  // heads and mixed lengths a CTA's run of key blocks crosses from one request into the next.
+  // heads, mixed lengths and packed runs (or fewer CTAs than requests) a CTA's run of key blocks crosses from one
+  // request into the next.
   REQUIRE_GPU_VARIANT(GetParam());
   // (128 heads both from cp.async copies (16-key pages) and tensor copies (64-key pages): two row tiles a part)
   std::vector<GpuCase> cases = {GpuCase{"deepseek-v3", 16, 2, 1, 5000, 64, "mixed", "bf16"},
@@ -164,6 +167,12 @@ TEST_P(GpuMla, LongSplitCacheMatchesReference) {
       cases.push_back({"deepseek-v3", 128, 3, 1, 3000, 64, "mixed", "bf16", "graph", splits});
       cases.push_back({"deepseek-v3", 16, 3, 1, 5000, 64, "mixed", "fp8_e4m3", "graph", splits});  // the fp8 kernel's
     }                                                                                              // segments
+    // The auto plan gives each request CTAs of its own wherever the batch fits the grid; packed runs cross requests.
+    for (const GpuCase& base : {cases[0], cases[1], cases[2]}) {
+      GpuCase packed = base;
+      packed.split_plan = "packed";
+      cases.push_back(packed);
+    }
     // Two requests on one CTA a row tile, segments of ~190 blocks (over kStreamEvictFirstBlocks): the two-warpgroup
     // kernel's instance without the L2 hint (every shorter case above takes the hinted one).
     cases.push_back({"deepseek-v3", 128, 2, 1, 12000, 64, "mixed", "bf16", "graph", "1"});
@@ -451,6 +460,66 @@ TEST(SplitKv, EveryKeyOnceInEqualRunsPerCta) {
       EXPECT_EQ(key, lengths[b] + q_len);
     }
   }
+}
+
+TEST(SplitKv, PerRequestGivesEachRequestCtasOfItsOwn) {
+  const int64_t q_len = 1, block = 64;
+  for (const auto& [lengths, parts] :
+       std::vector<std::pair<std::vector<int64_t>, int>>{{std::vector<int64_t>(4, 4096), 65},
+                                                         {mla::request_lengths("mixed", 16, 4096, 5), 132},
+                                                         {{0, 1, 63, 64, 65, 5000}, 7},
+                                                         {{70000}, 132},
+                                                         {std::vector<int64_t>(132, 100), 132}}) {
+    const auto plan = mla::split_kv_per_request(lengths, q_len, block, parts);
+    ASSERT_TRUE(plan.has_value());
+    const mla::SplitKv& s = *plan;
+    ASSERT_EQ(s.parts.size(), size_t(parts));
+    std::vector<int64_t> blocks;
+    int64_t longest_part = 0;
+    int32_t next = 0;
+    for (const auto& part : s.parts) {  // parts tile the segments in order, one segment each (or none: idle, last)
+      EXPECT_EQ(part.first, next);
+      EXPECT_LE(part.count, 1);
+      if (part.count == 1) {
+        const auto& g = s.segments[size_t(part.first)];
+        EXPECT_LT(g.first_key, g.end_key);
+        EXPECT_EQ(g.first_key % block, 0);
+        longest_part = std::max<int64_t>(longest_part, (g.end_key - g.first_key + block - 1) / block);
+      }
+      next = part.first + part.count;
+    }
+    EXPECT_EQ(size_t(next), s.segments.size());
+    int64_t used = 0;
+    for (size_t b = 0; b < lengths.size(); ++b) {  // a request's segments are adjacent and cover its keys once
+      const auto& r = s.requests[b];
+      ASSERT_GE(r.count, 1);
+      used += r.count;
+      int32_t key = 0;
+      for (int32_t i = r.first; i < r.first + r.count; ++i) {
+        EXPECT_EQ(s.segments[size_t(i)].request, int32_t(b));
+        EXPECT_EQ(s.segments[size_t(i)].first_key, key);
+        key = s.segments[size_t(i)].end_key;
+      }
+      EXPECT_EQ(key, lengths[b] + q_len);
+      blocks.push_back((lengths[b] + q_len + block - 1) / block);
+    }
+    EXPECT_LE(used, parts);
+    // The longest part is the smallest any per-request cut within `parts` reaches: one block fewer needs too many.
+    if (longest_part > 1) {
+      int64_t needed = 0;
+      for (int64_t b : blocks) needed += (b + longest_part - 2) / (longest_part - 1);
+      EXPECT_GT(needed, parts);
+    }
+  }
+  // 4 requests of 65 blocks on 65 CTAs: 13 each of 5 blocks (no CTA walks two requests), 13 CTAs idle.
+  const auto four = mla::split_kv_per_request(std::vector<int64_t>(4, 4096), q_len, block, 65);
+  ASSERT_TRUE(four.has_value());
+  EXPECT_EQ(four->segments.size(), 52u);
+  EXPECT_EQ(four->requests[3].count, 13);
+  // More requests than CTAs: no per-request plan.
+  EXPECT_FALSE(mla::split_kv_per_request(std::vector<int64_t>(8, 100), q_len, block, 7).has_value());
+  EXPECT_EQ(mla::parse_split_plan("per_request"), mla::SplitPlan::per_request);
+  EXPECT_THROW(mla::parse_split_plan("balanced"), BadInput);
 }
 
 TEST(SplitKv, AutoSplitsGiveEachCtaAFewBlocks) {

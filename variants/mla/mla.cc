@@ -29,6 +29,7 @@ Shape shape_of(const ModelConfig& m, const Point& p) {
   if (p.has("kv_splits")) s.kv_splits = parse_kv_splits(p.text("kv_splits"));
   if (p.has("block_keys")) s.block_keys = parse_block_keys(p.text("block_keys"));
   if (p.has("l2_evict")) s.l2_evict = parse_l2_evict(p.text("l2_evict"));
+  if (p.has("split_plan")) s.split_plan = parse_split_plan(p.text("split_plan"));
   if (p.has("budget")) s.budget = p.integer("budget");
   if (p.has("local")) s.local = p.integer("local");
   return s;
@@ -48,6 +49,13 @@ int64_t parse_block_keys(const std::string& text) {
   if (text != "32" && text != "64")
     throw BadInput("axis block_keys: '" + text + "' is not a block size (expected auto, 32 or 64)");
   return std::stoll(text);
+}
+
+SplitPlan parse_split_plan(const std::string& text) {
+  if (text == "auto") return SplitPlan::automatic;
+  if (text == "packed") return SplitPlan::packed;
+  if (text == "per_request") return SplitPlan::per_request;
+  throw BadInput("axis split_plan: '" + text + "' is not a split plan (expected auto, packed or per_request)");
 }
 
 L2Evict parse_l2_evict(const std::string& text) {
@@ -319,6 +327,49 @@ SplitKv split_kv(const std::vector<int64_t>& lengths, int64_t q_len, int64_t blo
       g = end;
     }
   }
+  return s;
+}
+
+std::optional<SplitKv> split_kv_per_request(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys,
+                                            int parts) {
+  const size_t B = lengths.size();
+  if (B == 0 || int64_t(B) > parts) return std::nullopt;
+  std::vector<int64_t> blocks(B);
+  int64_t longest = 0;
+  for (size_t r = 0; r < B; ++r) {
+    blocks[r] = (lengths[r] + q_len + block_keys - 1) / block_keys;
+    longest = std::max(longest, blocks[r]);
+  }
+  // The smallest longest part L that sum_r ceil(blocks_r / L) parts reach, by bisection (the sum falls as L grows).
+  auto parts_for = [&](int64_t most) {
+    int64_t n = 0;
+    for (int64_t b : blocks) n += (b + most - 1) / most;
+    return n;
+  };
+  int64_t lo = 1, hi = longest;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (parts_for(mid) <= parts)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  SplitKv s;
+  s.parts.assign(size_t(parts), {0, 0});
+  s.requests.resize(B);
+  int part = 0;
+  for (size_t r = 0; r < B; ++r) {
+    const int64_t n = (blocks[r] + lo - 1) / lo, keys = lengths[r] + q_len;
+    s.requests[r] = {int32_t(s.segments.size()), int32_t(n)};
+    for (int64_t i = 0, first = 0; i < n; ++i, ++part) {  // the first blocks_r % n parts take one block more
+      const int64_t size = blocks[r] / n + (i < blocks[r] % n ? 1 : 0);
+      s.parts[size_t(part)] = {int32_t(s.segments.size()), 1};
+      s.segments.push_back(
+          {int32_t(r), int32_t(first * block_keys), int32_t(std::min(keys, (first + size) * block_keys))});
+      first += size;
+    }
+  }
+  for (; part < parts; ++part) s.parts[size_t(part)] = {int32_t(s.segments.size()), 0};  // idle: past the end
   return s;
 }
 

@@ -2,6 +2,7 @@
 // reference output) and the CPU base class that all four CPU forms build on.
 #pragma once
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "harness/variant.h"
@@ -26,6 +27,11 @@ int64_t parse_block_keys(const std::string& text);  // "auto" -> 0, "32", "64"; 
 // fixed-roles kernel none), first (evict_first in both), normal (no hint).
 enum class L2Evict { automatic, first, normal };
 L2Evict parse_l2_evict(const std::string& text);  // "auto", "first", "normal"; BadInput for anything else
+// How the fused kernel cuts a step's keys among its CTAs (see split_kv and split_kv_per_request): auto (per_request
+// where every request can have CTAs of its own, else packed), packed (one run of blocks cut into equal parts, a part
+// may end one request and begin the next), per_request (each request's blocks cut among CTAs of its own).
+enum class SplitPlan { automatic, packed, per_request };
+SplitPlan parse_split_plan(const std::string& text);  // "auto", "packed", "per_request"; BadInput for anything else
 const char* kv_dtype_name(KvDtype d);
 
 struct Shape {
@@ -34,6 +40,7 @@ struct Shape {
   int64_t kv_splits = 0;             // the fused kernel's CTAs per row tile (split-KV parts); 0: auto (auto_kv_splits)
   int64_t block_keys = 0;            // the fused kernel's keys a block (32 | 64); 0: auto (block_keys_for)
   L2Evict l2_evict = L2Evict::automatic;
+  SplitPlan split_plan = SplitPlan::automatic;
   int64_t budget = 0,
           local = 0;  // sparse attention: keys attended per request and the local window within them; 0: dense
   int64_t tokens() const { return batch * q_len; }
@@ -127,6 +134,11 @@ constexpr int64_t kAutoBlocksPerPart = 4, kAutoMinParts = 32;
 int auto_kv_splits(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int grid_parts);
 SplitKv split_kv(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int parts,
                  bool whole_requests);
+// Each request's blocks on CTAs of its own (no CTA walks two requests: a segment switch costs a Q load and an output
+// store, more than a 64-key block at 16 heads on the H200): the fewest parts that reach the smallest possible
+// longest part, each request's blocks cut evenly among its parts. Empty where the batch exceeds `parts`.
+std::optional<SplitKv> split_kv_per_request(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys,
+                                            int parts);
 // A plan's blocks (of block_keys, a part-filled one counted whole) per segment, on average; 0 without segments.
 double mean_segment_blocks(const SplitKv& plan, int64_t block_keys);
 

@@ -142,6 +142,7 @@ std::vector<std::pair<std::string, std::string>> DeepseekLayerCuda::axes() const
           {"kv_dtype", "bf16"},
           {"proj", "own"},
           {"kv_splits", "auto"},
+          {"split_plan", "auto"},
           {"block_keys", "auto"},
           {"pdl", "on"},
           {"fused_norms", "off"},

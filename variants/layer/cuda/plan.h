@@ -30,6 +30,7 @@ using moe::cuda::MoeOp;
 struct DeepseekLayerCuda::Plan {
   ModelConfig m;
   int64_t batch = 0, bucket = 0, q_len = 0, kv_len = 0, steps = 0, page_size = 0, kv_splits = 0, block_keys = 0;
+  mla::SplitPlan split_plan = mla::SplitPlan::automatic;
   mla::KvDtype kv_dtype = mla::KvDtype::bf16;
   std::string attn, moe, len_dist;
   bool graph = false, whole = false, pdl = true;
@@ -62,6 +63,7 @@ struct DeepseekLayerCuda::Plan {
     s.kv_len = kv_len;
     s.kv_dtype = kv_dtype;
     s.kv_splits = kv_splits;
+    s.split_plan = split_plan;
     s.block_keys = block_keys;
     return s;
   }
@@ -75,6 +77,7 @@ struct DeepseekLayerCuda::Plan {
     page_size = p.integer("page_size");
     kv_dtype = mla::parse_kv_dtype(p.text("kv_dtype"));
     kv_splits = mla::parse_kv_splits(p.text("kv_splits"));
+    split_plan = p.has("split_plan") ? mla::parse_split_plan(p.text("split_plan")) : mla::SplitPlan::automatic;
     block_keys = p.has("block_keys") ? mla::parse_block_keys(p.text("block_keys")) : 0;
     attn = p.text("attn");
     moe = p.text("moe");
@@ -112,6 +115,8 @@ struct DeepseekLayerCuda::Plan {
             : attn_op->unsupported(m, attn_shape());
     if (why_not.empty() && kv_splits > 0 && !attn_op->fused())
       why_not = "kv_splits: only the fused attention splits the keys (" + attn + " does not)";
+    if (why_not.empty() && split_plan != mla::SplitPlan::automatic && !attn_op->fused())
+      why_not = "split_plan: only the fused attention splits the keys (" + attn + " does not)";
     if (why_not.empty() && block_keys > 0 && !attn_op->fused())
       why_not = "block_keys: only the fused attention has key blocks to size (" + attn + " does not)";
     const auto moe_op = moe::cuda::make_moe_op(moe);
