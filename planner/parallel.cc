@@ -73,9 +73,11 @@ ShardPlan shard_plan(const ModelConfig& m, const Parallelism& p, int64_t batch, 
     if (!p.dp_attention) {
       c.push_back({"all_reduce", "attention output (o_proj's partial sums)", rows});
       c.push_back({"all_reduce", moe ? "MoE output (down_proj's partial sums)" : "MLP output", rows});
-    } else if (moe && p.ep) {
-      c.push_back({"all_to_all", "dispatch: each token to its top-k experts' GPUs", routed_rows});
-      c.push_back({"all_to_all", "combine: the experts' outputs back", routed_rows});
+    } else if (p.ep) {  // (a dense layer's MLP replicated: each GPU runs its own tokens, nothing moves)
+      if (moe) {
+        c.push_back({"all_to_all", "dispatch: each token to its top-k experts' GPUs", routed_rows});
+        c.push_back({"all_to_all", "combine: the experts' outputs back", routed_rows});
+      }
     } else {
       c.push_back({"all_gather", "every GPU's tokens before the FFN", rows});
       c.push_back({"reduce_scatter", "the FFN's partial sums back to each token's GPU", rows});

@@ -4,6 +4,7 @@
 
 #include "harness/errors.h"
 #include "planner/parallel.h"
+#include "planner/sharded_layer.h"
 #include "variants/layer/ops.h"
 #include "tests/test_util.h"
 #include "variants/reference/reference.h"
@@ -52,7 +53,8 @@ TEST(Parallel, DeepseekV3OnEightGpusSplitsHeadsOrRequestsAndExpertsOrSlices) {
   ASSERT_EQ(dp.per_moe_layer.size(), 2u);
   EXPECT_EQ(dp.per_moe_layer[0].kind, "all_to_all");
   EXPECT_DOUBLE_EQ(dp.per_moe_layer[0].bytes, rows * 8);  // each token to its 8 experts
-  EXPECT_EQ(dp.per_dense_layer[0].kind, "all_gather");
+  EXPECT_TRUE(dp.per_dense_layer.empty());                // the dense MLPs replicated: each GPU runs its own tokens
+  EXPECT_EQ(shard_plan(m, {8, true, false}, 64, 1, 4096).per_dense_layer[0].kind, "all_gather");
   EXPECT_GT(dp.weight_bytes_per_gpu, tp.weight_bytes_per_gpu);  // DP replicates the attention weights
   const ShardPlan dp_tp = shard_plan(m, {8, true, false}, 100, 1, 4096);
   EXPECT_EQ(dp_tp.requests_per_gpu, 13);  // ceil(100 / 8)
@@ -143,6 +145,72 @@ TEST(ParallelEstimate, OneGpuIsTheOpsAloneAndDpAttentionWinsLargeBatches) {
   for (const auto& e : large) EXPECT_GT(e.comm_s, 0);
   // Heads that do not divide: no TP attention among the placements.
   EXPECT_EQ(rank_placements(m, 3, 8, 4096).size(), 1u);  // (V3's 256 experts and 128 heads: only DP + TP over 3)
+}
+
+// Every placement of a layer over 2 and 4 GPUs (TP or DP attention x TP or EP experts), rank by rank in fp64 with
+// each rank holding only its shard: the single-GPU layer's output at every request (dense and MoE layers, a decode
+// step and an MTP step of 2, a batch the DP ranks share unevenly, one rank idle), and the collectives shard_plan
+// prices.
+TEST(ShardedLayer, EveryPlacementComputesTheSingleGpuLayer) {
+  const ModelConfig m = model("tiny");  // 4 heads, 16 experts (4 of them a token), one dense layer, then MoE
+  for (const int64_t layer : {0, 1}) {
+    const ref::LayerParams p = ref::make_layer_params(m, layer, 11);
+    for (const auto& [batch, q_len] : std::vector<std::pair<int64_t, int64_t>>{{4, 1}, {3, 2}}) {
+      const ref::MlaInputs in = ref::make_mla_inputs(m, batch, q_len, 40, 12);
+      const std::vector<double> single = ref::decoder_layer(m, layer, p, in, ref::MlaForm::absorbed_split);
+      double scale = 0;
+      for (double v : single) scale = std::max(scale, std::abs(v));
+      for (const int64_t gpus : {2, 4})
+        for (const bool dp : {false, true})
+          for (const bool ep : {false, true}) {
+            const Parallelism parallel{gpus, dp, ep};
+            SCOPED_TRACE("layer " + std::to_string(layer) + " batch " + std::to_string(batch) + " q_len " +
+                         std::to_string(q_len) + " gpus " + std::to_string(gpus) + (dp ? " DP" : " TP") +
+                         " attention, " + (ep ? "EP" : "TP") + " experts");
+            const ShardedLayerStep step =
+                sharded_decoder_layer(m, layer, p, in, ref::MlaForm::absorbed_split, parallel);
+            ASSERT_EQ(step.out.size(), single.size());
+            double worst = 0;
+            for (size_t i = 0; i < single.size(); ++i) worst = std::max(worst, std::abs(step.out[i] - single[i]));
+            EXPECT_LT(worst, 1e-12 * scale);  // the same sums, regrouped by rank
+            const ShardPlan plan = shard_plan(m, parallel, batch, q_len, 40);
+            const auto& priced = m.is_moe_layer(layer) ? plan.per_moe_layer : plan.per_dense_layer;
+            ASSERT_EQ(step.collectives.size(), priced.size());
+            for (size_t c = 0; c < priced.size(); ++c) {
+              EXPECT_EQ(step.collectives[c].kind, priced[c].kind);
+              EXPECT_DOUBLE_EQ(step.collectives[c].bytes, priced[c].bytes);
+            }
+          }
+    }
+  }
+}
+
+// A shard is the weights' rows and columns it should be: heads' rows of kv_b and columns of o_proj, an MLP's
+// intermediate units; the shards together hold each weight once. Splits that do not divide are bad input.
+TEST(ShardedLayer, ShardsTileTheWeights) {
+  const ModelConfig m = model("tiny");
+  const ref::LayerParams p = ref::make_layer_params(m, 1, 3);
+  size_t kv_b = 0, o = 0, q_b = 0;
+  for (int64_t rank = 0; rank < 4; ++rank) {
+    const ref::MlaParams s = shard_heads(m, p.attn, rank, 4);
+    EXPECT_EQ(s.heads, 1);
+    ASSERT_EQ(s.kv_a_proj_with_mqa.size(), p.attn.kv_a_proj_with_mqa.size());  // the latent projection whole
+    EXPECT_EQ(to_float(s.kv_a_proj_with_mqa.back()), to_float(p.attn.kv_a_proj_with_mqa.back()));
+    kv_b += s.kv_b_proj.size(), o += s.o_proj.size(), q_b += s.q_b_proj.size();
+    // head `rank`'s first kv_b row, and o_proj's row 0 at that head's first column
+    const int64_t kv_rows = m.qk_nope_head_dim + m.v_head_dim;
+    EXPECT_EQ(to_float(s.kv_b_proj[0]), to_float(p.attn.kv_b_proj[size_t(rank * kv_rows * m.kv_lora_rank)]));
+    EXPECT_EQ(to_float(s.o_proj[1]), to_float(p.attn.o_proj[size_t(rank * m.v_head_dim + 1)]));
+  }
+  EXPECT_EQ(kv_b, p.attn.kv_b_proj.size());
+  EXPECT_EQ(o, p.attn.o_proj.size());
+  EXPECT_EQ(q_b, p.attn.q_b_proj.size());
+  const ref::MlpParams half = shard_intermediate(p.moe.shared, 1, 2);
+  EXPECT_EQ(half.intermediate, p.moe.shared.intermediate / 2);
+  EXPECT_EQ(to_float(half.down_proj[0]), to_float(p.moe.shared.down_proj[size_t(half.intermediate)]));
+  EXPECT_EQ(to_float(half.gate_proj[0]), to_float(p.moe.shared.gate_proj[size_t(half.intermediate * m.hidden_size)]));
+  EXPECT_THROW(shard_heads(m, p.attn, 0, 3), BadInput);
+  EXPECT_THROW(shard_intermediate(p.moe.shared, 0, 5), BadInput);
 }
 
 }  // namespace
