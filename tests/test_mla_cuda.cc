@@ -421,6 +421,22 @@ TEST(RequestLengths, MixedIsSkewedWithTheUniformTotal) {
   EXPECT_THROW(mla::request_lengths("zipf", 3, 10, 7), BadInput);
 }
 
+// A plan's segments of each request are adjacent, in key order, and cover its keys once.
+void expect_every_key_once(const mla::SplitKv& s, const std::vector<int64_t>& lengths, int64_t q_len) {
+  ASSERT_EQ(s.requests.size(), lengths.size());
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    const auto& r = s.requests[b];
+    ASSERT_GE(r.count, 1);
+    int32_t key = 0;
+    for (int32_t i = r.first; i < r.first + r.count; ++i) {
+      EXPECT_EQ(s.segments[size_t(i)].request, int32_t(b));
+      EXPECT_EQ(s.segments[size_t(i)].first_key, key);
+      key = s.segments[size_t(i)].end_key;
+    }
+    EXPECT_EQ(key, lengths[b] + q_len);
+  }
+}
+
 TEST(SplitKv, EveryKeyOnceInEqualRunsPerCta) {
   for (const auto& [lengths, parts] :
        std::vector<std::pair<std::vector<int64_t>, int>>{{mla::request_lengths("mixed", 64, 4096, 3), 132},
@@ -448,17 +464,7 @@ TEST(SplitKv, EveryKeyOnceInEqualRunsPerCta) {
       next = part.first + part.count;
     }
     EXPECT_EQ(size_t(next), s.segments.size());
-    for (size_t b = 0; b < lengths.size(); ++b) {  // a request's segments are adjacent and cover its keys once
-      const auto& r = s.requests[b];
-      ASSERT_GE(r.count, 1);
-      int32_t key = 0;
-      for (int32_t i = r.first; i < r.first + r.count; ++i) {
-        EXPECT_EQ(s.segments[size_t(i)].request, int32_t(b));
-        EXPECT_EQ(s.segments[size_t(i)].first_key, key);
-        key = s.segments[size_t(i)].end_key;
-      }
-      EXPECT_EQ(key, lengths[b] + q_len);
-    }
+    expect_every_key_once(s, lengths, q_len);
   }
 }
 
@@ -489,18 +495,10 @@ TEST(SplitKv, PerRequestGivesEachRequestCtasOfItsOwn) {
       next = part.first + part.count;
     }
     EXPECT_EQ(size_t(next), s.segments.size());
+    expect_every_key_once(s, lengths, q_len);
     int64_t used = 0;
-    for (size_t b = 0; b < lengths.size(); ++b) {  // a request's segments are adjacent and cover its keys once
-      const auto& r = s.requests[b];
-      ASSERT_GE(r.count, 1);
-      used += r.count;
-      int32_t key = 0;
-      for (int32_t i = r.first; i < r.first + r.count; ++i) {
-        EXPECT_EQ(s.segments[size_t(i)].request, int32_t(b));
-        EXPECT_EQ(s.segments[size_t(i)].first_key, key);
-        key = s.segments[size_t(i)].end_key;
-      }
-      EXPECT_EQ(key, lengths[b] + q_len);
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      used += s.requests[b].count;
       blocks.push_back((lengths[b] + q_len + block - 1) / block);
     }
     EXPECT_LE(used, parts);
