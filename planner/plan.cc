@@ -733,7 +733,8 @@ options:
                      tensor- or expert-parallel, each step's time predicted from the ops' work on this machine's GPU
                      ceilings plus its collectives (NCCL's bus-bandwidth model at the machine file's calibrated
                      collectives, else NVLink 4's datasheet rate), fastest first; plan.json's gpus.placements has
-                     each with its collectives a MoE layer (kind, bytes, seconds)
+                     each with its collectives a MoE and a dense layer (kind, bytes, seconds) and the requests
+                     of --kv-len cached tokens the GPUs hold beside their weights (kv_capacity_requests)
   --out DIR          where plan.json and plan.md go (default: print only)
 )";
 
@@ -817,18 +818,24 @@ int cmd_plan(int argc, char** argv) {
           (ceilings.gpu_name.empty() ? std::string("the default ceilings") : ceilings.gpu_name + "'s ceilings") +
           ", plus the collectives at " + links +
           ", fastest first.\n\n"
-          "| placement | step ms | compute ms | collectives ms | tokens/s | weights GB / GPU | KV GB / GPU | fits |\n"
-          "|---|---|---|---|---|---|---|---|\n";
+          "| placement | step ms | compute ms | collectives ms | tokens/s | weights GB / GPU | KV GB / GPU | fits | "
+          "requests that fit |\n"
+          "|---|---|---|---|---|---|---|---|---|\n";
     nlohmann::json placements = nlohmann::json::array();
     for (const ParallelEstimate& e : rank_placements(r.model, gpus, r.shape.batch, r.shape.kv_len, gpu, link)) {
       const double need = e.weight_bytes_per_gpu + e.kv_bytes_per_gpu, have = ceilings.gpu_memory_bytes;
-      nlohmann::json collectives_json = nlohmann::json::array();
-      for (const planner::Collective& c :
-           planner::shard_plan(r.model, e.p, r.shape.batch, 1, r.shape.kv_len).per_moe_layer)
-        collectives_json.push_back({{"kind", c.kind},
-                                    {"where", c.where},
-                                    {"bytes", c.bytes},
-                                    {"seconds", planner::collective_seconds(c, gpus, link)}});
+      const planner::ShardPlan shards = planner::shard_plan(r.model, e.p, r.shape.batch, 1, r.shape.kv_len);
+      auto collectives_json = [&](const std::vector<planner::Collective>& list) {
+        nlohmann::json out = nlohmann::json::array();
+        for (const planner::Collective& c : list)
+          out.push_back({{"kind", c.kind},
+                         {"where", c.where},
+                         {"bytes", c.bytes},
+                         {"seconds", planner::collective_seconds(c, gpus, link)}});
+        return out;
+      };
+      // Requests of kv_len the machine's GPUs hold beside their weights (TP attention: every GPU a copy of each)
+      const int64_t capacity = have <= 0 ? -1 : planner::kv_capacity_requests(r.model, e.p, have, r.shape.kv_len);
       placements.push_back({{"placement", e.label()},
                             {"dp_attention", e.p.dp_attention},
                             {"ep", e.p.ep},
@@ -839,13 +846,16 @@ int cmd_plan(int argc, char** argv) {
                             {"weight_bytes_per_gpu", e.weight_bytes_per_gpu},
                             {"kv_bytes_per_gpu", e.kv_bytes_per_gpu},
                             {"fits", have <= 0 ? nlohmann::json() : nlohmann::json(need <= have)},
-                            {"collectives_per_moe_layer", collectives_json}});
+                            {"kv_capacity_requests", capacity < 0 ? nlohmann::json() : nlohmann::json(capacity)},
+                            {"collectives_per_moe_layer", collectives_json(shards.per_moe_layer)},
+                            {"collectives_per_dense_layer", collectives_json(shards.per_dense_layer)}});
       const std::string fits = have <= 0      ? "?"
                                : need <= have ? "yes"
                                               : "no (" + std::to_string(int64_t((need - have) / 1e9)) + " GB over)";
-      std::snprintf(line, sizeof line, "| %s | %.3f | %.3f | %.3f | %.0f | %.1f | %.1f | %s |\n", e.label().c_str(),
-                    e.step_s * 1e3, e.compute_s * 1e3, e.comm_s * 1e3, e.tokens_per_s, e.weight_bytes_per_gpu / 1e9,
-                    e.kv_bytes_per_gpu / 1e9, fits.c_str());
+      std::snprintf(line, sizeof line, "| %s | %.3f | %.3f | %.3f | %.0f | %.1f | %.1f | %s | %s |\n",
+                    e.label().c_str(), e.step_s * 1e3, e.compute_s * 1e3, e.comm_s * 1e3, e.tokens_per_s,
+                    e.weight_bytes_per_gpu / 1e9, e.kv_bytes_per_gpu / 1e9, fits.c_str(),
+                    capacity < 0 ? "?" : std::to_string(capacity).c_str());
       md += line;
     }
     plan_json["gpus"] = {

@@ -978,8 +978,13 @@ TEST(Collectives, PlanOverSeveralGpusUsesTheCalibratedLinks) {
   const auto plan = nlohmann::json::parse(std::ifstream(dir / "out" / "plan.json"));
   EXPECT_EQ(plan.at("gpus").at("links"), "calibrated on 8 x NVIDIA H200, NCCL 2.27.3");
   EXPECT_EQ(plan.at("gpus").at("placements").size(), 4u);  // TP or DP attention x TP or EP experts
-  for (const auto& p : plan.at("gpus").at("placements"))
+  for (const auto& p : plan.at("gpus").at("placements")) {
     for (const auto& c : p.at("collectives_per_moe_layer")) EXPECT_GT(c.at("seconds").get<double>(), 0) << p.dump();
+    ASSERT_TRUE(p.contains("collectives_per_dense_layer")) << p.dump();
+    // the requests that fit: none where the weights alone overflow a GPU (V3 in bf16 over 8 H200s), else some
+    ASSERT_TRUE(p.at("kv_capacity_requests").is_number_integer()) << p.dump();
+    EXPECT_EQ(p.at("kv_capacity_requests").get<int64_t>() > 0, p.at("fits").get<bool>()) << p.dump();
+  }
   machine["collectives"]["fit"]["all_to_all"].erase("latency_s");
   std::ofstream(file) << machine.dump();
   const test::CliRun bad = test::run_cli("plan --model deepseek-v3 --gpus 8 --machine " + file.string(), dir / "bad");
