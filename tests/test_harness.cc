@@ -924,6 +924,18 @@ TEST(GpuTuning, TheMoeRouterMeasuresItsKernelsOnFirstUse) {
 }
 
 // The sparse top-k's CTAs a request (one block or a cluster of 4-8) at 32K keys, the lightning indexer's scores.
+// The fused decode's CTAs given keys (kv_splits auto): the rule (0), 32, 64 or the whole grid, measured once per
+// rows, batch and cache length, with the key block settled first.
+TEST(GpuTuning, TheFusedDecodeMeasuresItsSplitCountOnFirstUse) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  expect_tuned_on_first_use(
+      "run --model deepseek-v2-lite --variant mla/fused/cuda --axis batch=4 --axis kv_len=1024 --min-samples 3",
+      "mla_fused_kv_splits", 1, [](const nlohmann::json& v) {
+        const int64_t splits = v.get<int64_t>();
+        EXPECT_TRUE(splits == 0 || splits == 32 || splits == 64 || splits == gpu_info().sms) << splits;
+      });
+}
+
 TEST(GpuTuning, TheSparseTopkMeasuresItsClusterOnFirstUse) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
   expect_tuned_on_first_use(

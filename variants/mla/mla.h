@@ -41,6 +41,9 @@ struct Shape {
   int64_t block_keys = 0;            // the fused kernel's keys a block (32 | 64); 0: auto (block_keys_for)
   L2Evict l2_evict = L2Evict::automatic;
   SplitPlan split_plan = SplitPlan::automatic;
+  // Not an axis: the split count a tuner times (the fused kernel's CTAs given keys, of its one-per-SM grid, in place
+  // of the tuned or the rule's count); 0: none.
+  int64_t measured_splits = 0;
   int64_t budget = 0,
           local = 0;  // sparse attention: keys attended per request and the local window within them; 0: dense
   int64_t tokens() const { return batch * q_len; }

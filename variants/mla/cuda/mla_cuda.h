@@ -133,14 +133,17 @@ class MlaOp {
   // On for the steps that time the attention kernel alone (kernel_s, against FlashInfer's kernel): a fused op then
   // ends its attention at o_lat, as FlashInfer's kernel does, instead of absorbing the output in its merge kernel.
   virtual void attention_core_only(bool) {}
-  // A launch choice this prepared op made by the tuning cache (harness/tuning.h) or its default table, where it could
-  // take others: the cache's family and key, the candidates, and whether it came from the cache ({} where none).
+  // The launch choices this prepared op made by the tuning cache (harness/tuning.h) or its default table, where it
+  // could take others: the cache's family and key, the Shape field a candidate is timed through, the candidates, and
+  // whether it came from the cache ({} where none). A tuner settles them in order (a later one's key and timing may
+  // depend on an earlier one's value).
   struct TunedChoice {
     std::string family, key;
+    int64_t Shape::*field = nullptr;  // Shape::block_keys, Shape::measured_splits
     std::vector<int64_t> candidates;
     bool from_cache = false;
   };
-  virtual std::optional<TunedChoice> tuned_choice() const { return std::nullopt; }
+  virtual std::vector<TunedChoice> tuned_choices() const { return {}; }
   // Whether auto launch choices follow the tuning cache and its default table (on: the MLA variants, which measure
   // them); off (the layer and the engine, until each choice is measured inside them): the choices this code made
   // before it had a tuner.

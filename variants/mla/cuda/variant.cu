@@ -139,20 +139,24 @@ void GpuVariant::prepare(const ModelFile& model, const Point& point, uint64_t se
           cudaMemcpy(op_->schedule_buffer(), schedule_.blob.data(), schedule_.blob.size() * 4, cudaMemcpyHostToDevice));
   };
   prepare_op(s_);
-  // A choice the op took from its default table where the tuning cache had none: measured now, each candidate's
+  // Each choice the op took from its default table where the tuning cache had none: measured now, each candidate's
   // step timed on this point (eager, the same inputs), the fastest kept in the cache; the op prepared again takes it.
-  if (const auto t = op_->tuned_choice();
-      t && !t->from_cache && TuningCache::instance().mode() != TuningCache::Mode::off) {
+  // In order: a later choice is timed with the earlier ones settled.
+  for (size_t i = 0; TuningCache::instance().mode() != TuningCache::Mode::off; ++i) {
+    const auto choices = op_->tuned_choices();
+    if (i >= choices.size()) break;
+    const auto& t = choices[i];
+    if (t.from_cache) continue;
     double best_s = 0;
-    int64_t best = 0;
-    for (int64_t candidate : t->candidates) {
+    int64_t best = -1;
+    for (int64_t candidate : t.candidates) {
       Shape s = s_;
-      s.block_keys = candidate;
+      s.*t.field = candidate;
       prepare_op(s);
       const double seconds = time_steps([&] { op_->forward(0); });
-      if (best == 0 || seconds < best_s) best = candidate, best_s = seconds;
+      if (best < 0 || seconds < best_s) best = candidate, best_s = seconds;
     }
-    TuningCache::instance().record(t->family, t->key, best);
+    TuningCache::instance().record(t.family, t.key, best);
     prepare_op(s_);
   }
   if (point.text("executor") == "graph") capture_graph();

@@ -262,6 +262,26 @@ int default_block_keys(int64_t keys_per_cta) {
   return gpu_info().name.find("H200") != std::string::npos && keys_per_cta > 2048 ? 64 : 32;
 }
 
+// How many of the grid's CTAs get keys (kv_splits auto): auto_kv_splits' rule (about kAutoBlocksPerPart blocks a CTA,
+// measured on the H100) is one or two blocks a CTA too many at short caches on the H200 (batch 1 at 4K keys, batch
+// 4 and 16 at 1K: 4-7% behind the best fixed count, mla-fused.md), and right elsewhere. So where the op's owner asks
+// for tuned launches the count is measured on first use (family mla_fused_kv_splits, by rows, batch and keys a request
+// pow2-bucketed, with the key block already settled; the value 0 is the rule): the rule, 32, 64 and the whole grid,
+// timed whole steps on the point's own inputs by mla/fused/cuda. Without a measurement the rule stands.
+constexpr const char* kSplitsFamily = "mla_fused_kv_splits";
+std::string splits_key(int64_t rows, int64_t batch, int64_t keys) {
+  int64_t bucket = 1;
+  while (bucket < keys) bucket *= 2;
+  return "rows " + std::to_string(rows) + ", batch " + std::to_string(batch) +
+         ", keys a request <= " + std::to_string(bucket);
+}
+std::vector<int64_t> split_candidates(int grid) {
+  std::vector<int64_t> c = {0};
+  for (int64_t n : {int64_t(32), int64_t(64), int64_t(grid)})
+    if (n <= grid && std::find(c.begin(), c.end(), n) == c.end()) c.push_back(n);
+  return c;
+}
+
 // The decode kernels, most specialised first (pick_decode_kernel takes the first that applies). Each kernel's unit
 // states its own conditions (use_*); all are Hopper (sm_90a) kernels, the build's one architecture.
 struct DecodeKernelEntry {
@@ -329,7 +349,7 @@ class FusedCuda final : public MlaOp {
   // done (each phase above is the median over CTAs).
   std::map<std::string, double> phase_counters() override;
   void attention_core_only(bool on) override { core_only_ = on; }
-  std::optional<TunedChoice> tuned_choice() const override { return tuned_; }
+  std::vector<TunedChoice> tuned_choices() const override { return tuned_; }
 
  protected:
   bool supports_kv_dtype(KvDtype d) const override {
@@ -356,11 +376,11 @@ class FusedCuda final : public MlaOp {
     o_partial_.scratch(arena_, size_t(max_segments_) * size_t(row_tiles_ * kTileRows) * kLatent);
     lse_partial_.scratch(arena_, size_t(max_segments_) * size_t(row_tiles_ * kTileRows));
     block_keys_ = block_keys_for(M, s_.kv_dtype, s_.block_keys);
-    tuned_.reset();
+    tuned_.clear();
     if (tuned_launches_ && s_.block_keys == 0 && !selector_ &&
         block_keys_tunable(M, s_.kv_dtype, b_.cache->page_size)) {
       const int64_t keys_per_cta = s_.batch * s_.keys() / parts_;
-      TunedChoice t{kBlockKeysFamily, block_keys_key(M, keys_per_cta), {32, 64}, false};
+      TunedChoice t{kBlockKeysFamily, block_keys_key(M, keys_per_cta), &Shape::block_keys, {32, 64}, false};
       if (const auto v = TuningCache::instance().lookup(t.family, t.key)) {
         block_keys_ = v->get<int>();
         t.from_cache = true;
@@ -368,7 +388,22 @@ class FusedCuda final : public MlaOp {
         block_keys_ = default_block_keys(keys_per_cta);
         TuningCache::instance().use_default(t.family, t.key, block_keys_);
       }
-      tuned_ = t;
+      tuned_.push_back(t);
+    }
+    // The CTAs given keys (see kSplitsFamily): a tuner's candidate, the cache's measured count, or the rule (0).
+    splits_ = 0;
+    if (s_.measured_splits > 0) {
+      splits_ = int(std::min<int64_t>(s_.measured_splits, parts_));
+    } else if (tuned_launches_ && s_.kv_splits == 0 && !selector_) {
+      TunedChoice t{kSplitsFamily, splits_key(M, s_.batch, s_.keys()), &Shape::measured_splits,
+                    split_candidates(parts_), false};
+      if (const auto v = TuningCache::instance().lookup(t.family, t.key)) {
+        splits_ = int(std::min<int64_t>(v->get<int64_t>(), parts_));
+        t.from_cache = true;
+      } else {
+        TuningCache::instance().use_default(t.family, t.key, 0);
+      }
+      tuned_.push_back(t);
     }
     // The merge absorbs the output too (requests split or not) where each of its CTAs gets a warp's worth of
     // tokens and at most two MMA tiles of them: head x token-group CTAs, as many groups as fill the GPU once. Below
@@ -418,7 +453,9 @@ class FusedCuda final : public MlaOp {
     std::vector<int64_t> walked = lengths;  // (sparse: the keys the selection keeps, before this step's)
     if (selector_)
       for (int64_t& l : walked) l = selector_->kept_keys(l + s_.q_len, b_.cache->page_size, s_) - s_.q_len;
-    const int used = s_.kv_splits > 0 ? parts_ : auto_kv_splits(walked, s_.q_len, kBlockKeys, parts_);
+    const int used = s_.kv_splits > 0 ? parts_
+                     : splits_ > 0    ? splits_
+                                      : auto_kv_splits(walked, s_.q_len, kBlockKeys, parts_);
     // Cut in the kernel's blocks: in 64-key units the 16-head step's 64 requests of 4K (65 units each, 4160 in all)
     // came to 32 units on each of 130 CTAs, two SMs idle; in 32-key blocks, 63 on each of 132 (1.6% fewer keys a
     // CTA; measured: the kernel the same within noise, the step 0.3% faster; H100).
@@ -555,7 +592,8 @@ class FusedCuda final : public MlaOp {
   int absorb_tokens_per_cta_ = 0;  // > 0: merge_absorb_kernel's tokens a CTA, where it replaces the merge and absorb
   bool core_only_ = false;         // attention_core_only: the plain merge, o_lat for absorb_output
   bool tma_ = false;
-  std::optional<TunedChoice> tuned_;
+  std::vector<TunedChoice> tuned_;
+  int splits_ = 0;  // CTAs given keys by the tuning cache or a tuner's candidate, of parts_; 0: auto_kv_splits
   mutable bool merges_ = false;  // a schedule made so far splits a request across CTAs, left to combine
   // The last schedule's segments average at most kStreamEvictFirstBlocks blocks: the two-warpgroup kernel's copies
   // then leave L2 first (launch_seesaw's evict_first). A CUDA graph keeps the value it was captured with (a hint only).
