@@ -91,8 +91,8 @@ ShardedLayerStep sharded_decoder_layer(const ModelConfig& m, int64_t layer_index
   if (!in.rows.empty()) throw std::invalid_argument("sharded_decoder_layer: computes every new token (rows empty)");
   const ShardPlan plan = shard_plan(m, parallel, in.batch, in.q_len, in.kv_len);
   const int64_t n = parallel.gpus, H = m.hidden_size, T = in.batch * in.q_len, Q = in.q_len;
-  const size_t rows_bytes = size_t(T * H);
-  const double tensor_bytes = double(rows_bytes) * kBf16;
+  const size_t stream_values = size_t(T * H);                 // [tokens][hidden]
+  const double tensor_bytes = double(stream_values) * kBf16;  // that tensor in bf16, as a collective moves it
   ShardedLayerStep step;
   auto log = [&](const char* kind, const char* where, double bytes) {
     if (n > 1) step.collectives.push_back({kind, where, bytes});
@@ -117,7 +117,7 @@ ShardedLayerStep sharded_decoder_layer(const ModelConfig& m, int64_t layer_index
   } else {
     attn_in.hidden_exact = normed;
   }
-  std::vector<double> attention(rows_bytes, 0.0);
+  std::vector<double> attention(stream_values, 0.0);
   for (int64_t rank = 0; rank < n; ++rank) {
     if (!parallel.dp_attention) {  // its heads, every request: o_proj's partial sums, all-reduced
       add(attention, ref::mla_attention(m, shard_heads(m, p.attn, rank, n), attn_in, form));
@@ -126,7 +126,7 @@ ShardedLayerStep sharded_decoder_layer(const ModelConfig& m, int64_t layer_index
     }
   }
   if (!parallel.dp_attention) log("all_reduce", "attention output (o_proj's partial sums)", tensor_bytes);
-  std::vector<double> h(rows_bytes);
+  std::vector<double> h(stream_values);
   for (size_t i = 0; i < h.size(); ++i) h[i] = x[i] + attention[i];
   rms_norm_rows(m, h, p.post_attention_layernorm, normed);
   if (in.bf16_stream)
@@ -137,7 +137,7 @@ ShardedLayerStep sharded_decoder_layer(const ModelConfig& m, int64_t layer_index
   // all-gathered first, the partial sums reduce-scattered back).
   const bool dense = !m.is_moe_layer(layer_index), replicated = parallel.dp_attention && parallel.ep;
   if (!replicated && parallel.dp_attention) log("all_gather", "every GPU's tokens before the FFN", tensor_bytes);
-  std::vector<double> ffn(rows_bytes, 0.0);
+  std::vector<double> ffn(stream_values, 0.0);
   auto own_tokens = [&](int64_t rank, const ref::MlpParams& mlp) {  // a replicated FFN on the rank's own tokens
     if (const auto [first, count] = requests(rank); count > 0) {
       const std::vector<double> rows(normed.begin() + first * Q * H, normed.begin() + (first + count) * Q * H);
@@ -184,7 +184,7 @@ ShardedLayerStep sharded_decoder_layer(const ModelConfig& m, int64_t layer_index
     else
       log("all_reduce", dense ? "MLP output" : "MoE output (down_proj's partial sums)", tensor_bytes);
   }
-  step.out.resize(rows_bytes);
+  step.out.resize(stream_values);
   for (size_t i = 0; i < h.size(); ++i) step.out[i] = h[i] + ffn[i];
   return step;
 }
