@@ -468,6 +468,18 @@ TEST(LayerPlan, BadAxesAreBadInput) {
   const Support s = v->supports(model, layer_point(c));
   EXPECT_FALSE(s.ok);
   EXPECT_NE(s.reason.find("kv_splits"), std::string::npos) << s.reason;
+  c.kv_splits = "auto";  // and how the keys are cut among the CTAs
+  Point split = layer_point(c);
+  split.set("split_plan", {"per_request", 0, false});
+  const Support not_fused = v->supports(model, split);
+  EXPECT_FALSE(not_fused.ok);
+  EXPECT_NE(not_fused.reason.find("split_plan"), std::string::npos) << not_fused.reason;
+  c.attn = "mla/fused/cuda";
+  split = layer_point(c);
+  split.set("split_plan", {"balanced", 0, false});
+  EXPECT_THROW(v->supports(model, split), BadInput);
+  split.set("split_plan", {"packed", 0, false});  // (the fused attention takes it; without a GPU: another reason)
+  EXPECT_EQ(v->supports(model, split).reason.find("split_plan"), std::string::npos);
 }
 
 #ifdef DSLAB_HAVE_CUDA
