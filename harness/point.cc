@@ -77,7 +77,8 @@ const std::vector<AxisInfo>& known_axes() {
        "the linear op's weight: q_proj | q_a_proj | q_b_proj | kv_a_proj_with_mqa | o_proj | shared_gate_up | "
        "shared_down_proj | dense_gate_up | dense_down_proj | gate | lm_head"},
       {"kv_splits", AxisKind::text,
-       "the fused MLA kernel's split-KV CTAs per row tile: auto (about 4 key blocks each, 32 to one per SM) | N"},
+       "the fused MLA kernel's split-KV CTAs per row tile: auto (mla/fused/cuda: the count measured per GPU and shape; "
+       "elsewhere about 4 key blocks each, 32 to one per SM) | N"},
       {"split_plan",
        AxisKind::text,
        "how the fused MLA kernel cuts the keys among its CTAs: auto (per_request where every request can have CTAs of "
