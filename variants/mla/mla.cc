@@ -291,11 +291,16 @@ std::optional<SplitKv> whole_request_plan(const std::vector<int64_t>& lengths, i
     if (g.count == 0) g.first = int32_t(s.segments.size());
   return s;
 }
+
+// A request's blocks of block_keys keys: its cached keys and this step's, a part-filled last block counted whole.
+int64_t request_blocks(int64_t length, int64_t q_len, int64_t block_keys) {
+  return (length + q_len + block_keys - 1) / block_keys;
+}
 }  // namespace
 
 int auto_kv_splits(const std::vector<int64_t>& lengths, int64_t q_len, int64_t block_keys, int grid_parts) {
   int64_t blocks = 0;
-  for (int64_t len : lengths) blocks += (len + q_len + block_keys - 1) / block_keys;
+  for (int64_t len : lengths) blocks += request_blocks(len, q_len, block_keys);
   const int64_t wanted = (blocks + kAutoBlocksPerPart - 1) / kAutoBlocksPerPart;
   return int(std::clamp<int64_t>(wanted, std::min<int64_t>(kAutoMinParts, grid_parts), grid_parts));
 }
@@ -305,7 +310,7 @@ SplitKv split_kv(const std::vector<int64_t>& lengths, int64_t q_len, int64_t blo
   const int64_t B = int64_t(lengths.size());
   std::vector<int64_t> first_block(static_cast<size_t>(B) + 1, 0);
   for (int64_t b = 0; b < B; ++b)
-    first_block[size_t(b) + 1] = first_block[size_t(b)] + (lengths[size_t(b)] + q_len + block_keys - 1) / block_keys;
+    first_block[size_t(b) + 1] = first_block[size_t(b)] + request_blocks(lengths[size_t(b)], q_len, block_keys);
   const int64_t total = first_block.back(), per_part = (total + parts - 1) / parts;
   if (whole_requests)
     if (auto whole = whole_request_plan(lengths, q_len, first_block, per_part, parts)) return *whole;
@@ -337,7 +342,7 @@ std::optional<SplitKv> split_kv_per_request(const std::vector<int64_t>& lengths,
   std::vector<int64_t> blocks(B);
   int64_t longest = 0;
   for (size_t r = 0; r < B; ++r) {
-    blocks[r] = (lengths[r] + q_len + block_keys - 1) / block_keys;
+    blocks[r] = request_blocks(lengths[r], q_len, block_keys);
     longest = std::max(longest, blocks[r]);
   }
   // The smallest longest part L that sum_r ceil(blocks_r / L) parts reach, by bisection (the sum falls as L grows).

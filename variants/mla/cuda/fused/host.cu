@@ -459,10 +459,10 @@ class FusedCuda final : public MlaOp {
     // Cut in the kernel's blocks: in 64-key units the 16-head step's 64 requests of 4K (65 units each, 4160 in all)
     // came to 32 units on each of 130 CTAs, two SMs idle; in 32-key blocks, 63 on each of 132 (1.6% fewer keys a
     // CTA; measured: the kernel the same within noise, the step 0.3% faster; H100).
-    std::optional<SplitKv> per_request;
-    if (s_.split_plan != SplitPlan::packed) per_request = split_kv_per_request(walked, s_.q_len, block_keys_, used);
-    const SplitKv plan =
-        per_request ? *per_request : split_kv(walked, s_.q_len, block_keys_, used, /*whole_requests=*/true);
+    std::optional<SplitKv> cut;
+    if (s_.split_plan != SplitPlan::packed) cut = split_kv_per_request(walked, s_.q_len, block_keys_, used);
+    if (!cut) cut = split_kv(walked, s_.q_len, block_keys_, used, /*whole_requests=*/true);
+    const SplitKv& plan = *cut;
     if (int(plan.segments.size()) > max_segments_ || int64_t(lengths.size()) != s_.batch)
       throw std::logic_error("mla/fused/cuda: schedule exceeds its capacity");
     MlaSchedule out;
