@@ -35,6 +35,11 @@ const std::vector<AxisInfo>& known_axes() {
        "the GPU MoE router's kernels (routing model): auto (measured per GPU and shape) | one_kernel (gate, top-k and "
        "permutation in one launch: up to 32 tokens) | separate (a gate kernel or GEMM, then routing and permutation)",
        {"auto", "one_kernel", "separate"}},
+      {"moe_tile",
+       AxisKind::text,
+       "the grouped GPU MoE's tile: auto (measured per GPU and shape) | 16x32 | 16x64 | 16x128 (16 rows, 32-128 weight "
+       "rows a CTA: decode) | 64 | 128 (rows a tile)",
+       {"auto", "16x32", "16x64", "16x128", "64", "128"}},
       {"topk", AxisKind::positive_int, "experts per token"},
       {"executor",
        AxisKind::text,
@@ -85,6 +90,12 @@ const std::vector<AxisInfo>& known_axes() {
        "its own, else packed) | packed (one run of key blocks cut equally; a CTA may end one request and begin the "
        "next) | per_request (each request's blocks on CTAs of its own)",
        {"auto", "packed", "per_request"}},
+      {"fused_absorbs",
+       AxisKind::text,
+       "the fused MLA decode's absorbs inside the kernels beside them: on (W_UK in the latent norm's launch at 1-2 "
+       "tokens without q_lora_rank, W_UV in the split merge up to 32 tokens a CTA) | off (each absorb its own GEMV "
+       "or GEMM)",
+       {"on", "off"}},
       {"l2_evict",
        AxisKind::text,
        "the fused MLA kernel's L2 hint for its cache blocks: auto (evict_first in the 64-key kernel where segments are "

@@ -480,6 +480,18 @@ TEST(LayerPlan, BadAxesAreBadInput) {
   EXPECT_THROW(v->supports(model, split), BadInput);
   split.set("split_plan", {"packed", 0, false});  // (the fused attention takes it; without a GPU: another reason)
   EXPECT_EQ(v->supports(model, split).reason.find("split_plan"), std::string::npos);
+  // The absorbs folded into other kernels: the fused attention's only; a value other than on / off is bad input
+  Point absorbs = layer_point(c);
+  absorbs.set("fused_absorbs", {"maybe", 0, false});
+  EXPECT_THROW(v->supports(model, absorbs), BadInput);
+  absorbs.set("fused_absorbs", {"off", 0, false});
+  EXPECT_EQ(v->supports(model, absorbs).reason.find("fused_absorbs"), std::string::npos);
+  c.attn = "mla/a_cc/cuda";
+  absorbs = layer_point(c);
+  absorbs.set("fused_absorbs", {"off", 0, false});
+  const Support unfused = v->supports(model, absorbs);
+  EXPECT_FALSE(unfused.ok);
+  EXPECT_NE(unfused.reason.find("fused_absorbs"), std::string::npos) << unfused.reason;
 }
 
 #ifdef DSLAB_HAVE_CUDA

@@ -25,13 +25,14 @@ struct GpuCase {
   const char* block_keys = "auto";
   const char* l2_evict = "auto";
   const char* split_plan = "auto";
+  const char* fused_absorbs = "on";
 };
 
 std::string describe(const GpuCase& c) {
   return std::string(c.model) + " heads " + std::to_string(c.heads) + " batch " + std::to_string(c.batch) + " q_len " +
          std::to_string(c.q_len) + " kv_len " + std::to_string(c.kv_len) + " page_size " + std::to_string(c.page_size) +
          " " + c.len_dist + " " + c.kv_dtype + " " + c.executor + " kv_splits " + c.kv_splits + " block_keys " +
-         c.block_keys + " l2_evict " + c.l2_evict + " split_plan " + c.split_plan;
+         c.block_keys + " l2_evict " + c.l2_evict + " split_plan " + c.split_plan + " fused_absorbs " + c.fused_absorbs;
 }
 
 Point point_of(const GpuCase& c) {
@@ -48,6 +49,7 @@ Point point_of(const GpuCase& c) {
   p.set("block_keys", {c.block_keys, 0, false});
   p.set("l2_evict", {c.l2_evict, 0, false});
   p.set("split_plan", {c.split_plan, 0, false});
+  if (c.fused_absorbs != std::string("on")) p.set("fused_absorbs", {c.fused_absorbs, 0, false});
   p.set("proj", {"own", 0, false});  // (the variants' default: the GEMV at 1-2 rows, tuned cuBLASLt from 3)
   return p;
 }
@@ -167,6 +169,20 @@ TEST_P(GpuMla, LongSplitCacheMatchesReference) {
       cases.push_back({"deepseek-v3", 128, 3, 1, 3000, 64, "mixed", "bf16", "graph", splits});
       cases.push_back({"deepseek-v3", 16, 3, 1, 5000, 64, "mixed", "fp8_e4m3", "graph", splits});  // the fp8 kernel's
     }                                                                                              // segments
+    // Under 8 tokens the merge absorbs the output too, a CTA's warps sharing each row's segments (1, 3 and 7 tokens
+    // of V2-Lite, whose W_UK absorb at 1-2 tokens also runs in the norm's launch; 128 heads at 2 tokens: one CTA a
+    // head, both tokens in turn), and each with fused_absorbs off (every absorb its own kernel)
+    for (const char* fused : {"on", "off"})
+      for (const GpuCase& base : {GpuCase{"deepseek-v2-lite", 16, 1, 1, 5000, 64, "uniform", "bf16", "graph"},
+                                  GpuCase{"deepseek-v2-lite", 16, 2, 1, 3000, 64, "mixed", "bf16", "eager"},
+                                  GpuCase{"deepseek-v2-lite", 16, 3, 1, 3000, 16, "mixed", "bf16", "graph"},
+                                  GpuCase{"deepseek-v2-lite", 16, 7, 1, 2000, 64, "mixed", "bf16", "graph"},
+                                  GpuCase{"deepseek-v3", 128, 2, 1, 3000, 64, "mixed", "bf16", "graph"},
+                                  GpuCase{"deepseek-v2-lite", 16, 1, 2, 3000, 64, "uniform", "bf16", "eager"}}) {
+        GpuCase c = base;
+        c.fused_absorbs = fused;
+        cases.push_back(c);
+      }
     // The auto plan gives each request CTAs of its own wherever the batch fits the grid; packed runs cross requests.
     for (const GpuCase& base : {cases[0], cases[1], cases[2]}) {
       GpuCase packed = base;

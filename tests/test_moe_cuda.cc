@@ -18,8 +18,10 @@
 namespace dslab {
 namespace {
 
-Point moe_point(int64_t tokens, const std::string& routing, int64_t experts = 0, const std::string& router = "auto") {
+Point moe_point(int64_t tokens, const std::string& routing, int64_t experts = 0, const std::string& router = "auto",
+                const std::string& tile = "auto") {
   Point p;
+  p.set("moe_tile", {tile, 0, false});
   p.set("tokens", {std::to_string(tokens), tokens, true});
   if (experts) p.set("experts", {std::to_string(experts), experts, true});
   p.set("routing", {routing, 0, false});
@@ -40,6 +42,7 @@ TEST_P(GpuMoe, MatchesReferenceOverRoutersTokensAndRoutings) {
     const char* routing;
     int64_t experts;
     const char* router = "auto";  // the router's kernels (auto: as measured on this GPU)
+    const char* tile = "auto";    // the grouped GEMMs' tile (auto: as measured on this GPU)
   };
   const std::vector<Case> cases = {
       {"tiny", 1, "model", 0},
@@ -62,12 +65,21 @@ TEST_P(GpuMoe, MatchesReferenceOverRoutersTokensAndRoutings) {
       {"deepseek-v2-lite", 1, "model", 0, "separate"},
       {"deepseek-v2", 3, "model", 0, "separate"},
   };
+  std::vector<Case> all = cases;
+  // Each decode tile width of the grouped GEMMs, whatever the tuner chose: V2-Lite (1408 outputs: a part-filled
+  // column tile at 128 B rows) at 1 and 5 tokens, V3 at 2 (its 2048-wide experts)
+  if (GetParam() == "moe/grouped/cuda" || GetParam() == "moe/grouped_wgmma/cuda")
+    for (const char* tile : {"16x32", "16x64", "16x128"}) {
+      all.push_back({"deepseek-v2-lite", 1, "model", 0, "auto", tile});
+      all.push_back({"deepseek-v2-lite", 5, "uniform", 0, "auto", tile});
+      all.push_back({"deepseek-v3", 2, "model", 0, "auto", tile});
+    }
   const uint64_t seed = test::fresh_seed();
-  for (const Case& c : cases) {
+  for (const Case& c : all) {
     SCOPED_TRACE(std::string(c.model) + " tokens " + std::to_string(c.tokens) + " routing " + c.routing + " router " +
-                 c.router);
+                 c.router + " tile " + c.tile);
     const ModelFile model = load_model_file(c.model);
-    const Point p = moe_point(c.tokens, c.routing, c.experts, c.router);
+    const Point p = moe_point(c.tokens, c.routing, c.experts, c.router, c.tile);
     auto v = entry->make();
     const Support s = v->supports(model, p);
     if (!s.ok && GetParam() == "moe/host/cuda" && !cpu_info().avx512_bf16) GTEST_SKIP() << s.reason;
@@ -78,8 +90,8 @@ TEST_P(GpuMoe, MatchesReferenceOverRoutersTokensAndRoutings) {
     const Verification r = v->verify();
     EXPECT_LE(r.rel_err, 1e-2);
     EXPECT_GT(r.rel_err, 0.0) << "bf16 arithmetic cannot match fp64 exactly: is the output really computed?";
-    std::printf("%-16s %-18s tokens %5lld %-9s router %-10s rel_err %.3e\n", GetParam().c_str(), c.model,
-                static_cast<long long>(c.tokens), c.routing, c.router, r.rel_err);
+    std::printf("%-16s %-18s tokens %5lld %-9s router %-10s tile %-6s rel_err %.3e\n", GetParam().c_str(), c.model,
+                static_cast<long long>(c.tokens), c.routing, c.router, c.tile, r.rel_err);
   }
   // One kernel routes at most 32 tokens (a warp each): more is bad input, not a silent fallback.
   auto v = entry->make();

@@ -60,6 +60,25 @@ TEST(LayerOps, NormsInTheMoeCombineCountUnderTheExperts) {
   EXPECT_DOUBLE_EQ(fused.at("op_floor_bytes.experts"), apart.at("op_floor_bytes.experts") + moved);
 }
 
+// The fused decode's absorbs inside other kernels (fused_absorbs): V2-Lite (no q_lora_rank) at 1-2 tokens folds both
+// (norm + W_UK, decode, merge + W_UV: 3 kernels), from 3 tokens W_UV only; V3 (q_lora_rank: its W_UK after q_b) W_UV
+// only; the unfused forms (past 2 new tokens) none.
+TEST(LayerOps, FusedAbsorbsTakeTheirKernelsAway) {
+  const ModelConfig lite = test::model("deepseek-v2-lite"), v3 = test::model("deepseek-v3");
+  const auto kernels = [](const ModelConfig& m, int64_t batch, int64_t q_len, bool fused) {
+    layer::StepShape s;
+    s.batch = batch, s.q_len = q_len, s.kv_len = 4096, s.absorbs_fused = fused;
+    return by_name(layer::layer_ops(m, 3, s)).at("attention_core").gpu_kernels;
+  };
+  EXPECT_EQ(kernels(lite, 1, 1, false), 5);
+  EXPECT_EQ(kernels(lite, 1, 1, true), 3);
+  EXPECT_EQ(kernels(lite, 2, 1, true), 3);
+  EXPECT_EQ(kernels(lite, 8, 1, true), 4);
+  EXPECT_EQ(kernels(v3, 1, 1, false), 6);
+  EXPECT_EQ(kernels(v3, 1, 1, true), 5);
+  EXPECT_EQ(kernels(lite, 1, 5, true), 8);  // (an extend chunk: the unfused form's kernels)
+}
+
 TEST(LayerOps, V2LiteDecodeOpsByHand) {
   // hidden 2048, 16 heads x (128 nope + 64 rope), v 128, kv_lora 512, no q_lora; 64 experts x 1408, top-6, 2 shared.
   const ModelConfig m = test::model("deepseek-v2-lite");

@@ -111,8 +111,15 @@ std::vector<OpCost> layer_ops(const ModelConfig& m, int64_t layer, const StepSha
   }
   core.weight_bytes = 2 * r * nh * (nope + vd);  // kv_b_proj
   // norm + cache write, RoPE (inside the norm's kernel without q_lora_rank), W_UK into q, attention, split merge,
-  // W_UV out (fused form)
+  // W_UV out (fused form). With the absorbs fused: W_UV in the merge wherever its CTAs (a head and a group of tokens,
+  // as many groups as fill one wave of the H100's or H200's 132 SMs) get at most 32 tokens; W_UK in the norm's
+  // launch where the q / kv_a projection is the own GEMV (1-2 tokens) and q needs no second projection.
   core.gpu_kernels = m.q_lora_rank ? 6 : 5;
+  if (s.absorbs_fused && s.scores_on_chip()) {
+    const double groups = std::max(1.0, std::floor(132.0 / nh));
+    if (T <= 32 * groups) core.gpu_kernels -= 1;
+    if (!m.q_lora_rank && T <= 2) core.gpu_kernels -= 1;
+  }
   const double per_token = mla::cache_bytes_per_token(m, s.attn, H_heads, s.kv_dtype);
   core.kv_bytes = B * keys * per_token + T * per_token;  // read every cached key, write the new ones
   core.act_bytes = T * nh * qhd * 2 + T * (r + rope) * 4 + T * nh * vd * 2;  // q and the latent in, per-head output out

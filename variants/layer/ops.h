@@ -28,6 +28,9 @@ struct StepShape {
   // The residual add and norm after each MoE layer run inside its combine kernel (layer/deepseek/cuda's fused_norms):
   // op_floor_counters counts those norms in the experts row, without a kernel of their own.
   bool norms_in_moe_combine = false;
+  // The fused decode's absorbs inside the kernels beside them (mla::Shape::fused_absorbs): W_UV in the split merge,
+  // and without q_lora_rank at 1-2 tokens W_UK in the latent norm's launch; each a kernel less a layer.
+  bool absorbs_fused = true;
   int64_t tokens() const { return batch * q_len; }
   bool scores_on_chip() const { return fused_decode && q_len <= 2; }
 };

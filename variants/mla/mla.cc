@@ -30,6 +30,7 @@ Shape shape_of(const ModelConfig& m, const Point& p) {
   if (p.has("block_keys")) s.block_keys = parse_block_keys(p.text("block_keys"));
   if (p.has("l2_evict")) s.l2_evict = parse_l2_evict(p.text("l2_evict"));
   if (p.has("split_plan")) s.split_plan = parse_split_plan(p.text("split_plan"));
+  if (p.has("fused_absorbs")) s.fused_absorbs = parse_on_off("fused_absorbs", p.text("fused_absorbs"));
   if (p.has("budget")) s.budget = p.integer("budget");
   if (p.has("local")) s.local = p.integer("local");
   return s;
@@ -56,6 +57,12 @@ SplitPlan parse_split_plan(const std::string& text) {
   if (text == "packed") return SplitPlan::packed;
   if (text == "per_request") return SplitPlan::per_request;
   throw BadInput("axis split_plan: '" + text + "' is not a split plan (expected auto, packed or per_request)");
+}
+
+bool parse_on_off(const std::string& axis, const std::string& text) {
+  if (text == "on") return true;
+  if (text == "off") return false;
+  throw BadInput("axis " + axis + ": '" + text + "' is not a switch (expected on or off)");
 }
 
 L2Evict parse_l2_evict(const std::string& text) {

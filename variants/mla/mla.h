@@ -33,6 +33,7 @@ L2Evict parse_l2_evict(const std::string& text);  // "auto", "first", "normal"; 
 enum class SplitPlan { automatic, packed, per_request };
 SplitPlan parse_split_plan(const std::string& text);  // "auto", "packed", "per_request"; BadInput for anything else
 const char* kv_dtype_name(KvDtype d);
+bool parse_on_off(const std::string& axis, const std::string& text);  // "on" / "off"; BadInput naming the axis else
 
 struct Shape {
   int64_t heads = 0, batch = 0, q_len = 0, kv_len = 0;
@@ -41,6 +42,10 @@ struct Shape {
   int64_t block_keys = 0;            // the fused kernel's keys a block (32 | 64); 0: auto (block_keys_for)
   L2Evict l2_evict = L2Evict::automatic;
   SplitPlan split_plan = SplitPlan::automatic;
+  // The fused decode's absorbs folded into the kernels beside them (fused_absorbs axis): W_UK into the latent norm's
+  // launch (models without q_lora_rank, 1-2 tokens) and W_UV into the split merge (any token count up to 32 a CTA);
+  // off: each absorb its own batched GEMV or GEMM.
+  bool fused_absorbs = true;
   // Not an axis: the split count a tuner times (the fused kernel's CTAs given keys, of its one-per-SM grid, in place
   // of the tuned or the rule's count); 0: none.
   int64_t measured_splits = 0;

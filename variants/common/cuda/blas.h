@@ -92,6 +92,8 @@ struct BatchedGemv {
   int64_t ldy, y_batch;
 };
 bool batched_gemv(const BlasHandle& h, const BatchedGemv& g, int64_t rows, int64_t batch);
+// Whether batched_gemv would launch an own kernel for these operands (no launch).
+bool batched_gemv_fits(const BlasHandle& h, const BatchedGemv& g, int64_t rows);
 // Warps per output feature of the own GEMV (1..8, one CTA at most): for a small matrix the most that keep the grid
 // within one wave of `resident_warps`, for a long row enough that each lane loads about one batch; at least one
 // 16-byte chunk of the row per lane.

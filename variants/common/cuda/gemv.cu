@@ -16,13 +16,14 @@
 #include "variants/common/cuda/device_array.h"
 #include "variants/common/cuda/pdl.cuh"
 #include "variants/common/cuda/blas.h"
+#include "variants/common/cuda/gemv_kernels.cuh"
 
 namespace dslab::gpu {
 
 namespace {
 
-constexpr int kGemvThreads = 256;
-constexpr int kGemvWarps = kGemvThreads / 32;
+using namespace gemv;
+
 constexpr int kGemvUnroll = 8;  // 16-byte weight loads each lane keeps in flight
 
 // y[m][n] (+ beta y) = sum_k x[m][k] w[n][k] for M rows; features n >= N1 (a second weight stacked under the
@@ -36,18 +37,6 @@ constexpr int kGemvUnroll = 8;  // 16-byte weight loads each lane keeps in fligh
 //
 // Batched (gridDim.y > 1: the absorbed forms' per-head W_UV): batch b reads x + b * x_batch, w + b * w_batch and
 // writes y + b * y_batch; x's rows are ldx apart, y's ldy (linear(): K and N1).
-struct GemvArgs {
-  const __nv_bfloat16* x;
-  int64_t K, ldx, x_batch;
-  const __nv_bfloat16* w;
-  int64_t N, w_batch;
-  int split;
-  void* y;
-  bool y_bf16;
-  float beta;
-  int64_t ldy, y_batch, N1;
-  float* y2;
-};
 template <int M>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
   __shared__ float partial[kGemvWarps][M];
@@ -138,63 +127,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvArgs a) {
   }
 }
 
-// y[m][b][n] = sum_k x[m][b][k] w[b][k][n] for M rows and gridDim.y batches, w K-major (row k holds the N columns
-// contiguously: the absorbed forms' W_UK, [nope][r] per head, which gemv_kernel's layout would read with a stride).
-// A CTA takes one batch and kKnColumns columns: 16 column chunks of 8 x 16 k-slices, each thread loading its
-// slice's rows of one chunk (16 bytes each, all in flight before the first FMA), then a shared-memory sum over the
-// slices. At V2-Lite's 16 heads (K 128, N 512: 2 MB) that is 64 CTAs of 256 threads, 8 loads a thread.
-constexpr int kKnChunks = 16, kKnSlices = kGemvThreads / kKnChunks, kKnColumns = 8 * kKnChunks, kKnRowsAtOnce = 8;
+// gemv_kn_block (gemv_kernels.cuh) as a kernel of its own: one CTA a (column block, batch).
 template <int M>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kn_kernel(GemvArgs a) {
-  __shared__ float partial[kKnSlices][M][kKnColumns];
-  const int chunk = int(threadIdx.x) % kKnChunks, slice = int(threadIdx.x) / kKnChunks;
-  const int64_t n0 = int64_t(blockIdx.x) * kKnColumns + 8 * chunk;
-  const int64_t per_slice = (a.K + kKnSlices - 1) / kKnSlices;
-  const int64_t k0 = min(a.K, slice * per_slice), k1 = min(a.K, k0 + per_slice);
-  const bool col_ok = n0 < a.N;
-  const __nv_bfloat16* x = a.x + int64_t(blockIdx.y) * a.x_batch;
-  const __nv_bfloat16* w = a.w + int64_t(blockIdx.y) * a.w_batch + (col_ok ? n0 : 0);
-
-  float acc[M][8] = {};
-  uint4 v[kKnRowsAtOnce];
-  auto load = [&](int64_t k) {
-#pragma unroll
-    for (int u = 0; u < kKnRowsAtOnce; ++u)
-      v[u] = col_ok && k + u < k1 ? __ldcs(reinterpret_cast<const uint4*>(w + (k + u) * a.N)) : make_uint4(0, 0, 0, 0);
-  };
-  load(k0);  // (the weights before pdl_wait, as gemv_kernel)
-  pdl_wait();
-  pdl_launch_dependents();
-  for (int64_t k = k0; k < k1; k += kKnRowsAtOnce) {
-    if (k != k0) load(k);
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-      for (int u = 0; u < kKnRowsAtOnce; ++u) {
-        const float xk = k + u < k1 ? __bfloat162float(x[m * a.ldx + k + u]) : 0.0f;
-        const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&v[u]);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 f = __bfloat1622float2(w2[i]);
-          acc[m][2 * i] = fmaf(xk, f.x, acc[m][2 * i]);
-          acc[m][2 * i + 1] = fmaf(xk, f.y, acc[m][2 * i + 1]);
-        }
-      }
-  }
-#pragma unroll
-  for (int m = 0; m < M; ++m)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) partial[slice][m][8 * chunk + j] = acc[m][j];
-  __syncthreads();
-  for (int o = int(threadIdx.x); o < M * kKnColumns; o += kGemvThreads) {
-    const int m = o / kKnColumns, col = o % kKnColumns;
-    const int64_t n = int64_t(blockIdx.x) * kKnColumns + col;
-    if (n >= a.N) continue;
-    float sum = 0;
-#pragma unroll
-    for (int s = 0; s < kKnSlices; ++s) sum += partial[s][m][col];
-    static_cast<__nv_bfloat16*>(a.y)[int64_t(blockIdx.y) * a.y_batch + m * a.ldy + n] = __float2bfloat16_rn(sum);
-  }
+  gemv_kn_block<M>(a, int(blockIdx.x), int(blockIdx.y));
 }
 
 // Warps of gemv_kernel<M> the whole GPU holds at once (its occupancy, from its registers, times the SMs).
@@ -378,14 +314,16 @@ void linear_pair(const BlasHandle& h, const __nv_bfloat16* x, int64_t rows, int6
   linear(h, x, rows, in, w + out1 * in, out2, y2, CUDA_R_32F);
 }
 
-bool batched_gemv(const BlasHandle& h, const BatchedGemv& g, int64_t rows, int64_t batch) {
+bool batched_gemv_fits(const BlasHandle& h, const BatchedGemv& g, int64_t rows) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   // 16-byte loads: gemv_kernel along each weight row and x row (K), gemv_kn_kernel along each weight row (N)
   const int64_t step = g.w_k_major ? g.N : g.K;
-  const bool fits = rows >= 1 && rows <= kGemvRows && h.projections() == Projections::own && aligned(g.w) &&
-                    step % 8 == 0 && g.w_batch % 8 == 0 &&
-                    (g.w_k_major || (aligned(g.x) && g.ldx % 8 == 0 && g.x_batch % 8 == 0));
-  if (!fits) return false;
+  return rows >= 1 && rows <= kGemvRows && h.projections() == Projections::own && aligned(g.w) && step % 8 == 0 &&
+         g.w_batch % 8 == 0 && (g.w_k_major || (aligned(g.x) && g.ldx % 8 == 0 && g.x_batch % 8 == 0));
+}
+
+bool batched_gemv(const BlasHandle& h, const BatchedGemv& g, int64_t rows, int64_t batch) {
+  if (!batched_gemv_fits(h, g, rows)) return false;
   const cudaStream_t stream = h.stream();
   if (rows == 1)
     launch_batched<1>(g, batch, stream);

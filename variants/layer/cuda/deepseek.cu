@@ -146,6 +146,7 @@ std::vector<std::pair<std::string, std::string>> DeepseekLayerCuda::axes() const
           {"block_keys", "auto"},
           {"pdl", "on"},
           {"fused_norms", "off"},
+          {"fused_absorbs", "on"},
           {"cpu_threads", ""},
           {"gpu_experts", "none"},
           {"gpu_budget", "all"}};
@@ -837,6 +838,7 @@ std::map<std::string, double> DeepseekLayerCuda::counters() {
       shape.batch = P.batch, shape.q_len = P.q_len, shape.kv_len = P.kv_len;
       shape.attn = attn.algo(), shape.kv_dtype = P.kv_dtype, shape.fused_decode = attn.fused();
       shape.norms_in_moe_combine = P.fused_norms;
+      shape.absorbs_fused = P.fused_absorbs;
       const auto rows = layer::op_floor_counters(P.m, shape, P.first, P.layers, P.whole, active_experts_, ops);
       c.insert(rows.begin(), rows.end());
     }

@@ -34,6 +34,7 @@ struct DeepseekLayerCuda::Plan {
   mla::KvDtype kv_dtype = mla::KvDtype::bf16;
   std::string attn, moe, len_dist;
   bool graph = false, whole = false, pdl = true;
+  bool fused_absorbs = true;      // the fused decode's absorbs in the norm's and the merge's launches (mla::Shape)
   bool fused_norms = false;       // the residual add and next norm after a MoE layer in its combine (MoeBuffers::resid)
   int64_t first = 0, layers = 0;  // decoder layers [first, first + layers)
   int64_t moe_layers = 0, moe_sets = 0;
@@ -65,6 +66,7 @@ struct DeepseekLayerCuda::Plan {
     s.kv_splits = kv_splits;
     s.split_plan = split_plan;
     s.block_keys = block_keys;
+    s.fused_absorbs = fused_absorbs;
     return s;
   }
 
@@ -83,7 +85,8 @@ struct DeepseekLayerCuda::Plan {
     moe = p.text("moe");
     graph = p.text("executor") == "graph";
     pdl = p.text("pdl") == "on";
-    fused_norms = p.has("fused_norms") && p.text("fused_norms") == "on";
+    fused_norms = p.has("fused_norms") && mla::parse_on_off("fused_norms", p.text("fused_norms"));
+    fused_absorbs = !p.has("fused_absorbs") || mla::parse_on_off("fused_absorbs", p.text("fused_absorbs"));
     bucket = graph ? batch_bucket(batch) : batch;
     const std::string& l = p.text("layers");
     whole = l == "all";
@@ -117,6 +120,8 @@ struct DeepseekLayerCuda::Plan {
       why_not = "kv_splits: only the fused attention splits the keys (" + attn + " does not)";
     if (why_not.empty() && split_plan != mla::SplitPlan::automatic && !attn_op->fused())
       why_not = "split_plan: only the fused attention splits the keys (" + attn + " does not)";
+    if (why_not.empty() && !fused_absorbs && !attn_op->fused())
+      why_not = "fused_absorbs: only the fused attention folds its absorbs into other kernels (" + attn + " does not)";
     if (why_not.empty() && block_keys > 0 && !attn_op->fused())
       why_not = "block_keys: only the fused attention has key blocks to size (" + attn + " does not)";
     const auto moe_op = moe::cuda::make_moe_op(moe);

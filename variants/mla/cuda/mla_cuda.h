@@ -165,7 +165,8 @@ class MlaOp {
   // Row-wise causal softmax of scale*scores over each request's visible keys, zeros beyond:
   // row r belongs to request r / rows_per_request and to new token (r / div) % q_len.
   void softmax(const float* scores, __nv_bfloat16* probs, int64_t rows, int64_t rows_per_request, int64_t div) const;
-  void absorb_query(__nv_bfloat16* q_abs, int64_t ld) const;  // q_nope·W_UK per head into q_abs[t][h][0..r)
+  void absorb_query(__nv_bfloat16* q_abs, int64_t ld) const;         // q_nope·W_UK per head into q_abs[t][h][0..r)
+  BatchedGemv query_absorb(__nv_bfloat16* q_abs, int64_t ld) const;  // that product's operands
   // q_cat_ = [q_nope·W_UK ‖ q_pe] per (token, head), a fused op's pieces marked absorb_q and rope_q; forms that use
   // it allocate q_cat_
   void concat_query() const;
@@ -204,7 +205,8 @@ class MlaOp {
   void project();
   void rope_query() const;  // RoPE on q's rope parts, in place (and into q_cat_'s where a form has it)
   gpu::OpMarks* marks_ = nullptr;
-  DeviceArray<float> qa_f32_;  // [tokens][q_lora_rank + width]: q_a and kv_a outputs side by side
+  bool query_absorbed_ = false;  // this step's W_UK absorb ran in the norm's launch (fused_absorbs, project())
+  DeviceArray<float> qa_f32_;    // [tokens][q_lora_rank + width]: q_a and kv_a outputs side by side
   DeviceArray<float> kv_f32_;
   DeviceArray<__nv_bfloat16> qa_;
   std::vector<DeviceArray<const void*>> pointer_arrays_;

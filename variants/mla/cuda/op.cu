@@ -16,6 +16,7 @@
 #include "harness/host.h"
 #include "harness/op_registry.h"
 #include "variants/common/cuda/device_random.h"
+#include "variants/common/cuda/gemv_kernels.cuh"
 #include "variants/common/cuda/nvtx.h"
 #include "variants/common/cuda/pdl.cuh"
 #include "variants/common/rng.h"
@@ -73,31 +74,53 @@ __device__ inline void rope_q_row(__nv_bfloat16* q, const float* cos_table, cons
 // waited out each value's loads in turn, and the kernel took 8.5 us instead of 3.5 - H100).
 constexpr int kNormThreads = 256, kNormQPerThread = 8,
               kNormLatentPerThread = 4;  // q_lora_rank <= 2048, kv_lora_rank <= 1024
+struct NormCacheArgs {
+  const float* qa_f32;
+  int ql;
+  const __nv_bfloat16* q_a_norm;
+  __nv_bfloat16* qa;
+  const float* kv_f32;
+  int ld;
+  int64_t slice_stride;
+  const __nv_bfloat16* kv_norm;
+  const float *cos_table, *sin_table;
+  CacheView cache;
+  const int32_t* lengths;
+  int q_len, r;
+  float eps;
+  __nv_bfloat16* kv_new;
+  __nv_bfloat16* q;
+  int heads, nope;
+  __nv_bfloat16* q_cat;
+  int tokens;  // blocks of the launch that are the norm's (one a token)
+};
+// Token t's norms, RoPE and cache write (the block's whole work; every thread of the block calls it).
 template <int kSlices>
-__global__ void __launch_bounds__(kNormThreads)
-    norm_and_cache_kernel(const float* qa_f32, int ql, const __nv_bfloat16* q_a_norm, __nv_bfloat16* qa,
-                          const float* kv_f32, int ld, int64_t slice_stride, const __nv_bfloat16* kv_norm,
-                          const float* cos_table, const float* sin_table, CacheView cache, const int32_t* lengths,
-                          int q_len, int r, float eps, __nv_bfloat16* kv_new, __nv_bfloat16* q, int heads, int nope,
-                          __nv_bfloat16* q_cat) {
+__device__ __forceinline__ void norm_and_cache_block(const NormCacheArgs& a, int t) {
+  const float* qa_f32 = a.qa_f32;
+  const int ql = a.ql, ld = a.ld, q_len = a.q_len, r = a.r, heads = a.heads, nope = a.nope;
+  const int64_t slice_stride = a.slice_stride;
+  const float *cos_table = a.cos_table, *sin_table = a.sin_table;
+  const CacheView& cache = a.cache;
+  __nv_bfloat16 *kv_new = a.kv_new, *q = a.q, *q_cat = a.q_cat;
   __shared__ float2 warp_sums[kNormThreads / 32];
   __shared__ float token[32 * kMaxValuesPerLane];  // int8 / fp8 caches: the row, bf16-rounded, for one warp to quantise
-  const int t = blockIdx.x, b = t / q_len, s = t % q_len, width = int(cache.width), half = (width - r) / 2;
+  const int b = t / q_len, s = t % q_len, width = int(cache.width), half = (width - r) / 2;
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
   // Before griddepcontrol.wait, what no kernel of the step writes (the norms' weights, the RoPE tables, the token's
   // cache slot from its length and page table: set before the step), so that only the projection's output is left
   // to load once the kernel before has finished.
-  const int64_t slot = cache.slot(b, lengths[b] + s);  // (the same two loads in every thread: broadcasts)
+  const int64_t slot = cache.slot(b, a.lengths[b] + s);  // (the same two loads in every thread: broadcasts)
   float qv[kNormQPerThread], qw[kNormQPerThread], lv[kNormLatentPerThread], lw[kNormLatentPerThread];
 #pragma unroll
   for (int k = 0; k < kNormQPerThread; ++k) {
     const int i = int(threadIdx.x) + kNormThreads * k;
-    qw[k] = i < ql ? __bfloat162float(q_a_norm[i]) : 0.0f;
+    qw[k] = i < ql ? __bfloat162float(a.q_a_norm[i]) : 0.0f;
   }
 #pragma unroll
   for (int k = 0; k < kNormLatentPerThread; ++k) {
     const int i = int(threadIdx.x) + kNormThreads * k;
-    lw[k] = i < r ? __bfloat162float(kv_norm[i]) : 0.0f;
+    lw[k] = i < r ? __bfloat162float(a.kv_norm[i]) : 0.0f;
   }
   const bool has_pair = int(threadIdx.x) < half;  // this thread rotates rope pair threadIdx.x
   float2 pair{0, 0};
@@ -111,10 +134,10 @@ __global__ void __launch_bounds__(kNormThreads)
   if (q) {
     const int rope = int(cache.width) - r;
     for (int h = int(threadIdx.x) / 32; h < heads; h += kNormThreads / 32)
-      rope_q_row(q, cos_table, sin_table, int64_t(blockIdx.x) * heads + h, blockIdx.x, nope, rope, r, q_cat);
+      rope_q_row(q, cos_table, sin_table, int64_t(t) * heads + h, t, nope, rope, r, q_cat);
   }
   const float* q_row = qa_f32 + int64_t(t) * ld;  // (read only below ql)
-  const float* kv = kv_f32 + int64_t(t) * ld;
+  const float* kv = a.kv_f32 + int64_t(t) * ld;
   constexpr int kPair = kNormQPerThread + kNormLatentPerThread, kValues = kPair + 2;  // q, latent, the rope pair
   float raw[kSlices][kValues];
 #pragma unroll
@@ -159,11 +182,11 @@ __global__ void __launch_bounds__(kNormThreads)
   float2 total{0, 0};
 #pragma unroll
   for (int w = 0; w < kNormThreads / 32; ++w) total.x += warp_sums[w].x, total.y += warp_sums[w].y;
-  const float inv_q = rsqrtf(total.x / float(max(ql, 1)) + eps), inv_kv = rsqrtf(total.y / float(r) + eps);
+  const float inv_q = rsqrtf(total.x / float(max(ql, 1)) + a.eps), inv_kv = rsqrtf(total.y / float(r) + a.eps);
 #pragma unroll
   for (int k = 0; k < kNormQPerThread; ++k) {
     const int i = int(threadIdx.x) + kNormThreads * k;
-    if (i < ql) qa[int64_t(t) * ql + i] = __float2bfloat16_rn(qv[k] * inv_q * qw[k]);
+    if (i < ql) a.qa[int64_t(t) * ql + i] = __float2bfloat16_rn(qv[k] * inv_q * qw[k]);
   }
   const bool quantised = cache.dtype != KvDtype::bf16;
   __nv_bfloat16* const row = reinterpret_cast<__nv_bfloat16*>(cache.values) + slot * width;  // (bf16 caches)
@@ -193,6 +216,25 @@ __global__ void __launch_bounds__(kNormThreads)
     for (int k = 0; k < kMaxValuesPerLane; ++k) v[k] = lane + 32 * k < width ? token[lane + 32 * k] : 0.0f;
     store_token(cache, slot, v, lane);
   }
+}
+template <int kSlices>
+__global__ void __launch_bounds__(kNormThreads) norm_and_cache_kernel(const NormCacheArgs a) {
+  norm_and_cache_block<kSlices>(a, int(blockIdx.x));
+}
+
+// The norm kernel and the W_UK absorb (q_nope·W_UK per head into q_cat, gemv_kn_block) in one launch: blocks
+// 0 .. a.tokens - 1 are the norm's, the rest the absorb's (column block fastest, then head). The two read the q /
+// kv_a GEMV's outputs and write disjoint parts of q_cat (the norm its rope part), so they need not run one after
+// the other: the decode kernel then waits for one launch where it waited for two in a chain. (Models without
+// q_lora_rank, at the own GEMV's 1-2 rows: their q is ready when the norm runs.)
+template <int M>
+__global__ void __launch_bounds__(kNormThreads)
+    norm_cache_absorb_kernel(const NormCacheArgs a, const gpu::gemv::GemvArgs absorb, int column_blocks) {
+  static_assert(kNormThreads == gpu::gemv::kGemvThreads, "one block size for both halves");
+  const int block = int(blockIdx.x);
+  if (block < a.tokens) return norm_and_cache_block<1>(a, block);
+  const int i = block - a.tokens;
+  gpu::gemv::gemv_kn_block<M>(absorb, i % column_blocks, i / column_blocks);
 }
 
 // After q_b (or q_proj), which wrote q in bf16: RoPE on each head's rope part, in place, and behind the absorbed
@@ -337,11 +379,47 @@ void MlaOp::project() {
     mark("qkv_a");
   }
   // (without q_lora_rank, q is here already: its RoPE rides in this kernel)
+  const NormCacheArgs norm_args{qkv.data,
+                                int(ql),
+                                w_->q_a_norm.get(),
+                                qa_.get(),
+                                kv,
+                                ld,
+                                qkv.stride,
+                                w_->kv_a_norm.get(),
+                                b_.rope_cos,
+                                b_.rope_sin,
+                                cache_view(*b_.cache),
+                                b_.lengths,
+                                int(s_.q_len),
+                                int(r_),
+                                float(m_.rms_norm_eps),
+                                kv_new_.get(),
+                                ql ? nullptr : q_.get(),
+                                int(nh_),
+                                int(nope_),
+                                q_cat_,
+                                int(T)};
+  query_absorbed_ = false;
+  if (fused_ && s_.fused_absorbs && !ql && q_cat_ && qkv.count == 1 &&
+      gpu::batched_gemv_fits(*blas_handle_, query_absorb(q_cat_, width_), T)) {
+    // The W_UK absorb in the norm's launch (norm_cache_absorb_kernel); concat_query() then has nothing left to do.
+    const BatchedGemv g = query_absorb(q_cat_, width_);
+    const gpu::gemv::GemvArgs absorb{g.x, g.K,  g.ldx, g.x_batch, g.w,       g.N, g.w_batch, 1,
+                                     g.y, true, 0.0f,  g.ldy,     g.y_batch, g.N, nullptr};
+    const int column_blocks = int((g.N + gpu::gemv::kKnColumns - 1) / gpu::gemv::kKnColumns);
+    const dim3 grid(unsigned(T + int64_t(column_blocks) * nh_));
+    if (T == 1)
+      launch_pdl(norm_cache_absorb_kernel<1>, grid, dim3(kNormThreads), 0, stream_, norm_args, absorb, column_blocks);
+    else
+      launch_pdl(norm_cache_absorb_kernel<2>, grid, dim3(kNormThreads), 0, stream_, norm_args, absorb, column_blocks);
+    DSLAB_CHECK_LAUNCH();
+    query_absorbed_ = true;
+    mark("norm_cache_write");  // (the absorb's time too: there is no op_us.absorb_q)
+    return;
+  }
   const auto norm = [&](auto kernel) {
-    launch_pdl(kernel, dim3(unsigned(T)), dim3(kNormThreads), 0, stream_, qkv.data, int(ql), w_->q_a_norm.get(),
-               qa_.get(), kv, ld, qkv.stride, w_->kv_a_norm.get(), b_.rope_cos, b_.rope_sin, cache_view(*b_.cache),
-               b_.lengths, int(s_.q_len), int(r_), float(m_.rms_norm_eps), kv_new_.get(), ql ? nullptr : q_.get(),
-               int(nh_), int(nope_), q_cat_);
+    launch_pdl(kernel, dim3(unsigned(T)), dim3(kNormThreads), 0, stream_, norm_args);
   };
   switch (qkv.count) {
     case 1:
@@ -408,20 +486,24 @@ void MlaOp::decompress(const __nv_bfloat16* latent, int64_t rows, __nv_bfloat16*
        0, 1);
 }
 
-void MlaOp::absorb_query(__nv_bfloat16* q_abs, int64_t ld) const {
+BatchedGemv MlaOp::query_absorb(__nv_bfloat16* q_abs, int64_t ld) const {
   // Per head h: q_abs[t][h][0..r) = q_nope[t][h] · W_UK[h] (W_UK[h]: rows h*(nope+vd) .. +nope of kv_b_proj,
   // [nope][r]).
-  const BatchedGemv own{q_.get(), nh_ * qhd_, qhd_,     nope_, w_->kv_b.get(), (nope_ + vd_) * r_, r_,
-                        true,     q_abs,      nh_ * ld, ld};
-  if (batched_gemv(*blas_handle_, own, s_.tokens(), nh_)) return;
+  return {q_.get(), nh_ * qhd_, qhd_, nope_, w_->kv_b.get(), (nope_ + vd_) * r_, r_, true, q_abs, nh_ * ld, ld};
+}
+
+void MlaOp::absorb_query(__nv_bfloat16* q_abs, int64_t ld) const {
+  if (batched_gemv(*blas_handle_, query_absorb(q_abs, ld), s_.tokens(), nh_)) return;
   gemm(*blas_handle_, CUBLAS_OP_N, CUBLAS_OP_N, r_, s_.tokens(), nope_, w_->kv_b.get(), r_, (nope_ + vd_) * r_,
        q_.get(), nh_ * qhd_, qhd_, q_abs, CUDA_R_16BF, nh_ * ld, ld, nh_);
 }
 
 void MlaOp::concat_query() const {
   if (!q_cat_) throw std::logic_error("concat_query: the form did not allocate q_cat_ in prepare_form");
-  absorb_query(q_cat_, width_);
-  if (fused_) mark("absorb_q");  // (an unfused form's attend op is timed whole)
+  if (!query_absorbed_) {  // (else done in the norm's launch: project())
+    absorb_query(q_cat_, width_);
+    if (fused_) mark("absorb_q");  // (an unfused form's attend op is timed whole)
+  }
   // The rope part after the absorbed one (they are independent): the kernel after concat_query (the fused decode)
   // then follows a kernel of ours launched with PDL, so its CTAs start, and copy their first cache blocks, while the
   // RoPE runs - behind cuBLAS's absorb GEMM (no PDL) they started only once it had finished. (H100: the

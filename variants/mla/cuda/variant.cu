@@ -42,10 +42,11 @@ std::vector<std::pair<std::string, std::string>> GpuVariant::axes() const {
       {"kv_dtype", "bf16"}, {"executor", op_->fused() ? "graph" : "eager"},
       {"proj", "own"}};
   if (op_->fused()) {
-    a.push_back({"kv_splits", "auto"});   // the split-KV CTAs per row tile (auto: auto_kv_splits)
-    a.push_back({"split_plan", "auto"});  // how the keys are cut among CTAs (auto: per_request where it applies)
-    a.push_back({"block_keys", "auto"});  // keys a block (auto: the kernel's choice for the rows and cache type)
-    a.push_back({"l2_evict", "auto"});    // the blocks' L2 hint (auto: evict_first in the 64-key kernel on short runs)
+    a.push_back({"kv_splits", "auto"});    // the split-KV CTAs per row tile (auto: auto_kv_splits)
+    a.push_back({"split_plan", "auto"});   // how the keys are cut among CTAs (auto: per_request where it applies)
+    a.push_back({"block_keys", "auto"});   // keys a block (auto: the kernel's choice for the rows and cache type)
+    a.push_back({"l2_evict", "auto"});     // the blocks' L2 hint (auto: evict_first in the 64-key kernel on short runs)
+    a.push_back({"fused_absorbs", "on"});  // the absorbs inside the norm's and the merge's launches
   }
   if (op_->sparse()) a.insert(a.end(), {{"budget", "2048"}, {"local", "64"}});
   return a;

@@ -372,15 +372,23 @@ bool wgmma_narrow_tile() {
 }
 
 template <bool GATE_UP>
-void launch_for_tile(int tile_rows, bool wgmma, const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
+void launch_for_tile(int tile_rows, int tile_width, bool wgmma, const GroupedArgs& g, int max_tiles,
+                     cudaStream_t stream) {
   if (wgmma && tile_rows == kWgRows)
     return wgmma_narrow_tile() ? launch_wgmma<128, 6, GATE_UP>(g, max_tiles, stream)
                                : launch_wgmma<256, 4, GATE_UP>(g, max_tiles, stream);
   switch (tile_rows) {
     // Decode: weight streaming, so narrow CTAs (64 B rows, 4 warps, 60 KB: three per SM) for more of them in
-    // flight (a V2-Lite layer's 6 experts x 1408 outputs made 132 CTAs of 128 B rows; its down GEMM 96).
+    // flight (a V2-Lite layer's 6 experts x 1408 outputs made 132 CTAs of 128 B rows; its down GEMM 96). The width
+    // is measured per GPU and shape with the row tile (choose_tile_rows): 32 B rows (2 warps, 36 KB: six per SM,
+    // twice the CTAs to spread over the SMs), 64, or 128 (8 warps, four stages, 74 KB: three per SM).
     case 16:
-      launch<16, 64, 4, 1, 6, GATE_UP>(g, max_tiles, stream);
+      if (tile_width == 32)
+        launch<16, 32, 2, 1, 6, GATE_UP>(g, max_tiles, stream);
+      else if (tile_width == 128)
+        launch<16, 128, 8, 1, 4, GATE_UP>(g, max_tiles, stream);
+      else
+        launch<16, 64, 4, 1, 6, GATE_UP>(g, max_tiles, stream);
       break;
     case 64:
       launch<64, 128, 8, 2, 4, GATE_UP>(g, max_tiles, stream);
@@ -410,6 +418,7 @@ class MoeGrouped final : public MoeOp {
     e.wgmma = kWgmma;
     e.y16 = y16_.get();
     e.down_after_gate_up = true;
+    e.tile_width = tile_width_;
     grouped_gate_up(e, stream_);
     mark("gate_up");
     grouped_down(e, stream_);
@@ -426,13 +435,13 @@ using MoeGroupedWgmma = MoeGrouped<true>;
 void grouped_gate_up(const GroupedExperts& e, cudaStream_t stream) {
   const GroupedArgs up{e.tiles,       e.num_tiles,  e.offsets,     e.perm_token, e.x,     e.gate,  e.up,
                        e.weight_slot, int(e.inter), int(e.hidden), e.h,          nullptr, nullptr, /*b_early=*/false};
-  launch_for_tile<true>(e.tile_rows, e.wgmma, up, e.max_tiles, stream);
+  launch_for_tile<true>(e.tile_rows, e.tile_width, e.wgmma, up, e.max_tiles, stream);
 }
 
 void grouped_down(const GroupedExperts& e, cudaStream_t stream) {
   const GroupedArgs down{e.tiles,       e.num_tiles,   e.offsets,    nullptr, e.h, e.down, nullptr,
                          e.weight_slot, int(e.hidden), int(e.inter), nullptr, e.y, e.y16,  e.down_after_gate_up};
-  launch_for_tile<false>(e.tile_rows, e.wgmma, down, e.max_tiles, stream);
+  launch_for_tile<false>(e.tile_rows, e.tile_width, e.wgmma, down, e.max_tiles, stream);
 }
 
 DSLAB_REGISTER_MOE_OP(

@@ -115,11 +115,16 @@ class MoeOp {
   // Why this op cannot run on this machine ("" if it can).
   virtual std::string unavailable() const { return ""; }
   int tile_rows() const { return tile_rows_; }
+  int tile_width() const { return tile_width_; }  // B rows a CTA of the 16-row tiles (choose_tile_rows)
   // Whether the router reads the gate, routes and permutes in one kernel (choose_router).
   bool one_kernel_router() const { return one_kernel_router_; }
   // The router's kernels (the MoE family's router axis), set before prepare(): measured (auto), or one of the two.
   enum class RouterKernels { automatic, one_kernel, separate };
   void set_router_kernels(RouterKernels k) { router_kernels_ = k; }
+  // The grouped GEMMs' tile (the MoE family's moe_tile axis), set before prepare(): rows 0 is auto (measured); width
+  // counts at 16 rows only. Only ops whose tile is measured take one (has_tiles).
+  void set_tile(int rows, int width) { forced_tile_rows_ = rows, forced_tile_width_ = width; }
+  bool has_tiles() const { return tile_kernels() != nullptr; }
   // Threads of an op whose routed experts run on the CPU (0: every core but one, which drives the GPU); set before
   // prepare(). Other ops ignore it (the variants reject a value for them).
   void set_cpu_threads(int threads) { cpu_threads_ = threads; }
@@ -168,8 +173,9 @@ class MoeOp {
   // offline profile a serving engine takes on real traffic to pick its hot experts; random weights route about
   // uniformly, so here it mostly fixes which experts, not how many of the choices they get.)
   std::vector<int64_t> profiled_counts(int64_t tokens, uint64_t seed);
-  // tile_rows_ (with max_tiles_ and the tile list): the tuning cache's measured choice for this GPU and shape, else
-  // measured now (every tile size on a uniform synthetic routing of the op's own tokens), else the rule.
+  // tile_rows_ (with max_tiles_ and the tile list) and, for 16-row tiles, tile_width_: the tuning cache's measured
+  // choice for this GPU and shape, else measured now (every tile on a uniform synthetic routing of the op's own
+  // tokens), else the rule (64 B rows a decode tile).
   void choose_tile_rows();
   void set_tile_rows(int rows);
   // one_kernel_router_: whether route() reads the gate in gate_route_scan_kernel (gate, routing and permutation in one
@@ -204,6 +210,8 @@ class MoeOp {
   DeviceArray<int2> tiles_;                 // (expert, first row) of each row tile
   DeviceArray<int32_t> num_tiles_;
   int tile_rows_ = 16, max_tiles_ = 0;
+  int tile_width_ = 64;                                // decode (16-row) tiles: B rows a CTA, measured with tile_rows_
+  int forced_tile_rows_ = 0, forced_tile_width_ = 64;  // set_tile()
   bool one_kernel_router_ = false;
   RouterKernels router_kernels_ = RouterKernels::automatic;
   int cpu_threads_ = 0;
@@ -293,6 +301,7 @@ struct GroupedExperts {
   // grouped_down runs right after grouped_gate_up on the stream, and the tile list before that: down's first weight
   // stages are copied before it waits for gate+up (grouped_gemm_kernel)
   bool down_after_gate_up = false;
+  int tile_width = 64;  // 16-row tiles: B rows a CTA (32 | 64 | 128; gate+up: half of them outputs)
 };
 void grouped_gate_up(const GroupedExperts& e, cudaStream_t stream);
 void grouped_down(const GroupedExperts& e, cudaStream_t stream);

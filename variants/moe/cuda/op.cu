@@ -528,32 +528,52 @@ void MoeOp::set_tile_rows(int rows) {
 // tile size from a flushed L2, best of three runs after a warm-up. Outside prepare() nothing is measured, so a
 // graph capture never sees it.
 void MoeOp::choose_tile_rows() {
-  const int rule = tile_rows_for(double(rows_) / double(experts_));
+  // A tile: its rows, and at 16 rows its width (B rows a CTA; the others have one width each).
+  struct Tile {
+    int rows, width;
+    bool operator==(const Tile& o) const { return rows == o.rows && (rows != 16 || width == o.width); }
+  };
+  const Tile rule{tile_rows_for(double(rows_) / double(experts_)), 64};
+  const auto use = [&](Tile t) {
+    set_tile_rows(t.rows);
+    tile_width_ = t.rows == 16 ? t.width : 64;
+  };
   const char* kernels = tile_kernels();
-  if (!kernels) return;
+  if (!kernels) {  // (prepare() set the rule's rows already)
+    tile_width_ = 64;
+    return;
+  }
+  if (forced_tile_rows_ > 0) return use({forced_tile_rows_, forced_tile_width_});
   int device = 0;
   DSLAB_CUDA(cudaGetDevice(&device));
   const std::string key = "tokens " + std::to_string(tokens_) + " experts " + std::to_string(experts_) + " topk " +
                           std::to_string(topk_) + " hidden " + std::to_string(hidden_) + " inter " +
                           std::to_string(inter_) + " " + kernels;
   static std::mutex mutex;
-  static std::map<std::pair<int, std::string>, int> chosen;  // this process's choices, by device and key
+  static std::map<std::pair<int, std::string>, Tile> chosen;  // this process's choices, by device and key
   std::lock_guard<std::mutex> lock(mutex);
-  if (const auto it = chosen.find({device, key}); it != chosen.end()) return set_tile_rows(it->second);
-  static constexpr int kCandidates[] = {16, 64, 128};
+  if (const auto it = chosen.find({device, key}); it != chosen.end()) return use(it->second);
+  static constexpr Tile kCandidates[] = {{16, 32}, {16, 64}, {16, 128}, {64, 64}, {128, 64}};
+  const auto json_of = [](Tile t) {
+    nlohmann::json j{{"tile_rows", t.rows}};
+    if (t.rows == 16) j["tile_width"] = t.width;
+    return j;
+  };
   TuningCache& cache = TuningCache::instance();
-  if (const auto v = cache.lookup("moe_tile_rows", key); v && v->is_object() && v->contains("tile_rows")) {
-    const int rows = v->at("tile_rows").get<int>();
-    if (std::find(std::begin(kCandidates), std::end(kCandidates), rows) != std::end(kCandidates)) {
-      set_tile_rows(rows);
-      chosen[{device, key}] = rows;
+  // (an entry of 16-row tiles without a width predates the width's measurement: measured again)
+  if (const auto v = cache.lookup("moe_tile_rows", key);
+      v && v->is_object() && v->contains("tile_rows") && (v->at("tile_rows") != 16 || v->contains("tile_width"))) {
+    const Tile t{v->at("tile_rows").get<int>(), v->value("tile_width", 64)};
+    if (std::find(std::begin(kCandidates), std::end(kCandidates), t) != std::end(kCandidates)) {
+      use(t);
+      chosen[{device, key}] = t;
       return;
     }
   }
   if (cache.mode() == TuningCache::Mode::off || topk_ > experts_) {
-    cache.use_default("moe_tile_rows", key, nlohmann::json{{"tile_rows", rule}});
+    cache.use_default("moe_tile_rows", key, json_of(rule));
     chosen[{device, key}] = rule;
-    return;
+    return use(rule);
   }
   // Uniform routing: each token's experts are the first `topk` of a seeded shuffle of all of them.
   std::vector<int32_t> ids(static_cast<size_t>(rows_)), order(static_cast<size_t>(experts_));
@@ -574,23 +594,24 @@ void MoeOp::choose_tile_rows() {
   b_.topk_ids = given_ids.get();
   stream_ = 0;
   marks_ = nullptr;
-  int best = rule;
+  Tile best = rule;
   double best_us = 0, rule_us = 0;
-  for (const int rows : kCandidates) {
-    set_tile_rows(rows);
+  for (const Tile t : kCandidates) {
+    use(t);
     const double us = 1e6 * gpu::fastest_seconds([&] {
                         route();
                         experts();
                       });
-    if (rows == rule) rule_us = us;
-    if (best_us == 0 || us < best_us) best = rows, best_us = us;
+    if (t == rule) rule_us = us;
+    if (best_us == 0 || us < best_us) best = t, best_us = us;
   }
   b_ = run;
   DSLAB_CUDA(cudaDeviceSynchronize());
-  set_tile_rows(best);
+  use(best);
   chosen[{device, key}] = best;
-  cache.record("moe_tile_rows", key,
-               nlohmann::json{{"tile_rows", best}, {"us", best_us}, {"rule", rule}, {"rule_us", rule_us}});
+  nlohmann::json record = json_of(best);
+  record["us"] = best_us, record["rule"] = rule.rows, record["rule_us"] = rule_us;
+  cache.record("moe_tile_rows", key, record);
 }
 
 size_t MoeOp::router_smem_per_token() const { return 2 * size_t(m_.n_routed_experts) * 4; }

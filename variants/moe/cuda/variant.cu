@@ -63,8 +63,8 @@ GpuMoeVariant::GpuMoeVariant(const std::string& op_name) : op_(make_moe_op(op_na
 }
 
 std::vector<std::pair<std::string, std::string>> GpuMoeVariant::axes() const {
-  return {{"tokens", "1"},    {"experts", ""}, {"routing", "model"},
-          {"router", "auto"}, {"proj", "own"}, {"cpu_threads", ""}};
+  return {{"tokens", "1"},      {"experts", ""}, {"routing", "model"}, {"router", "auto"},
+          {"moe_tile", "auto"}, {"proj", "own"}, {"cpu_threads", ""}};
 }
 
 std::string GpuMoeVariant::compute_ceiling() const {
@@ -90,6 +90,8 @@ Support GpuMoeVariant::supports(const ModelFile& model, const Point& point) cons
   if (const std::string why = op_->unavailable(); !why.empty()) return Support::no(why);
   if (point.has("cpu_threads") && !op_->experts_on_host())
     return Support::no("cpu_threads: this op runs no experts on the CPU");
+  if (point.has("moe_tile") && point.text("moe_tile") != "auto" && !op_->has_tiles())
+    return Support::no("moe_tile " + point.text("moe_tile") + ": this op's experts are not grouped GEMMs of tiles");
   if (point.has("router") && point.text("router") != "auto" && s.routing != "model")
     return Support::no("router " + point.text("router") + ": routing " + s.routing + " is given, no router runs");
   if (!model.weights.empty() && s.experts != m.n_routed_experts)
@@ -163,6 +165,13 @@ void GpuMoeVariant::prepare(const ModelFile& model, const Point& point, uint64_t
   op_->set_router_kernels(router == "one_kernel" ? MoeOp::RouterKernels::one_kernel
                           : router == "separate" ? MoeOp::RouterKernels::separate
                                                  : MoeOp::RouterKernels::automatic);
+  const std::string tile = point.has("moe_tile") ? point.text("moe_tile") : "auto";
+  if (tile == "auto")
+    op_->set_tile(0, 64);
+  else if (tile.rfind("16x", 0) == 0)
+    op_->set_tile(16, std::stoi(tile.substr(3)));
+  else
+    op_->set_tile(std::stoi(tile), 64);
   op_->prepare(m_, s_.tokens, *weights_, b, *blas_, side_blas_.get());
   op_->forward(0);  // the routing of this point, for cost()
   std::vector<int32_t> ids;
@@ -269,6 +278,7 @@ std::map<std::string, double> GpuMoeVariant::counters() {
   c["max_tokens_per_expert"] = double(*std::max_element(rows.begin(), rows.end()));
   c["graph_safe"] = op_->graph_safe() ? 1.0 : 0.0;
   c["tile_rows"] = double(op_->tile_rows());
+  if (op_->tile_rows() == 16) c["tile_width"] = double(op_->tile_width());
   c["one_kernel_router"] = op_->one_kernel_router() ? 1.0 : 0.0;
   return c;
 }

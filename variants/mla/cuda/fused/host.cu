@@ -129,22 +129,25 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
 }
 
-// The merge and the output absorb in one kernel (where every CTA gets 8 to 32 tokens): CTA (h, g)
-// merges head h's rows of tokens g * per_cta .. (one row per warp at a time, as merge_splits_kernel does a row;
-// a request the decode kernel wrote whole is read from o_lat) into a bf16 tile, then multiplies the tile by
+// The merge and the output absorb in one kernel (where every CTA gets up to 32 tokens): CTA (h, g)
+// merges head h's rows of tokens g * per_cta .. into a bf16 tile (8 or more tokens a CTA: one row per warp at a time,
+// as merge_splits_kernel does a row; fewer: every warp takes every kAbsorbWarps-th segment of each row in turn, their
+// sums added in shared memory, so that one long request's row is not one warp's chain of segment loads; a request the
+// decode kernel wrote whole is read from o_lat), then multiplies the tile by
 // W_UV[h]^T on the tensor cores (mma.sync: each warp 16 of the head's 128 output columns over all 512 latent
 // ones) and writes attn. W_UV[h] (128 KB) is copied before griddepcontrol.wait - the weights are the caller's,
 // written before the step - so it streams in while the decode kernel's last CTAs run, and what is left after them
 // is the merge's reads and a 16 x 128 x 512 product a tile: no absorb GEMM launched after the merge, no round trip
 // of o_lat through L2.
 constexpr int kAbsorbWarps = 8, kAbsorbThreads = 32 * kAbsorbWarps, kAbsorbTile = 16;  // tokens an MMA tile
-constexpr int kAbsorbMinTokens = kAbsorbWarps;     // tokens a CTA at least: a row for every warp to merge
+constexpr int kAbsorbMinTokens = kAbsorbWarps;     // tokens a CTA from which each warp merges rows of its own
 constexpr int kAbsorbMaxTokens = 2 * kAbsorbTile;  // and at most (see FusedCuda::prepare_form)
 constexpr int kAbsorbAhead = 4;                    // segments' rows a warp loads before it weighs them
 constexpr int kAbsorbVd = 128;                     // v_head_dim this kernel takes (DeepSeek V2, V2-Lite, V3)
 constexpr int kAbsorbStride =
     kLatent + 8;  // bf16 a shared row: 16 bytes of padding, so ldmatrix's 8 rows hit 8 bank groups
-constexpr size_t kAbsorbSmemBytes = size_t(kAbsorbVd + kAbsorbTile) * kAbsorbStride * 2;
+constexpr size_t kAbsorbSmemBytes =
+    size_t(kAbsorbVd + kAbsorbTile) * kAbsorbStride * 2 + size_t(kAbsorbWarps) * kLatent * 4;  // (+ the warps' sums)
 struct MergeAbsorbParams {
   const float* o_partial;    // [segment][partial_rows][kLatent]
   const float* lse_partial;  // [segment][partial_rows]
@@ -160,6 +163,7 @@ __global__ void __launch_bounds__(kAbsorbThreads, 1) merge_absorb_kernel(const _
   extern __shared__ __align__(16) uint8_t absorb_smem[];
   __nv_bfloat16* const w = reinterpret_cast<__nv_bfloat16*>(absorb_smem);  // [kAbsorbVd][kAbsorbStride]
   __nv_bfloat16* const tile = w + kAbsorbVd * kAbsorbStride;               // [kAbsorbTile][kAbsorbStride]
+  float4* const warp_sums = reinterpret_cast<float4*>(tile + kAbsorbTile * kAbsorbStride);  // [warps][kLatent / 4]
   const int h = int(blockIdx.x), warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   constexpr int kChunks = kLatent / 8;  // 16-byte chunks a row
   {  // this warp's 16 rows of W_UV[h] (the rows its MMAs read: no block barrier needed for them)
@@ -173,8 +177,47 @@ __global__ void __launch_bounds__(kAbsorbThreads, 1) merge_absorb_kernel(const _
   pdl_wait();  // (launched with launch_pdl: see variants/common/cuda/pdl.cuh)
   pdl_launch_dependents();
   const int first = int(blockIdx.y) * p.tokens_per_cta, end = min(p.tokens, first + p.tokens_per_cta);
+  const bool warps_share_rows = p.tokens_per_cta < kAbsorbWarps;
   for (int t0 = first; t0 < end; t0 += kAbsorbTile) {
-    for (int r = warp; r < kAbsorbTile; r += kAbsorbWarps) {  // ---- the tile's rows, merged
+    if (warps_share_rows) {  // ---- the tile's rows, merged one at a time by all warps (the rest zero)
+      for (int r = 0; r < kAbsorbTile; ++r) {
+        const int token = t0 + r;
+        uint2* const dst = reinterpret_cast<uint2*>(tile + r * kAbsorbStride);
+        const int tid = int(threadIdx.x);
+        if (token >= end) {
+          if (tid < kLatent / 4) dst[tid] = make_uint2(0, 0);
+          continue;
+        }
+        const int b = token / p.q_len, row = (token % p.q_len) * p.heads + h;
+        const int2 range = p.request_segments[b];
+        if (range.y == 1) {  // written whole by the decode kernel
+          if (tid < kLatent / 4)
+            dst[tid] = reinterpret_cast<const uint2*>(p.o_lat + (int64_t(token) * p.heads + h) * kLatent)[tid];
+          continue;
+        }
+        float4 acc[kMergeVectors];
+        float total;
+        weigh_segments<kAbsorbAhead>(p.o_partial, p.lse_partial, p.partial_rows, range, row, warp, kAbsorbWarps, lane,
+                                     acc, total);
+#pragma unroll
+        for (int c = 0; c < kMergeVectors; ++c) warp_sums[warp * (kLatent / 4) + lane + 32 * c] = acc[c];
+        __syncthreads();
+        if (tid < kLatent / 4) {
+          float4 sum = warp_sums[tid];
+#pragma unroll
+          for (int w = 1; w < kAbsorbWarps; ++w) {
+            const float4 v = warp_sums[w * (kLatent / 4) + tid];
+            sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+          }
+          const float inv = 1.0f / total;
+          const __nv_bfloat162 lo = __floats2bfloat162_rn(sum.x * inv, sum.y * inv),
+                               hi = __floats2bfloat162_rn(sum.z * inv, sum.w * inv);
+          dst[tid] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+        }
+        __syncthreads();  // (the sums are rewritten by the next row's warps)
+      }
+    }
+    for (int r = warp; r < kAbsorbTile && !warps_share_rows; r += kAbsorbWarps) {  // ---- one row a warp
       const int token = t0 + r;
       uint2* const dst = reinterpret_cast<uint2*>(tile + r * kAbsorbStride);  // (4 bf16 a float4 column)
       if (token >= end) {
@@ -405,14 +448,15 @@ class FusedCuda final : public MlaOp {
       }
       tuned_.push_back(t);
     }
-    // The merge absorbs the output too (requests split or not) where each of its CTAs gets a warp's worth of
-    // tokens and at most two MMA tiles of them: head x token-group CTAs, as many groups as fill the GPU once. Below
-    // 8 tokens a head's few rows leave most warps idle while a warp walks a long request's many segments (the
-    // separate merge has four warps a row); past two tiles a CTA walks its tiles one after another - at 128 heads,
-    // one CTA a head, 64 tokens took 20 us where cuBLAS's absorb takes ~9 (H100).
+    // The merge absorbs the output too (requests split or not; fused_absorbs) where each of its CTAs gets at most
+    // two MMA tiles of tokens: head x token-group CTAs, as many groups as fill the GPU once, a warp's worth of tokens
+    // a group from 8 tokens (below 8 a CTA's warps share each row's segments: one warp walking a long request's
+    // segments alone was the reason the absorb ran apart below 8 tokens). Past two tiles a CTA walks its tiles one
+    // after another - at 128 heads, one CTA a head, 64 tokens took 20 us where cuBLAS's absorb takes ~9 (H100).
     absorb_tokens_per_cta_ = 0;
-    if (vd_ == kAbsorbVd && r_ == kLatent && T >= kAbsorbMinTokens) {
-      const int64_t groups = std::min<int64_t>(T / kAbsorbMinTokens, std::max<int64_t>(1, gpu_info().sms / nh_));
+    if (s_.fused_absorbs && vd_ == kAbsorbVd && r_ == kLatent) {
+      const int64_t min_tokens = T >= kAbsorbMinTokens ? kAbsorbMinTokens : 1;
+      const int64_t groups = std::min<int64_t>(T / min_tokens, std::max<int64_t>(1, gpu_info().sms / nh_));
       const int64_t per_cta = (T + groups - 1) / groups;
       if (per_cta <= kAbsorbMaxTokens) {
         absorb_tokens_per_cta_ = int(per_cta);
