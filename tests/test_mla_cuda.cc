@@ -289,7 +289,16 @@ TEST(GpuMlaOps, CountersTimeEachOpOfTheStep) {
   REQUIRE_GPU_VARIANT("mla/fused/cuda");
   const ModelFile model = load_model_file("deepseek-v3");
   auto v = entry->make();
-  v->prepare(model, point_of({"deepseek-v3", 16, 4, 1, 2048, 64, "uniform", "bf16", "graph"}), test::fresh_seed());
+  // (fused_absorbs off: every absorb its own kernel, so every op has a bracket; on, the merge absorbs the output)
+  GpuCase apart{"deepseek-v3", 16, 4, 1, 2048, 64, "uniform", "bf16", "graph"};
+  apart.fused_absorbs = "off";
+  const uint64_t seed = test::fresh_seed();
+  auto fused = entry->make();
+  fused->prepare(model, point_of({"deepseek-v3", 16, 4, 1, 2048, 64, "uniform", "bf16", "graph"}), seed);
+  fused->run();
+  EXPECT_TRUE(fused->counters().count("op_us.combine"));
+  EXPECT_FALSE(fused->counters().count("op_us.absorb_o"));
+  v->prepare(model, point_of(apart), seed);
   v->run();
   const auto c = v->counters();
   for (const char* op :
