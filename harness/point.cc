@@ -38,8 +38,8 @@ const std::vector<AxisInfo>& known_axes() {
       {"moe_tile",
        AxisKind::text,
        "the grouped GPU MoE's tile: auto (measured per GPU and shape) | 16x32 | 16x64 | 16x128 (16 rows, 32-128 weight "
-       "rows a CTA: decode) | 64 | 128 (rows a tile)",
-       {"auto", "16x32", "16x64", "16x128", "64", "128"}},
+       "rows a CTA: decode) | gemv (4 rows, a warp streaming each weight row: decode) | 64 | 128 (rows a tile)",
+       {"auto", "16x32", "16x64", "16x128", "gemv", "64", "128"}},
       {"topk", AxisKind::positive_int, "experts per token"},
       {"executor",
        AxisKind::text,

@@ -69,11 +69,15 @@ TEST_P(GpuMoe, MatchesReferenceOverRoutersTokensAndRoutings) {
   // Each decode tile width of the grouped GEMMs, whatever the tuner chose: V2-Lite (1408 outputs: a part-filled
   // column tile at 128 B rows) at 1 and 5 tokens, V3 at 2 (its 2048-wide experts)
   if (GetParam() == "moe/grouped/cuda" || GetParam() == "moe/grouped_wgmma/cuda")
-    for (const char* tile : {"16x32", "16x64", "16x128"}) {
+    for (const char* tile : {"16x32", "16x64", "16x128", "gemv"}) {
       all.push_back({"deepseek-v2-lite", 1, "model", 0, "auto", tile});
       all.push_back({"deepseek-v2-lite", 5, "uniform", 0, "auto", tile});
       all.push_back({"deepseek-v3", 2, "model", 0, "auto", tile});
     }
+  if (GetParam() == "moe/grouped/cuda") {  // the GEMV form with several rows a tile and a tile's rows past 16
+    all.push_back({"deepseek-v2-lite", 64, "model", 0, "auto", "gemv"});
+    all.push_back({"tiny", 37, "model", 0, "auto", "gemv"});
+  }
   const uint64_t seed = test::fresh_seed();
   for (const Case& c : all) {
     SCOPED_TRACE(std::string(c.model) + " tokens " + std::to_string(c.tokens) + " routing " + c.routing + " router " +
@@ -116,6 +120,16 @@ TEST(MoeCudaPlan, TileRowsFollowRowsPerExpert) {
   EXPECT_EQ(moe::cuda::tile_rows_for(17.5), 64);  // V3, 512 tokens: every expert's rows in one tile
   EXPECT_EQ(moe::cuda::tile_rows_for(64), 128);
   EXPECT_EQ(moe::cuda::tile_rows_for(128), 128);  // V3 prefill, 4096 tokens
+}
+
+// The moe_tile axis: each tile the grouped ops can be forced to, anything else one clear error.
+TEST(MoeCudaPlan, TileAxisParsesEveryTileAndRejectsOthers) {
+  EXPECT_EQ(moe::cuda::parse_moe_tile("auto"), std::make_pair(0, 64));
+  EXPECT_EQ(moe::cuda::parse_moe_tile("16x32"), std::make_pair(16, 32));
+  EXPECT_EQ(moe::cuda::parse_moe_tile("16x128"), std::make_pair(16, 128));
+  EXPECT_EQ(moe::cuda::parse_moe_tile("gemv"), std::make_pair(moe::cuda::kGemvTileRows, 64));
+  EXPECT_EQ(moe::cuda::parse_moe_tile("128"), std::make_pair(128, 64));
+  for (const char* bad : {"", "16x48", "32", "16"}) EXPECT_THROW(moe::cuda::parse_moe_tile(bad), BadInput) << bad;
 }
 
 TEST(MoeCudaPlan, ExpectedActiveExperts) {

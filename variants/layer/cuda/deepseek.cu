@@ -147,6 +147,7 @@ std::vector<std::pair<std::string, std::string>> DeepseekLayerCuda::axes() const
           {"pdl", "on"},
           {"fused_norms", "off"},
           {"fused_absorbs", "on"},
+          {"moe_tile", "auto"},
           {"cpu_threads", ""},
           {"gpu_experts", "none"},
           {"gpu_budget", "all"}};
@@ -421,6 +422,7 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
       moe_.push_back(
           moe::cuda::make_moe_op(moe_.size() < size_t(P.resident_moe_layers) ? "moe/grouped_wgmma/cuda" : P.moe));
       moe_.back()->set_cpu_threads(P.cpu_threads);
+      moe_.back()->set_tile(P.moe_tile.first, P.moe_tile.second);
       if (moe_.size() > size_t(P.resident_moe_layers)) moe_.back()->set_hot_experts(P.hot_experts);
       if (arena) arena->rewind();
       moe_.back()->prepare(m_, T, *weights_[size_t(i)].moe, mb, *blas_, side_blas_.get(), arena);

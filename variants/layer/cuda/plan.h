@@ -34,7 +34,8 @@ struct DeepseekLayerCuda::Plan {
   mla::KvDtype kv_dtype = mla::KvDtype::bf16;
   std::string attn, moe, len_dist;
   bool graph = false, whole = false, pdl = true;
-  bool fused_absorbs = true;      // the fused decode's absorbs in the norm's and the merge's launches (mla::Shape)
+  bool fused_absorbs = true;  // the fused decode's absorbs in the norm's and the merge's launches (mla::Shape)
+  std::pair<int, int> moe_tile = {0, 64};  // the grouped MoE ops' tile (moe_tile axis; rows 0: measured)
   bool fused_norms = false;       // the residual add and next norm after a MoE layer in its combine (MoeBuffers::resid)
   int64_t first = 0, layers = 0;  // decoder layers [first, first + layers)
   int64_t moe_layers = 0, moe_sets = 0;
@@ -87,6 +88,7 @@ struct DeepseekLayerCuda::Plan {
     pdl = p.text("pdl") == "on";
     fused_norms = p.has("fused_norms") && mla::parse_on_off("fused_norms", p.text("fused_norms"));
     fused_absorbs = !p.has("fused_absorbs") || mla::parse_on_off("fused_absorbs", p.text("fused_absorbs"));
+    moe_tile = moe::cuda::parse_moe_tile(p.has("moe_tile") ? p.text("moe_tile") : "auto");
     bucket = graph ? batch_bucket(batch) : batch;
     const std::string& l = p.text("layers");
     whole = l == "all";
@@ -133,6 +135,8 @@ struct DeepseekLayerCuda::Plan {
         p.has("gpu_budget") ? p.text("gpu_budget") : "all");
     if (why_not.empty() && cpu_threads > 0 && !experts_on_host)
       why_not = "cpu_threads: " + moe + " runs no experts on the CPU";
+    if (why_not.empty() && moe_tile.first > 0 && !moe_op->has_tiles())
+      why_not = "moe_tile: " + moe + "'s experts are not grouped GEMMs of tiles";
     streamed = gpu_experts.kind == layer::GpuExperts::Kind::streamed;
     if (why_not.empty() && streamed && experts_on_host)
       why_not = "gpu_experts: streamed copies the routed experts to a GPU op (e.g. moe/grouped/cuda); " + moe +

@@ -265,6 +265,117 @@ __global__ void __launch_bounds__(WARPS * 32) grouped_gemm_kernel(GroupedArgs g)
     }
 }
 
+// ---- Decode tiles as GEMVs (4-row tiles) ------------------------------------------------------------------------
+// At a few rows an expert the MMA tiles stream weights through a shared-memory pipeline whose depth per CTA bounds
+// the bytes in flight; here every warp streams its own weight row(s) with all of its loads in flight at once, as
+// the own GEMV (gemv.cu) does for the projections: CTA (column block, row tile) takes kGemvFeatures output features
+// of the tile's expert, a warp one feature (gate+up: its gate and up rows), each lane a batch of 16-byte chunks of
+// its row(s) at a time, then every row of the tile (up to kGemvTileRows, one at decode's usual token an expert) against
+// them; an expert with more rows has more tiles, each streaming its weights again. With b_early (down after gate+up)
+// the CTA finds its tile and issues its first batch of weight loads before griddepcontrol.wait.
+constexpr int kGemvWarps = 8, kGemvFeatures = kGemvWarps, kGemvMaxRows = kGemvTileRows;
+// 16-byte chunks a lane loads a batch, of each weight row: 8 (down), 4 of gate and 4 of up (gate+up; 8 each spilled
+// at the 80 registers that leave room for three CTAs an SM)
+constexpr int kGemvLoadsGateUp = 4, kGemvLoadsDown = 8;
+template <bool GATE_UP>
+__global__ void __launch_bounds__(kGemvWarps * 32, 3) grouped_gemv_kernel(GroupedArgs g) {
+  constexpr int kGemvLoads = GATE_UP ? kGemvLoadsGateUp : kGemvLoadsDown;
+  if (!g.b_early) {
+    pdl_wait();
+    pdl_launch_dependents();
+  }
+  const int tile_index = int(blockIdx.y), warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const bool has_tile = tile_index < *g.num_tiles;
+  int row0 = 0, rows = 0;
+  const int n = int(blockIdx.x) * kGemvFeatures + warp;
+  const bool feature_ok = has_tile && n < g.N;
+  const uint4 *w0 = nullptr, *w1 = nullptr;
+  if (has_tile) {
+    const int2 tile = g.tiles[tile_index];
+    row0 = tile.y;
+    rows = min(kGemvMaxRows, g.offsets[tile.x + 1] - tile.y);
+    const int64_t slab = g.weight_slot ? g.weight_slot[tile.x] : tile.x;
+    const int64_t at = (slab * g.N + (feature_ok ? n : 0)) * g.K;
+    w0 = reinterpret_cast<const uint4*>(g.b0 + at);
+    if (GATE_UP) w1 = reinterpret_cast<const uint4*>(g.b1 + at);
+  }
+  const int chunks = g.K / 8;
+  uint4 v0[kGemvLoads], v1[kGemvLoads];
+  auto load = [&](int c) {
+#pragma unroll
+    for (int u = 0; u < kGemvLoads; ++u) {
+      const int at = c + 32 * u;
+      const bool ok = feature_ok && at < chunks;
+      v0[u] = ok ? __ldcs(w0 + at) : make_uint4(0, 0, 0, 0);  // (streamed once: evict first)
+      if (GATE_UP) v1[u] = ok ? __ldcs(w1 + at) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  load(lane);
+  if (g.b_early) {
+    pdl_wait();
+    pdl_launch_dependents();
+  }
+  if (!feature_ok) return;
+  float acc0[kGemvMaxRows] = {}, acc1[kGemvMaxRows] = {};
+  const __nv_bfloat16* x_rows[kGemvMaxRows];  // the tile's A rows (gathered through perm_token)
+#pragma unroll
+  for (int m = 0; m < kGemvMaxRows; ++m) {
+    const int64_t p = row0 + min(m, rows - 1);
+    x_rows[m] = g.a + int64_t(g.perm_token ? g.perm_token[p] : p) * g.K;
+  }
+  for (int c = lane;;) {
+    // Chunk by chunk, each row's x chunk used as it lands (every row's batch of x held at once: 207 registers)
+#pragma unroll
+    for (int u = 0; u < kGemvLoads; ++u) {
+      const int at = min(c + 32 * u, chunks - 1);  // (past the end: a valid chunk against zero weights)
+      const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&v0[u]);
+      const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&v1[u]);
+#pragma unroll
+      for (int m = 0; m < kGemvMaxRows; ++m) {
+        if (m >= rows) break;
+        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x_rows[m]) + at);
+        const __nv_bfloat162* x2 = reinterpret_cast<const __nv_bfloat162*>(&xv);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 x = __bfloat1622float2(x2[i]), w = __bfloat1622float2(a2[i]);
+          acc0[m] = fmaf(w.x, x.x, fmaf(w.y, x.y, acc0[m]));
+          if (GATE_UP) {
+            const float2 w1f = __bfloat1622float2(b2[i]);
+            acc1[m] = fmaf(w1f.x, x.x, fmaf(w1f.y, x.y, acc1[m]));
+          }
+        }
+      }
+    }
+    c += 32 * kGemvLoads;
+    if (c >= chunks) break;
+    load(c);
+  }
+#pragma unroll
+  for (int m = 0; m < kGemvMaxRows; ++m) {
+    if (m >= rows) break;
+    float a = acc0[m], b = acc1[m];
+    for (int o = 16; o; o >>= 1) {
+      a += __shfl_xor_sync(0xffffffffu, a, o);
+      if (GATE_UP) b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+    if (lane != 0) continue;
+    const int64_t row = row0 + m;
+    if (GATE_UP)
+      g.h[row * g.N + n] = __float2bfloat16_rn(silu(a) * b);
+    else if (g.y16)
+      g.y16[row * g.N + n] = __float2bfloat16_rn(a);
+    else
+      g.y[row * g.N + n] = a;
+  }
+}
+
+template <bool GATE_UP>
+void launch_gemv_tiles(const GroupedArgs& g, int max_tiles, cudaStream_t stream) {
+  const dim3 grid(unsigned((g.N + kGemvFeatures - 1) / kGemvFeatures), unsigned(max_tiles));
+  launch_pdl(grouped_gemv_kernel<GATE_UP>, grid, dim3(kGemvWarps * 32), 0, stream, g);
+  DSLAB_CHECK_LAUNCH();
+}
+
 // One of the grouped kernels over the router's row tiles (tile_grid) and the column tiles of its BN B rows, its
 // dynamic shared memory opted into on first use (outside any capture: the variants run a step before capturing).
 template <auto kKernel, int BN, bool GATE_UP>
@@ -381,7 +492,11 @@ void launch_for_tile(int tile_rows, int tile_width, bool wgmma, const GroupedArg
     // Decode: weight streaming, so narrow CTAs (64 B rows, 4 warps, 60 KB: three per SM) for more of them in
     // flight (a V2-Lite layer's 6 experts x 1408 outputs made 132 CTAs of 128 B rows; its down GEMM 96). The width
     // is measured per GPU and shape with the row tile (choose_tile_rows): 32 B rows (2 warps, 36 KB: six per SM,
-    // twice the CTAs to spread over the SMs), 64, or 128 (8 warps, four stages, 74 KB: three per SM).
+    // twice the CTAs to spread over the SMs), 64, or 128 (8 warps, four stages, 74 KB: three per SM). 4-row tiles are
+    // the GEMV form (grouped_gemv_kernel).
+    case kGemvTileRows:
+      launch_gemv_tiles<GATE_UP>(g, max_tiles, stream);
+      break;
     case 16:
       if (tile_width == 32)
         launch<16, 32, 2, 1, 6, GATE_UP>(g, max_tiles, stream);

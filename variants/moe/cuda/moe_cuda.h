@@ -311,6 +311,11 @@ void grouped_down(const GroupedExperts& e, cudaStream_t stream);
 Cost moe_layer_cost(const ModelConfig& m, int64_t tokens, double active_experts);
 using moe::expected_active_experts;
 
+// Rows of the grouped experts' GEMV form (moe/grouped/cuda's decode candidate): a warp streams a weight row for them.
+constexpr int kGemvTileRows = 4;
+// The moe_tile axis: "auto" -> {0, 64} (measured), "16x32" | "16x64" | "16x128" -> {16, width}, "gemv" ->
+// {kGemvTileRows, 64}, "64" | "128" -> {rows, 64}; BadInput for anything else.
+std::pair<int, int> parse_moe_tile(const std::string& text);
 // Tiles of rows for the grouped GEMMs at a given mean of rows per expert (decode: a few; prefill: hundreds).
 int tile_rows_for(double rows_per_expert);
 

@@ -446,6 +446,14 @@ void silu_mul(const float* gate_up, int64_t rows, int64_t inter, __nv_bfloat16* 
 // rows (the busiest expert then still fits), 64 up to 40, else 128 (compute-bound: fewer B reloads).
 int tile_rows_for(double rows_per_expert) { return rows_per_expert <= 4 ? 16 : rows_per_expert <= 40 ? 64 : 128; }
 
+std::pair<int, int> parse_moe_tile(const std::string& text) {
+  if (text == "auto") return {0, 64};
+  if (text == "gemv") return {kGemvTileRows, 64};
+  if (text == "16x32" || text == "16x64" || text == "16x128") return {16, std::stoi(text.substr(3))};
+  if (text == "64" || text == "128") return {std::stoi(text), 64};
+  throw BadInput("axis moe_tile: '" + text + "' is not a tile (expected auto, 16x32, 16x64, 16x128, gemv, 64 or 128)");
+}
+
 double MoeOp::scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts) {
   return moe::gpu_moe_scratch_bytes(m, tokens, experts);
 }
@@ -553,7 +561,7 @@ void MoeOp::choose_tile_rows() {
   static std::map<std::pair<int, std::string>, Tile> chosen;  // this process's choices, by device and key
   std::lock_guard<std::mutex> lock(mutex);
   if (const auto it = chosen.find({device, key}); it != chosen.end()) return use(it->second);
-  static constexpr Tile kCandidates[] = {{16, 32}, {16, 64}, {16, 128}, {64, 64}, {128, 64}};
+  static constexpr Tile kCandidates[] = {{kGemvTileRows, 64}, {16, 32}, {16, 64}, {16, 128}, {64, 64}, {128, 64}};
   const auto json_of = [](Tile t) {
     nlohmann::json j{{"tile_rows", t.rows}};
     if (t.rows == 16) j["tile_width"] = t.width;

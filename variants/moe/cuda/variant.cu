@@ -165,13 +165,8 @@ void GpuMoeVariant::prepare(const ModelFile& model, const Point& point, uint64_t
   op_->set_router_kernels(router == "one_kernel" ? MoeOp::RouterKernels::one_kernel
                           : router == "separate" ? MoeOp::RouterKernels::separate
                                                  : MoeOp::RouterKernels::automatic);
-  const std::string tile = point.has("moe_tile") ? point.text("moe_tile") : "auto";
-  if (tile == "auto")
-    op_->set_tile(0, 64);
-  else if (tile.rfind("16x", 0) == 0)
-    op_->set_tile(16, std::stoi(tile.substr(3)));
-  else
-    op_->set_tile(std::stoi(tile), 64);
+  const auto [tile_rows, tile_width] = parse_moe_tile(point.has("moe_tile") ? point.text("moe_tile") : "auto");
+  op_->set_tile(tile_rows, tile_width);
   op_->prepare(m_, s_.tokens, *weights_, b, *blas_, side_blas_.get());
   op_->forward(0);  // the routing of this point, for cost()
   std::vector<int32_t> ids;
