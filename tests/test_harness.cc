@@ -904,17 +904,30 @@ TEST(GpuTuning, TheOwnGemvMeasuresItsSplitOnFirstUse) {
       });
 }
 
-// The grouped MoE's row tile at decode (1 token) and at 64 tokens (6 rows an expert, where the rule changes size):
-// 4-row GEMVs, 16-row tiles of 32-128 weight rows a CTA, 64 or 128 rows.
+// The grouped MoE's row tile at decode (2 tokens; one token takes the GEMV form unmeasured) and at 64 tokens (6 rows
+// an expert, where the rule changes size): 4-row GEMVs, 16-row tiles of 32-128 weight rows a CTA, 64 or 128 rows.
 TEST(GpuTuning, TheGroupedMoeMeasuresItsRowTileOnFirstUse) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
   expect_tuned_on_first_use(
-      "run --model deepseek-v2-lite --variant moe/grouped/cuda --axis tokens=1,64 --min-samples 3", "moe_tile_rows", 2,
+      "run --model deepseek-v2-lite --variant moe/grouped/cuda --axis tokens=2,64 --min-samples 3", "moe_tile_rows", 2,
       [](const nlohmann::json& v) {
         const int rows = v.at("tile_rows").get<int>();  // (4: the GEMV form; 16 with its width)
         EXPECT_TRUE(rows == 4 || rows == 16 || rows == 64 || rows == 128) << rows;
         if (rows == 16) EXPECT_TRUE(v.contains("tile_width")) << v.dump();
       });
+}
+
+// One token: every chosen expert has one row, and the grouped ops take the GEMV form without measuring (op.cu says
+// why: the standalone timing does not see the step's overlap).
+TEST(GpuTuning, OneTokenTakesTheGroupedGemvUnmeasured) {
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  TuningRun t;
+  const Choices c =
+      choices_of(t, nullptr, "run --model deepseek-v2-lite --variant moe/grouped/cuda --axis tokens=1 --min-samples 3",
+                 "moe_tile_rows");
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c.begin()->second.first, "default");
+  EXPECT_EQ(c.begin()->second.second.at("tile_rows").get<int>(), 4);
 }
 
 // The MoE router in one kernel or two, at 1 and 8 tokens (the rule takes one kernel up to 4).
