@@ -219,7 +219,7 @@ void launch_gemv(const __nv_bfloat16* x, int64_t in, const __nv_bfloat16* w, int
 // features), or gemv_kn_kernel.
 template <int M>
 void launch_batched(const BatchedGemv& g, int64_t batch, cudaStream_t stream) {
-  const GemvArgs a{g.x, g.K, g.ldx, g.x_batch, g.w, g.N, g.w_batch, 1, g.y, true, 0.0f, g.ldy, g.y_batch, g.N, nullptr};
+  const GemvArgs a = batched_args(g);
   if (g.w_k_major) {
     launch_pdl(gemv_kn_kernel<M>, dim3(unsigned((g.N + kKnColumns - 1) / kKnColumns), unsigned(batch)),
                dim3(kGemvThreads), 0, stream, a);

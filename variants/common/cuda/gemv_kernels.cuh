@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "variants/common/cuda/blas.h"
 #include "variants/common/cuda/pdl.cuh"
 
 namespace dslab::gpu::gemv {
@@ -24,6 +25,10 @@ struct GemvArgs {
   int64_t ldy, y_batch, N1;
   float* y2;
 };
+// A batched_gemv's operands (blas.h) as the kernels' arguments: one warp a feature (split 1), bf16 y, no beta.
+inline GemvArgs batched_args(const BatchedGemv& g) {
+  return {g.x, g.K, g.ldx, g.x_batch, g.w, g.N, g.w_batch, 1, g.y, true, 0.0f, g.ldy, g.y_batch, g.N, nullptr};
+}
 
 // y[m][b][n] = sum_k x[m][b][k] w[b][k][n] for M rows of batch b, w K-major (row k holds the N columns
 // contiguously: the absorbed forms' W_UK, [nope][r] per head, which gemv_kernel's layout would read with a stride).

@@ -405,8 +405,7 @@ void MlaOp::project() {
       gpu::batched_gemv_fits(*blas_handle_, query_absorb(q_cat_, width_), T)) {
     // The W_UK absorb in the norm's launch (norm_cache_absorb_kernel); concat_query() then has nothing left to do.
     const BatchedGemv g = query_absorb(q_cat_, width_);
-    const gpu::gemv::GemvArgs absorb{g.x, g.K,  g.ldx, g.x_batch, g.w,       g.N, g.w_batch, 1,
-                                     g.y, true, 0.0f,  g.ldy,     g.y_batch, g.N, nullptr};
+    const gpu::gemv::GemvArgs absorb = gpu::gemv::batched_args(g);
     const int column_blocks = int((g.N + gpu::gemv::kKnColumns - 1) / gpu::gemv::kKnColumns);
     const dim3 grid(unsigned(T + int64_t(column_blocks) * nh_));
     if (T == 1)
