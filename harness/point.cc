@@ -104,12 +104,6 @@ const std::vector<AxisInfo>& known_axes() {
       {"block_keys", AxisKind::text,
        "the fused MLA kernel's keys a block: auto (the tuned choice, else 32 at up to 32 rows of a bf16 cache, else "
        "64) | 32 | 64 (bf16 at up to 32 rows: the two-warpgroup kernel of 128 heads)"},
-      {"l2_prefetch",
-       AxisKind::text,
-       "the decode step's bulk L2 prefetches, from a side stream: off | attention (during each attention core: o_proj, "
-       "the router's gate, the shared experts or dense MLP) | router (during each router: the next layer's "
-       "projections) | both (each window at most half the L2)",
-       {"off", "attention", "router", "both"}},
   };
   return axes;
 }

@@ -36,7 +36,6 @@ struct LayerCase {
   int64_t page_size = 16;
   const char* block_keys = "auto";
   const char* fused_norms = "off";
-  const char* l2_prefetch = "off";
 };
 
 std::string describe(const LayerCase& c) {
@@ -46,7 +45,7 @@ std::string describe(const LayerCase& c) {
          c.gpu_experts + " gpu_budget " + c.gpu_budget +
          (c.cpu_threads ? " cpu_threads " + std::to_string(c.cpu_threads) : "") +
          (c.q_len != 1 ? " q_len " + std::to_string(c.q_len) : "") + " page_size " + std::to_string(c.page_size) +
-         " block_keys " + c.block_keys + " fused_norms " + c.fused_norms + " l2_prefetch " + c.l2_prefetch;
+         " block_keys " + c.block_keys + " fused_norms " + c.fused_norms;
 }
 
 Point layer_point(const LayerCase& c) {
@@ -68,7 +67,6 @@ Point layer_point(const LayerCase& c) {
   text("block_keys", c.block_keys);
   text("pdl", c.pdl);
   text("fused_norms", c.fused_norms);
-  text("l2_prefetch", c.l2_prefetch);
   text("gpu_experts", c.gpu_experts);
   text("gpu_budget", c.gpu_budget);
   if (c.cpu_threads) integer("cpu_threads", c.cpu_threads);
@@ -415,47 +413,13 @@ TEST(GpuLayer, OneStepReferenceIsReusedOnlyAcrossHowTheStepRuns) {
   EXPECT_EQ(reused(run_verified(*entry, model, longer, seed + 1)), 0.0) << "another seed: its own reference";
 }
 
-// The L2 prefetches (l2_prefetch both: during each attention core and each router, from a side stream forked and
-// joined inside the step): three V2-Lite MoE layers graph and eager, the whole tiny model (its dense first layer, q_b)
-// in a graph; each against the fp64 stack and step by step against the same layers without them (a hint: the same
-// bits). The counter says what a step warms: at least every layer's o_proj, at most half the L2 a window.
-TEST(GpuLayer, L2PrefetchesLeaveEveryStepUnchanged) {
-  REQUIRE_LAYER();
-  const uint64_t seed = test::fresh_seed();
-  struct Case {
-    LayerCase layers;
-    double o_proj_bytes;  // all layers' together
-  };
-  const double v2_lite_o_proj = 2048.0 * 16 * 128 * 2, tiny_o_proj = 64.0 * 4 * 16 * 2;
-  for (Case t :
-       {Case{{"deepseek-v2-lite", "3", 3, 120, 3, "mla/fused/cuda", "moe/grouped/cuda", "graph"}, 3 * v2_lite_o_proj},
-        Case{{"deepseek-v2-lite", "3", 3, 120, 3, "mla/fused/cuda", "moe/grouped/cuda", "eager"}, 3 * v2_lite_o_proj},
-        Case{{"tiny", "all", 2, 40, 2, "mla/a_cc_me/cuda", "moe/grouped/cuda", "graph"}, 2 * tiny_o_proj}}) {
-    LayerCase& c = t.layers;
-    c.l2_prefetch = "both";
-    SCOPED_TRACE(describe(c));
-    auto v = run_verified(*entry, load_model_file(c.model), c, seed);
-    ASSERT_NE(v, nullptr);
-    const double bytes = v->counters().at("l2_prefetch_bytes"), half_l2 = double(gpu_info().l2_bytes / 2);
-    EXPECT_GE(bytes, t.o_proj_bytes);
-    EXPECT_LE(bytes, 6 * half_l2);
-    LayerCase plain = c;
-    plain.l2_prefetch = "off";
-    const auto with = recorded_run(*entry, c, seed, nullptr), without = recorded_run(*entry, plain, seed, nullptr);
-    ASSERT_EQ(with.size(), without.size());
-    ASSERT_FALSE(with.empty());
-    for (size_t s = 0; s < with.size(); ++s) EXPECT_EQ(max_rel_diff(with[s], without[s]), 0.0) << "step " << s;
-  }
-}
-
 TEST(GpuLayer, StepQueuesWithoutAllocationOrHostSynchronisation) {
   REQUIRE_LAYER();
   const uint64_t seed = test::fresh_seed();
   // Global capture mode makes any allocation or synchronising call in the step fail the capture.
-  auto captures_globally = [&](const char* moe, const char* gpu_experts = "none", const char* l2_prefetch = "off") {
+  auto captures_globally = [&](const char* moe, const char* gpu_experts = "none") {
     LayerCase c{"deepseek-v2-lite", "3", 2, 100, 2, "mla/fused/cuda", moe, "eager"};
     c.gpu_experts = gpu_experts;
-    c.l2_prefetch = l2_prefetch;
     auto v = entry->make();
     auto* layer = dynamic_cast<layer::cuda::DeepseekLayerCuda*>(v.get());
     v->prepare(load_model_file(c.model), layer_point(c), seed);
@@ -477,8 +441,7 @@ TEST(GpuLayer, StepQueuesWithoutAllocationOrHostSynchronisation) {
     return ok;
   };
   EXPECT_TRUE(captures_globally("moe/grouped/cuda"));
-  EXPECT_TRUE(captures_globally("moe/grouped/cuda", "streamed"));      // the experts' copies and their events too
-  EXPECT_TRUE(captures_globally("moe/grouped/cuda", "none", "both"));  // the L2 prefetches' side stream too
+  EXPECT_TRUE(captures_globally("moe/grouped/cuda", "streamed"));  // the experts' copies and their events too
   EXPECT_FALSE(captures_globally("moe/loop/cuda"))
       << "the control: the loop's host read of the routing must break the capture";
 }
@@ -529,11 +492,6 @@ TEST(LayerPlan, BadAxesAreBadInput) {
   const Support unfused = v->supports(model, absorbs);
   EXPECT_FALSE(unfused.ok);
   EXPECT_NE(unfused.reason.find("fused_absorbs"), std::string::npos) << unfused.reason;
-  // The L2 prefetches: off, attention, router or both, nothing else
-  c.l2_prefetch = "always";
-  EXPECT_THROW(v->supports(model, layer_point(c)), BadInput);
-  c.l2_prefetch = "both";
-  EXPECT_EQ(v->supports(model, layer_point(c)).reason.find("l2_prefetch"), std::string::npos);
 }
 
 #ifdef DSLAB_HAVE_CUDA

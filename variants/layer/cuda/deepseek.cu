@@ -126,7 +126,6 @@ DeepseekLayerCuda::DeepseekLayerCuda() = default;
 
 DeepseekLayerCuda::~DeepseekLayerCuda() {
   if (graph_) cudaGraphExecDestroy(graph_);
-  if (prefetch_stream_) cudaStreamDestroy(prefetch_stream_);
   if (meta_host_) cudaFreeHost(meta_host_);
 }
 
@@ -149,7 +148,6 @@ std::vector<std::pair<std::string, std::string>> DeepseekLayerCuda::axes() const
           {"fused_norms", "off"},
           {"fused_absorbs", "on"},
           {"moe_tile", "auto"},
-          {"l2_prefetch", "off"},
           {"cpu_threads", ""},
           {"gpu_experts", "none"},
           {"gpu_budget", "all"}};
@@ -236,7 +234,6 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
   attn_.clear();
   moe_.clear();
   dense_.clear();
-  prefetches_.clear();
   arena_.reserve(0);
   streamer_.reset();
   caches_.clear();
@@ -436,8 +433,6 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
     }
   }
 
-  plan_l2_prefetches();
-
   if (sched_ints)  // the split-KV schedule of each step, from a prepared op
     for (int64_t s = 0; s < P.steps; ++s) {
       std::vector<int64_t> lengths(lengths0_);
@@ -462,45 +457,6 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
   prepared_label_ = point.label() + "@" + m_.source;
   if (P.graph) capture();
   history_.resize(0);
-}
-
-void DeepseekLayerCuda::plan_l2_prefetches() {
-  const Plan& P = *plan_;
-  prefetch_bytes_ = 0;
-  if (!P.prefetch_in_attention && !P.prefetch_in_router) return;
-  if (!prefetch_stream_) DSLAB_CUDA(cudaStreamCreateWithFlags(&prefetch_stream_, cudaStreamNonBlocking));
-  // Each window takes at most half the L2: what one window warms must not evict what the other's readers still need.
-  const size_t budget = gpu_info().l2_bytes / 2;
-  auto range = [](const DeviceArray<__nv_bfloat16>& a) {
-    return gpu::L2Range{a.get(), a.size() * sizeof(__nv_bfloat16)};
-  };
-  auto add = [&](const std::vector<gpu::L2Range>& ranges) {
-    prefetches_.push_back(std::make_unique<gpu::L2Prefetch>());
-    prefetches_.back()->set(ranges, budget, prefetch_stream_);
-    prefetch_bytes_ += double(prefetches_.back()->bytes());
-    return prefetches_.back().get();
-  };
-  size_t moe_i = 0;
-  for (size_t i = 0; i < weights_.size(); ++i) {
-    const LayerWeights& w = weights_[i];
-    // During the attention core (decode and merge: little of HBM's rate), what the layer streams next: o_proj, then
-    // the router's gate and the shared experts (or the dense MLP).
-    if (P.prefetch_in_attention) {
-      std::vector<gpu::L2Range> next{range(w.attn.o_proj)};
-      if (w.moe)
-        next.insert(next.end(), {range(w.moe->gate), range(w.moe->shared.gate_up), range(w.moe->shared.down)});
-      else
-        next.insert(next.end(), {range(w.dense.gate_up), range(w.dense.down)});
-      attn_[i]->set_l2_prefetch(add(next));
-    }
-    // During the router (a chain of latencies; the routed experts' loads that follow are evict-first), the next
-    // layer's projections: q / kv_a (with q_b), and kv_b, which holds the absorbs.
-    if (w.moe && P.prefetch_in_router && i + 1 < weights_.size()) {
-      const mla::cuda::MlaWeights& a = weights_[i + 1].attn;
-      moe_[moe_i]->set_l2_prefetch(add({range(a.qkv_a), range(a.q_b), range(a.kv_b)}));
-    }
-    moe_i += w.moe ? 1 : 0;
-  }
 }
 
 void DeepseekLayerCuda::capture() {
@@ -894,7 +850,6 @@ std::map<std::string, double> DeepseekLayerCuda::counters() {
   c["first_layer"] = double(P.first);
   c["moe_layers"] = double(P.moe_layers);
   c["distinct_moe_weight_sets"] = double(P.resident_moe_layers + P.moe_sets);
-  c["l2_prefetch_bytes"] = prefetch_bytes_;  // a step's bulk L2 prefetches (l2_prefetch axis), all layers
   c["weights_reused"] = P.resident_moe_layers + P.moe_sets < P.moe_layers ? 1.0 : 0.0;
   c["gpu_moe_layers"] =
       double(P.experts_on_host ? P.resident_moe_layers : P.moe_layers);  // MoE layers whose experts the GPU runs

@@ -102,14 +102,8 @@ class DeepseekLayerCuda : public Variant {
   gpu::ScratchArena arena_;  // every op's forward scratch (they run one after another)
   std::unique_ptr<ExpertStreamer> streamer_;
   std::vector<std::unique_ptr<mla::cuda::MlaOp>> attn_;
-  std::vector<std::unique_ptr<moe::cuda::MoeOp>> moe_;  // per MoE layer
-  std::vector<moe::cuda::MlpRunner> dense_;             // per dense layer
-  // The l2_prefetch axis: per layer, the weights warmed in L2 during its attention core and during its router, all
-  // from one side stream (the ops hold pointers to these).
-  std::vector<std::unique_ptr<gpu::L2Prefetch>> prefetches_;
-  cudaStream_t prefetch_stream_ = nullptr;
-  double prefetch_bytes_ = 0;  // a step's prefetched bytes, all layers
-  void plan_l2_prefetches();
+  std::vector<std::unique_ptr<moe::cuda::MoeOp>> moe_;                // per MoE layer
+  std::vector<moe::cuda::MlpRunner> dense_;                           // per dense layer
   DeviceArray<__nv_bfloat16> embed_, final_norm_, lm_head_, inputs_;  // inputs_: [steps][tokens][hidden] (N-layer runs)
   DeviceArray<float> resid_, attn_out_, ffn_out_, logits_;
   DeviceArray<__nv_bfloat16> xb_;  // the normalised stream, each op's input

@@ -36,10 +36,7 @@ struct DeepseekLayerCuda::Plan {
   bool graph = false, whole = false, pdl = true;
   bool fused_absorbs = true;  // the fused decode's absorbs in the norm's and the merge's launches (mla::Shape)
   std::pair<int, int> moe_tile = {0, 64};  // the grouped MoE ops' tile (moe_tile axis; rows 0: measured)
-  bool fused_norms = false;  // the residual add and next norm after a MoE layer in its combine (MoeBuffers::resid)
-  // The l2_prefetch axis: warm the L2 during each attention core (with o_proj and the FFN's first weights) and/or
-  // during each router (with the next layer's projections); see variants/common/cuda/l2_prefetch.h.
-  bool prefetch_in_attention = false, prefetch_in_router = false;
+  bool fused_norms = false;       // the residual add and next norm after a MoE layer in its combine (MoeBuffers::resid)
   int64_t first = 0, layers = 0;  // decoder layers [first, first + layers)
   int64_t moe_layers = 0, moe_sets = 0;
   double fixed_bytes = 0, moe_set_bytes = 0, full_set_bytes = 0, host_expert_bytes = 0;
@@ -92,13 +89,6 @@ struct DeepseekLayerCuda::Plan {
     fused_norms = p.has("fused_norms") && mla::parse_on_off("fused_norms", p.text("fused_norms"));
     fused_absorbs = !p.has("fused_absorbs") || mla::parse_on_off("fused_absorbs", p.text("fused_absorbs"));
     moe_tile = moe::cuda::parse_moe_tile(p.has("moe_tile") ? p.text("moe_tile") : "auto");
-    if (p.has("l2_prefetch")) {
-      const std::string& v = p.text("l2_prefetch");
-      if (v != "off" && v != "attention" && v != "router" && v != "both")
-        throw BadInput("axis 'l2_prefetch': value '" + v + "': expected off, attention, router or both");
-      prefetch_in_attention = v == "attention" || v == "both";
-      prefetch_in_router = v == "router" || v == "both";
-    }
     bucket = graph ? batch_bucket(batch) : batch;
     const std::string& l = p.text("layers");
     whole = l == "all";

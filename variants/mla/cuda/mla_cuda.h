@@ -19,7 +19,6 @@
 #include "harness/variant.h"
 #include "variants/common/cuda/blas.h"
 #include "variants/common/cuda/device_array.h"
-#include "variants/common/cuda/l2_prefetch.h"
 #include "variants/mla/mla.h"
 
 namespace dslab::mla::cuda {
@@ -118,9 +117,6 @@ class MlaOp {
   virtual size_t schedule_ints_for(const ModelConfig&, const Shape&) const { return 0; }
   // Queues one step on `stream`; marks, when given, time each op inside it.
   void forward(cudaStream_t stream, gpu::OpMarks* marks = nullptr);
-  // Weights to warm the L2 with while the attention core runs (the layer's l2_prefetch axis: o_proj and what the MoE
-  // reads first): issued after the projections and cache write, joined after o_proj. Null: none.
-  void set_l2_prefetch(gpu::L2Prefetch* prefetch) { prefetch_ = prefetch; }
   // Sparse attention (an op built on a PageSelector): whether it attends a selection, the keys it attends of a
   // request with `keys` keys (cached + new), what the selection itself costs a step, and after a step the key
   // indices (0 .. keys - 1) each request attended (host copies; synchronises). A dense op attends them all.
@@ -186,8 +182,7 @@ class MlaOp {
 
   Algo algo_;
   bool fused_, lengths_vary_ = false;
-  gpu::L2Prefetch* prefetch_ = nullptr;  // set_l2_prefetch
-  cudaStream_t stream_ = 0;              // the stream forward() queues on
+  cudaStream_t stream_ = 0;  // the stream forward() queues on
   ModelConfig m_;
   Shape s_;
   const MlaWeights* w_ = nullptr;

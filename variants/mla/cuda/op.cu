@@ -347,7 +347,6 @@ void MlaOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
   marks_ = marks;
   blas_handle_->set_stream(stream);
   project();
-  if (prefetch_) prefetch_->issue(stream);  // (the attention core reads little from HBM: warm the L2 meanwhile)
   {
     gpu::NvtxRange range("mla.attend");
     attend();
@@ -355,7 +354,6 @@ void MlaOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
   }
   gpu::NvtxRange range("mla.o_proj");
   linear(*blas_handle_, attn_.get(), s_.tokens(), nh_ * vd_, w_->o_proj.get(), hid_, b_.out, CUDA_R_32F);
-  if (prefetch_) prefetch_->join(stream);
   mark("o_proj");
   marks_ = nullptr;
 }

@@ -15,7 +15,6 @@
 #include "variants/common/model_config.h"
 #include "variants/common/cuda/blas.h"
 #include "variants/common/cuda/device_array.h"
-#include "variants/common/cuda/l2_prefetch.h"
 #include "variants/moe/moe.h"
 #include "variants/common/checkpoint.h"
 
@@ -148,9 +147,6 @@ class MoeOp {
                BlasHandle* side_blas = nullptr, gpu::ScratchArena* arena = nullptr);
   // Queues one step; marks, when given, time the router, experts and combine.
   void forward(cudaStream_t stream, gpu::OpMarks* marks = nullptr);
-  // Weights to warm the L2 with while the router runs (the layer's l2_prefetch axis: the next layer's projections):
-  // issued at the start of forward(), joined before the combine. Null: none.
-  void set_l2_prefetch(gpu::L2Prefetch* prefetch) { prefetch_ = prefetch; }
   static double scratch_bytes(const ModelConfig& m, int64_t tokens, int64_t experts);
   // After a step: the routing it made, for verification and for counters (host copies; synchronises).
   void routing(std::vector<int32_t>* ids, std::vector<float>* weights) const;
@@ -201,7 +197,6 @@ class MoeOp {
   gpu::ScratchArena* arena_ = nullptr;  // the forward scratch's source (DeviceArray::scratch), or null
   cudaStream_t stream_ = 0;
   gpu::OpMarks* marks_ = nullptr;
-  gpu::L2Prefetch* prefetch_ = nullptr;  // set_l2_prefetch
   // Routing and permutation, all on the device.
   DeviceArray<float> logits_;               // [tokens][n_routed_experts]
   DeviceArray<int32_t> topk_ids_;           // [tokens][topk]

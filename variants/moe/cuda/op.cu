@@ -781,7 +781,6 @@ void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
   stream_ = stream;
   marks_ = marks;
   const bool shared = w_->shared.intermediate > 0;
-  if (prefetch_) prefetch_->issue(stream);  // (the router reads little from HBM: warm the L2 meanwhile)
   if (shared && side_) {  // the shared experts need nothing of the routing: run them beside it, on their own stream
     DSLAB_CUDA(cudaEventRecord(side_->forked, stream));
     DSLAB_CUDA(cudaStreamWaitEvent(side_->stream, side_->forked, 0));
@@ -805,7 +804,6 @@ void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
     DSLAB_CUDA(cudaStreamWaitEvent(stream, side_->joined, 0));
     mark("shared_experts_join");
   }
-  if (prefetch_) prefetch_->join(stream);
   const dim3 grid(unsigned(tokens_), unsigned((hidden_ + kCombineColumns - 1) / kCombineColumns)),
       block(kCombineColumns / 4);
   const int32_t* slot = combine_slot_ ? combine_slot_ : slot_.get();
