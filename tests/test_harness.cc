@@ -905,15 +905,14 @@ TEST(GpuTuning, TheOwnGemvMeasuresItsSplitOnFirstUse) {
 }
 
 // The grouped MoE's row tile at decode (2 tokens; one token takes the GEMV form unmeasured) and at 64 tokens (6 rows
-// an expert, where the rule changes size): 16-row tiles of 32-128 weight rows a CTA, 64 or 128 rows (the GEMV form is
-// one token's only, not a measured candidate).
+// an expert, where the rule changes size): 4-row GEMVs, 16-row tiles of 32-128 weight rows a CTA, 64 or 128 rows.
 TEST(GpuTuning, TheGroupedMoeMeasuresItsRowTileOnFirstUse) {
   if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
   expect_tuned_on_first_use(
       "run --model deepseek-v2-lite --variant moe/grouped/cuda --axis tokens=2,64 --min-samples 3", "moe_tile_rows", 2,
       [](const nlohmann::json& v) {
-        const int rows = v.at("tile_rows").get<int>();  // (16 with its width)
-        EXPECT_TRUE(rows == 16 || rows == 64 || rows == 128) << rows;
+        const int rows = v.at("tile_rows").get<int>();  // (4: the GEMV form; 16 with its width)
+        EXPECT_TRUE(rows == 4 || rows == 16 || rows == 64 || rows == 128) << rows;
         if (rows == 16) EXPECT_TRUE(v.contains("tile_width")) << v.dump();
       });
 }

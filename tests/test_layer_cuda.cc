@@ -492,20 +492,6 @@ TEST(LayerPlan, BadAxesAreBadInput) {
   const Support unfused = v->supports(model, absorbs);
   EXPECT_FALSE(unfused.ok);
   EXPECT_NE(unfused.reason.find("fused_absorbs"), std::string::npos) << unfused.reason;
-  // The experts' GEMV form above one token a step: with pdl off only
-  c.attn = "mla/fused/cuda";
-  c.batch = 2;
-  Point gemv = layer_point(c);
-  gemv.set("moe_tile", {"gemv", 0, false});
-  const Support with_pdl = v->supports(model, gemv);
-  EXPECT_FALSE(with_pdl.ok);
-  EXPECT_NE(with_pdl.reason.find("moe_tile"), std::string::npos) << with_pdl.reason;
-  gemv.set("pdl", {"off", 0, false});
-  EXPECT_EQ(v->supports(model, gemv).reason.find("moe_tile"), std::string::npos);
-  c.batch = 1;
-  gemv = layer_point(c);
-  gemv.set("moe_tile", {"gemv", 0, false});
-  EXPECT_EQ(v->supports(model, gemv).reason.find("moe_tile"), std::string::npos) << "one token: the default";
 }
 
 #ifdef DSLAB_HAVE_CUDA

@@ -137,10 +137,6 @@ struct DeepseekLayerCuda::Plan {
       why_not = "cpu_threads: " + moe + " runs no experts on the CPU";
     if (why_not.empty() && moe_tile.first > 0 && !moe_op->has_tiles())
       why_not = "moe_tile: " + moe + "'s experts are not grouped GEMMs of tiles";
-    // (see docs/kernels/moe-gpu.md: the GEMV form above one token faulted inside the layer with pdl on, not located)
-    if (why_not.empty() && moe_tile.first == moe::cuda::kGemvTileRows && tokens() > 1 && pdl)
-      why_not = "moe_tile: gemv above one token a step (this point: " + std::to_string(tokens()) +
-                ") runs inside the layer with pdl off only: with programmatic launch it faulted in some runs";
     streamed = gpu_experts.kind == layer::GpuExperts::Kind::streamed;
     if (why_not.empty() && streamed && experts_on_host)
       why_not = "gpu_experts: streamed copies the routed experts to a GPU op (e.g. moe/grouped/cuda); " + moe +

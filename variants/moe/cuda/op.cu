@@ -561,11 +561,7 @@ void MoeOp::choose_tile_rows() {
   static std::map<std::pair<int, std::string>, Tile> chosen;  // this process's choices, by device and key
   std::lock_guard<std::mutex> lock(mutex);
   if (const auto it = chosen.find({device, key}); it != chosen.end()) return use(it->second);
-  // The measured candidates: the MMA tiles. The GEMV form runs one token (below), not more: timed alone it was slower
-  // than the 16-row tiles at every size above one token (V2-Lite 2 / 4 / 8 tokens 86.5 / 138.1 / 225.6 us against
-  // 83.3 / 126.4 / 194.5, V3 4 tokens 732.7 against 683.0, H200), and inside the layer at 2 tokens with programmatic
-  // launch on it faulted (an illegal address) in 7 of 32 runs, none of 10 with it off: moe-gpu.md.
-  static constexpr Tile kCandidates[] = {{16, 32}, {16, 64}, {16, 128}, {64, 64}, {128, 64}};
+  static constexpr Tile kCandidates[] = {{kGemvTileRows, 64}, {16, 32}, {16, 64}, {16, 128}, {64, 64}, {128, 64}};
   const auto json_of = [](Tile t) {
     nlohmann::json j{{"tile_rows", t.rows}};
     if (t.rows == 16) j["tile_width"] = t.width;
@@ -789,6 +785,10 @@ void MoeOp::forward(cudaStream_t stream, gpu::OpMarks* marks) {
     DSLAB_CUDA(cudaEventRecord(side_->forked, stream));
     DSLAB_CUDA(cudaStreamWaitEvent(side_->stream, side_->forked, 0));
     side_->blas->set_stream(side_->stream);
+    // They are launched without programmatic dependent launch (pdl.cuh): launched with it (the first of them right
+    // behind the fork's event wait), the layer's step faulted with an illegal address in 7 of 32 runs at 2 tokens with
+    // the experts' GEMV form, none of 25 launched plainly, and the batch-1 step was 4% longer (moe-gpu.md).
+    const ProgrammaticLaunchScope plain(false);
     shared_.forward(*side_->blas, b_.x, b_.out, 0.0f, side_->stream);
   }
   blas_->set_stream(stream);
