@@ -7,9 +7,11 @@
 // a kernel before it on the stream may read or write, then pdl_launch_dependents() to let the kernel after it
 // start early (after the wait, so a chain of dependents cannot pile up waiting CTAs on the SMs). A kernel
 // launched without the attribute (cuBLAS's, or with PDL switched off) gets a plain stream dependency, and the
-// two calls cost nothing. The attribute is recorded into CUDA graphs as programmatic edges. A kernel queued right
-// behind a wait on another stream's event (a side stream's first kernel after its fork) is launched without the
-// attribute: a programmatic launch there was measured not to stay behind the event (MoeOp::forward's shared experts).
+// two calls cost nothing. The attribute is recorded into CUDA graphs as programmatic edges. The MoE's shared experts
+// run on a side stream forked by an event and are launched without the attribute (MoeOp::forward): launched with it,
+// their first kernel behind the fork's event wait did not stay behind it in measurement (moe-gpu.md). The one other
+// kernel so queued, moe/host/cuda's hot experts on that side stream behind their own event, still has the attribute:
+// not yet measured either way.
 //
 // Because every kernel triggers only after its own wait, a kernel that starts has the one before it past its wait,
 // so every kernel two or more launches back has finished: what only those (or the host, before the step) write may
