@@ -9,9 +9,9 @@
 // launched without the attribute (cuBLAS's, or with PDL switched off) gets a plain stream dependency, and the
 // two calls cost nothing. The attribute is recorded into CUDA graphs as programmatic edges. The MoE's shared experts
 // run on a side stream forked by an event and are launched without the attribute (MoeOp::forward): launched with it,
-// their first kernel behind the fork's event wait did not stay behind it in measurement (moe-gpu.md). The one other
-// kernel so queued, moe/host/cuda's hot experts on that side stream behind their own event, still has the attribute:
-// not yet measured either way.
+// their first kernel behind the fork's event wait did not stay behind it in measurement (moe-gpu.md). So every kernel
+// queued right behind another stream's event wait is launched plainly: moe/host/cuda's hot experts on that side stream
+// too (HostMoe::experts).
 //
 // Because every kernel triggers only after its own wait, a kernel that starts has the one before it past its wait,
 // so every kernel two or more launches back has finished: what only those (or the host, before the step) write may

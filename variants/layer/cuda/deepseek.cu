@@ -405,6 +405,9 @@ void DeepseekLayerCuda::prepare(const ModelFile& model, const Point& point, uint
     b.rope_sin = reinterpret_cast<const float*>(meta_.get() + off_sin);
     b.schedule = sched_ints ? meta_.get() + off_sched : nullptr;
     attn_.push_back(mla::cuda::make_mla_op(P.attn));
+    // The fused decode's key block and split count as the tuning cache has them (measured by mla/fused/cuda for
+    // that shape), else the per-GPU default table (mla/cuda/fused/host.cu).
+    attn_.back()->use_tuned_launches(true);
     if (arena) arena->rewind();
     attn_.back()->prepare(m_, P.attn_shape(), P.max_keys(), weights_[size_t(i)].attn, b, *blas_,
                           /*lengths_vary=*/P.steps > 1, arena);

@@ -97,7 +97,7 @@ struct EngineAxes {
   bool graph = true, pdl = true;
   bool experts_on_host = false;  // the moe op runs the routed experts on the CPU (KTransformers' placement)
   mla::KvDtype kv_dtype = mla::KvDtype::bf16;
-  int64_t block_keys = 0;  // the fused decode's key block (0: auto, the pre-tuner choice: see mla/cuda/fused/host.cu)
+  int64_t block_keys = 0;  // the fused decode's key block (0: auto, tuned or the GPU's table: mla/cuda/fused/host.cu)
   gpu::Projections proj{};
   // With a CPU op's experts: the leading MoE layers whose experts stay on the GPU (run by kGpuExpertsOp), as the
   // layer step's gpu_experts places them: none, layers:N, or fit (as many as the GPU budget holds beside the rest).
@@ -524,6 +524,7 @@ class DeepseekEngineCuda final : public Engine {
       b.rope_cos = reinterpret_cast<const float*>(meta_.get() + off_cos_);
       b.rope_sin = reinterpret_cast<const float*>(meta_.get() + off_sin_);
       prog.attn.push_back(mla::cuda::make_mla_op(decode ? a.attn : a.prefill_attn));
+      prog.attn.back()->use_tuned_launches(true);  // (the key block and split count: as the layer step takes them)
       b.schedule = prog.attn.back()->schedule_ints_for(m_, s) ? meta_.get() + off_sched_ : nullptr;
       arena_.rewind();
       prog.attn.back()->prepare(m_, s, max_keys(limits_), w.attn, b, *blas_, /*lengths_vary=*/true, &arena_);

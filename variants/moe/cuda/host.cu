@@ -24,9 +24,8 @@
 #include "harness/errors.h"
 #include "harness/host.h"
 #include "harness/op_registry.h"
+#include "variants/common/cuda/pdl.cuh"
 #include "variants/moe/cuda/moe_cuda.h"
-#include "variants/reference/model.h"
-
 #include "variants/reference/model.h"
 
 namespace dslab::moe::cuda {
@@ -243,8 +242,13 @@ class HostMoe final : public MoeOp {
                              inter_,
                              hot_h_.get(),
                              y_.get()};
-      grouped_gate_up(e, gpu);
-      grouped_down(e, gpu);
+      {
+        // Behind the event wait on the side stream, launched plainly (pdl.cuh: a kernel right behind another
+        // stream's event wait gets no programmatic dependent launch); on the layer's own stream with it.
+        const ProgrammaticLaunchScope plain_on_side_stream(side_ ? false : programmatic_launch());
+        grouped_gate_up(e, gpu);
+        grouped_down(e, gpu);
+      }
       if (!side_) mark("hot_experts");
       ids = cpu_ids_.get();
     }

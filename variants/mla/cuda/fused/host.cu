@@ -290,8 +290,8 @@ int block_keys_for(int64_t rows, KvDtype kv, int64_t requested) {
 // measured choice (family mla_fused_block_keys, by rows and the keys a CTA walks, pow2-bucketed; the mla/fused/cuda
 // variant measures it on first use), else this table: 64 on an H200 where a CTA walks more than 2048 keys (where
 // it was measured faster), 32 elsewhere. Only where the op's owner asks for tuned launches (MlaOp::use_tuned_launches:
-// the MLA variants); the layer and the engine keep 32 until the choice is measured inside them (the 16-head
-// two-warpgroup path is checked there: GpuLayer.SixteenHeadsIn64KeyBlocksMatchTheStack and the block_keys axis).
+// the MLA variants, the layer step and the engine; the 16-head two-warpgroup path is checked inside the layer by
+// GpuLayer.SixteenHeadsIn64KeyBlocksMatchTheStack and the block_keys axis). Elsewhere 32.
 constexpr const char* kBlockKeysFamily = "mla_fused_block_keys";
 bool block_keys_tunable(int64_t rows, KvDtype kv, int64_t page_size) {
   return rows <= 32 && kv == KvDtype::bf16 && page_size % 64 == 0;
