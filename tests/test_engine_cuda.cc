@@ -212,6 +212,23 @@ TEST(GpuEngine, GenerateBatchedTokensEqualOneAtATime) {
   EXPECT_TRUE(fs::exists(out / "report.md"));
 }
 
+// The fused decode in the engine at 1-2 tokens, where the latent norm's launch (which writes this step's key into the
+// cache) is the kernel right before the decode: requests of a few keys, so a CTA's first block holds the key being
+// written. With the decode's early loads (reading the cache before its programmatic wait) left on there, the engine's
+// first step read a never-written slot: an illegal address or non-finite logits, in the graph and in eager runs.
+TEST(GpuEngine, FusedDecodeOfShortRequestsReadsOnlyWrittenKeys) {
+  if (!EngineRegistry::instance().make("layer/deepseek/cuda")) GTEST_SKIP() << "not built";
+  if (!gpu_info().present) GTEST_SKIP() << gpu_info().why_absent;
+  const fs::path out = fs::temp_directory_path() / ("dslab_generate_" + test::test_name());
+  const auto results = generate_results(
+      "--model deepseek-v2-lite --requests 4 --input uniform:8,40 --output fixed:6 --concurrency 2 "
+      "--axis attn=mla/fused/cuda --axis executor=graph,eager",
+      out);
+  ASSERT_EQ(results.at("benchmarks").size(), 2u);
+  for (const auto& e : results.at("benchmarks"))
+    EXPECT_TRUE(e.at("verification").at("pass").get<bool>()) << e.at("verification").dump();
+}
+
 // KTransformers' placement in the engine: the routed experts on the CPU (one packed copy a layer for every step shape),
 // the rest on the GPU, within a GPU budget; batched against one at a time as above. A budget under the weights is
 // refused before anything runs.

@@ -16,7 +16,8 @@
 // Because every kernel triggers only after its own wait, a kernel that starts has the one before it past its wait,
 // so every kernel two or more launches back has finished: what only those (or the host, before the step) write may
 // be read before pdl_wait(). decode_kernel (mla/fused/cuda: the schedule, page table and cache) and the grouped MoE's
-// down GEMM (the router's tile list, the weights) copy their first operands so.
+// down GEMM (the router's tile list, the weights) copy their first operands so; the decode not where the kernel just
+// before it writes the cache (the latent norm with the W_UK absorb at 1-2 tokens: MlaOp::cache_written_just_before).
 #pragma once
 #include <cuda_runtime.h>
 

@@ -200,6 +200,10 @@ class MlaOp {
   DeviceArray<int32_t> schedule_dev_;
   __nv_bfloat16* q_cat_ = nullptr;  // [tokens][heads][width]: q_pe behind the absorbed part is written by
                                     // concat_query() (q_lora_rank models) or norm_and_cache_kernel (the others)
+  // Whether this step's cache write is the launch right before attend()'s first kernel (the W_UK absorb rode in the
+  // norm's launch, so nothing runs between them): a kernel programmatically launched there must not read the cache
+  // before its wait.
+  bool cache_written_just_before() const { return query_absorbed_; }
 
  private:
   void project();

@@ -576,7 +576,7 @@ class FusedCuda final : public MlaOp {
                   row_tiles_ * kTileRows,
                   o_lat_.get(),
                   record_phases_ ? phases_.get() : nullptr,
-                  /*early_loads=*/!selector_,
+                  /*early_loads=*/!selector_ && !cache_written_just_before(),
                   /*evict_first=*/s_.l2_evict == L2Evict::first};
     switch (pick_decode_kernel(decode_key(params.tma))) {
       case DecodeKernel::sm90_bf16_h128:

@@ -182,12 +182,14 @@ __device__ __forceinline__ void score_block_in(float (&s)[KEYS / 8][4], uint64_t
 // Launched with launch_pdl (variants/common/cuda/pdl.cuh), it may start while the kernel before it runs. With
 // early_loads the accumulators look up and copy the CTA's first two blocks before griddepcontrol.wait, so that a CTA's
 // longest wait (page table, then the keys: ~3 us, where a batch-1 CTA's whole walk is ~13 us) overlaps that kernel's
-// tail. This reads only what the host wrote before the step (the schedule, the page table) and the cache, which the
-// kernel before this one does not write: every kernel of the step triggers its dependents after its own wait (pdl.cuh),
-// so when this one starts, the one before it has passed its wait and every earlier one - the cache write among them -
-// has finished. (A selector's page table comes from the kernel just before: no early loads there.) Q comes from
-// that kernel: the scorers wait before loading it. (Measured with the MoE down GEMM's early copies: the V2-Lite
-// batch-1 graph step 3.6% faster, H100.)
+// tail. This reads only what the host wrote before the step (the schedule, the page table) and the cache, where the
+// kernel before this one does not write it: every kernel of the step triggers its dependents after its own wait
+// (pdl.cuh), so when this one starts, the one before it has passed its wait and every earlier one - the cache write
+// among them - has finished. Where the cache write is the kernel just before (the latent norm's launch with the W_UK
+// absorb, at 1-2 tokens) and where a selector's page table is, the host turns early loads off: a first block holding
+// this step's key was read before it was written (an illegal address in the engine's first step, where lengths are 0;
+// mla-fused.md). Q comes from that kernel: the scorers wait before loading it. (Measured with the MoE down GEMM's early
+// copies: the V2-Lite batch-1 graph step 3.6% faster, H100.)
 template <KvDtype KV, int KEYS>
 __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ Params p) {
   static_assert(KV == KvDtype::bf16 || KEYS == 64, "quantised blocks are 64 keys (block_keys_for)");
